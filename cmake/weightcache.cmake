@@ -1,0 +1,29 @@
+# Helpers shared by every pkg/ folder.
+
+# weightcache_library(NAME SOURCES... PUBLIC_DEPS ... PRIVATE_DEPS ...)
+# One library per pkg/ folder, aliased as weightcache::NAME. Headers are included as
+# "pkg/NAME/header.h" from the repository root.
+function(weightcache_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;PUBLIC_DEPS;PRIVATE_DEPS" ${ARGN})
+  add_library(wc_${name} ${ARG_SOURCES})
+  add_library(weightcache::${name} ALIAS wc_${name})
+  target_include_directories(wc_${name} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+  target_link_libraries(wc_${name} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+endfunction()
+
+# weightcache_test(NAME SOURCES... DEPS ... [LABELS ...])
+# A GoogleTest binary whose cases ctest discovers one by one.
+function(weightcache_test name)
+  if(NOT WEIGHTCACHE_TESTS)
+    return()
+  endif()
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
+  set(labels unit)
+  if(ARG_LABELS)
+    set(labels ${ARG_LABELS})
+  endif()
+  gtest_discover_tests(${name} PROPERTIES LABELS "${labels}" TIMEOUT 120
+                       DISCOVERY_TIMEOUT 60)
+endfunction()

@@ -1,0 +1,70 @@
+// Fingerprint: decides whether cached weights fit an engine. SHA-256 (hex) over a canonical
+// encoding of the fields below; a mismatch is explained field by field.
+// Thread-safety: plain values and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace weightcache::spec {
+
+// Bumped whenever the loader's output for the same inputs changes (packing, alignment,
+// fused layouts, quantization maths).
+inline constexpr int kLoaderFormatVersion = 1;
+
+struct FileDigest {
+  std::string name;  // basename: a moved checkpoint still matches, a changed one does not
+  uint64_t size = 0;
+  std::string header_sha256;
+};
+
+struct Layout {
+  int tp_size = 1;
+  int tp_rank = 0;
+  int pp_size = 1;
+  int pp_rank = 0;
+};
+
+struct Environment {
+  std::string compute_capability = "cpu";  // "cpu" or "sm_90"
+  int loader_format_version = kLoaderFormatVersion;
+  std::string engine;          // set for weights published by an engine
+  std::string engine_version;  // e.g. "sglang 0.5.2 / torch 2.8"
+};
+
+struct FingerprintInputs {
+  // Model identity.
+  std::string architecture;
+  std::string revision;
+  std::vector<FileDigest> files;  // any order; canonicalized by name
+  // Layout.
+  Layout layout;
+  // Quantization and dtype.
+  std::string quant_method = "none";
+  std::string quant_config_sha256;
+  std::string dtype;  // served dtype, e.g. "bf16"
+  // Environment.
+  Environment env;
+
+  // Deterministic text encoding: one "field=value" line per field, files sorted by name.
+  std::string Canonical() const;
+  // Hex SHA-256 of Canonical().
+  std::string Digest() const;
+};
+
+struct FieldDiff {
+  std::string field;  // e.g. "tp_size", "files[model.safetensors].header_sha256"
+  std::string cached;
+  std::string asked;
+};
+
+// Every field that differs, in a stable order.
+std::vector<FieldDiff> Diff(const FingerprintInputs& cached, const FingerprintInputs& asked);
+// "tp_size: cached 8, asked 4; dtype: cached bf16, asked fp16"
+std::string FormatDiff(const std::vector<FieldDiff>& diffs);
+
+// Hex SHA-256 of arbitrary bytes (OpenSSL).
+std::string Sha256Hex(const void* data, size_t size);
+
+}  // namespace weightcache::spec

@@ -1,0 +1,48 @@
+// What weightcache reads from a checkpoint's config.json, and the quantization allowlist.
+// Thread-safety: plain values and pure functions.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "pkg/spec/spec.h"
+
+namespace weightcache::spec {
+
+// Served quantizations: "none" and "fp8_block" (quant_method fp8 with weight_block_size).
+// Everything else (per-tensor fp8, awq, gptq, marlin, bitsandbytes, unknown...) is refused
+// with UNIMPLEMENTED naming the method and this list, before any weight byte is read.
+inline constexpr const char* kSupportedQuantizations = "none, fp8_block";
+
+struct Quantization {
+  std::string method = "none";        // "none" | "fp8_block"
+  std::vector<int> weight_block_size;  // fp8_block: e.g. {128, 128}
+  std::string canonical_config;        // canonical JSON of quantization_config ("" for none)
+  std::string config_sha256;           // hex SHA-256 of canonical_config ("" for none)
+};
+
+struct ModelConfig {
+  std::string architecture;  // "architectures"[0]
+  std::string torch_dtype;   // as in config.json ("bfloat16"), may be empty
+  Quantization quantization;
+  // Raw values the loader may need later (heads, hidden size...), canonical JSON.
+  std::string config_json;
+};
+
+// Reads <model_dir>/config.json. Missing file -> NOT_FOUND naming it; malformed JSON or a
+// missing "architectures" -> INVALID_ARGUMENT naming the file and the field.
+absl::StatusOr<ModelConfig> ReadModelConfig(const std::string& model_dir);
+
+// Parses config.json text (for tests). `source` names it in errors.
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
+                                             const std::string& source);
+
+// The quantization to serve for `spec` given the checkpoint's config: spec "auto" takes the
+// config's; an explicit "none" on a quantized checkpoint, or "fp8_block" on an unquantized
+// one (online quantization, a later feature), is UNIMPLEMENTED with a clear message.
+// Unsupported methods are UNIMPLEMENTED naming the method and kSupportedQuantizations.
+absl::StatusOr<Quantization> ResolveQuantization(const ModelSpec& spec,
+                                                 const ModelConfig& config);
+
+}  // namespace weightcache::spec

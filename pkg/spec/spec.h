@@ -1,0 +1,61 @@
+// Model spec: the typed, versioned description of what the daemon loads. Parsed once from
+// YAML or JSON (a file holding one spec or a list under `models:`) or from flags, validated,
+// then passed around as this struct. Thread-safety: plain values.
+//
+// Example (YAML, version 1):
+//   version: 1
+//   name: llama-8b
+//   model_dir: /models/llama-8b
+//   architecture: LlamaForCausalLM   # optional: read from config.json
+//   revision: main                   # optional
+//   tp_size: 1
+//   tp_ranks: [0]                    # optional: default all ranks
+//   pp_size: 1
+//   pp_rank: 0
+//   dtype: auto                      # auto = as stored; bf16 | fp16 | fp32
+//   quantization: auto               # auto = from config.json; none | fp8_block
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace weightcache::spec {
+
+inline constexpr int kSpecVersion = 1;
+
+struct ModelSpec {
+  int version = kSpecVersion;
+  std::string name;       // [a-z0-9][a-z0-9._-]{0,62}: also a metrics label
+  std::string model_dir;  // holds config.json and the safetensors file(s)
+  std::string architecture;  // empty: config.json "architectures"[0]
+  std::string revision;      // free text, part of the model identity
+  int tp_size = 1;
+  std::vector<int> tp_ranks;  // empty: all ranks 0..tp_size-1
+  int pp_size = 1;
+  int pp_rank = 0;
+  std::string dtype = "auto";         // auto | bf16 | fp16 | fp32
+  std::string quantization = "auto";  // auto | none | fp8_block
+};
+
+// Validates field ranges and names; INVALID_ARGUMENT naming the field otherwise.
+absl::Status Validate(const ModelSpec& spec);
+
+// Parses YAML or JSON text (JSON is YAML). `source` names the input in errors.
+// Accepts a single spec mapping, or a mapping with `models:` holding a list of them.
+// Unknown keys and a version other than kSpecVersion are errors.
+absl::StatusOr<std::vector<ModelSpec>> ParseSpecs(const std::string& text,
+                                                  const std::string& source);
+absl::StatusOr<std::vector<ModelSpec>> LoadSpecFile(const std::string& path);
+
+// Parses the flag form: comma-separated key=value, e.g.
+// "name=llama,model_dir=/m/llama,tp_size=1,tp_ranks=0". Keys as in YAML.
+absl::StatusOr<ModelSpec> ParseSpecFlag(const std::string& flag);
+
+// Renders a spec as canonical YAML (round-trips through ParseSpecs).
+std::string ToYaml(const ModelSpec& spec);
+
+}  // namespace weightcache::spec
