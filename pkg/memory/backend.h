@@ -1,0 +1,87 @@
+// Memory backends: where a model-rank's weights live while the daemon serves them.
+// One interface, chosen at run time:
+//   - host:     memfd_create segments, sealed after loading; clients mmap them PROT_READ.
+//   - cuda-vmm: cuMemCreate allocations exported as POSIX file descriptors; clients import,
+//               map into one reserved VA range and set read-only access.
+// Both hand out real file descriptors, so the protocol path is the same for both.
+//
+// Lifetimes: a Segment owns its memory and its shareable FD; the registry owns Segments.
+// Dropping a Segment drops only the daemon's reference: memory a client still maps stays
+// valid (the kernel / the driver count references).
+// Thread-safety: Backend methods may be called from any thread. A Segment is filled by the
+// loader (concurrent CopyIn/host_data writes to disjoint ranges are allowed), then Seal()ed
+// once; after Seal it is immutable and safe to share.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace weightcache::memory {
+
+enum class BackendKind { kHost, kCudaVmm };
+
+// "host" | "cuda-vmm"
+const char* BackendName(BackendKind kind);
+
+struct DeviceInfo {
+  std::string uuid;                // "GPU-..." for CUDA; "host" for the host backend
+  int ordinal = -1;                // CUDA ordinal in this process; -1 for host
+  std::string name;                // "NVIDIA H200" / "host"
+  std::string compute_capability;  // "sm_90" / "cpu"
+  uint64_t total_bytes = 0;
+  uint64_t free_bytes = 0;
+};
+
+class Segment {
+ public:
+  virtual ~Segment() = default;
+
+  // Mappable size in bytes (a multiple of the backend's granularity).
+  virtual uint64_t size() const = 0;
+  // Writable host pointer while unsealed when the memory is host-addressable (host
+  // backend), else null: then use CopyIn.
+  virtual std::byte* host_data() = 0;
+  // Copies `n` bytes of host memory into the segment at `offset` (before Seal).
+  virtual absl::Status CopyIn(uint64_t offset, const void* src, size_t n) = 0;
+  // Makes the memory immutable. After Seal, fd() may be shared with clients.
+  virtual absl::Status Seal() = 0;
+  virtual bool sealed() const = 0;
+  // The shareable descriptor. The Segment keeps owning it; senders dup() it.
+  // For the host backend this is a read-only descriptor of the sealed memfd.
+  virtual int fd() const = 0;
+  // Device that holds the memory ("host" for the host backend).
+  virtual const std::string& device_uuid() const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual BackendKind kind() const = 0;
+  // Segment sizes are multiples of this.
+  virtual uint64_t granularity() const = 0;
+  // Tensors inside a segment start at multiples of this.
+  virtual uint64_t tensor_alignment() const { return 256; }
+  // Preferred upper bound of one segment; larger tensors get a segment of their own.
+  virtual uint64_t max_segment_bytes() const = 0;
+  // Devices memory can be placed on, queried now (free bytes are current).
+  virtual std::vector<DeviceInfo> Devices() const = 0;
+  // Allocates a segment of at least `size` bytes on `device_uuid` (empty: the first
+  // device). `label` names it for the kernel/driver (e.g. memfd name) and in errors.
+  virtual absl::StatusOr<std::unique_ptr<Segment>> Allocate(const std::string& device_uuid,
+                                                            uint64_t size,
+                                                            const std::string& label) = 0;
+};
+
+// The host (memfd) backend; always available.
+struct HostBackendOptions {
+  uint64_t max_segment_bytes = 1ull << 30;
+};
+std::unique_ptr<Backend> MakeHostBackend(const HostBackendOptions& options = {});
+
+}  // namespace weightcache::memory

@@ -1,0 +1,36 @@
+// Client side of a memory backend: maps the segment FDs of a lease read-only into this
+// process. Move-only owner of every mapping it made; unmaps (and for CUDA, unmaps, frees
+// the VA reservation and releases the imported handles, in that order) on destruction.
+// Thread-safety: immutable after Map; pointers stay valid as long as the object lives.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "pkg/memory/backend.h"
+#include "pkg/util/scoped_fd.h"
+
+namespace weightcache::memory {
+
+class SegmentMapping {
+ public:
+  virtual ~SegmentMapping() = default;
+  // Base address of segment i (host pointer for host, device pointer for CUDA).
+  virtual const std::byte* base(size_t i) const = 0;
+  virtual size_t count() const = 0;
+  virtual BackendKind kind() const = 0;
+};
+
+// Maps `fds[i]` (size `sizes[i]`) read-only. For cuda-vmm, `device_uuid` names the GPU to
+// map on (must be visible to this process). Takes ownership of the FDs (host: closed
+// after mmap; CUDA: closed after import).
+absl::StatusOr<std::unique_ptr<SegmentMapping>> MapReadOnly(BackendKind kind,
+                                                            std::vector<ScopedFd> fds,
+                                                            const std::vector<uint64_t>& sizes,
+                                                            const std::string& device_uuid);
+
+}  // namespace weightcache::memory
