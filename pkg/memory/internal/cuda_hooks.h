@@ -1,0 +1,20 @@
+// The seam between the backend-neutral code of pkg/memory and its CUDA part. When the
+// build has no CUDA (WEIGHTCACHE_CUDA=OFF or no nvcc), no_cuda.cc defines these to answer
+// a clear "built without CUDA" error, so the host paths work unchanged.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "pkg/memory/backend.h"
+#include "pkg/memory/mapping.h"
+
+namespace weightcache::memory::internal {
+
+absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnly(
+    std::vector<ScopedFd> fds, const std::vector<uint64_t>& sizes,
+    const std::string& device_uuid);
+
+}  // namespace weightcache::memory::internal

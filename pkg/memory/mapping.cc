@@ -1,0 +1,66 @@
+#include "pkg/memory/mapping.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "pkg/memory/internal/cuda_hooks.h"
+#include "pkg/util/errno_status.h"
+
+namespace weightcache::memory {
+namespace {
+
+// Host mappings: one PROT_READ, MAP_SHARED mmap per segment; the descriptors are closed
+// once mapped (the mapping keeps the memfd alive).
+class HostMapping final : public SegmentMapping {
+ public:
+  HostMapping() = default;
+  HostMapping(const HostMapping&) = delete;
+  HostMapping& operator=(const HostMapping&) = delete;
+  ~HostMapping() override {
+    for (auto& [p, n] : maps_) ::munmap(p, n);
+  }
+
+  absl::Status Add(int fd, uint64_t size, size_t index) {
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      return ErrnoStatus(errno, "mmap", absl::StrCat("segment ", index, " (", size, " bytes)"));
+    }
+    maps_.emplace_back(p, size);
+    return absl::OkStatus();
+  }
+
+  const std::byte* base(size_t i) const override {
+    return static_cast<const std::byte*>(maps_.at(i).first);
+  }
+  size_t count() const override { return maps_.size(); }
+  BackendKind kind() const override { return BackendKind::kHost; }
+
+ private:
+  std::vector<std::pair<void*, size_t>> maps_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SegmentMapping>> MapReadOnly(BackendKind kind,
+                                                            std::vector<ScopedFd> fds,
+                                                            const std::vector<uint64_t>& sizes,
+                                                            const std::string& device_uuid) {
+  if (fds.size() != sizes.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("MapReadOnly: ", fds.size(),
+                                                   " descriptors for ", sizes.size(),
+                                                   " segments"));
+  }
+  if (kind == BackendKind::kCudaVmm) {
+    return internal::MapCudaReadOnly(std::move(fds), sizes, device_uuid);
+  }
+  auto m = std::make_unique<HostMapping>();
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (auto s = m->Add(fds[i].get(), sizes[i], i); !s.ok()) return s;
+  }
+  return std::unique_ptr<SegmentMapping>(std::move(m));
+}
+
+}  // namespace weightcache::memory

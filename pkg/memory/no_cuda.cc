@@ -1,0 +1,25 @@
+// Built only when the CUDA part is not: the degraded mode answers with a clear reason.
+#include "absl/status/status.h"
+#include "pkg/memory/cuda_backend.h"
+#include "pkg/memory/internal/cuda_hooks.h"
+
+namespace weightcache::memory {
+
+bool BuiltWithCuda() { return false; }
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions&) {
+  return absl::UnimplementedError(
+      "backend cuda: this weightcache was built without CUDA (configure with "
+      "-DWEIGHTCACHE_CUDA=ON and nvcc available)");
+}
+
+namespace internal {
+absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnly(std::vector<ScopedFd>,
+                                                                const std::vector<uint64_t>&,
+                                                                const std::string&) {
+  return absl::UnimplementedError(
+      "cuda-vmm segments: this client was built without CUDA and cannot map GPU memory");
+}
+}  // namespace internal
+
+}  // namespace weightcache::memory
