@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# Chart tests, with Helm 3 and Helm 4 (scripts/install-helm.sh installs both):
+# lint, render with default values and with every option on, assert the DaemonSet's key
+# properties, the monitors' API gating, the schema's rejections, offline Kubernetes schema
+# validation of everything rendered, and that deploy/weightcache.yaml is up to date.
+# Exit 0: all passed; 1: some check failed; 77: skipped, no helm installed.
+set -uo pipefail
+
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+chart="$root/helm/weightcache"
+tools="${WEIGHTCACHE_TOOLS:-/opt/weightcache-tools}"
+all_values="$root/tests/kube/values-all.yaml"
+
+helms=()
+for h in "$tools/helm3/helm" "$tools/helm4/helm"; do
+  [[ -x "$h" ]] && helms+=("$h")
+done
+if [[ ${#helms[@]} -eq 0 ]] && command -v helm >/dev/null; then helms+=("$(command -v helm)"); fi
+if [[ ${#helms[@]} -eq 0 ]]; then
+  echo "SKIP: helm is not installed (run scripts/install-helm.sh); chart tests not run"
+  exit 77
+fi
+[[ ${#helms[@]} -lt 2 ]] && echo "note: only ${helms[*]} found; the chart is meant to be tested with Helm 3 and 4"
+
+validator=""
+if [[ -d "$tools/node/node_modules/kubernetes-models" ]] && command -v node >/dev/null; then
+  validator="$root/tests/kube/validate-manifests.mjs"
+else
+  echo "note: kubernetes-models not installed in $tools/node (scripts/install-helm.sh): schema validation not run"
+fi
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); }
+bad() { failed=$((failed + 1)); echo "FAIL [$tag] $*"; }
+# expect "what" command...: the command must succeed.
+expect() { local what="$1"; shift; if "$@" >"$work/last.out" 2>&1; then ok; else bad "$what"; sed 's/^/    /' "$work/last.out" | head -20; fi; }
+# expect_fail "what" "message regex" command...: the command must fail and print the message.
+expect_fail() {
+  local what="$1" msg="$2"; shift 2
+  if "$@" >"$work/last.out" 2>&1; then bad "$what: succeeded, should have failed"
+  elif ! grep -qE -- "$msg" "$work/last.out"; then bad "$what: error lacks /$msg/"; sed 's/^/    /' "$work/last.out" | head -10
+  else ok; fi
+}
+has() { grep -qE -- "$2" "$1"; }          # has FILE REGEX
+lacks() { ! grep -qE -- "$2" "$1"; }      # lacks FILE REGEX
+# doc FILE KIND > OUT: the rendered object(s) of one kind.
+doc() { awk -v kind="$2" 'BEGIN{RS="\n---\n"} $0 ~ "\nkind: " kind "\n" {print}' "$1"; }
+# after FILE REGEX N REGEX2: REGEX2 occurs within N lines after a line matching REGEX.
+after() { grep -A"$3" -E -- "$2" "$1" | grep -qE -- "$4"; }
+
+for helm in "${helms[@]}"; do
+  tag="$("$helm" version --short 2>/dev/null || echo "$helm")"
+  echo "== $tag"
+
+  # Lint.
+  expect "lint" "$helm" lint "$chart"
+  expect "lint --strict" "$helm" lint --strict "$chart"
+  expect "lint --strict, all options" "$helm" lint --strict "$chart" -f "$all_values"
+
+  # Defaults.
+  d="$work/defaults.yaml"
+  expect "template defaults" "$helm" template wc "$chart" --namespace wc --output-dir "$work/unused"
+  "$helm" template wc "$chart" --namespace wc >"$d" 2>"$work/err" || bad "template defaults: $(cat "$work/err")"
+  doc "$d" DaemonSet >"$work/ds.yaml"
+  ds="$work/ds.yaml"
+  expect "one DaemonSet" test "$(grep -c '^kind: DaemonSet' "$d")" -eq 1
+  expect "no nvidia.com/gpu request" lacks "$ds" '^[[:space:]]*nvidia\.com/gpu[[:space:]]*:'
+  expect "system-node-critical" has "$ds" '^      priorityClassName: system-node-critical$'
+  expect "toleration nvidia.com/gpu" after "$ds" '^      tolerations:' 4 'key: nvidia\.com/gpu'
+  expect "toleration Exists" after "$ds" '^      tolerations:' 4 'operator: Exists'
+  expect "GPU node affinity" after "$ds" 'requiredDuringSchedulingIgnoredDuringExecution' 6 'key: nvidia\.com/gpu\.present'
+  expect "NVIDIA_VISIBLE_DEVICES=all" after "$ds" 'name: NVIDIA_VISIBLE_DEVICES$' 1 'value: all$'
+  expect "NODE_NAME from Downward API" after "$ds" 'name: NODE_NAME$' 3 'fieldPath: spec\.nodeName$'
+  expect "no runtimeClassName by default" lacks "$ds" 'runtimeClassName'
+  expect "socket dir hostPath" after "$ds" 'hostPath:$' 1 'path: /run/weightcache$'
+  expect "device-plugins hostPath" after "$ds" 'hostPath:$' 1 'path: /var/lib/kubelet/device-plugins$'
+  expect "models hostPath" after "$ds" 'hostPath:$' 1 'path: /models$'
+  for flag in --socket-dir=/run/weightcache --spec-file=/etc/weightcache/models.yaml \
+              --backend=auto --metrics-address=0.0.0.0:9464 --device-plugin \
+              --kubelet-dir=/var/lib/kubelet/device-plugins --device-plugin-slots=64; do
+    expect "flag $flag" has "$ds" "^            - ${flag}\$"
+  done
+  expect "no --memory-budget by default" lacks "$ds" 'memory-budget'
+  expect "metrics port" has "$ds" 'containerPort: 9464$'
+  expect "liveness /healthz" after "$ds" 'livenessProbe:' 4 'path: /healthz'
+  expect "readiness /readyz" after "$ds" 'readinessProbe:' 4 'path: /readyz'
+  expect "models ConfigMap mounted" after "$ds" 'name: models-config$' 1 'mountPath: /etc/weightcache$'
+  expect "no privilege escalation" has "$ds" 'allowPrivilegeEscalation: false'
+  expect "resources" after "$ds" '^          resources:' 3 'memory: '
+  expect "ConfigMap: empty model list" has "$d" '^    models: \[\]$'
+  expect "ServiceAccount" has "$d" '^kind: ServiceAccount$'
+  doc "$d" Service >"$work/svc.yaml"
+  expect "Service scrape annotation" has "$work/svc.yaml" 'prometheus\.io/scrape: "true"'
+  expect "Service port annotation" has "$work/svc.yaml" 'prometheus\.io/port: "9464"'
+  expect "Service path annotation" has "$work/svc.yaml" 'prometheus\.io/path: /metrics'
+  expect "no monitors by default" lacks "$d" '^kind: (PodMonitor|ServiceMonitor)$'
+  expect "no monitors by default, even with the API" lacks \
+    <("$helm" template wc "$chart" --api-versions monitoring.coreos.com/v1) '^kind: (Pod|Service)Monitor$'
+
+  # Every option on, without the prometheus-operator API: monitors asked for but not rendered.
+  a="$work/all.yaml"
+  "$helm" template wc "$chart" --namespace wc -f "$all_values" >"$a" 2>"$work/err" || bad "template all: $(cat "$work/err")"
+  doc "$a" DaemonSet >"$ds"
+  expect "monitors gated on the API" lacks "$a" '^kind: (PodMonitor|ServiceMonitor)$'
+  expect "runtimeClassName" has "$ds" '^      runtimeClassName: nvidia$'
+  expect "models PVC" after "$ds" 'persistentVolumeClaim:$' 1 'claimName: model-store$'
+  expect "custom kubelet dir" after "$ds" 'hostPath:$' 1 'path: /var/lib/k0s/kubelet/device-plugins$'
+  expect "slots flag" has "$ds" '- --device-plugin-slots=16$'
+  expect "memory budget flag" has "$ds" '- --memory-budget=120GiB$'
+  expect "extra args" has "$ds" '- --log-level=debug$'
+  expect "metrics port flag" has "$ds" '- --metrics-address=0\.0\.0\.0:9500$'
+  expect "still no nvidia.com/gpu request" lacks "$ds" '^[[:space:]]*nvidia\.com/gpu[[:space:]]*:'
+  doc "$a" ConfigMap >"$work/cm.yaml"
+  cm="$work/cm.yaml"
+  expect "ConfigMap models.yaml key" has "$cm" '^  models\.yaml: \|$'
+  expect "ConfigMap models list" has "$cm" '^    models:$'
+  expect "ConfigMap spec name" has "$cm" '^      name: llama-8b$'
+  expect "ConfigMap spec model_dir" has "$cm" 'model_dir: /models/llama-8b$'
+  expect "ConfigMap spec architecture" has "$cm" 'architecture: LlamaForCausalLM$'
+  expect "ConfigMap spec quantization" has "$cm" 'quantization: fp8_block$'
+  expect "ConfigMap spec tp_size" has "$cm" 'tp_size: 8$'
+  expect "ConfigMap spec tp_ranks" after "$cm" 'tp_ranks:$' 8 '- 7$'
+  expect "ConfigMap spec dtype" has "$cm" 'dtype: bf16$'
+  expect "ConfigMap spec version defaults to 1" test "$(grep -c 'version: 1$' "$cm")" -eq 2
+  expect "checksum annotation changes with models" test \
+    "$(grep checksum/models "$d")" != "$(grep checksum/models "$a")"
+
+  # With the API: both monitors, with the extra labels for the release selector.
+  m="$work/monitors.yaml"
+  "$helm" template wc "$chart" -f "$all_values" --api-versions monitoring.coreos.com/v1 >"$m" 2>"$work/err" || bad "template monitors: $(cat "$work/err")"
+  expect "PodMonitor with the API" has "$m" '^kind: PodMonitor$'
+  expect "ServiceMonitor with the API" has "$m" '^kind: ServiceMonitor$'
+  expect "PodMonitor release label" after <(doc "$m" PodMonitor) '^  labels:' 8 'release: kube-prometheus-stack'
+  expect "ServiceMonitor release label" after <(doc "$m" ServiceMonitor) '^  labels:' 8 'release: kube-prometheus-stack'
+
+  # Device plugin off: no flag, no kubelet hostPath.
+  "$helm" template wc "$chart" --set devicePlugin.enabled=false >"$work/nodp.yaml"
+  expect "device plugin off: no flag" lacks "$work/nodp.yaml" '--device-plugin'
+  expect "device plugin off: no kubelet dir" lacks "$work/nodp.yaml" 'device-plugins'
+
+  # The schema and the template guards reject bad values.
+  expect_fail "schema: slots not an integer" 'slots' "$helm" template wc "$chart" --set devicePlugin.slots=x
+  expect_fail "schema: slots 0" 'slots' "$helm" template wc "$chart" --set devicePlugin.slots=0
+  expect_fail "schema: port out of range" 'port' "$helm" template wc "$chart" --set metrics.port=70000
+  expect_fail "schema: bad backend" 'backend' "$helm" template wc "$chart" --set daemon.backend=gpu
+  expect_fail "schema: bad volume type" 'type' "$helm" template wc "$chart" --set modelsVolume.type=nfs
+  expect_fail "schema: bad model name" 'name' "$helm" template wc "$chart" \
+    --set 'models[0].name=Llama,models[0].model_dir=/models/x'
+  expect_fail "schema: unknown spec key" 'tp_sise|additional' "$helm" template wc "$chart" \
+    --set 'models[0].name=x,models[0].model_dir=/models/x,models[0].tp_sise=2'
+  expect_fail "schema: missing model_dir" 'model_dir' "$helm" template wc "$chart" --set 'models[0].name=x'
+  expect_fail "schema: bad quantization" 'quantization' "$helm" template wc "$chart" \
+    --set 'models[0].name=x,models[0].model_dir=/m,models[0].quantization=awq'
+  expect_fail "schema: unknown top-level key" 'slotz|additional' "$helm" template wc "$chart" --set slotz=3
+  expect_fail "pvc needs a claim" 'claimName' "$helm" template wc "$chart" --set modelsVolume.type=pvc
+  expect_fail "keeper not yet available" 'keeper' "$helm" template wc "$chart" --set keeper.enabled=true
+
+  # Offline Kubernetes schema validation of everything rendered.
+  if [[ -n "$validator" ]]; then
+    expect "kubernetes schemas" node "$validator" "$tools/node" "$d" "$m" "$work/nodp.yaml" \
+      "$root/deploy/weightcache.yaml" "$root/deploy/examples/engine-pod.yaml"
+  fi
+
+  # The plain manifests are what this helm renders now.
+  expect "deploy/weightcache.yaml up to date" env HELM="$helm" "$root/scripts/render-deploy.sh" --check
+done
+
+# The engine-pod example states the contract.
+e="$root/deploy/examples/engine-pod.yaml"
+tag=example
+expect "example: model annotation" has "$e" '^    weightcache\.io/model: '
+expect "example: WEIGHTCACHE_MODEL" after "$e" 'name: WEIGHTCACHE_MODEL$' 3 "fieldPath: metadata\.annotations\['weightcache\.io/model'\]"
+expect "example: resource request" has "$e" '^          weightcache\.io/client: 1$'
+expect "example: no hostPath" lacks "$e" '^[[:space:]]*hostPath:'
+
+echo "helm-test: $passed passed, $failed failed"
+[[ $failed -eq 0 ]]
