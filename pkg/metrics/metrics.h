@@ -9,16 +9,31 @@
 // Thread-safety: every method may be called from any thread. The gauges that describe
 // current state (resident bytes, leases, models by state, device memory) are computed at
 // scrape time from the StateSource given to Metrics, which must outlive it.
+//
+// Lifetimes: the prometheus::Registry must outlive Metrics (the counters live in it). The
+// scrape-time collectable (collectable()) may outlive Metrics: ~Metrics detaches the
+// StateSource and waits for a scrape in progress, so after it returns the source is never
+// called again and the collectable reports nothing.
+//
+// Typical wiring in main (see pkg/metrics/http_server.h):
+//   auto registry = std::make_shared<prometheus::Registry>();
+//   metrics::Metrics m(*registry, {kVersion, kCudaVersion, backend_name});
+//   m.SetStateSource(&server_state);
+//   WC_ASSIGN_OR_RETURN(auto http, metrics::HttpServer::Start(address_flag));
+//   http->RegisterCollectable(registry);
+//   http->RegisterCollectable(m.collectable());
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace prometheus {
+class Collectable;
 class Registry;
-}
+}  // namespace prometheus
 
 namespace weightcache::metrics {
 
@@ -60,8 +75,23 @@ class Metrics {
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
-  // Attach the scrape-time source (call once, before serving). May stay unset in tests.
+  // Attach the scrape-time source (call once, before serving). May stay unset in tests;
+  // while unset, the scrape-time gauges are absent. Passing nullptr detaches. The source's
+  // methods are called from the scraping thread under an internal lock that this call and
+  // ~Metrics also take (so they wait for a scrape in progress): do not call them, or destroy
+  // Metrics, while holding a lock that Entries()/Devices() take.
   void SetStateSource(const StateSource* source);
+
+  // The scrape-time gauges (resident bytes, leases, models by state, device memory) as a
+  // prometheus::Collectable, to register with the HTTP exposer next to the registry.
+  std::shared_ptr<prometheus::Collectable> collectable() const;
+
+  // At most this many distinct model label values are recorded by the On* counters; later
+  // new names are counted under kOverflowModel, so a client asking for arbitrary names
+  // cannot grow the series without bound. An empty model name is recorded as kUnknownModel.
+  static constexpr size_t kMaxModels = 256;
+  static constexpr const char* kOverflowModel = "_other";
+  static constexpr const char* kUnknownModel = "_unknown";
 
   void OnAcquire(const std::string& model, AcquireResult result, double seconds);
   void OnLoad(const std::string& model, const std::string& source /* disk|keeper|peer */,

@@ -1,0 +1,262 @@
+#include "pkg/metrics/metrics.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "pkg/util/log.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
+
+namespace weightcache::metrics {
+
+namespace {
+
+constexpr AcquireResult kAllResults[] = {AcquireResult::kHit,      AcquireResult::kMiss,
+                                         AcquireResult::kMismatch, AcquireResult::kRejected,
+                                         AcquireResult::kError,    AcquireResult::kPeerCopy};
+
+// The states weightcache_models reports, always all of them (0 when none). "gone" entries
+// are on their way out of the registry and are not reported.
+constexpr const char* kReportedStates[] = {"loading", "ready", "evicting", "failed"};
+
+// An acquire is a map of FDs on a hit (sub-millisecond) and can be a full load on a miss
+// that the policy turns into a load: 100 µs .. 10 s.
+prometheus::Histogram::BucketBoundaries AcquireBuckets() {
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+          0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10};
+}
+
+// A load reads up to ~120 GB per GPU from disk: 100 ms .. 30 min.
+prometheus::Histogram::BucketBoundaries LoadBuckets() {
+  return {0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800};
+}
+
+prometheus::ClientMetric GaugeMetric(std::vector<prometheus::ClientMetric::Label> labels,
+                                     double value) {
+  prometheus::ClientMetric m;
+  m.label = std::move(labels);
+  m.gauge.value = value;
+  return m;
+}
+
+// Scrape-time gauges computed from a StateSource.
+class StateCollector final : public prometheus::Collectable {
+ public:
+  void SetSource(const StateSource* source) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    source_ = source;
+  }
+
+  // Called from scraping threads. The lock is held across the calls into the source so that
+  // SetSource(nullptr) (from ~Metrics) waits for a scrape in progress.
+  std::vector<prometheus::MetricFamily> Collect() const override ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    if (source_ == nullptr) return {};
+    const std::vector<EntrySnapshot> entries = source_->Entries();
+    const std::vector<DeviceSnapshot> devices = source_->Devices();
+
+    std::map<std::pair<std::string, std::string>, uint64_t> resident;  // (model, device)
+    std::map<std::string, uint64_t> leases;                            // model
+    std::map<std::string, uint64_t> states;
+    for (const char* s : kReportedStates) states[s] = 0;
+    for (const EntrySnapshot& e : entries) {
+      if (e.state == "gone") continue;
+      resident[{e.model, e.device}] += e.bytes;
+      leases[e.model] += e.leases;
+      auto it = states.find(e.state);
+      if (it != states.end()) {
+        ++it->second;
+      } else {
+        WC_LOG_DEBUG("metrics: entry %s in unknown state '%s' not counted", e.model, e.state);
+      }
+    }
+
+    std::vector<prometheus::MetricFamily> out;
+    {
+      prometheus::MetricFamily f{"weightcache_resident_bytes",
+                                 "Bytes of cached weights held per model and device.",
+                                 prometheus::MetricType::Gauge,
+                                 {}};
+      for (const auto& [key, bytes] : resident) {
+        f.metric.push_back(GaugeMetric({{"device", key.second}, {"model", key.first}},
+                                       static_cast<double>(bytes)));
+      }
+      out.push_back(std::move(f));
+    }
+    {
+      prometheus::MetricFamily f{"weightcache_leases",
+                                 "Active client leases per model.",
+                                 prometheus::MetricType::Gauge,
+                                 {}};
+      for (const auto& [model, n] : leases) {
+        f.metric.push_back(GaugeMetric({{"model", model}}, static_cast<double>(n)));
+      }
+      out.push_back(std::move(f));
+    }
+    {
+      prometheus::MetricFamily f{"weightcache_models",
+                                 "Cache entries by state (loading, ready, evicting, failed).",
+                                 prometheus::MetricType::Gauge,
+                                 {}};
+      for (const char* s : kReportedStates) {
+        f.metric.push_back(GaugeMetric({{"state", s}}, static_cast<double>(states[s])));
+      }
+      out.push_back(std::move(f));
+    }
+    {
+      prometheus::MetricFamily f{
+          "weightcache_device_memory_bytes",
+          "Device memory: total and free as the device reports them, used by the cache.",
+          prometheus::MetricType::Gauge,
+          {}};
+      for (const DeviceSnapshot& d : devices) {
+        f.metric.push_back(GaugeMetric({{"device", d.device}, {"kind", "total"}},
+                                       static_cast<double>(d.total_bytes)));
+        f.metric.push_back(GaugeMetric({{"device", d.device}, {"kind", "free"}},
+                                       static_cast<double>(d.free_bytes)));
+        f.metric.push_back(GaugeMetric({{"device", d.device}, {"kind", "used"}},
+                                       static_cast<double>(d.cache_bytes)));
+      }
+      out.push_back(std::move(f));
+    }
+    return out;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  const StateSource* source_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+}  // namespace
+
+const char* AcquireResultName(AcquireResult r) {
+  switch (r) {
+    case AcquireResult::kHit:
+      return "hit";
+    case AcquireResult::kMiss:
+      return "miss";
+    case AcquireResult::kMismatch:
+      return "mismatch";
+    case AcquireResult::kRejected:
+      return "rejected";
+    case AcquireResult::kError:
+      return "error";
+    case AcquireResult::kPeerCopy:
+      return "peer_copy";
+  }
+  ::weightcache::CheckFailed(__FILE__, __LINE__, "unknown AcquireResult");
+}
+
+struct Metrics::Impl {
+  Impl(prometheus::Registry& registry, const BuildInfo& build)
+      : acquire_total(prometheus::BuildCounter()
+                          .Name("weightcache_acquire_total")
+                          .Help("Acquire requests by model and result (hit, miss, mismatch, "
+                                "rejected, error, peer_copy).")
+                          .Register(registry)),
+        acquire_duration(prometheus::BuildHistogram()
+                             .Name("weightcache_acquire_duration_seconds")
+                             .Help("Time to answer an Acquire request, in seconds.")
+                             .Register(registry)
+                             .Add({}, AcquireBuckets())),
+        load_duration(prometheus::BuildHistogram()
+                          .Name("weightcache_load_duration_seconds")
+                          .Help("Time to load a model into the cache, in seconds.")
+                          .Register(registry)),
+        load_bytes(prometheus::BuildCounter()
+                       .Name("weightcache_load_bytes_total")
+                       .Help("Bytes loaded into the cache by model and source (disk, keeper, "
+                             "peer).")
+                       .Register(registry)),
+        evictions(prometheus::BuildCounter()
+                      .Name("weightcache_evictions_total")
+                      .Help("Cache entries evicted by model and reason (api, budget).")
+                      .Register(registry)) {
+    prometheus::BuildGauge()
+        .Name("weightcache_build_info")
+        .Help("Always 1; labels describe the running build.")
+        .Register(registry)
+        .Add({{"version", build.version}, {"cuda", build.cuda}, {"backend", build.backend}})
+        .Set(1);
+  }
+
+  // The label value to record for `model`; on the first sight of a model, creates its
+  // acquire series at 0 so that ratios over them are defined from the start.
+  std::string ModelLabel(const std::string& model) ABSL_LOCKS_EXCLUDED(mu) {
+    std::string label = model.empty() ? Metrics::kUnknownModel : model;
+    absl::MutexLock lock(&mu);
+    if (models.contains(label)) return label;
+    if (models.size() >= Metrics::kMaxModels) {
+      if (!overflow_logged) {
+        WC_LOG_WARN("metrics: more than %d model names; counting new ones as model=\"%s\"",
+                    static_cast<int>(Metrics::kMaxModels), Metrics::kOverflowModel);
+        overflow_logged = true;
+      }
+      label = Metrics::kOverflowModel;
+      if (models.contains(label)) return label;
+    }
+    models.insert(label);
+    for (AcquireResult r : kAllResults) {
+      acquire_total.Add({{"model", label}, {"result", AcquireResultName(r)}});
+    }
+    return label;
+  }
+
+  // Families are owned by the registry; the references stay valid while it lives. Family
+  // and metric objects are thread-safe on their own.
+  prometheus::Family<prometheus::Counter>& acquire_total;
+  prometheus::Histogram& acquire_duration;
+  prometheus::Family<prometheus::Histogram>& load_duration;
+  prometheus::Family<prometheus::Counter>& load_bytes;
+  prometheus::Family<prometheus::Counter>& evictions;
+  const std::shared_ptr<StateCollector> collector = std::make_shared<StateCollector>();
+
+  absl::Mutex mu;
+  absl::flat_hash_set<std::string> models ABSL_GUARDED_BY(mu);
+  bool overflow_logged ABSL_GUARDED_BY(mu) = false;
+};
+
+Metrics::Metrics(prometheus::Registry& registry, const BuildInfo& build)
+    : impl_(std::make_unique<Impl>(registry, build)) {}
+
+Metrics::~Metrics() {
+  // Waits for a scrape in progress; afterwards the collectable no longer reads the source.
+  impl_->collector->SetSource(nullptr);
+}
+
+void Metrics::SetStateSource(const StateSource* source) { impl_->collector->SetSource(source); }
+
+std::shared_ptr<prometheus::Collectable> Metrics::collectable() const { return impl_->collector; }
+
+void Metrics::OnAcquire(const std::string& model, AcquireResult result, double seconds) {
+  const std::string label = impl_->ModelLabel(model);
+  impl_->acquire_total.Add({{"model", label}, {"result", AcquireResultName(result)}}).Increment();
+  impl_->acquire_duration.Observe(seconds);
+}
+
+void Metrics::OnLoad(const std::string& model, const std::string& source, double seconds,
+                     uint64_t bytes) {
+  const std::string label = impl_->ModelLabel(model);
+  impl_->load_duration.Add({{"model", label}}, LoadBuckets()).Observe(seconds);
+  impl_->load_bytes.Add({{"model", label}, {"source", source}})
+      .Increment(static_cast<double>(bytes));
+}
+
+void Metrics::OnEviction(const std::string& model, const std::string& reason) {
+  const std::string label = impl_->ModelLabel(model);
+  impl_->evictions.Add({{"model", label}, {"reason", reason}}).Increment();
+}
+
+}  // namespace weightcache::metrics

@@ -1,0 +1,327 @@
+#include "pkg/metrics/metrics.h"
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
+
+namespace weightcache::metrics {
+namespace {
+
+using Labels = std::map<std::string, std::string>;
+// (family name, sorted labels) -> value; histograms contribute their sample count.
+using Values = std::map<std::pair<std::string, Labels>, double>;
+
+Values Snapshot(const std::vector<prometheus::MetricFamily>& families) {
+  Values out;
+  for (const auto& f : families) {
+    for (const auto& m : f.metric) {
+      Labels labels;
+      for (const auto& l : m.label) labels[l.name] = l.value;
+      double v = 0;
+      switch (f.type) {
+        case prometheus::MetricType::Counter:
+          v = m.counter.value;
+          break;
+        case prometheus::MetricType::Gauge:
+          v = m.gauge.value;
+          break;
+        case prometheus::MetricType::Histogram:
+          v = static_cast<double>(m.histogram.sample_count);
+          break;
+        default:
+          ADD_FAILURE() << "unexpected type in " << f.name;
+      }
+      out[{f.name, labels}] = v;
+    }
+  }
+  return out;
+}
+
+Values Snapshot(const prometheus::Collectable& c) { return Snapshot(c.Collect()); }
+
+std::optional<double> Value(const Values& values, const std::string& name, const Labels& labels) {
+  auto it = values.find({name, labels});
+  if (it == values.end()) return std::nullopt;
+  return it->second;
+}
+
+// The series whose value differs between two snapshots (appearing counts as from 0).
+std::map<std::pair<std::string, Labels>, double> Diff(const Values& before, const Values& after) {
+  std::map<std::pair<std::string, Labels>, double> d;
+  for (const auto& [key, v] : after) {
+    auto it = before.find(key);
+    const double old = it == before.end() ? 0.0 : it->second;
+    if (v != old) d[key] = v - old;
+  }
+  for (const auto& [key, v] : before) {
+    if (!after.contains(key)) d[key] = -v;
+  }
+  return d;
+}
+
+const prometheus::MetricFamily* FindFamily(const std::vector<prometheus::MetricFamily>& fs,
+                                           const std::string& name) {
+  for (const auto& f : fs) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+BuildInfo TestBuild() { return {"1.2.3", "none", "host"}; }
+
+TEST(AcquireResultNameTest, AllNames) {
+  EXPECT_STREQ(AcquireResultName(AcquireResult::kHit), "hit");
+  EXPECT_STREQ(AcquireResultName(AcquireResult::kMiss), "miss");
+  EXPECT_STREQ(AcquireResultName(AcquireResult::kMismatch), "mismatch");
+  EXPECT_STREQ(AcquireResultName(AcquireResult::kRejected), "rejected");
+  EXPECT_STREQ(AcquireResultName(AcquireResult::kError), "error");
+  EXPECT_STREQ(AcquireResultName(AcquireResult::kPeerCopy), "peer_copy");
+}
+
+TEST(MetricsTest, EachAcquireResultMovesOnlyItsOwnSeriesByOne) {
+  prometheus::Registry registry;
+  Metrics m(registry, TestBuild());
+  m.OnAcquire("m", AcquireResult::kHit, 0.001);  // creates the model's series
+
+  const std::string kAcquire = "weightcache_acquire_total";
+  const std::string kDuration = "weightcache_acquire_duration_seconds";
+  for (AcquireResult r :
+       {AcquireResult::kHit, AcquireResult::kMiss, AcquireResult::kMismatch,
+        AcquireResult::kRejected, AcquireResult::kError, AcquireResult::kPeerCopy}) {
+    SCOPED_TRACE(AcquireResultName(r));
+    const Values before = Snapshot(registry);
+    m.OnAcquire("m", r, 0.0003);
+    const auto diff = Diff(before, Snapshot(registry));
+    const std::map<std::pair<std::string, Labels>, double> want = {
+        {{kAcquire, {{"model", "m"}, {"result", AcquireResultName(r)}}}, 1.0},
+        {{kDuration, {}}, 1.0},
+    };
+    EXPECT_EQ(diff, want);
+  }
+  const Values end = Snapshot(registry);
+  EXPECT_EQ(Value(end, kAcquire, {{"model", "m"}, {"result", "hit"}}), 2.0);
+  EXPECT_EQ(Value(end, kAcquire, {{"model", "m"}, {"result", "rejected"}}), 1.0);
+  EXPECT_EQ(Value(end, kDuration, {}), 7.0);
+}
+
+TEST(MetricsTest, FirstSightOfAModelCreatesAllResultSeriesAtZero) {
+  prometheus::Registry registry;
+  Metrics m(registry, TestBuild());
+  m.OnAcquire("a", AcquireResult::kMiss, 0.01);
+  const Values v = Snapshot(registry);
+  for (const char* r : {"hit", "mismatch", "rejected", "error", "peer_copy"}) {
+    EXPECT_EQ(Value(v, "weightcache_acquire_total", {{"model", "a"}, {"result", r}}), 0.0) << r;
+  }
+  EXPECT_EQ(Value(v, "weightcache_acquire_total", {{"model", "a"}, {"result", "miss"}}), 1.0);
+  // Another model's series are separate.
+  EXPECT_EQ(Value(v, "weightcache_acquire_total", {{"model", "b"}, {"result", "miss"}}),
+            std::nullopt);
+}
+
+TEST(MetricsTest, AcquireHistogramBucketsFrom100usTo10s) {
+  prometheus::Registry registry;
+  Metrics m(registry, TestBuild());
+  m.OnAcquire("m", AcquireResult::kHit, 0.00005);  // below the first bucket
+  m.OnAcquire("m", AcquireResult::kHit, 0.0002);
+  m.OnAcquire("m", AcquireResult::kMiss, 20.0);  // only +Inf
+  const auto fs = registry.Collect();
+  const auto* f = FindFamily(fs, "weightcache_acquire_duration_seconds");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(f->type, prometheus::MetricType::Histogram);
+  ASSERT_EQ(f->metric.size(), 1u);
+  const auto& h = f->metric[0].histogram;
+  EXPECT_EQ(h.sample_count, 3u);
+  EXPECT_DOUBLE_EQ(h.sample_sum, 0.00005 + 0.0002 + 20.0);
+  ASSERT_EQ(h.bucket.size(), 17u);  // 16 bounds + Inf
+  EXPECT_DOUBLE_EQ(h.bucket.front().upper_bound, 0.0001);
+  EXPECT_EQ(h.bucket[0].cumulative_count, 1u);
+  EXPECT_DOUBLE_EQ(h.bucket[1].upper_bound, 0.00025);
+  EXPECT_EQ(h.bucket[1].cumulative_count, 2u);
+  EXPECT_DOUBLE_EQ(h.bucket[15].upper_bound, 10.0);
+  EXPECT_EQ(h.bucket[15].cumulative_count, 2u);
+  EXPECT_EQ(h.bucket[16].cumulative_count, 3u);
+}
+
+TEST(MetricsTest, LoadAndEvictionCounters) {
+  prometheus::Registry registry;
+  Metrics m(registry, TestBuild());
+  m.OnLoad("m", "disk", 42.0, 1000);
+  m.OnLoad("m", "disk", 1500.0, 24);
+  m.OnLoad("m", "keeper", 0.2, 7);
+  m.OnEviction("m", "budget");
+  const Values v = Snapshot(registry);
+  EXPECT_EQ(Value(v, "weightcache_load_duration_seconds", {{"model", "m"}}), 3.0);
+  EXPECT_EQ(Value(v, "weightcache_load_bytes_total", {{"model", "m"}, {"source", "disk"}}), 1024.0);
+  EXPECT_EQ(Value(v, "weightcache_load_bytes_total", {{"model", "m"}, {"source", "keeper"}}), 7.0);
+  EXPECT_EQ(Value(v, "weightcache_evictions_total", {{"model", "m"}, {"reason", "budget"}}), 1.0);
+  EXPECT_EQ(Value(v, "weightcache_evictions_total", {{"model", "m"}, {"reason", "api"}}),
+            std::nullopt);
+
+  const auto fs = registry.Collect();
+  const auto* f = FindFamily(fs, "weightcache_load_duration_seconds");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(f->metric.size(), 1u);
+  EXPECT_DOUBLE_EQ(f->metric[0].histogram.bucket.rbegin()[1].upper_bound, 1800.0);  // 30 min
+  EXPECT_EQ(f->metric[0].histogram.bucket.rbegin()[1].cumulative_count, 3u);
+}
+
+TEST(MetricsTest, BuildInfoIsOne) {
+  prometheus::Registry registry;
+  Metrics m(registry, TestBuild());
+  EXPECT_EQ(Value(Snapshot(registry), "weightcache_build_info",
+                  {{"version", "1.2.3"}, {"cuda", "none"}, {"backend", "host"}}),
+            1.0);
+}
+
+TEST(MetricsTest, ModelLabelsAreBounded) {
+  prometheus::Registry registry;
+  Metrics m(registry, TestBuild());
+  for (size_t i = 0; i < Metrics::kMaxModels + 10; ++i) {
+    m.OnAcquire("model-" + std::to_string(i), AcquireResult::kMiss, 0.001);
+  }
+  m.OnAcquire("", AcquireResult::kMiss, 0.001);
+  const Values v = Snapshot(registry);
+  std::set<std::string> models;
+  for (const auto& [key, value] : v) {
+    if (key.first == "weightcache_acquire_total") models.insert(key.second.at("model"));
+  }
+  EXPECT_EQ(models.size(), Metrics::kMaxModels + 1);  // + the overflow series
+  EXPECT_TRUE(models.contains("model-0"));
+  EXPECT_FALSE(models.contains("model-" + std::to_string(Metrics::kMaxModels)));
+  // 10 overflowing names + the empty one (its _unknown label no longer fits either).
+  EXPECT_EQ(Value(v, "weightcache_acquire_total",
+                  {{"model", Metrics::kOverflowModel}, {"result", "miss"}}),
+            11.0);
+  // A model seen before the cap keeps its own series.
+  m.OnAcquire("model-3", AcquireResult::kHit, 0.001);
+  EXPECT_EQ(Value(Snapshot(registry), "weightcache_acquire_total",
+                  {{"model", "model-3"}, {"result", "hit"}}),
+            1.0);
+}
+
+TEST(MetricsTest, EmptyModelNameIsRecordedAsUnknown) {
+  prometheus::Registry registry;
+  Metrics m(registry, TestBuild());
+  m.OnAcquire("", AcquireResult::kMiss, 0.001);
+  EXPECT_EQ(Value(Snapshot(registry), "weightcache_acquire_total",
+                  {{"model", Metrics::kUnknownModel}, {"result", "miss"}}),
+            1.0);
+}
+
+class FakeState : public StateSource {
+ public:
+  std::vector<EntrySnapshot> Entries() const override { return entries; }
+  std::vector<DeviceSnapshot> Devices() const override { return devices; }
+  std::vector<EntrySnapshot> entries;
+  std::vector<DeviceSnapshot> devices;
+};
+
+TEST(MetricsTest, ScrapeTimeGaugesReflectTheStateSource) {
+  prometheus::Registry registry;
+  Metrics m(registry, TestBuild());
+  FakeState state;
+  m.SetStateSource(&state);
+  auto collectable = m.collectable();
+
+  // Empty source: every state reported at 0, no per-model series.
+  Values v = Snapshot(*collectable);
+  for (const char* s : {"loading", "ready", "evicting", "failed"}) {
+    EXPECT_EQ(Value(v, "weightcache_models", {{"state", s}}), 0.0) << s;
+  }
+  EXPECT_EQ(v.size(), 4u);
+
+  state.entries = {
+      {"llama", "ready", "GPU-a", 100, 2},
+      {"llama", "ready", "GPU-b", 50, 1},
+      {"qwen", "loading", "GPU-a", 10, 0},
+      {"qwen", "ready", "GPU-a", 5, 3},  // a second layout of the same model on GPU-a
+      {"old", "gone", "GPU-a", 999, 0},
+      {"bad", "failed", "host", 0, 0},
+  };
+  state.devices = {{"GPU-a", 1000, 400, 115}, {"host", 64, 32, 0}};
+  v = Snapshot(*collectable);
+  EXPECT_EQ(Value(v, "weightcache_resident_bytes", {{"model", "llama"}, {"device", "GPU-a"}}),
+            100.0);
+  EXPECT_EQ(Value(v, "weightcache_resident_bytes", {{"model", "llama"}, {"device", "GPU-b"}}),
+            50.0);
+  EXPECT_EQ(Value(v, "weightcache_resident_bytes", {{"model", "qwen"}, {"device", "GPU-a"}}), 15.0);
+  EXPECT_EQ(Value(v, "weightcache_resident_bytes", {{"model", "old"}, {"device", "GPU-a"}}),
+            std::nullopt);
+  EXPECT_EQ(Value(v, "weightcache_leases", {{"model", "llama"}}), 3.0);
+  EXPECT_EQ(Value(v, "weightcache_leases", {{"model", "qwen"}}), 3.0);
+  EXPECT_EQ(Value(v, "weightcache_leases", {{"model", "bad"}}), 0.0);
+  EXPECT_EQ(Value(v, "weightcache_models", {{"state", "ready"}}), 3.0);
+  EXPECT_EQ(Value(v, "weightcache_models", {{"state", "loading"}}), 1.0);
+  EXPECT_EQ(Value(v, "weightcache_models", {{"state", "evicting"}}), 0.0);
+  EXPECT_EQ(Value(v, "weightcache_models", {{"state", "failed"}}), 1.0);
+  EXPECT_EQ(Value(v, "weightcache_device_memory_bytes", {{"device", "GPU-a"}, {"kind", "total"}}),
+            1000.0);
+  EXPECT_EQ(Value(v, "weightcache_device_memory_bytes", {{"device", "GPU-a"}, {"kind", "free"}}),
+            400.0);
+  EXPECT_EQ(Value(v, "weightcache_device_memory_bytes", {{"device", "GPU-a"}, {"kind", "used"}}),
+            115.0);
+  EXPECT_EQ(Value(v, "weightcache_device_memory_bytes", {{"device", "host"}, {"kind", "total"}}),
+            64.0);
+
+  // Scrape time means scrape time: a change shows at the next collect.
+  state.entries.pop_back();
+  EXPECT_EQ(Value(Snapshot(*collectable), "weightcache_models", {{"state", "failed"}}), 0.0);
+
+  // The counters registry does not carry the scrape-time gauges.
+  EXPECT_EQ(Value(Snapshot(registry), "weightcache_models", {{"state", "ready"}}), std::nullopt);
+}
+
+TEST(MetricsTest, CollectableOutlivingMetricsReportsNothing) {
+  prometheus::Registry registry;
+  FakeState state;
+  state.entries = {{"llama", "ready", "GPU-a", 100, 2}};
+  std::shared_ptr<prometheus::Collectable> collectable;
+  {
+    Metrics m(registry, TestBuild());
+    m.SetStateSource(&state);
+    collectable = m.collectable();
+    EXPECT_FALSE(collectable->Collect().empty());
+  }
+  EXPECT_TRUE(collectable->Collect().empty());
+}
+
+TEST(MetricsTest, ConcurrentUpdatesAreAllCounted) {
+  prometheus::Registry registry;
+  Metrics m(registry, TestBuild());
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 2000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&m, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        m.OnAcquire(t % 2 == 0 ? "even" : "odd", AcquireResult::kHit, 0.001);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  const Values v = Snapshot(registry);
+  EXPECT_EQ(Value(v, "weightcache_acquire_total", {{"model", "even"}, {"result", "hit"}}),
+            2.0 * kPerThread);
+  EXPECT_EQ(Value(v, "weightcache_acquire_total", {{"model", "odd"}, {"result", "hit"}}),
+            2.0 * kPerThread);
+  EXPECT_EQ(Value(v, "weightcache_acquire_duration_seconds", {}), 1.0 * kThreads * kPerThread);
+}
+
+TEST(MetricsTest, NoStateSourceNoGauges) {
+  prometheus::Registry registry;
+  Metrics m(registry, TestBuild());
+  EXPECT_TRUE(m.collectable()->Collect().empty());
+}
+
+}  // namespace
+}  // namespace weightcache::metrics
