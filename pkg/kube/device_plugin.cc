@@ -14,10 +14,10 @@
 #include <limits>
 #include <utility>
 
-#include "absl/strings/numbers.h"
-#include "absl/time/clock.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "deviceplugin/v1beta1/api.pb.h"
 #include "grpcpp/create_channel.h"
@@ -172,8 +172,8 @@ class DevicePluginService final : public ::v1beta1::DevicePlugin::Service {
       return absl::OkStatus();
     }
     return absl::InvalidArgumentError(absl::StrCat("Allocate: unknown device id \"", id,
-                                                   "\" (this plugin has ", kDeviceIdPrefix,
-                                                   "0..", plugin_->options_.slots - 1, ")"));
+                                                   "\" (this plugin has ", kDeviceIdPrefix, "0..",
+                                                   plugin_->options_.slots - 1, ")"));
   }
 
   DevicePlugin* const plugin_;
@@ -181,15 +181,19 @@ class DevicePluginService final : public ::v1beta1::DevicePlugin::Service {
 };
 
 absl::StatusOr<std::unique_ptr<DevicePlugin>> DevicePlugin::Create(Options o) {
-  auto bad = [](const std::string& msg) { return absl::InvalidArgumentError("device plugin: " + msg); };
-  if (!IsAbsolute(o.kubelet_dir)) return bad("kubelet_dir must be an absolute path: \"" + o.kubelet_dir + "\"");
+  auto bad = [](const std::string& msg) {
+    return absl::InvalidArgumentError("device plugin: " + msg);
+  };
+  if (!IsAbsolute(o.kubelet_dir))
+    return bad("kubelet_dir must be an absolute path: \"" + o.kubelet_dir + "\"");
   o.kubelet_dir = StripTrailingSlash(o.kubelet_dir);
   if (o.endpoint.empty() || o.endpoint.find('/') != std::string::npos ||
       o.endpoint == kKubeletSocketName) {
-    return bad("endpoint must be a plain file name other than kubelet.sock: \"" + o.endpoint + "\"");
+    return bad("endpoint must be a plain file name other than kubelet.sock: \"" + o.endpoint +
+               "\"");
   }
-  for (const std::string& p : {JoinPath(o.kubelet_dir, o.endpoint),
-                               JoinPath(o.kubelet_dir, kKubeletSocketName)}) {
+  for (const std::string& p :
+       {JoinPath(o.kubelet_dir, o.endpoint), JoinPath(o.kubelet_dir, kKubeletSocketName)}) {
     if (p.size() > kMaxSocketPath) {
       return bad(absl::StrCat("socket path ", p, " is ", p.size(), " bytes; Unix sockets allow ",
                               kMaxSocketPath));
@@ -270,6 +274,10 @@ DevicePlugin::FileId DevicePlugin::Stat(const std::string& path) {
 
 absl::Status DevicePlugin::Start() {
   if (started_) return absl::FailedPreconditionError("device plugin: Start called twice");
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::FailedPreconditionError("device plugin: Start after Stop");
+  }
   struct stat st;
   if (::stat(options_.kubelet_dir.c_str(), &st) != 0) {
     return Annotate(ErrnoStatus(errno, "stat", options_.kubelet_dir),
@@ -435,14 +443,14 @@ bool DevicePlugin::PollHealth() {
 }
 
 void DevicePlugin::WatchLoop() {
-  const int timeout_ms = static_cast<int>(
-      std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.poll_interval)));
+  const int timeout_ms =
+      static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(options_.poll_interval)));
   alignas(struct inotify_event) std::array<char, 4096> buf;
   while (true) {
     if (inotify_fd_ && watch_wd_ < 0) {
-      watch_wd_ = ::inotify_add_watch(inotify_fd_.get(), options_.kubelet_dir.c_str(),
-                                      IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM |
-                                          IN_DELETE_SELF | IN_MOVE_SELF);
+      watch_wd_ = ::inotify_add_watch(
+          inotify_fd_.get(), options_.kubelet_dir.c_str(),
+          IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE_SELF | IN_MOVE_SELF);
     }
     std::array<pollfd, 2> fds{pollfd{wake_fd_.get(), POLLIN, 0},
                               pollfd{inotify_fd_ ? inotify_fd_.get() : -1, POLLIN, 0}};

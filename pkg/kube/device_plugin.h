@@ -94,7 +94,7 @@ class DevicePlugin {
 
   // Serves our socket, tries to Register, starts the watcher. Errors: kubelet_dir missing or
   // not writable, the server could not bind. A failed Register is logged and retried, not
-  // returned. Call at most once.
+  // returned. Call at most once, and not after Stop() (FAILED_PRECONDITION).
   absl::Status Start();
   // See the file comment. Safe to call without Start() and more than once.
   void Stop();
@@ -144,8 +144,8 @@ class DevicePlugin {
   std::unique_ptr<DevicePluginService> service_;
   std::unique_ptr<grpc::Server> server_;
   FileId our_socket_;
-  FileId registered_kubelet_;  // kubelet.sock as it was when Register last succeeded
-  int watch_wd_ = -1;            // inotify watch on kubelet_dir; -1: none (polling only)
+  FileId registered_kubelet_;        // kubelet.sock as it was when Register last succeeded
+  int watch_wd_ = -1;                // inotify watch on kubelet_dir; -1: none (polling only)
   std::string last_register_error_;  // logged once until it changes
   ScopedFd inotify_fd_;
   ScopedFd wake_fd_;  // eventfd: Stop() wakes the watcher

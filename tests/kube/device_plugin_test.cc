@@ -1,6 +1,8 @@
 // DevicePlugin against a fake kubelet: a real gRPC Registration server on kubelet.sock in a
 // per-test temp dir, which (like the kubelet) dials the plugin back while Register runs.
 // Waits are bounded (condition variables with deadlines), never sleeps.
+#include "pkg/kube/device_plugin.h"
+
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -28,7 +30,6 @@
 #include "grpcpp/server_builder.h"
 #include "grpcpp/server_context.h"
 #include "gtest/gtest.h"
-#include "pkg/kube/device_plugin.h"
 
 namespace weightcache::kube {
 namespace {
@@ -209,7 +210,7 @@ class StreamWatcher {
 };
 
 std::function<bool(const v1beta1::ListAndWatchResponse&)> AllHealth(int n,
-                                                                     const std::string& health) {
+                                                                    const std::string& health) {
   return [n, health](const v1beta1::ListAndWatchResponse& r) {
     if (r.devices_size() != n) return false;
     for (const auto& d : r.devices()) {
@@ -480,6 +481,7 @@ TEST_F(DevicePluginTest, StopReportsUnhealthyEndsStreamsAndRemovesSocket) {
   EXPECT_FALSE(Exists(endpoint()));
   EXPECT_FALSE(plugin->registered());
   plugin->Stop();  // idempotent
+  EXPECT_EQ(plugin->Start().code(), absl::StatusCode::kFailedPrecondition);
   plugin.reset();
   EXPECT_TRUE(Exists(kubelet_sock()));  // never touches the kubelet's socket
 }
