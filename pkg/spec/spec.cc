@@ -1,0 +1,398 @@
+#include "pkg/spec/spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <charconv>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "pkg/spec/internal/read_file.h"
+#include "pkg/util/status_macros.h"
+
+namespace weightcache::spec {
+namespace {
+
+constexpr int kMaxParallelSize = 1024;
+constexpr size_t kMaxNameLength = 63;
+
+// Keys of one spec, in the order ToYaml writes them.
+constexpr const char* kKeys[] = {"version",  "name",    "model_dir",   "architecture",
+                                 "revision", "tp_size", "tp_ranks",    "pp_size",
+                                 "pp_rank",  "dtype",   "quantization"};
+constexpr const char* kDtypes[] = {"auto", "bf16", "fp16", "fp32"};
+constexpr const char* kQuantizations[] = {"auto", "none", "fp8_block"};
+
+std::string KnownKeys() { return absl::StrJoin(kKeys, ", "); }
+
+bool IsKnownKey(const std::string& key) {
+  for (const char* k : kKeys) {
+    if (key == k) return true;
+  }
+  return false;
+}
+
+template <size_t N>
+bool OneOf(const std::string& value, const char* const (&allowed)[N]) {
+  for (const char* a : allowed) {
+    if (value == a) return true;
+  }
+  return false;
+}
+
+// Quotes a user-supplied value for an error message.
+std::string Quote(const std::string& s) { return absl::StrCat("\"", absl::CEscape(s), "\""); }
+
+bool IsNameChar(char c, bool first) {
+  if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')) return true;
+  return !first && (c == '.' || c == '_' || c == '-');
+}
+
+bool IsValidName(const std::string& name) {
+  if (name.empty() || name.size() > kMaxNameLength) return false;
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (!IsNameChar(name[i], i == 0)) return false;
+  }
+  return true;
+}
+
+absl::Status Invalid(const std::string& field, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+// Prefixes `status` with "<source>: <path>." so that a field error reads
+// "specs.yaml: models[1].tp_size: must be >= 1, got 0".
+absl::Status InContext(const absl::Status& status, const std::string& source,
+                       const std::string& path) {
+  if (status.ok()) return status;
+  std::string prefix = path.empty() ? source + ": " : absl::StrCat(source, ": ", path, ".");
+  return absl::Status(status.code(), prefix + std::string(status.message()));
+}
+
+// Strict decimal integer: optional '-', digits, nothing else, within int range.
+bool ParseInt(const std::string& text, int* out) {
+  if (text.empty()) return false;
+  long long value = 0;  // NOLINT(google-runtime-int): from_chars overload
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end) return false;
+  if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max()) {
+    return false;
+  }
+  *out = static_cast<int>(value);
+  return true;
+}
+
+// ---- Setting fields from text (shared by the YAML and the flag forms) ----
+
+// What a raw value looks like before it is typed.
+struct RawScalar {
+  std::string text;
+  bool quoted = false;  // a YAML/JSON string literal: never an integer
+};
+
+absl::Status SetInt(const std::string& key, const RawScalar& raw, int* out) {
+  if (raw.quoted || !ParseInt(raw.text, out)) {
+    return Invalid(key, absl::StrCat("must be an integer, got ", raw.quoted ? "string " : "",
+                                     Quote(raw.text)));
+  }
+  return absl::OkStatus();
+}
+
+// Sets the scalar field `key` of `spec` (every key but tp_ranks).
+absl::Status SetScalar(const std::string& key, const RawScalar& raw, ModelSpec* spec) {
+  if (key == "version") return SetInt(key, raw, &spec->version);
+  if (key == "tp_size") return SetInt(key, raw, &spec->tp_size);
+  if (key == "pp_size") return SetInt(key, raw, &spec->pp_size);
+  if (key == "pp_rank") return SetInt(key, raw, &spec->pp_rank);
+  std::string* field = nullptr;
+  if (key == "name") field = &spec->name;
+  if (key == "model_dir") field = &spec->model_dir;
+  if (key == "architecture") field = &spec->architecture;
+  if (key == "revision") field = &spec->revision;
+  if (key == "dtype") field = &spec->dtype;
+  if (key == "quantization") field = &spec->quantization;
+  if (field == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown key ", Quote(key), " (known: ", KnownKeys(), ")"));
+  }
+  *field = raw.text;
+  return absl::OkStatus();
+}
+
+// ---- YAML ----
+
+std::string NodeKind(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+      return "null";
+    case YAML::NodeType::Scalar:
+      return Quote(node.Scalar());
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Undefined:
+      break;
+  }
+  return "nothing";
+}
+
+// A scalar that may be an integer: plain, or explicitly tagged !!int.
+RawScalar ToRaw(const YAML::Node& node) {
+  const std::string& tag = node.Tag();
+  return RawScalar{node.Scalar(), tag != "?" && tag != "tag:yaml.org,2002:int"};
+}
+
+absl::Status SetFromNode(const std::string& key, const YAML::Node& value, ModelSpec* spec) {
+  if (value.IsNull()) return absl::OkStatus();  // an explicit null keeps the default
+  if (key == "tp_ranks") {
+    if (!value.IsSequence()) {
+      return Invalid(key, absl::StrCat("must be a list of integers, got ", NodeKind(value)));
+    }
+    spec->tp_ranks.clear();
+    for (size_t i = 0; i < value.size(); ++i) {
+      const YAML::Node& item = value[i];
+      const std::string item_key = absl::StrCat(key, "[", i, "]");
+      if (!item.IsScalar()) {
+        return Invalid(item_key, absl::StrCat("must be an integer, got ", NodeKind(item)));
+      }
+      int rank = 0;
+      WC_RETURN_IF_ERROR(SetInt(item_key, ToRaw(item), &rank));
+      spec->tp_ranks.push_back(rank);
+    }
+    return absl::OkStatus();
+  }
+  if (!value.IsScalar()) {
+    bool is_int = key == "version" || key == "tp_size" || key == "pp_size" || key == "pp_rank";
+    return Invalid(key, absl::StrCat("must be ", is_int ? "an integer" : "a string", ", got ",
+                                     NodeKind(value)));
+  }
+  return SetScalar(key, ToRaw(value), spec);
+}
+
+// One spec mapping; `path` is "" for a single-spec file or "models[i]".
+absl::StatusOr<ModelSpec> SpecFromNode(const YAML::Node& node, const std::string& source,
+                                       const std::string& path) {
+  const std::string where = path.empty() ? source : absl::StrCat(source, ": ", path);
+  if (!node.IsMap()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": a spec must be a mapping, got ", NodeKind(node)));
+  }
+  ModelSpec spec;
+  std::set<std::string> seen;
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    if (!it->first.IsScalar()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": keys must be strings, got ", NodeKind(it->first)));
+    }
+    const std::string key = it->first.Scalar();
+    if (!IsKnownKey(key)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": unknown key ", Quote(key), " (known: ", KnownKeys(), ")"));
+    }
+    if (!seen.insert(key).second) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": duplicate key ", Quote(key)));
+    }
+    WC_RETURN_IF_ERROR(InContext(SetFromNode(key, it->second, &spec), source, path));
+  }
+  WC_RETURN_IF_ERROR(InContext(Validate(spec), source, path));
+  return spec;
+}
+
+}  // namespace
+
+absl::Status Validate(const ModelSpec& spec) {
+  if (spec.version != kSpecVersion) {
+    return Invalid("version", absl::StrCat("must be ", kSpecVersion, ", got ", spec.version));
+  }
+  if (spec.name.empty()) return Invalid("name", "required");
+  if (!IsValidName(spec.name)) {
+    return Invalid("name",
+                   absl::StrCat("must match [a-z0-9][a-z0-9._-]{0,62}, got ", Quote(spec.name)));
+  }
+  if (spec.model_dir.empty()) return Invalid("model_dir", "required");
+  if (spec.tp_size < 1) {
+    return Invalid("tp_size", absl::StrCat("must be >= 1, got ", spec.tp_size));
+  }
+  if (spec.tp_size > kMaxParallelSize) {
+    return Invalid("tp_size",
+                   absl::StrCat("must be <= ", kMaxParallelSize, ", got ", spec.tp_size));
+  }
+  std::map<int, size_t> ranks_seen;
+  for (size_t i = 0; i < spec.tp_ranks.size(); ++i) {
+    const int rank = spec.tp_ranks[i];
+    const std::string field = absl::StrCat("tp_ranks[", i, "]");
+    if (rank < 0 || rank >= spec.tp_size) {
+      return Invalid(field,
+                     absl::StrCat("must be in [0, ", spec.tp_size, ") (tp_size), got ", rank));
+    }
+    auto [it, inserted] = ranks_seen.emplace(rank, i);
+    if (!inserted) {
+      return Invalid(field,
+                     absl::StrCat("duplicate rank ", rank, " (also tp_ranks[", it->second, "])"));
+    }
+  }
+  if (spec.pp_size < 1) {
+    return Invalid("pp_size", absl::StrCat("must be >= 1, got ", spec.pp_size));
+  }
+  if (spec.pp_size > kMaxParallelSize) {
+    return Invalid("pp_size",
+                   absl::StrCat("must be <= ", kMaxParallelSize, ", got ", spec.pp_size));
+  }
+  if (spec.pp_rank < 0 || spec.pp_rank >= spec.pp_size) {
+    return Invalid("pp_rank", absl::StrCat("must be in [0, ", spec.pp_size, ") (pp_size), got ",
+                                           spec.pp_rank));
+  }
+  if (!OneOf(spec.dtype, kDtypes)) {
+    return Invalid("dtype", absl::StrCat("must be one of ", absl::StrJoin(kDtypes, ", "), ", got ",
+                                         Quote(spec.dtype)));
+  }
+  if (!OneOf(spec.quantization, kQuantizations)) {
+    return Invalid("quantization",
+                   absl::StrCat("must be one of ", absl::StrJoin(kQuantizations, ", "), ", got ",
+                                Quote(spec.quantization)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<ModelSpec>> ParseSpecs(const std::string& text,
+                                                  const std::string& source) {
+  YAML::Node loaded;
+  try {
+    loaded = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    // yaml-cpp's marks are 0-based.
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ":", e.mark.line + 1, ":", e.mark.column + 1, ": malformed YAML/JSON: ", e.msg));
+  }
+  const YAML::Node& root = loaded;  // const: lookups must never insert
+  if (root.IsNull()) return absl::InvalidArgumentError(source + ": empty, expected a spec");
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": expected a spec mapping or `models:`, got ", NodeKind(root)));
+  }
+
+  std::vector<ModelSpec> specs;
+  if (!root["models"]) {
+    WC_ASSIGN_OR_RETURN(ModelSpec spec, SpecFromNode(root, source, ""));
+    specs.push_back(std::move(spec));
+    return specs;
+  }
+
+  // A list: `models:` must be the only top-level key, so a misplaced spec key is not ignored.
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const std::string key = it->first.IsScalar() ? it->first.Scalar() : NodeKind(it->first);
+    if (key != "models") {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": unknown key ", Quote(key),
+                                                     " beside `models:` (keys go in each model)"));
+    }
+  }
+  if (root.size() != 1) {
+    return absl::InvalidArgumentError(source + ": duplicate key \"models\"");
+  }
+  const YAML::Node models = root["models"];
+  if (!models.IsSequence() || models.size() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": models: must be a non-empty list, got ", NodeKind(models)));
+  }
+  std::map<std::string, size_t> names;
+  for (size_t i = 0; i < models.size(); ++i) {
+    const std::string path = absl::StrCat("models[", i, "]");
+    WC_ASSIGN_OR_RETURN(ModelSpec spec, SpecFromNode(models[i], source, path));
+    auto [it, inserted] = names.emplace(spec.name, i);
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": ", path, ".name: duplicate name ",
+                                                     Quote(spec.name), " (also models[", it->second,
+                                                     "])"));
+    }
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+absl::StatusOr<std::vector<ModelSpec>> LoadSpecFile(const std::string& path) {
+  WC_ASSIGN_OR_RETURN(std::string text, internal::ReadTextFile(path));
+  return ParseSpecs(text, path);
+}
+
+absl::StatusOr<ModelSpec> ParseSpecFlag(const std::string& flag) {
+  const std::string source = "flag";
+  ModelSpec spec;
+  std::set<std::string> seen;
+  std::string last_key;
+  size_t start = 0;
+  while (start <= flag.size()) {
+    size_t comma = flag.find(',', start);
+    if (comma == std::string::npos) comma = flag.size();
+    const std::string item = flag.substr(start, comma - start);
+    start = comma + 1;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      // "tp_ranks=0,1,2": a bare value after tp_ranks continues the list.
+      if (last_key == "tp_ranks" && !item.empty()) {
+        int rank = 0;
+        WC_RETURN_IF_ERROR(InContext(
+            SetInt(absl::StrCat("tp_ranks[", spec.tp_ranks.size(), "]"), RawScalar{item}, &rank),
+            source, ""));
+        spec.tp_ranks.push_back(rank);
+        continue;
+      }
+      if (item.empty() && flag.empty()) break;
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": expected key=value, got ", Quote(item)));
+    }
+    const std::string key = item.substr(0, eq);
+    const std::string value = item.substr(eq + 1);
+    if (!IsKnownKey(key)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": unknown key ", Quote(key), " (known: ", KnownKeys(), ")"));
+    }
+    if (!seen.insert(key).second) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": duplicate key ", Quote(key)));
+    }
+    last_key = key;
+    if (key == "tp_ranks") {
+      spec.tp_ranks.clear();
+      if (value.empty()) continue;  // "tp_ranks=": all ranks
+      int rank = 0;
+      WC_RETURN_IF_ERROR(InContext(SetInt("tp_ranks[0]", RawScalar{value}, &rank), source, ""));
+      spec.tp_ranks.push_back(rank);
+      continue;
+    }
+    WC_RETURN_IF_ERROR(InContext(SetScalar(key, RawScalar{value}, &spec), source, ""));
+  }
+  WC_RETURN_IF_ERROR(InContext(Validate(spec), source, ""));
+  return spec;
+}
+
+std::string ToYaml(const ModelSpec& spec) {
+  // Strings are always double-quoted so that values such as "null", "1" or "a: b" come back
+  // as the same strings; integers are plain.
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  out << YAML::Key << "version" << YAML::Value << spec.version;
+  out << YAML::Key << "name" << YAML::Value << YAML::DoubleQuoted << spec.name;
+  out << YAML::Key << "model_dir" << YAML::Value << YAML::DoubleQuoted << spec.model_dir;
+  out << YAML::Key << "architecture" << YAML::Value << YAML::DoubleQuoted << spec.architecture;
+  out << YAML::Key << "revision" << YAML::Value << YAML::DoubleQuoted << spec.revision;
+  out << YAML::Key << "tp_size" << YAML::Value << spec.tp_size;
+  out << YAML::Key << "tp_ranks" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (int rank : spec.tp_ranks) out << rank;
+  out << YAML::EndSeq;
+  out << YAML::Key << "pp_size" << YAML::Value << spec.pp_size;
+  out << YAML::Key << "pp_rank" << YAML::Value << spec.pp_rank;
+  out << YAML::Key << "dtype" << YAML::Value << YAML::DoubleQuoted << spec.dtype;
+  out << YAML::Key << "quantization" << YAML::Value << YAML::DoubleQuoted << spec.quantization;
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace weightcache::spec

@@ -1,0 +1,417 @@
+#include "pkg/spec/spec.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace weightcache::spec {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A per-test temporary directory, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "spec_test.XXXXXX").string();
+    char* made = ::mkdtemp(tmpl.data());
+    EXPECT_NE(made, nullptr);
+    path_ = tmpl;
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+  std::string Write(const std::string& name, const std::string& text) const {
+    std::string p = path_ + "/" + name;
+    std::ofstream(p) << text;
+    return p;
+  }
+
+ private:
+  std::string path_;
+};
+
+ModelSpec ParseOne(const std::string& text) {
+  auto specs = ParseSpecs(text, "t.yaml");
+  EXPECT_TRUE(specs.ok()) << specs.status();
+  if (!specs.ok()) return {};
+  EXPECT_EQ(specs->size(), 1u);
+  return specs->empty() ? ModelSpec{} : specs->front();
+}
+
+// Expects INVALID_ARGUMENT with exactly `message`.
+void ExpectInvalid(const std::string& text, const std::string& message) {
+  auto specs = ParseSpecs(text, "specs.yaml");
+  ASSERT_FALSE(specs.ok()) << "accepted:\n" << text;
+  EXPECT_EQ(specs.status().code(), absl::StatusCode::kInvalidArgument) << specs.status();
+  EXPECT_EQ(std::string(specs.status().message()), message);
+}
+
+TEST(SpecParse, SingleYaml) {
+  ModelSpec s = ParseOne(R"(
+version: 1
+name: llama-8b
+model_dir: /models/llama-8b
+architecture: LlamaForCausalLM
+revision: main
+tp_size: 4
+tp_ranks: [1, 3]
+pp_size: 2
+pp_rank: 1
+dtype: bf16
+quantization: fp8_block
+)");
+  EXPECT_EQ(s.version, 1);
+  EXPECT_EQ(s.name, "llama-8b");
+  EXPECT_EQ(s.model_dir, "/models/llama-8b");
+  EXPECT_EQ(s.architecture, "LlamaForCausalLM");
+  EXPECT_EQ(s.revision, "main");
+  EXPECT_EQ(s.tp_size, 4);
+  EXPECT_EQ(s.tp_ranks, (std::vector<int>{1, 3}));
+  EXPECT_EQ(s.pp_size, 2);
+  EXPECT_EQ(s.pp_rank, 1);
+  EXPECT_EQ(s.dtype, "bf16");
+  EXPECT_EQ(s.quantization, "fp8_block");
+}
+
+TEST(SpecParse, DefaultsForOmittedKeys) {
+  ModelSpec s = ParseOne("name: m\nmodel_dir: /m\n");
+  EXPECT_EQ(s.version, kSpecVersion);
+  EXPECT_EQ(s.architecture, "");
+  EXPECT_EQ(s.revision, "");
+  EXPECT_EQ(s.tp_size, 1);
+  EXPECT_TRUE(s.tp_ranks.empty());
+  EXPECT_EQ(s.pp_size, 1);
+  EXPECT_EQ(s.pp_rank, 0);
+  EXPECT_EQ(s.dtype, "auto");
+  EXPECT_EQ(s.quantization, "auto");
+}
+
+TEST(SpecParse, ModelsList) {
+  auto specs = ParseSpecs(R"(
+models:
+  - name: a
+    model_dir: /m/a
+  - name: b
+    model_dir: /m/b
+    tp_size: 8
+)",
+                          "values.yaml");
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  ASSERT_EQ(specs->size(), 2u);
+  EXPECT_EQ((*specs)[0].name, "a");
+  EXPECT_EQ((*specs)[0].model_dir, "/m/a");
+  EXPECT_EQ((*specs)[0].tp_size, 1);
+  EXPECT_EQ((*specs)[1].name, "b");
+  EXPECT_EQ((*specs)[1].tp_size, 8);
+}
+
+TEST(SpecParse, JsonForm) {
+  auto specs = ParseSpecs(
+      R"({"models": [{"version": 1, "name": "q", "model_dir": "/m/q", "tp_size": 2,
+                      "tp_ranks": [1], "dtype": "fp16", "revision": "abc123"}]})",
+      "specs.json");
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  ASSERT_EQ(specs->size(), 1u);
+  const ModelSpec& s = specs->front();
+  EXPECT_EQ(s.name, "q");
+  EXPECT_EQ(s.model_dir, "/m/q");
+  EXPECT_EQ(s.tp_size, 2);
+  EXPECT_EQ(s.tp_ranks, (std::vector<int>{1}));
+  EXPECT_EQ(s.dtype, "fp16");
+  EXPECT_EQ(s.revision, "abc123");
+}
+
+TEST(SpecParse, JsonStringIsNotAnInteger) {
+  auto specs = ParseSpecs(R"({"name": "q", "model_dir": "/m", "tp_size": "2"})", "s.json");
+  ASSERT_FALSE(specs.ok());
+  EXPECT_EQ(specs.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(specs.status().message()),
+            "s.json: tp_size: must be an integer, got string \"2\"");
+}
+
+TEST(SpecParse, LoadSpecFile) {
+  TempDir dir;
+  std::string path = dir.Write("specs.yaml", "models:\n  - {name: x, model_dir: /m/x}\n");
+  auto specs = LoadSpecFile(path);
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  ASSERT_EQ(specs->size(), 1u);
+  EXPECT_EQ(specs->front().name, "x");
+
+  // Errors name the file as given.
+  std::string bad = dir.Write("bad.yaml", "name: x\nmodel_dir: /m\ntp_size: 0\n");
+  auto status = LoadSpecFile(bad).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(status.message()), bad + ": tp_size: must be >= 1, got 0");
+}
+
+TEST(SpecParse, LoadSpecFileMissing) {
+  TempDir dir;
+  const std::string path = dir.path() + "/absent.yaml";
+  auto specs = LoadSpecFile(path);
+  ASSERT_FALSE(specs.ok());
+  EXPECT_EQ(specs.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(specs.status().message()), HasSubstr(path));
+}
+
+TEST(SpecParse, MalformedYamlNamesSourceAndLine) {
+  auto specs = ParseSpecs("name: x\nmodel_dir: [unclosed\n", "specs.yaml");
+  ASSERT_FALSE(specs.ok());
+  EXPECT_EQ(specs.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(specs.status().message()), HasSubstr("specs.yaml:"));
+  EXPECT_THAT(std::string(specs.status().message()), HasSubstr("malformed YAML/JSON"));
+}
+
+TEST(SpecParse, EmptyAndNonMappingRejected) {
+  ExpectInvalid("", "specs.yaml: empty, expected a spec");
+  ExpectInvalid("- a\n- b\n", "specs.yaml: expected a spec mapping or `models:`, got a list");
+  ExpectInvalid("models: []\n", "specs.yaml: models: must be a non-empty list, got a list");
+  ExpectInvalid("models:\n  - 3\n", "specs.yaml: models[0]: a spec must be a mapping, got \"3\"");
+}
+
+TEST(SpecParse, UnknownKeyNamesKeyAndSource) {
+  auto specs = ParseSpecs(
+      "models:\n  - {name: a, model_dir: /a}\n  - {name: b, model_dir: /b, "
+      "tensor_parallel: 2}\n",
+      "specs.yaml");
+  ASSERT_FALSE(specs.ok());
+  EXPECT_EQ(specs.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(specs.status().message()),
+              HasSubstr("specs.yaml: models[1]: unknown key \"tensor_parallel\" (known: "));
+
+  ExpectInvalid("name: a\nmodel_dir: /a\ntp: 2\n",
+                "specs.yaml: unknown key \"tp\" (known: version, name, model_dir, architecture, "
+                "revision, tp_size, tp_ranks, pp_size, pp_rank, dtype, quantization)");
+  ExpectInvalid("models:\n  - {name: a, model_dir: /a}\nname: b\n",
+                "specs.yaml: unknown key \"name\" beside `models:` (keys go in each model)");
+}
+
+TEST(SpecParse, DuplicateKeyRejected) {
+  ExpectInvalid("name: a\nmodel_dir: /a\ntp_size: 2\ntp_size: 4\n",
+                "specs.yaml: duplicate key \"tp_size\"");
+}
+
+TEST(SpecParse, DuplicateNameRejected) {
+  ExpectInvalid(
+      "models:\n  - {name: a, model_dir: /a}\n  - {name: b, model_dir: /b}\n"
+      "  - {name: a, model_dir: /c}\n",
+      "specs.yaml: models[2].name: duplicate name \"a\" (also models[0])");
+}
+
+TEST(SpecParse, WrongTypesNameTheKey) {
+  ExpectInvalid("name: a\nmodel_dir: /a\ntp_size: two\n",
+                "specs.yaml: tp_size: must be an integer, got \"two\"");
+  ExpectInvalid("name: a\nmodel_dir: /a\npp_rank: 1.5\n",
+                "specs.yaml: pp_rank: must be an integer, got \"1.5\"");
+  ExpectInvalid("name: a\nmodel_dir: /a\ntp_size: 99999999999\n",
+                "specs.yaml: tp_size: must be an integer, got \"99999999999\"");
+  ExpectInvalid("name: [a]\nmodel_dir: /a\n", "specs.yaml: name: must be a string, got a list");
+  ExpectInvalid("name: a\nmodel_dir: {x: 1}\n",
+                "specs.yaml: model_dir: must be a string, got a mapping");
+  ExpectInvalid("name: a\nmodel_dir: /a\ntp_ranks: 0\n",
+                "specs.yaml: tp_ranks: must be a list of integers, got \"0\"");
+  ExpectInvalid("name: a\nmodel_dir: /a\ntp_size: 2\ntp_ranks: [0, x]\n",
+                "specs.yaml: tp_ranks[1]: must be an integer, got \"x\"");
+  ExpectInvalid("models:\n  - {name: a, model_dir: /a, version: '1'}\n",
+                "specs.yaml: models[0].version: must be an integer, got string \"1\"");
+}
+
+struct Fault {
+  std::string yaml_line;  // appended to a valid spec (inside models[1])
+  std::string message;    // after "specs.yaml: models[1]."
+};
+void PrintTo(const Fault& f, std::ostream* os) { *os << f.yaml_line; }
+
+class SpecValidation : public ::testing::TestWithParam<Fault> {};
+
+TEST_P(SpecValidation, RejectedWithFieldAndSource) {
+  const Fault& f = GetParam();
+  // models[1] is a valid spec plus the faulty line (which replaces name or model_dir).
+  std::vector<std::string> lines;
+  if (f.yaml_line.rfind("name:", 0) != 0) lines.push_back("name: m");
+  if (f.yaml_line.rfind("model_dir:", 0) != 0) lines.push_back("model_dir: /m");
+  lines.push_back(f.yaml_line);
+  std::string text = "models:\n  - name: ok\n    model_dir: /ok\n";
+  for (size_t i = 0; i < lines.size(); ++i) text += (i == 0 ? "  - " : "    ") + lines[i] + "\n";
+  auto specs = ParseSpecs(text, "specs.yaml");
+  ASSERT_FALSE(specs.ok()) << text;
+  EXPECT_EQ(specs.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(specs.status().message()), "specs.yaml: models[1]." + f.message) << text;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Faults, SpecValidation,
+    ::testing::Values(
+        Fault{"version: 2", "version: must be 1, got 2"},
+        Fault{"version: 0", "version: must be 1, got 0"},
+        Fault{"name: Llama", "name: must match [a-z0-9][a-z0-9._-]{0,62}, got \"Llama\""},
+        Fault{"name: -x", "name: must match [a-z0-9][a-z0-9._-]{0,62}, got \"-x\""},
+        Fault{"name: a/b", "name: must match [a-z0-9][a-z0-9._-]{0,62}, got \"a/b\""},
+        Fault{"name: " + std::string(64, 'a'),
+              "name: must match [a-z0-9][a-z0-9._-]{0,62}, got \"" + std::string(64, 'a') + "\""},
+        Fault{"name: ''", "name: required"}, Fault{"model_dir: ''", "model_dir: required"},
+        Fault{"tp_size: 0", "tp_size: must be >= 1, got 0"},
+        Fault{"tp_size: -3", "tp_size: must be >= 1, got -3"},
+        Fault{"tp_size: 1025", "tp_size: must be <= 1024, got 1025"},
+        Fault{"tp_ranks: [0, 1]", "tp_ranks[1]: must be in [0, 1) (tp_size), got 1"},
+        Fault{"tp_ranks: [-1]", "tp_ranks[0]: must be in [0, 1) (tp_size), got -1"},
+        Fault{"tp_ranks: [0, 0]", "tp_ranks[1]: duplicate rank 0 (also tp_ranks[0])"},
+        Fault{"pp_size: 0", "pp_size: must be >= 1, got 0"},
+        Fault{"pp_size: 2000", "pp_size: must be <= 1024, got 2000"},
+        Fault{"pp_rank: 1", "pp_rank: must be in [0, 1) (pp_size), got 1"},
+        Fault{"pp_rank: -1", "pp_rank: must be in [0, 1) (pp_size), got -1"},
+        Fault{"dtype: int8", "dtype: must be one of auto, bf16, fp16, fp32, got \"int8\""},
+        Fault{"quantization: awq",
+              "quantization: must be one of auto, none, fp8_block, got \"awq\""}),
+    [](const ::testing::TestParamInfo<Fault>& info) {
+      const std::string& line = info.param.yaml_line;
+      return line.substr(0, line.find(':')) + "_" + std::to_string(info.index);
+    });
+
+TEST(SpecValidate, LimitsAccepted) {
+  ModelSpec s;
+  s.name = "a" + std::string(62, 'z');  // 63 characters: the longest name
+  s.model_dir = "/m";
+  s.tp_size = 1024;
+  s.tp_ranks = {0, 1023, 512};
+  s.pp_size = 1024;
+  s.pp_rank = 1023;
+  EXPECT_TRUE(Validate(s).ok()) << Validate(s);
+  s.name = "0a._-";
+  EXPECT_TRUE(Validate(s).ok()) << Validate(s);
+}
+
+TEST(SpecValidate, DirectCallNamesFieldWithoutSource) {
+  ModelSpec s;
+  s.name = "m";
+  s.model_dir = "/m";
+  s.tp_size = 2;
+  s.tp_ranks = {2};
+  absl::Status st = Validate(s);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(st.message()), "tp_ranks[0]: must be in [0, 2) (tp_size), got 2");
+}
+
+TEST(SpecFlag, AllKeys) {
+  auto s = ParseSpecFlag(
+      "version=1,name=llama,model_dir=/m/llama,architecture=LlamaForCausalLM,revision=r1,"
+      "tp_size=4,tp_ranks=0,2,3,pp_size=2,pp_rank=1,dtype=fp32,quantization=none");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->name, "llama");
+  EXPECT_EQ(s->model_dir, "/m/llama");
+  EXPECT_EQ(s->architecture, "LlamaForCausalLM");
+  EXPECT_EQ(s->revision, "r1");
+  EXPECT_EQ(s->tp_size, 4);
+  EXPECT_EQ(s->tp_ranks, (std::vector<int>{0, 2, 3}));
+  EXPECT_EQ(s->pp_size, 2);
+  EXPECT_EQ(s->pp_rank, 1);
+  EXPECT_EQ(s->dtype, "fp32");
+  EXPECT_EQ(s->quantization, "none");
+}
+
+TEST(SpecFlag, ExampleFromHeader) {
+  auto s = ParseSpecFlag("name=llama,model_dir=/m/llama,tp_size=1,tp_ranks=0");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->name, "llama");
+  EXPECT_EQ(s->tp_ranks, (std::vector<int>{0}));
+  EXPECT_EQ(s->dtype, "auto");
+}
+
+TEST(SpecFlag, ValueMayHoldEquals) {
+  auto s = ParseSpecFlag("name=a,model_dir=/m/a=b");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->model_dir, "/m/a=b");
+}
+
+TEST(SpecFlag, Errors) {
+  auto expect = [](const std::string& flag, const std::string& message) {
+    auto s = ParseSpecFlag(flag);
+    ASSERT_FALSE(s.ok()) << flag;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << flag;
+    EXPECT_EQ(std::string(s.status().message()), message) << flag;
+  };
+  expect("name=a,model_dir=/a,tp=2",
+         "flag: unknown key \"tp\" (known: version, name, model_dir, "
+         "architecture, revision, tp_size, tp_ranks, pp_size, "
+         "pp_rank, dtype, quantization)");
+  expect("name=a,model_dir=/a,tp_size=x", "flag: tp_size: must be an integer, got \"x\"");
+  expect("name=a,model_dir=/a,tp_size=0", "flag: tp_size: must be >= 1, got 0");
+  expect("name=a,model_dir=/a,tp_size=2,tp_ranks=0,5",
+         "flag: tp_ranks[1]: must be in [0, 2) (tp_size), got 5");
+  expect("name=a,model_dir=/a,tp_ranks=0,x", "flag: tp_ranks[1]: must be an integer, got \"x\"");
+  expect("name=a,model_dir=/a,name=b", "flag: duplicate key \"name\"");
+  expect("name=a,bogus,model_dir=/a", "flag: expected key=value, got \"bogus\"");
+  expect("name=a,model_dir=/a,", "flag: expected key=value, got \"\"");
+  expect("model_dir=/a", "flag: name: required");
+  expect("", "flag: name: required");
+}
+
+TEST(SpecYaml, RoundTrip) {
+  ModelSpec s;
+  s.name = "qwen3-235b.fp8";
+  s.model_dir = "/models/with space/and: colon #hash";
+  s.architecture = "Qwen3MoeForCausalLM";
+  s.revision = "null";  // would come back as YAML null if not quoted
+  s.tp_size = 8;
+  s.tp_ranks = {7, 0, 3};
+  s.pp_size = 2;
+  s.pp_rank = 1;
+  s.dtype = "bf16";
+  s.quantization = "fp8_block";
+  const std::string yaml = ToYaml(s);
+  auto back = ParseSpecs(yaml, "roundtrip");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << yaml;
+  ASSERT_EQ(back->size(), 1u);
+  const ModelSpec& b = back->front();
+  EXPECT_EQ(b.version, s.version);
+  EXPECT_EQ(b.name, s.name);
+  EXPECT_EQ(b.model_dir, s.model_dir);
+  EXPECT_EQ(b.architecture, s.architecture);
+  EXPECT_EQ(b.revision, s.revision);
+  EXPECT_EQ(b.tp_size, s.tp_size);
+  EXPECT_EQ(b.tp_ranks, s.tp_ranks);
+  EXPECT_EQ(b.pp_size, s.pp_size);
+  EXPECT_EQ(b.pp_rank, s.pp_rank);
+  EXPECT_EQ(b.dtype, s.dtype);
+  EXPECT_EQ(b.quantization, s.quantization);
+  // Canonical: rendering again gives the same text.
+  EXPECT_EQ(ToYaml(b), yaml);
+}
+
+TEST(SpecYaml, CanonicalText) {
+  ModelSpec s;
+  s.name = "m";
+  s.model_dir = "/m";
+  EXPECT_EQ(ToYaml(s),
+            "version: 1\n"
+            "name: \"m\"\n"
+            "model_dir: \"/m\"\n"
+            "architecture: \"\"\n"
+            "revision: \"\"\n"
+            "tp_size: 1\n"
+            "tp_ranks: []\n"
+            "pp_size: 1\n"
+            "pp_rank: 0\n"
+            "dtype: \"auto\"\n"
+            "quantization: \"auto\"\n");
+  auto back = ParseSpecs(ToYaml(s), "x");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->front().tp_ranks.empty());
+}
+
+TEST(SpecYaml, NullKeepsDefault) {
+  ModelSpec s = ParseOne("name: m\nmodel_dir: /m\narchitecture:\ntp_ranks: ~\ndtype: null\n");
+  EXPECT_EQ(s.architecture, "");
+  EXPECT_TRUE(s.tp_ranks.empty());
+  EXPECT_EQ(s.dtype, "auto");
+}
+
+}  // namespace
+}  // namespace weightcache::spec
