@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Here (the build machine, Debian with abseil/gRPC): build the GPU test and benchmark
+# binaries and fill .device-carry/ with them and the shared libraries they need that the GPU
+# machine's image lacks, for tests/gpu/run-on-device.sh. The GPU machine has nvcc and cmake
+# but no abseil, gRPC or protobuf, and no network.
+#
+#   tests/gpu/prepare-carry.sh [build-dir]     (default: build-cuda)
+# then, through the device tool:  run  carry=[".device-carry"]
+#   command="bash tests/gpu/run-on-device.sh"
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$root/build-cuda}
+carry=$root/.device-carry
+targets=(cuda_vmm_test wc_gpu_helper memory_test gpu_map_bench)
+
+if [[ ! -f $build/build.ninja ]]; then
+  cmake -S "$root" -B "$build" -G Ninja -DWEIGHTCACHE_BENCH=ON -DWEIGHTCACHE_CUDA=ON \
+    "-DWEIGHTCACHE_EXCLUDE=pkg/kube;pkg/metrics"
+fi
+ninja -C "$build" "${targets[@]}"
+
+rm -rf "$carry"
+mkdir -p "$carry/bin" "$carry/lib" "$carry/lib-fallback"
+for t in "${targets[@]}"; do
+  f=$(find "$build" -type f -name "$t" -perm -u+x | head -1)
+  [[ -n $f ]] || { echo "missing $t" >&2; exit 1; }
+  strip --strip-debug -o "$carry/bin/$t" "$f"
+done
+# Every resolved library except glibc's own and the C++ runtime (the GPU machine's are
+# newer); those two go to lib-fallback in case its image is older than ours.
+for b in "$carry"/bin/*; do
+  ldd "$b" | awk '/=> \//{print $3}'
+done | sort -u | while read -r lib; do
+  case $(basename "$lib") in
+    libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libresolv.so*) ;;
+    libstdc++.so*|libgcc_s.so*) cp -L "$lib" "$carry/lib-fallback/" ;;
+    libcuda.so*) echo "error: $lib is linked; libcuda must be loaded at run time" >&2; exit 1 ;;
+    *) cp -L "$lib" "$carry/lib/" ;;
+  esac
+done
+du -sh "$carry"
+ls "$carry/lib" | wc -l | xargs echo "libraries carried:"
