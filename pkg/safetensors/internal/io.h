@@ -1,0 +1,33 @@
+// Private I/O and validation helpers of pkg/safetensors. Not part of the public contract.
+// Thread-safety: free functions, no shared state; safe from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace weightcache::safetensors::internal {
+
+// Reads exactly `length` bytes at `offset` with pread, retrying on EINTR and short reads.
+// A read that reaches end of file first is OUT_OF_RANGE naming `what`; an I/O error is
+// the errno status naming `what`.
+absl::Status PreadFull(int fd, void* dst, uint64_t length, uint64_t offset, std::string_view what);
+
+// Writes all of `data`, retrying on EINTR and short writes.
+absl::Status WriteAll(int fd, const void* data, size_t length, std::string_view what);
+
+// Byte offset of the first byte that is not part of well-formed UTF-8 (RFC 3629: no
+// overlong forms, no surrogates, nothing above U+10FFFF), or npos when all of it is.
+size_t FindInvalidUtf8(std::string_view s);
+
+// Last path component ("a/b/model.safetensors" -> "model.safetensors").
+std::string Basename(const std::string& path);
+
+// Lower-case hex SHA-256 of the concatenation of `a` and `b` (OpenSSL EVP).
+absl::StatusOr<std::string> Sha256Hex(std::string_view a, std::string_view b);
+
+}  // namespace weightcache::safetensors::internal

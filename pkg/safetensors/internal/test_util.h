@@ -1,0 +1,78 @@
+// Test-only helpers for pkg/safetensors tests: a per-test temp dir and raw file writers.
+// Thread-safety: use from the test's thread.
+#pragma once
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace weightcache::safetensors::testing {
+
+// A fresh directory under $TMPDIR (or /tmp), removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl =
+        std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/wc_safetensors_XXXXXX";
+    const char* made = ::mkdtemp(tmpl.data());
+    if (made == nullptr) ADD_FAILURE() << "mkdtemp " << tmpl << " failed";
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::string File(std::string_view name) const { return path_ + "/" + std::string(name); }
+
+ private:
+  std::string path_;
+};
+
+inline std::string LengthBytes(uint64_t n) {
+  std::string s(8, '\0');
+  for (int i = 0; i < 8; ++i) s[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
+  return s;
+}
+
+inline void WriteBytes(const std::string& path, std::string_view bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0) << path;
+  ASSERT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  ::close(fd);
+}
+
+// A safetensors file with `header` verbatim (its true length in the length field) and
+// `data_bytes` bytes of data area (a repeating pattern).
+inline void WriteRaw(const std::string& path, std::string_view header, size_t data_bytes = 0) {
+  std::string bytes = LengthBytes(header.size());
+  bytes.append(header);
+  for (size_t i = 0; i < data_bytes; ++i) bytes.push_back(static_cast<char>(i * 7 + 1));
+  WriteBytes(path, bytes);
+}
+
+inline std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
+  std::vector<uint8_t> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (auto& b : v) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    b = static_cast<uint8_t>(x);
+  }
+  return v;
+}
+
+}  // namespace weightcache::safetensors::testing
