@@ -54,4 +54,4 @@ ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
 USER 65532
 EXPOSE 9464
 ENTRYPOINT ["weightcached"]
-CMD ["--socket-dir=/run/weightcache", "--backend=auto", "--metrics-address=0.0.0.0:9464"]
+CMD ["--socket_dir=/run/weightcache", "--backend=auto", "--metrics_address=0.0.0.0:9464"]

@@ -24,6 +24,6 @@ function(weightcache_test name)
   if(ARG_LABELS)
     set(labels ${ARG_LABELS})
   endif()
-  gtest_discover_tests(${name} PROPERTIES LABELS "${labels}" TIMEOUT 120
+  gtest_discover_tests(${name} TEST_PREFIX "${name}." PROPERTIES LABELS "${labels}" TIMEOUT 120
                        DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -6,7 +6,7 @@ namespace weightcache::memory {
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name) {
   if (name == "host") return MakeHostBackend();
-  if (name == "cuda") return MakeCudaBackend();
+  if (name == "cuda" || name == "cuda-vmm") return MakeCudaBackend();
   if (name == "auto") {
     auto cuda = MakeCudaBackend();
     if (cuda.ok()) return cuda;

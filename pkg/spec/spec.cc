@@ -299,9 +299,10 @@ absl::StatusOr<std::vector<ModelSpec>> ParseSpecs(const std::string& text,
     return absl::InvalidArgumentError(source + ": duplicate key \"models\"");
   }
   const YAML::Node models = root["models"];
-  if (!models.IsSequence() || models.size() == 0) {
+  // An empty list is valid: a daemon that knows no model yet (the Helm chart's default).
+  if (!models.IsSequence()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(source, ": models: must be a non-empty list, got ", NodeKind(models)));
+        absl::StrCat(source, ": models: must be a list, got ", NodeKind(models)));
   }
   std::map<std::string, size_t> names;
   for (size_t i = 0; i < models.size(); ++i) {

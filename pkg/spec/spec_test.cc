@@ -172,7 +172,10 @@ TEST(SpecParse, MalformedYamlNamesSourceAndLine) {
 TEST(SpecParse, EmptyAndNonMappingRejected) {
   ExpectInvalid("", "specs.yaml: empty, expected a spec");
   ExpectInvalid("- a\n- b\n", "specs.yaml: expected a spec mapping or `models:`, got a list");
-  ExpectInvalid("models: []\n", "specs.yaml: models: must be a non-empty list, got a list");
+  ExpectInvalid("models: 3\n", "specs.yaml: models: must be a list, got \"3\"");
+  auto empty = ParseSpecs("models: []\n", "specs.yaml");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_TRUE(empty->empty());
   ExpectInvalid("models:\n  - 3\n", "specs.yaml: models[0]: a spec must be a mapping, got \"3\"");
 }
 

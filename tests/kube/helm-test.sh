@@ -78,12 +78,12 @@ for helm in "${helms[@]}"; do
   expect "socket dir hostPath" after "$ds" 'hostPath:$' 1 'path: /run/weightcache$'
   expect "device-plugins hostPath" after "$ds" 'hostPath:$' 1 'path: /var/lib/kubelet/device-plugins$'
   expect "models hostPath" after "$ds" 'hostPath:$' 1 'path: /models$'
-  for flag in --socket-dir=/run/weightcache --spec-file=/etc/weightcache/models.yaml \
-              --backend=auto --metrics-address=0.0.0.0:9464 --device-plugin \
-              --kubelet-dir=/var/lib/kubelet/device-plugins --device-plugin-slots=64; do
+  for flag in --socket_dir=/run/weightcache --spec_file=/etc/weightcache/models.yaml \
+              --backend=auto --metrics_address=0.0.0.0:9464 --device_plugin \
+              --kubelet_dir=/var/lib/kubelet/device-plugins --device_plugin_slots=64; do
     expect "flag $flag" has "$ds" "^            - ${flag}\$"
   done
-  expect "no --memory-budget by default" lacks "$ds" 'memory-budget'
+  expect "no --memory_budget by default" lacks "$ds" 'memory-budget'
   expect "metrics port" has "$ds" 'containerPort: 9464$'
   expect "liveness /healthz" after "$ds" 'livenessProbe:' 4 'path: /healthz'
   expect "readiness /readyz" after "$ds" 'readinessProbe:' 4 'path: /readyz'
@@ -108,10 +108,10 @@ for helm in "${helms[@]}"; do
   expect "runtimeClassName" has "$ds" '^      runtimeClassName: nvidia$'
   expect "models PVC" after "$ds" 'persistentVolumeClaim:$' 1 'claimName: model-store$'
   expect "custom kubelet dir" after "$ds" 'hostPath:$' 1 'path: /var/lib/k0s/kubelet/device-plugins$'
-  expect "slots flag" has "$ds" '- --device-plugin-slots=16$'
-  expect "memory budget flag" has "$ds" '- --memory-budget=120GiB$'
-  expect "extra args" has "$ds" '- --log-level=debug$'
-  expect "metrics port flag" has "$ds" '- --metrics-address=0\.0\.0\.0:9500$'
+  expect "slots flag" has "$ds" '- --device_plugin_slots=16$'
+  expect "memory budget flag" has "$ds" '- --memory_budget=120GiB$'
+  expect "extra args" has "$ds" '- --verbose$'
+  expect "metrics port flag" has "$ds" '- --metrics_address=0\.0\.0\.0:9500$'
   expect "still no nvidia.com/gpu request" lacks "$ds" '^[[:space:]]*nvidia\.com/gpu[[:space:]]*:'
   doc "$a" ConfigMap >"$work/cm.yaml"
   cm="$work/cm.yaml"
@@ -138,7 +138,7 @@ for helm in "${helms[@]}"; do
 
   # Device plugin off: no flag, no kubelet hostPath.
   "$helm" template wc "$chart" --set devicePlugin.enabled=false >"$work/nodp.yaml"
-  expect "device plugin off: no flag" lacks "$work/nodp.yaml" '--device-plugin'
+  expect "device plugin off: no flag" lacks "$work/nodp.yaml" '--device_plugin'
   expect "device plugin off: no kubelet dir" lacks "$work/nodp.yaml" 'device-plugins'
 
   # The schema and the template guards reject bad values.

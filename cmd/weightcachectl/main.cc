@@ -1,0 +1,52 @@
+// weightcachectl: the operator's CLI for a node's weightcache daemon.
+//   weightcachectl status|list                 cache entries, leases and counters
+//   weightcachectl load MODEL [--spec FILE]    load with a progress bar
+//   weightcachectl evict MODEL|--fingerprint=FP
+//   weightcachectl verify MODEL                acquire, map, compare every byte with disk
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "cmd/weightcachectl/commands.h"
+
+ABSL_FLAG(std::string, socket, "",
+          "Daemon control socket or its directory (default $WEIGHTCACHE_SOCKET, else "
+          "/run/weightcache/control.sock)");
+ABSL_FLAG(std::string, spec, "", "load: a spec file (YAML/JSON) holding one model");
+ABSL_FLAG(std::string, fingerprint, "", "evict/verify: an exact fingerprint");
+ABSL_FLAG(std::string, model_dir, "", "verify: checkpoint directory (default: the daemon's)");
+ABSL_FLAG(int, tp_size, 1, "verify: layout asked");
+ABSL_FLAG(int, tp_rank, 0, "verify: layout asked");
+ABSL_FLAG(bool, load_on_miss, false, "verify: ask the daemon to load on a miss");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "weightcache CLI\n"
+      "  weightcachectl status | list\n"
+      "  weightcachectl load MODEL | --spec=FILE\n"
+      "  weightcachectl evict MODEL | --fingerprint=FP\n"
+      "  weightcachectl verify MODEL | --fingerprint=FP\n"
+      "  weightcachectl demo-checkpoint DIR      write a small Llama-shaped checkpoint");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() < 2) {
+    std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
+    return 2;
+  }
+  weightcache::ctl::Context ctx;
+  ctx.socket = absl::GetFlag(FLAGS_socket);
+  ctx.spec_file = absl::GetFlag(FLAGS_spec);
+  ctx.fingerprint = absl::GetFlag(FLAGS_fingerprint);
+  ctx.model_dir = absl::GetFlag(FLAGS_model_dir);
+  ctx.tp_size = absl::GetFlag(FLAGS_tp_size);
+  ctx.tp_rank = absl::GetFlag(FLAGS_tp_rank);
+  ctx.load_on_miss = absl::GetFlag(FLAGS_load_on_miss);
+  ctx.tty = ::isatty(STDOUT_FILENO) != 0;
+  std::string cmd = args[1];
+  std::vector<std::string> rest(args.begin() + 2, args.end());
+  return weightcache::ctl::Run(cmd, rest, ctx);
+}

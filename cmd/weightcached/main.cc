@@ -1,0 +1,162 @@
+// weightcached: the node daemon. Parses flags, builds the object graph (backend, metrics,
+// daemon, HTTP endpoint, optional kubelet device plugin), runs until SIGINT/SIGTERM.
+#include <signal.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <prometheus/registry.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "pkg/kube/device_plugin.h"
+#include "pkg/memory/cuda_backend.h"
+#include "pkg/metrics/http_server.h"
+#include "pkg/metrics/metrics.h"
+#include "pkg/server/daemon.h"
+#include "pkg/spec/spec.h"
+#include "pkg/util/log.h"
+#include "pkg/util/size_flag.h"
+
+ABSL_FLAG(std::string, socket_dir, weightcache::server::kDefaultSocketDir,
+          "Directory for control.sock and handle.sock (created 0750)");
+ABSL_FLAG(std::vector<std::string>, spec_file, {},
+          "Model spec files (YAML/JSON) to know and preload, comma-separated");
+ABSL_FLAG(std::string, model, "",
+          "One model spec in flag form, e.g. name=llama,model_dir=/models/llama");
+ABSL_FLAG(bool, preload, true, "Load every known model at start");
+ABSL_FLAG(std::string, backend, "auto", "Memory backend: auto | host | cuda");
+ABSL_FLAG(std::string, memory_budget, "0",
+          "Most bytes the cache may hold, e.g. 120GiB; 0 means unlimited");
+ABSL_FLAG(std::vector<std::string>, allowed_uids, {},
+          "Uids allowed to receive segment descriptors; empty: anyone who can reach the socket");
+ABSL_FLAG(std::string, metrics_address, weightcache::metrics::HttpServer::kDefaultAddress,
+          "Address of /metrics, /healthz, /readyz (IPv4:port or [IPv6]:port; 'off' disables)");
+ABSL_FLAG(int, read_threads, 8, "Parallel preads per load");
+ABSL_FLAG(bool, device_plugin, false, "Register a kubelet device plugin for the socket dir");
+ABSL_FLAG(std::string, kubelet_dir, "/var/lib/kubelet/device-plugins",
+          "Kubelet device-plugins directory (holds kubelet.sock)");
+ABSL_FLAG(int, device_plugin_slots, 64, "How many engine pods may hold the resource at once");
+ABSL_FLAG(std::string, device_plugin_resource, "weightcache.io/client", "Resource name");
+ABSL_FLAG(std::string, container_socket_dir, "",
+          "Where the socket dir appears in engine containers (default: the same path)");
+ABSL_FLAG(bool, verbose, false, "Debug logging");
+
+namespace weightcache {
+namespace {
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "weightcached: %s\n", std::string(s.ToString()).c_str());
+  return 2;
+}
+
+int Run() {
+  if (absl::GetFlag(FLAGS_verbose)) SetLogLevel(LogLevel::kDebug);
+
+  server::DaemonOptions opts;
+  opts.socket_dir = absl::GetFlag(FLAGS_socket_dir);
+  opts.preload = absl::GetFlag(FLAGS_preload);
+  opts.read_threads = static_cast<unsigned>(std::max(1, absl::GetFlag(FLAGS_read_threads)));
+  for (const auto& f : absl::GetFlag(FLAGS_spec_file)) {
+    auto specs = spec::LoadSpecFile(f);
+    if (!specs.ok()) return Fail(specs.status());
+    opts.specs.insert(opts.specs.end(), specs->begin(), specs->end());
+  }
+  if (!absl::GetFlag(FLAGS_model).empty()) {
+    auto s = spec::ParseSpecFlag(absl::GetFlag(FLAGS_model));
+    if (!s.ok()) return Fail(s.status());
+    opts.specs.push_back(*s);
+  }
+  auto budget = ParseByteSize(absl::GetFlag(FLAGS_memory_budget), "--memory_budget");
+  if (!budget.ok()) return Fail(budget.status());
+  opts.memory_budget_bytes = *budget;
+  for (const auto& u : absl::GetFlag(FLAGS_allowed_uids)) {
+    uint32_t uid;
+    if (!absl::SimpleAtoi(u, &uid)) {
+      return Fail(absl::InvalidArgumentError("--allowed_uids: '" + u + "' is not a uid"));
+    }
+    opts.allowed_uids.push_back(uid);
+  }
+
+  auto backend = memory::MakeBackend(absl::GetFlag(FLAGS_backend));
+  if (!backend.ok()) return Fail(backend.status());
+
+  // Signals go to a dedicated thread (blocked here before any other thread starts).
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  metrics::Metrics metrics(*registry, {server::kVersion,
+                                       memory::BuiltWithCuda() ? "13.0" : "none",
+                                       memory::BackendName((*backend)->kind())});
+  opts.metrics = &metrics;
+
+  auto daemon = server::Daemon::Start(opts, backend->get());
+  if (!daemon.ok()) return Fail(daemon.status());
+  metrics.SetStateSource((*daemon)->state_source());
+
+  std::unique_ptr<metrics::HttpServer> http;
+  if (absl::GetFlag(FLAGS_metrics_address) != "off") {
+    auto h = metrics::HttpServer::Start(absl::GetFlag(FLAGS_metrics_address));
+    if (!h.ok()) return Fail(h.status());
+    http = std::move(h).value();
+    http->RegisterCollectable(registry);
+    http->RegisterCollectable(metrics.collectable());
+    server::Daemon* d = daemon->get();
+    http->SetReadinessCheck([d] { return d->Readiness(); });
+    WC_LOG_INFO("metrics on %s (port %d)", absl::GetFlag(FLAGS_metrics_address), http->port());
+  }
+
+  std::unique_ptr<kube::DevicePlugin> plugin;
+  if (absl::GetFlag(FLAGS_device_plugin)) {
+    kube::DevicePlugin::Options po;
+    po.kubelet_dir = absl::GetFlag(FLAGS_kubelet_dir);
+    po.slots = absl::GetFlag(FLAGS_device_plugin_slots);
+    po.resource_name = absl::GetFlag(FLAGS_device_plugin_resource);
+    po.host_socket_dir = opts.socket_dir;
+    po.container_socket_dir = absl::GetFlag(FLAGS_container_socket_dir);
+    std::string control = (*daemon)->control_socket();
+    po.healthy = [control] { return ::access(control.c_str(), F_OK) == 0; };
+    auto p = kube::DevicePlugin::Create(po);
+    if (!p.ok()) return Fail(p.status());
+    if (auto s = (*p)->Start(); !s.ok()) return Fail(s);
+    plugin = std::move(p).value();
+  }
+
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    WC_LOG_INFO("signal %d: shutting down", sig);
+    (*daemon)->Shutdown();
+  });
+  (*daemon)->Wait();
+  if (plugin) plugin->Stop();
+  http.reset();
+  metrics.SetStateSource(nullptr);
+  daemon->reset();
+  // Unblock the signal thread if shutdown came from elsewhere.
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+  return 0;
+}
+
+}  // namespace
+}  // namespace weightcache
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "weightcache node daemon: keeps model weights resident and serves them zero-copy.\n"
+      "  weightcached --socket_dir=/run/weightcache --spec_file=/etc/weightcache/models.yaml");
+  absl::ParseCommandLine(argc, argv);
+  return weightcache::Run();
+}

@@ -1,0 +1,289 @@
+#include "pkg/cache/registry.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "pkg/util/log.h"
+
+namespace weightcache::cache {
+
+const char* StateName(State s) {
+  switch (s) {
+    case State::kLoading: return "loading";
+    case State::kReady: return "ready";
+    case State::kEvicting: return "evicting";
+    case State::kGone: return "gone";
+    case State::kFailed: return "failed";
+  }
+  return "unknown";
+}
+
+Registry::Registry(uint64_t budget_bytes) : budget_(budget_bytes) {}
+
+Registry::~Registry() {
+  std::vector<std::thread> loads;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stopping_ = true;
+    loads.swap(loads_);
+  }
+  for (auto& t : loads) t.join();
+}
+
+void Registry::SetLoadDoneCallback(LoadDoneFn fn) {
+  std::lock_guard<std::mutex> l(mu_);
+  on_done_ = std::move(fn);
+}
+
+void Registry::SetEvictCallback(EvictFn fn) {
+  std::lock_guard<std::mutex> l(mu_);
+  on_evict_ = std::move(fn);
+}
+
+uint64_t Registry::UsedLocked() const {
+  uint64_t n = 0;
+  for (const auto& [fp, e] : entries_) {
+    if (e->state == State::kLoading || e->state == State::kReady) n += e->reserved_bytes;
+  }
+  return n;
+}
+
+uint64_t Registry::used_bytes() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return UsedLocked();
+}
+
+absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(
+    const std::string& fingerprint, const std::string& model,
+    const spec::FingerprintInputs& inputs, uint64_t bytes, LoadFn load, bool* started) {
+  if (started != nullptr) *started = false;
+  std::vector<std::shared_ptr<const load::LoadedModel>> drop;  // freed outside the lock
+  std::vector<std::string> evicted;
+  std::shared_ptr<Entry> e;
+  EvictFn on_evict;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stopping_) return absl::UnavailableError("registry is shutting down");
+    auto it = entries_.find(fingerprint);
+    if (it != entries_.end() && it->second->state != State::kFailed) return it->second;
+    if (it != entries_.end()) entries_.erase(it);  // a failed entry is retried
+    if (budget_ != 0) {
+      // LRU eviction of ready, unleased entries until the new one fits.
+      while (UsedLocked() + bytes > budget_) {
+        std::shared_ptr<Entry> victim;
+        for (const auto& [fp, c] : entries_) {
+          if (c->state == State::kReady && c->leases.empty() &&
+              (!victim || c->last_used < victim->last_used)) {
+            victim = c;
+          }
+        }
+        if (!victim) break;
+        EvictLocked(victim->fingerprint, "budget", &drop, &evicted);
+      }
+      if (UsedLocked() + bytes > budget_) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "model '", model, "' needs ", bytes, " bytes; memory budget ", budget_,
+            " bytes has ", budget_ - std::min(budget_, UsedLocked()),
+            " free after evicting every unleased entry"));
+      }
+    }
+    e = std::make_shared<Entry>(fingerprint, model, inputs);
+    e->reserved_bytes = bytes;
+    entries_[fingerprint] = e;
+    loads_.emplace_back(&Registry::RunLoad, this, e, std::move(load));
+    on_evict = on_evict_;
+  }
+  if (on_evict) {
+    for (const auto& m : evicted) on_evict(m, "budget");
+  }
+  if (started != nullptr) *started = true;
+  return e;
+}
+
+void Registry::RunLoad(std::shared_ptr<Entry> e, LoadFn load) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto result = load(*e);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  absl::Status status = result.ok() ? absl::OkStatus() : result.status();
+  LoadDoneFn done;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    e->load_seconds = secs;
+    if (result.ok()) {
+      e->loaded = std::shared_ptr<const load::LoadedModel>(std::move(result).value());
+      e->reserved_bytes = e->loaded->resident_bytes();
+      e->state = State::kReady;
+    } else {
+      e->state = State::kFailed;
+      e->error = status;
+      e->reserved_bytes = 0;
+    }
+    e->last_used = std::chrono::steady_clock::now();
+    done = on_done_;
+  }
+  cv_.notify_all();
+  if (status.ok()) {
+    WC_LOG_INFO("model %s ready (fingerprint %s) in %.3f s", e->model,
+                e->fingerprint.substr(0, 12), secs);
+  } else {
+    WC_LOG_ERROR("model %s failed to load: %s", e->model, std::string(status.message()));
+  }
+  if (done) done(*e, status);
+}
+
+absl::Status Registry::WaitReady(const std::shared_ptr<Entry>& e,
+                                 std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait_until(l, deadline, [&] { return e->state != State::kLoading; });
+  switch (e->state) {
+    case State::kReady:
+      return absl::OkStatus();
+    case State::kFailed:
+      return absl::Status(e->error.code() == absl::StatusCode::kOk ? absl::StatusCode::kInternal
+                                                                   : e->error.code(),
+                          absl::StrCat("model '", e->model, "' failed to load: ",
+                                       std::string(e->error.message())));
+    case State::kLoading:
+      return absl::DeadlineExceededError(absl::StrCat(
+          "model '", e->model, "' is still loading (", e->progress.done(), " of ",
+          e->progress.total(), " bytes)"));
+    default:
+      return absl::UnavailableError(
+          absl::StrCat("model '", e->model, "' was evicted (", StateName(e->state), ")"));
+  }
+}
+
+std::shared_ptr<Entry> Registry::Find(const std::string& fingerprint) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = entries_.find(fingerprint);
+  return it == entries_.end() ? nullptr : it->second;
+}
+
+std::vector<std::shared_ptr<Entry>> Registry::FindByModel(const std::string& model) const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<std::shared_ptr<Entry>> out;
+  for (const auto& [fp, e] : entries_) {
+    if (e->model == model) out.push_back(e);
+  }
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<const load::LoadedModel>> Registry::Content(
+    const std::shared_ptr<Entry>& e) const {
+  std::lock_guard<std::mutex> l(mu_);
+  if (e->state != State::kReady) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model '", e->model, "' is ", StateName(e->state)));
+  }
+  return e->loaded;
+}
+
+absl::Status Registry::AddLease(const std::shared_ptr<Entry>& e, const LeaseRecord& lease) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (e->state != State::kReady) {
+    return absl::UnavailableError(
+        absl::StrCat("model '", e->model, "' is ", StateName(e->state), ", not ready"));
+  }
+  e->leases[lease.id] = lease;
+  e->last_used = std::chrono::steady_clock::now();
+  lease_to_fp_[lease.id] = e->fingerprint;
+  return absl::OkStatus();
+}
+
+void Registry::SetLeasePeer(const std::string& lease_id, int pid, int uid) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = lease_to_fp_.find(lease_id);
+  if (it == lease_to_fp_.end()) return;
+  auto e = entries_.find(it->second);
+  if (e == entries_.end()) return;
+  auto lease = e->second->leases.find(lease_id);
+  if (lease == e->second->leases.end()) return;
+  lease->second.pid = pid;
+  lease->second.uid = uid;
+}
+
+bool Registry::RemoveLease(const std::string& lease_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = lease_to_fp_.find(lease_id);
+  if (it == lease_to_fp_.end()) return false;
+  auto e = entries_.find(it->second);
+  if (e != entries_.end()) {
+    e->second->leases.erase(lease_id);
+    e->second->last_used = std::chrono::steady_clock::now();
+  }
+  lease_to_fp_.erase(it);
+  return true;
+}
+
+size_t Registry::LeaseCount(const std::string& fingerprint) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = entries_.find(fingerprint);
+  return it == entries_.end() ? 0 : it->second->leases.size();
+}
+
+bool Registry::EvictLocked(const std::string& fingerprint, const std::string& reason,
+                           std::vector<std::shared_ptr<const load::LoadedModel>>* drop,
+                           std::vector<std::string>* evicted_models) {
+  auto it = entries_.find(fingerprint);
+  if (it == entries_.end() || it->second->state == State::kLoading) return false;
+  auto e = it->second;
+  e->state = State::kEvicting;
+  drop->push_back(std::move(e->loaded));
+  e->reserved_bytes = 0;
+  for (const auto& [id, lease] : e->leases) lease_to_fp_.erase(id);
+  e->state = State::kGone;
+  entries_.erase(it);
+  evicted_models->push_back(e->model);
+  WC_LOG_INFO("evicted model %s (fingerprint %s, reason %s)", e->model,
+              fingerprint.substr(0, 12), reason);
+  return true;
+}
+
+bool Registry::Evict(const std::string& fingerprint, const std::string& reason) {
+  std::vector<std::shared_ptr<const load::LoadedModel>> drop;
+  std::vector<std::string> evicted;
+  EvictFn on_evict;
+  bool ok;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ok = EvictLocked(fingerprint, reason, &drop, &evicted);
+    on_evict = on_evict_;
+  }
+  cv_.notify_all();
+  drop.clear();  // segments released here, outside the lock
+  if (on_evict) {
+    for (const auto& m : evicted) on_evict(m, reason);
+  }
+  return ok;
+}
+
+std::vector<EntrySnapshot> Registry::Snapshot() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<EntrySnapshot> out;
+  auto now = std::chrono::steady_clock::now();
+  for (const auto& [fp, e] : entries_) {
+    EntrySnapshot s;
+    s.fingerprint = fp;
+    s.model = e->model;
+    s.inputs = e->inputs;
+    s.state = e->state;
+    s.error = std::string(e->error.message());
+    s.bytes_done = e->progress.done();
+    s.bytes_total = e->progress.total();
+    s.current_file = e->progress.file();
+    s.load_seconds = e->state == State::kLoading
+                         ? std::chrono::duration<double>(now - e->started).count()
+                         : e->load_seconds;
+    if (e->loaded) {
+      s.bytes = e->loaded->resident_bytes();
+      s.device_uuid = e->loaded->device_uuid;
+      s.tensors = e->loaded->plan.tensors.size();
+      s.segments = e->loaded->segments.size();
+    }
+    for (const auto& [id, lease] : e->leases) s.leases.push_back(lease);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace weightcache::cache

@@ -1,0 +1,157 @@
+// The registry: cache entries keyed by fingerprint, their state machine, single-flight
+// loading, leases, and the memory budget.
+//
+//   loading ──► ready ──► evicting ──► gone
+//      └──────► failed(error)
+//
+// Single flight: StartOrJoin for a fingerprint that is loading or ready returns that
+// entry; only the first caller's load function runs (on a registry-owned thread).
+// Evicting drops the registry's reference to the segments only: clients that still map
+// the memory keep it valid (the kernel / driver count references).
+//
+// Thread-safety: every method may be called from any thread. Entry fields other than the
+// immutable identity are guarded by the registry's mutex and read through Snapshot().
+// Lifetimes: the Registry must outlive every load it started (its destructor joins them).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "pkg/load/loader.h"
+#include "pkg/spec/fingerprint.h"
+
+namespace weightcache::cache {
+
+enum class State { kLoading, kReady, kEvicting, kGone, kFailed };
+const char* StateName(State s);
+
+struct LeaseRecord {
+  std::string id;
+  int pid = 0;
+  int uid = 0;
+  std::chrono::steady_clock::time_point since;
+};
+
+// Immutable identity plus guarded state of one model-rank.
+struct Entry {
+  Entry(std::string fp, std::string model, spec::FingerprintInputs in)
+      : fingerprint(std::move(fp)), model(std::move(model)), inputs(std::move(in)) {}
+  const std::string fingerprint;
+  const std::string model;
+  const spec::FingerprintInputs inputs;
+  load::LoadProgress progress;  // safe to read without the lock
+
+  // Guarded by Registry::mu_.
+  State state = State::kLoading;
+  absl::Status error;
+  std::shared_ptr<const load::LoadedModel> loaded;  // set when ready
+  std::map<std::string, LeaseRecord> leases;
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+  double load_seconds = 0;
+  uint64_t reserved_bytes = 0;  // counted against the budget while loading/ready
+  std::chrono::steady_clock::time_point last_used = std::chrono::steady_clock::now();
+};
+
+struct EntrySnapshot {
+  std::string fingerprint;
+  std::string model;
+  spec::FingerprintInputs inputs;
+  State state;
+  std::string error;
+  uint64_t bytes = 0;  // resident
+  uint64_t bytes_done = 0;
+  uint64_t bytes_total = 0;
+  std::string current_file;
+  std::string device_uuid;
+  size_t tensors = 0;
+  size_t segments = 0;
+  double load_seconds = 0;
+  std::vector<LeaseRecord> leases;
+};
+
+// What a load produces; run on a registry thread. May call Entry::progress.
+using LoadFn = std::function<absl::StatusOr<std::unique_ptr<load::LoadedModel>>(Entry&)>;
+// Called when a load ends (ready or failed), outside the lock.
+using LoadDoneFn = std::function<void(const Entry&, const absl::Status&)>;
+
+class Registry {
+ public:
+  // budget_bytes 0: unlimited.
+  explicit Registry(uint64_t budget_bytes = 0);
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  void SetLoadDoneCallback(LoadDoneFn fn);
+
+  // Returns the live entry for `fingerprint` (loading, ready) or starts `load` for it.
+  // A failed entry is replaced by a new load. `bytes` reserves budget up front; when the
+  // budget cannot hold it even after evicting unleased ready entries (LRU), the answer is
+  // RESOURCE_EXHAUSTED and nothing starts. `started` tells whether this call started it.
+  absl::StatusOr<std::shared_ptr<Entry>> StartOrJoin(const std::string& fingerprint,
+                                                     const std::string& model,
+                                                     const spec::FingerprintInputs& inputs,
+                                                     uint64_t bytes, LoadFn load,
+                                                     bool* started = nullptr);
+
+  // Waits until the entry is not loading or the deadline passes. Returns OK when ready,
+  // the load's error when failed, DEADLINE_EXCEEDED/UNAVAILABLE otherwise.
+  absl::Status WaitReady(const std::shared_ptr<Entry>& e,
+                         std::chrono::steady_clock::time_point deadline);
+
+  std::shared_ptr<Entry> Find(const std::string& fingerprint) const;
+  // Live entries (loading/ready/failed) of a model.
+  std::vector<std::shared_ptr<Entry>> FindByModel(const std::string& model) const;
+
+  // A ready entry's content, for serving; FAILED_PRECONDITION when not ready.
+  absl::StatusOr<std::shared_ptr<const load::LoadedModel>> Content(
+      const std::shared_ptr<Entry>& e) const;
+
+  // Leases. AddLease fails unless the entry is ready.
+  absl::Status AddLease(const std::shared_ptr<Entry>& e, const LeaseRecord& lease);
+  // Records the process behind a lease once its handle connection is known.
+  void SetLeasePeer(const std::string& lease_id, int pid, int uid);
+  // Removes a lease wherever it is; false when unknown.
+  bool RemoveLease(const std::string& lease_id);
+  size_t LeaseCount(const std::string& fingerprint) const;
+
+  // Evicts an entry (ready or failed): ready -> evicting -> gone. Returns false when
+  // there is no such live entry.
+  bool Evict(const std::string& fingerprint, const std::string& reason);
+
+  std::vector<EntrySnapshot> Snapshot() const;
+  uint64_t budget_bytes() const { return budget_; }
+  uint64_t used_bytes() const;
+
+  using EvictFn = std::function<void(const std::string& model, const std::string& reason)>;
+  void SetEvictCallback(EvictFn fn);
+
+ private:
+  bool EvictLocked(const std::string& fingerprint, const std::string& reason,
+                   std::vector<std::shared_ptr<const load::LoadedModel>>* drop,
+                   std::vector<std::string>* evicted_models) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t UsedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunLoad(std::shared_ptr<Entry> e, LoadFn load);
+
+  const uint64_t budget_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> lease_to_fp_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> loads_ ABSL_GUARDED_BY(mu_);
+  LoadDoneFn on_done_ ABSL_GUARDED_BY(mu_);
+  EvictFn on_evict_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace weightcache::cache

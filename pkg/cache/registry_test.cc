@@ -1,0 +1,125 @@
+#include "pkg/cache/registry.h"
+
+#include <atomic>
+#include <future>
+#include <latch>
+
+#include "gtest/gtest.h"
+#include "pkg/memory/backend.h"
+
+namespace weightcache::cache {
+namespace {
+
+using namespace std::chrono_literals;
+
+auto Far() { return std::chrono::steady_clock::now() + 10s; }
+
+// A load that produces one real host segment of `bytes`.
+LoadFn SegmentLoad(uint64_t bytes, std::atomic<int>* calls = nullptr,
+                   std::shared_future<void> gate = {}) {
+  return [=](Entry&) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
+    if (calls != nullptr) calls->fetch_add(1);
+    if (gate.valid()) gate.wait();
+    auto m = std::make_unique<load::LoadedModel>();
+    auto seg = memory::MakeHostBackend()->Allocate("", bytes, "t");
+    if (!seg.ok()) return seg.status();
+    m->segments.push_back(std::move(seg).value());
+    return m;
+  };
+}
+
+TEST(Registry, ConcurrentRequestsShareOneLoad) {
+  Registry r;
+  std::atomic<int> calls{0};
+  std::promise<void> open;
+  std::shared_future<void> gate = open.get_future().share();
+  std::vector<std::thread> threads;
+  std::atomic<int> started{0}, ready{0};
+  std::latch all_joined(32);
+  for (int i = 0; i < 32; ++i) {
+    threads.emplace_back([&] {
+      bool s = false;
+      auto e = r.StartOrJoin("fp", "m", {}, 0, SegmentLoad(4096, &calls, gate), &s);
+      ASSERT_TRUE(e.ok());
+      if (s) started++;
+      all_joined.count_down();
+      if (r.WaitReady(*e, Far()).ok()) ready++;
+    });
+  }
+  all_joined.wait();  // every caller has joined while the load is blocked
+  open.set_value();
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_EQ(started.load(), 1);
+  EXPECT_EQ(ready.load(), 32);
+}
+
+TEST(Registry, FailedLoadReportsErrorAndIsRetried) {
+  Registry r;
+  auto e = r.StartOrJoin("fp", "m", {}, 0, [](Entry&) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
+    return absl::InvalidArgumentError("model.safetensors: truncated");
+  });
+  ASSERT_TRUE(e.ok());
+  auto s = r.WaitReady(*e, Far());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("truncated"), absl::string_view::npos);
+  EXPECT_EQ(r.Snapshot().at(0).state, State::kFailed);
+  auto again = r.StartOrJoin("fp", "m", {}, 0, SegmentLoad(4096));
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(r.WaitReady(*again, Far()).ok());
+}
+
+TEST(Registry, LeasesAreCountedAndRemoved) {
+  Registry r;
+  auto e = *r.StartOrJoin("fp", "m", {}, 0, SegmentLoad(4096));
+  ASSERT_TRUE(r.WaitReady(e, Far()).ok());
+  ASSERT_TRUE(r.AddLease(e, {"a", 1, 0, {}}).ok());
+  ASSERT_TRUE(r.AddLease(e, {"b", 2, 0, {}}).ok());
+  EXPECT_EQ(r.LeaseCount("fp"), 2u);
+  EXPECT_TRUE(r.RemoveLease("a"));
+  EXPECT_FALSE(r.RemoveLease("a"));
+  EXPECT_EQ(r.LeaseCount("fp"), 1u);
+  EXPECT_EQ(r.Snapshot().at(0).leases.at(0).id, "b");
+}
+
+TEST(Registry, EvictionKeepsContentAliveForHoldersAndEndsTheEntry) {
+  Registry r;
+  std::vector<std::string> evicted;
+  r.SetEvictCallback([&](const std::string& m, const std::string& why) {
+    evicted.push_back(m + ":" + why);
+  });
+  auto e = *r.StartOrJoin("fp", "m", {}, 0, SegmentLoad(4096));
+  ASSERT_TRUE(r.WaitReady(e, Far()).ok());
+  auto content = r.Content(e);
+  ASSERT_TRUE(content.ok());
+  EXPECT_TRUE(r.Evict("fp", "api"));
+  EXPECT_FALSE(r.Evict("fp", "api"));
+  EXPECT_EQ(r.Find("fp"), nullptr);
+  EXPECT_EQ(e->state, State::kGone);
+  EXPECT_EQ((*content)->segments.size(), 1u);  // a holder's reference stays valid
+  EXPECT_EQ(evicted, std::vector<std::string>{"m:api"});
+  EXPECT_EQ(r.AddLease(e, {"x", 1, 0, {}}).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(Registry, BudgetEvictsLeastRecentlyUsedUnleasedEntries) {
+  constexpr uint64_t kSeg = 2 << 20;
+  Registry r(3 * kSeg);
+  auto a = *r.StartOrJoin("a", "a", {}, kSeg, SegmentLoad(kSeg));
+  ASSERT_TRUE(r.WaitReady(a, Far()).ok());
+  auto b = *r.StartOrJoin("b", "b", {}, kSeg, SegmentLoad(kSeg));
+  ASSERT_TRUE(r.WaitReady(b, Far()).ok());
+  ASSERT_TRUE(r.AddLease(a, {"la", 1, 0, {}}).ok());  // a is leased: not evictable
+  auto c = *r.StartOrJoin("c", "c", {}, 2 * kSeg, SegmentLoad(2 * kSeg));
+  ASSERT_TRUE(r.WaitReady(c, Far()).ok());
+  EXPECT_NE(r.Find("a"), nullptr);
+  EXPECT_EQ(r.Find("b"), nullptr);  // evicted for c
+  auto d = r.StartOrJoin("d", "d", {}, 2 * kSeg, SegmentLoad(2 * kSeg));
+  // c is unleased and evictable; a is leased: after evicting c, 2 segments fit.
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto big = r.StartOrJoin("e", "e", {}, 10 * kSeg, SegmentLoad(kSeg));
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(big.status().message().find("budget"), absl::string_view::npos);
+}
+
+}  // namespace
+}  // namespace weightcache::cache

@@ -1,0 +1,223 @@
+#include "pkg/client/client.h"
+
+#include <sys/stat.h>
+
+#include <cstdlib>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "pkg/util/status_macros.h"
+#include "pkg/util/unix_socket.h"
+#include "weightcache/v1/weightcache.grpc.pb.h"
+
+namespace weightcache::client {
+namespace {
+
+// The client's one conversion point from gRPC status to absl::Status.
+absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+                              s.error_message().find("connect") != std::string::npos
+                          ? absl::StrCat(what, ": daemon unreachable: ", s.error_message())
+                          : s.error_message());
+}
+
+std::string ResolveSocket(const std::string& socket) {
+  std::string s = socket;
+  if (s.empty()) {
+    const char* env = std::getenv(kSocketEnv);
+    s = env != nullptr && *env != '\0' ? env : kDefaultControlSocket;
+  }
+  struct stat st;
+  if (::stat(s.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) s += "/control.sock";
+  return s;
+}
+
+}  // namespace
+
+struct Client::Rpc {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::WeightCache::Stub> stub;
+};
+
+absl::StatusOr<AcquireOptions> AcquireOptions::FromEnvironment() {
+  const char* model = std::getenv(kModelEnv);
+  if (model == nullptr || *model == '\0') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kModelEnv, " is not set: annotate the engine pod with weightcache.io/model: <name> and "
+        "expose it with the Downward API (env ", kModelEnv,
+        " from metadata.annotations['weightcache.io/model'])"));
+  }
+  AcquireOptions o;
+  o.model = model;
+  return o;
+}
+
+Lease::~Lease() {
+  handle_conn_.reset();  // ends the lease in the daemon
+  mapping_.reset();      // then unmap
+}
+
+const TensorView* Lease::Find(const std::string& name) const {
+  auto it = std::lower_bound(tensors_.begin(), tensors_.end(), name,
+                             [](const TensorView& t, const std::string& n) { return t.name < n; });
+  return it != tensors_.end() && it->name == name ? &*it : nullptr;
+}
+
+Client::Client(std::string socket, std::unique_ptr<Rpc> rpc)
+    : socket_(std::move(socket)), rpc_(std::move(rpc)) {}
+Client::~Client() = default;
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socket) {
+  std::string path = ResolveSocket(socket);
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    return absl::UnavailableError(absl::StrCat("weightcache daemon socket ", path,
+                                               " does not exist (is weightcached running? set ",
+                                               kSocketEnv, " to its control.sock)"));
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);
+  auto rpc = std::make_unique<Rpc>();
+  rpc->channel =
+      grpc::CreateCustomChannel("unix:" + path, grpc::InsecureChannelCredentials(), args);
+  rpc->stub = v1::WeightCache::NewStub(rpc->channel);
+  return std::unique_ptr<Client>(new Client(path, std::move(rpc)));
+}
+
+absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) {
+  auto t0 = std::chrono::steady_clock::now();
+  v1::AcquireRequest req;
+  if (!o.fingerprint.empty()) {
+    req.set_fingerprint(o.fingerprint);
+  } else if (!o.model.empty()) {
+    req.set_model(o.model);
+  } else {
+    return absl::InvalidArgumentError("Acquire: set a model name or a fingerprint");
+  }
+  req.mutable_layout()->set_tp_size(o.tp_size);
+  req.mutable_layout()->set_tp_rank(o.tp_rank);
+  req.mutable_layout()->set_pp_size(o.pp_size);
+  req.mutable_layout()->set_pp_rank(o.pp_rank);
+  req.mutable_env()->set_compute_capability(o.compute_capability);
+  req.mutable_env()->set_device_uuid(o.device_uuid);
+  req.set_dtype(o.dtype);
+  req.set_quantization(o.quantization);
+  req.set_wait_ready(o.wait_ready);
+  req.set_load_on_miss(o.load_on_miss);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + o.timeout);
+  v1::AcquireResponse resp;
+  WC_RETURN_IF_ERROR(FromGrpc(rpc_->stub->Acquire(&ctx, req, &resp), "Acquire"));
+
+  auto lease = std::unique_ptr<Lease>(new Lease());
+  lease->id_ = resp.lease_id();
+  lease->model_ = resp.model();
+  lease->fingerprint_ = resp.fingerprint();
+  lease->backend_ = resp.backend();
+  lease->device_uuid_ = resp.device_uuid();
+  lease->total_bytes_ = resp.total_bytes();
+  lease->model_dir_ = resp.model_dir();
+
+  // The handle channel: present the token, receive the descriptors; keep it open.
+  WC_ASSIGN_OR_RETURN(lease->handle_conn_, ConnectUnix(resp.handle_socket()));
+  WC_RETURN_IF_ERROR(WriteAll(lease->handle_conn_.get(), "WCH1 " + resp.token() + "\n"));
+  std::vector<ScopedFd> fds;
+  const size_t want = static_cast<size_t>(resp.segments_size());
+  while (fds.size() < want) {
+    WC_ASSIGN_OR_RETURN(auto msg, RecvWithFds(lease->handle_conn_.get(), 4096));
+    if (msg.data.rfind("ERR ", 0) == 0) {
+      std::string why = msg.data.substr(4);
+      while (!why.empty() && why.back() == '\n') why.pop_back();
+      return absl::PermissionDeniedError(absl::StrCat("handle channel: ", why));
+    }
+    if (msg.data.rfind("FDS ", 0) != 0 || msg.fds.empty()) {
+      return absl::InternalError(
+          absl::StrCat("handle channel: unexpected message '", msg.data.substr(0, 40), "'"));
+    }
+    for (auto& fd : msg.fds) fds.push_back(std::move(fd));
+  }
+  if (fds.size() != want) {
+    return absl::InternalError(absl::StrCat("handle channel: got ", fds.size(),
+                                            " descriptors for ", want, " segments"));
+  }
+  std::vector<uint64_t> sizes;
+  for (const auto& s : resp.segments()) sizes.push_back(s.size());
+  memory::BackendKind kind =
+      resp.backend() == "cuda-vmm" ? memory::BackendKind::kCudaVmm : memory::BackendKind::kHost;
+  WC_ASSIGN_OR_RETURN(lease->mapping_,
+                      memory::MapReadOnly(kind, std::move(fds), sizes, resp.device_uuid()));
+
+  lease->tensors_.reserve(resp.tensors_size());
+  for (const auto& t : resp.tensors()) {
+    if (t.segment() >= sizes.size() || t.offset() > sizes[t.segment()] ||
+        t.nbytes() > sizes[t.segment()] - t.offset()) {
+      return absl::InternalError(absl::StrCat("manifest: tensor '", t.name(),
+                                              "' lies outside segment ", t.segment()));
+    }
+    TensorView v;
+    v.name = t.name();
+    WC_ASSIGN_OR_RETURN(v.dtype, safetensors::ParseDType(t.dtype()));
+    v.shape.assign(t.shape().begin(), t.shape().end());
+    v.strides.assign(t.strides().begin(), t.strides().end());
+    v.segment = t.segment();
+    v.offset = t.offset();
+    v.nbytes = t.nbytes();
+    v.data = lease->mapping_->base(t.segment()) + t.offset();
+    lease->tensors_.push_back(std::move(v));
+  }
+  std::sort(lease->tensors_.begin(), lease->tensors_.end(),
+            [](const TensorView& a, const TensorView& b) { return a.name < b.name; });
+  lease->map_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return lease;
+}
+
+absl::Status Client::Release(const std::string& lease_id) {
+  v1::ReleaseRequest req;
+  req.set_lease_id(lease_id);
+  v1::ReleaseResponse resp;
+  grpc::ClientContext ctx;
+  return FromGrpc(rpc_->stub->Release(&ctx, req, &resp), "Release");
+}
+
+absl::StatusOr<v1::StatusResponse> Client::Status() {
+  v1::StatusRequest req;
+  v1::StatusResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  WC_RETURN_IF_ERROR(FromGrpc(rpc_->stub->Status(&ctx, req, &resp), "Status"));
+  return resp;
+}
+
+absl::Status Client::Load(const std::string& model, const std::string& spec_yaml,
+                          const std::function<void(const v1::LoadProgress&)>& on_progress) {
+  v1::LoadRequest req;
+  req.set_model(model);
+  req.set_spec_yaml(spec_yaml);
+  grpc::ClientContext ctx;
+  auto reader = rpc_->stub->Load(&ctx, req);
+  v1::LoadProgress p;
+  while (reader->Read(&p)) {
+    if (on_progress) on_progress(p);
+  }
+  return FromGrpc(reader->Finish(), "Load");
+}
+
+absl::StatusOr<uint32_t> Client::Evict(const std::string& model, const std::string& fingerprint) {
+  v1::EvictRequest req;
+  if (!fingerprint.empty()) {
+    req.set_fingerprint(fingerprint);
+  } else {
+    req.set_model(model);
+  }
+  v1::EvictResponse resp;
+  grpc::ClientContext ctx;
+  WC_RETURN_IF_ERROR(FromGrpc(rpc_->stub->Evict(&ctx, req, &resp), "Evict"));
+  return resp.evicted();
+}
+
+}  // namespace weightcache::client

@@ -1,0 +1,200 @@
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "pkg/load/loader.h"
+#include "pkg/load/model.h"
+#include "pkg/load/plan.h"
+#include "pkg/memory/backend.h"
+#include "pkg/safetensors/writer.h"
+#include "tests/testutil/temp_dir.h"
+
+namespace weightcache::load {
+namespace {
+
+using testing::TempDir;
+
+spec::ModelSpec SpecFor(const std::string& dir) {
+  spec::ModelSpec s;
+  s.name = "tiny";
+  s.model_dir = dir;
+  return s;
+}
+
+std::string ReadAt(const std::string& path, uint64_t off, uint64_t n) {
+  std::string out(n, '\0');
+  int fd = ::open(path.c_str(), O_RDONLY);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(::pread(fd, out.data(), n, static_cast<off_t>(off)), static_cast<ssize_t>(n));
+  ::close(fd);
+  return out;
+}
+
+// A backend whose segments are not host-addressable (like GPU memory), so the loader
+// takes its staging path; the memory and FDs underneath are real memfds.
+class NoHostPointerBackend final : public memory::Backend {
+ public:
+  class Seg final : public memory::Segment {
+   public:
+    explicit Seg(std::unique_ptr<memory::Segment> s) : s_(std::move(s)) {}
+    uint64_t size() const override { return s_->size(); }
+    std::byte* host_data() override { return nullptr; }
+    absl::Status CopyIn(uint64_t o, const void* p, size_t n) override {
+      copies++;
+      return s_->CopyIn(o, p, n);
+    }
+    absl::Status Seal() override { return s_->Seal(); }
+    bool sealed() const override { return s_->sealed(); }
+    int fd() const override { return s_->fd(); }
+    const std::string& device_uuid() const override { return s_->device_uuid(); }
+    int copies = 0;
+
+   private:
+    std::unique_ptr<memory::Segment> s_;
+  };
+  memory::BackendKind kind() const override { return memory::BackendKind::kHost; }
+  uint64_t granularity() const override { return host_->granularity(); }
+  uint64_t max_segment_bytes() const override { return 8 << 20; }
+  std::vector<memory::DeviceInfo> Devices() const override { return host_->Devices(); }
+  absl::StatusOr<std::unique_ptr<memory::Segment>> Allocate(const std::string& d, uint64_t n,
+                                                            const std::string& l) override {
+    auto s = host_->Allocate(d, n, l);
+    if (!s.ok()) return s.status();
+    return std::unique_ptr<memory::Segment>(new Seg(std::move(s).value()));
+  }
+
+ private:
+  std::unique_ptr<memory::Backend> host_ = memory::MakeHostBackend();
+};
+
+void ExpectBytesEqualFiles(const OpenedModel& m, const LoadedModel& loaded) {
+  ASSERT_EQ(loaded.plan.tensors.size(), m.checkpoint.tensors().size());
+  for (const auto& t : loaded.plan.tensors) {
+    const auto& file = m.checkpoint.files()[t.file_index].info();
+    std::string want = ReadAt(file.path, t.file_offset, t.nbytes);
+    std::string got(t.nbytes, '\0');
+    // Sealed segments: read back through the shared (read-only) descriptor.
+    ASSERT_EQ(::pread(loaded.segments[t.segment]->fd(), got.data(), t.nbytes,
+                      static_cast<off_t>(t.offset)),
+              static_cast<ssize_t>(t.nbytes));
+    ASSERT_EQ(got, want) << t.name;
+  }
+}
+
+TEST(OpenModel, ReadsConfigDtypeAndFingerprintInputs) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {}).ok());
+  auto m = OpenModel(SpecFor(dir.path()));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->architecture, "LlamaForCausalLM");
+  EXPECT_EQ((*m)->dtype, "bf16");
+  EXPECT_EQ((*m)->quantization.method, "none");
+  auto in = (*m)->Inputs({}, {});
+  ASSERT_EQ(in.files.size(), 1u);
+  EXPECT_EQ(in.files[0].name, "model.safetensors");
+  EXPECT_EQ(in.files[0].header_sha256.size(), 64u);
+}
+
+TEST(OpenModel, RefusedQuantizationFailsBeforeAnyWeightIsRead) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {}).ok());
+  // Corrupt the weights: if the loader opened them, it would fail with INVALID_ARGUMENT.
+  { std::ofstream(dir / "model.safetensors", std::ios::trunc) << "garbage"; }
+  for (const char* method : {"awq", "gptq", "marlin", "fp8"}) {
+    std::ofstream(dir / "config.json", std::ios::trunc)
+        << R"({"architectures":["LlamaForCausalLM"],"torch_dtype":"bfloat16",)"
+        << R"("quantization_config":{"quant_method":")" << method << R"(","bits":4}})";
+    auto m = OpenModel(SpecFor(dir.path()));
+    ASSERT_EQ(m.status().code(), absl::StatusCode::kUnimplemented) << method << m.status();
+    EXPECT_NE(m.status().message().find(method), absl::string_view::npos) << m.status();
+    EXPECT_NE(m.status().message().find("fp8_block"), absl::string_view::npos) << m.status();
+  }
+}
+
+TEST(OpenModel, DtypeConversionIsRefusedClearly) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {}).ok());
+  auto s = SpecFor(dir.path());
+  s.dtype = "fp16";
+  auto m = OpenModel(s);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(m.status().message().find("stores bf16"), absl::string_view::npos) << m.status();
+}
+
+TEST(PlanRank, PacksAlignedNonOverlappingWithinSegments) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {}).ok());
+  auto m = OpenModel(SpecFor(dir.path()));
+  ASSERT_TRUE(m.ok()) << m.status();
+  PlanOptions o{.alignment = 256, .max_segment_bytes = 8 << 20};
+  auto plan = PlanRank(**m, {}, o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_GT(plan->segment_bytes.size(), 1u);
+  uint64_t total = 0;
+  std::vector<uint64_t> end(plan->segment_bytes.size(), 0);
+  for (const auto& t : plan->tensors) {
+    EXPECT_EQ(t.offset % 256, 0u) << t.name;
+    EXPECT_GE(t.offset, end[t.segment]) << t.name << " overlaps";
+    end[t.segment] = t.offset + t.nbytes;
+    EXPECT_LE(end[t.segment], plan->segment_bytes[t.segment]);
+    if (t.nbytes <= o.max_segment_bytes) {
+      EXPECT_LE(end[t.segment], o.max_segment_bytes);
+    }
+    total += t.nbytes;
+    ASSERT_FALSE(t.strides.empty());
+    EXPECT_EQ(t.strides.back(), 1);
+  }
+  EXPECT_EQ(total, plan->total_bytes);
+  EXPECT_EQ(total, (*m)->checkpoint.total_bytes());
+}
+
+TEST(PlanRank, OtherLayoutsAreRefusedWithTheReason) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {}).ok());
+  auto m = OpenModel(SpecFor(dir.path()));
+  ASSERT_TRUE(m.ok());
+  auto plan = PlanRank(**m, {.tp_size = 2, .tp_rank = 1}, {});
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(plan.status().message().find("tp_size 2"), absl::string_view::npos);
+}
+
+TEST(LoadRank, HostBackendBytesEqualFilesAndProgressCompletes) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {.shards = 3}).ok());
+  auto m = OpenModel(SpecFor(dir.path()));
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto backend = memory::MakeHostBackend();
+  auto plan = PlanRank(**m, {}, {.alignment = 256, .max_segment_bytes = 16 << 20});
+  ASSERT_TRUE(plan.ok());
+  LoadProgress progress;
+  auto loaded = LoadRank(**m, *plan, *backend, "", "tiny", {}, &progress);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(progress.done(), progress.total());
+  EXPECT_EQ(progress.total(), plan->total_bytes);
+  for (const auto& s : (*loaded)->segments) EXPECT_TRUE(s->sealed());
+  ExpectBytesEqualFiles(**m, **loaded);
+}
+
+TEST(LoadRank, StagingPathForNonHostMemoryBytesEqualFiles) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {}).ok());
+  auto m = OpenModel(SpecFor(dir.path()));
+  ASSERT_TRUE(m.ok());
+  NoHostPointerBackend backend;
+  auto plan = PlanRank(**m, {}, {.alignment = 256, .max_segment_bytes = 8 << 20});
+  ASSERT_TRUE(plan.ok());
+  LoadProgress progress;
+  // A staging buffer smaller than the largest tensor forces split pieces.
+  LoadOptions o;
+  o.staging_bytes = 1 << 20;
+  auto loaded = LoadRank(**m, *plan, backend, "", "tiny", o, &progress);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(progress.done(), plan->total_bytes);
+  ExpectBytesEqualFiles(**m, **loaded);
+}
+
+}  // namespace
+}  // namespace weightcache::load

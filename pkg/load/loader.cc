@@ -1,0 +1,126 @@
+#include "pkg/load/loader.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "pkg/util/status_macros.h"
+
+namespace weightcache::load {
+
+uint64_t LoadedModel::resident_bytes() const {
+  uint64_t n = 0;
+  for (const auto& s : segments) n += s->size();
+  return n;
+}
+
+namespace {
+
+struct ProgressCtx {
+  LoadProgress* progress;
+  uint64_t base;
+};
+
+void OnRead(void* ctx, uint64_t done) {
+  auto* c = static_cast<ProgressCtx*>(ctx);
+  if (c->progress != nullptr) c->progress->SetDone(c->base + done);
+}
+
+// Tensors grouped by source file, in file-offset order (sequential on disk).
+std::map<size_t, std::vector<const PlannedTensor*>> ByFile(const Plan& plan) {
+  std::map<size_t, std::vector<const PlannedTensor*>> out;
+  for (const auto& t : plan.tensors) out[t.file_index].push_back(&t);
+  for (auto& [f, v] : out) {
+    std::sort(v.begin(), v.end(), [](auto* a, auto* b) { return a->file_offset < b->file_offset; });
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(const OpenedModel& model, Plan plan,
+                                                      memory::Backend& backend,
+                                                      const std::string& device_uuid,
+                                                      const std::string& label,
+                                                      const LoadOptions& options,
+                                                      LoadProgress* progress) {
+  auto out = std::make_unique<LoadedModel>();
+  out->device_uuid = device_uuid;
+  out->model_dir = model.spec.model_dir;
+  for (size_t i = 0; i < plan.segment_bytes.size(); ++i) {
+    WC_ASSIGN_OR_RETURN(auto seg, backend.Allocate(device_uuid,
+                                                   std::max<uint64_t>(plan.segment_bytes[i], 1),
+                                                   absl::StrCat(label, "/", i)));
+    out->segments.push_back(std::move(seg));
+  }
+  if (progress != nullptr) progress->SetTotal(plan.total_bytes);
+  if (out->device_uuid.empty() && !out->segments.empty()) {
+    out->device_uuid = out->segments[0]->device_uuid();
+  }
+
+  const auto& files = model.checkpoint.files();
+  safetensors::ReadOptions ropts{options.read_threads, options.chunk_bytes};
+  bool direct = std::all_of(out->segments.begin(), out->segments.end(),
+                            [](const auto& s) { return s->host_data() != nullptr; });
+  std::vector<uint8_t> staging;
+  if (!direct) staging.resize(options.staging_bytes);
+  uint64_t done = 0;
+
+  for (const auto& [fi, tensors] : ByFile(plan)) {
+    const auto& file = files.at(fi);
+    if (progress != nullptr) progress->SetFile(file.info().name);
+    std::vector<std::string> what;
+    what.reserve(tensors.size());
+    for (const auto* t : tensors) what.push_back(absl::StrCat(file.info().name, ": tensor '", t->name, "'"));
+    if (direct) {
+      // Straight from the file into the segments: no intermediate copy.
+      std::vector<safetensors::ReadRequest> reqs;
+      reqs.reserve(tensors.size());
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        const auto* t = tensors[i];
+        reqs.push_back({file.fd(), t->file_offset, t->nbytes,
+                        out->segments[t->segment]->host_data() + t->offset, what[i]});
+      }
+      ProgressCtx ctx{progress, done};
+      WC_RETURN_IF_ERROR(safetensors::ReadRanges(reqs, ropts, &OnRead, &ctx));
+    } else {
+      // Batches of tensor pieces through the staging buffer, then CopyIn.
+      struct Piece { const PlannedTensor* t; uint64_t skip; uint64_t n; uint64_t at; };
+      size_t i = 0;
+      uint64_t skip = 0;
+      while (i < tensors.size()) {
+        std::vector<Piece> batch;
+        std::vector<safetensors::ReadRequest> reqs;
+        uint64_t used = 0;
+        while (i < tensors.size() && used < staging.size()) {
+          const auto* t = tensors[i];
+          uint64_t n = std::min<uint64_t>(t->nbytes - skip, staging.size() - used);
+          batch.push_back({t, skip, n, used});
+          reqs.push_back({file.fd(), t->file_offset + skip, n, staging.data() + used, what[i]});
+          used += n;
+          skip += n;
+          if (skip == t->nbytes) {
+            ++i;
+            skip = 0;
+          }
+        }
+        ProgressCtx ctx{nullptr, 0};
+        WC_RETURN_IF_ERROR(safetensors::ReadRanges(reqs, ropts, &OnRead, &ctx));
+        for (const auto& p : batch) {
+          WC_RETURN_IF_ERROR(out->segments[p.t->segment]->CopyIn(p.t->offset + p.skip,
+                                                                  staging.data() + p.at, p.n));
+        }
+        if (progress != nullptr) progress->SetDone(done + used);
+        done += used;
+      }
+      continue;
+    }
+    for (const auto* t : tensors) done += t->nbytes;
+    if (progress != nullptr) progress->SetDone(done);
+  }
+  for (auto& s : out->segments) WC_RETURN_IF_ERROR(s->Seal());
+  out->plan = std::move(plan);
+  return out;
+}
+
+}  // namespace weightcache::load

@@ -1,0 +1,96 @@
+#include "pkg/load/model.h"
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "pkg/util/status_macros.h"
+
+namespace weightcache::load {
+
+using safetensors::DType;
+
+std::string ShortDTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "fp16";
+    case DType::kF32: return "fp32";
+    case DType::kF64: return "fp64";
+    case DType::kF8_E4M3: return "fp8_e4m3";
+    case DType::kF8_E5M2: return "fp8_e5m2";
+    default: {
+      std::string s(safetensors::DTypeName(dtype));
+      for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      return s;
+    }
+  }
+}
+
+namespace {
+
+bool IsFloat(DType d) {
+  return d == DType::kBF16 || d == DType::kF16 || d == DType::kF32 || d == DType::kF64 ||
+         d == DType::kF8_E4M3 || d == DType::kF8_E5M2;
+}
+
+// The stored dtype of the weights: the floating dtype holding the most bytes.
+absl::StatusOr<DType> StoredDType(const safetensors::Checkpoint& ckpt, bool fp8) {
+  std::map<DType, uint64_t> bytes;
+  for (const auto& t : ckpt.tensors()) {
+    if (IsFloat(t.dtype)) bytes[t.dtype] += t.nbytes;
+  }
+  if (fp8) return DType::kF8_E4M3;
+  if (bytes.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ckpt.dir(), ": no floating-point tensors in the checkpoint"));
+  }
+  DType best = bytes.begin()->first;
+  for (const auto& [d, n] : bytes) {
+    if (n > bytes[best]) best = d;
+  }
+  return best;
+}
+
+}  // namespace
+
+spec::FingerprintInputs OpenedModel::Inputs(const spec::Layout& layout,
+                                            const spec::Environment& env) const {
+  spec::FingerprintInputs in;
+  in.architecture = architecture;
+  in.revision = spec.revision;
+  for (const auto& f : checkpoint.files()) {
+    in.files.push_back({f.info().name, f.info().size, f.info().header_sha256});
+  }
+  in.layout = layout;
+  in.quant_method = quantization.method;
+  in.quant_config_sha256 = quantization.config_sha256;
+  in.dtype = dtype;
+  in.env = env;
+  return in;
+}
+
+absl::StatusOr<std::shared_ptr<const OpenedModel>> OpenModel(const spec::ModelSpec& s) {
+  WC_RETURN_IF_ERROR(spec::Validate(s));
+  WC_ASSIGN_OR_RETURN(spec::ModelConfig config, spec::ReadModelConfig(s.model_dir));
+  // The allowlist, before any safetensors file is opened.
+  WC_ASSIGN_OR_RETURN(spec::Quantization quant, spec::ResolveQuantization(s, config));
+  if (!s.architecture.empty() && !config.architecture.empty() &&
+      s.architecture != config.architecture) {
+    return absl::InvalidArgumentError(absl::StrCat("model '", s.name, "': spec architecture ",
+                                                   s.architecture, " differs from config.json's ",
+                                                   config.architecture));
+  }
+  std::string arch = s.architecture.empty() ? config.architecture : s.architecture;
+  WC_ASSIGN_OR_RETURN(safetensors::Checkpoint ckpt, safetensors::Checkpoint::Open(s.model_dir));
+  WC_ASSIGN_OR_RETURN(DType stored, StoredDType(ckpt, quant.method == "fp8_block"));
+  std::string dtype = ShortDTypeName(stored);
+  if (s.dtype != "auto" && s.dtype != dtype) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model '", s.name, "': dtype ", s.dtype, " asked but the checkpoint stores ", dtype,
+        "; dtype conversion is not served (use dtype: auto or ", dtype, ")"));
+  }
+  return std::make_shared<const OpenedModel>(OpenedModel{s, std::move(config), std::move(quant),
+                                                         std::move(arch), std::move(dtype),
+                                                         std::move(ckpt)});
+}
+
+}  // namespace weightcache::load

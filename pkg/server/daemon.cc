@@ -1,0 +1,586 @@
+#include "pkg/server/daemon.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "pkg/load/loader.h"
+#include "pkg/load/plan.h"
+#include "pkg/server/internal/daemon_impl.h"
+#include "pkg/util/log.h"
+#include "pkg/util/status_macros.h"
+#include "pkg/util/unix_socket.h"
+
+namespace weightcache::server {
+namespace {
+
+constexpr uint32_t kMaxLayoutSize = 4096;
+
+// 128 random bits as hex, from the kernel's CSPRNG (tokens must not be guessable).
+std::string RandomHex(size_t bytes) {
+  std::string raw(bytes, '\0');
+  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  WC_CHECK(fd >= 0);
+  WC_CHECK(::read(fd, raw.data(), bytes) == static_cast<ssize_t>(bytes));
+  ::close(fd);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : raw) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 15]);
+  }
+  return out;
+}
+
+std::string Join(const std::vector<std::string>& v) {
+  return v.empty() ? "none" : absl::StrJoin(v, ", ");
+}
+
+}  // namespace
+
+Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend)
+    : options_(std::move(options)), backend_(backend), registry_(options_.memory_budget_bytes) {
+  auto devices = backend_->Devices();
+  daemon_cc_ = devices.empty() ? "cpu" : devices[0].compute_capability;
+  for (const auto& s : options_.specs) specs_[s.name] = s;
+  registry_.SetLoadDoneCallback([this](const cache::Entry& e, const absl::Status& st) {
+    if (options_.metrics != nullptr && st.ok()) {
+      options_.metrics->OnLoad(e.model, "disk", e.load_seconds, e.progress.total());
+    }
+  });
+  registry_.SetEvictCallback([this](const std::string& model, const std::string& reason) {
+    if (options_.metrics != nullptr) options_.metrics->OnEviction(model, reason);
+  });
+}
+
+Daemon::Impl::~Impl() { Shutdown(); }
+
+std::string Daemon::Impl::control_path() const {
+  return options_.socket_dir + "/" + kControlSocketName;
+}
+std::string Daemon::Impl::handle_path() const {
+  return options_.socket_dir + "/" + kHandleSocketName;
+}
+
+absl::Status Daemon::Impl::Start() {
+  WC_RETURN_IF_ERROR(PrepareSocketDir(options_.socket_dir, 0750));
+  WC_RETURN_IF_ERROR(RemoveStaleSocket(control_path()));
+  WC_RETURN_IF_ERROR(RemoveStaleSocket(handle_path()));
+  HandleChannel::Options hopts;
+  hopts.path = handle_path();
+  hopts.allowed_uids = options_.allowed_uids;
+  WC_ASSIGN_OR_RETURN(
+      handles_,
+      HandleChannel::Start(
+          hopts, [this](const std::string& t, const PeerCred& p) { return Claim(t, p); },
+          [this](const std::string& lease) { registry_.RemoveLease(lease); },
+          [this] { ExpireTokens(); }));
+
+  service_ = MakeGrpcService(this);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + control_path(), grpc::InsecureServerCredentials());
+  builder.RegisterService(service_.get());
+  builder.SetMaxReceiveMessageSize(1 << 20);  // requests are small; bound them
+  builder.SetMaxSendMessageSize(256 << 20);   // manifests of very large models
+  grpc_ = builder.BuildAndStart();
+  if (!grpc_) {
+    return absl::UnavailableError(absl::StrCat("gRPC: cannot listen on ", control_path()));
+  }
+  if (::chmod(control_path().c_str(), 0660) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("chmod 0660 ", control_path()));
+  }
+  WC_LOG_INFO("serving on %s (handles on %s), backend %s", control_path(), handle_path(),
+              memory::BackendName(backend_->kind()));
+
+  if (options_.preload) {
+    for (const auto& s : options_.specs) {
+      auto opened = Open(s.name, /*refresh=*/false);
+      std::vector<int> ranks = s.tp_ranks;
+      if (ranks.empty()) {
+        for (int r = 0; r < s.tp_size; ++r) ranks.push_back(r);
+      }
+      for (int r : ranks) {
+        if (!opened.ok()) {
+          WC_LOG_ERROR("preload %s: %s", s.name, std::string(opened.status().message()));
+          break;
+        }
+        spec::Layout layout{s.tp_size, r, s.pp_size, s.pp_rank};
+        spec::Environment env;
+        env.compute_capability = daemon_cc_;
+        auto e = StartLoad(*opened, layout, env);
+        if (!e.ok()) {
+          WC_LOG_ERROR("preload %s rank %d: %s", s.name, r, std::string(e.status().message()));
+          continue;
+        }
+        std::lock_guard<std::mutex> l(mu_);
+        preloads_.push_back((*e)->fingerprint);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Daemon::Impl::Shutdown() {
+  {
+    std::lock_guard<std::mutex> l(wait_mu_);
+    if (shutdown_) return;
+    shutdown_ = true;
+  }
+  wait_cv_.notify_all();
+  if (grpc_) grpc_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  handles_.reset();
+  if (grpc_) ::unlink(control_path().c_str());
+}
+
+void Daemon::Impl::Wait() {
+  std::unique_lock<std::mutex> l(wait_mu_);
+  wait_cv_.wait(l, [&] { return shutdown_; });
+}
+
+absl::StatusOr<std::shared_ptr<const load::OpenedModel>> Daemon::Impl::Open(
+    const std::string& name, bool refresh) {
+  spec::ModelSpec s;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = specs_.find(name);
+    if (it == specs_.end()) {
+      std::vector<std::string> known;
+      for (const auto& [n, _] : specs_) known.push_back(n);
+      return absl::NotFoundError(absl::StrCat("model '", name,
+                                              "' is not known to this daemon (known: ",
+                                              Join(known), ")"));
+    }
+    if (!refresh) {
+      auto o = opened_.find(name);
+      if (o != opened_.end()) return o->second;
+    }
+    s = it->second;
+  }
+  // Opening reads config.json and the headers: outside the lock.
+  WC_ASSIGN_OR_RETURN(auto opened, load::OpenModel(s));
+  std::lock_guard<std::mutex> l(mu_);
+  opened_[name] = opened;
+  return opened;
+}
+
+spec::Environment Daemon::Impl::EnvFrom(const v1::Environment& env) const {
+  spec::Environment out;
+  out.compute_capability = env.compute_capability().empty() ? daemon_cc_ : env.compute_capability();
+  if (env.loader_format_version() != 0) {
+    out.loader_format_version = static_cast<int>(env.loader_format_version());
+  }
+  out.engine = env.engine();
+  out.engine_version = env.engine_version();
+  return out;
+}
+
+absl::StatusOr<spec::Layout> Daemon::Impl::LayoutFrom(const v1::Layout& l) const {
+  uint32_t tp = l.tp_size() == 0 ? 1 : l.tp_size();
+  uint32_t pp = l.pp_size() == 0 ? 1 : l.pp_size();
+  if (tp > kMaxLayoutSize || pp > kMaxLayoutSize) {
+    return absl::InvalidArgumentError(absl::StrCat("layout: tp_size ", tp, " / pp_size ", pp,
+                                                   " exceeds ", kMaxLayoutSize));
+  }
+  if (l.tp_rank() >= tp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout: tp_rank ", l.tp_rank(), " is not below tp_size ", tp));
+  }
+  if (l.pp_rank() >= pp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout: pp_rank ", l.pp_rank(), " is not below pp_size ", pp));
+  }
+  return spec::Layout{static_cast<int>(tp), static_cast<int>(l.tp_rank()),
+                      static_cast<int>(pp), static_cast<int>(l.pp_rank())};
+}
+
+absl::StatusOr<std::shared_ptr<cache::Entry>> Daemon::Impl::StartLoad(
+    std::shared_ptr<const load::OpenedModel> model, const spec::Layout& layout,
+    const spec::Environment& env) {
+  auto inputs = model->Inputs(layout, env);
+  std::string fp = inputs.Digest();
+  memory::Backend* backend = backend_;
+  unsigned threads = options_.read_threads;
+  auto load = [model, layout, backend, threads,
+               fp](cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
+    load::PlanOptions popts{backend->tensor_alignment(), backend->max_segment_bytes()};
+    WC_ASSIGN_OR_RETURN(load::Plan plan, load::PlanRank(*model, layout, popts));
+    load::LoadOptions lopts;
+    lopts.read_threads = threads;
+    return load::LoadRank(*model, std::move(plan), *backend, "",
+                          absl::StrCat("weightcache/", model->spec.name, "/", fp.substr(0, 12)),
+                          lopts, &e.progress);
+  };
+  return registry_.StartOrJoin(fp, model->spec.name, inputs, model->checkpoint.total_bytes(),
+                               std::move(load));
+}
+
+void Daemon::Impl::Count(metrics::AcquireResult r) {
+  switch (r) {
+    case metrics::AcquireResult::kHit: hits_++; break;
+    case metrics::AcquireResult::kMiss: misses_++; break;
+    case metrics::AcquireResult::kMismatch: mismatches_++; break;
+    case metrics::AcquireResult::kRejected: rejected_++; break;
+    default: errors_++; break;
+  }
+}
+
+absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireResponse* resp,
+                                   std::string* model, metrics::AcquireResult* result) {
+  using metrics::AcquireResult;
+  *result = AcquireResult::kError;
+  auto finish = [&](AcquireResult r, absl::Status s) {
+    *result = r;
+    Count(r);
+    return s;
+  };
+  auto layout = LayoutFrom(req.layout());
+  if (!layout.ok()) return finish(AcquireResult::kError, layout.status());
+  spec::Environment env = EnvFrom(req.env());
+  auto deadline = std::chrono::steady_clock::now() + options_.acquire_wait;
+
+  std::shared_ptr<cache::Entry> e;
+  if (req.target_case() == v1::AcquireRequest::kFingerprint) {
+    e = registry_.Find(req.fingerprint());
+    if (!e) {
+      return finish(AcquireResult::kMiss,
+                    absl::NotFoundError(absl::StrCat("no cached entry has fingerprint ",
+                                                     req.fingerprint())));
+    }
+    *model = e->model;
+  } else if (req.target_case() == v1::AcquireRequest::kModel) {
+    *model = req.model();
+    auto opened = Open(req.model(), false);
+    if (!opened.ok()) {
+      auto code = opened.status().code();
+      return finish(code == absl::StatusCode::kUnimplemented ? AcquireResult::kRejected
+                    : code == absl::StatusCode::kNotFound    ? AcquireResult::kMiss
+                                                             : AcquireResult::kError,
+                    opened.status());
+    }
+    auto asked = (*opened)->Inputs(*layout, env);
+    if (!req.dtype().empty()) asked.dtype = req.dtype();
+    if (!req.quantization().empty()) asked.quant_method = req.quantization();
+    std::string fp = asked.Digest();
+    e = registry_.Find(fp);
+    if (e && e->state == cache::State::kFailed && !req.load_on_miss()) {
+      return finish(AcquireResult::kError,
+                    registry_.WaitReady(e, std::chrono::steady_clock::now()));
+    }
+    if (!e || e->state == cache::State::kFailed) {
+      bool servable = asked.dtype == (*opened)->dtype &&
+                      asked.quant_method == (*opened)->quantization.method;
+      if (req.load_on_miss() && servable) {
+        auto started = StartLoad(*opened, *layout, env);
+        if (!started.ok()) return finish(AcquireResult::kError, started.status());
+        e = *started;
+        auto s = registry_.WaitReady(e, deadline);
+        if (!s.ok()) return finish(AcquireResult::kError, s);
+        auto content = registry_.Content(e);
+        if (!content.ok()) return finish(AcquireResult::kError, content.status());
+        FillLease(e, *content, resp);
+        return finish(AcquireResult::kMiss, absl::OkStatus());
+      }
+      for (const auto& other : registry_.FindByModel(req.model())) {
+        auto diffs = spec::Diff(other->inputs, asked);
+        if (!diffs.empty()) {
+          return finish(AcquireResult::kMismatch,
+                        absl::FailedPreconditionError(absl::StrCat(
+                            "model '", req.model(), "': cached weights do not fit: ",
+                            spec::FormatDiff(diffs))));
+        }
+      }
+      return finish(AcquireResult::kMiss,
+                    absl::NotFoundError(absl::StrCat(
+                        "model '", req.model(), "' is not cached for tp ", layout->tp_rank, "/",
+                        layout->tp_size, " on ", env.compute_capability, " (fingerprint ",
+                        fp.substr(0, 12), "); load it first (weightcachectl load ", req.model(),
+                        ") or ask with load_on_miss")));
+    }
+  } else {
+    return finish(AcquireResult::kError,
+                  absl::InvalidArgumentError("Acquire: set either model or fingerprint"));
+  }
+
+  bool was_ready = e->state == cache::State::kReady;
+  if (!was_ready) {
+    if (e->state == cache::State::kLoading && !req.wait_ready() && !req.load_on_miss()) {
+      return finish(AcquireResult::kMiss,
+                    absl::UnavailableError(absl::StrCat(
+                        "model '", e->model, "' is still loading (", e->progress.done(), " of ",
+                        e->progress.total(), " bytes); ask with wait_ready to wait")));
+    }
+    auto s = registry_.WaitReady(e, deadline);
+    if (!s.ok()) return finish(AcquireResult::kError, s);
+  }
+  auto content = registry_.Content(e);
+  if (!content.ok()) return finish(AcquireResult::kError, content.status());
+  FillLease(e, *content, resp);
+  return finish(was_ready ? AcquireResult::kHit : AcquireResult::kMiss, absl::OkStatus());
+}
+
+void Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
+                             const std::shared_ptr<const load::LoadedModel>& content,
+                             v1::AcquireResponse* resp) {
+  std::string lease_id = RandomHex(16);
+  std::string token = RandomHex(32);
+  cache::LeaseRecord rec{lease_id, 0, 0, std::chrono::steady_clock::now()};
+  if (!registry_.AddLease(e, rec).ok()) return;  // evicted meanwhile: caller sees no token
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    tokens_[token] = {lease_id, e->fingerprint,
+                      std::chrono::steady_clock::now() + options_.token_ttl};
+  }
+  resp->set_lease_id(lease_id);
+  resp->set_token(token);
+  resp->set_fingerprint(e->fingerprint);
+  resp->set_model(e->model);
+  resp->set_backend(memory::BackendName(backend_->kind()));
+  resp->set_device_uuid(content->device_uuid);
+  resp->set_handle_socket(handle_path());
+  resp->set_total_bytes(content->plan.total_bytes);
+  resp->set_model_dir(content->model_dir);
+  for (size_t i = 0; i < content->segments.size(); ++i) {
+    auto* s = resp->add_segments();
+    s->set_index(static_cast<uint32_t>(i));
+    s->set_size(content->segments[i]->size());
+  }
+  resp->mutable_tensors()->Reserve(static_cast<int>(content->plan.tensors.size()));
+  for (const auto& t : content->plan.tensors) {
+    auto* m = resp->add_tensors();
+    m->set_name(t.name);
+    m->set_dtype(std::string(safetensors::DTypeName(t.dtype)));
+    for (auto d : t.shape) m->add_shape(d);
+    for (auto d : t.strides) m->add_strides(d);
+    m->set_segment(t.segment);
+    m->set_offset(t.offset);
+    m->set_nbytes(t.nbytes);
+  }
+}
+
+absl::StatusOr<HandleChannel::Grant> Daemon::Impl::Claim(const std::string& token,
+                                                         const PeerCred& peer) {
+  PendingToken pending;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = tokens_.find(token);
+    if (it == tokens_.end()) {
+      return absl::PermissionDeniedError("unknown or expired token");
+    }
+    pending = it->second;
+    tokens_.erase(it);
+  }
+  auto e = registry_.Find(pending.fingerprint);
+  if (!e) {
+    registry_.RemoveLease(pending.lease_id);
+    return absl::UnavailableError("the model was evicted before its descriptors were claimed");
+  }
+  auto content = registry_.Content(e);
+  if (!content.ok()) {
+    registry_.RemoveLease(pending.lease_id);
+    return content.status();
+  }
+  registry_.SetLeasePeer(pending.lease_id, peer.pid, static_cast<int>(peer.uid));
+  HandleChannel::Grant g;
+  g.lease_id = pending.lease_id;
+  for (const auto& s : (*content)->segments) g.fds.push_back(s->fd());
+  g.keepalive = *content;
+  return g;
+}
+
+void Daemon::Impl::ExpireTokens() {
+  std::vector<std::string> expired;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto now = std::chrono::steady_clock::now();
+    for (auto it = tokens_.begin(); it != tokens_.end();) {
+      if (it->second.expires <= now) {
+        expired.push_back(it->second.lease_id);
+        it = tokens_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& lease : expired) {
+    WC_LOG_WARN("lease %s: token not claimed in time; lease ended", lease);
+    registry_.RemoveLease(lease);
+  }
+}
+
+absl::Status Daemon::Impl::Release(const v1::ReleaseRequest& req) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto it = tokens_.begin(); it != tokens_.end();) {
+      it = it->second.lease_id == req.lease_id() ? tokens_.erase(it) : std::next(it);
+    }
+  }
+  if (!registry_.RemoveLease(req.lease_id())) {
+    return absl::NotFoundError(absl::StrCat("lease ", req.lease_id(), " is not active"));
+  }
+  handles_->CloseLease(req.lease_id());
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Impl::Load(const v1::LoadRequest& req,
+                                const std::function<bool(const v1::LoadProgress&)>& publish) {
+  std::string name = req.model();
+  if (!req.spec_yaml().empty()) {
+    WC_ASSIGN_OR_RETURN(auto specs, spec::ParseSpecs(req.spec_yaml(), "LoadRequest.spec_yaml"));
+    if (specs.size() != 1) {
+      return absl::InvalidArgumentError(absl::StrCat("LoadRequest.spec_yaml: holds ",
+                                                     specs.size(), " specs; send exactly one"));
+    }
+    name = specs[0].name;
+    std::lock_guard<std::mutex> l(mu_);
+    specs_[name] = specs[0];
+  }
+  if (name.empty()) return absl::InvalidArgumentError("Load: set model or spec_yaml");
+  WC_ASSIGN_OR_RETURN(auto opened, Open(name, /*refresh=*/true));
+  spec::Layout layout;
+  if (req.has_layout()) {
+    WC_ASSIGN_OR_RETURN(layout, LayoutFrom(req.layout()));
+  } else {
+    const auto& s = opened->spec;
+    layout = {s.tp_size, s.tp_ranks.empty() ? 0 : s.tp_ranks[0], s.pp_size, s.pp_rank};
+  }
+  WC_ASSIGN_OR_RETURN(auto e, StartLoad(opened, layout, EnvFrom(req.env())));
+  auto t0 = std::chrono::steady_clock::now();
+  while (true) {
+    auto s = registry_.WaitReady(e, std::chrono::steady_clock::now() +
+                                        std::chrono::milliseconds(100));
+    v1::LoadProgress p;
+    p.set_fingerprint(e->fingerprint);
+    p.set_bytes_done(e->progress.done());
+    p.set_bytes_total(e->progress.total());
+    p.set_current_file(e->progress.file());
+    p.set_elapsed_seconds(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    bool loading = s.code() == absl::StatusCode::kDeadlineExceeded;
+    p.set_state(loading ? "loading" : s.ok() ? "ready" : "failed");
+    if (!loading && !s.ok()) p.set_error(std::string(s.message()));
+    if (!publish(p)) return absl::CancelledError("Load: client went away");
+    if (!loading) return s;
+  }
+}
+
+absl::StatusOr<uint32_t> Daemon::Impl::Evict(const v1::EvictRequest& req) {
+  std::vector<std::string> fps;
+  if (req.target_case() == v1::EvictRequest::kFingerprint) {
+    fps.push_back(req.fingerprint());
+  } else if (req.target_case() == v1::EvictRequest::kModel) {
+    for (const auto& e : registry_.FindByModel(req.model())) fps.push_back(e->fingerprint);
+  } else {
+    return absl::InvalidArgumentError("Evict: set either model or fingerprint");
+  }
+  uint32_t n = 0;
+  for (const auto& fp : fps) n += registry_.Evict(fp, "api") ? 1 : 0;
+  if (n == 0) {
+    return absl::NotFoundError(absl::StrCat(
+        "nothing to evict for ", req.target_case() == v1::EvictRequest::kModel
+                                     ? "model '" + req.model() + "'"
+                                     : "fingerprint " + req.fingerprint(),
+        " (not cached, or still loading)"));
+  }
+  return n;
+}
+
+void Daemon::Impl::Status(v1::StatusResponse* resp) const {
+  resp->set_version(kVersion);
+  resp->set_backend(memory::BackendName(backend_->kind()));
+  auto now = std::chrono::steady_clock::now();
+  for (const auto& s : registry_.Snapshot()) {
+    auto* e = resp->add_entries();
+    e->set_model(s.model);
+    e->set_fingerprint(s.fingerprint);
+    e->set_state(cache::StateName(s.state));
+    e->set_error(s.error);
+    e->set_bytes(s.bytes);
+    e->set_tensors(static_cast<uint32_t>(s.tensors));
+    e->set_segments(static_cast<uint32_t>(s.segments));
+    e->mutable_layout()->set_tp_size(s.inputs.layout.tp_size);
+    e->mutable_layout()->set_tp_rank(s.inputs.layout.tp_rank);
+    e->mutable_layout()->set_pp_size(s.inputs.layout.pp_size);
+    e->mutable_layout()->set_pp_rank(s.inputs.layout.pp_rank);
+    e->set_backend(memory::BackendName(backend_->kind()));
+    e->set_device_uuid(s.device_uuid);
+    e->set_load_seconds(s.load_seconds);
+    e->set_bytes_done(s.bytes_done);
+    for (const auto& l : s.leases) {
+      auto* li = e->add_leases();
+      li->set_lease_id(l.id);
+      li->set_pid(l.pid);
+      li->set_uid(l.uid);
+      li->set_age_seconds(std::chrono::duration<double>(now - l.since).count());
+    }
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& [name, _] : specs_) resp->add_known_models(name);
+  }
+  resp->set_acquire_hits(hits_);
+  resp->set_acquire_misses(misses_);
+  resp->set_acquire_mismatches(mismatches_);
+  resp->set_acquire_rejected(rejected_);
+  resp->set_acquire_errors(errors_);
+}
+
+std::pair<bool, std::string> Daemon::Impl::Readiness() const {
+  std::vector<std::string> preloads;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    preloads = preloads_;
+  }
+  for (const auto& fp : preloads) {
+    auto e = registry_.Find(fp);
+    if (e && e->state == cache::State::kLoading) {
+      return {false, absl::StrCat("loading ", e->model, " (", e->progress.done(), " of ",
+                                  e->progress.total(), " bytes)")};
+    }
+  }
+  return {true, "ready"};
+}
+
+std::vector<metrics::EntrySnapshot> Daemon::Impl::Entries() const {
+  std::vector<metrics::EntrySnapshot> out;
+  for (const auto& s : registry_.Snapshot()) {
+    out.push_back({s.model, cache::StateName(s.state),
+                   s.device_uuid.empty() ? "host" : s.device_uuid, s.bytes, s.leases.size()});
+  }
+  return out;
+}
+
+std::vector<metrics::DeviceSnapshot> Daemon::Impl::Devices() const {
+  std::map<std::string, uint64_t> used;
+  for (const auto& s : registry_.Snapshot()) used[s.device_uuid.empty() ? "host" : s.device_uuid] += s.bytes;
+  std::vector<metrics::DeviceSnapshot> out;
+  for (const auto& d : backend_->Devices()) {
+    out.push_back({d.uuid, d.total_bytes, d.free_bytes, used[d.uuid]});
+  }
+  return out;
+}
+
+// ---- Daemon ----
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
+                                                      memory::Backend* backend) {
+  auto impl = std::make_unique<Impl>(std::move(options), backend);
+  WC_RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<Daemon>(new Daemon(std::move(impl)));
+}
+
+Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Daemon::~Daemon() = default;
+std::string Daemon::control_socket() const { return impl_->control_path(); }
+std::string Daemon::handle_socket() const { return impl_->handle_path(); }
+std::pair<bool, std::string> Daemon::Readiness() const { return impl_->Readiness(); }
+const metrics::StateSource* Daemon::state_source() const { return impl_.get(); }
+void Daemon::Wait() { impl_->Wait(); }
+void Daemon::Shutdown() { impl_->Shutdown(); }
+
+}  // namespace weightcache::server

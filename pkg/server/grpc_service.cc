@@ -1,0 +1,71 @@
+// The gRPC adapter: decodes requests, calls Daemon::Impl, and converts absl::Status to
+// grpc::Status in exactly one place (ToGrpc). A bad request never takes the daemon down:
+// every handler returns a status.
+#include <chrono>
+
+#include "pkg/server/internal/daemon_impl.h"
+#include "weightcache/v1/weightcache.grpc.pb.h"
+
+namespace weightcache::server {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  // absl and gRPC share the canonical code numbering.
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+class GrpcService final : public v1::WeightCache::Service {
+ public:
+  explicit GrpcService(Daemon::Impl* impl) : impl_(impl) {}
+
+  grpc::Status Acquire(grpc::ServerContext*, const v1::AcquireRequest* req,
+                       v1::AcquireResponse* resp) override {
+    auto t0 = std::chrono::steady_clock::now();
+    std::string model;
+    metrics::AcquireResult result;
+    absl::Status s = impl_->Acquire(*req, resp, &model, &result);
+    if (auto* m = impl_->options().metrics; m != nullptr) {
+      m->OnAcquire(model, result,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return ToGrpc(s);
+  }
+
+  grpc::Status Release(grpc::ServerContext*, const v1::ReleaseRequest* req,
+                       v1::ReleaseResponse*) override {
+    return ToGrpc(impl_->Release(*req));
+  }
+
+  grpc::Status Load(grpc::ServerContext* ctx, const v1::LoadRequest* req,
+                    grpc::ServerWriter<v1::LoadProgress>* writer) override {
+    return ToGrpc(impl_->Load(*req, [&](const v1::LoadProgress& p) {
+      return !ctx->IsCancelled() && writer->Write(p);
+    }));
+  }
+
+  grpc::Status Evict(grpc::ServerContext*, const v1::EvictRequest* req,
+                     v1::EvictResponse* resp) override {
+    auto n = impl_->Evict(*req);
+    if (!n.ok()) return ToGrpc(n.status());
+    resp->set_evicted(*n);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*,
+                      v1::StatusResponse* resp) override {
+    impl_->Status(resp);
+    return grpc::Status::OK;
+  }
+
+ private:
+  Daemon::Impl* const impl_;
+};
+
+}  // namespace
+
+std::unique_ptr<grpc::Service> MakeGrpcService(Daemon::Impl* impl) {
+  return std::make_unique<GrpcService>(impl);
+}
+
+}  // namespace weightcache::server

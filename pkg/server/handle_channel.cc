@@ -1,0 +1,219 @@
+#include "pkg/server/handle_channel.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "pkg/util/errno_status.h"
+#include "pkg/util/log.h"
+
+namespace weightcache::server {
+namespace {
+
+constexpr size_t kMaxLine = 256;
+constexpr int kTickMs = 200;
+constexpr auto kHandshakeTimeout = std::chrono::seconds(5);
+
+struct Conn {
+  ScopedFd fd;
+  std::string buf;
+  std::string lease_id;  // empty until the token is claimed
+  std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
+};
+
+void SendError(int fd, const std::string& msg) {
+  std::string line = "ERR " + msg;
+  std::replace(line.begin(), line.end(), '\n', ' ');
+  if (line.size() > 4000) line.resize(4000);
+  (void)WriteAll(fd, line + "\n");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<HandleChannel>> HandleChannel::Start(const Options& options,
+                                                                    ClaimFn claim,
+                                                                    CloseFn close,
+                                                                    TickFn tick) {
+  auto listen = ListenUnix(options.path, options.mode);
+  if (!listen.ok()) return listen.status();
+  ScopedFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake) return ErrnoStatus(errno, "eventfd");
+  return std::unique_ptr<HandleChannel>(new HandleChannel(options, std::move(listen).value(),
+                                                          std::move(wake), std::move(claim),
+                                                          std::move(close), std::move(tick)));
+}
+
+HandleChannel::HandleChannel(Options options, ScopedFd listen, ScopedFd wake, ClaimFn claim,
+                             CloseFn close, TickFn tick)
+    : options_(std::move(options)),
+      listen_(std::move(listen)),
+      wake_(std::move(wake)),
+      claim_(std::move(claim)),
+      close_(std::move(close)),
+      tick_(std::move(tick)) {
+  thread_ = std::thread(&HandleChannel::Loop, this);
+}
+
+HandleChannel::~HandleChannel() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  uint64_t one = 1;
+  (void)::write(wake_.get(), &one, sizeof one);
+  thread_.join();
+  ::unlink(options_.path.c_str());
+}
+
+void HandleChannel::CloseLease(const std::string& lease_id) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    to_close_.insert(lease_id);
+  }
+  uint64_t one = 1;
+  (void)::write(wake_.get(), &one, sizeof one);
+}
+
+void HandleChannel::Loop() {
+  std::map<int, Conn> conns;
+  auto end_conn = [&](std::map<int, Conn>::iterator it) {
+    std::string lease = it->second.lease_id;
+    conns.erase(it);  // closes the descriptor
+    if (!lease.empty()) close_(lease);
+  };
+  auto last_tick = std::chrono::steady_clock::now();
+  while (true) {
+    std::set<std::string> closing;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (stop_) break;
+      closing.swap(to_close_);
+    }
+    for (auto it = conns.begin(); it != conns.end();) {
+      if (!it->second.lease_id.empty() && closing.count(it->second.lease_id)) {
+        auto next = std::next(it);
+        end_conn(it);
+        it = next;
+      } else {
+        ++it;
+      }
+    }
+    std::vector<pollfd> fds;
+    fds.push_back({listen_.get(), POLLIN, 0});
+    fds.push_back({wake_.get(), POLLIN, 0});
+    for (const auto& [fd, c] : conns) fds.push_back({fd, POLLIN, 0});
+    int n = ::poll(fds.data(), fds.size(), kTickMs);
+    if (n < 0 && errno != EINTR) {
+      WC_LOG_ERROR("handle channel: poll: %s", std::string(::strerror(errno)));
+      break;
+    }
+    auto now = std::chrono::steady_clock::now();
+    if (now - last_tick >= std::chrono::milliseconds(kTickMs)) {
+      last_tick = now;
+      if (tick_) tick_();
+    }
+    if (n <= 0) continue;
+    if (fds[1].revents & POLLIN) {
+      uint64_t v;
+      (void)::read(wake_.get(), &v, sizeof v);
+    }
+    if (fds[0].revents & POLLIN) {
+      int cfd = ::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (cfd >= 0) {
+        Conn c;
+        c.fd.reset(cfd);
+        if (conns.size() >= options_.max_connections) {
+          SendError(cfd, "too many connections");
+        } else {
+          conns.emplace(cfd, std::move(c));
+        }
+      }
+    }
+    for (size_t i = 2; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      auto it = conns.find(fds[i].fd);
+      if (it == conns.end()) continue;
+      Conn& c = it->second;
+      char buf[kMaxLine];
+      ssize_t r = ::read(c.fd.get(), buf, sizeof buf);
+      if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+      if (r <= 0) {  // EOF or error: the lease (if any) ends here
+        end_conn(it);
+        continue;
+      }
+      if (!c.lease_id.empty()) continue;  // a leased client has nothing to say; ignore
+      c.buf.append(buf, r);
+      auto nl = c.buf.find('\n');
+      if (nl == std::string::npos) {
+        if (c.buf.size() >= kMaxLine) {
+          SendError(c.fd.get(), "handshake line too long");
+          end_conn(it);
+        }
+        continue;
+      }
+      std::string line = c.buf.substr(0, nl);
+      if (line.rfind("WCH1 ", 0) != 0) {
+        SendError(c.fd.get(), "bad handshake: expected 'WCH1 <token>'");
+        end_conn(it);
+        continue;
+      }
+      auto peer = GetPeerCred(c.fd.get());
+      if (!peer.ok()) {
+        SendError(c.fd.get(), std::string(peer.status().message()));
+        end_conn(it);
+        continue;
+      }
+      if (!options_.allowed_uids.empty() &&
+          std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(), peer->uid) ==
+              options_.allowed_uids.end()) {
+        WC_LOG_WARN("handle channel: refused uid %d (pid %d): not in the allowlist",
+                    static_cast<int>(peer->uid), static_cast<int>(peer->pid));
+        SendError(c.fd.get(), absl::StrCat("uid ", peer->uid, " is not allowed"));
+        end_conn(it);
+        continue;
+      }
+      auto grant = claim_(line.substr(5), *peer);
+      if (!grant.ok()) {
+        SendError(c.fd.get(), std::string(grant.status().message()));
+        end_conn(it);
+        continue;
+      }
+      // Blocking sends for the descriptor batches: they are tiny.
+      int flags = ::fcntl(c.fd.get(), F_GETFL);
+      ::fcntl(c.fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+      absl::Status sent = absl::OkStatus();
+      for (size_t at = 0; at < grant->fds.size() && sent.ok(); at += kMaxFdsPerMessage) {
+        size_t k = std::min(kMaxFdsPerMessage, grant->fds.size() - at);
+        std::vector<int> batch(grant->fds.begin() + at, grant->fds.begin() + at + k);
+        sent = SendWithFds(c.fd.get(), absl::StrCat("FDS ", k, "\n"), batch);
+      }
+      ::fcntl(c.fd.get(), F_SETFL, flags);
+      c.lease_id = grant->lease_id;
+      if (!sent.ok()) {
+        WC_LOG_WARN("handle channel: sending descriptors to pid %d failed: %s",
+                    static_cast<int>(peer->pid), std::string(sent.message()));
+        end_conn(it);
+      }
+    }
+    // Connections that never completed the handshake.
+    for (auto it = conns.begin(); it != conns.end();) {
+      auto next = std::next(it);
+      if (it->second.lease_id.empty() && now - it->second.accepted > kHandshakeTimeout) {
+        SendError(it->second.fd.get(), "handshake timed out");
+        end_conn(it);
+      }
+      it = next;
+    }
+  }
+  while (!conns.empty()) end_conn(conns.begin());
+}
+
+}  // namespace weightcache::server

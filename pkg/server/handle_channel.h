@@ -1,0 +1,83 @@
+// The handle channel: a Unix socket (handle.sock) on which a client presents the one-time
+// token from Acquire and receives the lease's segment descriptors with SCM_RIGHTS.
+// That connection *is* the lease: when it closes (client exit, crash, SIGKILL) the lease
+// ends, so a dead engine never pins memory.
+//
+// Wire protocol (version 1, all lines end in '\n', at most 256 bytes):
+//   client -> daemon   "WCH1 <token>"
+//   daemon -> client   "FDS <k>" carrying k descriptors (repeated until every segment of
+//                      the lease went), or "ERR <message>" and close.
+//   afterwards the client keeps the connection open and sends nothing; EOF ends the lease.
+//
+// Thread-safety: one internal thread runs the poll loop and calls the callbacks; public
+// methods may be called from any thread. The destructor stops the thread and closes
+// every connection (which ends their leases through CloseFn).
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "pkg/util/scoped_fd.h"
+#include "pkg/util/unix_socket.h"
+
+namespace weightcache::server {
+
+class HandleChannel {
+ public:
+  struct Grant {
+    std::string lease_id;
+    std::vector<int> fds;                 // borrowed; valid while `keepalive` lives
+    std::shared_ptr<const void> keepalive;
+  };
+  // Turns a token into the lease's descriptors; an error is sent back as "ERR ...".
+  using ClaimFn = std::function<absl::StatusOr<Grant>(const std::string& token,
+                                                      const PeerCred& peer)>;
+  // A lease's connection closed.
+  using CloseFn = std::function<void(const std::string& lease_id)>;
+  // Called about every 200 ms from the loop (token expiry and the like).
+  using TickFn = std::function<void()>;
+
+  struct Options {
+    std::string path;
+    mode_t mode = 0660;
+    std::vector<uid_t> allowed_uids;  // empty: any peer that can reach the socket
+    size_t max_connections = 4096;
+  };
+
+  static absl::StatusOr<std::unique_ptr<HandleChannel>> Start(const Options& options,
+                                                              ClaimFn claim, CloseFn close,
+                                                              TickFn tick);
+  ~HandleChannel();
+  HandleChannel(const HandleChannel&) = delete;
+  HandleChannel& operator=(const HandleChannel&) = delete;
+
+  // Ends a lease from the daemon side (Release RPC): closes its connection if any.
+  void CloseLease(const std::string& lease_id);
+
+ private:
+  HandleChannel(Options options, ScopedFd listen, ScopedFd wake, ClaimFn claim, CloseFn close,
+                TickFn tick);
+  void Loop();
+
+  const Options options_;
+  ScopedFd listen_;
+  ScopedFd wake_;  // eventfd: stop and CloseLease requests
+  ClaimFn claim_;
+  CloseFn close_;
+  TickFn tick_;
+  std::mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<std::string> to_close_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace weightcache::server

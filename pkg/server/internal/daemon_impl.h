@@ -1,0 +1,104 @@
+// Daemon internals shared by daemon.cc (the serving logic) and grpc_service.cc (the gRPC
+// adapter). Not a public header.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "pkg/cache/registry.h"
+#include "pkg/load/model.h"
+#include "pkg/metrics/metrics.h"
+#include "pkg/server/daemon.h"
+#include "pkg/server/handle_channel.h"
+#include "weightcache/v1/weightcache.pb.h"
+
+#include <condition_variable>
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/codegen/service_type.h>
+
+namespace weightcache::server {
+
+namespace v1 = ::weightcache::v1;
+
+class Daemon::Impl final : public metrics::StateSource {
+ public:
+  Impl(DaemonOptions options, memory::Backend* backend);
+  ~Impl() override;
+
+  absl::Status Start();
+  void Shutdown();
+  void Wait();
+
+  // The serving logic, one method per RPC. `result` is the metrics classification.
+  absl::Status Acquire(const v1::AcquireRequest& req, v1::AcquireResponse* resp,
+                       std::string* model, metrics::AcquireResult* result);
+  absl::Status Release(const v1::ReleaseRequest& req);
+  // Starts (or joins) a load; `publish` is called with progress until it ends.
+  absl::Status Load(const v1::LoadRequest& req,
+                    const std::function<bool(const v1::LoadProgress&)>& publish);
+  absl::StatusOr<uint32_t> Evict(const v1::EvictRequest& req);
+  void Status(v1::StatusResponse* resp) const;
+  std::pair<bool, std::string> Readiness() const;
+
+  // metrics::StateSource
+  std::vector<metrics::EntrySnapshot> Entries() const override;
+  std::vector<metrics::DeviceSnapshot> Devices() const override;
+
+  const DaemonOptions& options() const { return options_; }
+  std::string control_path() const;
+  std::string handle_path() const;
+
+ private:
+  struct PendingToken {
+    std::string lease_id;
+    std::string fingerprint;
+    std::chrono::steady_clock::time_point expires;
+  };
+
+  absl::StatusOr<std::shared_ptr<const load::OpenedModel>> Open(const std::string& name,
+                                                                bool refresh);
+  spec::Environment EnvFrom(const v1::Environment& env) const;
+  absl::StatusOr<spec::Layout> LayoutFrom(const v1::Layout& layout) const;
+  absl::StatusOr<std::shared_ptr<cache::Entry>> StartLoad(
+      std::shared_ptr<const load::OpenedModel> model, const spec::Layout& layout,
+      const spec::Environment& env);
+  absl::StatusOr<HandleChannel::Grant> Claim(const std::string& token, const PeerCred& peer);
+  void ExpireTokens();
+  void FillLease(const std::shared_ptr<cache::Entry>& e,
+                 const std::shared_ptr<const load::LoadedModel>& content,
+                 v1::AcquireResponse* resp);
+  void Count(metrics::AcquireResult r);
+
+  const DaemonOptions options_;
+  memory::Backend* const backend_;
+  std::string daemon_cc_;  // compute capability of the default device, or "cpu"
+  cache::Registry registry_;
+
+  mutable std::mutex mu_;
+  std::map<std::string, spec::ModelSpec> specs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<const load::OpenedModel>> opened_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, PendingToken> tokens_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> preloads_ ABSL_GUARDED_BY(mu_);  // fingerprints
+
+  std::atomic<uint64_t> hits_{0}, misses_{0}, mismatches_{0}, rejected_{0}, errors_{0};
+
+  std::unique_ptr<HandleChannel> handles_;
+  std::unique_ptr<grpc::Server> grpc_;
+  std::unique_ptr<grpc::Service> service_;
+  std::mutex wait_mu_;
+  std::condition_variable wait_cv_;
+  bool shutdown_ ABSL_GUARDED_BY(wait_mu_) = false;
+};
+
+// The one place where absl::Status becomes grpc::Status lives in grpc_service.cc.
+std::unique_ptr<grpc::Service> MakeGrpcService(Daemon::Impl* impl);
+
+}  // namespace weightcache::server

@@ -1,0 +1,52 @@
+// Unix-domain socket helpers shared by the daemon, the client and the keeper: listening
+// and connecting sockets, peer credentials, and passing descriptors with SCM_RIGHTS.
+// Thread-safety: free functions on descriptors the caller owns.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "pkg/util/scoped_fd.h"
+
+namespace weightcache {
+
+// Most descriptors one message carries (the kernel's SCM_MAX_FD is 253).
+inline constexpr size_t kMaxFdsPerMessage = 64;
+
+// Creates `dir` (and parents) if missing with `mode`, then checks it is a real directory
+// (not a symlink) owned by this user and tightens its mode to `mode`.
+absl::Status PrepareSocketDir(const std::string& dir, mode_t mode);
+
+// Removes a stale socket file at `path`: refuses when something else than a socket is
+// there, or when a live server still answers on it (ALREADY_EXISTS).
+absl::Status RemoveStaleSocket(const std::string& path);
+
+// A listening SOCK_STREAM socket bound at `path` (which must not exist), chmod'ed to `mode`.
+absl::StatusOr<ScopedFd> ListenUnix(const std::string& path, mode_t mode, int backlog = 128);
+absl::StatusOr<ScopedFd> ConnectUnix(const std::string& path);
+
+struct PeerCred {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+absl::StatusOr<PeerCred> GetPeerCred(int fd);
+
+// Sends `data` and up to kMaxFdsPerMessage descriptors in one message.
+absl::Status SendWithFds(int sock, const std::string& data, const std::vector<int>& fds);
+// Receives one message of at most `max_bytes` and the descriptors that came with it
+// (close-on-exec). An orderly EOF gives UNAVAILABLE.
+struct Received {
+  std::string data;
+  std::vector<ScopedFd> fds;
+};
+absl::StatusOr<Received> RecvWithFds(int sock, size_t max_bytes);
+
+// Reads a line ending in '\n' of at most `max_bytes` (byte by byte: for short handshakes).
+absl::StatusOr<std::string> ReadLine(int sock, size_t max_bytes);
+absl::Status WriteAll(int sock, const std::string& data);
+
+}  // namespace weightcache

@@ -1,0 +1,321 @@
+// Multi-process tests on the host backend: a real weightcached process, real client
+// processes, real descriptors. Every wait is bounded; nothing sleeps to synchronise.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "pkg/client/client.h"
+#include "pkg/safetensors/writer.h"
+#include "tests/integration/process.h"
+#include "pkg/util/unix_socket.h"
+#include "tests/testutil/temp_dir.h"
+#include "weightcache/v1/weightcache.pb.h"
+
+namespace weightcache {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Process;
+using testing::TempDir;
+
+// A small model: fast to write and load, real Llama tensor names.
+safetensors::LlamaShape Small() {
+  safetensors::LlamaShape s;
+  s.layers = 2;
+  s.hidden = 256;
+  s.intermediate = 512;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.vocab = 1024;
+  return s;
+}
+
+class DaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "tiny", Small()).ok());
+    socket_dir_ = dir_ / "s";
+  }
+
+  // Starts the daemon with `extra` flags and waits (bounded) until it answers Status.
+  void StartDaemon(const std::vector<std::string>& extra) {
+    std::vector<std::string> argv{WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_,
+                                  "--backend=host", "--metrics_address=off"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    daemon_ = std::make_unique<Process>(argv, log_path());
+    auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (::access((socket_dir_ + "/control.sock").c_str(), F_OK) == 0) {
+        auto c = client::Client::Connect(socket_dir_);
+        if (c.ok() && (*c)->Status().ok()) {
+          client_ = std::move(c).value();
+          return;
+        }
+      }
+      std::this_thread::sleep_for(10ms);  // polling a condition with a deadline
+    }
+    FAIL() << "daemon did not come up; log:\n" << Log();
+  }
+
+  std::string log_path() const { return dir_ / "daemon.log"; }
+  std::string Log() const {
+    std::ifstream in(log_path());
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  v1::StatusResponse WaitStatus(const std::function<bool(const v1::StatusResponse&)>& pred,
+                                std::chrono::milliseconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    v1::StatusResponse last;
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto st = client_->Status();
+      if (st.ok()) {
+        last = *st;
+        if (pred(last)) return last;
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    ADD_FAILURE() << "condition not reached; last status: " << last.DebugString();
+    return last;
+  }
+
+  static int Leases(const v1::StatusResponse& st, const std::string& model) {
+    int n = 0;
+    for (const auto& e : st.entries()) {
+      if (e.model() == model) n += e.leases_size();
+    }
+    return n;
+  }
+
+  std::unique_ptr<Process> StartClient(const std::string& model) {
+    return std::make_unique<Process>(
+        std::vector<std::string>{TEST_CLIENT_PATH, socket_dir_, model}, dir_ / "client.log");
+  }
+
+  TempDir dir_;
+  std::string socket_dir_;
+  std::unique_ptr<Process> daemon_;
+  std::unique_ptr<client::Client> client_;
+};
+
+TEST_F(DaemonTest, SocketDirAndFilesHaveRestrictiveModes) {
+  StartDaemon({"--model=name=tiny,model_dir=" + dir_ / "tiny"});
+  struct stat st;
+  ASSERT_EQ(::stat(socket_dir_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0750u);
+  ASSERT_EQ(::stat((socket_dir_ + "/control.sock").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0007, 0u);
+  ASSERT_EQ(::stat((socket_dir_ + "/handle.sock").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0007, 0u);
+}
+
+TEST_F(DaemonTest, TwoClientProcessesMapTheSamePagesReadOnlyWithExactBytes) {
+  StartDaemon({"--model=name=tiny,model_dir=" + dir_ / "tiny"});
+  auto a = StartClient("tiny");
+  auto b = StartClient("tiny");
+  std::vector<std::string> inode;
+  for (auto* c : {a.get(), b.get()}) {
+    auto line = c->WaitFor("INODE", 20s);
+    ASSERT_TRUE(line) << "client log in " << dir_.path();
+    inode.push_back(*line);
+    EXPECT_EQ(c->WaitFor("BYTES", 20s).value_or(""), "BYTES OK");
+    EXPECT_EQ(c->WaitFor("WRITE", 20s).value_or(""), "WRITE REFUSED");
+    ASSERT_TRUE(c->WaitFor("READY", 20s));
+  }
+  // Same memfd inode: the same physical pages, not copies; and mapped read-only.
+  EXPECT_EQ(inode[0], inode[1]);
+  EXPECT_NE(inode[0].find(" r--s"), std::string::npos) << inode[0];
+  auto st = WaitStatus([](const auto& s) { return Leases(s, "tiny") == 2; }, 5s);
+  EXPECT_EQ(Leases(st, "tiny"), 2);
+  // A clean exit ends the lease too.
+  a->CloseStdin();
+  a->Wait();
+  WaitStatus([](const auto& s) { return Leases(s, "tiny") == 1; }, 5s);
+}
+
+TEST_F(DaemonTest, SigkilledClientLosesItsLeaseWithinASecond) {
+  StartDaemon({"--model=name=tiny,model_dir=" + dir_ / "tiny"});
+  auto c = StartClient("tiny");
+  ASSERT_TRUE(c->WaitFor("READY", 20s));
+  WaitStatus([](const auto& s) { return Leases(s, "tiny") == 1; }, 5s);
+  auto t0 = std::chrono::steady_clock::now();
+  c->Kill(SIGKILL);
+  c->Wait();
+  auto st = WaitStatus([](const auto& s) { return Leases(s, "tiny") == 0; }, 1s);
+  EXPECT_EQ(Leases(st, "tiny"), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+}
+
+TEST_F(DaemonTest, MappingSurvivesDaemonSigkill) {
+  StartDaemon({"--model=name=tiny,model_dir=" + dir_ / "tiny"});
+  client::AcquireOptions o;
+  o.model = "tiny";
+  o.wait_ready = true;
+  auto lease = client_->Acquire(o);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  daemon_->Kill(SIGKILL);
+  daemon_->Wait();
+  auto ckpt = safetensors::Checkpoint::Open(dir_ / "tiny");
+  ASSERT_TRUE(ckpt.ok());
+  std::vector<char> buf;
+  for (const auto& t : ckpt->tensors()) {
+    const auto* v = (*lease)->Find(t.name);
+    ASSERT_NE(v, nullptr) << t.name;
+    buf.resize(t.nbytes);
+    ASSERT_EQ(::pread(ckpt->files()[t.file_index].fd(), buf.data(), t.nbytes,
+                      static_cast<off_t>(t.file_offset)),
+              static_cast<ssize_t>(t.nbytes));
+    ASSERT_EQ(std::memcmp(v->data, buf.data(), t.nbytes), 0) << t.name;
+  }
+}
+
+TEST_F(DaemonTest, ThirtyTwoConcurrentAcquiresDuringALoadCauseOneLoad) {
+  StartDaemon({"--model=name=tiny,model_dir=" + dir_ / "tiny", "--preload=false"});
+  std::atomic<int> ok{0};
+  std::vector<std::string> errors(32);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 32; ++i) {
+    threads.emplace_back([&, i] {
+      client::AcquireOptions o;
+      o.model = "tiny";
+      o.load_on_miss = true;
+      auto lease = client_->Acquire(o);
+      if (lease.ok() && (*lease)->tensors().size() == 21) {
+        ok++;
+      } else {
+        errors[i] = std::string(lease.status().message());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 32) << errors[0];
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->entries_size(), 1);
+  // Exactly one load ran: the daemon logs each finished load once.
+  std::string log = Log();
+  size_t loads = 0;
+  for (size_t at = log.find("model tiny ready"); at != std::string::npos;
+       at = log.find("model tiny ready", at + 1)) {
+    loads++;
+  }
+  EXPECT_EQ(loads, 1u) << log;
+  EXPECT_EQ(st->acquire_hits() + st->acquire_misses(), 32u);
+}
+
+TEST_F(DaemonTest, MismatchedRequestGetsTheFieldDiff) {
+  StartDaemon({"--model=name=tiny,model_dir=" + dir_ / "tiny"});
+  WaitStatus([](const auto& s) { return s.entries_size() == 1 && s.entries(0).state() == "ready"; },
+             20s);
+  client::AcquireOptions o;
+  o.model = "tiny";
+  o.tp_size = 2;
+  o.tp_rank = 1;
+  o.compute_capability = "sm_90";
+  auto lease = client_->Acquire(o);
+  ASSERT_EQ(lease.status().code(), absl::StatusCode::kFailedPrecondition) << lease.status();
+  std::string msg(lease.status().message());
+  EXPECT_NE(msg.find("tp_size: cached 1, asked 2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("tp_rank: cached 0, asked 1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("compute_capability: cached cpu, asked sm_90"), std::string::npos) << msg;
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->acquire_mismatches(), 1u);
+}
+
+TEST_F(DaemonTest, UnknownModelIsAMissNamingTheKnownOnes) {
+  StartDaemon({"--model=name=tiny,model_dir=" + dir_ / "tiny"});
+  client::AcquireOptions o;
+  o.model = "nope";
+  auto lease = client_->Acquire(o);
+  EXPECT_EQ(lease.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(lease.status().message().find("known: tiny"), absl::string_view::npos)
+      << lease.status();
+}
+
+TEST_F(DaemonTest, MalformedCheckpointFailsItsOwnLoadAndTheDaemonServesTheOther) {
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "broken", Small()).ok());
+  ::truncate((dir_ / "broken/model.safetensors").c_str(), 1000);
+  std::ofstream(dir_ / "specs.yaml") << "models:\n"
+                                     << "  - name: tiny\n    model_dir: " << dir_ / "tiny" << "\n"
+                                     << "  - name: broken\n    model_dir: " << dir_ / "broken"
+                                     << "\n";
+  StartDaemon({"--spec_file=" + dir_ / "specs.yaml"});
+  client::AcquireOptions o;
+  o.model = "broken";
+  o.wait_ready = true;
+  auto bad = client_->Acquire(o);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("model.safetensors"), absl::string_view::npos)
+      << bad.status();
+  o.model = "tiny";
+  auto good = client_->Acquire(o);
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ((*good)->tensors().size(), 21u);
+  EXPECT_EQ(::kill(daemon_->pid(), 0), 0);  // still alive
+}
+
+TEST_F(DaemonTest, RefusedQuantizationIsRejectedWithTheSupportedList) {
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "awq", Small()).ok());
+  std::ofstream(dir_ / "awq/config.json", std::ios::trunc)
+      << R"({"architectures":["LlamaForCausalLM"],"quantization_config":{"quant_method":"awq","bits":4}})";
+  StartDaemon({"--model=name=awq,model_dir=" + dir_ / "awq"});
+  client::AcquireOptions o;
+  o.model = "awq";
+  auto lease = client_->Acquire(o);
+  EXPECT_EQ(lease.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(lease.status().message().find("awq"), absl::string_view::npos);
+  EXPECT_NE(lease.status().message().find("none, fp8_block"), absl::string_view::npos);
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->acquire_rejected(), 1u);
+}
+
+TEST_F(DaemonTest, BadTokenOnTheHandleChannelIsRefusedAndTheDaemonKeepsServing) {
+  StartDaemon({"--model=name=tiny,model_dir=" + dir_ / "tiny"});
+  {
+    auto fd = ConnectUnix(socket_dir_ + "/handle.sock");
+    ASSERT_TRUE(fd.ok());
+    ASSERT_TRUE(WriteAll(fd->get(), "WCH1 0000\n").ok());
+    auto line = ReadLine(fd->get(), 512);
+    ASSERT_TRUE(line.ok());
+    EXPECT_EQ(*line, "ERR unknown or expired token");
+  }
+  {
+    auto fd = ConnectUnix(socket_dir_ + "/handle.sock");
+    ASSERT_TRUE(fd.ok());
+    ASSERT_TRUE(WriteAll(fd->get(), std::string(1000, 'x')).ok());
+    auto line = ReadLine(fd->get(), 512);
+    ASSERT_TRUE(line.ok());
+    EXPECT_NE(line->find("ERR"), std::string::npos);
+  }
+  client::AcquireOptions o;
+  o.model = "tiny";
+  o.wait_ready = true;
+  EXPECT_TRUE(client_->Acquire(o).ok());
+}
+
+TEST_F(DaemonTest, SecondDaemonOnTheSameSocketDirIsRefused) {
+  StartDaemon({"--model=name=tiny,model_dir=" + dir_ / "tiny"});
+  Process second({WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_, "--backend=host",
+                  "--metrics_address=off"},
+                 dir_ / "second.log");
+  int status = second.Wait();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0);
+  std::ifstream in(dir_ / "second.log");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_NE(ss.str().find("another server"), std::string::npos) << ss.str();
+  EXPECT_TRUE(client_->Status().ok());  // the first one still serves
+}
+
+}  // namespace
+}  // namespace weightcache
