@@ -114,7 +114,6 @@ int Run() {
     http->RegisterCollectable(metrics.collectable());
     server::Daemon* d = daemon->get();
     http->SetReadinessCheck([d] { return d->Readiness(); });
-    WC_LOG_INFO("metrics on %s (port %d)", absl::GetFlag(FLAGS_metrics_address), http->port());
   }
 
   std::unique_ptr<kube::DevicePlugin> plugin;

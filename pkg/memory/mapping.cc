@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -61,6 +62,13 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> MapReadOnly(BackendKind kind,
     if (auto s = m->Add(fds[i].get(), sizes[i], i); !s.ok()) return s;
   }
   return std::unique_ptr<SegmentMapping>(std::move(m));
+}
+
+absl::Status CopyToHost(BackendKind kind, const std::string& device_uuid, const void* src,
+                        size_t n, void* dst) {
+  if (kind == BackendKind::kCudaVmm) return internal::CopyCudaToHost(device_uuid, src, n, dst);
+  if (n != 0) std::memcpy(dst, src, n);
+  return absl::OkStatus();
 }
 
 }  // namespace weightcache::memory

@@ -33,4 +33,12 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> MapReadOnly(BackendKind kind,
                                                             const std::vector<uint64_t>& sizes,
                                                             const std::string& device_uuid);
 
+// Copies `n` bytes of a mapping made by MapReadOnly (`src`, from base(i) + offset) into the
+// host buffer `dst`, synchronously: memcpy for host mappings; for cuda-vmm, cuMemcpyDtoH in
+// the primary context of `device_uuid` (the mapping's device). Lets tools such as
+// `weightcachectl verify` compare device memory with a checkpoint. UNIMPLEMENTED for
+// cuda-vmm in a build without CUDA. Any thread.
+absl::Status CopyToHost(BackendKind kind, const std::string& device_uuid, const void* src,
+                        size_t n, void* dst);
+
 }  // namespace weightcache::memory

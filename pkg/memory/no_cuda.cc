@@ -20,6 +20,10 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnly(std::vector<Scop
   return absl::UnimplementedError(
       "cuda-vmm segments: this client was built without CUDA and cannot map GPU memory");
 }
+absl::Status CopyCudaToHost(const std::string& device_uuid, const void*, size_t, void*) {
+  return absl::UnimplementedError("reading GPU " + device_uuid +
+                                  ": this weightcache was built without CUDA");
+}
 }  // namespace internal
 
 }  // namespace weightcache::memory

@@ -56,7 +56,16 @@ namespace weightcache::memory::internal {
   X(cuMemSetAccess, 10020)                 \
   X(cuMemcpyHtoD, 3020)                    \
   X(cuMemcpyHtoDAsync, 3020)               \
-  X(cuMemcpyDtoH, 3020)
+  X(cuMemcpyDtoH, 3020)                    \
+  X(cuMemHostAlloc, 2020)                  \
+  X(cuMemFreeHost, 2000)                   \
+  X(cuStreamCreate, 2000)                  \
+  X(cuStreamSynchronize, 2000)             \
+  X(cuStreamDestroy, 4000)                 \
+  X(cuEventCreate, 2000)                   \
+  X(cuEventRecord, 2000)                   \
+  X(cuEventSynchronize, 2000)              \
+  X(cuEventDestroy, 4000)
 
 struct DriverApi {
 #define WC_CUDA_DRIVER_MEMBER_(fn, version) PFN_##fn##_v##version fn = nullptr;

@@ -1,0 +1,130 @@
+// Acquire -> mapped time on the host backend, as an engine sees it: a daemon (in this
+// process, real sockets) serves a preloaded model; a client connects, acquires, receives the
+// segment FDs on the handle channel, maps them and builds its tensor views. Prints a table.
+//   acquire_bench [--reps=N] [--max_gib=4]
+// Checkpoints are sparse files (zeros): the time measured does not depend on the values.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pkg/client/client.h"
+#include "pkg/memory/backend.h"
+#include "pkg/server/daemon.h"
+#include "pkg/spec/spec.h"
+
+using namespace weightcache;
+
+namespace {
+
+// A Llama-ish config and one safetensors file with `tensors` BF16 tensors of equal size
+// adding up to about `bytes`; the data area is left sparse.
+void WriteSparseCheckpoint(const std::string& dir, int tensors, uint64_t bytes) {
+  std::filesystem::create_directories(dir);
+  FILE* cfg = std::fopen((dir + "/config.json").c_str(), "w");
+  std::fprintf(cfg, R"({"architectures":["LlamaForCausalLM"],"torch_dtype":"bfloat16"})");
+  std::fclose(cfg);
+  uint64_t per = std::max<uint64_t>(2, bytes / tensors / 2 * 2);  // bf16 elements * 2
+  std::string header = "{";
+  uint64_t off = 0;
+  for (int i = 0; i < tensors; ++i) {
+    char name[96];
+    std::snprintf(name, sizeof name, "model.layers.%d.mlp.w%d.weight", i / 8, i % 8);
+    header += (i ? "," : "") + std::string("\"") + name + "\":{\"dtype\":\"BF16\",\"shape\":[" +
+              std::to_string(per / 2) + "],\"data_offsets\":[" + std::to_string(off) + "," +
+              std::to_string(off + per) + "]}";
+    off += per;
+  }
+  header += "}";
+  while ((header.size() + 8) % 8 != 0) header += ' ';
+  int fd = ::open((dir + "/model.safetensors").c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
+  uint64_t n = header.size();
+  (void)!::write(fd, &n, 8);
+  (void)!::write(fd, header.data(), header.size());
+  (void)!::ftruncate(fd, static_cast<off_t>(8 + header.size() + off));
+  ::close(fd);
+}
+
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 50;
+  double max_gib = 4;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--reps=", 7) == 0) reps = std::atoi(argv[i] + 7);
+    if (std::strncmp(argv[i], "--max_gib=", 10) == 0) max_gib = std::atof(argv[i] + 10);
+  }
+  struct Case {
+    int tensors;
+    uint64_t bytes;
+  };
+  std::vector<Case> cases = {{100, 64ull << 20},   {1000, 64ull << 20}, {10000, 64ull << 20},
+                             {1000, 256ull << 20}, {1000, 1ull << 30},  {1000, 4ull << 30}};
+  char tmpl[] = "/tmp/wc-bench.XXXXXX";
+  std::string root = ::mkdtemp(tmpl);
+  auto backend = memory::MakeHostBackend();
+
+  std::printf("Acquire -> mapped on the host backend (%d reps each; client and daemon on one "
+              "machine, real Unix sockets)\n\n",
+              reps);
+  std::printf("| tensors | weights  | segments | median ms | p90 ms | max ms |\n");
+  std::printf("|--------:|---------:|---------:|----------:|-------:|-------:|\n");
+  for (const auto& c : cases) {
+    if (c.bytes > max_gib * (1ull << 30)) continue;
+    std::string dir = root + "/m" + std::to_string(c.tensors) + "_" + std::to_string(c.bytes);
+    WriteSparseCheckpoint(dir, c.tensors, c.bytes);
+    server::DaemonOptions o;
+    o.socket_dir = root + "/s";
+    spec::ModelSpec s;
+    s.name = "bench";
+    s.model_dir = dir;
+    o.specs = {s};
+    auto daemon = server::Daemon::Start(o, backend.get());
+    if (!daemon.ok()) {
+      std::fprintf(stderr, "daemon: %s\n", daemon.status().ToString().c_str());
+      return 2;
+    }
+    auto client = client::Client::Connect(o.socket_dir);
+    client::AcquireOptions ao;
+    ao.model = "bench";
+    ao.wait_ready = true;
+    {  // warm: waits for the preload, opens the gRPC channel
+      auto l = (*client)->Acquire(ao);
+      if (!l.ok()) {
+        std::fprintf(stderr, "acquire: %s\n", l.status().ToString().c_str());
+        return 2;
+      }
+    }
+    std::vector<double> ms;
+    size_t segments = 0;
+    for (int r = 0; r < reps; ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      auto l = (*client)->Acquire(ao);
+      auto t1 = std::chrono::steady_clock::now();
+      if (!l.ok()) return 2;
+      segments = (*l)->segment_count();
+      ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    std::printf("| %7d | %5.0f MiB | %8zu | %9.2f | %6.2f | %6.2f |\n", c.tensors,
+                c.bytes / 1048576.0, segments, Percentile(ms, 0.5), Percentile(ms, 0.9),
+                Percentile(ms, 1.0));
+    std::fflush(stdout);
+    client->reset();
+    daemon->reset();
+    std::filesystem::remove_all(dir);
+  }
+  std::filesystem::remove_all(root);
+  return 0;
+}
