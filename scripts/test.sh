@@ -6,4 +6,8 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh --test
 bash scripts/build.sh
 cd build
+# GPU tests skip without a GPU: show each one's reason, then run the whole suite, whose
+# summary closes the output.
+ctest -L gpu -V 2>&1 | grep -A1 -E "^[0-9]+: .*: Skipped$" | grep -vE "Skipped$|^--$" \
+  | sed 's/^[0-9]*: /gpu tests skipped: /' | sort -u || true
 ctest --output-on-failure -j "$(nproc)"

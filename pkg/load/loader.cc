@@ -4,6 +4,8 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "pkg/load/internal/cuda_load.h"
+#include "pkg/memory/internal/cuda_segment.h"
 #include "pkg/util/status_macros.h"
 
 namespace weightcache::load {
@@ -62,61 +64,84 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(const OpenedModel& model, 
   safetensors::ReadOptions ropts{options.read_threads, options.chunk_bytes};
   bool direct = std::all_of(out->segments.begin(), out->segments.end(),
                             [](const auto& s) { return s->host_data() != nullptr; });
-  std::vector<uint8_t> staging;
-  if (!direct) staging.resize(options.staging_bytes);
-  uint64_t done = 0;
+  bool cuda = !out->segments.empty() &&
+              std::all_of(out->segments.begin(), out->segments.end(), [](const auto& s) {
+                return memory::internal::AsCudaSegment(s.get()) != nullptr;
+              });
 
-  for (const auto& [fi, tensors] : ByFile(plan)) {
-    const auto& file = files.at(fi);
-    if (progress != nullptr) progress->SetFile(file.info().name);
-    std::vector<std::string> what;
-    what.reserve(tensors.size());
-    for (const auto* t : tensors) what.push_back(absl::StrCat(file.info().name, ": tensor '", t->name, "'"));
-    if (direct) {
-      // Straight from the file into the segments: no intermediate copy.
-      std::vector<safetensors::ReadRequest> reqs;
-      reqs.reserve(tensors.size());
-      for (size_t i = 0; i < tensors.size(); ++i) {
-        const auto* t = tensors[i];
-        reqs.push_back({file.fd(), t->file_offset, t->nbytes,
-                        out->segments[t->segment]->host_data() + t->offset, what[i]});
+  if (cuda) {
+    // GPU: pinned staging ring, preads overlapping asynchronous copies (cuda_load.cc).
+    std::vector<internal::CopyRange> ranges;
+    ranges.reserve(plan.tensors.size());
+    for (const auto& [fi, tensors] : ByFile(plan)) {
+      const auto& file = files.at(fi);
+      for (const auto* t : tensors) {
+        ranges.push_back({file.fd(), t->file_offset, t->nbytes, t->segment, t->offset,
+                          absl::StrCat(file.info().name, ": tensor '", t->name, "'"),
+                          file.info().name});
       }
-      ProgressCtx ctx{progress, done};
-      WC_RETURN_IF_ERROR(safetensors::ReadRanges(reqs, ropts, &OnRead, &ctx));
-    } else {
-      // Batches of tensor pieces through the staging buffer, then CopyIn.
-      struct Piece { const PlannedTensor* t; uint64_t skip; uint64_t n; uint64_t at; };
-      size_t i = 0;
-      uint64_t skip = 0;
-      while (i < tensors.size()) {
-        std::vector<Piece> batch;
-        std::vector<safetensors::ReadRequest> reqs;
-        uint64_t used = 0;
-        while (i < tensors.size() && used < staging.size()) {
-          const auto* t = tensors[i];
-          uint64_t n = std::min<uint64_t>(t->nbytes - skip, staging.size() - used);
-          batch.push_back({t, skip, n, used});
-          reqs.push_back({file.fd(), t->file_offset + skip, n, staging.data() + used, what[i]});
-          used += n;
-          skip += n;
-          if (skip == t->nbytes) {
-            ++i;
-            skip = 0;
-          }
-        }
-        ProgressCtx ctx{nullptr, 0};
-        WC_RETURN_IF_ERROR(safetensors::ReadRanges(reqs, ropts, &OnRead, &ctx));
-        for (const auto& p : batch) {
-          WC_RETURN_IF_ERROR(out->segments[p.t->segment]->CopyIn(p.t->offset + p.skip,
-                                                                  staging.data() + p.at, p.n));
-        }
-        if (progress != nullptr) progress->SetDone(done + used);
-        done += used;
-      }
-      continue;
     }
-    for (const auto* t : tensors) done += t->nbytes;
-    if (progress != nullptr) progress->SetDone(done);
+    std::vector<memory::Segment*> segs;
+    for (auto& s : out->segments) segs.push_back(s.get());
+    WC_RETURN_IF_ERROR(internal::CopyThroughPinnedStaging(ranges, segs, options, progress));
+  } else {
+    // Host-addressable segments: straight from the file; others: staging + CopyIn.
+    std::vector<uint8_t> staging;
+    if (!direct) staging.resize(options.staging_bytes);
+    uint64_t done = 0;
+
+    for (const auto& [fi, tensors] : ByFile(plan)) {
+      const auto& file = files.at(fi);
+      if (progress != nullptr) progress->SetFile(file.info().name);
+      std::vector<std::string> what;
+      what.reserve(tensors.size());
+      for (const auto* t : tensors) what.push_back(absl::StrCat(file.info().name, ": tensor '", t->name, "'"));
+      if (direct) {
+        // Straight from the file into the segments: no intermediate copy.
+        std::vector<safetensors::ReadRequest> reqs;
+        reqs.reserve(tensors.size());
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          const auto* t = tensors[i];
+          reqs.push_back({file.fd(), t->file_offset, t->nbytes,
+                          out->segments[t->segment]->host_data() + t->offset, what[i]});
+        }
+        ProgressCtx ctx{progress, done};
+        WC_RETURN_IF_ERROR(safetensors::ReadRanges(reqs, ropts, &OnRead, &ctx));
+      } else {
+        // Batches of tensor pieces through the staging buffer, then CopyIn.
+        struct Piece { const PlannedTensor* t; uint64_t skip; uint64_t n; uint64_t at; };
+        size_t i = 0;
+        uint64_t skip = 0;
+        while (i < tensors.size()) {
+          std::vector<Piece> batch;
+          std::vector<safetensors::ReadRequest> reqs;
+          uint64_t used = 0;
+          while (i < tensors.size() && used < staging.size()) {
+            const auto* t = tensors[i];
+            uint64_t n = std::min<uint64_t>(t->nbytes - skip, staging.size() - used);
+            batch.push_back({t, skip, n, used});
+            reqs.push_back({file.fd(), t->file_offset + skip, n, staging.data() + used, what[i]});
+            used += n;
+            skip += n;
+            if (skip == t->nbytes) {
+              ++i;
+              skip = 0;
+            }
+          }
+          ProgressCtx ctx{nullptr, 0};
+          WC_RETURN_IF_ERROR(safetensors::ReadRanges(reqs, ropts, &OnRead, &ctx));
+          for (const auto& p : batch) {
+            WC_RETURN_IF_ERROR(out->segments[p.t->segment]->CopyIn(p.t->offset + p.skip,
+                                                                    staging.data() + p.at, p.n));
+          }
+          if (progress != nullptr) progress->SetDone(done + used);
+          done += used;
+        }
+        continue;
+      }
+      for (const auto* t : tensors) done += t->nbytes;
+      if (progress != nullptr) progress->SetDone(done);
+    }
   }
   for (auto& s : out->segments) WC_RETURN_IF_ERROR(s->Seal());
   out->plan = std::move(plan);

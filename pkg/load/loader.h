@@ -1,5 +1,7 @@
 // Loads a planned model-rank into segments of a memory backend: parallel preads straight
-// into host-addressable segments, or through a bounded staging buffer and CopyIn otherwise.
+// into host-addressable segments (host backend); for cuda-vmm segments, through a ring of
+// pinned staging buffers whose asynchronous host->device copies overlap the next reads;
+// for any other backend, through a bounded staging buffer and CopyIn.
 // Segments are sealed before Load returns. Progress is published through LoadProgress,
 // which other threads may read at any time.
 #pragma once
@@ -52,7 +54,10 @@ struct LoadedModel {
 struct LoadOptions {
   unsigned read_threads = 8;
   uint64_t chunk_bytes = 16ull << 20;
-  uint64_t staging_bytes = 256ull << 20;  // for backends without host_data()
+  // For backends without host_data(): bytes of staging in all, split into staging_buffers
+  // pinned buffers on the GPU path (each no larger than the model needs).
+  uint64_t staging_bytes = 256ull << 20;
+  unsigned staging_buffers = 4;
 };
 
 absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(const OpenedModel& model, Plan plan,

@@ -113,7 +113,7 @@ absl::Status Daemon::Impl::Start() {
         spec::Layout layout{s.tp_size, r, s.pp_size, s.pp_rank};
         spec::Environment env;
         env.compute_capability = daemon_cc_;
-        auto e = StartLoad(*opened, layout, env);
+        auto e = StartLoad(*opened, layout, env, "");
         if (!e.ok()) {
           WC_LOG_ERROR("preload %s rank %d: %s", s.name, r, std::string(e.status().message()));
           continue;
@@ -169,15 +169,34 @@ absl::StatusOr<std::shared_ptr<const load::OpenedModel>> Daemon::Impl::Open(
   return opened;
 }
 
-spec::Environment Daemon::Impl::EnvFrom(const v1::Environment& env) const {
-  spec::Environment out;
-  out.compute_capability = env.compute_capability().empty() ? daemon_cc_ : env.compute_capability();
+absl::StatusOr<Daemon::Impl::AskedEnv> Daemon::Impl::EnvFrom(const v1::Environment& env) const {
+  AskedEnv asked;
+  spec::Environment& out = asked.env;
+  out.compute_capability = daemon_cc_;
+  if (!env.device_uuid().empty()) {
+    std::vector<std::string> known;
+    bool found = false;
+    for (const auto& d : backend_->Devices()) {
+      known.push_back(d.uuid);
+      if (d.uuid == env.device_uuid()) {
+        found = true;
+        out.compute_capability = d.compute_capability;
+      }
+    }
+    if (!found) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device ", env.device_uuid(), " is not a device of this daemon's ",
+          memory::BackendName(backend_->kind()), " backend (devices: ", Join(known), ")"));
+    }
+    asked.device_uuid = env.device_uuid();
+  }
+  if (!env.compute_capability().empty()) out.compute_capability = env.compute_capability();
   if (env.loader_format_version() != 0) {
     out.loader_format_version = static_cast<int>(env.loader_format_version());
   }
   out.engine = env.engine();
   out.engine_version = env.engine_version();
-  return out;
+  return asked;
 }
 
 absl::StatusOr<spec::Layout> Daemon::Impl::LayoutFrom(const v1::Layout& l) const {
@@ -201,18 +220,18 @@ absl::StatusOr<spec::Layout> Daemon::Impl::LayoutFrom(const v1::Layout& l) const
 
 absl::StatusOr<std::shared_ptr<cache::Entry>> Daemon::Impl::StartLoad(
     std::shared_ptr<const load::OpenedModel> model, const spec::Layout& layout,
-    const spec::Environment& env) {
+    const spec::Environment& env, const std::string& device_uuid) {
   auto inputs = model->Inputs(layout, env);
   std::string fp = inputs.Digest();
   memory::Backend* backend = backend_;
   unsigned threads = options_.read_threads;
-  auto load = [model, layout, backend, threads,
-               fp](cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
+  auto load = [model, layout, backend, threads, fp,
+               device_uuid](cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
     load::PlanOptions popts{backend->tensor_alignment(), backend->max_segment_bytes()};
     WC_ASSIGN_OR_RETURN(load::Plan plan, load::PlanRank(*model, layout, popts));
     load::LoadOptions lopts;
     lopts.read_threads = threads;
-    return load::LoadRank(*model, std::move(plan), *backend, "",
+    return load::LoadRank(*model, std::move(plan), *backend, device_uuid,
                           absl::StrCat("weightcache/", model->spec.name, "/", fp.substr(0, 12)),
                           lopts, &e.progress);
   };
@@ -241,7 +260,19 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
   };
   auto layout = LayoutFrom(req.layout());
   if (!layout.ok()) return finish(AcquireResult::kError, layout.status());
-  spec::Environment env = EnvFrom(req.env());
+  auto asked_env = EnvFrom(req.env());
+  if (!asked_env.ok()) return finish(AcquireResult::kError, asked_env.status());
+  const spec::Environment& env = asked_env->env;
+  // The registry is keyed by fingerprint, which does not name the device: an entry on
+  // another device than the one asked for cannot be served to this client.
+  auto on_device = [&](const std::shared_ptr<const load::LoadedModel>& c) -> absl::Status {
+    if (asked_env->device_uuid.empty() || c->device_uuid == asked_env->device_uuid) {
+      return absl::OkStatus();
+    }
+    return absl::FailedPreconditionError(absl::StrCat("model '", *model, "' is cached on ",
+                                                      c->device_uuid, ", not on the asked ",
+                                                      asked_env->device_uuid));
+  };
   auto deadline = std::chrono::steady_clock::now() + options_.acquire_wait;
 
   std::shared_ptr<cache::Entry> e;
@@ -276,13 +307,14 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
       bool servable = asked.dtype == (*opened)->dtype &&
                       asked.quant_method == (*opened)->quantization.method;
       if (req.load_on_miss() && servable) {
-        auto started = StartLoad(*opened, *layout, env);
+        auto started = StartLoad(*opened, *layout, env, asked_env->device_uuid);
         if (!started.ok()) return finish(AcquireResult::kError, started.status());
         e = *started;
         auto s = registry_.WaitReady(e, deadline);
         if (!s.ok()) return finish(AcquireResult::kError, s);
         auto content = registry_.Content(e);
         if (!content.ok()) return finish(AcquireResult::kError, content.status());
+        if (auto d = on_device(*content); !d.ok()) return finish(AcquireResult::kMismatch, d);
         FillLease(e, *content, resp);
         return finish(AcquireResult::kMiss, absl::OkStatus());
       }
@@ -320,6 +352,7 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
   }
   auto content = registry_.Content(e);
   if (!content.ok()) return finish(AcquireResult::kError, content.status());
+  if (auto d = on_device(*content); !d.ok()) return finish(AcquireResult::kMismatch, d);
   FillLease(e, *content, resp);
   return finish(was_ready ? AcquireResult::kHit : AcquireResult::kMiss, absl::OkStatus());
 }
@@ -449,7 +482,8 @@ absl::Status Daemon::Impl::Load(const v1::LoadRequest& req,
     const auto& s = opened->spec;
     layout = {s.tp_size, s.tp_ranks.empty() ? 0 : s.tp_ranks[0], s.pp_size, s.pp_rank};
   }
-  WC_ASSIGN_OR_RETURN(auto e, StartLoad(opened, layout, EnvFrom(req.env())));
+  WC_ASSIGN_OR_RETURN(auto asked, EnvFrom(req.env()));
+  WC_ASSIGN_OR_RETURN(auto e, StartLoad(opened, layout, asked.env, asked.device_uuid));
   auto t0 = std::chrono::steady_clock::now();
   while (true) {
     auto s = registry_.WaitReady(e, std::chrono::steady_clock::now() +

@@ -18,6 +18,9 @@ namespace {
 // First line of Canonical(); bumped when the encoding itself changes.
 constexpr const char* kFormatLine = "weightcache-fingerprint=1";
 
+// The tensor layout that Canonical() leaves out (the only one before the field existed).
+constexpr const char* kDefaultTensorLayout = "hf";
+
 // Hashes are shown by this many hex digits in FormatDiff when that tells them apart.
 constexpr size_t kShortHash = 12;
 
@@ -60,6 +63,8 @@ std::vector<std::pair<std::string, std::string>> TailFields(const FingerprintInp
       {"tp_rank", absl::StrCat(in.layout.tp_rank)},
       {"pp_size", absl::StrCat(in.layout.pp_size)},
       {"pp_rank", absl::StrCat(in.layout.pp_rank)},
+      {"tensor_layout", in.tensor_layout.empty() ? std::string(kDefaultTensorLayout)
+                                                 : in.tensor_layout},
       {"quant_method", in.quant_method},
       {"quant_config_sha256", in.quant_config_sha256},
       {"dtype", in.dtype},
@@ -114,6 +119,7 @@ std::string FingerprintInputs::Canonical() const {
     absl::StrAppend(&out, "file[", name, "].header_sha256=", Escape(f.header_sha256), "\n");
   }
   for (const auto& [field, value] : TailFields(*this)) {
+    if (field == "tensor_layout" && value == kDefaultTensorLayout) continue;
     absl::StrAppend(&out, field, "=", Escape(value), "\n");
   }
   return out;

@@ -40,6 +40,9 @@ struct FingerprintInputs {
   std::vector<FileDigest> files;  // any order; canonicalized by name
   // Layout.
   Layout layout;
+  // Engine tensor layout (spec `layout`): "hf" (or empty, the same) | "sglang" | "vllm".
+  // Encoded only when not "hf", so fingerprints from before this field stay the same.
+  std::string tensor_layout = "hf";
   // Quantization and dtype.
   std::string quant_method = "none";
   std::string quant_config_sha256;

@@ -233,5 +233,28 @@ TEST(Fingerprint, EscapingPreventsForgedLines) {
   EXPECT_THAT(f.Canonical(), ::testing::HasSubstr("engine=a%250Ab\n"));
 }
 
+// The engine tensor layout is encoded only when it is not "hf", so the golden digests above
+// (from before the field existed) still hold; any other layout changes the digest.
+TEST(Fingerprint, TensorLayoutOnlyEncodedWhenNotHf) {
+  const FingerprintInputs base = Sample();
+  FingerprintInputs empty = base;
+  empty.tensor_layout = "";
+  EXPECT_EQ(empty.Digest(), base.Digest());
+  EXPECT_TRUE(Diff(base, empty).empty());
+  EXPECT_EQ(base.Canonical().find("tensor_layout"), std::string::npos);
+  std::set<std::string> digests = {base.Digest()};
+  for (const char* layout : {"sglang", "vllm"}) {
+    FingerprintInputs changed = base;
+    changed.tensor_layout = layout;
+    EXPECT_NE(changed.Canonical().find(std::string("tensor_layout=") + layout),
+              std::string::npos);
+    digests.insert(changed.Digest());
+    std::vector<FieldDiff> diffs = Diff(base, changed);
+    ASSERT_EQ(diffs.size(), 1u) << FormatDiff(diffs);
+    EXPECT_EQ(FormatDiff(diffs), std::string("tensor_layout: cached hf, asked ") + layout);
+  }
+  EXPECT_EQ(digests.size(), 3u);
+}
+
 }  // namespace
 }  // namespace weightcache::spec

@@ -115,6 +115,21 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
     break;
   }
 
+  // Optional positive integers; absent or null keeps 0.
+  for (auto [key, out] : {std::pair<const char*, int*>{"num_attention_heads",
+                                                       &config.num_attention_heads},
+                          std::pair<const char*, int*>{"num_key_value_heads",
+                                                       &config.num_key_value_heads}}) {
+    auto it = root.find(key);
+    if (it == root.end() || it->is_null()) continue;
+    if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > (1 << 20)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": ", key, ": must be a positive integer, got ", it->dump()));
+    }
+    *out = static_cast<int>(it->get<int64_t>());
+  }
+  if (config.num_key_value_heads == 0) config.num_key_value_heads = config.num_attention_heads;
+
   auto quantization = ParseQuantization(root);
   if (!quantization.ok()) return Annotate(quantization.status(), source);
   config.quantization = *std::move(quantization);

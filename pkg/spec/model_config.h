@@ -26,6 +26,10 @@ struct ModelConfig {
   std::string architecture;  // "architectures"[0]
   std::string torch_dtype;   // as in config.json ("bfloat16"), may be empty
   Quantization quantization;
+  // Attention heads, for tensor-parallel sharding: 0 when config.json has none.
+  // num_key_value_heads defaults to num_attention_heads (as transformers does).
+  int num_attention_heads = 0;
+  int num_key_value_heads = 0;
   // Raw values the loader may need later (heads, hidden size...), canonical JSON.
   std::string config_json;
 };

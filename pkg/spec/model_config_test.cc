@@ -151,6 +151,34 @@ TEST(ModelConfig, MalformedBlockSize) {
   }
 }
 
+TEST(ModelConfig, AttentionHeads) {
+  auto c = ParseModelConfig(
+      R"({"architectures": ["LlamaForCausalLM"], "num_attention_heads": 32,
+          "num_key_value_heads": 8})",
+      "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_attention_heads, 32);
+  EXPECT_EQ(c->num_key_value_heads, 8);
+  // No num_key_value_heads: multi-head attention, as transformers defaults it.
+  c = ParseModelConfig(R"({"architectures": ["X"], "num_attention_heads": 12})", "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_key_value_heads, 12);
+  c = ParseModelConfig(R"({"architectures": ["X"]})", "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_attention_heads, 0);
+  EXPECT_EQ(c->num_key_value_heads, 0);
+  for (const char* bad : {"0", "-4", "2.5", "\"8\""}) {
+    c = ParseModelConfig(
+        std::string(R"({"architectures": ["X"], "num_attention_heads": )") + bad + "}",
+        "config.json");
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(Msg(c.status()),
+              std::string("config.json: num_attention_heads: must be a positive integer, got ") +
+                  bad);
+  }
+}
+
 TEST(ModelConfig, MalformedJsonNamesFile) {
   auto c = ParseModelConfig("{\"architectures\": [", "/m/config.json");
   ASSERT_FALSE(c.ok());

@@ -26,9 +26,10 @@ constexpr size_t kMaxNameLength = 63;
 // Keys of one spec, in the order ToYaml writes them.
 constexpr const char* kKeys[] = {"version",  "name",    "model_dir",   "architecture",
                                  "revision", "tp_size", "tp_ranks",    "pp_size",
-                                 "pp_rank",  "dtype",   "quantization"};
+                                 "pp_rank",  "dtype",   "quantization", "layout"};
 constexpr const char* kDtypes[] = {"auto", "bf16", "fp16", "fp32"};
 constexpr const char* kQuantizations[] = {"auto", "none", "fp8_block"};
+constexpr const char* kLayouts[] = {"hf", "sglang", "vllm"};
 
 std::string KnownKeys() { return absl::StrJoin(kKeys, ", "); }
 
@@ -119,6 +120,7 @@ absl::Status SetScalar(const std::string& key, const RawScalar& raw, ModelSpec* 
   if (key == "revision") field = &spec->revision;
   if (key == "dtype") field = &spec->dtype;
   if (key == "quantization") field = &spec->quantization;
+  if (key == "layout") field = &spec->layout;
   if (field == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown key ", Quote(key), " (known: ", KnownKeys(), ")"));
@@ -260,6 +262,10 @@ absl::Status Validate(const ModelSpec& spec) {
                    absl::StrCat("must be one of ", absl::StrJoin(kQuantizations, ", "), ", got ",
                                 Quote(spec.quantization)));
   }
+  if (!OneOf(spec.layout, kLayouts)) {
+    return Invalid("layout", absl::StrCat("must be one of ", absl::StrJoin(kLayouts, ", "),
+                                          ", got ", Quote(spec.layout)));
+  }
   return absl::OkStatus();
 }
 
@@ -392,6 +398,7 @@ std::string ToYaml(const ModelSpec& spec) {
   out << YAML::Key << "pp_rank" << YAML::Value << spec.pp_rank;
   out << YAML::Key << "dtype" << YAML::Value << YAML::DoubleQuoted << spec.dtype;
   out << YAML::Key << "quantization" << YAML::Value << YAML::DoubleQuoted << spec.quantization;
+  out << YAML::Key << "layout" << YAML::Value << YAML::DoubleQuoted << spec.layout;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

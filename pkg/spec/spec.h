@@ -14,6 +14,10 @@
 //   pp_rank: 0
 //   dtype: auto                      # auto = as stored; bf16 | fp16 | fp32
 //   quantization: auto               # auto = from config.json; none | fp8_block
+//   layout: hf                       # hf = tensors as in the checkpoint; sglang | vllm also
+//                                    # pack q/k/v and gate/up shards contiguously, add the
+//                                    # engine's fused views (qkv_proj, gate_up_proj...) and
+//                                    # pad the vocabulary to a multiple of 64 as they do
 #pragma once
 
 #include <cstdint>
@@ -39,6 +43,7 @@ struct ModelSpec {
   int pp_rank = 0;
   std::string dtype = "auto";         // auto | bf16 | fp16 | fp32
   std::string quantization = "auto";  // auto | none | fp8_block
+  std::string layout = "hf";          // hf | sglang | vllm (see the example above)
 };
 
 // Validates field ranges and names; INVALID_ARGUMENT naming the field otherwise.

@@ -191,7 +191,7 @@ TEST(SpecParse, UnknownKeyNamesKeyAndSource) {
 
   ExpectInvalid("name: a\nmodel_dir: /a\ntp: 2\n",
                 "specs.yaml: unknown key \"tp\" (known: version, name, model_dir, architecture, "
-                "revision, tp_size, tp_ranks, pp_size, pp_rank, dtype, quantization)");
+                "revision, tp_size, tp_ranks, pp_size, pp_rank, dtype, quantization, layout)");
   ExpectInvalid("models:\n  - {name: a, model_dir: /a}\nname: b\n",
                 "specs.yaml: unknown key \"name\" beside `models:` (keys go in each model)");
 }
@@ -343,7 +343,7 @@ TEST(SpecFlag, Errors) {
   expect("name=a,model_dir=/a,tp=2",
          "flag: unknown key \"tp\" (known: version, name, model_dir, "
          "architecture, revision, tp_size, tp_ranks, pp_size, "
-         "pp_rank, dtype, quantization)");
+         "pp_rank, dtype, quantization, layout)");
   expect("name=a,model_dir=/a,tp_size=x", "flag: tp_size: must be an integer, got \"x\"");
   expect("name=a,model_dir=/a,tp_size=0", "flag: tp_size: must be >= 1, got 0");
   expect("name=a,model_dir=/a,tp_size=2,tp_ranks=0,5",
@@ -368,6 +368,7 @@ TEST(SpecYaml, RoundTrip) {
   s.pp_rank = 1;
   s.dtype = "bf16";
   s.quantization = "fp8_block";
+  s.layout = "sglang";
   const std::string yaml = ToYaml(s);
   auto back = ParseSpecs(yaml, "roundtrip");
   ASSERT_TRUE(back.ok()) << back.status() << "\n" << yaml;
@@ -384,6 +385,7 @@ TEST(SpecYaml, RoundTrip) {
   EXPECT_EQ(b.pp_rank, s.pp_rank);
   EXPECT_EQ(b.dtype, s.dtype);
   EXPECT_EQ(b.quantization, s.quantization);
+  EXPECT_EQ(b.layout, s.layout);
   // Canonical: rendering again gives the same text.
   EXPECT_EQ(ToYaml(b), yaml);
 }
@@ -403,7 +405,8 @@ TEST(SpecYaml, CanonicalText) {
             "pp_size: 1\n"
             "pp_rank: 0\n"
             "dtype: \"auto\"\n"
-            "quantization: \"auto\"\n");
+            "quantization: \"auto\"\n"
+            "layout: \"hf\"\n");
   auto back = ParseSpecs(ToYaml(s), "x");
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(back->front().tp_ranks.empty());
@@ -414,6 +417,24 @@ TEST(SpecYaml, NullKeepsDefault) {
   EXPECT_EQ(s.architecture, "");
   EXPECT_TRUE(s.tp_ranks.empty());
   EXPECT_EQ(s.dtype, "auto");
+}
+
+TEST(SpecLayout, DefaultsToHfAndAcceptsEngineLayouts) {
+  EXPECT_EQ(ParseOne("name: m\nmodel_dir: /m\n").layout, "hf");
+  EXPECT_EQ(ParseOne("name: m\nmodel_dir: /m\nlayout: sglang\n").layout, "sglang");
+  EXPECT_EQ(ParseOne("name: m\nmodel_dir: /m\nlayout: vllm\n").layout, "vllm");
+  auto flag = ParseSpecFlag("name=m,model_dir=/m,layout=vllm");
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  EXPECT_EQ(flag->layout, "vllm");
+}
+
+TEST(SpecLayout, UnknownLayoutNamesTheChoices) {
+  ExpectInvalid("name: m\nmodel_dir: /m\nlayout: trtllm\n",
+                "specs.yaml: layout: must be one of hf, sglang, vllm, got \"trtllm\"");
+  auto flag = ParseSpecFlag("name=m,model_dir=/m,layout=");
+  ASSERT_FALSE(flag.ok());
+  EXPECT_EQ(std::string(flag.status().message()),
+            "flag: layout: must be one of hf, sglang, vllm, got \"\"");
 }
 
 }  // namespace

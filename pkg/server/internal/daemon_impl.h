@@ -65,11 +65,18 @@ class Daemon::Impl final : public metrics::StateSource {
 
   absl::StatusOr<std::shared_ptr<const load::OpenedModel>> Open(const std::string& name,
                                                                 bool refresh);
-  spec::Environment EnvFrom(const v1::Environment& env) const;
+  // The fingerprint environment of a request and the device it names (env.device_uuid,
+  // empty: the backend's first device). INVALID_ARGUMENT naming the UUID when the backend
+  // has no such device; compute_capability defaults to that device's.
+  struct AskedEnv {
+    spec::Environment env;
+    std::string device_uuid;
+  };
+  absl::StatusOr<AskedEnv> EnvFrom(const v1::Environment& env) const;
   absl::StatusOr<spec::Layout> LayoutFrom(const v1::Layout& layout) const;
   absl::StatusOr<std::shared_ptr<cache::Entry>> StartLoad(
       std::shared_ptr<const load::OpenedModel> model, const spec::Layout& layout,
-      const spec::Environment& env);
+      const spec::Environment& env, const std::string& device_uuid);
   absl::StatusOr<HandleChannel::Grant> Claim(const std::string& token, const PeerCred& peer);
   void ExpireTokens();
   void FillLease(const std::shared_ptr<cache::Entry>& e,

@@ -1,0 +1,193 @@
+// The loader's GPU path: a ring of pinned staging buffers between parallel preads and
+// asynchronous host->device copies (see internal/cuda_load.h).
+//
+//   buffer k:  wait event[k] (its previous copies landed) -> preads (threads) -> queue
+//              cuMemcpyHtoDAsync of every piece on the stream -> record event[k] -> k+1
+//
+// so the reads into buffer k+1 overlap the copies out of buffer k. The driver API is used
+// directly (entry points fetched at run time, like the rest of the cuda-vmm backend).
+#include <cuda.h>
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "pkg/load/internal/cuda_load.h"
+#include "pkg/memory/internal/cuda_driver.h"
+#include "pkg/memory/internal/cuda_segment.h"
+#include "pkg/safetensors/safetensors.h"
+#include "pkg/util/log.h"
+#include "pkg/util/status_macros.h"
+
+namespace weightcache::load::internal {
+namespace {
+
+using memory::internal::CudaDevice;
+using memory::internal::CudaSegment;
+using memory::internal::CuStatus;
+using memory::internal::DriverApi;
+using memory::internal::PrimaryContext;
+using memory::internal::ScopedCurrentContext;
+
+// Pinned buffers, their events and one stream, in one device's primary context. The
+// destructor waits for every queued copy before it frees the memory they read from.
+class StagingRing {
+ public:
+  static absl::StatusOr<std::unique_ptr<StagingRing>> Create(const DriverApi& api,
+                                                             const CudaDevice& dev,
+                                                             size_t buffers, uint64_t bytes) {
+    WC_ASSIGN_OR_RETURN(auto ctx, PrimaryContext::Retain(api, dev.device));
+    auto ring = std::unique_ptr<StagingRing>(new StagingRing(api, std::move(ctx), bytes));
+    WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(api, ring->ctx_.get()));
+    WC_RETURN_IF_ERROR(CuStatus(api, api.cuStreamCreate(&ring->stream_, CU_STREAM_NON_BLOCKING),
+                                "cuStreamCreate", dev.uuid));
+    for (size_t i = 0; i < buffers; ++i) {
+      void* p = nullptr;
+      WC_RETURN_IF_ERROR(CuStatus(api, api.cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE),
+                                  "cuMemHostAlloc", absl::StrCat(bytes, " bytes of staging")));
+      ring->buffers_.push_back(p);
+      CUevent e = nullptr;
+      WC_RETURN_IF_ERROR(CuStatus(api, api.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING),
+                                  "cuEventCreate", dev.uuid));
+      ring->events_.push_back(e);
+      ring->recorded_.push_back(false);
+    }
+    return ring;
+  }
+
+  ~StagingRing() {
+    auto current = ScopedCurrentContext::Push(*api_, ctx_.get());
+    if (stream_ != nullptr) {
+      // Copies may still read the buffers (an error path): wait before freeing them.
+      if (CUresult r = api_->cuStreamSynchronize(stream_); r != CUDA_SUCCESS) {
+        WC_LOG_ERROR("staging: cuStreamSynchronize: %s", memory::internal::CuErrorName(*api_, r));
+      }
+    }
+    for (CUevent e : events_) api_->cuEventDestroy(e);
+    if (stream_ != nullptr) api_->cuStreamDestroy(stream_);
+    for (void* p : buffers_) api_->cuMemFreeHost(p);
+  }
+  StagingRing(const StagingRing&) = delete;
+  StagingRing& operator=(const StagingRing&) = delete;
+
+  size_t count() const { return buffers_.size(); }
+  uint64_t bytes() const { return bytes_; }
+  uint8_t* buffer(size_t i) const { return static_cast<uint8_t*>(buffers_[i]); }
+  CUstream stream() const { return stream_; }
+
+  // Blocks until the copies last queued from buffer i have landed.
+  absl::Status WaitFree(size_t i) {
+    if (!recorded_[i]) return absl::OkStatus();
+    recorded_[i] = false;
+    return CuStatus(*api_, api_->cuEventSynchronize(events_[i]), "cuEventSynchronize",
+                    "staging buffer");
+  }
+  // Marks the copies queued so far from buffer i.
+  absl::Status Record(size_t i) {
+    WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(*api_, ctx_.get()));
+    WC_RETURN_IF_ERROR(
+        CuStatus(*api_, api_->cuEventRecord(events_[i], stream_), "cuEventRecord", "staging"));
+    recorded_[i] = true;
+    return absl::OkStatus();
+  }
+  absl::Status Drain() {
+    WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(*api_, ctx_.get()));
+    return CuStatus(*api_, api_->cuStreamSynchronize(stream_), "cuStreamSynchronize",
+                    "staging copies");
+  }
+
+ private:
+  StagingRing(const DriverApi& api, PrimaryContext ctx, uint64_t bytes)
+      : api_(&api), ctx_(std::move(ctx)), bytes_(bytes) {}
+  const DriverApi* api_;
+  PrimaryContext ctx_;
+  uint64_t bytes_;
+  CUstream stream_ = nullptr;
+  std::vector<void*> buffers_;
+  std::vector<CUevent> events_;
+  std::vector<bool> recorded_;
+};
+
+// A piece of one range that fits in the current buffer.
+struct Piece {
+  CudaSegment* segment;
+  uint64_t segment_offset;
+  uint64_t n;
+  uint64_t at;  // in the buffer
+};
+
+}  // namespace
+
+absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
+                                      const std::vector<memory::Segment*>& segments,
+                                      const LoadOptions& options, LoadProgress* progress) {
+  if (segments.empty()) return absl::OkStatus();
+  std::vector<CudaSegment*> cuda;
+  for (auto* s : segments) {
+    auto* c = memory::internal::AsCudaSegment(s);
+    if (c == nullptr || s->device_uuid() != segments[0]->device_uuid()) {
+      return absl::InternalError("pinned staging: every segment must be cuda-vmm, on one device");
+    }
+    cuda.push_back(c);
+  }
+  uint64_t total = 0;
+  for (const auto& r : ranges) total += r.n;
+  if (total == 0) return absl::OkStatus();
+
+  WC_ASSIGN_OR_RETURN(const DriverApi* api, memory::internal::Driver());
+  WC_ASSIGN_OR_RETURN(CudaDevice dev, memory::internal::FindDevice(*api, segments[0]->device_uuid()));
+  // Buffers of staging_bytes / staging_buffers, but no larger than the model needs.
+  size_t nbuf = std::max<size_t>(2, options.staging_buffers);
+  uint64_t per = std::max<uint64_t>(1 << 20, options.staging_bytes / nbuf);
+  uint64_t need = (total + nbuf - 1) / nbuf;
+  per = std::min<uint64_t>(per, (need + 4095) / 4096 * 4096);
+  WC_ASSIGN_OR_RETURN(auto ring, StagingRing::Create(*api, dev, nbuf, per));
+  safetensors::ReadOptions ropts{options.read_threads,
+                                 std::max<uint64_t>(1 << 20, per / std::max(1u, options.read_threads))};
+
+  size_t k = 0;       // current buffer
+  uint64_t done = 0;  // bytes read and queued
+  std::vector<Piece> pieces;
+  std::vector<safetensors::ReadRequest> reqs;
+  uint64_t used = 0;
+  std::string file;
+  auto flush = [&]() -> absl::Status {
+    if (used == 0) return absl::OkStatus();
+    if (progress != nullptr && !file.empty()) progress->SetFile(file);
+    WC_RETURN_IF_ERROR(safetensors::ReadRanges(reqs, ropts));
+    for (const auto& p : pieces) {
+      WC_RETURN_IF_ERROR(
+          p.segment->CopyInAsync(p.segment_offset, ring->buffer(k) + p.at, p.n, ring->stream()));
+    }
+    WC_RETURN_IF_ERROR(ring->Record(k));
+    done += used;
+    if (progress != nullptr) progress->SetDone(done);
+    pieces.clear();
+    reqs.clear();
+    used = 0;
+    k = (k + 1) % ring->count();
+    return ring->WaitFree(k);  // the next buffer's previous copies must have landed
+  };
+
+  for (const auto& r : ranges) {
+    if (r.segment >= cuda.size()) {
+      return absl::InternalError(absl::StrCat(r.what, ": segment ", r.segment, " of ", cuda.size()));
+    }
+    uint64_t skip = 0;
+    while (skip < r.n) {
+      if (used == ring->bytes()) WC_RETURN_IF_ERROR(flush());
+      if (used == 0) file = r.file;
+      uint64_t n = std::min<uint64_t>(r.n - skip, ring->bytes() - used);
+      pieces.push_back({cuda[r.segment], r.segment_offset + skip, n, used});
+      reqs.push_back({r.fd, r.file_offset + skip, n, ring->buffer(k) + used, r.what});
+      used += n;
+      skip += n;
+    }
+  }
+  WC_RETURN_IF_ERROR(flush());
+  return ring->Drain();
+}
+
+}  // namespace weightcache::load::internal

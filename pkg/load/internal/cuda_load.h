@@ -1,0 +1,40 @@
+// The loader's GPU path (private to pkg/load): file byte ranges -> cuda-vmm segments through
+// a ring of pinned staging buffers. Parallel preads fill one buffer while the copies of the
+// previous ones run on a stream (cuMemcpyHtoDAsync from page-locked memory; never a
+// pageable copy); an event per buffer says when it may be refilled.
+//
+// Free of CUDA headers; cuda_load.cc implements it in CUDA builds, cuda_load_absent.cc
+// answers UNIMPLEMENTED otherwise (the loader only calls it for cuda-vmm segments, which a
+// build without CUDA cannot allocate). Called from the loading thread; blocks until every
+// copy has landed (or failed).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "pkg/load/loader.h"
+#include "pkg/memory/backend.h"
+
+namespace weightcache::load::internal {
+
+// `n` bytes at `file_offset` of `fd` land at `segment_offset` of segments[segment].
+struct CopyRange {
+  int fd = -1;
+  uint64_t file_offset = 0;
+  uint64_t n = 0;
+  uint32_t segment = 0;
+  uint64_t segment_offset = 0;
+  std::string what;  // for errors: "model.safetensors: tensor 'x'"
+  std::string file;  // for progress: the file name
+};
+
+// Every segment must be a cuda-vmm segment (memory::internal::AsCudaSegment) of one device,
+// not yet sealed. Ranges are read in the order given (keep them sequential per file).
+// Progress: the bytes of `ranges` read and queued so far, after each buffer; the file name.
+absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
+                                      const std::vector<memory::Segment*>& segments,
+                                      const LoadOptions& options, LoadProgress* progress);
+
+}  // namespace weightcache::load::internal
