@@ -231,6 +231,29 @@ TEST_F(DaemonTest, MismatchedRequestGetsTheFieldDiff) {
   EXPECT_EQ(st->acquire_mismatches(), 1u);
 }
 
+TEST_F(DaemonTest, AcquireOnAnUnknownDeviceIsInvalidArgumentNamingItAndTheKnownOnes) {
+  StartDaemon({"--model=name=tiny,model_dir=" + dir_ / "tiny", "--preload=false"});
+  client::AcquireOptions o;
+  o.model = "tiny";
+  o.load_on_miss = true;
+  o.device_uuid = "GPU-00000000-1111-2222-3333-444444444444";
+  auto lease = client_->Acquire(o);
+  ASSERT_EQ(lease.status().code(), absl::StatusCode::kInvalidArgument) << lease.status();
+  std::string msg(lease.status().message());
+  EXPECT_NE(msg.find("device GPU-00000000-1111-2222-3333-444444444444 is not a device of this "
+                     "daemon's host backend (devices: host)"),
+            std::string::npos)
+      << msg;
+  // Nothing was loaded for the bad request; the host "device" itself is served.
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->entries_size(), 0);
+  o.device_uuid = "host";
+  auto ok = client_->Acquire(o);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)->device_uuid(), "host");
+}
+
 TEST_F(DaemonTest, UnknownModelIsAMissNamingTheKnownOnes) {
   StartDaemon({"--model=name=tiny,model_dir=" + dir_ / "tiny"});
   client::AcquireOptions o;
