@@ -13,33 +13,12 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/testutil/temp_dir.h"
 
 namespace weightcache::safetensors::testing {
 
-// A fresh directory under $TMPDIR (or /tmp), removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl =
-        std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/wc_safetensors_XXXXXX";
-    const char* made = ::mkdtemp(tmpl.data());
-    if (made == nullptr) ADD_FAILURE() << "mkdtemp " << tmpl << " failed";
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  const std::string& path() const { return path_; }
-  std::string File(std::string_view name) const { return path_ + "/" + std::string(name); }
-
- private:
-  std::string path_;
-};
+// A fresh directory, removed with everything in it (the project's one test temp dir).
+using TempDir = ::weightcache::testing::TempDir;
 
 inline std::string LengthBytes(uint64_t n) {
   std::string s(8, '\0');
