@@ -326,6 +326,25 @@ TEST_F(DaemonTest, BadTokenOnTheHandleChannelIsRefusedAndTheDaemonKeepsServing) 
   EXPECT_TRUE(client_->Acquire(o).ok());
 }
 
+TEST_F(DaemonTest, OversizedAndMalformedRequestsAreRefusedAndTheDaemonKeepsServing) {
+  StartDaemon({"--model=name=tiny,model_dir=" + dir_ / "tiny"});
+  client::AcquireOptions o;
+  o.model = std::string(2 << 20, 'x');  // over the 1 MiB request bound
+  auto big = client_->Acquire(o);
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted) << big.status();
+  client::AcquireOptions bad;
+  bad.model = "tiny";
+  bad.tp_size = 2;
+  bad.tp_rank = 5;  // rank outside the layout
+  auto r = client_->Acquire(bad);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("tp_rank 5 is not below tp_size 2"), absl::string_view::npos)
+      << r.status();
+  o.model = "tiny";
+  o.wait_ready = true;
+  EXPECT_TRUE(client_->Acquire(o).ok());
+}
+
 TEST_F(DaemonTest, SecondDaemonOnTheSameSocketDirIsRefused) {
   StartDaemon({"--model=name=tiny,model_dir=" + dir_ / "tiny"});
   Process second({WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_, "--backend=host",
