@@ -36,6 +36,9 @@ ABSL_FLAG(std::string, memory_budget, "0",
           "Most bytes the cache may hold, e.g. 120GiB; 0 means unlimited");
 ABSL_FLAG(std::vector<std::string>, allowed_uids, {},
           "Uids allowed to receive segment descriptors; empty: anyone who can reach the socket");
+ABSL_FLAG(int, socket_gid, -1,
+          "Group id given the socket dir (0750) and sockets (0660), so engines running as "
+          "other uids in that group can connect; -1 keeps the daemon's group");
 ABSL_FLAG(std::string, metrics_address, weightcache::metrics::HttpServer::kDefaultAddress,
           "Address of /metrics, /healthz, /readyz (IPv4:port or [IPv6]:port; 'off' disables)");
 ABSL_FLAG(int, read_threads, 8, "Parallel preads per load");
@@ -62,6 +65,7 @@ int Run() {
   server::DaemonOptions opts;
   opts.socket_dir = absl::GetFlag(FLAGS_socket_dir);
   opts.preload = absl::GetFlag(FLAGS_preload);
+  opts.socket_gid = absl::GetFlag(FLAGS_socket_gid);
   opts.read_threads = static_cast<unsigned>(std::max(1, absl::GetFlag(FLAGS_read_threads)));
   for (const auto& f : absl::GetFlag(FLAGS_spec_file)) {
     auto specs = spec::LoadSpecFile(f);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <random>
 #include <thread>
 
@@ -13,6 +14,7 @@
 #include "pkg/load/loader.h"
 #include "pkg/load/plan.h"
 #include "pkg/server/internal/daemon_impl.h"
+#include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 #include "pkg/util/unix_socket.h"
@@ -94,6 +96,16 @@ absl::Status Daemon::Impl::Start() {
   }
   if (::chmod(control_path().c_str(), 0660) != 0) {
     return absl::PermissionDeniedError(absl::StrCat("chmod 0660 ", control_path()));
+  }
+  if (options_.socket_gid >= 0) {
+    // Engines running as other uids reach the sockets through this group (dir 0750,
+    // sockets 0660); the handle channel's uid allowlist still applies.
+    for (const std::string& p : {options_.socket_dir, control_path(), handle_path()}) {
+      if (::chown(p.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(options_.socket_gid)) !=
+          0) {
+        return ErrnoStatus(errno, "chown to group " + std::to_string(options_.socket_gid), p);
+      }
+    }
   }
   WC_LOG_INFO("serving on %s (handles on %s), backend %s", control_path(), handle_path(),
               memory::BackendName(backend_->kind()));

@@ -36,6 +36,7 @@ struct DaemonOptions {
   bool preload = true;
   uint64_t memory_budget_bytes = 0;  // 0: unlimited
   std::vector<uid_t> allowed_uids;   // handle channel allowlist; empty: any
+  int socket_gid = -1;  // >= 0: group owning the socket dir and sockets (engines' group)
   std::chrono::seconds token_ttl{30};
   std::chrono::seconds acquire_wait{600};  // wait_ready / load_on_miss bound
   unsigned read_threads = 8;

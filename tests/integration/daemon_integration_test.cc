@@ -117,6 +117,17 @@ TEST_F(DaemonTest, SocketDirAndFilesHaveRestrictiveModes) {
   EXPECT_EQ(st.st_mode & 0007, 0u);
 }
 
+TEST_F(DaemonTest, SocketGidGivesTheSocketsToTheEnginesGroup) {
+  gid_t other = ::getegid() == 0 ? 65534 : ::getegid();  // root may chown to any group
+  StartDaemon({"--model=name=tiny,model_dir=" + dir_ / "tiny",
+               "--socket_gid=" + std::to_string(other)});
+  for (const char* p : {"", "/control.sock", "/handle.sock"}) {
+    struct stat st;
+    ASSERT_EQ(::stat((socket_dir_ + p).c_str(), &st), 0) << p;
+    EXPECT_EQ(st.st_gid, other) << p;
+  }
+}
+
 TEST_F(DaemonTest, TwoClientProcessesMapTheSamePagesReadOnlyWithExactBytes) {
   StartDaemon({"--model=name=tiny,model_dir=" + dir_ / "tiny"});
   auto a = StartClient("tiny");
