@@ -61,6 +61,7 @@ spec::FingerprintInputs OpenedModel::Inputs(const spec::Layout& layout,
     in.files.push_back({f.info().name, f.info().size, f.info().header_sha256});
   }
   in.layout = layout;
+  in.tensor_layout = spec.layout;
   in.quant_method = quantization.method;
   in.quant_config_sha256 = quantization.config_sha256;
   in.dtype = dtype;

@@ -301,4 +301,244 @@ absl::Status WriteLlamaCheckpoint(const std::string& dir, const LlamaShape& shap
   return absl::OkStatus();
 }
 
+
+// ---- Architecture checkpoints for the tensor-parallel presets ----
+
+namespace {
+
+struct ArchTensor {
+  TensorSpec spec;
+  bool linear = false;  // quantized to block FP8 when ArchShape::fp8
+};
+
+void Add(std::vector<ArchTensor>* out, std::string name, std::vector<int64_t> shape,
+         bool linear = false) {
+  out->push_back({{std::move(name), DType::kBF16, std::move(shape)}, linear});
+}
+
+void AddGatedMlp(std::vector<ArchTensor>* t, const std::string& p, int64_t h, int64_t inter) {
+  Add(t, p + "gate_proj.weight", {inter, h}, true);
+  Add(t, p + "up_proj.weight", {inter, h}, true);
+  Add(t, p + "down_proj.weight", {h, inter}, true);
+}
+
+absl::StatusOr<std::vector<ArchTensor>> ArchTensorList(const ArchShape& s) {
+  const std::string& a = s.architecture;
+  const bool llama = a == "LlamaForCausalLM", qwen2 = a == "Qwen2ForCausalLM",
+             qwen3 = a == "Qwen3ForCausalLM", qwen3moe = a == "Qwen3MoeForCausalLM",
+             mixtral = a == "MixtralForCausalLM", deepseek = a == "DeepseekV3ForCausalLM";
+  if (!(llama || qwen2 || qwen3 || qwen3moe || mixtral || deepseek)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WriteArchCheckpoint: no generator for architecture '", a, "'"));
+  }
+  if (s.layers < 1 || s.hidden <= 0 || s.heads <= 0 || s.kv_heads <= 0 || s.vocab <= 0 ||
+      s.intermediate <= 0 || s.experts < 0 || s.moe_intermediate <= 0 || s.block <= 0 ||
+      (s.head_dim == 0 && s.hidden % s.heads != 0) || s.heads % s.kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "WriteArchCheckpoint: bad shape for %s: layers=%d hidden=%d heads=%d kv_heads=%d", a,
+        s.layers, s.hidden, s.heads, s.kv_heads));
+  }
+  const int64_t h = s.hidden;
+  const int64_t hd = s.head_dim > 0 ? s.head_dim : s.hidden / s.heads;
+  std::vector<ArchTensor> t;
+  Add(&t, "model.embed_tokens.weight", {s.vocab, h});
+  const int total_layers = s.layers + (deepseek && s.mtp ? 1 : 0);
+  for (int i = 0; i < total_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    if (deepseek && i == s.layers) {  // the multi-token-prediction layer
+      Add(&t, p + "embed_tokens.weight", {s.vocab, h});
+      Add(&t, p + "enorm.weight", {h});
+      Add(&t, p + "hnorm.weight", {h});
+      Add(&t, p + "eh_proj.weight", {h, 2 * h});
+      Add(&t, p + "shared_head.norm.weight", {h});
+      Add(&t, p + "shared_head.head.weight", {s.vocab, h});
+    }
+    Add(&t, p + "input_layernorm.weight", {h});
+    Add(&t, p + "post_attention_layernorm.weight", {h});
+    if (deepseek) {
+      const int64_t qk = s.qk_nope_head_dim + s.qk_rope_head_dim;
+      if (s.q_lora_rank > 0) {
+        Add(&t, p + "self_attn.q_a_proj.weight", {s.q_lora_rank, h}, true);
+        Add(&t, p + "self_attn.q_a_layernorm.weight", {s.q_lora_rank});
+        Add(&t, p + "self_attn.q_b_proj.weight", {s.heads * qk, s.q_lora_rank}, true);
+      } else {
+        Add(&t, p + "self_attn.q_proj.weight", {s.heads * qk, h}, true);
+      }
+      Add(&t, p + "self_attn.kv_a_proj_with_mqa.weight", {s.kv_lora_rank + s.qk_rope_head_dim, h},
+          true);
+      Add(&t, p + "self_attn.kv_a_layernorm.weight", {s.kv_lora_rank});
+      Add(&t, p + "self_attn.kv_b_proj.weight",
+          {s.heads * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank}, true);
+      Add(&t, p + "self_attn.o_proj.weight", {h, s.heads * s.v_head_dim}, true);
+    } else {
+      Add(&t, p + "self_attn.q_proj.weight", {s.heads * hd, h}, true);
+      Add(&t, p + "self_attn.k_proj.weight", {s.kv_heads * hd, h}, true);
+      Add(&t, p + "self_attn.v_proj.weight", {s.kv_heads * hd, h}, true);
+      Add(&t, p + "self_attn.o_proj.weight", {h, s.heads * hd}, true);
+      if (qwen2) {
+        Add(&t, p + "self_attn.q_proj.bias", {s.heads * hd});
+        Add(&t, p + "self_attn.k_proj.bias", {s.kv_heads * hd});
+        Add(&t, p + "self_attn.v_proj.bias", {s.kv_heads * hd});
+      }
+      if (qwen3 || qwen3moe) {
+        Add(&t, p + "self_attn.q_norm.weight", {hd});
+        Add(&t, p + "self_attn.k_norm.weight", {hd});
+      }
+    }
+    const bool moe = (qwen3moe || mixtral || (deepseek && i >= s.first_dense)) && s.experts > 0;
+    if (!moe) {
+      AddGatedMlp(&t, p + "mlp.", h, s.intermediate);
+    } else if (mixtral) {
+      Add(&t, p + "block_sparse_moe.gate.weight", {s.experts, h});
+      for (int e = 0; e < s.experts; ++e) {
+        const std::string q = absl::StrCat(p, "block_sparse_moe.experts.", e, ".");
+        Add(&t, q + "w1.weight", {s.moe_intermediate, h}, true);
+        Add(&t, q + "w2.weight", {h, s.moe_intermediate}, true);
+        Add(&t, q + "w3.weight", {s.moe_intermediate, h}, true);
+      }
+    } else {
+      Add(&t, p + "mlp.gate.weight", {s.experts, h});
+      if (deepseek) {
+        t.push_back({{p + "mlp.gate.e_score_correction_bias", DType::kF32, {s.experts}}, false});
+        AddGatedMlp(&t, p + "mlp.shared_experts.", h,
+                    static_cast<int64_t>(s.moe_intermediate) * s.shared_experts);
+      }
+      for (int e = 0; e < s.experts; ++e) {
+        AddGatedMlp(&t, absl::StrCat(p, "mlp.experts.", e, "."), h, s.moe_intermediate);
+      }
+    }
+  }
+  Add(&t, "model.norm.weight", {h});
+  Add(&t, "lm_head.weight", {s.vocab, h});
+
+  std::vector<ArchTensor> out;
+  for (auto& x : t) {
+    if (x.spec.dtype == DType::kBF16) x.spec.dtype = s.dtype;
+    if (s.fp8 && x.linear) {
+      x.spec.dtype = DType::kF8_E4M3;
+      const int64_t rows = (x.spec.shape[0] + s.block - 1) / s.block;
+      const int64_t cols = (x.spec.shape[1] + s.block - 1) / s.block;
+      std::string scale = x.spec.name.substr(0, x.spec.name.size() - 6) + "weight_scale_inv";
+      out.push_back(x);
+      out.push_back({{std::move(scale), DType::kF32, {rows, cols}}, false});
+      continue;
+    }
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+nlohmann::ordered_json ArchConfig(const ArchShape& s, std::string_view torch_dtype) {
+  const std::string& a = s.architecture;
+  const int hd = s.head_dim > 0 ? s.head_dim : s.hidden / s.heads;
+  std::string model_type = a == "LlamaForCausalLM"      ? "llama"
+                           : a == "Qwen2ForCausalLM"    ? "qwen2"
+                           : a == "Qwen3ForCausalLM"    ? "qwen3"
+                           : a == "Qwen3MoeForCausalLM" ? "qwen3_moe"
+                           : a == "MixtralForCausalLM"  ? "mixtral"
+                                                        : "deepseek_v3";
+  nlohmann::ordered_json c = {
+      {"architectures", {a}},
+      {"model_type", model_type},
+      {"hidden_size", s.hidden},
+      {"intermediate_size", s.intermediate},
+      {"num_attention_heads", s.heads},
+      {"num_key_value_heads", a == "DeepseekV3ForCausalLM" ? s.heads : s.kv_heads},
+      {"num_hidden_layers", s.layers},
+      {"head_dim", hd},
+      {"vocab_size", s.vocab},
+      {"torch_dtype", std::string(torch_dtype)},
+      {"rms_norm_eps", 1e-6},
+      {"tie_word_embeddings", false},
+  };
+  if (a == "Qwen2ForCausalLM") c["attention_bias"] = true;
+  if (a == "Qwen3MoeForCausalLM") {
+    c["num_experts"] = s.experts;
+    c["moe_intermediate_size"] = s.moe_intermediate;
+    c["num_experts_per_tok"] = std::min(2, s.experts);
+  }
+  if (a == "MixtralForCausalLM") {
+    c["num_local_experts"] = s.experts;
+    c["intermediate_size"] = s.moe_intermediate;
+    c["num_experts_per_tok"] = std::min(2, s.experts);
+  }
+  if (a == "DeepseekV3ForCausalLM") {
+    c["n_routed_experts"] = s.experts;
+    c["n_shared_experts"] = s.shared_experts;
+    c["moe_intermediate_size"] = s.moe_intermediate;
+    c["first_k_dense_replace"] = s.first_dense;
+    c["q_lora_rank"] = s.q_lora_rank > 0 ? nlohmann::ordered_json(s.q_lora_rank)
+                                          : nlohmann::ordered_json(nullptr);
+    c["kv_lora_rank"] = s.kv_lora_rank;
+    c["qk_nope_head_dim"] = s.qk_nope_head_dim;
+    c["qk_rope_head_dim"] = s.qk_rope_head_dim;
+    c["v_head_dim"] = s.v_head_dim;
+    c["num_nextn_predict_layers"] = s.mtp ? 1 : 0;
+  }
+  if (s.fp8) {
+    c["quantization_config"] = {{"activation_scheme", "dynamic"},
+                                {"fmt", "e4m3"},
+                                {"quant_method", "fp8"},
+                                {"weight_block_size", {s.block, s.block}}};
+  }
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<TensorSpec>> ArchTensors(const ArchShape& shape) {
+  WC_ASSIGN_OR_RETURN(std::vector<ArchTensor> list, ArchTensorList(shape));
+  std::vector<TensorSpec> out;
+  out.reserve(list.size());
+  for (auto& t : list) out.push_back(std::move(t.spec));
+  return out;
+}
+
+absl::Status WriteArchCheckpoint(const std::string& dir, const ArchShape& shape) {
+  WC_ASSIGN_OR_RETURN(std::string_view torch_dtype, TorchDtype(shape.dtype));
+  WC_ASSIGN_OR_RETURN(std::vector<TensorSpec> plan, ArchTensors(shape));
+  if (shape.shards < 1 || static_cast<size_t>(shape.shards) > plan.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("WriteArchCheckpoint: shards=", shape.shards,
+                                                   " must be in [1, ", plan.size(), "]"));
+  }
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return ErrnoStatus(errno, "mkdir", dir);
+  }
+  WC_RETURN_IF_ERROR(
+      WriteText(dir + "/config.json", ArchConfig(shape, torch_dtype).dump(2) + "\n"));
+
+  // Contiguous groups of about equal tensor counts, one per shard.
+  const auto n = static_cast<size_t>(shape.shards);
+  auto shard_name = [&](size_t k) {
+    return n == 1 ? std::string("model.safetensors")
+                  : absl::StrFormat("model-%05d-of-%05d.safetensors", k + 1, n);
+  };
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  uint64_t total = 0;
+  size_t next = 0;
+  for (size_t k = 0; k < n; ++k) {
+    const size_t end = plan.size() * (k + 1) / n;
+    std::vector<TensorData> tensors;
+    for (; next < end; ++next) {
+      TensorData t;
+      t.name = plan[next].name;
+      t.dtype = plan[next].dtype;
+      t.shape = plan[next].shape;
+      uint64_t numel = 1;
+      for (int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
+      t.bytes = RandomTensorBytes(t.dtype, numel, shape.seed, t.name);
+      total += t.bytes.size();
+      weight_map[t.name] = shard_name(k);
+      tensors.push_back(std::move(t));
+    }
+    WC_RETURN_IF_ERROR(WriteFile(dir + "/" + shard_name(k), tensors, {{"format", "pt"}}));
+  }
+  if (n > 1) {
+    nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}},
+                                    {"weight_map", std::move(weight_map)}};
+    WC_RETURN_IF_ERROR(WriteText(dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace weightcache::safetensors

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "pkg/safetensors/safetensors.h"
 
 namespace weightcache::safetensors {
@@ -38,5 +39,50 @@ struct LlamaShape {
 };
 // Writes config.json (LlamaForCausalLM) and the safetensors file(s) into `dir`.
 absl::Status WriteLlamaCheckpoint(const std::string& dir, const LlamaShape& shape);
+
+// Test checkpoints for the tensor-parallel presets: the real HF tensor names and shapes of
+// one architecture, tiny sizes, seeded values (per tensor name, as above).
+struct ArchShape {
+  // LlamaForCausalLM, Qwen2ForCausalLM (q/k/v biases), Qwen3ForCausalLM (q/k norms),
+  // Qwen3MoeForCausalLM, MixtralForCausalLM, DeepseekV3ForCausalLM (MLA, shared experts).
+  std::string architecture = "LlamaForCausalLM";
+  int layers = 2;
+  int hidden = 256;
+  int intermediate = 512;  // dense MLP
+  int heads = 8;
+  int kv_heads = 4;  // ignored by DeepseekV3 (MLA)
+  int head_dim = 0;  // 0: hidden / heads
+  int vocab = 1000;
+  // Mixture of experts (Qwen3Moe, Mixtral, DeepseekV3).
+  int experts = 4;
+  int moe_intermediate = 256;
+  int shared_experts = 1;  // DeepseekV3: n_shared_experts
+  int first_dense = 1;     // DeepseekV3: first_k_dense_replace
+  bool mtp = false;        // DeepseekV3: a multi-token-prediction layer after the last one
+  // DeepseekV3 MLA.
+  int q_lora_rank = 128;  // 0: no q_a/q_b, a plain q_proj (V2-Lite style)
+  int kv_lora_rank = 128;
+  int qk_nope_head_dim = 32;
+  int qk_rope_head_dim = 32;
+  int v_head_dim = 32;
+  DType dtype = DType::kBF16;
+  // Block-FP8 (DeepSeek-V3 style): linear weights F8_E4M3 with an F32 weight_scale_inv of
+  // [ceil(out/block), ceil(in/block)], and quantization_config {quant_method: fp8,
+  // weight_block_size: [block, block]}. Embeddings, norms and routers stay in `dtype`.
+  bool fp8 = false;
+  int block = 128;
+  uint64_t seed = 42;
+  int shards = 1;
+};
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::kBF16;
+  std::vector<int64_t> shape;
+};
+// The tensors WriteArchCheckpoint writes, in file order; INVALID_ARGUMENT for an unknown
+// architecture or bad sizes.
+absl::StatusOr<std::vector<TensorSpec>> ArchTensors(const ArchShape& shape);
+// Writes config.json and the safetensors file(s) into `dir`.
+absl::Status WriteArchCheckpoint(const std::string& dir, const ArchShape& shape);
 
 }  // namespace weightcache::safetensors

@@ -1,0 +1,53 @@
+// Reading a planned tensor whose source is not one contiguous range (plan.h: Piece): the
+// row-parallel shards of tensor parallelism and padded vocabulary shards. Helpers for the
+// loader's paths; they own nothing and keep no state.
+// Thread-safety: free functions; safe from any thread on distinct destinations.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "pkg/load/plan.h"
+#include "pkg/safetensors/safetensors.h"
+
+namespace weightcache::load {
+
+// A contiguous copy: `length` bytes from `file_offset` to byte `dst_offset` of the tensor.
+struct Run {
+  uint64_t file_offset = 0;
+  uint64_t length = 0;
+  uint64_t dst_offset = 0;
+};
+
+// Calls `fn` for each contiguous run of `t`, in destination order: the whole tensor when it
+// has no pieces, else each row of each piece (rows that are adjacent in the file too are
+// merged into one run). Empty runs are skipped.
+void ForEachRun(const PlannedTensor& t, const std::function<void(const Run&)>& fn);
+
+// Appends the ReadRequests that fill `t` at host address `dst` (t.nbytes bytes): the one
+// change the direct (host-addressable) loader path needs:
+//   reqs.push_back({fd, t->file_offset, t->nbytes, dst, what});
+// becomes
+//   AppendReadRequests(*t, fd, dst, what, &reqs);
+// Bytes of `t` that no run covers (PaddingRanges) are not written: the destination must
+// already be zero there (memfd segments are).
+void AppendReadRequests(const PlannedTensor& t, int fd, void* dst, std::string_view what,
+                        std::vector<safetensors::ReadRequest>* reqs);
+
+// [begin, end) byte ranges of `t` that no piece covers: zero padding. Empty for tensors
+// without pieces.
+std::vector<std::pair<uint64_t, uint64_t>> PaddingRanges(const PlannedTensor& t);
+
+// Reads all of `t` into `dst` (t.nbytes bytes of host memory) and zeroes its padding. For a
+// strided piece whose rows are small (< `gather_below` bytes), reads the piece's covering
+// range once into a bounded scratch buffer and gathers the rows, instead of one pread per
+// row. For tests, staging paths and tools.
+absl::Status ReadPlannedTensor(const PlannedTensor& t, int fd, void* dst, std::string_view what,
+                               const safetensors::ReadOptions& options = {},
+                               uint64_t gather_below = 64 << 10);
+
+}  // namespace weightcache::load
