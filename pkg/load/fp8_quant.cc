@@ -73,7 +73,7 @@ uint8_t FloatToE4M3(float x) {
   const uint32_t bits = Bits(x);
   const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
   const uint32_t abs = bits & kAbsMask;
-  if (abs > kInfBits) return static_cast<uint8_t>(sign | 0x7Fu);  // NaN
+  if (abs > kInfBits) return static_cast<uint8_t>(sign | 0x7Fu);   // NaN
   if (abs >= k448Bits) return static_cast<uint8_t>(sign | 0x7Eu);  // saturate (and +-Inf)
   const uint32_t e = abs >> 23;  // biased float exponent; 0 for float subnormals
   const uint32_t mant = (abs & 0x7FFFFFu) | (e != 0 ? 0x800000u : 0u);  // value = mant*2^(E-150)
@@ -99,9 +99,9 @@ absl::Status QuantizeFp8Block(safetensors::DType src_dtype, const void* src, int
                               int64_t cols, int block_rows, int block_cols, uint8_t* out_fp8,
                               float* out_scale_inv) {
   if (src_dtype != safetensors::DType::kBF16 && src_dtype != safetensors::DType::kF16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("fp8 block quantization: source dtype ",
-                     std::string(safetensors::DTypeName(src_dtype)), " is not BF16 or F16"));
+    return absl::InvalidArgumentError(absl::StrCat("fp8 block quantization: source dtype ",
+                                                   std::string(safetensors::DTypeName(src_dtype)),
+                                                   " is not BF16 or F16"));
   }
   if (block_rows <= 0 || block_cols <= 0 || rows < 0 || cols < 0) {
     return absl::InvalidArgumentError(absl::StrCat("fp8 block quantization: bad shape [", rows,
@@ -119,7 +119,8 @@ absl::Status QuantizeFp8Block(safetensors::DType src_dtype, const void* src, int
       float amax = 0.0f;
       for (int64_t r = r0; r < r1; ++r) {
         for (int64_t c = c0; c < c1; ++c) {
-          const float a = std::fabs(LoadElement(src_dtype, src, static_cast<uint64_t>(r * cols + c)));
+          const float a =
+              std::fabs(LoadElement(src_dtype, src, static_cast<uint64_t>(r * cols + c)));
           if (std::isfinite(a) && a > amax) amax = a;
         }
       }

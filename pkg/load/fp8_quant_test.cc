@@ -56,11 +56,11 @@ TEST(Fp8, HandCheckedValues) {
     uint8_t code;
   };
   const Want wants[] = {
-      {448.0f, 0x7E},           // the largest finite
+      {448.0f, 0x7E},  // the largest finite
       {-448.0f, 0xFE},
-      {0.5f, 0x30},             // 2^-1: exponent 6
+      {0.5f, 0x30},  // 2^-1: exponent 6
       {1.0f, 0x38},
-      {240.0f, 0x77},           // 1.875 * 2^7
+      {240.0f, 0x77},  // 1.875 * 2^7
       {0.0f, 0x00},
       {-0.0f, 0x80},
       {std::ldexp(1.0f, -6), 0x08},    // smallest normal
@@ -71,10 +71,10 @@ TEST(Fp8, HandCheckedValues) {
       {std::ldexp(3.0f, -10), 0x02},   // 1.5 * 2^-9: tie to even 2
       {std::ldexp(5.0f, -10), 0x02},   // 2.5 * 2^-9: tie to even 2
       {std::ldexp(15.0f, -10), 0x08},  // 7.5 * 2^-9: tie, rounds up into the normal binade
-      {1.9375f, 0x40},          // between 1.875 and 2: tie to even, next binade (2.0)
-      {1.0625f, 0x38},          // between 1 and 1.125: tie to even (1.0)
-      {1.1875f, 0x3A},          // between 1.125 and 1.25: tie to even (1.25)
-      {460.0f, 0x7E},           // above 448: saturates (torch's cast would give NaN >= 464)
+      {1.9375f, 0x40},                 // between 1.875 and 2: tie to even, next binade (2.0)
+      {1.0625f, 0x38},                 // between 1 and 1.125: tie to even (1.0)
+      {1.1875f, 0x3A},                 // between 1.125 and 1.25: tie to even (1.25)
+      {460.0f, 0x7E},                  // above 448: saturates (torch's cast would give NaN >= 464)
       {1e6f, 0x7E},
       {-1e30f, 0xFE},
       {std::numeric_limits<float>::infinity(), 0x7E},
@@ -83,7 +83,7 @@ TEST(Fp8, HandCheckedValues) {
       {-std::numeric_limits<float>::quiet_NaN(), 0xFF},
       {std::numeric_limits<float>::denorm_min(), 0x00},
       {447.99f, 0x7E},
-      {432.0f, 0x7E},           // between 416 and 448: tie to even (448, mantissa 6)
+      {432.0f, 0x7E},  // between 416 and 448: tie to even (448, mantissa 6)
       {431.9f, 0x7D},
   };
   for (const auto& w : wants) {
@@ -125,7 +125,8 @@ TEST(Fp8, EncodeMatchesReferenceOnEveryBf16AndHalfAndRandomFloats) {
   for (int i = 0; i < 300000; ++i) {
     uint32_t bits = static_cast<uint32_t>(rng());
     // Half of them near the e4m3 range, where rounding is interesting.
-    if (i % 2 == 0) bits = (bits & 0x807FFFFFu) | ((100u + static_cast<uint32_t>(rng() % 40)) << 23);
+    if (i % 2 == 0)
+      bits = (bits & 0x807FFFFFu) | ((100u + static_cast<uint32_t>(rng() % 40)) << 23);
     const float x = F(bits);
     ASSERT_EQ(FloatToE4M3(x), RefEncode(x)) << std::hex << bits;
   }
@@ -245,9 +246,9 @@ TEST(Fp8, BlockQuantizerMatchesReferenceWithRaggedEdges) {
 
 TEST(Fp8, HandBlock) {
   // One 2x2 block of bf16 {448*s, 0.5*s, -1*s, tiny}: with amax 896, scale 2.
-  const uint16_t v[4] = {static_cast<uint16_t>(B(896.0f) >> 16), static_cast<uint16_t>(B(1.0f) >> 16),
-                         static_cast<uint16_t>(B(-2.0f) >> 16),
-                         static_cast<uint16_t>(B(std::ldexp(1.0f, -8)) >> 16)};
+  const uint16_t v[4] = {
+      static_cast<uint16_t>(B(896.0f) >> 16), static_cast<uint16_t>(B(1.0f) >> 16),
+      static_cast<uint16_t>(B(-2.0f) >> 16), static_cast<uint16_t>(B(std::ldexp(1.0f, -8)) >> 16)};
   uint8_t q[4];
   float s;
   ASSERT_TRUE(QuantizeFp8Block(DType::kBF16, v, 2, 2, 128, 128, q, &s).ok());
@@ -264,7 +265,8 @@ TEST(Fp8, RejectsOtherDtypesAndBadBlocks) {
   float s;
   auto st = QuantizeFp8Block(DType::kF32, &x, 1, 1, 128, 128, &q, &s);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(std::string(st.message()), "fp8 block quantization: source dtype F32 is not BF16 or F16");
+  EXPECT_EQ(std::string(st.message()),
+            "fp8 block quantization: source dtype F32 is not BF16 or F16");
   EXPECT_EQ(QuantizeFp8Block(DType::kBF16, &x, 1, 1, 0, 128, &q, &s).code(),
             absl::StatusCode::kInvalidArgument);
 }

@@ -68,20 +68,19 @@ absl::StatusOr<Part> Partition(const Ctx& c, const ShardRule& rule, const std::s
   const int heads = kv ? c.model.config.num_key_value_heads : c.model.config.num_attention_heads;
   if (heads <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor, "': config.json has no ",
-                                                   key, ", needed to split it over tp_size ",
-                                                   tp));
+                                                   key, ", needed to split it over tp_size ", tp));
   }
   if (heads >= tp) {
     if (heads % tp != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", tensor, "': tp_size ", tp, " does not divide ", key, " ", heads));
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor, "': tp_size ", tp,
+                                                     " does not divide ", key, " ", heads));
     }
     return Part{tp, c.rank};
   }
   if (!kv) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", tensor, "': tp_size ", tp, " does not divide ", key, " ",
-                     heads, " (more ranks than attention heads)"));
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor, "': tp_size ", tp,
+                                                   " does not divide ", key, " ", heads,
+                                                   " (more ranks than attention heads)"));
   }
   // GQA with fewer k/v heads than ranks: replicate as vLLM and SGLang do, tp/kv consecutive
   // ranks sharing one head.
@@ -101,20 +100,20 @@ struct Range {
   int64_t hi = 0;
 };
 
-absl::StatusOr<Range> SplitDim(const std::string& tensor, int dim, int64_t size, Part p,
-                               int block, const Ctx& c) {
+absl::StatusOr<Range> SplitDim(const std::string& tensor, int dim, int64_t size, Part p, int block,
+                               const Ctx& c) {
   if (size % p.parts != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor, "': dim ", dim,
-                                                   " of size ", size, " does not divide into ",
-                                                   p.parts, " equal parts (tp_size ", c.tp, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", tensor, "': dim ", dim, " of size ",
+                                                   size, " does not divide into ", p.parts,
+                                                   " equal parts (tp_size ", c.tp, ")"));
   }
   const int64_t per = size / p.parts;
   if (block > 0 && p.parts > 1 && per % block != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", tensor, "': splitting dim ", dim, " (size ", size, ") into ", p.parts,
-        " parts of ", per, " is not on a ", block,
-        "-element weight block boundary (quantization_config.weight_block_size [",
-        absl::StrJoin(c.block, ", "), "])"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", tensor, "': splitting dim ", dim, " (size ", size, ") into ",
+                     p.parts, " parts of ", per, " is not on a ", block,
+                     "-element weight block boundary (quantization_config.weight_block_size [",
+                     absl::StrJoin(c.block, ", "), "])"));
   }
   return Range{p.index * per, (p.index + 1) * per};
 }
@@ -135,7 +134,8 @@ absl::StatusOr<PlannedTensor> Shard(const Ctx& c, const TensorInfo& t, const Sha
 
   if (scale && !fp8_block) {
     return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", t.name, "' is a block-FP8 scale, but config.json's "
+        absl::StrCat("tensor '", t.name,
+                     "' is a block-FP8 scale, but config.json's "
                      "quantization_config is not fp8 with weight_block_size"));
   }
   // A scale must have its weight's block grid, whatever the split.
@@ -146,15 +146,14 @@ absl::StatusOr<PlannedTensor> Shard(const Ctx& c, const TensorInfo& t, const Sha
       return absl::InvalidArgumentError(
           absl::StrCat("tensor '", t.name, "': scale without its weight '", WeightOf(t.name), "'"));
     }
-    const bool grid_ok =
-        weight->shape.size() == 2 && t.shape.size() == 2 &&
-        t.shape[0] == (weight->shape[0] + c.block[0] - 1) / c.block[0] &&
-        t.shape[1] == (weight->shape[1] + c.block[1] - 1) / c.block[1];
+    const bool grid_ok = weight->shape.size() == 2 && t.shape.size() == 2 &&
+                         t.shape[0] == (weight->shape[0] + c.block[0] - 1) / c.block[0] &&
+                         t.shape[1] == (weight->shape[1] + c.block[1] - 1) / c.block[1];
     if (!grid_ok) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", t.name, "': shape ", ShapeString(t.shape), " is not the ",
-          absl::StrJoin(c.block, "x"), " block grid of its weight '", weight->name, "' ",
-          ShapeString(weight->shape)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name, "': shape ", ShapeString(t.shape), " is not the ",
+                       absl::StrJoin(c.block, "x"), " block grid of its weight '", weight->name,
+                       "' ", ShapeString(weight->shape)));
     }
   }
 
@@ -186,8 +185,7 @@ absl::StatusOr<PlannedTensor> Shard(const Ctx& c, const TensorInfo& t, const Sha
     p.nbytes = static_cast<uint64_t>(per) * row_bytes;
     p.file_offset = t.file_offset + static_cast<uint64_t>(lo) * row_bytes;
     if (hi - lo != per) {  // padding rows: read the real ones, the rest stays zero
-      p.pieces.push_back(Piece{p.file_offset, 0, static_cast<uint64_t>(hi - lo) * row_bytes, 1,
-                               0});
+      p.pieces.push_back(Piece{p.file_offset, 0, static_cast<uint64_t>(hi - lo) * row_bytes, 1, 0});
     }
     return p;
   }
@@ -294,8 +292,8 @@ absl::StatusOr<PlannedTensor> FusedView(const Ctx& c, const Fused& f,
     if (m.dtype != first.dtype || m.shape.empty() || !same_tail) {
       return absl::InvalidArgumentError(absl::StrCat(
           "fused view '", f.name, "': member '", m.name, "' (",
-          std::string(safetensors::DTypeName(m.dtype)),
-          " ", ShapeString(m.shape), ") does not stack with '", first.name, "' (",
+          std::string(safetensors::DTypeName(m.dtype)), " ", ShapeString(m.shape),
+          ") does not stack with '", first.name, "' (",
           std::string(safetensors::DTypeName(first.dtype)), " ", ShapeString(first.shape), ")"));
     }
     // A fused scale is the concatenation of the members' scales only if every member but
@@ -303,10 +301,10 @@ absl::StatusOr<PlannedTensor> FusedView(const Ctx& c, const Fused& f,
     if (IsScale(m.name) && i + 1 < members.size()) {
       auto w = index.find(WeightOf(m.name));
       if (w != index.end() && shards[w->second].shape[0] % c.block[0] != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "fused view '", f.name, "': member '", shards[w->second].name, "' has ",
-            shards[w->second].shape[0], " rows on this rank, not a multiple of the ",
-            c.block[0], "-row weight block, so the fused scale is not a plain view"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("fused view '", f.name, "': member '", shards[w->second].name, "' has ",
+                         shards[w->second].shape[0], " rows on this rank, not a multiple of the ",
+                         c.block[0], "-row weight block, so the fused scale is not a plain view"));
       }
     }
     v.shape[0] += m.shape[0];
@@ -342,9 +340,8 @@ absl::StatusOr<Plan> PlanRank(const OpenedModel& model, const spec::Layout& layo
   if (layout.tp_size > 1 || engine_name != "hf") {
     auto found = FindPreset(model.architecture);
     if (!found.ok()) {
-      return Annotate(found.status(),
-                      absl::StrCat("model '", model.spec.name, "': tp_size ", layout.tp_size,
-                                   ", layout ", engine_name));
+      return Annotate(found.status(), absl::StrCat("model '", model.spec.name, "': tp_size ",
+                                                   layout.tp_size, ", layout ", engine_name));
     }
     preset = *found;
     WC_ASSIGN_OR_RETURN(c.engine, FindLayout(*preset, engine_name));
@@ -436,10 +433,10 @@ absl::StatusOr<Plan> PlanRank(const OpenedModel& model, const spec::Layout& layo
   if (!options.loader_reads_pieces) {
     for (const auto& s : shards) {
       if (!s.pieces.empty()) {
-        return absl::UnimplementedError(absl::StrCat(
-            "model '", model.spec.name, "': tp_size ", layout.tp_size, ", layout ", engine_name,
-            " needs strided or padded reads (tensor '", s.name,
-            "'), which this loader does not perform yet"));
+        return absl::UnimplementedError(
+            absl::StrCat("model '", model.spec.name, "': tp_size ", layout.tp_size, ", layout ",
+                         engine_name, " needs strided or padded reads (tensor '", s.name,
+                         "'), which this loader does not perform yet"));
       }
     }
   }

@@ -36,7 +36,9 @@ struct Piece {
 
   uint64_t bytes() const { return row_bytes * rows; }
   // One past the last source byte.
-  uint64_t file_end() const { return rows == 0 ? file_offset : file_offset + (rows - 1) * src_pitch + row_bytes; }
+  uint64_t file_end() const {
+    return rows == 0 ? file_offset : file_offset + (rows - 1) * src_pitch + row_bytes;
+  }
   bool operator==(const Piece&) const = default;
 };
 

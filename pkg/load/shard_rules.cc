@@ -77,8 +77,7 @@ EngineLayout Engine(const std::string& name, bool moe_shared, const std::string&
         {"model.layers.*.mlp.shared_experts", "gate_up_proj", {"gate_proj", "up_proj"}});
   }
   if (!mla_fused.empty()) {
-    l.fused.push_back(
-        {"model.layers.*.self_attn", mla_fused, {"q_a_proj", "kv_a_proj_with_mqa"}});
+    l.fused.push_back({"model.layers.*.self_attn", mla_fused, {"q_a_proj", "kv_a_proj_with_mqa"}});
   }
   return l;
 }
@@ -95,13 +94,16 @@ std::vector<ArchPreset> BuildPresets() {
   p.push_back({"Qwen2ForCausalLM", dense, Layouts()});
   p.push_back({"Qwen3ForCausalLM", Concat({dense, QkNorm()}), Layouts()});
   p.push_back({"Qwen3MoeForCausalLM",
-               Concat({Common(), GqaAttention(), QkNorm(),
+               Concat({Common(),
+                       GqaAttention(),
+                       QkNorm(),
                        {{"model.layers.*.mlp.gate.weight", Split::kReplicated}},  // router
                        GatedMlp("model.layers.*.mlp.experts.*"),
                        GatedMlp("model.layers.*.mlp")}),  // mlp_only_layers
                Layouts()});
   p.push_back({"MixtralForCausalLM",
-               Concat({Common(), GqaAttention(),
+               Concat({Common(),
+                       GqaAttention(),
                        {
                            {"model.layers.*.block_sparse_moe.gate.weight", Split::kReplicated},
                            {"model.layers.*.block_sparse_moe.experts.*.w1.weight", Split::kColumn},
@@ -116,35 +118,31 @@ std::vector<ArchPreset> BuildPresets() {
   // e_score_correction_bias), routed experts and shared experts. The multi-token-prediction
   // layer (model.layers.<num_hidden_layers>.*) adds enorm/hnorm/eh_proj/shared_head and its
   // own embed_tokens; eh_proj is a plain replicated Linear in both engines.
-  p.push_back({"DeepseekV3ForCausalLM",
-               Concat({Common(),
-                       {
-                           {"model.layers.*.self_attn.q_proj.weight", Split::kColumn,
-                            Heads::kAttention},
-                           {"model.layers.*.self_attn.q_a_proj.weight", Split::kReplicated},
-                           {"model.layers.*.self_attn.q_a_layernorm.weight", Split::kReplicated},
-                           {"model.layers.*.self_attn.q_b_proj.weight", Split::kColumn,
-                            Heads::kAttention},
-                           {"model.layers.*.self_attn.kv_a_proj_with_mqa.weight",
-                            Split::kReplicated},
-                           {"model.layers.*.self_attn.kv_a_layernorm.weight", Split::kReplicated},
-                           {"model.layers.*.self_attn.kv_b_proj.weight", Split::kColumn,
-                            Heads::kAttention},
-                           {"model.layers.*.self_attn.o_proj.weight", Split::kRow,
-                            Heads::kAttention},
-                           {"model.layers.*.mlp.gate.weight", Split::kReplicated},
-                           {"model.layers.*.mlp.gate.e_score_correction_bias", Split::kReplicated},
-                           {"model.layers.*.enorm.weight", Split::kReplicated},
-                           {"model.layers.*.hnorm.weight", Split::kReplicated},
-                           {"model.layers.*.eh_proj.weight", Split::kReplicated},
-                           {"model.layers.*.shared_head.norm.weight", Split::kReplicated},
-                           {"model.layers.*.shared_head.head.weight", Split::kVocab},
-                           {"model.layers.*.embed_tokens.weight", Split::kVocab},
-                       },
-                       GatedMlp("model.layers.*.mlp.experts.*"),
-                       GatedMlp("model.layers.*.mlp.shared_experts"),
-                       GatedMlp("model.layers.*.mlp")}),
-               Layouts(/*moe_shared=*/true, /*mla=*/true)});
+  p.push_back(
+      {"DeepseekV3ForCausalLM",
+       Concat({Common(),
+               {
+                   {"model.layers.*.self_attn.q_proj.weight", Split::kColumn, Heads::kAttention},
+                   {"model.layers.*.self_attn.q_a_proj.weight", Split::kReplicated},
+                   {"model.layers.*.self_attn.q_a_layernorm.weight", Split::kReplicated},
+                   {"model.layers.*.self_attn.q_b_proj.weight", Split::kColumn, Heads::kAttention},
+                   {"model.layers.*.self_attn.kv_a_proj_with_mqa.weight", Split::kReplicated},
+                   {"model.layers.*.self_attn.kv_a_layernorm.weight", Split::kReplicated},
+                   {"model.layers.*.self_attn.kv_b_proj.weight", Split::kColumn, Heads::kAttention},
+                   {"model.layers.*.self_attn.o_proj.weight", Split::kRow, Heads::kAttention},
+                   {"model.layers.*.mlp.gate.weight", Split::kReplicated},
+                   {"model.layers.*.mlp.gate.e_score_correction_bias", Split::kReplicated},
+                   {"model.layers.*.enorm.weight", Split::kReplicated},
+                   {"model.layers.*.hnorm.weight", Split::kReplicated},
+                   {"model.layers.*.eh_proj.weight", Split::kReplicated},
+                   {"model.layers.*.shared_head.norm.weight", Split::kReplicated},
+                   {"model.layers.*.shared_head.head.weight", Split::kVocab},
+                   {"model.layers.*.embed_tokens.weight", Split::kVocab},
+               },
+               GatedMlp("model.layers.*.mlp.experts.*"),
+               GatedMlp("model.layers.*.mlp.shared_experts"),
+               GatedMlp("model.layers.*.mlp")}),
+       Layouts(/*moe_shared=*/true, /*mla=*/true)});
   std::sort(p.begin(), p.end(),
             [](const auto& a, const auto& b) { return a.architecture < b.architecture; });
   return p;
@@ -176,10 +174,14 @@ bool GlobAt(std::string_view p, std::string_view t) {
 
 std::string_view SplitName(Split split) {
   switch (split) {
-    case Split::kReplicated: return "replicated";
-    case Split::kColumn: return "column";
-    case Split::kRow: return "row";
-    case Split::kVocab: return "vocab";
+    case Split::kReplicated:
+      return "replicated";
+    case Split::kColumn:
+      return "column";
+    case Split::kRow:
+      return "row";
+    case Split::kVocab:
+      return "vocab";
   }
   return "?";
 }
@@ -196,9 +198,9 @@ absl::StatusOr<const ArchPreset*> FindPreset(const std::string& architecture) {
   for (const auto& p : Presets()) {
     if (p.architecture == architecture) return &p;
   }
-  return absl::UnimplementedError(absl::StrCat(
-      "architecture '", architecture, "' has no tensor-parallel sharding preset (known: ",
-      absl::StrJoin(PresetArchitectures(), ", "), ")"));
+  return absl::UnimplementedError(absl::StrCat("architecture '", architecture,
+                                               "' has no tensor-parallel sharding preset (known: ",
+                                               absl::StrJoin(PresetArchitectures(), ", "), ")"));
 }
 
 absl::StatusOr<const ShardRule*> FindRule(const ArchPreset& preset, const std::string& tensor) {
@@ -212,10 +214,10 @@ absl::StatusOr<const ShardRule*> FindRule(const ArchPreset& preset, const std::s
   for (const auto& r : preset.rules) {
     if (GlobMatch(r.pattern, name)) return &r;
   }
-  return absl::UnimplementedError(absl::StrCat("tensor '", tensor, "': no sharding rule of ",
-                                          preset.architecture,
-                                          " covers it (refusing to guess: replicating it could "
-                                          "be wrong for the engine)"));
+  return absl::UnimplementedError(
+      absl::StrCat("tensor '", tensor, "': no sharding rule of ", preset.architecture,
+                   " covers it (refusing to guess: replicating it could "
+                   "be wrong for the engine)"));
 }
 
 absl::StatusOr<const EngineLayout*> FindLayout(const ArchPreset& preset, const std::string& name) {

@@ -57,8 +57,8 @@ struct ShardRule {
 // `module_pattern` and every parameter suffix S (weight, bias, weight_scale_inv), the tensors
 // P.<part>.S (in `parts` order) are placed back to back, and a view P.<fused>.S aliases them.
 struct FusedGroup {
-  std::string module_pattern;     // glob, e.g. "model.layers.*.self_attn"
-  std::string fused;              // e.g. "qkv_proj"
+  std::string module_pattern;      // glob, e.g. "model.layers.*.self_attn"
+  std::string fused;               // e.g. "qkv_proj"
   std::vector<std::string> parts;  // e.g. {"q_proj", "k_proj", "v_proj"}
 };
 
@@ -69,8 +69,8 @@ struct EngineLayout {
 };
 
 struct ArchPreset {
-  std::string architecture;  // config.json's architectures[0]
-  std::vector<ShardRule> rules;  // first match wins
+  std::string architecture;           // config.json's architectures[0]
+  std::vector<ShardRule> rules;       // first match wins
   std::vector<EngineLayout> layouts;  // hf, sglang, vllm
 };
 

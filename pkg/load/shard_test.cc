@@ -33,9 +33,12 @@ using testing::TempDir;
 
 std::string Msg(const absl::Status& s) { return std::string(s.message()); }
 
-bool Has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool Has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 absl::StatusOr<std::shared_ptr<const OpenedModel>> Open(const std::string& dir, int tp = 1,
@@ -79,11 +82,11 @@ Expected ExpectedSplit(std::string name, int tp, int rank, int kv_heads) {
   if (EndsWith(name, ".weight_scale_inv")) {
     name = name.substr(0, name.size() - 17) + ".weight";
   }
-  const bool replicated =
-      EndsWith(name, "norm.weight") || EndsWith(name, "layernorm.weight") ||
-      EndsWith(name, "mlp.gate.weight") || EndsWith(name, "block_sparse_moe.gate.weight") ||
-      EndsWith(name, "e_score_correction_bias") || Has(name, ".q_a_proj.") ||
-      Has(name, ".kv_a_proj_with_mqa.") || EndsWith(name, "eh_proj.weight");
+  const bool replicated = EndsWith(name, "norm.weight") || EndsWith(name, "layernorm.weight") ||
+                          EndsWith(name, "mlp.gate.weight") ||
+                          EndsWith(name, "block_sparse_moe.gate.weight") ||
+                          EndsWith(name, "e_score_correction_bias") || Has(name, ".q_a_proj.") ||
+                          Has(name, ".kv_a_proj_with_mqa.") || EndsWith(name, "eh_proj.weight");
   if (replicated) return {Kind::kReplicated, 1, 0};
   if (EndsWith(name, "embed_tokens.weight") || name == "lm_head.weight" ||
       EndsWith(name, "shared_head.head.weight")) {
@@ -124,7 +127,8 @@ struct Case {
 
 // Plans every rank of `tp`, checks each shard against the engine's expected slice and shape,
 // rebuilds every tensor from the shards and compares it with the original.
-void CheckAllRanks(const OpenedModel& m, const ArchShape& shape, int tp, const std::string& layout) {
+void CheckAllRanks(const OpenedModel& m, const ArchShape& shape, int tp,
+                   const std::string& layout) {
   SCOPED_TRACE(absl::StrCat(shape.architecture, " tp ", tp, " layout ", layout));
   const int kv = shape.architecture == "DeepseekV3ForCausalLM" ? shape.heads : shape.kv_heads;
   const int64_t pad = layout == "hf" ? 1 : 64;
@@ -166,7 +170,8 @@ void CheckAllRanks(const OpenedModel& m, const ArchShape& shape, int tp, const s
           want_shape[0] = per;
           want = Rows(orig, o.shape, lo, hi);
           want.resize(static_cast<size_t>(per) * (orig.size() / o.shape[0]), 0);  // zero rows
-          std::copy(shard.begin(), shard.begin() + static_cast<int64_t>((hi - lo) * (orig.size() / o.shape[0])),
+          std::copy(shard.begin(),
+                    shard.begin() + static_cast<int64_t>((hi - lo) * (orig.size() / o.shape[0])),
                     out.begin() + static_cast<int64_t>(lo * (orig.size() / o.shape[0])));
           break;
         }
@@ -475,12 +480,11 @@ TEST(PlanRank, FusedViewsAliasContiguousShards) {
               check(l + "mlp.gate_up_proj." + param,
                     {l + "mlp.gate_proj." + param, l + "mlp.up_proj." + param});
             } else {
-              const std::string mla = std::string(layout) == "sglang"
-                                          ? "fused_qkv_a_proj_with_mqa"
-                                          : "fused_qkv_a_proj";
-              check(l + "self_attn." + mla + "." + param,
-                    {l + "self_attn.q_a_proj." + param,
-                     l + "self_attn.kv_a_proj_with_mqa." + param});
+              const std::string mla = std::string(layout) == "sglang" ? "fused_qkv_a_proj_with_mqa"
+                                                                      : "fused_qkv_a_proj";
+              check(
+                  l + "self_attn." + mla + "." + param,
+                  {l + "self_attn.q_a_proj." + param, l + "self_attn.kv_a_proj_with_mqa." + param});
               const std::string mlp = layer == 0 ? "mlp." : "mlp.shared_experts.";
               check(l + mlp + "gate_up_proj." + param,
                     {l + mlp + "gate_proj." + param, l + mlp + "up_proj." + param});
@@ -526,7 +530,8 @@ TEST(PlanRank, HfLayoutHasNoViewsAndNoPadding) {
   EXPECT_EQ(PaddingRanges(*lm_head),
             (std::vector<std::pair<uint64_t, uint64_t>>{{488 * 512, 512 * 512}}));
   const auto bytes = ReadShard(**ms, *lm_head);
-  EXPECT_TRUE(std::all_of(bytes.begin() + 488 * 512, bytes.end(), [](uint8_t b) { return b == 0; }));
+  EXPECT_TRUE(
+      std::all_of(bytes.begin() + 488 * 512, bytes.end(), [](uint8_t b) { return b == 0; }));
 }
 
 // ---- Pieces ----
@@ -570,8 +575,8 @@ TEST(PlanRank, PiecesAreRefusedUnlessTheLoaderReadsThem) {
 TEST(PlanRank, TensorNoRuleCoversIsNamed) {
   TempDir dir;
   ASSERT_TRUE(safetensors::WriteArchCheckpoint(dir.path(), {}).ok());
-  safetensors::TensorData extra{"model.layers.0.mlp.mystery_proj.weight", DType::kBF16, {4, 4},
-                                std::vector<uint8_t>(32, 1)};
+  safetensors::TensorData extra{
+      "model.layers.0.mlp.mystery_proj.weight", DType::kBF16, {4, 4}, std::vector<uint8_t>(32, 1)};
   ASSERT_TRUE(safetensors::WriteFile(dir / "extra.safetensors", {extra}).ok());
   auto m = Open(dir.path());
   ASSERT_TRUE(m.ok()) << m.status();
@@ -633,7 +638,7 @@ TEST(PlanRank, Fp8SplitOffBlockBoundaryIsNamed) {
   s.block = 128;
   s.qk_nope_head_dim = 64;  // q_b_proj / kv_b_proj: 8 heads x 128 = 1024 rows
   s.qk_rope_head_dim = 64;
-  s.v_head_dim = 64;        // o_proj: 512 columns
+  s.v_head_dim = 64;  // o_proj: 512 columns
   s.moe_intermediate = 512;
   ASSERT_TRUE(safetensors::WriteArchCheckpoint(dir.path(), s).ok());
   auto m = Open(dir.path());
