@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "pkg/load/internal/cuda_load.h"
 #include "pkg/memory/internal/cuda_segment.h"
+#include "pkg/load/pieces.h"
 #include "pkg/util/status_macros.h"
 
 namespace weightcache::load {
@@ -36,6 +37,20 @@ std::map<size_t, std::vector<const PlannedTensor*>> ByFile(const Plan& plan) {
     std::sort(v.begin(), v.end(), [](auto* a, auto* b) { return a->file_offset < b->file_offset; });
   }
   return out;
+}
+
+// Zeroes the bytes of every planned tensor that no piece covers (vocabulary padding), for
+// segments whose memory does not start zeroed.
+absl::Status ZeroPadding(const Plan& plan,
+                         const std::vector<std::unique_ptr<memory::Segment>>& segments) {
+  std::vector<uint8_t> zeros;
+  for (const auto& t : plan.tensors) {
+    for (const auto& [begin, end] : PaddingRanges(t)) {
+      if (zeros.size() < end - begin) zeros.assign(end - begin, 0);
+      WC_RETURN_IF_ERROR(segments[t.segment]->CopyIn(t.offset + begin, zeros.data(), end - begin));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -76,14 +91,19 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(const OpenedModel& model, 
     for (const auto& [fi, tensors] : ByFile(plan)) {
       const auto& file = files.at(fi);
       for (const auto* t : tensors) {
-        ranges.push_back({file.fd(), t->file_offset, t->nbytes, t->segment, t->offset,
-                          absl::StrCat(file.info().name, ": tensor '", t->name, "'"),
-                          file.info().name});
+        std::string what = absl::StrCat(file.info().name, ": tensor '", t->name, "'");
+        // Row-parallel shards are strided: one range per contiguous run.
+        ForEachRun(*t, [&](const Run& r) {
+          ranges.push_back({file.fd(), r.file_offset, r.length, t->segment,
+                            t->offset + r.dst_offset, what, file.info().name});
+        });
       }
     }
     std::vector<memory::Segment*> segs;
     for (auto& s : out->segments) segs.push_back(s.get());
     WC_RETURN_IF_ERROR(internal::CopyThroughPinnedStaging(ranges, segs, options, progress));
+    // GPU memory is not zeroed: write the vocabulary padding that no run covers.
+    WC_RETURN_IF_ERROR(ZeroPadding(plan, out->segments));
   } else {
     // Host-addressable segments: straight from the file; others: staging + CopyIn.
     std::vector<uint8_t> staging;
@@ -102,16 +122,32 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(const OpenedModel& model, 
         reqs.reserve(tensors.size());
         for (size_t i = 0; i < tensors.size(); ++i) {
           const auto* t = tensors[i];
-          reqs.push_back({file.fd(), t->file_offset, t->nbytes,
-                          out->segments[t->segment]->host_data() + t->offset, what[i]});
+          // memfd segments start zeroed, so padding needs no write.
+          AppendReadRequests(*t, file.fd(), out->segments[t->segment]->host_data() + t->offset,
+                             what[i], &reqs);
         }
         ProgressCtx ctx{progress, done};
         WC_RETURN_IF_ERROR(safetensors::ReadRanges(reqs, ropts, &OnRead, &ctx));
       } else {
-        // Batches of tensor pieces through the staging buffer, then CopyIn.
+        // Strided shards: each gathered whole (padding zeroed), then CopyIn.
+        std::vector<uint8_t> gathered;
+        for (size_t k = 0; k < tensors.size(); ++k) {
+          const auto* t = tensors[k];
+          if (t->pieces.empty()) continue;
+          gathered.resize(t->nbytes);
+          WC_RETURN_IF_ERROR(ReadPlannedTensor(*t, file.fd(), gathered.data(), what[k], ropts));
+          WC_RETURN_IF_ERROR(
+              out->segments[t->segment]->CopyIn(t->offset, gathered.data(), t->nbytes));
+          done += t->nbytes;
+        }
+        // Contiguous tensors: batches through the staging buffer, then CopyIn.
         struct Piece { const PlannedTensor* t; uint64_t skip; uint64_t n; uint64_t at; };
         size_t i = 0;
         uint64_t skip = 0;
+        auto skip_strided = [&] {
+          while (i < tensors.size() && !tensors[i]->pieces.empty()) ++i;
+        };
+        skip_strided();
         while (i < tensors.size()) {
           std::vector<Piece> batch;
           std::vector<safetensors::ReadRequest> reqs;
@@ -126,6 +162,7 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(const OpenedModel& model, 
             if (skip == t->nbytes) {
               ++i;
               skip = 0;
+              skip_strided();
             }
           }
           ProgressCtx ctx{nullptr, 0};

@@ -239,7 +239,10 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Daemon::Impl::StartLoad(
   unsigned threads = options_.read_threads;
   auto load = [model, layout, backend, threads, fp,
                device_uuid](cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
-    load::PlanOptions popts{backend->tensor_alignment(), backend->max_segment_bytes()};
+    load::PlanOptions popts;
+    popts.alignment = backend->tensor_alignment();
+    popts.max_segment_bytes = backend->max_segment_bytes();
+    popts.loader_reads_pieces = true;  // LoadRank reads strided shards and zeroes padding
     WC_ASSIGN_OR_RETURN(load::Plan plan, load::PlanRank(*model, layout, popts));
     load::LoadOptions lopts;
     lopts.read_threads = threads;
@@ -395,16 +398,20 @@ void Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
     s->set_index(static_cast<uint32_t>(i));
     s->set_size(content->segments[i]->size());
   }
-  resp->mutable_tensors()->Reserve(static_cast<int>(content->plan.tensors.size()));
-  for (const auto& t : content->plan.tensors) {
-    auto* m = resp->add_tensors();
-    m->set_name(t.name);
-    m->set_dtype(std::string(safetensors::DTypeName(t.dtype)));
-    for (auto d : t.shape) m->add_shape(d);
-    for (auto d : t.strides) m->add_strides(d);
-    m->set_segment(t.segment);
-    m->set_offset(t.offset);
-    m->set_nbytes(t.nbytes);
+  const auto& plan = content->plan;
+  resp->mutable_tensors()->Reserve(static_cast<int>(plan.tensors.size() + plan.views.size()));
+  // Tensors, then the fused views that alias them (engine layouts); the client sorts.
+  for (const auto* list : {&plan.tensors, &plan.views}) {
+    for (const auto& t : *list) {
+      auto* m = resp->add_tensors();
+      m->set_name(t.name);
+      m->set_dtype(std::string(safetensors::DTypeName(t.dtype)));
+      for (auto d : t.shape) m->add_shape(d);
+      for (auto d : t.strides) m->add_strides(d);
+      m->set_segment(t.segment);
+      m->set_offset(t.offset);
+      m->set_nbytes(t.nbytes);
+    }
   }
 }
 

@@ -356,6 +356,73 @@ TEST_F(DaemonTest, OversizedAndMalformedRequestsAreRefusedAndTheDaemonKeepsServi
   EXPECT_TRUE(client_->Acquire(o).ok());
 }
 
+// Bytes of rows [r0, r1) and columns [c0, c1) of a row-major 2-D tensor in the checkpoint.
+std::string Slice(const safetensors::Checkpoint& ckpt, const std::string& name, int64_t r0,
+                  int64_t r1, int64_t c0, int64_t c1) {
+  const auto* t = ckpt.Find(name);
+  EXPECT_NE(t, nullptr) << name;
+  if (t == nullptr) return "";
+  size_t el = safetensors::DTypeSize(t->dtype);
+  int64_t cols = t->shape.size() == 2 ? t->shape[1] : 1;
+  std::string out;
+  std::string row((c1 - c0) * el, '\0');
+  for (int64_t r = r0; r < r1; ++r) {
+    EXPECT_EQ(::pread(ckpt.files()[t->file_index].fd(), row.data(), row.size(),
+                      static_cast<off_t>(t->file_offset + (r * cols + c0) * el)),
+              static_cast<ssize_t>(row.size()));
+    out += row;
+  }
+  return out;
+}
+
+std::string Bytes(const client::TensorView* v) {
+  return v == nullptr ? "<missing>" : std::string(static_cast<const char*>(v->data), v->nbytes);
+}
+
+TEST_F(DaemonTest, TensorParallelRanksServeTheirShardsAndFusedViews) {
+  std::ofstream(dir_ / "tp.yaml") << "name: tp\nmodel_dir: " << dir_ / "tiny"
+                                  << "\ntp_size: 2\nlayout: sglang\n";
+  StartDaemon({"--spec_file=" + dir_ / "tp.yaml"});
+  auto ckpt = safetensors::Checkpoint::Open(dir_ / "tiny");
+  ASSERT_TRUE(ckpt.ok());
+  const auto s = Small();
+  const int64_t head_dim = s.hidden / s.heads;
+  for (int rank : {0, 1}) {
+    client::AcquireOptions o;
+    o.model = "tp";
+    o.tp_size = 2;
+    o.tp_rank = rank;
+    o.wait_ready = true;
+    auto lease = client_->Acquire(o);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    const auto& l = **lease;
+    // Column-parallel: rows of the output dim.
+    const auto* q = l.Find("model.layers.0.self_attn.q_proj.weight");
+    ASSERT_NE(q, nullptr);
+    EXPECT_EQ(q->shape, (std::vector<int64_t>{s.hidden / 2, s.hidden}));
+    EXPECT_EQ(Bytes(q), Slice(*ckpt, "model.layers.0.self_attn.q_proj.weight",
+                              rank * s.hidden / 2, (rank + 1) * s.hidden / 2, 0, s.hidden));
+    // Row-parallel: columns of the input dim (a strided read).
+    const auto* down = l.Find("model.layers.1.mlp.down_proj.weight");
+    ASSERT_NE(down, nullptr);
+    EXPECT_EQ(down->shape, (std::vector<int64_t>{s.hidden, s.intermediate / 2}));
+    EXPECT_EQ(Bytes(down), Slice(*ckpt, "model.layers.1.mlp.down_proj.weight", 0, s.hidden,
+                                 rank * s.intermediate / 2, (rank + 1) * s.intermediate / 2));
+    // Fused views for the engine: q, k, v shards back to back.
+    const auto* qkv = l.Find("model.layers.0.self_attn.qkv_proj.weight");
+    ASSERT_NE(qkv, nullptr);
+    const int64_t kv_rows = s.kv_heads * head_dim / 2;
+    EXPECT_EQ(qkv->shape, (std::vector<int64_t>{s.hidden / 2 + 2 * kv_rows, s.hidden}));
+    const auto* k = l.Find("model.layers.0.self_attn.k_proj.weight");
+    ASSERT_NE(k, nullptr);
+    EXPECT_EQ(Bytes(qkv), Bytes(q) + Bytes(k) +
+                              Bytes(l.Find("model.layers.0.self_attn.v_proj.weight")));
+  }
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->entries_size(), 2);  // one entry per rank, both preloaded
+}
+
 TEST_F(DaemonTest, SecondDaemonOnTheSameSocketDirIsRefused) {
   StartDaemon({"--model=name=tiny,model_dir=" + dir_ / "tiny"});
   Process second({WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_, "--backend=host",
