@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "pkg/client/client.h"
+#include "pkg/memory/mapping.h"
 #include "pkg/safetensors/safetensors.h"
 #include "pkg/safetensors/writer.h"
 #include "pkg/util/size_flag.h"
@@ -140,11 +141,8 @@ int Verify(client::Client& c, const std::vector<std::string>& args, const Contex
   auto lease = c.Acquire(o);
   if (!lease.ok()) return Error(lease.status());
   const auto& l = **lease;
-  if (l.backend() != "host") {
-    return Error(absl::UnimplementedError(absl::StrCat(
-        "verify compares host-mapped bytes; backend ", l.backend(),
-        " maps device memory, which this verify cannot read")));
-  }
+  const auto kind =
+      l.backend() == "cuda-vmm" ? memory::BackendKind::kCudaVmm : memory::BackendKind::kHost;
   std::printf("mapped %s: %zu tensors, %s in %zu segments, fingerprint %s, map time %.3f ms\n",
               l.model().c_str(), l.tensors().size(), FormatBytes(l.total_bytes()).c_str(),
               l.segment_count(), l.fingerprint().c_str(), l.map_seconds() * 1e3);
@@ -157,7 +155,7 @@ int Verify(client::Client& c, const std::vector<std::string>& args, const Contex
   if (!ckpt.ok()) return Error(ckpt.status());
   size_t bad = 0, checked = 0;
   uint64_t bytes = 0;
-  std::vector<uint8_t> buf;
+  std::vector<uint8_t> buf, mapped;
   for (const auto& t : ckpt->tensors()) {
     const auto* v = l.Find(t.name);
     if (v == nullptr) {
@@ -168,8 +166,18 @@ int Verify(client::Client& c, const std::vector<std::string>& args, const Contex
     const auto& f = ckpt->files()[t.file_index];
     std::vector<safetensors::ReadRequest> req{{f.fd(), t.file_offset, t.nbytes, buf.data(), t.name}};
     if (auto s = safetensors::ReadRanges(req, {}); !s.ok()) return Error(s);
+    // Device memory (cuda-vmm) is copied to the host first; host mappings are read in place.
+    const void* have = v->data;
+    if (kind == memory::BackendKind::kCudaVmm && v->nbytes == t.nbytes) {
+      mapped.resize(t.nbytes);
+      if (auto s = memory::CopyToHost(kind, l.device_uuid(), v->data, t.nbytes, mapped.data());
+          !s.ok()) {
+        return Error(s);
+      }
+      have = mapped.data();
+    }
     bool same = v->nbytes == t.nbytes && v->dtype == t.dtype && v->shape == t.shape &&
-                std::memcmp(v->data, buf.data(), t.nbytes) == 0;
+                std::memcmp(have, buf.data(), t.nbytes) == 0;
     if (!same && bad++ < 10) std::printf("DIFFERENT %s\n", t.name.c_str());
     checked++;
     bytes += t.nbytes;

@@ -57,8 +57,11 @@ absl::StatusOr<AcquireOptions> AcquireOptions::FromEnvironment() {
 }
 
 Lease::~Lease() {
-  handle_conn_.reset();  // ends the lease in the daemon
-  mapping_.reset();      // then unmap
+  // Unmap first (cuda-vmm: unmap, release the imported handles, free the VA range, release
+  // the context), then end the lease in the daemon by closing the handle connection: the
+  // daemon never counts memory as unleased while this process still maps it.
+  mapping_.reset();
+  handle_conn_.reset();
 }
 
 const TensorView* Lease::Find(const std::string& name) const {

@@ -13,7 +13,9 @@
 //
 // Thread-safety: a Client may be used from several threads at once. A Lease is immutable;
 // its views and pointers stay valid exactly as long as the Lease object lives. Destroying
-// the Lease closes its handle connection (which ends the lease in the daemon) and unmaps.
+// the Lease unmaps, then closes its handle connection (which ends the lease in the daemon).
+// For cuda-vmm, TensorView::data is a device pointer on device_uuid(), readable (not
+// writable) by kernels in this process; read it on the host with memory::CopyToHost.
 // A lease outlives the daemon: mapped memory stays readable if the daemon dies.
 #pragma once
 
@@ -100,7 +102,7 @@ class Lease {
   uint64_t total_bytes_ = 0;
   double map_seconds_ = 0;
   std::vector<TensorView> tensors_;
-  ScopedFd handle_conn_;  // the lease itself: closed first on destruction
+  ScopedFd handle_conn_;  // the lease itself: closed after unmapping, on destruction
   std::unique_ptr<memory::SegmentMapping> mapping_;
 };
 

@@ -12,6 +12,16 @@ __global__ void WriteBytes(unsigned char* p, size_t n) {
   }
 }
 
+// sum over bytes of byte * (i % 251 + 1), i the byte's index; integer atomics: deterministic.
+__global__ void WeightedSum(const unsigned char* p, size_t n, unsigned long long* out) {
+  unsigned long long acc = 0;
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    acc += static_cast<unsigned long long>(p[i]) * (i % 251 + 1);
+  }
+  atomicAdd(out, acc);
+}
+
 std::string Name(cudaError_t e) { return e == cudaSuccess ? "" : cudaGetErrorName(e); }
 
 }  // namespace
@@ -33,5 +43,29 @@ std::string PinnedAlloc(void** p, size_t n) {
 }
 
 void PinnedFree(void* p) { cudaFreeHost(p); }
+
+std::string DeviceChecksum(const void* p, size_t n, int ordinal, uint64_t* sum) {
+  if (cudaError_t e = cudaSetDevice(ordinal); e != cudaSuccess) return Name(e);
+  unsigned long long* d = nullptr;
+  if (cudaError_t e = cudaMalloc(&d, sizeof *d); e != cudaSuccess) return Name(e);
+  cudaMemset(d, 0, sizeof *d);
+  WeightedSum<<<264, 256>>>(static_cast<const unsigned char*>(p), n, d);
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  unsigned long long h = 0;
+  if (e == cudaSuccess) e = cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  *sum = h;
+  return Name(e);
+}
+
+std::string MemInfo(int ordinal, uint64_t* free_bytes, uint64_t* total_bytes) {
+  if (cudaError_t e = cudaSetDevice(ordinal); e != cudaSuccess) return Name(e);
+  size_t f = 0, t = 0;
+  cudaError_t e = cudaMemGetInfo(&f, &t);
+  *free_bytes = f;
+  *total_bytes = t;
+  return Name(e);
+}
 
 }  // namespace weightcache::gputest

@@ -46,5 +46,15 @@ std::string CopyToHost(void* dst, const void* src, size_t n, int ordinal);
 // Page-locked host memory (cudaHostAlloc) for the asynchronous copy path.
 std::string PinnedAlloc(void** p, size_t n);
 void PinnedFree(void* p);
+// Sum over the bytes of [p, p+n) of byte * (i % 251 + 1), computed by a kernel on `ordinal`.
+std::string DeviceChecksum(const void* p, size_t n, int ordinal, uint64_t* sum);
+inline uint64_t HostChecksum(const void* p, size_t n) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  uint64_t s = 0;
+  for (size_t i = 0; i < n; ++i) s += static_cast<uint64_t>(b[i]) * (i % 251 + 1);
+  return s;
+}
+// cudaMemGetInfo on `ordinal` (creates this process's context if needed).
+std::string MemInfo(int ordinal, uint64_t* free_bytes, uint64_t* total_bytes);
 
 }  // namespace weightcache::gputest

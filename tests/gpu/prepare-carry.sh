@@ -11,16 +11,16 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build-cuda}
 carry=$root/.device-carry
-targets=(cuda_vmm_test wc_gpu_helper memory_test gpu_map_bench)
+targets=(cuda_vmm_test wc_gpu_helper memory_test gpu_map_bench stack_gpu_test wc_gpu_client
+         weightcached weightcachectl gpu_acquire_bench)
 
 if [[ ! -f $build/build.ninja ]]; then
-  cmake -S "$root" -B "$build" -G Ninja -DWEIGHTCACHE_BENCH=ON -DWEIGHTCACHE_CUDA=ON \
-    "-DWEIGHTCACHE_EXCLUDE=pkg/kube;pkg/metrics"
+  cmake -S "$root" -B "$build" -G Ninja -DWEIGHTCACHE_BENCH=ON -DWEIGHTCACHE_CUDA=ON
 fi
 ninja -C "$build" "${targets[@]}"
 
 rm -rf "$carry"
-mkdir -p "$carry/bin" "$carry/lib" "$carry/lib-fallback"
+mkdir -p "$carry/bin" "$carry/lib" "$carry/lib-fallback" "$carry/lib-static" "$carry/include" "$carry/src"
 for t in "${targets[@]}"; do
   f=$(find "$build" -type f -name "$t" -perm -u+x | head -1)
   [[ -n $f ]] || { echo "missing $t" >&2; exit 1; }
@@ -38,5 +38,14 @@ done | sort -u | while read -r lib; do
     *) cp -L "$lib" "$carry/lib/" ;;
   esac
 done
+# For building the libtorch adapter test ON the GPU machine against its own libtorch
+# (build-torch-test.sh): abseil headers, the weightcache static libraries the adapter needs,
+# and a snapshot of the headers and sources it compiles.
+cp -r /usr/include/absl "$carry/include/"
+for l in client memory safetensors util proto; do
+  strip --strip-debug -o "$carry/lib-static/libwc_$l.a" "$(find "$build/pkg" "$build/proto" -name "libwc_$l.a" | head -1)"
+done
+(cd "$root" && find pkg -name '*.h' -print0 | xargs -0 cp --parents -t "$carry/src" &&
+  cp --parents pkg/client/torch/torch_adapter.cc tests/gpu/torch_gpu_test.cc -t "$carry/src")
 du -sh "$carry"
 ls "$carry/lib" | wc -l | xargs echo "libraries carried:"

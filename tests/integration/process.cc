@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 
 namespace weightcache::testing {
@@ -72,6 +73,18 @@ std::optional<std::string> Process::WaitFor(const std::string& prefix,
     if (!line) return std::nullopt;
     if (line->rfind(prefix, 0) == 0) return line;
   }
+}
+
+bool Process::WriteLine(const std::string& line) {
+  std::string s = line + "\n";
+  size_t off = 0;
+  while (in_ >= 0 && off < s.size()) {
+    ssize_t n = ::write(in_, s.data() + off, s.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    off += static_cast<size_t>(n);
+  }
+  return in_ >= 0;
 }
 
 void Process::CloseStdin() {

@@ -23,6 +23,8 @@ class Process {
   std::optional<std::string> ReadLine(std::chrono::milliseconds timeout);
   // Reads lines until one starts with `prefix`; returns it (or nullopt).
   std::optional<std::string> WaitFor(const std::string& prefix, std::chrono::milliseconds timeout);
+  // Writes `line` and a newline to the child's stdin; false when it is closed.
+  bool WriteLine(const std::string& line);
   void CloseStdin();
   void Kill(int sig);
   // Waits for exit; returns the wait status.

@@ -1,0 +1,222 @@
+// Acquire -> every tensor mapped, on the GPU, as an engine sees it: a daemon (a child
+// process, cuda-vmm backend) loads each checkpoint into GPU memory; this process (the
+// engine) connects, acquires, receives the FDs, imports and maps them read-only into one VA
+// range and builds its tensor views. Prints a Markdown table; the engine's own CUDA setup
+// (driver load + cuInit, primary context) is timed once, on its own row.
+//   gpu_acquire_bench [--sizes_gib=1,8,64] [--tensors=100,1000,10000] [--reps=5]
+//                     [--max_gib=64] [--read_threads=16]
+// Checkpoints are sparse files (zeros): mapping time does not depend on the values.
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "pkg/client/client.h"
+#include "pkg/memory/cuda_backend.h"
+#include "pkg/memory/internal/cuda_driver.h"
+#include "pkg/server/daemon.h"
+#include "pkg/spec/spec.h"
+
+using namespace weightcache;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double Ms(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+std::vector<double> ParseList(const char* s) {
+  std::vector<double> v;
+  for (const char* p = s; *p != '\0';) {
+    v.push_back(std::atof(p));
+    const char* c = std::strchr(p, ',');
+    if (c == nullptr) break;
+    p = c + 1;
+  }
+  return v;
+}
+
+// `tensors` BF16 tensors of equal size adding up to about `bytes`; the data area is sparse.
+void WriteSparseCheckpoint(const std::string& dir, int tensors, uint64_t bytes) {
+  std::filesystem::create_directories(dir);
+  FILE* cfg = std::fopen((dir + "/config.json").c_str(), "w");
+  std::fprintf(cfg, R"({"architectures":["LlamaForCausalLM"],"torch_dtype":"bfloat16"})");
+  std::fclose(cfg);
+  uint64_t per = std::max<uint64_t>(2, bytes / tensors / 2 * 2);
+  std::string header = "{";
+  uint64_t off = 0;
+  for (int i = 0; i < tensors; ++i) {
+    char name[96];
+    std::snprintf(name, sizeof name, "model.layers.%d.mlp.w%d.weight", i / 8, i % 8);
+    header += (i ? "," : "") + std::string("\"") + name + "\":{\"dtype\":\"BF16\",\"shape\":[" +
+              std::to_string(per / 2) + "],\"data_offsets\":[" + std::to_string(off) + "," +
+              std::to_string(off + per) + "]}";
+    off += per;
+  }
+  header += "}";
+  while ((header.size() + 8) % 8 != 0) header += ' ';
+  int fd = ::open((dir + "/model.safetensors").c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
+  uint64_t n = header.size();
+  (void)!::write(fd, &n, 8);
+  (void)!::write(fd, header.data(), header.size());
+  (void)!::ftruncate(fd, static_cast<off_t>(8 + header.size() + off));
+  ::close(fd);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<double> sizes = {1, 8, 64};
+  std::vector<double> counts = {100, 1000, 10000};
+  int reps = 5;
+  double max_gib = 64;
+  unsigned read_threads = 16;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--sizes_gib=", 12) == 0) sizes = ParseList(argv[i] + 12);
+    if (std::strncmp(argv[i], "--tensors=", 10) == 0) counts = ParseList(argv[i] + 10);
+    if (std::strncmp(argv[i], "--reps=", 7) == 0) reps = std::atoi(argv[i] + 7);
+    if (std::strncmp(argv[i], "--max_gib=", 10) == 0) max_gib = std::atof(argv[i] + 10);
+    if (std::strncmp(argv[i], "--read_threads=", 15) == 0) read_threads = std::atoi(argv[i] + 15);
+  }
+  char tmpl[] = "/tmp/wc-gpu-bench.XXXXXX";
+  std::string root = ::mkdtemp(tmpl);
+  struct Case {
+    double gib;
+    int tensors;
+    std::string name;
+  };
+  std::vector<Case> cases;
+  server::DaemonOptions o;
+  o.socket_dir = root + "/s";
+  o.preload = false;
+  o.read_threads = read_threads;
+  for (double g : sizes) {
+    if (g > max_gib) continue;
+    for (double t : counts) {
+      Case c{g, static_cast<int>(t), "m" + std::to_string(static_cast<int>(g)) + "g" +
+                                         std::to_string(static_cast<int>(t))};
+      WriteSparseCheckpoint(root + "/" + c.name, c.tensors, static_cast<uint64_t>(g * (1ull << 30)));
+      spec::ModelSpec s;
+      s.name = c.name;
+      s.model_dir = root + "/" + c.name;
+      o.specs.push_back(s);
+      cases.push_back(c);
+    }
+  }
+
+  // The daemon: a child started before this process touches CUDA.
+  int ready[2], stop[2];
+  if (::pipe(ready) != 0 || ::pipe(stop) != 0) return 2;
+  pid_t daemon_pid = ::fork();
+  if (daemon_pid == 0) {
+    ::close(ready[0]);
+    ::close(stop[1]);
+    auto backend = memory::MakeCudaBackend({});
+    if (!backend.ok()) {
+      std::fprintf(stderr, "daemon: %s\n", backend.status().ToString().c_str());
+      _exit(2);
+    }
+    auto d = server::Daemon::Start(o, backend->get());
+    if (!d.ok()) {
+      std::fprintf(stderr, "daemon: %s\n", d.status().ToString().c_str());
+      _exit(2);
+    }
+    (void)!::write(ready[1], "r", 1);
+    char ch;
+    (void)!::read(stop[0], &ch, 1);  // until the engine is done (or dies)
+    d->reset();
+    _exit(0);
+  }
+  ::close(ready[1]);
+  ::close(stop[0]);
+  char ch;
+  if (::read(ready[0], &ch, 1) != 1) {
+    std::fprintf(stderr, "daemon did not start\n");
+    return 2;
+  }
+
+  // The engine's own CUDA setup, on its own row.
+  auto t0 = Clock::now();
+  auto api = memory::internal::Driver();
+  auto t1 = Clock::now();
+  if (!api.ok()) {
+    std::fprintf(stderr, "%s\n", api.status().ToString().c_str());
+    return 2;
+  }
+  auto devices = memory::internal::ListDevices(**api);
+  if (!devices.ok() || devices->empty()) return 2;
+  const auto& dev = devices->front();
+  auto t2 = Clock::now();
+  auto ctx = memory::internal::PrimaryContext::Retain(**api, dev.device);
+  auto t3 = Clock::now();
+  if (!ctx.ok()) return 2;
+
+  std::printf("GPU: %s %s\n\n", dev.name.c_str(), dev.uuid.c_str());
+  std::printf("| engine's own CUDA setup (not weightcache's) | ms |\n|---|---:|\n");
+  std::printf("| dlopen libcuda + cuGetProcAddress + cuInit | %.1f |\n", Ms(t0, t1));
+  std::printf("| device enumeration | %.1f |\n", Ms(t1, t2));
+  std::printf("| primary context creation (cuDevicePrimaryCtxRetain) | %.1f |\n\n", Ms(t2, t3));
+
+  auto client = client::Client::Connect(o.socket_dir);
+  if (!client.ok()) return 2;
+  std::printf("| weights | tensors | segments | daemon load s | load GB/s | Acquire -> mapped median ms | min ms | max ms | release ms |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::fflush(stdout);
+  int rc = 0;
+  for (const auto& c : cases) {
+    auto l0 = Clock::now();
+    auto s = (*client)->Load(c.name, "", nullptr);
+    double load_s = Ms(l0, Clock::now()) / 1e3;
+    if (!s.ok()) {
+      std::fprintf(stderr, "load %s: %s\n", c.name.c_str(), s.ToString().c_str());
+      rc = 1;
+      continue;
+    }
+    client::AcquireOptions ao;
+    ao.model = c.name;
+    ao.device_uuid = dev.uuid;
+    std::vector<double> ms, rel;
+    size_t segments = 0;
+    for (int r = 0; r < reps + 1; ++r) {  // the first is a warm-up (gRPC channel)
+      auto a0 = Clock::now();
+      auto lease = (*client)->Acquire(ao);
+      auto a1 = Clock::now();
+      if (!lease.ok()) {
+        std::fprintf(stderr, "acquire %s: %s\n", c.name.c_str(), lease.status().ToString().c_str());
+        rc = 1;
+        break;
+      }
+      segments = (*lease)->segment_count();
+      auto r0 = Clock::now();
+      lease->reset();
+      auto r1 = Clock::now();
+      if (r > 0) {
+        ms.push_back(Ms(a0, a1));
+        rel.push_back(Ms(r0, r1));
+      }
+    }
+    if (!ms.empty()) {
+      std::sort(ms.begin(), ms.end());
+      std::sort(rel.begin(), rel.end());
+      std::printf("| %.0f GiB | %d | %zu | %.2f | %.1f | %.2f | %.2f | %.2f | %.2f |\n", c.gib,
+                  c.tensors, segments, load_s, c.gib * (1ull << 30) / 1e9 / load_s,
+                  ms[ms.size() / 2], ms.front(), ms.back(), rel[rel.size() / 2]);
+      std::fflush(stdout);
+    }
+    (void)(*client)->Evict(c.name, "");
+  }
+  ::close(stop[1]);
+  int status = 0;
+  ::waitpid(daemon_pid, &status, 0);
+  std::filesystem::remove_all(root);
+  return rc;
+}
