@@ -1,7 +1,7 @@
 // Acquire -> mapped time on the host backend, as an engine sees it: a daemon (in this
 // process, real sockets) serves a preloaded model; a client connects, acquires, receives the
 // segment FDs on the handle channel, maps them and builds its tensor views. Prints a table.
-//   acquire_bench [--reps=N] [--max_gib=4]
+//   acquire_bench [--reps=N] [--max_gib=4] [--tensors=N]
 // Checkpoints are sparse files (zeros): the time measured does not depend on the values.
 #include <fcntl.h>
 #include <unistd.h>
@@ -62,9 +62,11 @@ double Percentile(std::vector<double> v, double p) {
 int main(int argc, char** argv) {
   int reps = 50;
   double max_gib = 4;
+  int only_tensors = 0;  // --tensors=N: just the cases with N tensors
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--reps=", 7) == 0) reps = std::atoi(argv[i] + 7);
     if (std::strncmp(argv[i], "--max_gib=", 10) == 0) max_gib = std::atof(argv[i] + 10);
+    if (std::strncmp(argv[i], "--tensors=", 10) == 0) only_tensors = std::atoi(argv[i] + 10);
   }
   struct Case {
     int tensors;
@@ -83,6 +85,7 @@ int main(int argc, char** argv) {
   std::printf("|--------:|---------:|---------:|----------:|-------:|-------:|\n");
   for (const auto& c : cases) {
     if (c.bytes > max_gib * (1ull << 30)) continue;
+    if (only_tensors != 0 && c.tensors != only_tensors) continue;
     std::string dir = root + "/m" + std::to_string(c.tensors) + "_" + std::to_string(c.bytes);
     WriteSparseCheckpoint(dir, c.tensors, c.bytes);
     server::DaemonOptions o;

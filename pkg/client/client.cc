@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include <google/protobuf/arena.h>
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/numbers.h"
@@ -113,7 +114,9 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) 
   req.set_load_on_miss(o.load_on_miss);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + o.timeout);
-  v1::AcquireResponse resp;
+  // The manifest has one message per tensor: an arena makes parsing and freeing it cheap.
+  google::protobuf::Arena arena;
+  auto& resp = *google::protobuf::Arena::CreateMessage<v1::AcquireResponse>(&arena);
   WC_RETURN_IF_ERROR(FromGrpc(rpc_->stub->Acquire(&ctx, req, &resp), "Acquire"));
 
   auto lease = std::unique_ptr<Lease>(new Lease());
@@ -172,8 +175,11 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) 
     v.data = lease->mapping_->base(t.segment()) + t.offset();
     lease->tensors_.push_back(std::move(v));
   }
-  std::sort(lease->tensors_.begin(), lease->tensors_.end(),
-            [](const TensorView& a, const TensorView& b) { return a.name < b.name; });
+  auto by_name = [](const TensorView& a, const TensorView& b) { return a.name < b.name; };
+  // The daemon sends tensors in name order (fused views may follow): sort only if needed.
+  if (!std::is_sorted(lease->tensors_.begin(), lease->tensors_.end(), by_name)) {
+    std::sort(lease->tensors_.begin(), lease->tensors_.end(), by_name);
+  }
   lease->map_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return lease;

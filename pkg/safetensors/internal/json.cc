@@ -8,6 +8,44 @@
 #include "pkg/safetensors/internal/io.h"
 
 namespace weightcache::safetensors::internal {
+namespace {
+
+// SAX handler that records the first key repeated within one object; parse errors throw
+// (as nlohmann::json::parse does) so both passes report them the same way.
+struct DuplicateKeyFinder {
+  using json = nlohmann::json;
+  std::vector<std::set<std::string>> open_objects;
+  std::optional<std::string> duplicate;
+
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(json::number_integer_t) { return true; }
+  bool number_unsigned(json::number_unsigned_t) { return true; }
+  bool number_float(json::number_float_t, const json::string_t&) { return true; }
+  bool string(json::string_t&) { return true; }
+  bool binary(json::binary_t&) { return true; }
+  bool start_object(std::size_t) {
+    open_objects.emplace_back();
+    return true;
+  }
+  bool key(json::string_t& k) {
+    if (!open_objects.empty() && !open_objects.back().insert(k).second && !duplicate) {
+      duplicate = k;
+    }
+    return true;
+  }
+  bool end_object() {
+    if (!open_objects.empty()) open_objects.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) { return true; }
+  bool end_array() { return true; }
+  bool parse_error(std::size_t, const std::string&, const json::exception& ex) {
+    throw ex;  // rethrown as the concrete type below by nlohmann's own parse
+  }
+};
+
+}  // namespace
 
 absl::StatusOr<nlohmann::json> ParseStrictJson(std::string_view text, const std::string& what) {
   if (const size_t bad = FindInvalidUtf8(text); bad != std::string_view::npos) {
@@ -18,34 +56,17 @@ absl::StatusOr<nlohmann::json> ParseStrictJson(std::string_view text, const std:
   }
   // nlohmann keeps the last of duplicate keys; a strict reader must refuse them (two
   // entries for one tensor name would make the file mean different things to different
-  // readers).
-  std::vector<std::set<std::string>> open_objects;
-  std::optional<std::string> duplicate;
-  auto callback = [&](int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    switch (event) {
-      case nlohmann::json::parse_event_t::object_start:
-        open_objects.emplace_back();
-        break;
-      case nlohmann::json::parse_event_t::object_end:
-        if (!open_objects.empty()) open_objects.pop_back();
-        break;
-      case nlohmann::json::parse_event_t::key:
-        if (!open_objects.empty() && parsed.is_string() &&
-            !open_objects.back().insert(parsed.get<std::string>()).second && !duplicate) {
-          duplicate = parsed.get<std::string>();
-        }
-        break;
-      default:
-        break;
-    }
-    return true;
-  };
+  // readers). A SAX pass finds them in linear time (nlohmann's callback parser rescans the
+  // parent object at every nested object's end: quadratic in the tensor count).
+  DuplicateKeyFinder finder;
   nlohmann::json value;
   try {
-    value = nlohmann::json::parse(text.begin(), text.end(), callback);
+    nlohmann::json::sax_parse(text.begin(), text.end(), &finder);
+    if (!finder.duplicate) value = nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(what, " is not valid JSON: ", e.what()));
   }
+  const std::optional<std::string>& duplicate = finder.duplicate;
   if (duplicate) {
     return absl::InvalidArgumentError(absl::StrCat(what, " has duplicate key '", *duplicate, "'"));
   }
