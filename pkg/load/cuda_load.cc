@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "pkg/load/internal/cuda_load.h"
+#include "pkg/load/internal/fp8_quant_cuda.h"
 #include "pkg/memory/internal/cuda_driver.h"
 #include "pkg/memory/internal/cuda_segment.h"
 #include "pkg/safetensors/safetensors.h"
@@ -112,15 +113,17 @@ class StagingRing {
 
 // A piece of one range that fits in the current buffer.
 struct Piece {
-  CudaSegment* segment;
+  CudaSegment* segment;  // null: into the quantization scratch
   uint64_t segment_offset;
   uint64_t n;
-  uint64_t at;  // in the buffer
+  uint64_t at;             // in the buffer
+  int32_t finishes = -1;   // the quantization job whose last source byte this piece copies
 };
 
 }  // namespace
 
 absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
+                                      const std::vector<QuantJob>& jobs,
                                       const std::vector<memory::Segment*>& segments,
                                       const LoadOptions& options, LoadProgress* progress) {
   if (segments.empty()) return absl::OkStatus();
@@ -134,7 +137,7 @@ absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
   }
   uint64_t total = 0;
   for (const auto& r : ranges) total += r.n;
-  if (total == 0) return absl::OkStatus();
+  if (total == 0) return absl::OkStatus();  // (a job always has source bytes)
 
   WC_ASSIGN_OR_RETURN(const DriverApi* api, memory::internal::Driver());
   WC_ASSIGN_OR_RETURN(CudaDevice dev, memory::internal::FindDevice(*api, segments[0]->device_uuid()));
@@ -144,6 +147,52 @@ absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
   uint64_t need = (total + nbuf - 1) / nbuf;
   per = std::min<uint64_t>(per, (need + 4095) / 4096 * 4096);
   WC_ASSIGN_OR_RETURN(auto ring, StagingRing::Create(*api, dev, nbuf, per));
+
+  // Online fp8_block: one device scratch for the source shard of the job in flight. Copies
+  // into it and the kernels reading it are ordered on the ring's one stream, so the next
+  // job's copies cannot overwrite a shard before its kernel has read it.
+  WC_ASSIGN_OR_RETURN(PrimaryContext qctx, PrimaryContext::Retain(*api, dev.device));
+  WC_ASSIGN_OR_RETURN(auto qcurrent, ScopedCurrentContext::Push(*api, qctx.get()));
+  std::vector<size_t> last_range(jobs.size(), ranges.size());
+  uint64_t scratch_bytes = 0;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    if (ranges[i].quant < 0) continue;
+    const auto j = static_cast<size_t>(ranges[i].quant);
+    if (j >= jobs.size() || ranges[i].segment_offset + ranges[i].n > jobs[j].src_nbytes) {
+      return absl::InternalError(absl::StrCat(ranges[i].what, ": bad quantization range"));
+    }
+    last_range[j] = i;
+  }
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const auto& q = jobs[j];
+    if (q.fp8_segment >= cuda.size() || q.scale_segment >= cuda.size()) {
+      return absl::InternalError(absl::StrCat(q.what, ": quantization segment out of range"));
+    }
+    scratch_bytes = std::max(scratch_bytes, q.src_nbytes);
+  }
+  DeviceBuffer scratch;
+  if (scratch_bytes > 0) {
+    WC_ASSIGN_OR_RETURN(scratch, DeviceBuffer::Allocate(scratch_bytes));
+  }
+  auto launch = [&](size_t j) -> absl::Status {
+    const QuantJob& q = jobs[j];
+    auto* fp8 = static_cast<uint8_t*>(cuda[q.fp8_segment]->device_ptr());
+    auto* sc = static_cast<uint8_t*>(cuda[q.scale_segment]->device_ptr());
+    if (fp8 == nullptr || sc == nullptr) {
+      return absl::InternalError(absl::StrCat(q.what, ": segment has no device mapping"));
+    }
+    Fp8QuantArgs a;
+    a.src_dtype = q.src_dtype;
+    a.src = scratch.get();
+    a.rows = q.rows;
+    a.cols = q.cols;
+    a.block_rows = q.block_rows;
+    a.block_cols = q.block_cols;
+    a.out_fp8 = fp8 + q.fp8_offset;
+    a.out_scale_inv = reinterpret_cast<float*>(sc + q.scale_offset);
+    absl::Status st = LaunchFp8BlockQuant(a, ring->stream());
+    return st.ok() ? st : Annotate(st, q.what);
+  };
   safetensors::ReadOptions ropts{options.read_threads,
                                  std::max<uint64_t>(1 << 20, per / std::max(1u, options.read_threads))};
 
@@ -158,8 +207,15 @@ absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
     if (progress != nullptr && !file.empty()) progress->SetFile(file);
     WC_RETURN_IF_ERROR(safetensors::ReadRanges(reqs, ropts));
     for (const auto& p : pieces) {
-      WC_RETURN_IF_ERROR(
-          p.segment->CopyInAsync(p.segment_offset, ring->buffer(k) + p.at, p.n, ring->stream()));
+      if (p.segment == nullptr) {
+        WC_RETURN_IF_ERROR(CopyToDeviceAsync(static_cast<uint8_t*>(scratch.get()) +
+                                                 p.segment_offset,
+                                             ring->buffer(k) + p.at, p.n, ring->stream()));
+      } else {
+        WC_RETURN_IF_ERROR(p.segment->CopyInAsync(p.segment_offset, ring->buffer(k) + p.at, p.n,
+                                                  ring->stream()));
+      }
+      if (p.finishes >= 0) WC_RETURN_IF_ERROR(launch(static_cast<size_t>(p.finishes)));
     }
     WC_RETURN_IF_ERROR(ring->Record(k));
     done += used;
@@ -171,7 +227,8 @@ absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
     return ring->WaitFree(k);  // the next buffer's previous copies must have landed
   };
 
-  for (const auto& r : ranges) {
+  for (size_t ri = 0; ri < ranges.size(); ++ri) {
+    const auto& r = ranges[ri];
     if (r.segment >= cuda.size()) {
       return absl::InternalError(absl::StrCat(r.what, ": segment ", r.segment, " of ", cuda.size()));
     }
@@ -180,7 +237,11 @@ absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
       if (used == ring->bytes()) WC_RETURN_IF_ERROR(flush());
       if (used == 0) file = r.file;
       uint64_t n = std::min<uint64_t>(r.n - skip, ring->bytes() - used);
-      pieces.push_back({cuda[r.segment], r.segment_offset + skip, n, used});
+      const bool to_scratch = r.quant >= 0;
+      const bool finishes =
+          to_scratch && last_range[static_cast<size_t>(r.quant)] == ri && skip + n == r.n;
+      pieces.push_back({to_scratch ? nullptr : cuda[r.segment], r.segment_offset + skip, n, used,
+                        finishes ? r.quant : -1});
       reqs.push_back({r.fd, r.file_offset + skip, n, ring->buffer(k) + used, r.what});
       used += n;
       skip += n;

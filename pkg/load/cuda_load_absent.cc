@@ -3,7 +3,7 @@
 
 namespace weightcache::load::internal {
 
-absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>&,
+absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>&, const std::vector<QuantJob>&,
                                       const std::vector<memory::Segment*>&, const LoadOptions&,
                                       LoadProgress*) {
   return absl::UnimplementedError("loading into GPU memory: this weightcache was built without CUDA");

@@ -3,10 +3,14 @@
 
 #include <cstring>
 #include <fstream>
+#include <map>
 
 #include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
+#include "pkg/load/fp8_quant.h"
 #include "pkg/load/loader.h"
 #include "pkg/load/model.h"
+#include "pkg/load/pieces.h"
 #include "pkg/load/plan.h"
 #include "pkg/memory/backend.h"
 #include "pkg/safetensors/writer.h"
@@ -194,6 +198,129 @@ TEST(LoadRank, StagingPathForNonHostMemoryBytesEqualFiles) {
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(progress.done(), plan->total_bytes);
   ExpectBytesEqualFiles(**m, **loaded);
+}
+
+// ---- Online fp8_block quantization (spec quantization: fp8_block on a bf16 checkpoint) ----
+
+spec::ModelSpec OnlineSpec(const std::string& dir, int tp, const std::string& layout = "hf") {
+  spec::ModelSpec s = SpecFor(dir);
+  s.tp_size = tp;
+  s.quantization = "fp8_block";
+  s.layout = layout;
+  return s;
+}
+
+std::string SegmentBytes(const LoadedModel& loaded, const PlannedTensor& t) {
+  std::string got(t.nbytes, '\0');
+  EXPECT_EQ(::pread(loaded.segments[t.segment]->fd(), got.data(), t.nbytes,
+                    static_cast<off_t>(t.offset)),
+            static_cast<ssize_t>(t.nbytes));
+  return got;
+}
+
+// Every quantized tensor equals QuantizeFp8Block applied to its original shard (read
+// independently through ReadPlannedTensor); every other tensor equals its file bytes.
+// Returns the number of quantized tensors.
+int ExpectOnlineBytes(const OpenedModel& m, const LoadedModel& loaded) {
+  int quantized = 0;
+  std::map<std::string, const PlannedTensor*> by_name;
+  for (const auto& t : loaded.plan.tensors) by_name[t.name] = &t;
+  for (const auto& t : loaded.plan.tensors) {
+    if (!t.scale_of.empty()) continue;
+    const int fd = m.checkpoint.files()[t.file_index].fd();
+    std::string src(SourceBytes(t), '\0');
+    EXPECT_TRUE(ReadPlannedTensor(t, fd, src.data(), t.name).ok());
+    if (!t.quant.has_value()) {
+      EXPECT_EQ(SegmentBytes(loaded, t), src) << t.name;
+      continue;
+    }
+    ++quantized;
+    EXPECT_EQ(t.dtype, safetensors::DType::kF8_E4M3) << t.name;
+    const int64_t rows = t.shape[0], cols = t.shape[1];
+    std::string fp8(static_cast<size_t>(rows * cols), '\0');
+    std::vector<float> scale(static_cast<size_t>(((rows + 127) / 128) * ((cols + 127) / 128)));
+    EXPECT_TRUE(QuantizeFp8Block(t.quant->src_dtype, src.data(), rows, cols, 128, 128,
+                                 reinterpret_cast<uint8_t*>(fp8.data()), scale.data())
+                    .ok());
+    EXPECT_EQ(SegmentBytes(loaded, t), fp8) << t.name;
+    auto it = by_name.find(t.name + "_scale_inv");
+    if (it == by_name.end()) {
+      ADD_FAILURE() << "no scale for " << t.name;
+      continue;
+    }
+    const PlannedTensor& sc = *it->second;
+    EXPECT_EQ(sc.dtype, safetensors::DType::kF32);
+    EXPECT_EQ(sc.shape, (std::vector<int64_t>{(rows + 127) / 128, (cols + 127) / 128}));
+    EXPECT_EQ(sc.scale_of, t.name);
+    EXPECT_EQ(SegmentBytes(loaded, sc),
+              std::string(reinterpret_cast<const char*>(scale.data()), scale.size() * 4))
+        << sc.name;
+  }
+  return quantized;
+}
+
+TEST(LoadRank, OnlineFp8HostBackendEqualsTheCpuQuantizerOnEachShard) {
+  TempDir dir;
+  // intermediate 1376: 688 per rank at tp 2, so row and column splits are off 128-blocks
+  // (ragged per-shard blocks), and a 3-file checkpoint.
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {.shards = 3}).ok());
+  for (int tp : {1, 2}) {
+    auto m = OpenModel(OnlineSpec(dir.path(), tp));
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ((*m)->dtype, "fp8_e4m3");
+    EXPECT_TRUE((*m)->quantization.online);
+    for (int rank = 0; rank < tp; ++rank) {
+      SCOPED_TRACE(absl::StrCat("tp ", tp, " rank ", rank));
+      auto backend = memory::MakeHostBackend();
+      auto plan = PlanRank(**m, {tp, rank, 1, 0},
+                           {.alignment = 256, .max_segment_bytes = 4 << 20,
+                            .loader_reads_pieces = true});
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      LoadProgress progress;
+      LoadOptions o;
+      o.read_threads = 3;
+      auto loaded = LoadRank(**m, *plan, *backend, "", "q", o, &progress);
+      ASSERT_TRUE(loaded.ok()) << loaded.status();
+      EXPECT_EQ(progress.done(), progress.total());
+      EXPECT_EQ(ExpectOnlineBytes(**m, **loaded), 2 * 7);
+    }
+  }
+}
+
+TEST(LoadRank, OnlineFp8StagingPathEqualsTheCpuQuantizer) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {}).ok());
+  auto m = OpenModel(OnlineSpec(dir.path(), 2));
+  ASSERT_TRUE(m.ok()) << m.status();
+  NoHostPointerBackend backend;
+  auto plan = PlanRank(**m, {2, 1, 1, 0},
+                       {.alignment = 256, .max_segment_bytes = 8 << 20, .loader_reads_pieces = true});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  LoadProgress progress;
+  LoadOptions o;
+  o.staging_bytes = 1 << 20;
+  auto loaded = LoadRank(**m, *plan, backend, "", "q", o, &progress);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(progress.done(), progress.total());
+  EXPECT_EQ(ExpectOnlineBytes(**m, **loaded), 2 * 7);
+}
+
+TEST(OpenModel, OnlineFp8ChangesTheFingerprint) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {}).ok());
+  auto plain = OpenModel(SpecFor(dir.path()));
+  auto online = OpenModel(OnlineSpec(dir.path(), 1));
+  ASSERT_TRUE(plain.ok() && online.ok());
+  auto a = (*plain)->Inputs({}, {});
+  auto b = (*online)->Inputs({}, {});
+  EXPECT_EQ(b.quant_method, "fp8_block");
+  EXPECT_EQ(b.dtype, "fp8_e4m3");
+  EXPECT_EQ(b.quant_config_sha256, spec::Sha256Hex(spec::OnlineFp8BlockConfig().data(),
+                                                   spec::OnlineFp8BlockConfig().size()));
+  EXPECT_NE(a.Digest(), b.Digest());
+  const std::string diff = spec::FormatDiff(spec::Diff(a, b));
+  EXPECT_NE(diff.find("quant_method: cached none, asked fp8_block"), std::string::npos) << diff;
+  EXPECT_NE(diff.find("dtype: cached bf16, asked fp8_e4m3"), std::string::npos) << diff;
 }
 
 }  // namespace

@@ -7,9 +7,15 @@
 
 namespace weightcache::load {
 
+uint64_t SourceBytes(const PlannedTensor& t) {
+  if (!t.scale_of.empty()) return 0;
+  return t.quant.has_value() ? t.quant->src_nbytes : t.nbytes;
+}
+
 void ForEachRun(const PlannedTensor& t, const std::function<void(const Run&)>& fn) {
+  if (!t.scale_of.empty()) return;  // written by its weight's quantization, never read
   if (t.pieces.empty()) {
-    if (t.nbytes > 0) fn(Run{t.file_offset, t.nbytes, 0});
+    if (SourceBytes(t) > 0) fn(Run{t.file_offset, SourceBytes(t), 0});
     return;
   }
   for (const Piece& p : t.pieces) {
@@ -45,7 +51,7 @@ std::vector<std::pair<uint64_t, uint64_t>> PaddingRanges(const PlannedTensor& t)
     if (b > at) out.emplace_back(at, b);
     at = std::max(at, e);
   }
-  if (at < t.nbytes) out.emplace_back(at, t.nbytes);
+  if (at < SourceBytes(t)) out.emplace_back(at, SourceBytes(t));
   return out;
 }
 
@@ -64,7 +70,7 @@ absl::Status ReadPlannedTensor(const PlannedTensor& t, int fd, void* dst, std::s
     if (p.bytes() == 0) continue;
     if (p.rows == 1 || p.src_pitch == p.row_bytes || p.row_bytes >= gather_below) {
       PlannedTensor one;
-      one.nbytes = t.nbytes;
+      one.nbytes = SourceBytes(t);
       one.pieces = {p};
       AppendReadRequests(one, fd, dst, what, &reqs);
       continue;

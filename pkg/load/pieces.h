@@ -23,6 +23,12 @@ struct Run {
   uint64_t dst_offset = 0;
 };
 
+// Online-quantized tensors (PlannedTensor::quant): every helper below works in SOURCE bytes
+// (the BF16/F16 shard, SourceBytes(t) of them), for a source-sized scratch destination, not
+// the tensor's fp8 bytes. Scale tensors written by a quantization (scale_of set) have no
+// runs and no source bytes.
+uint64_t SourceBytes(const PlannedTensor& t);
+
 // Calls `fn` for each contiguous run of `t`, in destination order: the whole tensor when it
 // has no pieces, else each row of each piece (rows that are adjacent in the file too are
 // merged into one run). Empty runs are skipped.
@@ -38,11 +44,11 @@ void ForEachRun(const PlannedTensor& t, const std::function<void(const Run&)>& f
 void AppendReadRequests(const PlannedTensor& t, int fd, void* dst, std::string_view what,
                         std::vector<safetensors::ReadRequest>* reqs);
 
-// [begin, end) byte ranges of `t` that no piece covers: zero padding. Empty for tensors
+// [begin, end) source byte ranges of `t` that no piece covers: zero padding. Empty for tensors
 // without pieces.
 std::vector<std::pair<uint64_t, uint64_t>> PaddingRanges(const PlannedTensor& t);
 
-// Reads all of `t` into `dst` (t.nbytes bytes of host memory) and zeroes its padding. For a
+// Reads all of `t` into `dst` (SourceBytes(t) bytes of host memory) and zeroes its padding. For a
 // strided piece whose rows are small (< `gather_below` bytes), reads the piece's covering
 // range once into a bounded scratch buffer and gathers the rows, instead of one pread per
 // row. For tests, staging paths and tools.

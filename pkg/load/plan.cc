@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
@@ -46,12 +47,18 @@ uint64_t Numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
+constexpr std::string_view kOnlineQuantized[] = {
+    "q_proj", "k_proj",  "v_proj",   "o_proj",   "qkv_proj",           "gate_proj",
+    "up_proj", "down_proj", "gate_up_proj", "w1", "w2", "w3", "q_a_proj", "q_b_proj",
+    "kv_a_proj_with_mqa", "kv_b_proj"};
+
 struct Ctx {
   const OpenedModel& model;
   int tp = 1;
   int rank = 0;
   const EngineLayout* engine = nullptr;  // null: hf at tp 1, no preset needed
   std::vector<int> block;                // block-FP8 {rows, cols}; empty otherwise
+  bool online = false;                   // online fp8_block quantization
 };
 
 // Which part of a split dimension this rank holds.
@@ -228,6 +235,35 @@ absl::StatusOr<PlannedTensor> Shard(const Ctx& c, const TensorInfo& t, const Sha
   return p;
 }
 
+// Online fp8_block: turns the BF16/F16 shard `p` of a quantized weight into its F8_E4M3
+// tensor and returns the scale tensor it writes (segment and offset not yet set).
+absl::StatusOr<PlannedTensor> QuantizeOnline(const Ctx& c, PlannedTensor& p) {
+  if (p.shape.size() != 2 || (p.dtype != DType::kBF16 && p.dtype != DType::kF16)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", p.name, "': online fp8_block quantization needs a 2-D BF16 or F16 weight, "
+        "got ", std::string(safetensors::DTypeName(p.dtype)), " ", ShapeString(p.shape)));
+  }
+  OnlineQuant q;
+  q.src_dtype = p.dtype;
+  q.src_nbytes = p.nbytes;
+  q.block_rows = c.block[0];
+  q.block_cols = c.block[1];
+  q.scale = std::string(std::string_view(p.name).substr(0, p.name.size() - 7)) +
+            std::string(kScaleSuffix);  // "<module>.weight" -> "<module>.weight_scale_inv"
+  PlannedTensor s;
+  s.name = q.scale;
+  s.dtype = DType::kF32;
+  s.shape = {(p.shape[0] + q.block_rows - 1) / q.block_rows,
+             (p.shape[1] + q.block_cols - 1) / q.block_cols};
+  s.strides = RowMajorStrides(s.shape);
+  s.nbytes = Numel(s.shape) * sizeof(float);
+  s.scale_of = p.name;
+  p.dtype = DType::kF8_E4M3;
+  p.nbytes = Numel(p.shape);
+  p.quant = std::move(q);
+  return s;
+}
+
 // A fused-group instance: the fused view's name and its members' names in part order.
 struct Fused {
   std::string name;
@@ -236,7 +272,7 @@ struct Fused {
 
 // Finds every complete fused-group instance of `engine` among the tensor names.
 std::map<std::string, Fused> FindFused(const EngineLayout& engine,
-                                       const std::vector<TensorInfo>& tensors) {
+                                       const std::vector<PlannedTensor>& tensors) {
   static constexpr std::string_view kSuffixes[] = {"weight", "bias", "weight_scale_inv"};
   std::map<std::string, Fused> all;
   for (const auto& t : tensors) {
@@ -316,6 +352,16 @@ absl::StatusOr<PlannedTensor> FusedView(const Ctx& c, const Fused& f,
 
 }  // namespace
 
+bool IsOnlineQuantized(std::string_view name) {
+  constexpr std::string_view kWeight = ".weight";
+  if (!EndsWith(name, kWeight)) return false;
+  std::string_view module = name.substr(0, name.size() - kWeight.size());
+  const size_t dot = module.rfind('.');
+  const std::string_view last = dot == std::string_view::npos ? module : module.substr(dot + 1);
+  return std::find(std::begin(kOnlineQuantized), std::end(kOnlineQuantized), last) !=
+         std::end(kOnlineQuantized);
+}
+
 absl::StatusOr<Plan> PlanRank(const OpenedModel& model, const spec::Layout& layout,
                               const PlanOptions& options) {
   if (layout.pp_size != 1) {
@@ -335,6 +381,7 @@ absl::StatusOr<Plan> PlanRank(const OpenedModel& model, const spec::Layout& layo
   const std::string engine_name = model.spec.layout.empty() ? "hf" : model.spec.layout;
   Ctx c{model, layout.tp_size, layout.tp_rank, nullptr, {}};
   if (model.quantization.method == "fp8_block") c.block = model.quantization.weight_block_size;
+  c.online = model.quantization.method == "fp8_block" && model.quantization.online;
   const ArchPreset* preset = nullptr;
   // tp_size 1 as stored needs no knowledge of the architecture: every tensor whole.
   if (layout.tp_size > 1 || engine_name != "hf") {
@@ -370,6 +417,15 @@ absl::StatusOr<Plan> PlanRank(const OpenedModel& model, const spec::Layout& layo
       }
     }
   }
+  if (c.online) {
+    for (const auto& t : tensors) {
+      if (IsScale(t.name)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model '", model.spec.name, "': online fp8_block quantization asked, but tensor '",
+            t.name, "' is already a block-FP8 scale (and config.json has no quantization_config)"));
+      }
+    }
+  }
   std::vector<PlannedTensor> shards;
   shards.reserve(tensors.size());
   std::map<std::string, size_t> index;
@@ -379,14 +435,24 @@ absl::StatusOr<Plan> PlanRank(const OpenedModel& model, const spec::Layout& layo
     auto shard = Shard(c, t, rule);
     if (!shard.ok()) return Annotate(shard.status(), absl::StrCat("model '", model.spec.name, "'"));
     shard->strides = RowMajorStrides(shard->shape);
+    std::optional<PlannedTensor> scale;
+    if (c.online && IsOnlineQuantized(t.name)) {
+      auto s = QuantizeOnline(c, *shard);
+      if (!s.ok()) return Annotate(s.status(), absl::StrCat("model '", model.spec.name, "'"));
+      scale = *std::move(s);
+    }
     index[t.name] = shards.size();
     shards.push_back(*std::move(shard));
+    if (scale.has_value()) {  // right after its weight: "<x>.weight" < "<x>.weight_scale_inv"
+      index[scale->name] = shards.size();
+      shards.push_back(*std::move(scale));
+    }
   }
 
   // Placement units: a fused instance's members back to back, or one tensor, in name order
   // of their first member.
   std::map<std::string, Fused> fused;
-  if (c.engine != nullptr) fused = FindFused(*c.engine, tensors);
+  if (c.engine != nullptr) fused = FindFused(*c.engine, shards);
   std::map<std::string, const Fused*> fused_of;  // member name -> instance
   for (const auto& [name, f] : fused) {
     for (const auto& m : f.members) fused_of.emplace(m, &f);

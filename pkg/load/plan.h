@@ -14,7 +14,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -42,6 +44,21 @@ struct Piece {
   bool operator==(const Piece&) const = default;
 };
 
+// Online block-FP8 quantization of one weight (spec `quantization: fp8_block` on a BF16/F16
+// checkpoint): the loader reads this rank's BF16/F16 shard (the tensor's source fields
+// describe those bytes: `src_nbytes` of them, pieces' dst_offset in source bytes), quantizes
+// it with 128x128 blocks from the shard's own (0, 0) corner (QuantizeFp8Block, fp8_quant.h;
+// the GPU kernel on cuda-vmm) into the tensor's F8_E4M3 bytes, and writes the block scales
+// into the planned tensor named `scale`.
+struct OnlineQuant {
+  safetensors::DType src_dtype = safetensors::DType::kBF16;  // BF16 or F16
+  uint64_t src_nbytes = 0;
+  int block_rows = 128;
+  int block_cols = 128;
+  std::string scale;  // name of the F32 <x>.weight_scale_inv planned tensor
+  bool operator==(const OnlineQuant&) const = default;
+};
+
 struct PlannedTensor {
   std::string name;
   safetensors::DType dtype = safetensors::DType::kU8;
@@ -58,6 +75,12 @@ struct PlannedTensor {
   size_t file_index = 0;
   uint64_t file_offset = 0;
   std::vector<Piece> pieces;
+  // Set when the loader quantizes this tensor online: `dtype` is then F8_E4M3 and `nbytes`
+  // the fp8 bytes, while the source fields above describe the BF16/F16 shard.
+  std::optional<OnlineQuant> quant;
+  // Non-empty for an online quantization's scale tensor: the name of the weight whose
+  // quantization writes it. Such a tensor has no source in any file and is never read.
+  std::string scale_of;
 };
 
 struct Plan {
@@ -79,11 +102,30 @@ struct PlanOptions {
   bool loader_reads_pieces = false;
 };
 
+// Online fp8_block (OpenedModel::quantization.online): which tensors are quantized. As the
+// engines do it (SGLang / vLLM Fp8LinearMethod and Fp8MoEMethod act on linear layers and
+// fused MoE experts only): 2-D `<module>.weight` whose last module component is one of
+// q_proj k_proj v_proj o_proj qkv_proj gate_proj up_proj down_proj gate_up_proj w1 w2 w3
+// (Mixtral experts) q_a_proj q_b_proj kv_a_proj_with_mqa kv_b_proj (DeepSeek MLA), i.e. the
+// attention and MLP projections and every expert's. Everything else stays as stored:
+// embeddings, lm_head (ParallelLMHead is never fp8 in either engine), norms, router gates
+// (mlp.gate, block_sparse_moe.gate, shared_expert_gate: created without a quant config),
+// biases, MTP eh_proj, e_score_correction_bias. Rule "linear-v1" in the fingerprint.
+bool IsOnlineQuantized(std::string_view tensor_name);
+
 // Plans `layout` of `model` (the spec's `layout` picks the engine layout). Errors:
 // UNIMPLEMENTED for pp_size > 1, an architecture without a sharding preset or a tensor no
 // rule covers (when tp_size > 1 or the layout is not hf), and pieces the loader cannot read;
 // INVALID_ARGUMENT naming the tensor, dimension and sizes for a tp_size that does not divide
 // the heads or a dimension, or a split that is not on a block-FP8 block boundary.
+// Online fp8_block: each quantized weight becomes an F8_E4M3 tensor of its shard's shape
+// plus an F32 `<module>.weight_scale_inv` of [ceil(rows/128), ceil(cols/128)] placed after
+// it; the shard is quantized after splitting (per shard, from its own corner, as an engine
+// quantizes the shard it loaded), so no split needs to fall on a block boundary. A fused
+// view's scale (layout sglang|vllm) still needs every member but the last to hold whole
+// 128-row blocks on the rank (else INVALID_ARGUMENT naming it: the engine would quantize
+// the fused shard across member boundaries). A quantized weight that is not 2-D BF16/F16,
+// or a checkpoint that already has `.weight_scale_inv` tensors, is INVALID_ARGUMENT.
 absl::StatusOr<Plan> PlanRank(const OpenedModel& model, const spec::Layout& layout,
                               const PlanOptions& options);
 

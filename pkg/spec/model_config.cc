@@ -143,6 +143,16 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const std::string& model_dir) {
   return ParseModelConfig(text, path);
 }
 
+std::string OnlineFp8BlockConfig() {
+  Json j = {{"quant_method", "fp8"},
+            {"fmt", "e4m3"},
+            {"activation_scheme", "dynamic"},
+            {"weight_block_size", {kOnlineFp8Block, kOnlineFp8Block}},
+            {"online", true},
+            {"quantized_layers", "linear-v1"}};
+  return CanonicalJson(j);
+}
+
 absl::StatusOr<Quantization> ResolveQuantization(const ModelSpec& spec, const ModelConfig& config) {
   const Quantization& stored = config.quantization;
   const std::string who = spec.name.empty() ? spec.model_dir : spec.name;
@@ -155,10 +165,15 @@ absl::StatusOr<Quantization> ResolveQuantization(const ModelSpec& spec, const Mo
         absl::StrCat(who, ": quantization 'none' asked, but the checkpoint is quantized as '",
                      stored.method, "'; dequantizing is not implemented (use quantization: auto)"));
   }
-  if (spec.quantization == "fp8_block") {
-    return absl::UnimplementedError(absl::StrCat(
-        who, ": quantization 'fp8_block' asked, but the checkpoint is '", stored.method,
-        "'; online fp8_block quantization is not implemented yet (use quantization: auto)"));
+  if (spec.quantization == "fp8_block" && stored.method == "none") {
+    // Online: weightcache quantizes the linear weights while loading (pkg/load).
+    Quantization q;
+    q.method = "fp8_block";
+    q.weight_block_size = {kOnlineFp8Block, kOnlineFp8Block};
+    q.online = true;
+    q.canonical_config = OnlineFp8BlockConfig();
+    q.config_sha256 = Sha256Hex(q.canonical_config.data(), q.canonical_config.size());
+    return q;
   }
   return Annotate(NotServed(absl::StrCat("quantization '", spec.quantization, "'")), who);
 }

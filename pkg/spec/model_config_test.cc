@@ -296,11 +296,26 @@ TEST(ResolveQuantization, MismatchesAreUnimplemented) {
   EXPECT_THAT(Msg(dequant.status()),
               HasSubstr("m: quantization 'none' asked, but the checkpoint is quantized as "
                         "'fp8_block'"));
+}
 
+TEST(ResolveQuantization, Fp8BlockOnAnUnquantizedCheckpointIsOnlineQuantization) {
   auto online = ResolveQuantization(SpecAsking("fp8_block"), ConfigOf(""));
-  ASSERT_FALSE(online.ok());
-  EXPECT_EQ(online.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(Msg(online.status()), HasSubstr("online fp8_block quantization"));
+  ASSERT_TRUE(online.ok()) << online.status();
+  EXPECT_EQ(online->method, "fp8_block");
+  EXPECT_TRUE(online->online);
+  EXPECT_EQ(online->weight_block_size, (std::vector<int>{128, 128}));
+  EXPECT_EQ(online->canonical_config,
+            R"({"activation_scheme":"dynamic","fmt":"e4m3","online":true,"quant_method":"fp8",)"
+            R"("quantized_layers":"linear-v1","weight_block_size":[128,128]})");
+  EXPECT_EQ(online->config_sha256,
+            Sha256Hex(online->canonical_config.data(), online->canonical_config.size()));
+  // A pre-quantized checkpoint asked as fp8_block is served as stored, not "online".
+  auto stored =
+      ResolveQuantization(SpecAsking("fp8_block"),
+                          ConfigOf(R"({"quant_method": "fp8", "weight_block_size": [128, 128]})"));
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_FALSE(stored->online);
+  EXPECT_NE(stored->config_sha256, online->config_sha256);
 }
 
 TEST(ResolveQuantization, UnsupportedMethodsNamedWithTheList) {

@@ -1,0 +1,26 @@
+// The CUDA side of online block-FP8 quantization, as plain functions returning cudaError_t
+// values (0 = success), so that fp8_quant.cu needs neither abseil nor any weightcache header
+// but internal/fp8_math.h; fp8_quant_gpu.cc wraps them into internal/fp8_quant_cuda.h.
+// Private to pkg/load. Thread-safety: as the CUDA runtime (current context per thread).
+#pragma once
+
+#include <cstdint>
+
+namespace weightcache::load::internal::kernel {
+
+int LaunchFp8BlockQuant(bool bf16, const void* src, int64_t rows, int64_t cols, int block_rows,
+                        int block_cols, uint8_t* out_fp8, float* out_scale_inv, void* stream);
+int CopyToDeviceAsync(void* dst, const void* src, uint64_t n, void* stream);
+int DeviceAlloc(void** p, uint64_t bytes);
+int DeviceFree(void* p);
+const char* ErrorName(int error);
+
+// Tests and benchmarks.
+int DeviceCount(int* count);
+// Selects device `ordinal`, copies src in, quantizes, copies the results out, synchronizes.
+int QuantizeOnDevice(int ordinal, bool bf16, const void* src, int64_t rows, int64_t cols,
+                     int block_rows, int block_cols, uint8_t* out_fp8, float* out_scale_inv);
+// Median seconds of `iters` launches on seeded random device data (after one warm-up).
+int TimeOnDevice(int ordinal, bool bf16, int64_t rows, int64_t cols, int iters, double* seconds);
+
+}  // namespace weightcache::load::internal::kernel

@@ -1,0 +1,136 @@
+// The per-element maths of block-wise FP8 quantization, written once for both compilers:
+// fp8_quant.cc (CPU, g++) and fp8_quant.cu (CUDA kernel, nvcc) include this header, so the
+// host and device results are the SAME code, not two implementations kept in step. The
+// contract is in pkg/load/fp8_quant.h.
+//
+// Everything here is integer-only after reading a float's bits, except two IEEE float
+// operations written out explicitly: the block scale `amax / 448.0f` and the element
+// `x / scale`, both single divisions rounded to nearest even. On the device they are
+// __fdiv_rn (correct whatever -prec-div / --use_fast_math say); on the host plain `/`
+// (x86-64 SSE, no flush-to-zero: the process never sets FTZ/DAZ).
+// Private to pkg/load. Thread-safety: pure inline functions.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define WC_FP8_HD __host__ __device__ __forceinline__
+#else
+#define WC_FP8_HD inline
+#endif
+
+namespace weightcache::load::internal {
+
+inline constexpr uint32_t kFp8AbsMask = 0x7FFFFFFFu;
+inline constexpr uint32_t kFp8InfBits = 0x7F800000u;
+inline constexpr uint32_t kFp8MaxBits = 0x43E00000u;  // 448.0f
+
+WC_FP8_HD uint32_t Fp8FloatBits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+
+WC_FP8_HD float Fp8BitsFloat(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+WC_FP8_HD float Fp8Div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// Exact widening conversions.
+WC_FP8_HD float Fp8Bf16ToFloat(uint16_t bits) {
+  return Fp8BitsFloat(static_cast<uint32_t>(bits) << 16);
+}
+
+WC_FP8_HD float Fp8HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu;
+  uint32_t mant = h & 0x3FFu;
+  if (exp == 0x1F) return Fp8BitsFloat(sign | kFp8InfBits | (mant << 13));  // inf / nan
+  if (exp != 0) return Fp8BitsFloat(sign | ((exp + 112) << 23) | (mant << 13));
+  if (mant == 0) return Fp8BitsFloat(sign);
+  // Subnormal half: mant * 2^-24, a normal float.
+  int e = -1;
+  do {
+    mant <<= 1;
+    ++e;
+  } while ((mant & 0x400u) == 0);
+  return Fp8BitsFloat(sign | (static_cast<uint32_t>(112 - e) << 23) | ((mant & 0x3FFu) << 13));
+}
+
+// |x| if x is finite, else 0 (NaN and +-Inf take no part in a block's amax).
+WC_FP8_HD float Fp8FiniteAbs(float x) {
+  const uint32_t a = Fp8FloatBits(x) & kFp8AbsMask;
+  return a < kFp8InfBits ? Fp8BitsFloat(a) : 0.0f;
+}
+
+// max of two non-negative, non-NaN floats: their bit patterns order like the values, so an
+// integer max is exact and needs no float compare.
+WC_FP8_HD float Fp8MaxAbs(float a, float b) {
+  const uint32_t x = Fp8FloatBits(a), y = Fp8FloatBits(b);
+  return Fp8BitsFloat(x > y ? x : y);
+}
+
+// Shifts `mant` right by `shift` (>= 1), rounding to nearest, ties to even.
+WC_FP8_HD uint32_t Fp8ShiftRne(uint32_t mant, uint32_t shift) {
+  if (shift >= 32) return 0;
+  const uint32_t q = mant >> shift;
+  const uint32_t rem = mant & ((1u << shift) - 1);
+  const uint32_t half = 1u << (shift - 1);
+  return q + ((rem > half || (rem == half && (q & 1u))) ? 1u : 0u);
+}
+
+// Nearest e4m3fn code, ties to even, saturating to +-448; NaN -> 0x7F | sign.
+WC_FP8_HD uint8_t Fp8FloatToE4M3(float x) {
+  const uint32_t bits = Fp8FloatBits(x);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t abs = bits & kFp8AbsMask;
+  if (abs > kFp8InfBits) return static_cast<uint8_t>(sign | 0x7Fu);    // NaN
+  if (abs >= kFp8MaxBits) return static_cast<uint8_t>(sign | 0x7Eu);   // saturate, +-Inf
+  const uint32_t e = abs >> 23;  // biased float exponent; 0 for float subnormals
+  const uint32_t mant = (abs & 0x7FFFFFu) | (e != 0 ? 0x800000u : 0u);  // mant * 2^(E-150)
+  const uint32_t big_e = e > 1 ? e : 1;
+  if (big_e >= 121) {
+    // Normal e4m3 (>= 2^-6): exponent big_e - 120 (bias 7), 3 mantissa bits.
+    uint32_t m = Fp8ShiftRne(mant, 20);  // 8..16 (implicit bit included)
+    uint32_t fe = big_e - 120;
+    if (m == 16) {  // rounded up into the next binade
+      m = 8;
+      ++fe;
+    }
+    return static_cast<uint8_t>(sign | (fe << 3) | (m & 7u));  // < 448, so never 0x7F
+  }
+  // Subnormal e4m3: a multiple of 2^-9; a result of 8 is the smallest normal, code 0x08.
+  const uint32_t q = Fp8ShiftRne(mant, 141 - big_e);
+  return static_cast<uint8_t>(sign | q);
+}
+
+// The block's scale (weight_scale_inv) from its amax (finite, >= 0): amax / 448, or 1 for
+// an all-zero block.
+WC_FP8_HD float Fp8ScaleFromAmax(float amax) {
+  return amax == 0.0f ? 1.0f : Fp8Div(amax, 448.0f);
+}
+
+// One element.
+WC_FP8_HD uint8_t Fp8QuantizeElement(float x, float scale) {
+  return Fp8FloatToE4M3(Fp8Div(x, scale));
+}
+
+}  // namespace weightcache::load::internal
