@@ -672,5 +672,116 @@ TEST(PlanRank, Fp8SplitOffBlockBoundaryIsNamed) {
   EXPECT_EQ(checked, 3);
 }
 
+// ---- Online fp8_block (spec quantization: fp8_block on a bf16 checkpoint) ----
+
+TEST(OnlineFp8, QuantizedLayerRule) {
+  for (const char* yes :
+       {"model.layers.0.self_attn.q_proj.weight", "model.layers.3.self_attn.o_proj.weight",
+        "model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.experts.7.gate_proj.weight",
+        "model.layers.1.block_sparse_moe.experts.0.w2.weight",
+        "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+        "model.layers.0.self_attn.q_b_proj.weight",
+        "model.layers.1.mlp.shared_experts.up_proj.weight"}) {
+    EXPECT_TRUE(IsOnlineQuantized(yes)) << yes;
+  }
+  for (const char* no :
+       {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
+        "model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.q_proj.bias",
+        "model.layers.1.mlp.gate.weight", "model.layers.1.block_sparse_moe.gate.weight",
+        "model.layers.1.mlp.shared_expert_gate.weight", "model.layers.3.eh_proj.weight",
+        "model.layers.3.shared_head.head.weight", "model.layers.1.mlp.gate.e_score_correction_bias",
+        "model.layers.0.self_attn.kv_a_layernorm.weight", "model.layers.0.self_attn.q_norm.weight"}) {
+    EXPECT_FALSE(IsOnlineQuantized(no)) << no;
+  }
+}
+
+TEST(OnlineFp8, EveryPresetPlansF8WeightsAndScalesOfTheShard) {
+  for (ArchShape shape : AllPresets(false)) {
+    SCOPED_TRACE(shape.architecture);
+    TempDir dir;
+    ASSERT_TRUE(safetensors::WriteArchCheckpoint(dir.path(), shape).ok());
+    spec::ModelSpec sp;
+    sp.name = "m";
+    sp.model_dir = dir.path();
+    sp.quantization = "fp8_block";
+    auto m = OpenModel(sp);
+    ASSERT_TRUE(m.ok()) << m.status();
+    for (int tp : {1, 2}) {
+      auto plain = PlanRank(**m, {tp, tp - 1, 1, 0}, {256, 1ull << 30, true});
+      ASSERT_TRUE(plain.ok()) << plain.status();
+      std::map<std::string, const PlannedTensor*> by_name;
+      for (const auto& t : plain->tensors) by_name[t.name] = &t;
+      int quantized = 0;
+      for (const auto& info : (*m)->checkpoint.tensors()) {
+        const PlannedTensor* t = by_name.at(info.name);
+        if (!IsOnlineQuantized(info.name)) {
+          EXPECT_EQ(t->dtype, info.dtype) << info.name;
+          EXPECT_FALSE(t->quant.has_value()) << info.name;
+          EXPECT_EQ(by_name.count(info.name + "_scale_inv"), 0u) << info.name;
+          continue;
+        }
+        ++quantized;
+        ASSERT_TRUE(t->quant.has_value()) << info.name;
+        EXPECT_EQ(t->dtype, DType::kF8_E4M3);
+        EXPECT_EQ(t->nbytes, static_cast<uint64_t>(t->shape[0] * t->shape[1]));
+        EXPECT_EQ(t->quant->src_nbytes, t->nbytes * 2);
+        // The shard's shape: tp 1 whole, tp 2 half of one dimension (or whole if replicated).
+        EXPECT_EQ(t->shape[0] * t->shape[1] * (tp == 1 ? 1 : 2) % (info.shape[0] * info.shape[1]),
+                  0) << info.name;
+        const PlannedTensor* sc = by_name.at(info.name + "_scale_inv");
+        EXPECT_EQ(sc->dtype, DType::kF32);
+        EXPECT_EQ(sc->scale_of, info.name);
+        EXPECT_EQ(sc->shape,
+                  (std::vector<int64_t>{(t->shape[0] + 127) / 128, (t->shape[1] + 127) / 128}));
+        EXPECT_EQ(sc->nbytes, static_cast<uint64_t>(sc->shape[0] * sc->shape[1] * 4));
+      }
+      EXPECT_GT(quantized, 0);
+      EXPECT_EQ(plain->tensors.size(), (*m)->checkpoint.tensors().size() + quantized);
+    }
+  }
+}
+
+TEST(OnlineFp8, FusedScaleAcrossMemberBlocksIsNamed) {
+  // Llama at tp 2 with 2 k/v heads of 64: k_proj holds 64 rows per rank, so the engine's
+  // fused qkv_proj would be quantized across the q|k|v boundaries: refused, named.
+  TempDir dir;
+  safetensors::LlamaShape ls;
+  ls.hidden = 512;
+  ls.heads = 8;
+  ls.kv_heads = 2;
+  ls.intermediate = 1024;  // gate/up: whole blocks at tp 1 and 2
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), ls).ok());
+  spec::ModelSpec sp;
+  sp.name = "m";
+  sp.model_dir = dir.path();
+  sp.quantization = "fp8_block";
+  sp.layout = "sglang";
+  auto m = OpenModel(sp);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto plan = PlanRank(**m, {2, 0, 1, 0}, {256, 1ull << 30, true});
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument) << plan.status();
+  EXPECT_THAT(Msg(plan.status()),
+              HasSubstr("fused view 'model.layers.0.self_attn.qkv_proj.weight_scale_inv': member "
+                        "'model.layers.0.self_attn.k_proj.weight' has 64 rows on this rank, not a "
+                        "multiple of the 128-row weight block"));
+  // tp 1: q 512 rows, k 128 rows: whole blocks; the fused weight and scale are views.
+  auto ok = PlanRank(**m, {1, 0, 1, 0}, {256, 1ull << 30, true});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  int views = 0;
+  for (const auto& v : ok->views) {
+    if (v.name == "model.layers.0.self_attn.qkv_proj.weight") {
+      EXPECT_EQ(v.dtype, DType::kF8_E4M3);
+      EXPECT_EQ(v.shape, (std::vector<int64_t>{512 + 2 * 128, 512}));
+      ++views;
+    }
+    if (v.name == "model.layers.0.self_attn.qkv_proj.weight_scale_inv") {
+      EXPECT_EQ(v.dtype, DType::kF32);
+      EXPECT_EQ(v.shape, (std::vector<int64_t>{4 + 1 + 1, 4}));
+      ++views;
+    }
+  }
+  EXPECT_EQ(views, 2);
+}
+
 }  // namespace
 }  // namespace weightcache::load
