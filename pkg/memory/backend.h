@@ -28,6 +28,15 @@ enum class BackendKind { kHost, kCudaVmm };
 // "host" | "cuda-vmm"
 const char* BackendName(BackendKind kind);
 
+// How Backend::CopySegment moves bytes between two devices of one backend.
+enum class CopyRoute {
+  kPeer,        // device to device (CUDA: the destination GPU reads the source over
+                // NVLink/PCIe P2P); needs CanAccessPeer(src, dst)
+  kHostStaged,  // through pinned host memory (device -> host -> device); always possible
+};
+// "peer" | "host"
+const char* CopyRouteName(CopyRoute route);
+
 struct DeviceInfo {
   std::string uuid;                // "GPU-..." for CUDA; "host" for the host backend
   int ordinal = -1;                // CUDA ordinal in this process; -1 for host
@@ -76,11 +85,37 @@ class Backend {
   virtual absl::StatusOr<std::unique_ptr<Segment>> Allocate(const std::string& device_uuid,
                                                             uint64_t size,
                                                             const std::string& label) = 0;
+
+  // Whether device `dst_uuid` can read memory of device `src_uuid` directly (CUDA:
+  // cuDeviceCanAccessPeer; the same device: true). False for unknown devices.
+  // This default: only the same device.
+  virtual bool CanAccessPeer(const std::string& src_uuid, const std::string& dst_uuid) const {
+    return src_uuid == dst_uuid;
+  }
+  // Copies the first src.size() bytes of `src` (sealed or not, on any device of this
+  // backend) into `dst` (unsealed, at least as large, usually on another device) at offset
+  // 0, synchronously: when it returns OK the bytes are in `dst` (still to be Seal()ed).
+  // kPeer when !CanAccessPeer: FAILED_PRECONDITION naming both devices. Both segments
+  // must come from this backend (INVALID_ARGUMENT otherwise). Any thread; `src` may be
+  // read by other copies at the same time.
+  // This default (backends that cannot copy between devices): UNIMPLEMENTED.
+  virtual absl::Status CopySegment(Segment& src, Segment* dst, CopyRoute route) {
+    (void)src, (void)dst, (void)route;
+    return absl::UnimplementedError("this memory backend cannot copy between devices");
+  }
 };
 
 // The host (memfd) backend; always available.
 struct HostBackendOptions {
   uint64_t max_segment_bytes = 1ull << 30;
+  // The "devices" segments are placed on. Production: {"host"}. Tests (and CPU-only
+  // rehearsals of multi-GPU placement, `weightcached --host_devices`) name several fake
+  // devices: each is a label on real memfd segments, so keying, placement and the
+  // peer-copy policy run on real FDs without a GPU.
+  std::vector<std::string> device_uuids = {"host"};
+  // What CanAccessPeer answers between two different fake devices (false models a node
+  // whose GPUs cannot reach each other, so kPeer copies are refused).
+  bool peer_access = true;
 };
 std::unique_ptr<Backend> MakeHostBackend(const HostBackendOptions& options = {});
 

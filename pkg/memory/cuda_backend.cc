@@ -108,6 +108,13 @@ class CudaSegmentImpl final : public CudaSegment {
   }
   int device_ordinal() const override { return ordinal_; }
 
+  // For CopySegment: the allocation (kept until destruction, also after Seal) and the
+  // primary context the segment holds.
+  CUmemGenericAllocationHandle allocation() const { return handle_.get(); }
+  CUcontext context() const { return ctx_.get(); }
+  CUdeviceptr writable() const { return sealed_ ? 0 : mapped_.get(); }
+  const std::string& label() const { return label_; }
+
  private:
   CudaSegmentImpl(const DriverApi& api, const CudaDevice& dev, PrimaryContext ctx, uint64_t size,
                   std::string label, AllocationHandle handle, ScopedFd fd, VaReservation va,
@@ -148,6 +155,33 @@ class CudaSegmentImpl final : public CudaSegment {
   VaReservation va_;
   MappedRange mapped_;
   bool sealed_ = false;
+};
+
+// Pinned host memory (cuMemHostAlloc / cuMemFreeHost), for host-staged copies.
+class PinnedBuffer {
+ public:
+  static absl::StatusOr<PinnedBuffer> Alloc(const DriverApi& api, size_t n) {
+    void* p = nullptr;
+    WC_RETURN_IF_ERROR(
+        CuStatus(api, api.cuMemHostAlloc(&p, n, 0), "cuMemHostAlloc", absl::StrCat(n, " bytes")));
+    return PinnedBuffer(&api, p, n);
+  }
+  PinnedBuffer(PinnedBuffer&& o) noexcept
+      : api_(std::exchange(o.api_, nullptr)), p_(std::exchange(o.p_, nullptr)), n_(o.n_) {}
+  PinnedBuffer& operator=(PinnedBuffer&&) = delete;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() {
+    if (p_ != nullptr) api_->cuMemFreeHost(p_);
+  }
+  void* get() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  PinnedBuffer(const DriverApi* api, void* p, size_t n) : api_(api), p_(p), n_(n) {}
+  const DriverApi* api_;
+  void* p_;
+  size_t n_;
 };
 
 class CudaBackend final : public Backend {
@@ -201,7 +235,103 @@ class CudaBackend final : public Backend {
     return std::unique_ptr<Segment>(std::move(seg).value());
   }
 
+  bool CanAccessPeer(const std::string& src_uuid, const std::string& dst_uuid) const override {
+    const CudaDevice* src = FindExact(src_uuid);
+    const CudaDevice* dst = FindExact(dst_uuid);
+    if (src == nullptr || dst == nullptr) return false;
+    if (src->ordinal == dst->ordinal) return true;
+    int can = 0;
+    if (api_->cuDeviceCanAccessPeer(&can, dst->device, src->device) != CUDA_SUCCESS) return false;
+    return can != 0;
+  }
+
+  // The source allocation (sealed: the daemon no longer maps it) is mapped again, read-only,
+  // into a temporary VA range; kPeer grants the destination GPU read access to it
+  // (cuMemSetAccess is how VMM memory gets peer access) and copies with cuMemcpyDtoD in the
+  // destination's context (its copy engines pull over NVLink/PCIe); kHostStaged goes
+  // device -> pinned buffer -> device in 64 MiB chunks.
+  absl::Status CopySegment(Segment& src_seg, Segment* dst_seg, CopyRoute route) override {
+    auto* src = dynamic_cast<CudaSegmentImpl*>(&src_seg);
+    auto* dst = dynamic_cast<CudaSegmentImpl*>(dst_seg);
+    if (src == nullptr || dst == nullptr) {
+      return absl::InvalidArgumentError("cuda-vmm backend: CopySegment of a foreign segment");
+    }
+    if (dst->writable() == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cuda-vmm backend: CopySegment into sealed ", dst->label()));
+    }
+    const uint64_t n = src->size();
+    if (dst->size() < n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda-vmm backend: CopySegment of ", n, " bytes into ", dst->size()));
+    }
+    const std::string what =
+        absl::StrCat(src->label(), " (", src->device_uuid(), ") -> ", dst->label(), " (",
+                     dst->device_uuid(), "), ", n, " bytes, route ", CopyRouteName(route));
+    const CudaDevice* sdev = FindExact(src->device_uuid());
+    const CudaDevice* ddev = FindExact(dst->device_uuid());
+    if (sdev == nullptr || ddev == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda-vmm backend: ", what, ": unknown device"));
+    }
+    if (route == CopyRoute::kPeer && !CanAccessPeer(src->device_uuid(), dst->device_uuid())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cuda-vmm backend: ", dst->device_uuid(), " cannot access ", src->device_uuid(),
+          " (cuDeviceCanAccessPeer: 0); copy host-staged instead"));
+    }
+    // A read-only mapping of the source for this copy.
+    VaReservation va;
+    MappedRange mapped;
+    {
+      WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(*api_, src->context()));
+      WC_ASSIGN_OR_RETURN(va, VaReservation::Reserve(*api_, n, sdev->granularity));
+      WC_ASSIGN_OR_RETURN(mapped, MappedRange::Map(*api_, va.get(), n, src->allocation()));
+      WC_RETURN_IF_ERROR(
+          SetAccess(*api_, mapped.get(), n, sdev->ordinal, CU_MEM_ACCESS_FLAGS_PROT_READ));
+      if (route == CopyRoute::kPeer && ddev->ordinal != sdev->ordinal) {
+        WC_RETURN_IF_ERROR(
+            SetAccess(*api_, mapped.get(), n, ddev->ordinal, CU_MEM_ACCESS_FLAGS_PROT_READ));
+      }
+    }
+    auto copy = [&]() -> absl::Status {
+      if (route == CopyRoute::kPeer) {
+        WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(*api_, dst->context()));
+        WC_RETURN_IF_ERROR(CuStatus(*api_, api_->cuMemcpyDtoD(dst->writable(), mapped.get(), n),
+                                    "cuMemcpyDtoD", what));
+        return CuStatus(*api_, api_->cuCtxSynchronize(), "cuCtxSynchronize", what);
+      }
+      // The source context stays current for the pinned buffer's whole life (alloc and free).
+      WC_ASSIGN_OR_RETURN(auto src_current, ScopedCurrentContext::Push(*api_, src->context()));
+      WC_ASSIGN_OR_RETURN(auto pinned,
+                          PinnedBuffer::Alloc(*api_, std::min<uint64_t>(n, 64ull << 20)));
+      for (uint64_t off = 0; off < n; off += pinned.size()) {
+        const size_t chunk = std::min<uint64_t>(pinned.size(), n - off);
+        WC_RETURN_IF_ERROR(CuStatus(*api_,
+                                    api_->cuMemcpyDtoH(pinned.get(), mapped.get() + off, chunk),
+                                    "cuMemcpyDtoH", what));
+        WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(*api_, dst->context()));
+        WC_RETURN_IF_ERROR(CuStatus(*api_,
+                                    api_->cuMemcpyHtoD(dst->writable() + off, pinned.get(), chunk),
+                                    "cuMemcpyHtoD", what));
+      }
+      return absl::OkStatus();
+    };
+    absl::Status st = copy();
+    // Unmap the temporary source mapping with its context current, as ~CudaSegmentImpl does.
+    auto current = ScopedCurrentContext::Push(*api_, src->context());
+    mapped.reset();
+    va.reset();
+    return st;
+  }
+
  private:
+  const CudaDevice* FindExact(const std::string& uuid) const {
+    for (const auto& d : devices_) {
+      if (d.uuid == uuid) return &d;
+    }
+    return nullptr;
+  }
+
   const CudaDevice* Find(const std::string& uuid) const {
     if (uuid.empty()) return devices_.empty() ? nullptr : &devices_.front();
     for (const auto& d : devices_) {

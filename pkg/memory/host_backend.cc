@@ -6,11 +6,14 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "pkg/memory/backend.h"
 #include "pkg/util/errno_status.h"
 #include "pkg/util/scoped_fd.h"
@@ -25,7 +28,8 @@ uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 class HostSegment final : public Segment {
  public:
   static absl::StatusOr<std::unique_ptr<HostSegment>> Create(uint64_t size,
-                                                             const std::string& label) {
+                                                             const std::string& label,
+                                                             const std::string& device) {
     ScopedFd fd(::memfd_create(label.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
     if (!fd) return ErrnoStatus(errno, "memfd_create", label);
     if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
@@ -33,8 +37,8 @@ class HostSegment final : public Segment {
     }
     void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     if (p == MAP_FAILED) return ErrnoStatus(errno, "mmap memfd", label);
-    return std::unique_ptr<HostSegment>(new HostSegment(std::move(fd), size, label,
-                                                        static_cast<std::byte*>(p)));
+    return std::unique_ptr<HostSegment>(
+        new HostSegment(std::move(fd), size, label, device, static_cast<std::byte*>(p)));
   }
 
   ~HostSegment() override { Unmap(); }
@@ -74,8 +78,12 @@ class HostSegment final : public Segment {
   const std::string& device_uuid() const override { return device_; }
 
  private:
-  HostSegment(ScopedFd fd, uint64_t size, std::string label, std::byte* data)
-      : fd_(std::move(fd)), size_(size), label_(std::move(label)), data_(data) {}
+  HostSegment(ScopedFd fd, uint64_t size, std::string label, std::string device, std::byte* data)
+      : fd_(std::move(fd)),
+        size_(size),
+        label_(std::move(label)),
+        data_(data),
+        device_(std::move(device)) {}
 
   void Unmap() {
     if (data_ != nullptr) ::munmap(data_, size_);
@@ -88,7 +96,7 @@ class HostSegment final : public Segment {
   std::string label_;
   std::byte* data_;
   bool sealed_ = false;
-  std::string device_ = "host";
+  std::string device_;
 };
 
 class HostBackend final : public Backend {
@@ -100,32 +108,84 @@ class HostBackend final : public Backend {
   uint64_t max_segment_bytes() const override { return options_.max_segment_bytes; }
 
   std::vector<DeviceInfo> Devices() const override {
-    DeviceInfo d;
-    d.uuid = "host";
-    d.name = "host";
-    d.compute_capability = "cpu";
     long pages = ::sysconf(_SC_PHYS_PAGES);
     long avail = ::sysconf(_SC_AVPHYS_PAGES);
     long page = ::sysconf(_SC_PAGESIZE);
-    d.total_bytes = pages > 0 ? static_cast<uint64_t>(pages) * page : 0;
-    d.free_bytes = avail > 0 ? static_cast<uint64_t>(avail) * page : 0;
-    return {d};
+    std::vector<DeviceInfo> out;
+    for (const auto& uuid : options_.device_uuids) {
+      DeviceInfo d;
+      d.uuid = uuid;
+      d.name = "host";
+      d.compute_capability = "cpu";
+      d.total_bytes = pages > 0 ? static_cast<uint64_t>(pages) * page : 0;
+      d.free_bytes = avail > 0 ? static_cast<uint64_t>(avail) * page : 0;
+      out.push_back(std::move(d));
+    }
+    return out;
   }
 
   absl::StatusOr<std::unique_ptr<Segment>> Allocate(const std::string& device_uuid,
                                                     uint64_t size,
                                                     const std::string& label) override {
-    if (!device_uuid.empty() && device_uuid != "host") {
+    const std::string device = device_uuid.empty() ? options_.device_uuids.front() : device_uuid;
+    if (!Known(device)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "host backend: device '", device_uuid, "' is not available (only 'host')"));
+          "host backend: device '", device_uuid,
+          "' is not available (devices: ", absl::StrJoin(options_.device_uuids, ", "), ")"));
     }
     if (size == 0) return absl::InvalidArgumentError(absl::StrCat(label, ": empty segment"));
-    auto seg = HostSegment::Create(RoundUp(size, kHostGranularity), label);
+    auto seg = HostSegment::Create(RoundUp(size, kHostGranularity), label, device);
     if (!seg.ok()) return seg.status();
     return std::unique_ptr<Segment>(std::move(seg).value());
   }
 
+  bool CanAccessPeer(const std::string& src_uuid, const std::string& dst_uuid) const override {
+    if (!Known(src_uuid) || !Known(dst_uuid)) return false;
+    return src_uuid == dst_uuid || options_.peer_access;
+  }
+
+  // The host analogue of a GPU peer copy: the source memfd mapped read-only, copied into
+  // the destination's writable mapping (kHostStaged through a bounce buffer, like the
+  // pinned staging buffer of the CUDA path).
+  absl::Status CopySegment(Segment& src, Segment* dst, CopyRoute route) override {
+    auto* d = dynamic_cast<HostSegment*>(dst);
+    if (dynamic_cast<HostSegment*>(&src) == nullptr || d == nullptr) {
+      return absl::InvalidArgumentError("host backend: CopySegment of a foreign segment");
+    }
+    if (d->host_data() == nullptr) {
+      return absl::FailedPreconditionError("host backend: CopySegment into a sealed segment");
+    }
+    if (d->size() < src.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("host backend: CopySegment of ", src.size(), " bytes into ", d->size()));
+    }
+    if (route == CopyRoute::kPeer && !CanAccessPeer(src.device_uuid(), d->device_uuid())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "host backend: no peer access from ", d->device_uuid(), " to ", src.device_uuid()));
+    }
+    void* p = ::mmap(nullptr, src.size(), PROT_READ, MAP_SHARED, src.fd(), 0);
+    if (p == MAP_FAILED) return ErrnoStatus(errno, "mmap source memfd", src.device_uuid());
+    const auto* from = static_cast<const std::byte*>(p);
+    if (route == CopyRoute::kPeer) {
+      std::memcpy(d->host_data(), from, src.size());
+    } else {
+      std::vector<std::byte> bounce(std::min<uint64_t>(src.size(), 4ull << 20));
+      for (uint64_t off = 0; off < src.size(); off += bounce.size()) {
+        uint64_t n = std::min<uint64_t>(bounce.size(), src.size() - off);
+        std::memcpy(bounce.data(), from + off, n);
+        std::memcpy(d->host_data() + off, bounce.data(), n);
+      }
+    }
+    ::munmap(p, src.size());
+    return absl::OkStatus();
+  }
+
  private:
+  bool Known(const std::string& uuid) const {
+    return std::find(options_.device_uuids.begin(), options_.device_uuids.end(), uuid) !=
+           options_.device_uuids.end();
+  }
+
   HostBackendOptions options_;
 };
 
@@ -141,8 +201,12 @@ const char* BackendName(BackendKind kind) {
   return "unknown";
 }
 
+const char* CopyRouteName(CopyRoute route) { return route == CopyRoute::kPeer ? "peer" : "host"; }
+
 std::unique_ptr<Backend> MakeHostBackend(const HostBackendOptions& options) {
-  return std::make_unique<HostBackend>(options);
+  HostBackendOptions o = options;
+  if (o.device_uuids.empty()) o.device_uuids = {"host"};
+  return std::make_unique<HostBackend>(o);
 }
 
 }  // namespace weightcache::memory

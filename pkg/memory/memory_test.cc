@@ -65,6 +65,64 @@ TEST(HostBackend, UnknownDeviceAndEmptySizeAreErrors) {
   EXPECT_EQ(b->Allocate("", 0, "x").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The test-only "two devices" host backend: real memfds labelled with fake device UUIDs.
+TEST(HostBackend, FakeDevicesPlaceSegmentsAndCopyBetweenThem) {
+  HostBackendOptions o;
+  o.device_uuids = {"host-a", "host-b"};
+  auto b = MakeHostBackend(o);
+  auto devices = b->Devices();
+  ASSERT_EQ(devices.size(), 2u);
+  EXPECT_EQ(devices[0].uuid, "host-a");
+  EXPECT_EQ(devices[1].uuid, "host-b");
+  EXPECT_EQ(b->Allocate("host", 100, "x").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(b->CanAccessPeer("host-a", "host-b"));
+  EXPECT_FALSE(b->CanAccessPeer("host-a", "GPU-x"));
+
+  auto src = b->Allocate("host-a", 5000, "src");
+  ASSERT_TRUE(src.ok()) << src.status();
+  EXPECT_EQ((*src)->device_uuid(), "host-a");
+  std::vector<uint8_t> data((*src)->size());
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 7 + 3);
+  ASSERT_TRUE((*src)->CopyIn(0, data.data(), data.size()).ok());
+  ASSERT_TRUE((*src)->Seal().ok());
+  for (CopyRoute route : {CopyRoute::kPeer, CopyRoute::kHostStaged}) {
+    auto dst = b->Allocate("host-b", 5000, "dst");
+    ASSERT_TRUE(dst.ok());
+    EXPECT_EQ((*dst)->device_uuid(), "host-b");
+    ASSERT_TRUE(b->CopySegment(**src, dst->get(), route).ok()) << CopyRouteName(route);
+    EXPECT_EQ(std::memcmp((*dst)->host_data(), data.data(), data.size()), 0)
+        << CopyRouteName(route);
+    ASSERT_TRUE((*dst)->Seal().ok());
+    // Into a sealed segment: refused.
+    EXPECT_EQ(b->CopySegment(**src, dst->get(), route).code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+  // Into a smaller segment: refused.
+  auto small = b->Allocate("host-b", 100, "small");
+  auto big = b->Allocate("host-a", 3 << 20, "big");
+  ASSERT_TRUE(small.ok() && big.ok());
+  EXPECT_EQ(b->CopySegment(**big, small->get(), CopyRoute::kPeer).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(HostBackend, WithoutPeerAccessOnlyHostStagedCopiesRun) {
+  HostBackendOptions o;
+  o.device_uuids = {"host-a", "host-b"};
+  o.peer_access = false;
+  auto b = MakeHostBackend(o);
+  EXPECT_FALSE(b->CanAccessPeer("host-a", "host-b"));
+  EXPECT_TRUE(b->CanAccessPeer("host-a", "host-a"));
+  auto src = FilledSegment(*b, 4096);  // on the first device, host-a
+  ASSERT_TRUE(src->Seal().ok());
+  auto dst = b->Allocate("host-b", 4096, "dst");
+  ASSERT_TRUE(dst.ok());
+  auto peer = b->CopySegment(*src, dst->get(), CopyRoute::kPeer);
+  EXPECT_EQ(peer.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(peer.message().find("host-a"), absl::string_view::npos) << peer;
+  ASSERT_TRUE(b->CopySegment(*src, dst->get(), CopyRoute::kHostStaged).ok());
+  EXPECT_EQ(static_cast<uint8_t>((*dst)->host_data()[4095]), static_cast<uint8_t>(4095));
+}
+
 TEST(HostMapping, MapsSameBytesReadOnly) {
   auto b = MakeHostBackend();
   auto seg = FilledSegment(*b, 3 << 20);

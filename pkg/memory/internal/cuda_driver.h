@@ -57,6 +57,8 @@ namespace weightcache::memory::internal {
   X(cuMemcpyHtoD, 3020)                    \
   X(cuMemcpyHtoDAsync, 3020)               \
   X(cuMemcpyDtoH, 3020)                    \
+  X(cuMemcpyDtoD, 3020)                    \
+  X(cuDeviceCanAccessPeer, 4000)           \
   X(cuMemHostAlloc, 2020)                  \
   X(cuMemFreeHost, 2000)                   \
   X(cuStreamCreate, 2000)                  \
