@@ -44,10 +44,10 @@ int Status(client::Client& c) {
                             ? absl::StrFormat("%.0f%%", e.bytes_done() * 100.0 /
                                                             std::max<uint64_t>(1, e.bytes()))
                             : FormatBytes(e.bytes());
-    std::printf("%-20s %-8s %-15s %11s %8u %5u %6d %-12s %s\n", e.model().c_str(),
+    std::printf("%-20s %-8s %-15s %11s %8u %5u %6d %-12s %s%s\n", e.model().c_str(),
                 e.state().c_str(), Layout(e.layout()).c_str(), bytes.c_str(), e.tensors(),
                 e.segments(), e.leases_size(), e.fingerprint().substr(0, 12).c_str(),
-                e.device_uuid().c_str());
+                e.device_uuid().c_str(), e.source() == "peer" ? " (peer copy)" : "");
     if (!e.error().empty()) std::printf("  error: %s\n", e.error().c_str());
     for (const auto& l : e.leases()) {
       std::printf("  lease %s pid %d uid %d age %.1fs\n", l.lease_id().substr(0, 12).c_str(),
@@ -55,16 +55,26 @@ int Status(client::Client& c) {
     }
   }
   if (st->entries().empty()) std::printf("(no cache entries)\n");
+  // Per-device residency: which GPU holds how much of the cache.
+  std::printf("\n%-44s %-14s %7s %11s %11s %11s\n", "DEVICE", "NAME", "ENTRIES", "CACHE", "FREE",
+              "TOTAL");
+  for (const auto& d : st->devices()) {
+    std::printf("%-44s %-14s %7u %11s %11s %11s\n", d.device_uuid().c_str(), d.name().c_str(),
+                d.entries(), FormatBytes(d.cache_bytes()).c_str(),
+                FormatBytes(d.free_bytes()).c_str(), FormatBytes(d.total_bytes()).c_str());
+  }
   std::printf("known models: ");
   for (int i = 0; i < st->known_models_size(); ++i) {
     std::printf("%s%s", i ? ", " : "", st->known_models(i).c_str());
   }
-  std::printf("\nacquire: %lu hit, %lu miss, %lu mismatch, %lu rejected, %lu error\n",
-              static_cast<unsigned long>(st->acquire_hits()),
-              static_cast<unsigned long>(st->acquire_misses()),
-              static_cast<unsigned long>(st->acquire_mismatches()),
-              static_cast<unsigned long>(st->acquire_rejected()),
-              static_cast<unsigned long>(st->acquire_errors()));
+  std::printf(
+      "\nacquire: %lu hit, %lu peer copy, %lu miss, %lu mismatch, %lu rejected, %lu error\n",
+      static_cast<unsigned long>(st->acquire_hits()),
+      static_cast<unsigned long>(st->acquire_peer_copies()),
+      static_cast<unsigned long>(st->acquire_misses()),
+      static_cast<unsigned long>(st->acquire_mismatches()),
+      static_cast<unsigned long>(st->acquire_rejected()),
+      static_cast<unsigned long>(st->acquire_errors()));
   return 0;
 }
 

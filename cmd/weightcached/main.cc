@@ -49,6 +49,14 @@ ABSL_FLAG(int, device_plugin_slots, 64, "How many engine pods may hold the resou
 ABSL_FLAG(std::string, device_plugin_resource, "weightcache.io/client", "Resource name");
 ABSL_FLAG(std::string, container_socket_dir, "",
           "Where the socket dir appears in engine containers (default: the same path)");
+ABSL_FLAG(std::string, peer_policy, "copy",
+          "When an engine asks for a model-rank cached on another GPU of this node: copy "
+          "(GPU peer copy into a new entry on the engine's GPU, host-staged when P2P is "
+          "impossible) | host (always staged through pinned host memory) | miss (NOT_FOUND)");
+ABSL_FLAG(std::vector<std::string>, host_devices, {},
+          "Host backend only: names of fake devices to place segments on (e.g. "
+          "host-a,host-b), to rehearse multi-GPU placement and peer copies without a GPU; "
+          "default one device, 'host'");
 ABSL_FLAG(bool, verbose, false, "Debug logging");
 
 namespace weightcache {
@@ -88,7 +96,21 @@ int Run() {
     opts.allowed_uids.push_back(uid);
   }
 
-  auto backend = memory::MakeBackend(absl::GetFlag(FLAGS_backend));
+  auto policy = server::ParsePeerPolicy(absl::GetFlag(FLAGS_peer_policy));
+  if (!policy.ok()) return Fail(policy.status());
+  opts.peer_policy = *policy;
+
+  absl::StatusOr<std::unique_ptr<memory::Backend>> backend;
+  if (!absl::GetFlag(FLAGS_host_devices).empty()) {
+    if (absl::GetFlag(FLAGS_backend) != "host") {
+      return Fail(absl::InvalidArgumentError("--host_devices needs --backend=host"));
+    }
+    memory::HostBackendOptions ho;
+    ho.device_uuids = absl::GetFlag(FLAGS_host_devices);
+    backend = memory::MakeHostBackend(ho);
+  } else {
+    backend = memory::MakeBackend(absl::GetFlag(FLAGS_backend));
+  }
   if (!backend.ok()) return Fail(backend.status());
 
   // Signals go to a dedicated thread (blocked here before any other thread starts).

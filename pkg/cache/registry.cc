@@ -18,6 +18,10 @@ const char* StateName(State s) {
   return "unknown";
 }
 
+std::string Key::ToString() const {
+  return absl::StrCat(fingerprint.substr(0, 12), "@", device_uuid);
+}
+
 Registry::Registry(uint64_t budget_bytes) : budget_(budget_bytes) {}
 
 Registry::~Registry() {
@@ -40,9 +44,10 @@ void Registry::SetEvictCallback(EvictFn fn) {
   on_evict_ = std::move(fn);
 }
 
-uint64_t Registry::UsedLocked() const {
+uint64_t Registry::UsedLocked(const std::string* device_uuid) const {
   uint64_t n = 0;
-  for (const auto& [fp, e] : entries_) {
+  for (const auto& [key, e] : entries_) {
+    if (device_uuid != nullptr && key.device_uuid != *device_uuid) continue;
     if (e->state == State::kLoading || e->state == State::kReady) n += e->reserved_bytes;
   }
   return n;
@@ -50,47 +55,51 @@ uint64_t Registry::UsedLocked() const {
 
 uint64_t Registry::used_bytes() const {
   std::lock_guard<std::mutex> l(mu_);
-  return UsedLocked();
+  return UsedLocked(nullptr);
 }
 
-absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(
-    const std::string& fingerprint, const std::string& model,
-    const spec::FingerprintInputs& inputs, uint64_t bytes, LoadFn load, bool* started) {
+uint64_t Registry::used_bytes(const std::string& device_uuid) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return UsedLocked(&device_uuid);
+}
+
+absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(LoadRequest req, bool* started) {
   if (started != nullptr) *started = false;
   std::vector<std::shared_ptr<const load::LoadedModel>> drop;  // freed outside the lock
   std::vector<std::string> evicted;
   std::shared_ptr<Entry> e;
   EvictFn on_evict;
+  const std::string& device = req.key.device_uuid;
   {
     std::lock_guard<std::mutex> l(mu_);
     if (stopping_) return absl::UnavailableError("registry is shutting down");
-    auto it = entries_.find(fingerprint);
+    auto it = entries_.find(req.key);
     if (it != entries_.end() && it->second->state != State::kFailed) return it->second;
     if (it != entries_.end()) entries_.erase(it);  // a failed entry is retried
     if (budget_ != 0) {
-      // LRU eviction of ready, unleased entries until the new one fits.
-      while (UsedLocked() + bytes > budget_) {
+      // LRU eviction of ready, unleased entries of the same device until the new one fits.
+      while (UsedLocked(&device) + req.bytes > budget_) {
         std::shared_ptr<Entry> victim;
-        for (const auto& [fp, c] : entries_) {
-          if (c->state == State::kReady && c->leases.empty() &&
+        for (const auto& [key, c] : entries_) {
+          if (key.device_uuid == device && c->state == State::kReady && c->leases.empty() &&
               (!victim || c->last_used < victim->last_used)) {
             victim = c;
           }
         }
         if (!victim) break;
-        EvictLocked(victim->fingerprint, "budget", &drop, &evicted);
+        EvictLocked(victim->key, "budget", &drop, &evicted);
       }
-      if (UsedLocked() + bytes > budget_) {
+      if (UsedLocked(&device) + req.bytes > budget_) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            "model '", model, "' needs ", bytes, " bytes; memory budget ", budget_,
-            " bytes has ", budget_ - std::min(budget_, UsedLocked()),
-            " free after evicting every unleased entry"));
+            "model '", req.model, "' needs ", req.bytes, " bytes on ", device, "; memory budget ",
+            budget_, " bytes has ", budget_ - std::min(budget_, UsedLocked(&device)),
+            " free after evicting every unleased entry of that device"));
       }
     }
-    e = std::make_shared<Entry>(fingerprint, model, inputs);
-    e->reserved_bytes = bytes;
-    entries_[fingerprint] = e;
-    loads_.emplace_back(&Registry::RunLoad, this, e, std::move(load));
+    e = std::make_shared<Entry>(req.key, req.model, req.inputs, req.source);
+    e->reserved_bytes = req.bytes;
+    entries_[req.key] = e;
+    loads_.emplace_back(&Registry::RunLoad, this, e, std::move(req.load));
     on_evict = on_evict_;
   }
   if (on_evict) {
@@ -123,8 +132,8 @@ void Registry::RunLoad(std::shared_ptr<Entry> e, LoadFn load) {
   }
   cv_.notify_all();
   if (status.ok()) {
-    WC_LOG_INFO("model %s ready (fingerprint %s) in %.3f s", e->model,
-                e->fingerprint.substr(0, 12), secs);
+    WC_LOG_INFO("model %s ready (fingerprint %s on %s, from %s) in %.3f s", e->model,
+                e->fingerprint.substr(0, 12), e->device_uuid, e->source, secs);
   } else {
     WC_LOG_ERROR("model %s failed to load: %s", e->model, std::string(status.message()));
   }
@@ -153,16 +162,26 @@ absl::Status Registry::WaitReady(const std::shared_ptr<Entry>& e,
   }
 }
 
-std::shared_ptr<Entry> Registry::Find(const std::string& fingerprint) const {
+std::shared_ptr<Entry> Registry::Find(const Key& key) const {
   std::lock_guard<std::mutex> l(mu_);
-  auto it = entries_.find(fingerprint);
+  auto it = entries_.find(key);
   return it == entries_.end() ? nullptr : it->second;
+}
+
+std::vector<std::shared_ptr<Entry>> Registry::FindAll(const std::string& fingerprint) const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<std::shared_ptr<Entry>> out;
+  for (auto it = entries_.lower_bound(Key{fingerprint, ""});
+       it != entries_.end() && it->first.fingerprint == fingerprint; ++it) {
+    out.push_back(it->second);
+  }
+  return out;
 }
 
 std::vector<std::shared_ptr<Entry>> Registry::FindByModel(const std::string& model) const {
   std::lock_guard<std::mutex> l(mu_);
   std::vector<std::shared_ptr<Entry>> out;
-  for (const auto& [fp, e] : entries_) {
+  for (const auto& [key, e] : entries_) {
     if (e->model == model) out.push_back(e);
   }
   return out;
@@ -186,14 +205,14 @@ absl::Status Registry::AddLease(const std::shared_ptr<Entry>& e, const LeaseReco
   }
   e->leases[lease.id] = lease;
   e->last_used = std::chrono::steady_clock::now();
-  lease_to_fp_[lease.id] = e->fingerprint;
+  lease_to_key_[lease.id] = e->key;
   return absl::OkStatus();
 }
 
 void Registry::SetLeasePeer(const std::string& lease_id, int pid, int uid) {
   std::lock_guard<std::mutex> l(mu_);
-  auto it = lease_to_fp_.find(lease_id);
-  if (it == lease_to_fp_.end()) return;
+  auto it = lease_to_key_.find(lease_id);
+  if (it == lease_to_key_.end()) return;
   auto e = entries_.find(it->second);
   if (e == entries_.end()) return;
   auto lease = e->second->leases.find(lease_id);
@@ -204,49 +223,48 @@ void Registry::SetLeasePeer(const std::string& lease_id, int pid, int uid) {
 
 bool Registry::RemoveLease(const std::string& lease_id) {
   std::lock_guard<std::mutex> l(mu_);
-  auto it = lease_to_fp_.find(lease_id);
-  if (it == lease_to_fp_.end()) return false;
+  auto it = lease_to_key_.find(lease_id);
+  if (it == lease_to_key_.end()) return false;
   auto e = entries_.find(it->second);
   if (e != entries_.end()) {
     e->second->leases.erase(lease_id);
     e->second->last_used = std::chrono::steady_clock::now();
   }
-  lease_to_fp_.erase(it);
+  lease_to_key_.erase(it);
   return true;
 }
 
-size_t Registry::LeaseCount(const std::string& fingerprint) const {
+size_t Registry::LeaseCount(const Key& key) const {
   std::lock_guard<std::mutex> l(mu_);
-  auto it = entries_.find(fingerprint);
+  auto it = entries_.find(key);
   return it == entries_.end() ? 0 : it->second->leases.size();
 }
 
-bool Registry::EvictLocked(const std::string& fingerprint, const std::string& reason,
+bool Registry::EvictLocked(const Key& key, const std::string& reason,
                            std::vector<std::shared_ptr<const load::LoadedModel>>* drop,
                            std::vector<std::string>* evicted_models) {
-  auto it = entries_.find(fingerprint);
+  auto it = entries_.find(key);
   if (it == entries_.end() || it->second->state == State::kLoading) return false;
   auto e = it->second;
   e->state = State::kEvicting;
   drop->push_back(std::move(e->loaded));
   e->reserved_bytes = 0;
-  for (const auto& [id, lease] : e->leases) lease_to_fp_.erase(id);
+  for (const auto& [id, lease] : e->leases) lease_to_key_.erase(id);
   e->state = State::kGone;
   entries_.erase(it);
   evicted_models->push_back(e->model);
-  WC_LOG_INFO("evicted model %s (fingerprint %s, reason %s)", e->model,
-              fingerprint.substr(0, 12), reason);
+  WC_LOG_INFO("evicted model %s (%s, reason %s)", e->model, key.ToString(), reason);
   return true;
 }
 
-bool Registry::Evict(const std::string& fingerprint, const std::string& reason) {
+bool Registry::Evict(const Key& key, const std::string& reason) {
   std::vector<std::shared_ptr<const load::LoadedModel>> drop;
   std::vector<std::string> evicted;
   EvictFn on_evict;
   bool ok;
   {
     std::lock_guard<std::mutex> l(mu_);
-    ok = EvictLocked(fingerprint, reason, &drop, &evicted);
+    ok = EvictLocked(key, reason, &drop, &evicted);
     on_evict = on_evict_;
   }
   cv_.notify_all();
@@ -261,9 +279,11 @@ std::vector<EntrySnapshot> Registry::Snapshot() const {
   std::lock_guard<std::mutex> l(mu_);
   std::vector<EntrySnapshot> out;
   auto now = std::chrono::steady_clock::now();
-  for (const auto& [fp, e] : entries_) {
+  for (const auto& [key, e] : entries_) {
     EntrySnapshot s;
-    s.fingerprint = fp;
+    s.fingerprint = key.fingerprint;
+    s.device_uuid = key.device_uuid;
+    s.source = e->source;
     s.model = e->model;
     s.inputs = e->inputs;
     s.state = e->state;
@@ -276,7 +296,6 @@ std::vector<EntrySnapshot> Registry::Snapshot() const {
                          : e->load_seconds;
     if (e->loaded) {
       s.bytes = e->loaded->resident_bytes();
-      s.device_uuid = e->loaded->device_uuid;
       s.tensors = e->loaded->plan.tensors.size();
       s.segments = e->loaded->segments.size();
     }

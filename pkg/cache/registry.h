@@ -1,13 +1,18 @@
-// The registry: cache entries keyed by fingerprint, their state machine, single-flight
-// loading, leases, and the memory budget.
+// The registry: cache entries keyed by (fingerprint, device UUID), their state machine,
+// single-flight loading, leases, and the memory budget (per device).
+//
+// The fingerprint says WHAT the bytes are (model, layout, quantization, environment); the
+// device says WHERE they are resident ("GPU-..." or "host"). The same model-rank may be
+// resident on two GPUs of a node at once (e.g. loaded on one, peer-copied to another):
+// those are two entries with one fingerprint.
 //
 //   loading ──► ready ──► evicting ──► gone
 //      └──────► failed(error)
 //
-// Single flight: StartOrJoin for a fingerprint that is loading or ready returns that
-// entry; only the first caller's load function runs (on a registry-owned thread).
-// Evicting drops the registry's reference to the segments only: clients that still map
-// the memory keep it valid (the kernel / driver count references).
+// Single flight: StartOrJoin for a key that is loading or ready returns that entry; only the first
+// caller's load function runs (on a registry-owned thread). Evicting drops the registry's reference
+// to the segments only: clients that still map the memory keep it valid (the kernel / driver count
+// references).
 //
 // Thread-safety: every method may be called from any thread. Entry fields other than the
 // immutable identity are guarded by the registry's mutex and read through Snapshot().
@@ -35,6 +40,14 @@ namespace weightcache::cache {
 enum class State { kLoading, kReady, kEvicting, kGone, kFailed };
 const char* StateName(State s);
 
+// Where an entry lives in the registry.
+struct Key {
+  std::string fingerprint;
+  std::string device_uuid;  // "GPU-..." or a host backend device ("host")
+  auto operator<=>(const Key&) const = default;
+  std::string ToString() const;  // "<fingerprint[:12]>@<device>"
+};
+
 struct LeaseRecord {
   std::string id;
   int pid = 0;
@@ -42,13 +55,21 @@ struct LeaseRecord {
   std::chrono::steady_clock::time_point since;
 };
 
-// Immutable identity plus guarded state of one model-rank.
+// Immutable identity plus guarded state of one model-rank on one device.
 struct Entry {
-  Entry(std::string fp, std::string model, spec::FingerprintInputs in)
-      : fingerprint(std::move(fp)), model(std::move(model)), inputs(std::move(in)) {}
-  const std::string fingerprint;
+  Entry(Key k, std::string model, spec::FingerprintInputs in, std::string source)
+      : key(std::move(k)),
+        fingerprint(key.fingerprint),
+        device_uuid(key.device_uuid),
+        model(std::move(model)),
+        inputs(std::move(in)),
+        source(std::move(source)) {}
+  const Key key;
+  const std::string fingerprint;  // key.fingerprint
+  const std::string device_uuid;  // key.device_uuid
   const std::string model;
   const spec::FingerprintInputs inputs;
+  const std::string source;     // how it was filled: "disk" | "peer" (copied from another device)
   load::LoadProgress progress;  // safe to read without the lock
 
   // Guarded by Registry::mu_.
@@ -64,6 +85,7 @@ struct Entry {
 
 struct EntrySnapshot {
   std::string fingerprint;
+  std::string source;
   std::string model;
   spec::FingerprintInputs inputs;
   State state;
@@ -72,7 +94,7 @@ struct EntrySnapshot {
   uint64_t bytes_done = 0;
   uint64_t bytes_total = 0;
   std::string current_file;
-  std::string device_uuid;
+  std::string device_uuid;  // the entry's device (also while loading)
   size_t tensors = 0;
   size_t segments = 0;
   double load_seconds = 0;
@@ -84,9 +106,19 @@ using LoadFn = std::function<absl::StatusOr<std::unique_ptr<load::LoadedModel>>(
 // Called when a load ends (ready or failed), outside the lock.
 using LoadDoneFn = std::function<void(const Entry&, const absl::Status&)>;
 
+// What StartOrJoin starts when the key has no live entry.
+struct LoadRequest {
+  Key key;
+  std::string model;
+  spec::FingerprintInputs inputs;
+  uint64_t bytes = 0;           // reserved against key.device_uuid's budget up front
+  std::string source = "disk";  // Entry::source
+  LoadFn load;
+};
+
 class Registry {
  public:
-  // budget_bytes 0: unlimited.
+  // budget_bytes: per device; 0: unlimited.
   explicit Registry(uint64_t budget_bytes = 0);
   ~Registry();
   Registry(const Registry&) = delete;
@@ -94,22 +126,21 @@ class Registry {
 
   void SetLoadDoneCallback(LoadDoneFn fn);
 
-  // Returns the live entry for `fingerprint` (loading, ready) or starts `load` for it.
-  // A failed entry is replaced by a new load. `bytes` reserves budget up front; when the
-  // budget cannot hold it even after evicting unleased ready entries (LRU), the answer is
-  // RESOURCE_EXHAUSTED and nothing starts. `started` tells whether this call started it.
-  absl::StatusOr<std::shared_ptr<Entry>> StartOrJoin(const std::string& fingerprint,
-                                                     const std::string& model,
-                                                     const spec::FingerprintInputs& inputs,
-                                                     uint64_t bytes, LoadFn load,
-                                                     bool* started = nullptr);
+  // Returns the live entry for `req.key` (loading, ready) or starts `req.load` for it.
+  // A failed entry is replaced by a new load. `req.bytes` reserves budget on the key's
+  // device up front; when that device's budget cannot hold it even after evicting unleased
+  // ready entries of the same device (LRU), the answer is RESOURCE_EXHAUSTED and nothing
+  // starts. `started` tells whether this call started it.
+  absl::StatusOr<std::shared_ptr<Entry>> StartOrJoin(LoadRequest req, bool* started = nullptr);
 
   // Waits until the entry is not loading or the deadline passes. Returns OK when ready,
   // the load's error when failed, DEADLINE_EXCEEDED/UNAVAILABLE otherwise.
   absl::Status WaitReady(const std::shared_ptr<Entry>& e,
                          std::chrono::steady_clock::time_point deadline);
 
-  std::shared_ptr<Entry> Find(const std::string& fingerprint) const;
+  std::shared_ptr<Entry> Find(const Key& key) const;
+  // Live entries with this fingerprint, on every device (ordered by device UUID).
+  std::vector<std::shared_ptr<Entry>> FindAll(const std::string& fingerprint) const;
   // Live entries (loading/ready/failed) of a model.
   std::vector<std::shared_ptr<Entry>> FindByModel(const std::string& model) const;
 
@@ -123,31 +154,33 @@ class Registry {
   void SetLeasePeer(const std::string& lease_id, int pid, int uid);
   // Removes a lease wherever it is; false when unknown.
   bool RemoveLease(const std::string& lease_id);
-  size_t LeaseCount(const std::string& fingerprint) const;
+  size_t LeaseCount(const Key& key) const;
 
   // Evicts an entry (ready or failed): ready -> evicting -> gone. Returns false when
   // there is no such live entry.
-  bool Evict(const std::string& fingerprint, const std::string& reason);
+  bool Evict(const Key& key, const std::string& reason);
 
   std::vector<EntrySnapshot> Snapshot() const;
   uint64_t budget_bytes() const { return budget_; }
-  uint64_t used_bytes() const;
+  uint64_t used_bytes() const;                                // all devices
+  uint64_t used_bytes(const std::string& device_uuid) const;  // one device
 
   using EvictFn = std::function<void(const std::string& model, const std::string& reason)>;
   void SetEvictCallback(EvictFn fn);
 
  private:
-  bool EvictLocked(const std::string& fingerprint, const std::string& reason,
+  bool EvictLocked(const Key& key, const std::string& reason,
                    std::vector<std::shared_ptr<const load::LoadedModel>>* drop,
                    std::vector<std::string>* evicted_models) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint64_t UsedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Bytes reserved on `device_uuid`; all devices when null.
+  uint64_t UsedLocked(const std::string* device_uuid) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunLoad(std::shared_ptr<Entry> e, LoadFn load);
 
   const uint64_t budget_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::map<std::string, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::string> lease_to_fp_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Key> lease_to_key_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> loads_ ABSL_GUARDED_BY(mu_);
   LoadDoneFn on_done_ ABSL_GUARDED_BY(mu_);
   EvictFn on_evict_ ABSL_GUARDED_BY(mu_);

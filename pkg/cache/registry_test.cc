@@ -14,6 +14,19 @@ using namespace std::chrono_literals;
 
 auto Far() { return std::chrono::steady_clock::now() + 10s; }
 
+Key K(const std::string& fp, const std::string& device = "host") { return {fp, device}; }
+
+LoadRequest Req(const std::string& fp, const std::string& model, uint64_t bytes, LoadFn load,
+                const std::string& device = "host", const std::string& source = "disk") {
+  LoadRequest r;
+  r.key = K(fp, device);
+  r.model = model;
+  r.bytes = bytes;
+  r.source = source;
+  r.load = std::move(load);
+  return r;
+}
+
 // A load that produces one real host segment of `bytes`.
 LoadFn SegmentLoad(uint64_t bytes, std::atomic<int>* calls = nullptr,
                    std::shared_future<void> gate = {}) {
@@ -39,7 +52,7 @@ TEST(Registry, ConcurrentRequestsShareOneLoad) {
   for (int i = 0; i < 32; ++i) {
     threads.emplace_back([&] {
       bool s = false;
-      auto e = r.StartOrJoin("fp", "m", {}, 0, SegmentLoad(4096, &calls, gate), &s);
+      auto e = r.StartOrJoin(Req("fp", "m", 0, SegmentLoad(4096, &calls, gate)), &s);
       ASSERT_TRUE(e.ok());
       if (s) started++;
       all_joined.count_down();
@@ -56,29 +69,30 @@ TEST(Registry, ConcurrentRequestsShareOneLoad) {
 
 TEST(Registry, FailedLoadReportsErrorAndIsRetried) {
   Registry r;
-  auto e = r.StartOrJoin("fp", "m", {}, 0, [](Entry&) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
-    return absl::InvalidArgumentError("model.safetensors: truncated");
-  });
+  auto e = r.StartOrJoin(
+      Req("fp", "m", 0, [](Entry&) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
+        return absl::InvalidArgumentError("model.safetensors: truncated");
+      }));
   ASSERT_TRUE(e.ok());
   auto s = r.WaitReady(*e, Far());
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("truncated"), absl::string_view::npos);
   EXPECT_EQ(r.Snapshot().at(0).state, State::kFailed);
-  auto again = r.StartOrJoin("fp", "m", {}, 0, SegmentLoad(4096));
+  auto again = r.StartOrJoin(Req("fp", "m", 0, SegmentLoad(4096)));
   ASSERT_TRUE(again.ok());
   EXPECT_TRUE(r.WaitReady(*again, Far()).ok());
 }
 
 TEST(Registry, LeasesAreCountedAndRemoved) {
   Registry r;
-  auto e = *r.StartOrJoin("fp", "m", {}, 0, SegmentLoad(4096));
+  auto e = *r.StartOrJoin(Req("fp", "m", 0, SegmentLoad(4096)));
   ASSERT_TRUE(r.WaitReady(e, Far()).ok());
   ASSERT_TRUE(r.AddLease(e, {"a", 1, 0, {}}).ok());
   ASSERT_TRUE(r.AddLease(e, {"b", 2, 0, {}}).ok());
-  EXPECT_EQ(r.LeaseCount("fp"), 2u);
+  EXPECT_EQ(r.LeaseCount(K("fp")), 2u);
   EXPECT_TRUE(r.RemoveLease("a"));
   EXPECT_FALSE(r.RemoveLease("a"));
-  EXPECT_EQ(r.LeaseCount("fp"), 1u);
+  EXPECT_EQ(r.LeaseCount(K("fp")), 1u);
   EXPECT_EQ(r.Snapshot().at(0).leases.at(0).id, "b");
 }
 
@@ -88,13 +102,13 @@ TEST(Registry, EvictionKeepsContentAliveForHoldersAndEndsTheEntry) {
   r.SetEvictCallback([&](const std::string& m, const std::string& why) {
     evicted.push_back(m + ":" + why);
   });
-  auto e = *r.StartOrJoin("fp", "m", {}, 0, SegmentLoad(4096));
+  auto e = *r.StartOrJoin(Req("fp", "m", 0, SegmentLoad(4096)));
   ASSERT_TRUE(r.WaitReady(e, Far()).ok());
   auto content = r.Content(e);
   ASSERT_TRUE(content.ok());
-  EXPECT_TRUE(r.Evict("fp", "api"));
-  EXPECT_FALSE(r.Evict("fp", "api"));
-  EXPECT_EQ(r.Find("fp"), nullptr);
+  EXPECT_TRUE(r.Evict(K("fp"), "api"));
+  EXPECT_FALSE(r.Evict(K("fp"), "api"));
+  EXPECT_EQ(r.Find(K("fp")), nullptr);
   EXPECT_EQ(e->state, State::kGone);
   EXPECT_EQ((*content)->segments.size(), 1u);  // a holder's reference stays valid
   EXPECT_EQ(evicted, std::vector<std::string>{"m:api"});
@@ -104,21 +118,77 @@ TEST(Registry, EvictionKeepsContentAliveForHoldersAndEndsTheEntry) {
 TEST(Registry, BudgetEvictsLeastRecentlyUsedUnleasedEntries) {
   constexpr uint64_t kSeg = 2 << 20;
   Registry r(3 * kSeg);
-  auto a = *r.StartOrJoin("a", "a", {}, kSeg, SegmentLoad(kSeg));
+  auto a = *r.StartOrJoin(Req("a", "a", kSeg, SegmentLoad(kSeg)));
   ASSERT_TRUE(r.WaitReady(a, Far()).ok());
-  auto b = *r.StartOrJoin("b", "b", {}, kSeg, SegmentLoad(kSeg));
+  auto b = *r.StartOrJoin(Req("b", "b", kSeg, SegmentLoad(kSeg)));
   ASSERT_TRUE(r.WaitReady(b, Far()).ok());
   ASSERT_TRUE(r.AddLease(a, {"la", 1, 0, {}}).ok());  // a is leased: not evictable
-  auto c = *r.StartOrJoin("c", "c", {}, 2 * kSeg, SegmentLoad(2 * kSeg));
+  auto c = *r.StartOrJoin(Req("c", "c", 2 * kSeg, SegmentLoad(2 * kSeg)));
   ASSERT_TRUE(r.WaitReady(c, Far()).ok());
-  EXPECT_NE(r.Find("a"), nullptr);
-  EXPECT_EQ(r.Find("b"), nullptr);  // evicted for c
-  auto d = r.StartOrJoin("d", "d", {}, 2 * kSeg, SegmentLoad(2 * kSeg));
+  EXPECT_NE(r.Find(K("a")), nullptr);
+  EXPECT_EQ(r.Find(K("b")), nullptr);  // evicted for c
+  auto d = r.StartOrJoin(Req("d", "d", 2 * kSeg, SegmentLoad(2 * kSeg)));
   // c is unleased and evictable; a is leased: after evicting c, 2 segments fit.
   ASSERT_TRUE(d.ok()) << d.status();
-  auto big = r.StartOrJoin("e", "e", {}, 10 * kSeg, SegmentLoad(kSeg));
+  auto big = r.StartOrJoin(Req("e", "e", 10 * kSeg, SegmentLoad(kSeg)));
   EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(big.status().message().find("budget"), absl::string_view::npos);
+}
+
+TEST(Registry, SameFingerprintOnTwoDevicesIsTwoEntries) {
+  Registry r;
+  std::atomic<int> calls{0};
+  auto a = *r.StartOrJoin(Req("fp", "m", 0, SegmentLoad(4096, &calls), "GPU-a"));
+  auto b = *r.StartOrJoin(Req("fp", "m", 0, SegmentLoad(4096, &calls), "GPU-b", "peer"));
+  ASSERT_TRUE(r.WaitReady(a, Far()).ok());
+  ASSERT_TRUE(r.WaitReady(b, Far()).ok());
+  EXPECT_EQ(calls.load(), 2);  // one load per device, not joined across devices
+  EXPECT_NE(a.get(), b.get());
+  EXPECT_EQ(r.Find(K("fp", "GPU-a")), a);
+  EXPECT_EQ(r.Find(K("fp", "GPU-b")), b);
+  EXPECT_EQ(r.Find(K("fp", "GPU-c")), nullptr);
+  auto all = r.FindAll("fp");
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0]->device_uuid, "GPU-a");
+  EXPECT_EQ(all[1]->device_uuid, "GPU-b");
+  EXPECT_TRUE(r.FindAll("f").empty());  // no prefix matches
+  auto snap = r.Snapshot();
+  ASSERT_EQ(snap.size(), 2u);
+  EXPECT_EQ(snap[0].device_uuid, "GPU-a");
+  EXPECT_EQ(snap[0].source, "disk");
+  EXPECT_EQ(snap[1].device_uuid, "GPU-b");
+  EXPECT_EQ(snap[1].source, "peer");
+  // Leases and eviction are per device.
+  ASSERT_TRUE(r.AddLease(b, {"lb", 1, 0, {}}).ok());
+  EXPECT_EQ(r.LeaseCount(K("fp", "GPU-a")), 0u);
+  EXPECT_EQ(r.LeaseCount(K("fp", "GPU-b")), 1u);
+  EXPECT_TRUE(r.Evict(K("fp", "GPU-a"), "api"));
+  EXPECT_EQ(r.Find(K("fp", "GPU-a")), nullptr);
+  EXPECT_EQ(r.Find(K("fp", "GPU-b")), b);
+  EXPECT_TRUE(r.RemoveLease("lb"));
+}
+
+TEST(Registry, BudgetIsPerDevice) {
+  constexpr uint64_t kSeg = 2 << 20;
+  Registry r(2 * kSeg);
+  auto a1 = *r.StartOrJoin(Req("a1", "m", 2 * kSeg, SegmentLoad(2 * kSeg), "GPU-a"));
+  ASSERT_TRUE(r.WaitReady(a1, Far()).ok());
+  // GPU-b has its own budget: no eviction on GPU-a.
+  auto b1 = *r.StartOrJoin(Req("b1", "m", 2 * kSeg, SegmentLoad(2 * kSeg), "GPU-b"));
+  ASSERT_TRUE(r.WaitReady(b1, Far()).ok());
+  EXPECT_EQ(r.used_bytes("GPU-a"), 2 * kSeg);
+  EXPECT_EQ(r.used_bytes("GPU-b"), 2 * kSeg);
+  EXPECT_EQ(r.used_bytes(), 4 * kSeg);
+  ASSERT_TRUE(r.AddLease(b1, {"lb", 1, 0, {}}).ok());
+  // A second entry on GPU-a evicts GPU-a's unleased LRU entry only.
+  auto a2 = *r.StartOrJoin(Req("a2", "m", kSeg, SegmentLoad(kSeg), "GPU-a"));
+  ASSERT_TRUE(r.WaitReady(a2, Far()).ok());
+  EXPECT_EQ(r.Find(K("a1", "GPU-a")), nullptr);
+  EXPECT_NE(r.Find(K("b1", "GPU-b")), nullptr);
+  // GPU-b is full of leased memory: refused, naming the device.
+  auto b2 = r.StartOrJoin(Req("b2", "m", kSeg, SegmentLoad(kSeg), "GPU-b"));
+  EXPECT_EQ(b2.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(b2.status().message().find("GPU-b"), absl::string_view::npos) << b2.status();
 }
 
 }  // namespace

@@ -46,6 +46,34 @@ std::string Join(const std::vector<std::string>& v) {
 
 }  // namespace
 
+const char* PeerPolicyName(PeerPolicy p) {
+  switch (p) {
+    case PeerPolicy::kCopy:
+      return "copy";
+    case PeerPolicy::kHost:
+      return "host";
+    case PeerPolicy::kMiss:
+      return "miss";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<PeerPolicy> ParsePeerPolicy(const std::string& name) {
+  for (PeerPolicy p : {PeerPolicy::kCopy, PeerPolicy::kHost, PeerPolicy::kMiss}) {
+    if (name == PeerPolicyName(p)) return p;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--peer_policy '", name, "' is unknown (expected copy, host or miss)"));
+}
+
+std::string DefaultDeviceForRank(const std::vector<memory::DeviceInfo>& devices, int rank) {
+  if (devices.empty()) return "";
+  std::vector<memory::DeviceInfo> sorted = devices;
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const auto& a, const auto& b) { return a.ordinal < b.ordinal; });
+  return sorted[static_cast<size_t>(std::max(rank, 0)) % sorted.size()].uuid;
+}
+
 Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend)
     : options_(std::move(options)), backend_(backend), registry_(options_.memory_budget_bytes) {
   auto devices = backend_->Devices();
@@ -53,7 +81,7 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend)
   for (const auto& s : options_.specs) specs_[s.name] = s;
   registry_.SetLoadDoneCallback([this](const cache::Entry& e, const absl::Status& st) {
     if (options_.metrics != nullptr && st.ok()) {
-      options_.metrics->OnLoad(e.model, "disk", e.load_seconds, e.progress.total());
+      options_.metrics->OnLoad(e.model, e.source, e.load_seconds, e.progress.total());
     }
   });
   registry_.SetEvictCallback([this](const std::string& model, const std::string& reason) {
@@ -107,8 +135,9 @@ absl::Status Daemon::Impl::Start() {
       }
     }
   }
-  WC_LOG_INFO("serving on %s (handles on %s), backend %s", control_path(), handle_path(),
-              memory::BackendName(backend_->kind()));
+  WC_LOG_INFO("serving on %s (handles on %s), backend %s, peer policy %s", control_path(),
+              handle_path(), memory::BackendName(backend_->kind()),
+              PeerPolicyName(options_.peer_policy));
 
   if (options_.preload) {
     for (const auto& s : options_.specs) {
@@ -125,13 +154,21 @@ absl::Status Daemon::Impl::Start() {
         spec::Layout layout{s.tp_size, r, s.pp_size, s.pp_rank};
         spec::Environment env;
         env.compute_capability = daemon_cc_;
-        auto e = StartLoad(*opened, layout, env, "");
+        // Placement: rank r on the r-th device (by ordinal), so one daemon spreads a
+        // tensor-parallel model's ranks over the node's GPUs.
+        const std::string device = DefaultDeviceForRank(backend_->Devices(), r);
+        for (const auto& d : backend_->Devices()) {
+          if (d.uuid == device) env.compute_capability = d.compute_capability;
+        }
+        auto e = StartLoad(*opened, layout, env, device);
         if (!e.ok()) {
-          WC_LOG_ERROR("preload %s rank %d: %s", s.name, r, std::string(e.status().message()));
+          WC_LOG_ERROR("preload %s rank %d on %s: %s", s.name, r, device,
+                       std::string(e.status().message()));
           continue;
         }
+        WC_LOG_INFO("preload %s rank %d/%d on %s", s.name, r, s.tp_size, device);
         std::lock_guard<std::mutex> l(mu_);
-        preloads_.push_back((*e)->fingerprint);
+        preloads_.push_back((*e)->key);
       }
     }
   }
@@ -235,10 +272,12 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Daemon::Impl::StartLoad(
     const spec::Environment& env, const std::string& device_uuid) {
   auto inputs = model->Inputs(layout, env);
   std::string fp = inputs.Digest();
+  const std::string device =
+      device_uuid.empty() ? DefaultDeviceForRank(backend_->Devices(), layout.tp_rank) : device_uuid;
   memory::Backend* backend = backend_;
   unsigned threads = options_.read_threads;
   auto load = [model, layout, backend, threads, fp,
-               device_uuid](cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
+               device](cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
     load::PlanOptions popts;
     popts.alignment = backend->tensor_alignment();
     popts.max_segment_bytes = backend->max_segment_bytes();
@@ -246,12 +285,95 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Daemon::Impl::StartLoad(
     WC_ASSIGN_OR_RETURN(load::Plan plan, load::PlanRank(*model, layout, popts));
     load::LoadOptions lopts;
     lopts.read_threads = threads;
-    return load::LoadRank(*model, std::move(plan), *backend, device_uuid,
+    return load::LoadRank(*model, std::move(plan), *backend, device,
                           absl::StrCat("weightcache/", model->spec.name, "/", fp.substr(0, 12)),
                           lopts, &e.progress);
   };
-  return registry_.StartOrJoin(fp, model->spec.name, inputs, model->checkpoint.total_bytes(),
-                               std::move(load));
+  cache::LoadRequest req;
+  req.key = {fp, device};
+  req.model = model->spec.name;
+  req.inputs = inputs;
+  req.bytes = model->checkpoint.total_bytes();
+  req.load = std::move(load);
+  return registry_.StartOrJoin(std::move(req));
+}
+
+absl::StatusOr<std::shared_ptr<cache::Entry>> Daemon::Impl::StartPeerCopy(
+    const std::shared_ptr<cache::Entry>& src, const std::string& device_uuid) {
+  WC_ASSIGN_OR_RETURN(std::shared_ptr<const load::LoadedModel> content, registry_.Content(src));
+  const memory::CopyRoute route = options_.peer_policy == PeerPolicy::kCopy &&
+                                          backend_->CanAccessPeer(src->device_uuid, device_uuid)
+                                      ? memory::CopyRoute::kPeer
+                                      : memory::CopyRoute::kHostStaged;
+  memory::Backend* backend = backend_;
+  auto load = [content, backend, route, device_uuid, src_device = src->device_uuid,
+               label =
+                   absl::StrCat("weightcache/", src->model, "/", src->fingerprint.substr(0, 12))](
+                  cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
+    auto out = std::make_unique<load::LoadedModel>();
+    out->plan = content->plan;
+    out->device_uuid = device_uuid;
+    out->model_dir = content->model_dir;
+    const uint64_t total = content->resident_bytes();
+    e.progress.SetTotal(total);
+    e.progress.SetFile(absl::StrCat("peer copy from ", src_device));
+    auto t0 = std::chrono::steady_clock::now();
+    memory::CopyRoute used = route;
+    uint64_t done = 0;
+    for (size_t i = 0; i < content->segments.size(); ++i) {
+      memory::Segment& from = *content->segments[i];
+      WC_ASSIGN_OR_RETURN(auto to,
+                          backend->Allocate(device_uuid, from.size(), absl::StrCat(label, "/", i)));
+      absl::Status s = backend->CopySegment(from, to.get(), used);
+      if (!s.ok() && used == memory::CopyRoute::kPeer) {
+        WC_LOG_WARN("peer copy %s -> %s failed (%s); staging through host memory instead",
+                    src_device, device_uuid, std::string(s.message()));
+        used = memory::CopyRoute::kHostStaged;
+        s = backend->CopySegment(from, to.get(), used);
+      }
+      WC_RETURN_IF_ERROR(s);
+      WC_RETURN_IF_ERROR(to->Seal());
+      done += from.size();
+      e.progress.SetDone(done);
+      out->segments.push_back(std::move(to));
+    }
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    WC_LOG_INFO("peer copy of %s: %s -> %s, %d bytes in %d segments, %.3f s (%.2f GB/s, route %s)",
+                e.key.ToString(), src_device, device_uuid, total, content->segments.size(), secs,
+                secs > 0 ? static_cast<double>(total) / secs / 1e9 : 0.0,
+                memory::CopyRouteName(used));
+    return out;
+  };
+  cache::LoadRequest req;
+  req.key = {src->fingerprint, device_uuid};
+  req.model = src->model;
+  req.inputs = src->inputs;
+  req.bytes = content->resident_bytes();
+  req.source = "peer";
+  req.load = std::move(load);
+  return registry_.StartOrJoin(std::move(req));
+}
+
+std::shared_ptr<cache::Entry> Daemon::Impl::FindOn(const std::string& fingerprint,
+                                                   const std::string& device_uuid) const {
+  if (!device_uuid.empty()) return registry_.Find({fingerprint, device_uuid});
+  auto all = registry_.FindAll(fingerprint);
+  for (const auto& e : all) {
+    if (e->state == cache::State::kReady) return e;
+  }
+  return all.empty() ? nullptr : all.front();
+}
+
+std::shared_ptr<cache::Entry> Daemon::Impl::PeerSource(const std::string& fingerprint,
+                                                       const std::string& device_uuid) const {
+  if (device_uuid.empty()) return nullptr;
+  std::shared_ptr<cache::Entry> loading;
+  for (const auto& e : registry_.FindAll(fingerprint)) {
+    if (e->device_uuid == device_uuid) continue;
+    if (e->state == cache::State::kReady) return e;
+    if (e->state == cache::State::kLoading && !loading) loading = e;
+  }
+  return loading;
 }
 
 void Daemon::Impl::Count(metrics::AcquireResult r) {
@@ -260,6 +382,7 @@ void Daemon::Impl::Count(metrics::AcquireResult r) {
     case metrics::AcquireResult::kMiss: misses_++; break;
     case metrics::AcquireResult::kMismatch: mismatches_++; break;
     case metrics::AcquireResult::kRejected: rejected_++; break;
+    case metrics::AcquireResult::kPeerCopy: peer_copies_++; break;
     default: errors_++; break;
   }
 }
@@ -278,80 +401,114 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
   auto asked_env = EnvFrom(req.env());
   if (!asked_env.ok()) return finish(AcquireResult::kError, asked_env.status());
   const spec::Environment& env = asked_env->env;
-  // The registry is keyed by fingerprint, which does not name the device: an entry on
-  // another device than the one asked for cannot be served to this client.
-  auto on_device = [&](const std::shared_ptr<const load::LoadedModel>& c) -> absl::Status {
-    if (asked_env->device_uuid.empty() || c->device_uuid == asked_env->device_uuid) {
-      return absl::OkStatus();
-    }
-    return absl::FailedPreconditionError(absl::StrCat("model '", *model, "' is cached on ",
-                                                      c->device_uuid, ", not on the asked ",
-                                                      asked_env->device_uuid));
-  };
+  // The registry is keyed by (fingerprint, device): an empty asked device takes the entry
+  // on any device; a named one takes that device's entry, or a peer copy of another's.
+  const std::string& device = asked_env->device_uuid;
   auto deadline = std::chrono::steady_clock::now() + options_.acquire_wait;
 
-  std::shared_ptr<cache::Entry> e;
+  std::string fp;
+  std::shared_ptr<const load::OpenedModel> opened;  // model target only
+  spec::FingerprintInputs asked;
   if (req.target_case() == v1::AcquireRequest::kFingerprint) {
-    e = registry_.Find(req.fingerprint());
-    if (!e) {
+    fp = req.fingerprint();
+    auto all = registry_.FindAll(fp);
+    if (all.empty()) {
       return finish(AcquireResult::kMiss,
-                    absl::NotFoundError(absl::StrCat("no cached entry has fingerprint ",
-                                                     req.fingerprint())));
+                    absl::NotFoundError(absl::StrCat("no cached entry has fingerprint ", fp)));
     }
-    *model = e->model;
+    *model = all.front()->model;
   } else if (req.target_case() == v1::AcquireRequest::kModel) {
     *model = req.model();
-    auto opened = Open(req.model(), false);
-    if (!opened.ok()) {
-      auto code = opened.status().code();
+    auto o = Open(req.model(), false);
+    if (!o.ok()) {
+      auto code = o.status().code();
       return finish(code == absl::StatusCode::kUnimplemented ? AcquireResult::kRejected
                     : code == absl::StatusCode::kNotFound    ? AcquireResult::kMiss
                                                              : AcquireResult::kError,
-                    opened.status());
+                    o.status());
     }
-    auto asked = (*opened)->Inputs(*layout, env);
+    opened = *o;
+    asked = opened->Inputs(*layout, env);
     if (!req.dtype().empty()) asked.dtype = req.dtype();
     if (!req.quantization().empty()) asked.quant_method = req.quantization();
-    std::string fp = asked.Digest();
-    e = registry_.Find(fp);
-    if (e && e->state == cache::State::kFailed && !req.load_on_miss()) {
-      return finish(AcquireResult::kError,
-                    registry_.WaitReady(e, std::chrono::steady_clock::now()));
-    }
-    if (!e || e->state == cache::State::kFailed) {
-      bool servable = asked.dtype == (*opened)->dtype &&
-                      asked.quant_method == (*opened)->quantization.method;
-      if (req.load_on_miss() && servable) {
-        auto started = StartLoad(*opened, *layout, env, asked_env->device_uuid);
-        if (!started.ok()) return finish(AcquireResult::kError, started.status());
-        e = *started;
-        auto s = registry_.WaitReady(e, deadline);
-        if (!s.ok()) return finish(AcquireResult::kError, s);
-        auto content = registry_.Content(e);
-        if (!content.ok()) return finish(AcquireResult::kError, content.status());
-        if (auto d = on_device(*content); !d.ok()) return finish(AcquireResult::kMismatch, d);
-        FillLease(e, *content, resp);
-        return finish(AcquireResult::kMiss, absl::OkStatus());
-      }
-      for (const auto& other : registry_.FindByModel(req.model())) {
-        auto diffs = spec::Diff(other->inputs, asked);
-        if (!diffs.empty()) {
-          return finish(AcquireResult::kMismatch,
-                        absl::FailedPreconditionError(absl::StrCat(
-                            "model '", req.model(), "': cached weights do not fit: ",
-                            spec::FormatDiff(diffs))));
-        }
-      }
-      return finish(AcquireResult::kMiss,
-                    absl::NotFoundError(absl::StrCat(
-                        "model '", req.model(), "' is not cached for tp ", layout->tp_rank, "/",
-                        layout->tp_size, " on ", env.compute_capability, " (fingerprint ",
-                        fp.substr(0, 12), "); load it first (weightcachectl load ", req.model(),
-                        ") or ask with load_on_miss")));
-    }
+    fp = asked.Digest();
   } else {
     return finish(AcquireResult::kError,
                   absl::InvalidArgumentError("Acquire: set either model or fingerprint"));
+  }
+
+  std::shared_ptr<cache::Entry> e = FindOn(fp, device);
+  if (!e || e->state == cache::State::kFailed) {
+    // Resident on another device of this node: serve it per the peer policy.
+    if (auto src = PeerSource(fp, device)) {
+      if (options_.peer_policy == PeerPolicy::kMiss) {
+        return finish(AcquireResult::kMiss,
+                      absl::NotFoundError(
+                          absl::StrCat("model '", *model, "' (fingerprint ", fp.substr(0, 12),
+                                       ") is cached on ", src->device_uuid, ", not on the asked ",
+                                       device, ", and the daemon's --peer_policy is miss")));
+      }
+      if (src->state == cache::State::kLoading) {
+        if (!req.wait_ready() && !req.load_on_miss()) {
+          return finish(AcquireResult::kMiss,
+                        absl::UnavailableError(absl::StrCat(
+                            "model '", *model, "' is still loading on ", src->device_uuid,
+                            "; ask with wait_ready to wait for it and a copy to ", device)));
+        }
+        if (auto s = registry_.WaitReady(src, deadline); !s.ok()) {
+          return finish(AcquireResult::kError, s);
+        }
+      }
+      auto copy = StartPeerCopy(src, device);
+      if (!copy.ok()) return finish(AcquireResult::kError, copy.status());
+      e = *copy;
+      if (auto s = registry_.WaitReady(e, deadline); !s.ok()) {
+        return finish(AcquireResult::kError, s);
+      }
+      auto content = registry_.Content(e);
+      if (!content.ok()) return finish(AcquireResult::kError, content.status());
+      FillLease(e, *content, resp);
+      return finish(AcquireResult::kPeerCopy, absl::OkStatus());
+    }
+  }
+  if (e && e->state == cache::State::kFailed && !req.load_on_miss()) {
+    return finish(AcquireResult::kError, registry_.WaitReady(e, std::chrono::steady_clock::now()));
+  }
+  if (!e || e->state == cache::State::kFailed) {
+    if (!opened) {
+      return finish(AcquireResult::kMiss,
+                    absl::NotFoundError(
+                        absl::StrCat("no entry with fingerprint ", fp, " is cached on ", device)));
+    }
+    bool servable =
+        asked.dtype == opened->dtype && asked.quant_method == opened->quantization.method;
+    if (req.load_on_miss() && servable) {
+      auto started = StartLoad(opened, *layout, env, device);
+      if (!started.ok()) return finish(AcquireResult::kError, started.status());
+      e = *started;
+      auto s = registry_.WaitReady(e, deadline);
+      if (!s.ok()) return finish(AcquireResult::kError, s);
+      auto content = registry_.Content(e);
+      if (!content.ok()) return finish(AcquireResult::kError, content.status());
+      FillLease(e, *content, resp);
+      return finish(AcquireResult::kMiss, absl::OkStatus());
+    }
+    for (const auto& other : registry_.FindByModel(req.model())) {
+      auto diffs = spec::Diff(other->inputs, asked);
+      if (!diffs.empty()) {
+        return finish(AcquireResult::kMismatch,
+                      absl::FailedPreconditionError(
+                          absl::StrCat("model '", req.model(),
+                                       "': cached weights do not fit: ", spec::FormatDiff(diffs))));
+      }
+    }
+    return finish(AcquireResult::kMiss,
+                  absl::NotFoundError(absl::StrCat(
+                      "model '", req.model(), "' is not cached for tp ", layout->tp_rank, "/",
+                      layout->tp_size, " on ", env.compute_capability,
+                      device.empty() ? "" : absl::StrCat(" (", device, ")"), " (fingerprint ",
+                      fp.substr(0, 12), "); load it first (weightcachectl load ", req.model(),
+                      ") or ask with load_on_miss")));
   }
 
   bool was_ready = e->state == cache::State::kReady;
@@ -367,7 +524,6 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
   }
   auto content = registry_.Content(e);
   if (!content.ok()) return finish(AcquireResult::kError, content.status());
-  if (auto d = on_device(*content); !d.ok()) return finish(AcquireResult::kMismatch, d);
   FillLease(e, *content, resp);
   return finish(was_ready ? AcquireResult::kHit : AcquireResult::kMiss, absl::OkStatus());
 }
@@ -381,8 +537,7 @@ void Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
   if (!registry_.AddLease(e, rec).ok()) return;  // evicted meanwhile: caller sees no token
   {
     std::lock_guard<std::mutex> l(mu_);
-    tokens_[token] = {lease_id, e->fingerprint,
-                      std::chrono::steady_clock::now() + options_.token_ttl};
+    tokens_[token] = {lease_id, e->key, std::chrono::steady_clock::now() + options_.token_ttl};
   }
   resp->set_lease_id(lease_id);
   resp->set_token(token);
@@ -427,7 +582,7 @@ absl::StatusOr<HandleChannel::Grant> Daemon::Impl::Claim(const std::string& toke
     pending = it->second;
     tokens_.erase(it);
   }
-  auto e = registry_.Find(pending.fingerprint);
+  auto e = registry_.Find(pending.key);
   if (!e) {
     registry_.RemoveLease(pending.lease_id);
     return absl::UnavailableError("the model was evicted before its descriptors were claimed");
@@ -502,6 +657,7 @@ absl::Status Daemon::Impl::Load(const v1::LoadRequest& req,
     layout = {s.tp_size, s.tp_ranks.empty() ? 0 : s.tp_ranks[0], s.pp_size, s.pp_rank};
   }
   WC_ASSIGN_OR_RETURN(auto asked, EnvFrom(req.env()));
+  // No device named: the placement rule (rank r on the r-th device).
   WC_ASSIGN_OR_RETURN(auto e, StartLoad(opened, layout, asked.env, asked.device_uuid));
   auto t0 = std::chrono::steady_clock::now();
   while (true) {
@@ -523,16 +679,17 @@ absl::Status Daemon::Impl::Load(const v1::LoadRequest& req,
 }
 
 absl::StatusOr<uint32_t> Daemon::Impl::Evict(const v1::EvictRequest& req) {
-  std::vector<std::string> fps;
+  // Every device's entry of the model or fingerprint.
+  std::vector<cache::Key> keys;
   if (req.target_case() == v1::EvictRequest::kFingerprint) {
-    fps.push_back(req.fingerprint());
+    for (const auto& e : registry_.FindAll(req.fingerprint())) keys.push_back(e->key);
   } else if (req.target_case() == v1::EvictRequest::kModel) {
-    for (const auto& e : registry_.FindByModel(req.model())) fps.push_back(e->fingerprint);
+    for (const auto& e : registry_.FindByModel(req.model())) keys.push_back(e->key);
   } else {
     return absl::InvalidArgumentError("Evict: set either model or fingerprint");
   }
   uint32_t n = 0;
-  for (const auto& fp : fps) n += registry_.Evict(fp, "api") ? 1 : 0;
+  for (const auto& key : keys) n += registry_.Evict(key, "api") ? 1 : 0;
   if (n == 0) {
     return absl::NotFoundError(absl::StrCat(
         "nothing to evict for ", req.target_case() == v1::EvictRequest::kModel
@@ -547,7 +704,11 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
   resp->set_version(kVersion);
   resp->set_backend(memory::BackendName(backend_->kind()));
   auto now = std::chrono::steady_clock::now();
+  std::map<std::string, std::pair<uint32_t, uint64_t>> per_device;  // entries, bytes
   for (const auto& s : registry_.Snapshot()) {
+    auto& [count, bytes] = per_device[s.device_uuid];
+    count++;
+    bytes += s.bytes;
     auto* e = resp->add_entries();
     e->set_model(s.model);
     e->set_fingerprint(s.fingerprint);
@@ -564,6 +725,7 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
     e->set_device_uuid(s.device_uuid);
     e->set_load_seconds(s.load_seconds);
     e->set_bytes_done(s.bytes_done);
+    e->set_source(s.source);
     for (const auto& l : s.leases) {
       auto* li = e->add_leases();
       li->set_lease_id(l.id);
@@ -581,16 +743,26 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
   resp->set_acquire_mismatches(mismatches_);
   resp->set_acquire_rejected(rejected_);
   resp->set_acquire_errors(errors_);
+  resp->set_acquire_peer_copies(peer_copies_);
+  for (const auto& d : backend_->Devices()) {
+    auto* u = resp->add_devices();
+    u->set_device_uuid(d.uuid);
+    u->set_name(d.name);
+    u->set_total_bytes(d.total_bytes);
+    u->set_free_bytes(d.free_bytes);
+    u->set_entries(per_device[d.uuid].first);
+    u->set_cache_bytes(per_device[d.uuid].second);
+  }
 }
 
 std::pair<bool, std::string> Daemon::Impl::Readiness() const {
-  std::vector<std::string> preloads;
+  std::vector<cache::Key> preloads;
   {
     std::lock_guard<std::mutex> l(mu_);
     preloads = preloads_;
   }
-  for (const auto& fp : preloads) {
-    auto e = registry_.Find(fp);
+  for (const auto& key : preloads) {
+    auto e = registry_.Find(key);
     if (e && e->state == cache::State::kLoading) {
       return {false, absl::StrCat("loading ", e->model, " (", e->progress.done(), " of ",
                                   e->progress.total(), " bytes)")};

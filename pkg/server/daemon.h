@@ -30,6 +30,21 @@ inline constexpr const char* kControlSocketName = "control.sock";
 inline constexpr const char* kHandleSocketName = "handle.sock";
 inline constexpr const char* kVersion = "0.1.0";
 
+// What Acquire does when the asked device does not hold the model-rank but another device
+// of this daemon does (--peer_policy):
+//   copy: device-to-device copy into a new entry on the asked device (GPU peer access;
+//         host-staged when the GPUs cannot reach each other);
+//   host: the same, always staged through pinned host memory;
+//   miss: NOT_FOUND naming the device that holds it.
+enum class PeerPolicy { kCopy, kHost, kMiss };
+const char* PeerPolicyName(PeerPolicy p);
+absl::StatusOr<PeerPolicy> ParsePeerPolicy(const std::string& name);
+
+// Placement: the device of `rank` when nothing names one (preloads, Load without
+// env.device_uuid): the (rank mod n)-th of the backend's devices, in ordinal order, so a
+// tp_size N model on an N-GPU node gets one rank per GPU. Empty when there is no device.
+std::string DefaultDeviceForRank(const std::vector<memory::DeviceInfo>& devices, int rank);
+
 struct DaemonOptions {
   std::string socket_dir = kDefaultSocketDir;
   std::vector<spec::ModelSpec> specs;  // known models; preloaded when `preload`
@@ -40,6 +55,7 @@ struct DaemonOptions {
   std::chrono::seconds token_ttl{30};
   std::chrono::seconds acquire_wait{600};  // wait_ready / load_on_miss bound
   unsigned read_threads = 8;
+  PeerPolicy peer_policy = PeerPolicy::kCopy;
   metrics::Metrics* metrics = nullptr;  // optional
 };
 

@@ -59,7 +59,7 @@ class Daemon::Impl final : public metrics::StateSource {
  private:
   struct PendingToken {
     std::string lease_id;
-    std::string fingerprint;
+    cache::Key key;
     std::chrono::steady_clock::time_point expires;
   };
 
@@ -77,6 +77,17 @@ class Daemon::Impl final : public metrics::StateSource {
   absl::StatusOr<std::shared_ptr<cache::Entry>> StartLoad(
       std::shared_ptr<const load::OpenedModel> model, const spec::Layout& layout,
       const spec::Environment& env, const std::string& device_uuid);
+  // A new entry on `device_uuid` filled by copying ready entry `src` (another device) per
+  // the peer policy; single-flight like a load, timed, counted with source "peer".
+  absl::StatusOr<std::shared_ptr<cache::Entry>> StartPeerCopy(
+      const std::shared_ptr<cache::Entry>& src, const std::string& device_uuid);
+  // The live entry of `fingerprint` on `device_uuid`; with an empty device, the first
+  // ready one on any device (else the first live one).
+  std::shared_ptr<cache::Entry> FindOn(const std::string& fingerprint,
+                                       const std::string& device_uuid) const;
+  // A ready or loading entry of `fingerprint` on a device other than `device_uuid`.
+  std::shared_ptr<cache::Entry> PeerSource(const std::string& fingerprint,
+                                           const std::string& device_uuid) const;
   absl::StatusOr<HandleChannel::Grant> Claim(const std::string& token, const PeerCred& peer);
   void ExpireTokens();
   void FillLease(const std::shared_ptr<cache::Entry>& e,
@@ -93,9 +104,10 @@ class Daemon::Impl final : public metrics::StateSource {
   std::map<std::string, spec::ModelSpec> specs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<const load::OpenedModel>> opened_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, PendingToken> tokens_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> preloads_ ABSL_GUARDED_BY(mu_);  // fingerprints
+  std::vector<cache::Key> preloads_ ABSL_GUARDED_BY(mu_);
 
-  std::atomic<uint64_t> hits_{0}, misses_{0}, mismatches_{0}, rejected_{0}, errors_{0};
+  std::atomic<uint64_t> hits_{0}, misses_{0}, mismatches_{0}, rejected_{0}, errors_{0},
+      peer_copies_{0};
 
   std::unique_ptr<HandleChannel> handles_;
   std::unique_ptr<grpc::Server> grpc_;
