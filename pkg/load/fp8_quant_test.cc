@@ -271,5 +271,23 @@ TEST(Fp8, RejectsOtherDtypesAndBadBlocks) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The sign of a NaN input is kept (0xFF for -NaN) without relying on how the division
+// propagates NaN: the GPU's __fdiv_rn returns a positive canonical NaN (seen on the H200),
+// so QuantizeElement answers NaN before dividing, on both sides.
+TEST(Fp8, NegativeNanKeepsItsSignThroughTheBlockQuantizer) {
+  const uint16_t bf16[4] = {0xFFC1, 0x7FC1, 0xFF81, 0x3F80};  // -qNaN, +qNaN, -sNaN, 1.0
+  const uint16_t f16[4] = {0xFE01, 0x7E01, 0xFC01, 0x3C00};
+  for (auto [dt, src] : {std::pair<DType, const uint16_t*>{DType::kBF16, bf16}, {DType::kF16, f16}}) {
+    uint8_t q[4];
+    float s = 0;
+    ASSERT_TRUE(QuantizeFp8Block(dt, src, 1, 4, 128, 128, q, &s).ok());
+    EXPECT_EQ(q[0], 0xFF);
+    EXPECT_EQ(q[1], 0x7F);
+    EXPECT_EQ(q[2], 0xFF);
+    EXPECT_EQ(q[3], 0x7E);  // 1.0 is the amax: 1 / (1/448) = 448
+    EXPECT_EQ(s, 1.0f / 448.0f);
+  }
+}
+
 }  // namespace
 }  // namespace weightcache::load

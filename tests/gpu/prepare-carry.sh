@@ -10,9 +10,13 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build-cuda}
-carry=$root/.device-carry
-targets=(cuda_vmm_test wc_gpu_helper memory_test gpu_map_bench stack_gpu_test wc_gpu_client
-         weightcached weightcachectl gpu_acquire_bench)
+carry=${WC_CARRY_DIR:-$root/.device-carry}
+# WC_CARRY_TARGETS (space-separated) carries only those binaries (and skips the libtorch
+# adapter material), e.g. "fp8_quant_gpu_test fp8_quant_bench" for run-fp8-on-device.sh.
+default_targets=(cuda_vmm_test wc_gpu_helper memory_test gpu_map_bench stack_gpu_test
+                 wc_gpu_client weightcached weightcachectl gpu_acquire_bench fp8_quant_gpu_test
+                 fp8_quant_bench)
+read -r -a targets <<<"${WC_CARRY_TARGETS:-${default_targets[*]}}"
 
 if [[ ! -f $build/build.ninja ]]; then
   cmake -S "$root" -B "$build" -G Ninja -DWEIGHTCACHE_BENCH=ON -DWEIGHTCACHE_CUDA=ON
@@ -41,6 +45,10 @@ done
 # For building the libtorch adapter test ON the GPU machine against its own libtorch
 # (build-torch-test.sh): abseil headers, the weightcache static libraries the adapter needs,
 # and a snapshot of the headers and sources it compiles.
+if [[ -n ${WC_CARRY_TARGETS:-} ]]; then
+  du -sh "$carry"
+  exit 0
+fi
 cp -r /usr/include/absl "$carry/include/"
 for l in client memory safetensors util proto; do
   strip --strip-debug -o "$carry/lib-static/libwc_$l.a" "$(find "$build/pkg" "$build/proto" -name "libwc_$l.a" | head -1)"

@@ -128,8 +128,13 @@ WC_FP8_HD float Fp8ScaleFromAmax(float amax) {
   return amax == 0.0f ? 1.0f : Fp8Div(amax, 448.0f);
 }
 
-// One element.
+// One element. A NaN input is answered before the division: IEEE leaves the sign of a NaN
+// quotient unspecified, and it differs in practice (x86 SSE keeps the input NaN and its
+// sign; the GPU's __fdiv_rn returns the canonical positive NaN), so dividing first would
+// make the host and the device disagree (0xFF vs 0x7F; seen on the H200).
 WC_FP8_HD uint8_t Fp8QuantizeElement(float x, float scale) {
+  const uint32_t bits = Fp8FloatBits(x);
+  if ((bits & kFp8AbsMask) > kFp8InfBits) return static_cast<uint8_t>(((bits >> 24) & 0x80u) | 0x7Fu);
   return Fp8FloatToE4M3(Fp8Div(x, scale));
 }
 
