@@ -14,15 +14,17 @@ namespace weightcache::testing {
 Process::Process(const std::vector<std::string>& argv, const std::string& stderr_path) {
   int in[2], out[2];
   if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0) std::abort();
+  // Everything the child needs is built before fork: after it, in a threaded parent, only
+  // async-signal-safe calls are allowed.
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
   pid_ = ::fork();
   if (pid_ == 0) {
     ::dup2(in[0], 0);
     ::dup2(out[1], 1);
     int err = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (err >= 0) ::dup2(err, 2);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
     ::execv(args[0], args.data());
     _exit(127);
   }
