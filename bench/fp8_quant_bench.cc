@@ -60,8 +60,8 @@ int Compare(const std::string& dir) {
     }
     std::vector<uint8_t> gpu(n), cpu(n);
     std::vector<float> gpu_s(ns), cpu_s(ns);
-    auto st = wl::internal::QuantizeFp8BlockOnGpu(0, DType::kBF16, in.data(), rows, cols, 128,
-                                                  128, gpu.data(), gpu_s.data());
+    auto st = wl::internal::QuantizeFp8BlockOnGpu(0, DType::kBF16, in.data(), rows, cols, 128, 128,
+                                                  gpu.data(), gpu_s.data());
     if (!st.ok()) {
       std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(st.message()).c_str());
       return 2;

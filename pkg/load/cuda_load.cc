@@ -6,6 +6,8 @@
 //
 // so the reads into buffer k+1 overlap the copies out of buffer k. The driver API is used
 // directly (entry points fetched at run time, like the rest of the cuda-vmm backend).
+#include "pkg/load/internal/cuda_load.h"
+
 #include <cuda.h>
 
 #include <algorithm>
@@ -14,7 +16,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "pkg/load/internal/cuda_load.h"
 #include "pkg/load/internal/fp8_quant_cuda.h"
 #include "pkg/memory/internal/cuda_driver.h"
 #include "pkg/memory/internal/cuda_segment.h"
@@ -37,8 +38,8 @@ using memory::internal::ScopedCurrentContext;
 class StagingRing {
  public:
   static absl::StatusOr<std::unique_ptr<StagingRing>> Create(const DriverApi& api,
-                                                             const CudaDevice& dev,
-                                                             size_t buffers, uint64_t bytes) {
+                                                             const CudaDevice& dev, size_t buffers,
+                                                             uint64_t bytes) {
     WC_ASSIGN_OR_RETURN(auto ctx, PrimaryContext::Retain(api, dev.device));
     auto ring = std::unique_ptr<StagingRing>(new StagingRing(api, std::move(ctx), bytes));
     WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(api, ring->ctx_.get()));
@@ -50,8 +51,8 @@ class StagingRing {
                                   "cuMemHostAlloc", absl::StrCat(bytes, " bytes of staging")));
       ring->buffers_.push_back(p);
       CUevent e = nullptr;
-      WC_RETURN_IF_ERROR(CuStatus(api, api.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING),
-                                  "cuEventCreate", dev.uuid));
+      WC_RETURN_IF_ERROR(
+          CuStatus(api, api.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate", dev.uuid));
       ring->events_.push_back(e);
       ring->recorded_.push_back(false);
     }
@@ -116,8 +117,8 @@ struct Piece {
   CudaSegment* segment;  // null: into the quantization scratch
   uint64_t segment_offset;
   uint64_t n;
-  uint64_t at;             // in the buffer
-  int32_t finishes = -1;   // the quantization job whose last source byte this piece copies
+  uint64_t at;            // in the buffer
+  int32_t finishes = -1;  // the quantization job whose last source byte this piece copies
 };
 
 }  // namespace
@@ -140,7 +141,8 @@ absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
   if (total == 0) return absl::OkStatus();  // (a job always has source bytes)
 
   WC_ASSIGN_OR_RETURN(const DriverApi* api, memory::internal::Driver());
-  WC_ASSIGN_OR_RETURN(CudaDevice dev, memory::internal::FindDevice(*api, segments[0]->device_uuid()));
+  WC_ASSIGN_OR_RETURN(CudaDevice dev,
+                      memory::internal::FindDevice(*api, segments[0]->device_uuid()));
   // Buffers of staging_bytes / staging_buffers, but no larger than the model needs.
   size_t nbuf = std::max<size_t>(2, options.staging_buffers);
   uint64_t per = std::max<uint64_t>(1 << 20, options.staging_bytes / nbuf);
@@ -193,8 +195,8 @@ absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
     absl::Status st = LaunchFp8BlockQuant(a, ring->stream());
     return st.ok() ? st : Annotate(st, q.what);
   };
-  safetensors::ReadOptions ropts{options.read_threads,
-                                 std::max<uint64_t>(1 << 20, per / std::max(1u, options.read_threads))};
+  safetensors::ReadOptions ropts{
+      options.read_threads, std::max<uint64_t>(1 << 20, per / std::max(1u, options.read_threads))};
 
   size_t k = 0;       // current buffer
   uint64_t done = 0;  // bytes read and queued
@@ -208,12 +210,12 @@ absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
     WC_RETURN_IF_ERROR(safetensors::ReadRanges(reqs, ropts));
     for (const auto& p : pieces) {
       if (p.segment == nullptr) {
-        WC_RETURN_IF_ERROR(CopyToDeviceAsync(static_cast<uint8_t*>(scratch.get()) +
-                                                 p.segment_offset,
-                                             ring->buffer(k) + p.at, p.n, ring->stream()));
+        WC_RETURN_IF_ERROR(
+            CopyToDeviceAsync(static_cast<uint8_t*>(scratch.get()) + p.segment_offset,
+                              ring->buffer(k) + p.at, p.n, ring->stream()));
       } else {
-        WC_RETURN_IF_ERROR(p.segment->CopyInAsync(p.segment_offset, ring->buffer(k) + p.at, p.n,
-                                                  ring->stream()));
+        WC_RETURN_IF_ERROR(
+            p.segment->CopyInAsync(p.segment_offset, ring->buffer(k) + p.at, p.n, ring->stream()));
       }
       if (p.finishes >= 0) WC_RETURN_IF_ERROR(launch(static_cast<size_t>(p.finishes)));
     }
@@ -230,7 +232,8 @@ absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
   for (size_t ri = 0; ri < ranges.size(); ++ri) {
     const auto& r = ranges[ri];
     if (r.segment >= cuda.size()) {
-      return absl::InternalError(absl::StrCat(r.what, ": segment ", r.segment, " of ", cuda.size()));
+      return absl::InternalError(
+          absl::StrCat(r.what, ": segment ", r.segment, " of ", cuda.size()));
     }
     uint64_t skip = 0;
     while (skip < r.n) {

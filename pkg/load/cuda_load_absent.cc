@@ -6,7 +6,8 @@ namespace weightcache::load::internal {
 absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>&, const std::vector<QuantJob>&,
                                       const std::vector<memory::Segment*>&, const LoadOptions&,
                                       LoadProgress*) {
-  return absl::UnimplementedError("loading into GPU memory: this weightcache was built without CUDA");
+  return absl::UnimplementedError(
+      "loading into GPU memory: this weightcache was built without CUDA");
 }
 
 }  // namespace weightcache::load::internal

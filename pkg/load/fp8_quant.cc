@@ -61,8 +61,9 @@ absl::Status QuantizeFp8Block(safetensors::DType src_dtype, const void* src, int
       float amax = 0.0f;
       for (int64_t r = r0; r < r1; ++r) {
         for (int64_t c = c0; c < c1; ++c) {
-          amax = internal::Fp8MaxAbs(amax, internal::Fp8FiniteAbs(LoadElement(
-                                                  src_dtype, src, static_cast<uint64_t>(r * cols + c))));
+          amax =
+              internal::Fp8MaxAbs(amax, internal::Fp8FiniteAbs(LoadElement(
+                                            src_dtype, src, static_cast<uint64_t>(r * cols + c))));
         }
       }
       const float scale = Fp8BlockScale(amax);

@@ -150,10 +150,10 @@ int LaunchFp8BlockQuant(bool bf16, const void* src, int64_t rows, int64_t cols, 
     Quant128<false><<<grid, kThreads, 0, s>>>(in, rows, cols, bcols, out_fp8, out_scale_inv);
   } else if (bf16) {
     QuantGeneric<true><<<grid, kThreads, 0, s>>>(in, rows, cols, block_rows, block_cols, bcols,
-                                                  out_fp8, out_scale_inv);
+                                                 out_fp8, out_scale_inv);
   } else {
     QuantGeneric<false><<<grid, kThreads, 0, s>>>(in, rows, cols, block_rows, block_cols, bcols,
-                                                   out_fp8, out_scale_inv);
+                                                  out_fp8, out_scale_inv);
   }
   return static_cast<int>(cudaGetLastError());
 }
@@ -176,9 +176,9 @@ int DeviceCount(int* count) {
   return static_cast<int>(e);
 }
 
-#define WC_CUDA_TRY(x)                              \
-  do {                                              \
-    const cudaError_t e_ = (x);                     \
+#define WC_CUDA_TRY(x)                                  \
+  do {                                                  \
+    const cudaError_t e_ = (x);                         \
     if (e_ != cudaSuccess) return static_cast<int>(e_); \
   } while (0)
 
@@ -196,9 +196,9 @@ int QuantizeOnDevice(int ordinal, bool bf16, const void* src, int64_t rows, int6
     if ((e = cudaMalloc(&d_out, n + 16)) != cudaSuccess) return e;
     if ((e = cudaMalloc(&d_scale, ns * 4 + 16)) != cudaSuccess) return e;
     if ((e = cudaMemcpy(d_src, src, n * 2, cudaMemcpyHostToDevice)) != cudaSuccess) return e;
-    const int l = LaunchFp8BlockQuant(bf16, d_src, rows, cols, block_rows, block_cols,
-                                      static_cast<uint8_t*>(d_out), static_cast<float*>(d_scale),
-                                      nullptr);
+    const int l =
+        LaunchFp8BlockQuant(bf16, d_src, rows, cols, block_rows, block_cols,
+                            static_cast<uint8_t*>(d_out), static_cast<float*>(d_scale), nullptr);
     if (l != 0) return static_cast<cudaError_t>(l);
     if ((e = cudaDeviceSynchronize()) != cudaSuccess) return e;
     if ((e = cudaMemcpy(out_fp8, d_out, n, cudaMemcpyDeviceToHost)) != cudaSuccess) return e;
@@ -228,9 +228,9 @@ int TimeOnDevice(int ordinal, bool bf16, int64_t rows, int64_t cols, int iters, 
     std::vector<float> ms;
     for (int i = 0; i <= iters; ++i) {
       cudaEventRecord(e0);
-      const int l = LaunchFp8BlockQuant(bf16, d_src, rows, cols, 128, 128,
-                                        static_cast<uint8_t*>(d_out),
-                                        static_cast<float*>(d_scale), nullptr);
+      const int l =
+          LaunchFp8BlockQuant(bf16, d_src, rows, cols, 128, 128, static_cast<uint8_t*>(d_out),
+                              static_cast<float*>(d_scale), nullptr);
       if (l != 0) return static_cast<cudaError_t>(l);
       cudaEventRecord(e1);
       if ((e = cudaEventSynchronize(e1)) != cudaSuccess) return e;

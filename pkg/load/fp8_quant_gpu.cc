@@ -13,9 +13,9 @@ absl::Status CudaStatus(int rc, const char* call) {
 
 absl::Status CheckArgs(safetensors::DType dtype, int64_t rows, int64_t cols, int br, int bc) {
   if (dtype != safetensors::DType::kBF16 && dtype != safetensors::DType::kF16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "fp8 block quantization on the GPU: source dtype ",
-        std::string(safetensors::DTypeName(dtype)), " is not BF16 or F16"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("fp8 block quantization on the GPU: source dtype ",
+                     std::string(safetensors::DTypeName(dtype)), " is not BF16 or F16"));
   }
   if (rows < 0 || cols < 0 || br <= 0 || bc <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("fp8 block quantization on the GPU: bad shape [",
@@ -30,10 +30,10 @@ absl::Status LaunchFp8BlockQuant(const Fp8QuantArgs& a, void* stream) {
   if (auto st = CheckArgs(a.src_dtype, a.rows, a.cols, a.block_rows, a.block_cols); !st.ok()) {
     return st;
   }
-  return CudaStatus(kernel::LaunchFp8BlockQuant(a.src_dtype == safetensors::DType::kBF16, a.src,
-                                                a.rows, a.cols, a.block_rows, a.block_cols,
-                                                a.out_fp8, a.out_scale_inv, stream),
-                    "fp8 block quantization kernel launch");
+  return CudaStatus(
+      kernel::LaunchFp8BlockQuant(a.src_dtype == safetensors::DType::kBF16, a.src, a.rows, a.cols,
+                                  a.block_rows, a.block_cols, a.out_fp8, a.out_scale_inv, stream),
+      "fp8 block quantization kernel launch");
 }
 
 absl::Status CopyToDeviceAsync(void* dst, const void* src, uint64_t n, void* stream) {
@@ -44,9 +44,8 @@ absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(uint64_t bytes) {
   void* p = nullptr;
   const int rc = kernel::DeviceAlloc(&p, bytes);
   if (rc != 0) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cudaMalloc of ", bytes, " bytes of quantization scratch: ",
-                     kernel::ErrorName(rc)));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cudaMalloc of ", bytes, " bytes of quantization scratch: ", kernel::ErrorName(rc)));
   }
   return DeviceBuffer(p);
 }
@@ -84,8 +83,8 @@ absl::StatusOr<double> TimeFp8BlockQuantOnGpu(int ordinal, safetensors::DType sr
                                               int64_t rows, int64_t cols, int iters) {
   if (auto st = CheckArgs(src_dtype, rows, cols, 128, 128); !st.ok()) return st;
   double s = 0;
-  const int rc = kernel::TimeOnDevice(ordinal, src_dtype == safetensors::DType::kBF16, rows, cols,
-                                      iters, &s);
+  const int rc =
+      kernel::TimeOnDevice(ordinal, src_dtype == safetensors::DType::kBF16, rows, cols, iters, &s);
   if (rc != 0) return CudaStatus(rc, "fp8 quantization benchmark");
   return s;
 }

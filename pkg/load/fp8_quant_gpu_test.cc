@@ -31,8 +31,8 @@ namespace {
 
 using safetensors::DType;
 
-#define REQUIRE_GPU()                                                                \
-  if (internal::GpuCount() == 0) {                                                   \
+#define REQUIRE_GPU()                                                             \
+  if (internal::GpuCount() == 0) {                                                \
     GTEST_SKIP() << "no usable GPU (cudaGetDeviceCount found none or no driver)"; \
   }
 
@@ -45,11 +45,21 @@ std::vector<uint16_t> RandomHalves(DType dtype, size_t n, uint64_t seed) {
     const uint64_t r = rng();
     const uint16_t sign = (r & 1) ? 0x8000 : 0;
     switch ((r >> 1) % 64) {
-      case 0: x = sign; break;                                          // +-0
-      case 1: x = sign | (bf16 ? 0x7F80 : 0x7C00); break;               // +-Inf
-      case 2: x = sign | (bf16 ? 0x7FC1 : 0x7E01); break;               // NaN
-      case 3: x = sign | static_cast<uint16_t>((r >> 8) & (bf16 ? 0x7F : 0x3FF)); break;  // subnormal
-      case 4: x = sign | (bf16 ? 0x7F7F : 0x7BFF); break;               // the largest finite
+      case 0:
+        x = sign;
+        break;  // +-0
+      case 1:
+        x = sign | (bf16 ? 0x7F80 : 0x7C00);
+        break;  // +-Inf
+      case 2:
+        x = sign | (bf16 ? 0x7FC1 : 0x7E01);
+        break;  // NaN
+      case 3:
+        x = sign | static_cast<uint16_t>((r >> 8) & (bf16 ? 0x7F : 0x3FF));
+        break;  // subnormal
+      case 4:
+        x = sign | (bf16 ? 0x7F7F : 0x7BFF);
+        break;  // the largest finite
       default: {
         // Normal, exponent spread of 2^-12 .. 2^11 around 1.
         const uint16_t e = static_cast<uint16_t>((bf16 ? 115 : 3) + (r >> 8) % 24);
@@ -68,9 +78,10 @@ void ShapeBlocks(DType dtype, std::vector<uint16_t>& v, int64_t rows, int64_t co
     for (int64_t c = 0; c < cols; ++c) {
       const int64_t bj = c / 128;
       uint16_t& x = v[static_cast<size_t>(r * cols + c)];
-      if (bj % 4 == 1) x = 0;                                         // an all-zero block
-      if (bj % 4 == 2) x = static_cast<uint16_t>(x & 0x8003);         // tiny subnormals only
-      if (bj % 4 == 3) x = static_cast<uint16_t>((x & 0x8000) | (bf16 ? 0x0080 : 0x0400));  // smallest normals
+      if (bj % 4 == 1) x = 0;                                  // an all-zero block
+      if (bj % 4 == 2) x = static_cast<uint16_t>(x & 0x8003);  // tiny subnormals only
+      if (bj % 4 == 3)
+        x = static_cast<uint16_t>((x & 0x8000) | (bf16 ? 0x0080 : 0x0400));  // smallest normals
     }
   }
 }
@@ -84,11 +95,11 @@ struct Case {
 TEST(Fp8Gpu, KernelEqualsCpuBitForBit) {
   REQUIRE_GPU();
   const Case cases[] = {
-      {DType::kBF16, 128, 128, 128, 128},  {DType::kBF16, 300, 520, 128, 128},  // ragged, fast
-      {DType::kBF16, 257, 131, 128, 128},  {DType::kBF16, 1, 8, 128, 128},      // generic
-      {DType::kBF16, 129, 1, 128, 128},    {DType::kBF16, 1000, 4096, 128, 128},
-      {DType::kF16, 384, 1024, 128, 128},  {DType::kF16, 77, 300, 128, 128},
-      {DType::kBF16, 200, 200, 64, 32},    {DType::kBF16, 4096, 11008, 128, 128},
+      {DType::kBF16, 128, 128, 128, 128}, {DType::kBF16, 300, 520, 128, 128},  // ragged, fast
+      {DType::kBF16, 257, 131, 128, 128}, {DType::kBF16, 1, 8, 128, 128},      // generic
+      {DType::kBF16, 129, 1, 128, 128},   {DType::kBF16, 1000, 4096, 128, 128},
+      {DType::kF16, 384, 1024, 128, 128}, {DType::kF16, 77, 300, 128, 128},
+      {DType::kBF16, 200, 200, 64, 32},   {DType::kBF16, 4096, 11008, 128, 128},
   };
   uint64_t seed = 1;
   for (const Case& c : cases) {
@@ -97,12 +108,13 @@ TEST(Fp8Gpu, KernelEqualsCpuBitForBit) {
     auto src = RandomHalves(c.dtype, static_cast<size_t>(c.rows * c.cols), seed++);
     ShapeBlocks(c.dtype, src, c.rows, c.cols);
     const size_t n = static_cast<size_t>(c.rows * c.cols);
-    const size_t ns = static_cast<size_t>(((c.rows + c.br - 1) / c.br) * ((c.cols + c.bc - 1) / c.bc));
+    const size_t ns =
+        static_cast<size_t>(((c.rows + c.br - 1) / c.br) * ((c.cols + c.bc - 1) / c.bc));
     std::vector<uint8_t> cpu(n), gpu(n, 0xAA);
     std::vector<float> cpu_s(ns), gpu_s(ns, -1.0f);
-    ASSERT_TRUE(QuantizeFp8Block(c.dtype, src.data(), c.rows, c.cols, c.br, c.bc, cpu.data(),
-                                 cpu_s.data())
-                    .ok());
+    ASSERT_TRUE(
+        QuantizeFp8Block(c.dtype, src.data(), c.rows, c.cols, c.br, c.bc, cpu.data(), cpu_s.data())
+            .ok());
     auto st = internal::QuantizeFp8BlockOnGpu(0, c.dtype, src.data(), c.rows, c.cols, c.br, c.bc,
                                               gpu.data(), gpu_s.data());
     ASSERT_TRUE(st.ok()) << st;
@@ -179,9 +191,9 @@ TEST(Fp8Gpu, LoaderQuantizesShardsOnTheDeviceLikeTheCpu) {
       if (!t.quant.has_value()) continue;
       ++quantized;
       std::vector<uint8_t> src(t.quant->src_nbytes);
-      ASSERT_TRUE(ReadPlannedTensor(t, (*model)->checkpoint.files()[t.file_index].fd(),
-                                    src.data(), t.name)
-                      .ok());
+      ASSERT_TRUE(
+          ReadPlannedTensor(t, (*model)->checkpoint.files()[t.file_index].fd(), src.data(), t.name)
+              .ok());
       const int64_t rows = t.shape[0], cols = t.shape[1];
       std::vector<uint8_t> fp8(static_cast<size_t>(rows * cols));
       std::vector<float> sc(static_cast<size_t>(((rows + 127) / 128) * ((cols + 127) / 128)));

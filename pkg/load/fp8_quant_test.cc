@@ -277,7 +277,8 @@ TEST(Fp8, RejectsOtherDtypesAndBadBlocks) {
 TEST(Fp8, NegativeNanKeepsItsSignThroughTheBlockQuantizer) {
   const uint16_t bf16[4] = {0xFFC1, 0x7FC1, 0xFF81, 0x3F80};  // -qNaN, +qNaN, -sNaN, 1.0
   const uint16_t f16[4] = {0xFE01, 0x7E01, 0xFC01, 0x3C00};
-  for (auto [dt, src] : {std::pair<DType, const uint16_t*>{DType::kBF16, bf16}, {DType::kF16, f16}}) {
+  for (auto [dt, src] :
+       {std::pair<DType, const uint16_t*>{DType::kBF16, bf16}, {DType::kF16, f16}}) {
     uint8_t q[4];
     float s = 0;
     ASSERT_TRUE(QuantizeFp8Block(dt, src, 1, 4, 128, 128, q, &s).ok());

@@ -5,8 +5,8 @@
 #include <fstream>
 #include <map>
 
-#include "gtest/gtest.h"
 #include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
 #include "pkg/load/fp8_quant.h"
 #include "pkg/load/loader.h"
 #include "pkg/load/model.h"
@@ -212,9 +212,9 @@ spec::ModelSpec OnlineSpec(const std::string& dir, int tp, const std::string& la
 
 std::string SegmentBytes(const LoadedModel& loaded, const PlannedTensor& t) {
   std::string got(t.nbytes, '\0');
-  EXPECT_EQ(::pread(loaded.segments[t.segment]->fd(), got.data(), t.nbytes,
-                    static_cast<off_t>(t.offset)),
-            static_cast<ssize_t>(t.nbytes));
+  EXPECT_EQ(
+      ::pread(loaded.segments[t.segment]->fd(), got.data(), t.nbytes, static_cast<off_t>(t.offset)),
+      static_cast<ssize_t>(t.nbytes));
   return got;
 }
 
@@ -272,9 +272,9 @@ TEST(LoadRank, OnlineFp8HostBackendEqualsTheCpuQuantizerOnEachShard) {
     for (int rank = 0; rank < tp; ++rank) {
       SCOPED_TRACE(absl::StrCat("tp ", tp, " rank ", rank));
       auto backend = memory::MakeHostBackend();
-      auto plan = PlanRank(**m, {tp, rank, 1, 0},
-                           {.alignment = 256, .max_segment_bytes = 4 << 20,
-                            .loader_reads_pieces = true});
+      auto plan =
+          PlanRank(**m, {tp, rank, 1, 0},
+                   {.alignment = 256, .max_segment_bytes = 4 << 20, .loader_reads_pieces = true});
       ASSERT_TRUE(plan.ok()) << plan.status();
       LoadProgress progress;
       LoadOptions o;
@@ -293,8 +293,9 @@ TEST(LoadRank, OnlineFp8StagingPathEqualsTheCpuQuantizer) {
   auto m = OpenModel(OnlineSpec(dir.path(), 2));
   ASSERT_TRUE(m.ok()) << m.status();
   NoHostPointerBackend backend;
-  auto plan = PlanRank(**m, {2, 1, 1, 0},
-                       {.alignment = 256, .max_segment_bytes = 8 << 20, .loader_reads_pieces = true});
+  auto plan =
+      PlanRank(**m, {2, 1, 1, 0},
+               {.alignment = 256, .max_segment_bytes = 8 << 20, .loader_reads_pieces = true});
   ASSERT_TRUE(plan.ok()) << plan.status();
   LoadProgress progress;
   LoadOptions o;

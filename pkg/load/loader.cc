@@ -60,8 +60,9 @@ absl::Status ZeroPadding(const Plan& plan,
 }
 
 const PlannedTensor* FindPlanned(const Plan& plan, const std::string& name) {
-  auto it = std::lower_bound(plan.tensors.begin(), plan.tensors.end(), name,
-                             [](const PlannedTensor& t, const std::string& n) { return t.name < n; });
+  auto it =
+      std::lower_bound(plan.tensors.begin(), plan.tensors.end(), name,
+                       [](const PlannedTensor& t, const std::string& n) { return t.name < n; });
   if (it != plan.tensors.end() && it->name == name) return &*it;
   for (const auto& t : plan.tensors) {  // not sorted after all: linear search
     if (t.name == name) return &t;
@@ -88,18 +89,18 @@ absl::Status QuantizeParallel(const OnlineQuant& q, const uint8_t* src, int64_t 
                               unsigned threads, uint8_t* fp8, float* scale) {
   const int64_t brows = (rows + q.block_rows - 1) / q.block_rows;
   const int64_t bcols = (cols + q.block_cols - 1) / q.block_cols;
-  const int64_t n = std::max<int64_t>(
-      1, std::min<int64_t>({static_cast<int64_t>(std::max(1u, threads)), brows,
-                            rows * cols / (1 << 20) + 1}));
+  const int64_t n =
+      std::max<int64_t>(1, std::min<int64_t>({static_cast<int64_t>(std::max(1u, threads)), brows,
+                                              rows * cols / (1 << 20) + 1}));
   std::vector<absl::Status> st(static_cast<size_t>(n));
   std::vector<std::thread> pool;
   for (int64_t k = 0; k < n; ++k) {
     const int64_t b0 = brows * k / n, b1 = brows * (k + 1) / n;
     const int64_t r0 = b0 * q.block_rows, r1 = std::min(rows, b1 * q.block_rows);
     auto work = [&, k, b0, r0, r1] {
-      st[static_cast<size_t>(k)] = QuantizeFp8Block(
-          q.src_dtype, src + static_cast<uint64_t>(r0 * cols) * 2, r1 - r0, cols, q.block_rows,
-          q.block_cols, fp8 + r0 * cols, scale + b0 * bcols);
+      st[static_cast<size_t>(k)] =
+          QuantizeFp8Block(q.src_dtype, src + static_cast<uint64_t>(r0 * cols) * 2, r1 - r0, cols,
+                           q.block_rows, q.block_cols, fp8 + r0 * cols, scale + b0 * bcols);
     };
     if (k + 1 == n) {
       work();
@@ -135,8 +136,8 @@ absl::Status QuantizeOnHost(const Plan& plan, const PlannedTensor& t, int fd,
   }
   if (fp8 == nullptr) fp8 = (fp8_tmp.resize(t.nbytes), fp8_tmp.data());
   if (scale == nullptr) scale = (scale_tmp.resize(s->nbytes / sizeof(float)), scale_tmp.data());
-  absl::Status st = QuantizeParallel(*t.quant, scratch.data(), t.shape[0], t.shape[1],
-                                     ropts.threads, fp8, scale);
+  absl::Status st =
+      QuantizeParallel(*t.quant, scratch.data(), t.shape[0], t.shape[1], ropts.threads, fp8, scale);
   if (!st.ok()) return Annotate(st, what);
   if (!fp8_tmp.empty()) WC_RETURN_IF_ERROR(wseg.CopyIn(t.offset, fp8_tmp.data(), t.nbytes));
   if (!scale_tmp.empty()) WC_RETURN_IF_ERROR(sseg.CopyIn(s->offset, scale_tmp.data(), s->nbytes));
@@ -145,19 +146,16 @@ absl::Status QuantizeOnHost(const Plan& plan, const PlannedTensor& t, int fd,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(const OpenedModel& model, Plan plan,
-                                                      memory::Backend& backend,
-                                                      const std::string& device_uuid,
-                                                      const std::string& label,
-                                                      const LoadOptions& options,
-                                                      LoadProgress* progress) {
+absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(
+    const OpenedModel& model, Plan plan, memory::Backend& backend, const std::string& device_uuid,
+    const std::string& label, const LoadOptions& options, LoadProgress* progress) {
   auto out = std::make_unique<LoadedModel>();
   out->device_uuid = device_uuid;
   out->model_dir = model.spec.model_dir;
   for (size_t i = 0; i < plan.segment_bytes.size(); ++i) {
-    WC_ASSIGN_OR_RETURN(auto seg, backend.Allocate(device_uuid,
-                                                   std::max<uint64_t>(plan.segment_bytes[i], 1),
-                                                   absl::StrCat(label, "/", i)));
+    WC_ASSIGN_OR_RETURN(auto seg,
+                        backend.Allocate(device_uuid, std::max<uint64_t>(plan.segment_bytes[i], 1),
+                                         absl::StrCat(label, "/", i)));
     out->segments.push_back(std::move(seg));
   }
   // Progress counts source bytes read (a quantized weight's BF16/F16 shard, not its fp8).
@@ -220,7 +218,8 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(const OpenedModel& model, 
       if (progress != nullptr) progress->SetFile(file.info().name);
       std::vector<std::string> what;
       what.reserve(tensors.size());
-      for (const auto* t : tensors) what.push_back(absl::StrCat(file.info().name, ": tensor '", t->name, "'"));
+      for (const auto* t : tensors)
+        what.push_back(absl::StrCat(file.info().name, ": tensor '", t->name, "'"));
       if (direct) {
         // Straight from the file into the segments: no intermediate copy.
         std::vector<safetensors::ReadRequest> reqs;
@@ -260,7 +259,12 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(const OpenedModel& model, 
           done += t->nbytes;
         }
         // Contiguous tensors: batches through the staging buffer, then CopyIn.
-        struct Piece { const PlannedTensor* t; uint64_t skip; uint64_t n; uint64_t at; };
+        struct Piece {
+          const PlannedTensor* t;
+          uint64_t skip;
+          uint64_t n;
+          uint64_t at;
+        };
         size_t i = 0;
         uint64_t skip = 0;
         auto skip_strided = [&] {
@@ -291,7 +295,7 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(const OpenedModel& model, 
           WC_RETURN_IF_ERROR(safetensors::ReadRanges(reqs, ropts, &OnRead, &ctx));
           for (const auto& p : batch) {
             WC_RETURN_IF_ERROR(out->segments[p.t->segment]->CopyIn(p.t->offset + p.skip,
-                                                                    staging.data() + p.at, p.n));
+                                                                   staging.data() + p.at, p.n));
           }
           if (progress != nullptr) progress->SetDone(done + used);
           done += used;

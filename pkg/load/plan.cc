@@ -48,9 +48,10 @@ uint64_t Numel(const std::vector<int64_t>& shape) {
 }
 
 constexpr std::string_view kOnlineQuantized[] = {
-    "q_proj", "k_proj",  "v_proj",   "o_proj",   "qkv_proj",           "gate_proj",
-    "up_proj", "down_proj", "gate_up_proj", "w1", "w2", "w3", "q_a_proj", "q_b_proj",
-    "kv_a_proj_with_mqa", "kv_b_proj"};
+    "q_proj",    "k_proj",  "v_proj",    "o_proj",       "qkv_proj",
+    "gate_proj", "up_proj", "down_proj", "gate_up_proj", "w1",
+    "w2",        "w3",      "q_a_proj",  "q_b_proj",     "kv_a_proj_with_mqa",
+    "kv_b_proj"};
 
 struct Ctx {
   const OpenedModel& model;
@@ -239,9 +240,11 @@ absl::StatusOr<PlannedTensor> Shard(const Ctx& c, const TensorInfo& t, const Sha
 // tensor and returns the scale tensor it writes (segment and offset not yet set).
 absl::StatusOr<PlannedTensor> QuantizeOnline(const Ctx& c, PlannedTensor& p) {
   if (p.shape.size() != 2 || (p.dtype != DType::kBF16 && p.dtype != DType::kF16)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", p.name, "': online fp8_block quantization needs a 2-D BF16 or F16 weight, "
-        "got ", std::string(safetensors::DTypeName(p.dtype)), " ", ShapeString(p.shape)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", p.name,
+                     "': online fp8_block quantization needs a 2-D BF16 or F16 weight, "
+                     "got ",
+                     std::string(safetensors::DTypeName(p.dtype)), " ", ShapeString(p.shape)));
   }
   OnlineQuant q;
   q.src_dtype = p.dtype;

@@ -690,7 +690,8 @@ TEST(OnlineFp8, QuantizedLayerRule) {
         "model.layers.1.mlp.gate.weight", "model.layers.1.block_sparse_moe.gate.weight",
         "model.layers.1.mlp.shared_expert_gate.weight", "model.layers.3.eh_proj.weight",
         "model.layers.3.shared_head.head.weight", "model.layers.1.mlp.gate.e_score_correction_bias",
-        "model.layers.0.self_attn.kv_a_layernorm.weight", "model.layers.0.self_attn.q_norm.weight"}) {
+        "model.layers.0.self_attn.kv_a_layernorm.weight",
+        "model.layers.0.self_attn.q_norm.weight"}) {
     EXPECT_FALSE(IsOnlineQuantized(no)) << no;
   }
 }
@@ -727,7 +728,8 @@ TEST(OnlineFp8, EveryPresetPlansF8WeightsAndScalesOfTheShard) {
         EXPECT_EQ(t->quant->src_nbytes, t->nbytes * 2);
         // The shard's shape: tp 1 whole, tp 2 half of one dimension (or whole if replicated).
         EXPECT_EQ(t->shape[0] * t->shape[1] * (tp == 1 ? 1 : 2) % (info.shape[0] * info.shape[1]),
-                  0) << info.name;
+                  0)
+            << info.name;
         const PlannedTensor* sc = by_name.at(info.name + "_scale_inv");
         EXPECT_EQ(sc->dtype, DType::kF32);
         EXPECT_EQ(sc->scale_of, info.name);

@@ -44,16 +44,16 @@ class OnlineFp8DaemonTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "llama", Shape()).ok());
     socket_dir_ = dir_ / "s";
-    std::ofstream(dir_ / "models.yaml")
-        << "models:\n"
-        << "  - {name: plain, model_dir: " << dir_ / "llama" << "}\n"
-        << "  - {name: q1, model_dir: " << dir_ / "llama" << ", quantization: fp8_block}\n"
-        << "  - {name: q2, model_dir: " << dir_ / "llama"
-        << ", quantization: fp8_block, tp_size: 2}\n";
+    std::ofstream(dir_ / "models.yaml") << "models:\n"
+                                        << "  - {name: plain, model_dir: " << dir_ / "llama"
+                                        << "}\n"
+                                        << "  - {name: q1, model_dir: " << dir_ / "llama"
+                                        << ", quantization: fp8_block}\n"
+                                        << "  - {name: q2, model_dir: " << dir_ / "llama"
+                                        << ", quantization: fp8_block, tp_size: 2}\n";
     daemon_ = std::make_unique<Process>(
-        std::vector<std::string>{WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_,
-                                 "--backend=host", "--metrics_address=off",
-                                 "--spec_file=" + dir_ / "models.yaml"},
+        std::vector<std::string>{WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_, "--backend=host",
+                                 "--metrics_address=off", "--spec_file=" + dir_ / "models.yaml"},
         dir_ / "daemon.log");
     auto deadline = std::chrono::steady_clock::now() + 20s;
     while (std::chrono::steady_clock::now() < deadline) {
@@ -94,8 +94,8 @@ class OnlineFp8DaemonTest : public ::testing::Test {
 };
 
 // Rows [r0, r1) x columns [c0, c1) of a 2-D tensor of the checkpoint, row-major.
-std::string Slice(const safetensors::Checkpoint& ckpt, const safetensors::TensorInfo& t,
-                  int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+std::string Slice(const safetensors::Checkpoint& ckpt, const safetensors::TensorInfo& t, int64_t r0,
+                  int64_t r1, int64_t c0, int64_t c1) {
   const size_t el = safetensors::DTypeSize(t.dtype);
   const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
   std::string out, row((c1 - c0) * el, '\0');
@@ -113,10 +113,10 @@ std::string Bytes(const client::TensorView& v) {
 }
 
 bool Quantized(const std::string& name) {
-  for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                        "down_proj"}) {
-    if (name.find(std::string(".") + p + ".weight") != std::string::npos &&
-        name.size() >= 7 && name.compare(name.size() - 7, 7, ".weight") == 0) {
+  for (const char* p :
+       {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}) {
+    if (name.find(std::string(".") + p + ".weight") != std::string::npos && name.size() >= 7 &&
+        name.compare(name.size() - 7, 7, ".weight") == 0) {
       return true;
     }
   }
@@ -143,8 +143,8 @@ TEST_F(OnlineFp8DaemonTest, ServesQuantizedShardsAtTp1AndTp2) {
           EXPECT_EQ(sc, nullptr) << t.name << " must not be quantized";
           EXPECT_EQ(v->dtype, t.dtype) << t.name;
           if (tp == 1) {  // unchanged bytes (the tp 2 shards are the planner's own tests)
-            EXPECT_EQ(Bytes(*v), Slice(*ckpt, t, 0, t.shape[0], 0,
-                                       t.shape.size() == 2 ? t.shape[1] : 1))
+            EXPECT_EQ(Bytes(*v),
+                      Slice(*ckpt, t, 0, t.shape[0], 0, t.shape.size() == 2 ? t.shape[1] : 1))
                 << t.name;
           }
           ++kept;

@@ -102,8 +102,8 @@ WC_FP8_HD uint8_t Fp8FloatToE4M3(float x) {
   const uint32_t bits = Fp8FloatBits(x);
   const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
   const uint32_t abs = bits & kFp8AbsMask;
-  if (abs > kFp8InfBits) return static_cast<uint8_t>(sign | 0x7Fu);    // NaN
-  if (abs >= kFp8MaxBits) return static_cast<uint8_t>(sign | 0x7Eu);   // saturate, +-Inf
+  if (abs > kFp8InfBits) return static_cast<uint8_t>(sign | 0x7Fu);   // NaN
+  if (abs >= kFp8MaxBits) return static_cast<uint8_t>(sign | 0x7Eu);  // saturate, +-Inf
   const uint32_t e = abs >> 23;  // biased float exponent; 0 for float subnormals
   const uint32_t mant = (abs & 0x7FFFFFu) | (e != 0 ? 0x800000u : 0u);  // mant * 2^(E-150)
   const uint32_t big_e = e > 1 ? e : 1;
@@ -124,9 +124,7 @@ WC_FP8_HD uint8_t Fp8FloatToE4M3(float x) {
 
 // The block's scale (weight_scale_inv) from its amax (finite, >= 0): amax / 448, or 1 for
 // an all-zero block.
-WC_FP8_HD float Fp8ScaleFromAmax(float amax) {
-  return amax == 0.0f ? 1.0f : Fp8Div(amax, 448.0f);
-}
+WC_FP8_HD float Fp8ScaleFromAmax(float amax) { return amax == 0.0f ? 1.0f : Fp8Div(amax, 448.0f); }
 
 // One element. A NaN input is answered before the division: IEEE leaves the sign of a NaN
 // quotient unspecified, and it differs in practice (x86 SSE keeps the input NaN and its
@@ -134,7 +132,8 @@ WC_FP8_HD float Fp8ScaleFromAmax(float amax) {
 // make the host and the device disagree (0xFF vs 0x7F; seen on the H200).
 WC_FP8_HD uint8_t Fp8QuantizeElement(float x, float scale) {
   const uint32_t bits = Fp8FloatBits(x);
-  if ((bits & kFp8AbsMask) > kFp8InfBits) return static_cast<uint8_t>(((bits >> 24) & 0x80u) | 0x7Fu);
+  if ((bits & kFp8AbsMask) > kFp8InfBits)
+    return static_cast<uint8_t>(((bits >> 24) & 0x80u) | 0x7Fu);
   return Fp8FloatToE4M3(Fp8Div(x, scale));
 }
 

@@ -25,7 +25,7 @@ struct Fp8QuantArgs {
   int64_t cols = 0;
   int block_rows = 128;
   int block_cols = 128;
-  uint8_t* out_fp8 = nullptr;     // device: rows * cols codes
+  uint8_t* out_fp8 = nullptr;      // device: rows * cols codes
   float* out_scale_inv = nullptr;  // device: ceil(rows/br) * ceil(cols/bc) floats
 };
 
