@@ -98,47 +98,7 @@ std::string Daemon::Impl::handle_path() const {
   return options_.socket_dir + "/" + kHandleSocketName;
 }
 
-absl::Status Daemon::Impl::Start() {
-  WC_RETURN_IF_ERROR(PrepareSocketDir(options_.socket_dir, 0750));
-  WC_RETURN_IF_ERROR(RemoveStaleSocket(control_path()));
-  WC_RETURN_IF_ERROR(RemoveStaleSocket(handle_path()));
-  HandleChannel::Options hopts;
-  hopts.path = handle_path();
-  hopts.allowed_uids = options_.allowed_uids;
-  WC_ASSIGN_OR_RETURN(
-      handles_,
-      HandleChannel::Start(
-          hopts, [this](const std::string& t, const PeerCred& p) { return Claim(t, p); },
-          [this](const std::string& lease) { registry_.RemoveLease(lease); },
-          [this] { ExpireTokens(); }));
-
-  service_ = MakeGrpcService(this);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + control_path(), grpc::InsecureServerCredentials());
-  builder.RegisterService(service_.get());
-  builder.SetMaxReceiveMessageSize(1 << 20);  // requests are small; bound them
-  builder.SetMaxSendMessageSize(256 << 20);   // manifests of very large models
-  grpc_ = builder.BuildAndStart();
-  if (!grpc_) {
-    return absl::UnavailableError(absl::StrCat("gRPC: cannot listen on ", control_path()));
-  }
-  if (::chmod(control_path().c_str(), 0660) != 0) {
-    return absl::PermissionDeniedError(absl::StrCat("chmod 0660 ", control_path()));
-  }
-  if (options_.socket_gid >= 0) {
-    // Engines running as other uids reach the sockets through this group (dir 0750,
-    // sockets 0660); the handle channel's uid allowlist still applies.
-    for (const std::string& p : {options_.socket_dir, control_path(), handle_path()}) {
-      if (::chown(p.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(options_.socket_gid)) !=
-          0) {
-        return ErrnoStatus(errno, "chown to group " + std::to_string(options_.socket_gid), p);
-      }
-    }
-  }
-  WC_LOG_INFO("serving on %s (handles on %s), backend %s, peer policy %s", control_path(),
-              handle_path(), memory::BackendName(backend_->kind()),
-              PeerPolicyName(options_.peer_policy));
-
+void Daemon::Impl::StartPreloads() {
   if (options_.preload) {
     for (const auto& s : options_.specs) {
       auto opened = Open(s.name, /*refresh=*/false);
@@ -172,6 +132,53 @@ absl::Status Daemon::Impl::Start() {
       }
     }
   }
+}
+
+absl::Status Daemon::Impl::Start() {
+  WC_RETURN_IF_ERROR(PrepareSocketDir(options_.socket_dir, 0750));
+  WC_RETURN_IF_ERROR(RemoveStaleSocket(control_path()));
+  WC_RETURN_IF_ERROR(RemoveStaleSocket(handle_path()));
+  HandleChannel::Options hopts;
+  hopts.path = handle_path();
+  hopts.allowed_uids = options_.allowed_uids;
+  WC_ASSIGN_OR_RETURN(
+      handles_,
+      HandleChannel::Start(
+          hopts, [this](const std::string& t, const PeerCred& p) { return Claim(t, p); },
+          [this](const std::string& lease) { registry_.RemoveLease(lease); },
+          [this] { ExpireTokens(); }));
+
+  // Preloads are registered before the control socket answers, so no client can see a
+  // daemon that knows a model but has no entry for it yet (a spurious miss).
+  StartPreloads();
+
+  service_ = MakeGrpcService(this);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + control_path(), grpc::InsecureServerCredentials());
+  builder.RegisterService(service_.get());
+  builder.SetMaxReceiveMessageSize(1 << 20);  // requests are small; bound them
+  builder.SetMaxSendMessageSize(256 << 20);   // manifests of very large models
+  grpc_ = builder.BuildAndStart();
+  if (!grpc_) {
+    return absl::UnavailableError(absl::StrCat("gRPC: cannot listen on ", control_path()));
+  }
+  if (::chmod(control_path().c_str(), 0660) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("chmod 0660 ", control_path()));
+  }
+  if (options_.socket_gid >= 0) {
+    // Engines running as other uids reach the sockets through this group (dir 0750,
+    // sockets 0660); the handle channel's uid allowlist still applies.
+    for (const std::string& p : {options_.socket_dir, control_path(), handle_path()}) {
+      if (::chown(p.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(options_.socket_gid)) !=
+          0) {
+        return ErrnoStatus(errno, "chown to group " + std::to_string(options_.socket_gid), p);
+      }
+    }
+  }
+  WC_LOG_INFO("serving on %s (handles on %s), backend %s, peer policy %s", control_path(),
+              handle_path(), memory::BackendName(backend_->kind()),
+              PeerPolicyName(options_.peer_policy));
+
   return absl::OkStatus();
 }
 

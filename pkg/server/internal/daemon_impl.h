@@ -34,6 +34,8 @@ class Daemon::Impl final : public metrics::StateSource {
   ~Impl() override;
 
   absl::Status Start();
+  // Starts the loads of every known spec's ranks (options().preload).
+  void StartPreloads();
   void Shutdown();
   void Wait();
 
