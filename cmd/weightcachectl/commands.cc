@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <map>
 #include <cstring>
 #include <cstdio>
 #include <fstream>
@@ -12,6 +13,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "pkg/client/client.h"
+#include "pkg/memory/backend.h"
+#include "pkg/spec/spec.h"
+#include "pkg/load/plan.h"
+#include "pkg/load/model.h"
+#include "pkg/load/loader.h"
 #include "pkg/memory/mapping.h"
 #include "pkg/safetensors/safetensors.h"
 #include "pkg/safetensors/writer.h"
@@ -156,53 +162,79 @@ int Verify(client::Client& c, const std::vector<std::string>& args, const Contex
   std::printf("mapped %s: %zu tensors, %s in %zu segments, fingerprint %s, map time %.3f ms\n",
               l.model().c_str(), l.tensors().size(), FormatBytes(l.total_bytes()).c_str(),
               l.segment_count(), l.fingerprint().c_str(), l.map_seconds() * 1e3);
-  // Compare against the checkpoint on disk.
-  std::string dir = ctx.model_dir;
-  if (dir.empty()) {
-    dir = l.model_dir();
+  // What the daemon should serve: the same spec and rank loaded here, from the same files,
+  // by the same loader (tensor-parallel pieces, fused views, online quantization), into
+  // host memory. Every mapped tensor must equal its counterpart byte for byte.
+  if (l.spec_yaml().empty()) {
+    return Error(absl::FailedPreconditionError(
+        "verify: the daemon sent no spec with the lease (a daemon older than this CLI?)"));
   }
-  auto ckpt = safetensors::Checkpoint::Open(dir);
-  if (!ckpt.ok()) return Error(ckpt.status());
+  auto specs = spec::ParseSpecs(l.spec_yaml(), "the daemon's spec of '" + l.model() + "'");
+  if (!specs.ok()) return Error(specs.status());
+  spec::ModelSpec sp = specs->at(0);
+  if (!ctx.model_dir.empty()) sp.model_dir = ctx.model_dir;
+  auto opened = load::OpenModel(sp);
+  if (!opened.ok()) return Error(opened.status());
+  load::PlanOptions popts;
+  popts.loader_reads_pieces = true;
+  auto plan = load::PlanRank(**opened, {l.tp_size(), l.tp_rank(), l.pp_size(), l.pp_rank()},
+                             popts);
+  if (!plan.ok()) return Error(plan.status());
+  auto host = memory::MakeHostBackend();
+  auto local = load::LoadRank(**opened, *plan, *host, "", "weightcachectl-verify", {}, nullptr);
+  if (!local.ok()) return Error(local.status());
+  std::map<std::string, const load::PlannedTensor*> want;
+  for (const auto* list : {&(*local)->plan.tensors, &(*local)->plan.views}) {
+    for (const auto& t : *list) want[t.name] = &t;
+  }
+
   size_t bad = 0, checked = 0;
   uint64_t bytes = 0;
-  std::vector<uint8_t> buf, mapped;
-  for (const auto& t : ckpt->tensors()) {
-    const auto* v = l.Find(t.name);
-    if (v == nullptr) {
-      if (bad++ < 10) std::printf("MISSING %s\n", t.name.c_str());
+  std::vector<uint8_t> expected, mapped;
+  for (const auto& v : l.tensors()) {
+    auto it = want.find(v.name);
+    if (it == want.end()) {
+      if (bad++ < 10) std::printf("UNEXPECTED %s (not in the local plan)\n", v.name.c_str());
       continue;
     }
-    buf.resize(t.nbytes);
-    const auto& f = ckpt->files()[t.file_index];
-    std::vector<safetensors::ReadRequest> req{{f.fd(), t.file_offset, t.nbytes, buf.data(), t.name}};
-    if (auto s = safetensors::ReadRanges(req, {}); !s.ok()) return Error(s);
+    const load::PlannedTensor& t = *it->second;
+    want.erase(it);
+    if (v.dtype != t.dtype || v.shape != t.shape || v.nbytes != t.nbytes) {
+      if (bad++ < 10) std::printf("DIFFERENT %s (dtype/shape)\n", v.name.c_str());
+      continue;
+    }
+    expected.resize(t.nbytes);
+    int fd = (*local)->segments[t.segment]->fd();
+    if (::pread(fd, expected.data(), t.nbytes, static_cast<off_t>(t.offset)) !=
+        static_cast<ssize_t>(t.nbytes)) {
+      return Error(absl::InternalError("verify: reading the local copy of " + t.name));
+    }
     // Device memory (cuda-vmm) is copied to the host first; host mappings are read in place.
-    const void* have = v->data;
-    if (kind == memory::BackendKind::kCudaVmm && v->nbytes == t.nbytes) {
+    const void* have = v.data;
+    if (kind == memory::BackendKind::kCudaVmm) {
       mapped.resize(t.nbytes);
-      if (auto s = memory::CopyToHost(kind, l.device_uuid(), v->data, t.nbytes, mapped.data());
+      if (auto s = memory::CopyToHost(kind, l.device_uuid(), v.data, t.nbytes, mapped.data());
           !s.ok()) {
         return Error(s);
       }
       have = mapped.data();
     }
-    bool same = v->nbytes == t.nbytes && v->dtype == t.dtype && v->shape == t.shape &&
-                std::memcmp(have, buf.data(), t.nbytes) == 0;
-    if (!same && bad++ < 10) std::printf("DIFFERENT %s\n", t.name.c_str());
+    if (std::memcmp(have, expected.data(), t.nbytes) != 0) {
+      if (bad++ < 10) std::printf("DIFFERENT %s\n", v.name.c_str());
+      continue;
+    }
     checked++;
     bytes += t.nbytes;
   }
-  if (l.tensors().size() != ckpt->tensors().size()) {
-    std::printf("DIFFERENT tensor count: mapped %zu, on disk %zu\n", l.tensors().size(),
-                ckpt->tensors().size());
-    bad++;
+  for (const auto& [name, t] : want) {
+    if (bad++ < 10) std::printf("MISSING %s\n", name.c_str());
   }
   if (bad != 0) {
-    std::printf("verify FAILED: %zu difference(s) against %s\n", bad, dir.c_str());
+    std::printf("verify FAILED: %zu difference(s) against %s\n", bad, sp.model_dir.c_str());
     return 1;
   }
-  std::printf("verify OK: %zu tensors, %s identical to %s\n", checked,
-              FormatBytes(bytes).c_str(), dir.c_str());
+  std::printf("verify OK: %zu tensors, %s identical to tp %d/%d of %s\n", checked,
+              FormatBytes(bytes).c_str(), l.tp_rank(), l.tp_size(), sp.model_dir.c_str());
   return 0;
 }
 

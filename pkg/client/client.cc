@@ -127,6 +127,11 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) 
   lease->device_uuid_ = resp.device_uuid();
   lease->total_bytes_ = resp.total_bytes();
   lease->model_dir_ = resp.model_dir();
+  lease->spec_yaml_ = resp.spec_yaml();
+  lease->tp_size_ = static_cast<int>(std::max(1u, resp.layout().tp_size()));
+  lease->tp_rank_ = static_cast<int>(resp.layout().tp_rank());
+  lease->pp_size_ = static_cast<int>(std::max(1u, resp.layout().pp_size()));
+  lease->pp_rank_ = static_cast<int>(resp.layout().pp_rank());
 
   // The handle channel: present the token, receive the descriptors; keep it open.
   WC_ASSIGN_OR_RETURN(lease->handle_conn_, ConnectUnix(resp.handle_socket()));

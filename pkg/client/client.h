@@ -86,6 +86,12 @@ class Lease {
   const std::string& device_uuid() const { return device_uuid_; }
   // The checkpoint directory the daemon loaded from (as the daemon sees it).
   const std::string& model_dir() const { return model_dir_; }
+  // The spec the daemon loaded this entry from (canonical YAML) and the rank served.
+  const std::string& spec_yaml() const { return spec_yaml_; }
+  int tp_size() const { return tp_size_; }
+  int tp_rank() const { return tp_rank_; }
+  int pp_size() const { return pp_size_; }
+  int pp_rank() const { return pp_rank_; }
   uint64_t total_bytes() const { return total_bytes_; }
   size_t segment_count() const { return mapping_->count(); }
   const std::byte* segment_base(size_t i) const { return mapping_->base(i); }
@@ -98,7 +104,8 @@ class Lease {
  private:
   friend class Client;
   Lease() = default;
-  std::string id_, model_, fingerprint_, backend_, device_uuid_, model_dir_;
+  std::string id_, model_, fingerprint_, backend_, device_uuid_, model_dir_, spec_yaml_;
+  int tp_size_ = 1, tp_rank_ = 0, pp_size_ = 1, pp_rank_ = 0;
   uint64_t total_bytes_ = 0;
   double map_seconds_ = 0;
   std::vector<TensorView> tensors_;

@@ -548,6 +548,15 @@ void Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
   }
   resp->set_lease_id(lease_id);
   resp->set_token(token);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto spec = specs_.find(e->model);
+    if (spec != specs_.end()) resp->set_spec_yaml(spec::ToYaml(spec->second));
+  }
+  resp->mutable_layout()->set_tp_size(e->inputs.layout.tp_size);
+  resp->mutable_layout()->set_tp_rank(e->inputs.layout.tp_rank);
+  resp->mutable_layout()->set_pp_size(e->inputs.layout.pp_size);
+  resp->mutable_layout()->set_pp_rank(e->inputs.layout.pp_rank);
   resp->set_fingerprint(e->fingerprint);
   resp->set_model(e->model);
   resp->set_backend(memory::BackendName(backend_->kind()));

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fcntl.h>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -421,6 +423,44 @@ TEST_F(DaemonTest, TensorParallelRanksServeTheirShardsAndFusedViews) {
   auto st = client_->Status();
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->entries_size(), 2);  // one entry per rank, both preloaded
+}
+
+TEST_F(DaemonTest, CtlVerifyChecksEveryServedByteOfAShardAndCatchesADifference) {
+  std::ofstream(dir_ / "tp.yaml") << "name: tp\nmodel_dir: " << dir_ / "tiny"
+                                  << "\ntp_size: 2\nlayout: vllm\n";
+  StartDaemon({"--spec_file=" + dir_ / "tp.yaml"});
+  auto run = [&](const std::string& model_dir) {
+    std::vector<std::string> argv{WEIGHTCACHECTL_PATH, "--socket=" + socket_dir_, "--tp_size=2",
+                                  "--tp_rank=1", "verify", "tp"};
+    if (!model_dir.empty()) argv.insert(argv.begin() + 1, "--model_dir=" + model_dir);
+    Process ctl(argv, dir_ / "ctl.log");
+    std::string out, line;
+    while (auto l = ctl.ReadLine(20s)) out += *l + "\n";
+    int status = ctl.Wait();
+    return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, out);
+  };
+  auto [ok_rc, ok_out] = run("");
+  EXPECT_EQ(ok_rc, 0) << ok_out;
+  EXPECT_NE(ok_out.find("verify OK"), std::string::npos) << ok_out;
+  // A copy of the checkpoint with one byte of one rank-1 row changed: verify must see it.
+  std::filesystem::copy(dir_ / "tiny", dir_ / "changed");
+  auto ckpt = safetensors::Checkpoint::Open(dir_ / "changed");
+  ASSERT_TRUE(ckpt.ok());
+  const auto* t = ckpt->Find("model.layers.0.mlp.down_proj.weight");  // row-parallel
+  ASSERT_NE(t, nullptr);
+  const int64_t cols = t->shape[1];
+  uint64_t at = t->file_offset + (cols - 1) * 2;  // last column: rank 1's half
+  int fd = ::open((dir_ / "changed/" + ckpt->files()[t->file_index].info().name).c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  char b = 0;
+  ASSERT_EQ(::pread(fd, &b, 1, static_cast<off_t>(at)), 1);
+  b = static_cast<char>(b ^ 0x5a);
+  ASSERT_EQ(::pwrite(fd, &b, 1, static_cast<off_t>(at)), 1);
+  ::close(fd);
+  auto [bad_rc, bad_out] = run(dir_ / "changed");
+  EXPECT_EQ(bad_rc, 1) << bad_out;
+  EXPECT_NE(bad_out.find("DIFFERENT model.layers.0.mlp.down_proj.weight"), std::string::npos)
+      << bad_out;
 }
 
 TEST_F(DaemonTest, SecondDaemonOnTheSameSocketDirIsRefused) {
