@@ -86,11 +86,13 @@ int Status(client::Client& c) {
 
 void PrintProgress(const v1::LoadProgress& p, bool tty) {
   double frac = p.bytes_total() ? static_cast<double>(p.bytes_done()) / p.bytes_total() : 0;
-  double rate = p.elapsed_seconds() > 0 ? p.bytes_done() / p.elapsed_seconds() : 0;
+  // Under 10 ms (a model that was already cached) a rate would be noise.
+  double rate = p.elapsed_seconds() >= 0.01 ? p.bytes_done() / p.elapsed_seconds() : 0;
   double eta = rate > 0 ? (p.bytes_total() - p.bytes_done()) / rate : 0;
   std::string line = absl::StrFormat(
-      "%5.1f%% %s / %s  %.2f GB/s  ETA %.0fs  %s", frac * 100, FormatBytes(p.bytes_done()),
-      FormatBytes(p.bytes_total()), rate / 1e9, eta, p.current_file());
+      "%5.1f%% %s / %s  %s  ETA %.0fs  %s", frac * 100, FormatBytes(p.bytes_done()),
+      FormatBytes(p.bytes_total()), rate > 0 ? absl::StrFormat("%.2f GB/s", rate / 1e9) : "- GB/s",
+      eta, p.current_file());
   if (tty) {
     constexpr int kWidth = 30;
     int fill = static_cast<int>(frac * kWidth);
