@@ -7,13 +7,15 @@
 //
 // Throughput: "moved" counts the bytes the kernel must move (2 read + 1 written per element,
 // plus 4 per 128x128 scale) over the median kernel time (CUDA events, after a warm-up);
-// "bf16 in" counts the source bytes only.
+// "bf16 in" counts the source bytes only. The L2 cache is flushed before each timed launch.
+// Each shape is timed with every kernel variant (fp8_quant.cu), the production one last.
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -120,22 +122,31 @@ int main(int argc, char** argv) {
       {"16384 x 16384 (512 MiB bf16)", 16384, 16384},
       {"2048 x 7168 (DeepSeek-V3 expert)", 2048, 7168},
   };
-  std::printf("| shape | dtype | elements | kernel time | bf16 in | moved (in + out + scales) |\n");
-  std::printf("|---|---|---:|---:|---:|---:|\n");
+  using V = wl::internal::Fp8Variant;
+  const std::pair<V, const char*> variants[] = {
+      {V::kReference, "reference (fdiv + integer)"},
+      {V::kFastInt, "fast div + integer"},
+      {V::kFastCvt, "fast div + hw cvt (production)"},
+  };
+  std::printf(
+      "| shape | dtype | kernel variant | kernel time | bf16 in | moved (in + out + scales) |\n");
+  std::printf("|---|---|---|---:|---:|---:|\n");
   int rc = 0;
   for (DType dt : {DType::kBF16, DType::kF16}) {
     for (const auto& s : shapes) {
-      auto t = wl::internal::TimeFp8BlockQuantOnGpu(0, dt, s.rows, s.cols, iters);
-      if (!t.ok()) {
-        std::fprintf(stderr, "%s: %s\n", s.what, std::string(t.status().message()).c_str());
-        rc = 1;
-        continue;
+      for (const auto& [variant, vname] : variants) {
+        auto t = wl::internal::TimeFp8BlockQuantOnGpu(0, dt, s.rows, s.cols, iters, variant);
+        if (!t.ok()) {
+          std::fprintf(stderr, "%s: %s\n", s.what, std::string(t.status().message()).c_str());
+          rc = 1;
+          continue;
+        }
+        const double n = static_cast<double>(s.rows) * static_cast<double>(s.cols);
+        const double moved = n * 3 + 4.0 * ((s.rows + 127) / 128) * ((s.cols + 127) / 128);
+        std::printf("| %s | %s | %s | %.1f us | %.2f TB/s | %.2f TB/s |\n", s.what,
+                    dt == DType::kBF16 ? "bf16" : "fp16", vname, *t * 1e6, n * 2 / *t / 1e12,
+                    moved / *t / 1e12);
       }
-      const double n = static_cast<double>(s.rows) * static_cast<double>(s.cols);
-      const double moved = n * 3 + 4.0 * ((s.rows + 127) / 128) * ((s.cols + 127) / 128);
-      std::printf("| %s | %s | %.0f | %.1f us | %.2f TB/s | %.2f TB/s |\n", s.what,
-                  dt == DType::kBF16 ? "bf16" : "fp16", n, *t * 1e6, n * 2 / *t / 1e12,
-                  moved / *t / 1e12);
     }
   }
   return rc;

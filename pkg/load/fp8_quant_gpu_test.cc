@@ -8,6 +8,7 @@
 //    quantizer applied to each original shard.
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "pkg/load/fp8_quant.h"
+#include "pkg/load/internal/fp8_math.h"
 #include "pkg/load/internal/fp8_quant_cuda.h"
 #include "pkg/load/loader.h"
 #include "pkg/load/model.h"
@@ -101,35 +103,87 @@ TEST(Fp8Gpu, KernelEqualsCpuBitForBit) {
       {DType::kF16, 384, 1024, 128, 128}, {DType::kF16, 77, 300, 128, 128},
       {DType::kBF16, 200, 200, 64, 32},   {DType::kBF16, 4096, 11008, 128, 128},
   };
-  uint64_t seed = 1;
-  for (const Case& c : cases) {
-    SCOPED_TRACE(absl::StrCat(std::string(safetensors::DTypeName(c.dtype)), " [", c.rows, ", ",
-                              c.cols, "] block ", c.br, "x", c.bc));
-    auto src = RandomHalves(c.dtype, static_cast<size_t>(c.rows * c.cols), seed++);
-    ShapeBlocks(c.dtype, src, c.rows, c.cols);
-    const size_t n = static_cast<size_t>(c.rows * c.cols);
-    const size_t ns =
-        static_cast<size_t>(((c.rows + c.br - 1) / c.br) * ((c.cols + c.bc - 1) / c.bc));
-    std::vector<uint8_t> cpu(n), gpu(n, 0xAA);
-    std::vector<float> cpu_s(ns), gpu_s(ns, -1.0f);
-    ASSERT_TRUE(
-        QuantizeFp8Block(c.dtype, src.data(), c.rows, c.cols, c.br, c.bc, cpu.data(), cpu_s.data())
-            .ok());
-    auto st = internal::QuantizeFp8BlockOnGpu(0, c.dtype, src.data(), c.rows, c.cols, c.br, c.bc,
-                                              gpu.data(), gpu_s.data());
-    ASSERT_TRUE(st.ok()) << st;
-    size_t bad = 0;
-    for (size_t i = 0; i < n && bad < 5; ++i) {
-      if (cpu[i] != gpu[i]) {
-        ++bad;
-        ADD_FAILURE() << "element " << i << " (row " << i / c.cols << ", col " << i % c.cols
-                      << ", input 0x" << std::hex << src[i] << "): cpu 0x" << int{cpu[i]}
-                      << ", gpu 0x" << int{gpu[i]};
+  for (internal::Fp8Variant variant :
+       {internal::Fp8Variant::kReference, internal::Fp8Variant::kFastInt,
+        internal::Fp8Variant::kFastCvt}) {
+    SCOPED_TRACE(absl::StrCat("kernel variant ", static_cast<int>(variant)));
+    uint64_t seed = 1;
+    for (const Case& c : cases) {
+      SCOPED_TRACE(absl::StrCat(std::string(safetensors::DTypeName(c.dtype)), " [", c.rows, ", ",
+                                c.cols, "] block ", c.br, "x", c.bc));
+      auto src = RandomHalves(c.dtype, static_cast<size_t>(c.rows * c.cols), seed++);
+      ShapeBlocks(c.dtype, src, c.rows, c.cols);
+      const size_t n = static_cast<size_t>(c.rows * c.cols);
+      const size_t ns =
+          static_cast<size_t>(((c.rows + c.br - 1) / c.br) * ((c.cols + c.bc - 1) / c.bc));
+      std::vector<uint8_t> cpu(n), gpu(n, 0xAA);
+      std::vector<float> cpu_s(ns), gpu_s(ns, -1.0f);
+      ASSERT_TRUE(QuantizeFp8Block(c.dtype, src.data(), c.rows, c.cols, c.br, c.bc, cpu.data(),
+                                   cpu_s.data())
+                      .ok());
+      auto st = internal::QuantizeFp8BlockOnGpu(0, c.dtype, src.data(), c.rows, c.cols, c.br, c.bc,
+                                                gpu.data(), gpu_s.data(), variant);
+      ASSERT_TRUE(st.ok()) << st;
+      size_t bad = 0;
+      for (size_t i = 0; i < n && bad < 5; ++i) {
+        if (cpu[i] != gpu[i]) {
+          ++bad;
+          ADD_FAILURE() << "element " << i << " (row " << i / c.cols << ", col " << i % c.cols
+                        << ", input 0x" << std::hex << src[i] << "): cpu 0x" << int{cpu[i]}
+                        << ", gpu 0x" << int{gpu[i]};
+        }
       }
+      EXPECT_EQ(std::memcmp(cpu_s.data(), gpu_s.data(), ns * sizeof(float)), 0)
+          << "scales differ; first: cpu " << cpu_s[0] << " gpu " << gpu_s[0];
+      EXPECT_EQ(cpu, gpu);
     }
-    EXPECT_EQ(std::memcmp(cpu_s.data(), gpu_s.data(), ns * sizeof(float)), 0)
-        << "scales differ; first: cpu " << cpu_s[0] << " gpu " << gpu_s[0];
-    EXPECT_EQ(cpu, gpu);
+  }
+}
+
+// The proofs behind the fast kernel variants (fp8_quant.cu, internal/fp8_math.h): exhaustive,
+// so "equal" is a fact about every input the kernel can meet, not about a sample.
+TEST(Fp8Gpu, HardwareCvtEqualsSharedFunctionOverAllFloats) {
+  REQUIRE_GPU();
+  uint64_t finite = 1, nan = 0, widen = 1;
+  ASSERT_EQ(internal::kernel::CountCvtMismatches(0, &finite, &nan, &widen), 0);
+  // cvt.rn.satfinite.e4m3x2.f32 == Fp8FloatToE4M3 for all 2^32 - 2^24 non-NaN floats
+  // (normal, subnormal, zero, +-Inf). NaN inputs never reach it (the kernel answers them
+  // with Fp8QuantizeElement); how many of them differ is printed for the record.
+  std::printf(
+      "cvt.rn.satfinite.e4m3x2.f32 vs Fp8FloatToE4M3: %llu mismatches over the "
+      "2^32 - 2^24 non-NaN floats; %llu of the 2^24 NaNs differ (never converted)\n",
+      static_cast<unsigned long long>(finite), static_cast<unsigned long long>(nan));
+  EXPECT_EQ(finite, 0u);
+  // The hardware f16 -> f32 widening == Fp8HalfToFloat for every non-NaN f16.
+  EXPECT_EQ(widen, 0u);
+}
+
+TEST(Fp8Gpu, FastElementEqualsSharedFunctionExhaustively) {
+  REQUIRE_GPU();
+  for (internal::Fp8Variant variant :
+       {internal::Fp8Variant::kFastInt, internal::Fp8Variant::kFastCvt}) {
+    for (bool bf16 : {true, false}) {
+      SCOPED_TRACE(absl::StrCat("variant ", static_cast<int>(variant), bf16 ? " bf16" : " f16"));
+      uint64_t in_domain = 1, outside = 0, pairs = 0;
+      ASSERT_EQ(internal::kernel::CountFastElementMismatches(0, variant, bf16, &in_domain, &outside,
+                                                             &pairs),
+                0);
+      std::printf(
+          "fast element path, variant %d, %s: %llu (amax, x) pairs on the fast path, "
+          "%llu mismatches; %llu mismatches off it (never used)\n",
+          static_cast<int>(variant), bf16 ? "bf16" : "f16", static_cast<unsigned long long>(pairs),
+          static_cast<unsigned long long>(in_domain), static_cast<unsigned long long>(outside));
+      EXPECT_EQ(in_domain, 0u);
+      // Every pair was tried: each finite amax with a fast scale, times every finite x with
+      // |x| <= amax (both signs). H200, 2026-11-29: 981047202 (bf16), 1007713280 (f16).
+      uint64_t want = 0;
+      for (uint32_t a = 0; a < (bf16 ? 0x7F80u : 0x7C00u); ++a) {
+        const float amax =
+            bf16 ? Bf16ToFloat(static_cast<uint16_t>(a)) : HalfToFloat(static_cast<uint16_t>(a));
+        if (internal::Fp8FastScaleOk(Fp8BlockScale(amax))) want += 2 * (a + 1);
+      }
+      EXPECT_EQ(pairs, want);
+    }
   }
 }
 

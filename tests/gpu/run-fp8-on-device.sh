@@ -34,7 +34,7 @@ if ldd "$carry/bin/fp8_quant_gpu_test" | grep -q 'not found' ||
   export LD_LIBRARY_PATH=$carry/lib:$carry/lib-fallback
 fi
 
-section "fp8_quant_gpu_test (label gpu): kernel == CPU bit for bit; loader cuda-vmm path"
+section "fp8_quant_gpu_test (label gpu): kernel == CPU bit for bit (3 variants); exhaustive proofs (hw cvt over 2^32 floats, fast element path over 2^32 (amax, x) pairs); loader cuda-vmm path"
 step fp8_quant_gpu_test 300 "$carry/bin/fp8_quant_gpu_test" \
   --gtest_output="xml:$OUT/fp8_quant_gpu_test.xml"
 
