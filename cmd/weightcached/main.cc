@@ -41,7 +41,7 @@ ABSL_FLAG(int, socket_gid, -1,
           "other uids in that group can connect; -1 keeps the daemon's group");
 ABSL_FLAG(std::string, metrics_address, weightcache::metrics::HttpServer::kDefaultAddress,
           "Address of /metrics, /healthz, /readyz (IPv4:port or [IPv6]:port; 'off' disables)");
-ABSL_FLAG(int, read_threads, 8, "Parallel preads per load");
+ABSL_FLAG(int, read_threads, 16, "Parallel preads per load");
 ABSL_FLAG(bool, device_plugin, false, "Register a kubelet device plugin for the socket dir");
 ABSL_FLAG(std::string, kubelet_dir, "/var/lib/kubelet/device-plugins",
           "Kubelet device-plugins directory (holds kubelet.sock)");

@@ -11,6 +11,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -112,6 +113,10 @@ class StagingRing {
   std::vector<bool> recorded_;
 };
 
+// O_DIRECT alignment of file offsets, lengths and buffer addresses (the logical block size
+// of common devices is 512 or 4096 bytes).
+constexpr uint64_t kAlign = 4096;
+
 // A piece of one range that fits in the current buffer.
 struct Piece {
   CudaSegment* segment;  // null: into the quantization scratch
@@ -126,7 +131,8 @@ struct Piece {
 absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
                                       const std::vector<QuantJob>& jobs,
                                       const std::vector<memory::Segment*>& segments,
-                                      const LoadOptions& options, LoadProgress* progress) {
+                                      const LoadOptions& options, LoadProgress* progress,
+                                      LoadStats* stats) {
   if (segments.empty()) return absl::OkStatus();
   std::vector<CudaSegment*> cuda;
   for (auto* s : segments) {
@@ -147,7 +153,8 @@ absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
   size_t nbuf = std::max<size_t>(2, options.staging_buffers);
   uint64_t per = std::max<uint64_t>(1 << 20, options.staging_bytes / nbuf);
   uint64_t need = (total + nbuf - 1) / nbuf;
-  per = std::min<uint64_t>(per, (need + 4095) / 4096 * 4096);
+  per = std::min<uint64_t>(per, (need + 2 * kAlign - 1) / kAlign * kAlign);
+  per = (per + kAlign - 1) / kAlign * kAlign;  // spans start aligned: an aligned end fits
   WC_ASSIGN_OR_RETURN(auto ring, StagingRing::Create(*api, dev, nbuf, per));
 
   // Online fp8_block: one device scratch for the source shard of the job in flight. Copies
@@ -195,19 +202,57 @@ absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
     absl::Status st = LaunchFp8BlockQuant(a, ring->stream());
     return st.ok() ? st : Annotate(st, q.what);
   };
-  safetensors::ReadOptions ropts{
-      options.read_threads, std::max<uint64_t>(1 << 20, per / std::max(1u, options.read_threads))};
+  // Chunks of whole MiB keep O_DIRECT chunk offsets aligned.
+  const uint64_t chunk = std::max<uint64_t>(1, per / std::max(1u, options.read_threads) >> 20)
+                         << 20;
+  safetensors::ReadOptions ropts{options.read_threads, chunk};
+  LoadStats local;
+  LoadStats& st = stats != nullptr ? *stats : local;
+  using Clock = std::chrono::steady_clock;
+  auto seconds_since = [](Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
 
   size_t k = 0;       // current buffer
-  uint64_t done = 0;  // bytes read and queued
+  uint64_t done = 0;  // source bytes read and queued
   std::vector<Piece> pieces;
   std::vector<safetensors::ReadRequest> reqs;
-  uint64_t used = 0;
+  uint64_t used = 0;     // bytes of the current buffer taken (pieces and alignment lead)
+  uint64_t payload = 0;  // of which source bytes
   std::string file;
+  // The open span: consecutive bytes [span_first, span_end) of one file, landing at
+  // buffer offset span_at + (span_first - span_base); span_base is span_first aligned down
+  // and span_at is aligned, so an O_DIRECT read of [span_base, aligned end) lands right.
+  const CopyRange* span = nullptr;
+  uint64_t span_base = 0, span_first = 0, span_end = 0, span_at = 0;
+  auto close_span = [&] {
+    if (span == nullptr) return;
+    if (span->direct_fd >= 0) {
+      const uint64_t end =
+          std::min((span_end + kAlign - 1) / kAlign * kAlign, span->file_size / kAlign * kAlign);
+      if (end > span_base) {
+        reqs.push_back(
+            {span->direct_fd, span_base, end - span_base, ring->buffer(k) + span_at, span->what});
+      }
+      const uint64_t tail = std::max(end, span_base);
+      if (span_end > tail) {  // the unaligned bytes before end of file
+        reqs.push_back({span->fd, tail, span_end - tail,
+                        ring->buffer(k) + span_at + (tail - span_base), span->what});
+      }
+    } else {
+      reqs.push_back({span->fd, span_first, span_end - span_first,
+                      ring->buffer(k) + span_at + (span_first - span_base), span->what});
+    }
+    span = nullptr;
+  };
   auto flush = [&]() -> absl::Status {
+    close_span();
     if (used == 0) return absl::OkStatus();
     if (progress != nullptr && !file.empty()) progress->SetFile(file);
+    const auto t0 = Clock::now();
     WC_RETURN_IF_ERROR(safetensors::ReadRanges(reqs, ropts));
+    st.read_seconds += seconds_since(t0);
+    for (const auto& q : reqs) st.bytes_read += q.length;
     for (const auto& p : pieces) {
       if (p.segment == nullptr) {
         WC_RETURN_IF_ERROR(
@@ -220,13 +265,17 @@ absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
       if (p.finishes >= 0) WC_RETURN_IF_ERROR(launch(static_cast<size_t>(p.finishes)));
     }
     WC_RETURN_IF_ERROR(ring->Record(k));
-    done += used;
+    done += payload;
     if (progress != nullptr) progress->SetDone(done);
     pieces.clear();
     reqs.clear();
     used = 0;
+    payload = 0;
     k = (k + 1) % ring->count();
-    return ring->WaitFree(k);  // the next buffer's previous copies must have landed
+    const auto t1 = Clock::now();
+    absl::Status free = ring->WaitFree(k);  // the next buffer's previous copies must have landed
+    st.wait_seconds += seconds_since(t1);
+    return free;
   };
 
   for (size_t ri = 0; ri < ranges.size(); ++ri) {
@@ -237,21 +286,44 @@ absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
     }
     uint64_t skip = 0;
     while (skip < r.n) {
-      if (used == ring->bytes()) WC_RETURN_IF_ERROR(flush());
-      if (used == 0) file = r.file;
-      uint64_t n = std::min<uint64_t>(r.n - skip, ring->bytes() - used);
+      const uint64_t at_file = r.file_offset + skip;
+      uint64_t at;  // where these bytes land in the buffer
+      if (span != nullptr && span->fd == r.fd && span_end == at_file && used < ring->bytes()) {
+        at = used;  // continues the open span
+      } else {
+        close_span();
+        const uint64_t lead = at_file % kAlign;
+        uint64_t start = (used + kAlign - 1) / kAlign * kAlign;
+        if (start + lead >= ring->bytes()) {
+          WC_RETURN_IF_ERROR(flush());
+          start = 0;
+        }
+        if (used == 0) file = r.file;
+        span_base = at_file - lead;
+        span_first = at_file;
+        span_end = at_file;
+        span_at = start;
+        at = start + lead;
+      }
+      span = &r;  // same file: later ranges continue it (fds, what)
+      uint64_t n = std::min<uint64_t>(r.n - skip, ring->bytes() - at);
       const bool to_scratch = r.quant >= 0;
       const bool finishes =
           to_scratch && last_range[static_cast<size_t>(r.quant)] == ri && skip + n == r.n;
-      pieces.push_back({to_scratch ? nullptr : cuda[r.segment], r.segment_offset + skip, n, used,
+      pieces.push_back({to_scratch ? nullptr : cuda[r.segment], r.segment_offset + skip, n, at,
                         finishes ? r.quant : -1});
-      reqs.push_back({r.fd, r.file_offset + skip, n, ring->buffer(k) + used, r.what});
-      used += n;
+      used = at + n;
+      payload += n;
+      span_end += n;
       skip += n;
+      if (used == ring->bytes()) WC_RETURN_IF_ERROR(flush());
     }
   }
   WC_RETURN_IF_ERROR(flush());
-  return ring->Drain();
+  const auto t0 = Clock::now();
+  absl::Status drained = ring->Drain();
+  st.wait_seconds += seconds_since(t0);
+  return drained;
 }
 
 }  // namespace weightcache::load::internal

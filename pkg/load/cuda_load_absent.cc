@@ -5,7 +5,7 @@ namespace weightcache::load::internal {
 
 absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>&, const std::vector<QuantJob>&,
                                       const std::vector<memory::Segment*>&, const LoadOptions&,
-                                      LoadProgress*) {
+                                      LoadProgress*, LoadStats*) {
   return absl::UnimplementedError(
       "loading into GPU memory: this weightcache was built without CUDA");
 }

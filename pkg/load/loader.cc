@@ -1,6 +1,13 @@
 #include "pkg/load/loader.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <map>
 #include <thread>
 
@@ -9,6 +16,8 @@
 #include "pkg/load/internal/cuda_load.h"
 #include "pkg/load/pieces.h"
 #include "pkg/memory/internal/cuda_segment.h"
+#include "pkg/util/log.h"
+#include "pkg/util/scoped_fd.h"
 #include "pkg/util/status_macros.h"
 
 namespace weightcache::load {
@@ -144,11 +153,46 @@ absl::Status QuantizeOnHost(const Plan& plan, const PlannedTensor& t, int fd,
   return absl::OkStatus();
 }
 
+// Fraction of the file's pages in the page cache, from mincore() on up to 256 windows of 16
+// pages spread over it; 0 where it cannot tell (the caller then reads around the cache).
+double ResidentFraction(int fd, uint64_t size) {
+  if (size == 0) return 0;
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) return 0;
+  const uint64_t pages = (size + page - 1) / page;
+  const uint64_t windows = std::min<uint64_t>(256, pages), per = std::min<uint64_t>(16, pages);
+  std::vector<unsigned char> vec(per);
+  uint64_t seen = 0, resident = 0;
+  for (uint64_t w = 0; w < windows; ++w) {
+    const uint64_t first = std::min(pages - per, pages * w / windows);
+    if (::mincore(static_cast<uint8_t*>(map) + first * page, per * page, vec.data()) != 0) break;
+    for (unsigned char v : vec) resident += v & 1;
+    seen += per;
+  }
+  ::munmap(map, size);
+  return seen == 0 ? 0 : static_cast<double>(resident) / static_cast<double>(seen);
+}
+
+// The file opened again with O_DIRECT when `mode` asks for it (kAuto: when less than half
+// of it is in the page cache); empty for the page cache, or where O_DIRECT is refused.
+ScopedFd OpenDirect(const safetensors::File& file, DirectIo mode) {
+  if (mode == DirectIo::kOff) return {};
+  if (mode == DirectIo::kAuto && ResidentFraction(file.fd(), file.info().size) >= 0.5) return {};
+  ScopedFd fd(::open(file.info().path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
+  if (!fd.valid()) {
+    WC_LOG_INFO("%s: O_DIRECT refused (%s): reading through the page cache",
+                file.info().name.c_str(), std::strerror(errno));
+  }
+  return fd;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(
     const OpenedModel& model, Plan plan, memory::Backend& backend, const std::string& device_uuid,
     const std::string& label, const LoadOptions& options, LoadProgress* progress) {
+  const auto started = std::chrono::steady_clock::now();
   auto out = std::make_unique<LoadedModel>();
   out->device_uuid = device_uuid;
   out->model_dir = model.spec.model_dir;
@@ -179,9 +223,14 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(
     // GPU: pinned staging ring, preads overlapping asynchronous copies (cuda_load.cc).
     std::vector<internal::CopyRange> ranges;
     std::vector<internal::QuantJob> jobs;
+    std::vector<ScopedFd> direct_fds;  // outlive the copies
     ranges.reserve(plan.tensors.size());
     for (const auto& [fi, tensors] : ByFile(plan)) {
       const auto& file = files.at(fi);
+      direct_fds.push_back(OpenDirect(file, options.direct_io));
+      const int direct_fd = direct_fds.back().get();
+      ++out->stats.files;
+      if (direct_fd >= 0) ++out->stats.direct_files;
       for (const auto* t : tensors) {
         std::string what = absl::StrCat(file.info().name, ": tensor '", t->name, "'");
         int32_t job = -1;
@@ -198,13 +247,14 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(
         ForEachRun(*t, [&](const Run& r) {
           ranges.push_back({file.fd(), r.file_offset, r.length, t->segment,
                             job >= 0 ? r.dst_offset : t->offset + r.dst_offset, what,
-                            file.info().name, job});
+                            file.info().name, job, direct_fd, file.info().size});
         });
       }
     }
     std::vector<memory::Segment*> segs;
     for (auto& s : out->segments) segs.push_back(s.get());
-    WC_RETURN_IF_ERROR(internal::CopyThroughPinnedStaging(ranges, jobs, segs, options, progress));
+    WC_RETURN_IF_ERROR(
+        internal::CopyThroughPinnedStaging(ranges, jobs, segs, options, progress, &out->stats));
     // GPU memory is not zeroed: write the vocabulary padding that no run covers.
     WC_RETURN_IF_ERROR(ZeroPadding(plan, out->segments));
   } else {
@@ -307,6 +357,9 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(
     }
   }
   for (auto& s : out->segments) WC_RETURN_IF_ERROR(s->Seal());
+  if (!cuda) out->stats.bytes_read = read_total;
+  out->stats.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   out->plan = std::move(plan);
   return out;
 }

@@ -43,21 +43,42 @@ class LoadProgress {
   std::string file_ ABSL_GUARDED_BY(mu_);
 };
 
+// Per-stage timings of one load (GPU path; the other paths fill seconds and bytes_read only).
+struct LoadStats {
+  double seconds = 0;         // LoadRank, from the first allocation to the last seal
+  double read_seconds = 0;    // in parallel preads (the loading thread waits for them)
+  double wait_seconds = 0;    // blocked on host->device copies: a free staging buffer, the drain
+  uint64_t bytes_read = 0;    // from files, alignment padding included
+  uint32_t files = 0;         // files read
+  uint32_t direct_files = 0;  // of which with O_DIRECT
+};
+
 struct LoadedModel {
   Plan plan;
+  LoadStats stats;
   std::vector<std::unique_ptr<memory::Segment>> segments;  // sealed
   std::string device_uuid;
   std::string model_dir;  // the checkpoint it came from
   uint64_t resident_bytes() const;
 };
 
+// GPU path: how checkpoint files are read into the pinned staging ring. kAuto: O_DIRECT for a
+// file that is mostly not in the page cache (sampled with mincore), the page cache for one
+// that is (a second load of a hot file is a memory copy, not a disk read). Falls back to the
+// page cache where the file system refuses O_DIRECT (tmpfs).
+enum class DirectIo { kOff, kOn, kAuto };
+
+// Defaults from bench/load_bench.cc on the H200 machine (docs/benchmarks.md, "Cold load"):
+// 16 threads, 1 GiB of staging in 8 buffers and O_DIRECT for cold files read 8 GiB at
+// 1.76 GB/s against 1.41 GB/s with 8 threads, 256 MiB in 4 and the page cache.
 struct LoadOptions {
-  unsigned read_threads = 8;
+  unsigned read_threads = 16;
   uint64_t chunk_bytes = 16ull << 20;
   // For backends without host_data(): bytes of staging in all, split into staging_buffers
   // pinned buffers on the GPU path (each no larger than the model needs).
-  uint64_t staging_bytes = 256ull << 20;
-  unsigned staging_buffers = 4;
+  uint64_t staging_bytes = 1ull << 30;
+  unsigned staging_buffers = 8;
+  DirectIo direct_io = DirectIo::kAuto;
 };
 
 absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(const OpenedModel& model, Plan plan,

@@ -54,7 +54,7 @@ struct DaemonOptions {
   int socket_gid = -1;  // >= 0: group owning the socket dir and sockets (engines' group)
   std::chrono::seconds token_ttl{30};
   std::chrono::seconds acquire_wait{600};  // wait_ready / load_on_miss bound
-  unsigned read_threads = 8;
+  unsigned read_threads = 16;
   PeerPolicy peer_policy = PeerPolicy::kCopy;
   metrics::Metrics* metrics = nullptr;  // optional
 };

@@ -32,6 +32,10 @@ struct CopyRange {
   // >= 0: the bytes belong to the source shard of quantization job `quant` and land at
   // `segment_offset` of that job's device scratch, not in a segment.
   int32_t quant = -1;
+  // >= 0: the same file opened with O_DIRECT; the ring then reads whole 4 KiB-aligned spans
+  // through it (the unaligned tail before end of file through `fd`). file_size bounds them.
+  int direct_fd = -1;
+  uint64_t file_size = 0;
 };
 
 // Online fp8_block of one tensor: once every range of the job has been copied into device
@@ -55,9 +59,11 @@ struct QuantJob {
 // Every segment must be a cuda-vmm segment (memory::internal::AsCudaSegment) of one device,
 // not yet sealed. Ranges are read in the order given (keep them sequential per file).
 // Progress: the bytes of `ranges` read and queued so far, after each buffer; the file name.
+// `stats` (optional) receives the read and copy-wait times and the bytes read.
 absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
                                       const std::vector<QuantJob>& jobs,
                                       const std::vector<memory::Segment*>& segments,
-                                      const LoadOptions& options, LoadProgress* progress);
+                                      const LoadOptions& options, LoadProgress* progress,
+                                      LoadStats* stats = nullptr);
 
 }  // namespace weightcache::load::internal
