@@ -163,7 +163,9 @@ absl::StatusOr<Quantization> ResolveQuantization(const ModelSpec& spec, const Mo
   if (spec.quantization == "none") {
     return absl::UnimplementedError(
         absl::StrCat(who, ": quantization 'none' asked, but the checkpoint is quantized as '",
-                     stored.method, "'; dequantizing is not implemented (use quantization: auto)"));
+                     stored.method,
+                     "'; weightcache serves quantized checkpoints as stored and does not "
+                     "dequantize them (use quantization: auto)"));
   }
   if (spec.quantization == "fp8_block" && stored.method == "none") {
     // Online: weightcache quantizes the linear weights while loading (pkg/load).
