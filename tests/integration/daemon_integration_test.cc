@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "pkg/client/client.h"
 #include "pkg/safetensors/writer.h"
+#include "tests/integration/daemon_harness.h"
 #include "tests/integration/process.h"
 #include "pkg/util/unix_socket.h"
 #include "tests/testutil/temp_dir.h"
@@ -26,17 +27,7 @@ using namespace std::chrono_literals;
 using testing::Process;
 using testing::TempDir;
 
-// A small model: fast to write and load, real Llama tensor names.
-safetensors::LlamaShape Small() {
-  safetensors::LlamaShape s;
-  s.layers = 2;
-  s.hidden = 256;
-  s.intermediate = 512;
-  s.heads = 4;
-  s.kv_heads = 2;
-  s.vocab = 1024;
-  return s;
-}
+safetensors::LlamaShape Small() { return testing::SmallLlama(); }
 
 class DaemonTest : public ::testing::Test {
  protected:
@@ -50,28 +41,14 @@ class DaemonTest : public ::testing::Test {
     std::vector<std::string> argv{WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_,
                                   "--backend=host", "--metrics_address=off"};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    daemon_ = std::make_unique<Process>(argv, log_path());
-    auto deadline = std::chrono::steady_clock::now() + 20s;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (::access((socket_dir_ + "/control.sock").c_str(), F_OK) == 0) {
-        auto c = client::Client::Connect(socket_dir_);
-        if (c.ok() && (*c)->Status().ok()) {
-          client_ = std::move(c).value();
-          return;
-        }
-      }
-      std::this_thread::sleep_for(10ms);  // polling a condition with a deadline
-    }
-    FAIL() << "daemon did not come up; log:\n" << Log();
+    auto d = testing::StartDaemon(argv, socket_dir_, log_path());
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = std::move(d->process);
+    client_ = std::move(d->client);
   }
 
   std::string log_path() const { return dir_ / "daemon.log"; }
-  std::string Log() const {
-    std::ifstream in(log_path());
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
+  std::string Log() const { return testing::ReadFileOrEmpty(log_path()); }
 
   v1::StatusResponse WaitStatus(const std::function<bool(const v1::StatusResponse&)>& pred,
                                 std::chrono::milliseconds timeout) {

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "pkg/client/client.h"
 #include "pkg/safetensors/writer.h"
+#include "tests/integration/daemon_harness.h"
 #include "tests/integration/process.h"
 #include "tests/testutil/temp_dir.h"
 #include "weightcache/v1/weightcache.pb.h"
@@ -24,16 +25,7 @@ using namespace std::chrono_literals;
 using testing::Process;
 using testing::TempDir;
 
-safetensors::LlamaShape Small() {
-  safetensors::LlamaShape s;
-  s.layers = 2;
-  s.hidden = 256;
-  s.intermediate = 512;
-  s.heads = 4;
-  s.kv_heads = 2;
-  s.vocab = 1024;
-  return s;
-}
+safetensors::LlamaShape Small() { return testing::SmallLlama(); }
 
 class MultiDeviceTest : public ::testing::Test {
  protected:
@@ -52,31 +44,18 @@ class MultiDeviceTest : public ::testing::Test {
                                   "--metrics_address=off",
                                   "--peer_policy=" + policy,
                                   "--model=name=tiny,model_dir=" + (dir_ / "tiny") + ",tp_size=2"};
-    daemon_ = std::make_unique<Process>(argv, dir_ / "daemon.log");
-    auto deadline = std::chrono::steady_clock::now() + 20s;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (::access((socket_dir_ + "/control.sock").c_str(), F_OK) == 0) {
-        auto c = client::Client::Connect(socket_dir_);
-        if (c.ok()) {
-          auto st = (*c)->Status();
-          if (st.ok() && st->entries_size() == 2 && st->entries(0).state() == "ready" &&
-              st->entries(1).state() == "ready") {
-            client_ = std::move(c).value();
-            return;
-          }
-        }
-      }
-      std::this_thread::sleep_for(10ms);  // polling a condition with a deadline
-    }
-    FAIL() << "daemon did not preload both ranks; log:\n" << Log();
+    auto d = testing::StartDaemon(argv, socket_dir_, dir_ / "daemon.log",
+                                  [](const v1::StatusResponse& st) {
+                                    return st.entries_size() == 2 &&
+                                           st.entries(0).state() == "ready" &&
+                                           st.entries(1).state() == "ready";
+                                  });
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = std::move(d->process);
+    client_ = std::move(d->client);
   }
 
-  std::string Log() const {
-    std::ifstream in(dir_ / "daemon.log");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
+  std::string Log() const { return testing::ReadFileOrEmpty(dir_ / "daemon.log"); }
 
   absl::StatusOr<std::unique_ptr<client::Lease>> Acquire(int rank, const std::string &device) {
     client::AcquireOptions o;

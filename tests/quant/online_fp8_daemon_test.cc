@@ -16,6 +16,7 @@
 #include "pkg/client/client.h"
 #include "pkg/load/fp8_quant.h"
 #include "pkg/safetensors/writer.h"
+#include "tests/integration/daemon_harness.h"
 #include "tests/integration/process.h"
 #include "tests/testutil/temp_dir.h"
 #include "weightcache/v1/weightcache.pb.h"
@@ -51,30 +52,16 @@ class OnlineFp8DaemonTest : public ::testing::Test {
                                         << ", quantization: fp8_block}\n"
                                         << "  - {name: q2, model_dir: " << dir_ / "llama"
                                         << ", quantization: fp8_block, tp_size: 2}\n";
-    daemon_ = std::make_unique<Process>(
-        std::vector<std::string>{WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_, "--backend=host",
-                                 "--metrics_address=off", "--spec_file=" + dir_ / "models.yaml"},
-        dir_ / "daemon.log");
-    auto deadline = std::chrono::steady_clock::now() + 20s;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (::access((socket_dir_ + "/control.sock").c_str(), F_OK) == 0) {
-        auto c = client::Client::Connect(socket_dir_);
-        if (c.ok() && (*c)->Status().ok()) {
-          client_ = std::move(c).value();
-          return;
-        }
-      }
-      std::this_thread::sleep_for(10ms);  // polling a condition with a deadline
-    }
-    FAIL() << "daemon did not come up; log:\n" << Log();
+    auto d = testing::StartDaemon(
+        {WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_, "--backend=host",
+         "--metrics_address=off", "--spec_file=" + dir_ / "models.yaml"},
+        socket_dir_, dir_ / "daemon.log");
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = std::move(d->process);
+    client_ = std::move(d->client);
   }
 
-  std::string Log() const {
-    std::ifstream in(dir_ / "daemon.log");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
+  std::string Log() const { return testing::ReadFileOrEmpty(dir_ / "daemon.log"); }
 
   std::unique_ptr<client::Lease> Acquire(const std::string& model, int tp, int rank) {
     client::AcquireOptions o;

@@ -1,0 +1,54 @@
+#include "tests/integration/daemon_harness.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace weightcache::testing {
+
+absl::StatusOr<StartedDaemon> StartDaemon(
+    const std::vector<std::string>& argv, const std::string& socket_dir,
+    const std::string& log_path, const std::function<bool(const v1::StatusResponse&)>& ready,
+    std::chrono::milliseconds timeout) {
+  StartedDaemon d;
+  d.process = std::make_unique<Process>(argv, log_path);
+  const std::string control = socket_dir + "/control.sock";
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (::access(control.c_str(), F_OK) == 0) {
+      auto c = client::Client::Connect(socket_dir);
+      if (c.ok()) {
+        auto st = (*c)->Status();
+        if (st.ok() && (!ready || ready(*st))) {
+          d.client = std::move(c).value();
+          return d;
+        }
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // a bounded poll
+  }
+  return absl::DeadlineExceededError("weightcached did not become ready; its log:\n" +
+                                     ReadFileOrEmpty(log_path));
+}
+
+std::string ReadFileOrEmpty(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+safetensors::LlamaShape SmallLlama() {
+  safetensors::LlamaShape s;
+  s.layers = 2;
+  s.hidden = 256;
+  s.intermediate = 512;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.vocab = 1024;
+  return s;
+}
+
+}  // namespace weightcache::testing

@@ -1,0 +1,40 @@
+// Starting a real weightcached for a test and waiting, bounded, until it serves: shared by
+// the multi-process tests. Polls a condition with a deadline; never sleeps to synchronise.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "pkg/client/client.h"
+#include "pkg/safetensors/writer.h"
+#include "tests/integration/process.h"
+#include "weightcache/v1/weightcache.pb.h"
+
+namespace weightcache::testing {
+
+struct StartedDaemon {
+  std::unique_ptr<Process> process;
+  std::unique_ptr<client::Client> client;  // connected to its control socket
+};
+
+// Runs `argv` (weightcached and its flags, including --socket_dir=`socket_dir`) with stderr
+// in `log_path`, then polls Status until `ready` holds for it (default: Status answers).
+// DEADLINE_EXCEEDED carrying the daemon's log when `timeout` passes first.
+absl::StatusOr<StartedDaemon> StartDaemon(
+    const std::vector<std::string>& argv, const std::string& socket_dir,
+    const std::string& log_path,
+    const std::function<bool(const v1::StatusResponse&)>& ready = {},
+    std::chrono::milliseconds timeout = std::chrono::seconds(20));
+
+// The whole file, or "" when it cannot be read.
+std::string ReadFileOrEmpty(const std::string& path);
+
+// A small Llama (2 layers, hidden 256, 4 heads, 2 kv heads, vocab 1024): fast to write and
+// load, real tensor names, divisible for tp 2.
+safetensors::LlamaShape SmallLlama();
+
+}  // namespace weightcache::testing
