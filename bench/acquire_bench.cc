@@ -78,9 +78,10 @@ int main(int argc, char** argv) {
   std::string root = ::mkdtemp(tmpl);
   auto backend = memory::MakeHostBackend();
 
-  std::printf("Acquire -> mapped on the host backend (%d reps each; client and daemon on one "
-              "machine, real Unix sockets)\n\n",
-              reps);
+  std::printf(
+      "Acquire -> mapped on the host backend (%d reps each; client and daemon on one "
+      "machine, real Unix sockets)\n\n",
+      reps);
   std::printf("| tensors | weights  | segments | median ms | p90 ms | max ms |\n");
   std::printf("|--------:|---------:|---------:|----------:|-------:|-------:|\n");
   for (const auto& c : cases) {

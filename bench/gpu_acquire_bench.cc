@@ -102,9 +102,10 @@ int main(int argc, char** argv) {
   for (double g : sizes) {
     if (g > max_gib) continue;
     for (double t : counts) {
-      Case c{g, static_cast<int>(t), "m" + std::to_string(static_cast<int>(g)) + "g" +
-                                         std::to_string(static_cast<int>(t))};
-      WriteSparseCheckpoint(root + "/" + c.name, c.tensors, static_cast<uint64_t>(g * (1ull << 30)));
+      Case c{g, static_cast<int>(t),
+             "m" + std::to_string(static_cast<int>(g)) + "g" + std::to_string(static_cast<int>(t))};
+      WriteSparseCheckpoint(root + "/" + c.name, c.tensors,
+                            static_cast<uint64_t>(g * (1ull << 30)));
       spec::ModelSpec s;
       s.name = c.name;
       s.model_dir = root + "/" + c.name;
@@ -168,7 +169,9 @@ int main(int argc, char** argv) {
 
   auto client = client::Client::Connect(o.socket_dir);
   if (!client.ok()) return 2;
-  std::printf("| weights | tensors | segments | daemon load s | load GB/s | Acquire -> mapped median ms | min ms | max ms | release ms |\n");
+  std::printf(
+      "| weights | tensors | segments | daemon load s | load GB/s | Acquire -> mapped median ms | "
+      "min ms | max ms | release ms |\n");
   std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::fflush(stdout);
   int rc = 0;

@@ -10,7 +10,7 @@ packages=(cmake ninja-build g++ pkg-config
           libabsl-dev libgtest-dev libgmock-dev nlohmann-json3-dev libyaml-cpp-dev libssl-dev
           prometheus-cpp-dev)
 if [[ "${1:-}" == "--test" ]]; then
-  packages+=(prometheus unzip curl)
+  packages+=(prometheus unzip curl clang-format)
   command -v npm >/dev/null || packages+=(npm)
 fi
 

@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh --test
+bash scripts/check-format.sh
 bash scripts/build.sh
 cd build
 # GPU tests skip without a GPU: show each one's reason, then run the whole suite, whose

@@ -4,23 +4,23 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <map>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "pkg/client/client.h"
-#include "pkg/memory/backend.h"
-#include "pkg/spec/spec.h"
-#include "pkg/load/plan.h"
-#include "pkg/load/model.h"
 #include "pkg/load/loader.h"
+#include "pkg/load/model.h"
+#include "pkg/load/plan.h"
+#include "pkg/memory/backend.h"
 #include "pkg/memory/mapping.h"
 #include "pkg/safetensors/safetensors.h"
 #include "pkg/safetensors/writer.h"
+#include "pkg/spec/spec.h"
 #include "pkg/util/size_flag.h"
 #include "weightcache/v1/weightcache.pb.h"
 
@@ -34,8 +34,8 @@ int Error(const absl::Status& s) {
 }
 
 std::string Layout(const v1::Layout& l) {
-  return absl::StrFormat("tp %d/%d pp %d/%d", l.tp_rank(), std::max(1u, l.tp_size()),
-                         l.pp_rank(), std::max(1u, l.pp_size()));
+  return absl::StrFormat("tp %d/%d pp %d/%d", l.tp_rank(), std::max(1u, l.tp_size()), l.pp_rank(),
+                         std::max(1u, l.pp_size()));
 }
 
 int Status(client::Client& c) {
@@ -43,13 +43,13 @@ int Status(client::Client& c) {
   if (!st.ok()) return Error(st.status());
   std::printf("weightcached %s, backend %s, socket %s\n", st->version().c_str(),
               st->backend().c_str(), c.socket_path().c_str());
-  std::printf("%-20s %-8s %-15s %11s %8s %5s %6s %-12s %s\n", "MODEL", "STATE", "LAYOUT",
-              "BYTES", "TENSORS", "SEGS", "LEASES", "FINGERPRINT", "DEVICE");
+  std::printf("%-20s %-8s %-15s %11s %8s %5s %6s %-12s %s\n", "MODEL", "STATE", "LAYOUT", "BYTES",
+              "TENSORS", "SEGS", "LEASES", "FINGERPRINT", "DEVICE");
   for (const auto& e : st->entries()) {
-    std::string bytes = e.state() == "loading"
-                            ? absl::StrFormat("%.0f%%", e.bytes_done() * 100.0 /
-                                                            std::max<uint64_t>(1, e.bytes()))
-                            : FormatBytes(e.bytes());
+    std::string bytes =
+        e.state() == "loading"
+            ? absl::StrFormat("%.0f%%", e.bytes_done() * 100.0 / std::max<uint64_t>(1, e.bytes()))
+            : FormatBytes(e.bytes());
     std::printf("%-20s %-8s %-15s %11s %8u %5u %6d %-12s %s%s\n", e.model().c_str(),
                 e.state().c_str(), Layout(e.layout()).c_str(), bytes.c_str(), e.tensors(),
                 e.segments(), e.leases_size(), e.fingerprint().substr(0, 12).c_str(),
@@ -89,10 +89,10 @@ void PrintProgress(const v1::LoadProgress& p, bool tty) {
   // Under 10 ms (a model that was already cached) a rate would be noise.
   double rate = p.elapsed_seconds() >= 0.01 ? p.bytes_done() / p.elapsed_seconds() : 0;
   double eta = rate > 0 ? (p.bytes_total() - p.bytes_done()) / rate : 0;
-  std::string line = absl::StrFormat(
-      "%5.1f%% %s / %s  %s  ETA %.0fs  %s", frac * 100, FormatBytes(p.bytes_done()),
-      FormatBytes(p.bytes_total()), rate > 0 ? absl::StrFormat("%.2f GB/s", rate / 1e9) : "- GB/s",
-      eta, p.current_file());
+  std::string line = absl::StrFormat("%5.1f%% %s / %s  %s  ETA %.0fs  %s", frac * 100,
+                                     FormatBytes(p.bytes_done()), FormatBytes(p.bytes_total()),
+                                     rate > 0 ? absl::StrFormat("%.2f GB/s", rate / 1e9) : "- GB/s",
+                                     eta, p.current_file());
   if (tty) {
     constexpr int kWidth = 30;
     int fill = static_cast<int>(frac * kWidth);
@@ -179,8 +179,7 @@ int Verify(client::Client& c, const std::vector<std::string>& args, const Contex
   if (!opened.ok()) return Error(opened.status());
   load::PlanOptions popts;
   popts.loader_reads_pieces = true;
-  auto plan = load::PlanRank(**opened, {l.tp_size(), l.tp_rank(), l.pp_size(), l.pp_rank()},
-                             popts);
+  auto plan = load::PlanRank(**opened, {l.tp_size(), l.tp_rank(), l.pp_size(), l.pp_rank()}, popts);
   if (!plan.ok()) return Error(plan.status());
   auto host = memory::MakeHostBackend();
   auto local = load::LoadRank(**opened, *plan, *host, "", "weightcachectl-verify", {}, nullptr);
@@ -248,8 +247,8 @@ int DemoCheckpoint(const std::vector<std::string>& args) {
   }
   safetensors::LlamaShape shape;  // ~40 MB of seeded bf16 with real Llama tensor names
   if (auto s = safetensors::WriteLlamaCheckpoint(args[0], shape); !s.ok()) return Error(s);
-  std::printf("wrote a Llama-shaped bf16 checkpoint (%d layers, hidden %d) to %s\n",
-              shape.layers, shape.hidden, args[0].c_str());
+  std::printf("wrote a Llama-shaped bf16 checkpoint (%d layers, hidden %d) to %s\n", shape.layers,
+              shape.hidden, args[0].c_str());
   return 0;
 }
 

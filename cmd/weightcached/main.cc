@@ -1,5 +1,6 @@
 // weightcached: the node daemon. Parses flags, builds the object graph (backend, metrics,
 // daemon, HTTP endpoint, optional kubelet device plugin), runs until SIGINT/SIGTERM.
+#include <prometheus/registry.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -7,8 +8,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <prometheus/registry.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -122,8 +121,7 @@ int Run() {
   signal(SIGPIPE, SIG_IGN);
 
   auto registry = std::make_shared<prometheus::Registry>();
-  metrics::Metrics metrics(*registry, {server::kVersion,
-                                       memory::BuiltWithCuda() ? "13.0" : "none",
+  metrics::Metrics metrics(*registry, {server::kVersion, memory::BuiltWithCuda() ? "13.0" : "none",
                                        memory::BackendName((*backend)->kind())});
   opts.metrics = &metrics;
 

@@ -9,11 +9,16 @@ namespace weightcache::cache {
 
 const char* StateName(State s) {
   switch (s) {
-    case State::kLoading: return "loading";
-    case State::kReady: return "ready";
-    case State::kEvicting: return "evicting";
-    case State::kGone: return "gone";
-    case State::kFailed: return "failed";
+    case State::kLoading:
+      return "loading";
+    case State::kReady:
+      return "ready";
+    case State::kEvicting:
+      return "evicting";
+    case State::kGone:
+      return "gone";
+    case State::kFailed:
+      return "failed";
   }
   return "unknown";
 }
@@ -148,14 +153,13 @@ absl::Status Registry::WaitReady(const std::shared_ptr<Entry>& e,
     case State::kReady:
       return absl::OkStatus();
     case State::kFailed:
-      return absl::Status(e->error.code() == absl::StatusCode::kOk ? absl::StatusCode::kInternal
-                                                                   : e->error.code(),
-                          absl::StrCat("model '", e->model, "' failed to load: ",
-                                       std::string(e->error.message())));
+      return absl::Status(
+          e->error.code() == absl::StatusCode::kOk ? absl::StatusCode::kInternal : e->error.code(),
+          absl::StrCat("model '", e->model, "' failed to load: ", std::string(e->error.message())));
     case State::kLoading:
-      return absl::DeadlineExceededError(absl::StrCat(
-          "model '", e->model, "' is still loading (", e->progress.done(), " of ",
-          e->progress.total(), " bytes)"));
+      return absl::DeadlineExceededError(absl::StrCat("model '", e->model, "' is still loading (",
+                                                      e->progress.done(), " of ",
+                                                      e->progress.total(), " bytes)"));
     default:
       return absl::UnavailableError(
           absl::StrCat("model '", e->model, "' was evicted (", StateName(e->state), ")"));

@@ -99,9 +99,8 @@ TEST(Registry, LeasesAreCountedAndRemoved) {
 TEST(Registry, EvictionKeepsContentAliveForHoldersAndEndsTheEntry) {
   Registry r;
   std::vector<std::string> evicted;
-  r.SetEvictCallback([&](const std::string& m, const std::string& why) {
-    evicted.push_back(m + ":" + why);
-  });
+  r.SetEvictCallback(
+      [&](const std::string& m, const std::string& why) { evicted.push_back(m + ":" + why); });
   auto e = *r.StartOrJoin(Req("fp", "m", 0, SegmentLoad(4096)));
   ASSERT_TRUE(r.WaitReady(e, Far()).ok());
   auto content = r.Content(e);

@@ -1,11 +1,10 @@
 #include "pkg/client/client.h"
 
+#include <google/protobuf/arena.h>
+#include <grpcpp/grpcpp.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
-
-#include <google/protobuf/arena.h>
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -47,10 +46,11 @@ struct Client::Rpc {
 absl::StatusOr<AcquireOptions> AcquireOptions::FromEnvironment() {
   const char* model = std::getenv(kModelEnv);
   if (model == nullptr || *model == '\0') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        kModelEnv, " is not set: annotate the engine pod with weightcache.io/model: <name> and "
-        "expose it with the Downward API (env ", kModelEnv,
-        " from metadata.annotations['weightcache.io/model'])"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(kModelEnv,
+                     " is not set: annotate the engine pod with weightcache.io/model: <name> and "
+                     "expose it with the Downward API (env ",
+                     kModelEnv, " from metadata.annotations['weightcache.io/model'])"));
   }
   AcquireOptions o;
   o.model = model;
@@ -152,8 +152,8 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) 
     for (auto& fd : msg.fds) fds.push_back(std::move(fd));
   }
   if (fds.size() != want) {
-    return absl::InternalError(absl::StrCat("handle channel: got ", fds.size(),
-                                            " descriptors for ", want, " segments"));
+    return absl::InternalError(
+        absl::StrCat("handle channel: got ", fds.size(), " descriptors for ", want, " segments"));
   }
   std::vector<uint64_t> sizes;
   for (const auto& s : resp.segments()) sizes.push_back(s.size());
@@ -166,8 +166,8 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) 
   for (const auto& t : resp.tensors()) {
     if (t.segment() >= sizes.size() || t.offset() > sizes[t.segment()] ||
         t.nbytes() > sizes[t.segment()] - t.offset()) {
-      return absl::InternalError(absl::StrCat("manifest: tensor '", t.name(),
-                                              "' lies outside segment ", t.segment()));
+      return absl::InternalError(
+          absl::StrCat("manifest: tensor '", t.name(), "' lies outside segment ", t.segment()));
     }
     TensorView v;
     v.name = t.name();

@@ -35,8 +35,7 @@ TEST(Client, ConnectNamesTheMissingSocketFromTheEnvironment) {
   ::setenv(kSocketEnv, (dir / "nope.sock").c_str(), 1);
   auto c = Client::Connect();
   ASSERT_EQ(c.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_NE(c.status().message().find(dir / "nope.sock"), absl::string_view::npos)
-      << c.status();
+  EXPECT_NE(c.status().message().find(dir / "nope.sock"), absl::string_view::npos) << c.status();
   ::unsetenv(kSocketEnv);
 }
 

@@ -81,11 +81,8 @@ struct LoadOptions {
   DirectIo direct_io = DirectIo::kAuto;
 };
 
-absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(const OpenedModel& model, Plan plan,
-                                                      memory::Backend& backend,
-                                                      const std::string& device_uuid,
-                                                      const std::string& label,
-                                                      const LoadOptions& options,
-                                                      LoadProgress* progress);
+absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(
+    const OpenedModel& model, Plan plan, memory::Backend& backend, const std::string& device_uuid,
+    const std::string& label, const LoadOptions& options, LoadProgress* progress);
 
 }  // namespace weightcache::load

@@ -11,12 +11,18 @@ using safetensors::DType;
 
 std::string ShortDTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "fp16";
-    case DType::kF32: return "fp32";
-    case DType::kF64: return "fp64";
-    case DType::kF8_E4M3: return "fp8_e4m3";
-    case DType::kF8_E5M2: return "fp8_e5m2";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "fp16";
+    case DType::kF32:
+      return "fp32";
+    case DType::kF64:
+      return "fp64";
+    case DType::kF8_E4M3:
+      return "fp8_e4m3";
+    case DType::kF8_E5M2:
+      return "fp8_e5m2";
     default: {
       std::string s(safetensors::DTypeName(dtype));
       for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -85,13 +91,12 @@ absl::StatusOr<std::shared_ptr<const OpenedModel>> OpenModel(const spec::ModelSp
   WC_ASSIGN_OR_RETURN(DType stored, StoredDType(ckpt, quant.method == "fp8_block"));
   std::string dtype = ShortDTypeName(stored);
   if (s.dtype != "auto" && s.dtype != dtype) {
-    return absl::UnimplementedError(absl::StrCat(
-        "model '", s.name, "': dtype ", s.dtype, " asked but the checkpoint stores ", dtype,
-        "; dtype conversion is not served (use dtype: auto or ", dtype, ")"));
+    return absl::UnimplementedError(
+        absl::StrCat("model '", s.name, "': dtype ", s.dtype, " asked but the checkpoint stores ",
+                     dtype, "; dtype conversion is not served (use dtype: auto or ", dtype, ")"));
   }
-  return std::make_shared<const OpenedModel>(OpenedModel{s, std::move(config), std::move(quant),
-                                                         std::move(arch), std::move(dtype),
-                                                         std::move(ckpt)});
+  return std::make_shared<const OpenedModel>(OpenedModel{
+      s, std::move(config), std::move(quant), std::move(arch), std::move(dtype), std::move(ckpt)});
 }
 
 }  // namespace weightcache::load

@@ -120,16 +120,15 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnly(std::vector<Scop
   return MapCudaReadOnlyTimed(std::move(fds), sizes, device_uuid, nullptr);
 }
 
-absl::Status CopyCudaToHost(const std::string& device_uuid, const void* src, size_t n,
-                            void* dst) {
+absl::Status CopyCudaToHost(const std::string& device_uuid, const void* src, size_t n, void* dst) {
   if (n == 0) return absl::OkStatus();
   WC_ASSIGN_OR_RETURN(const DriverApi* api, Driver());
   WC_ASSIGN_OR_RETURN(CudaDevice dev, FindDevice(*api, device_uuid));
   WC_ASSIGN_OR_RETURN(auto ctx, PrimaryContext::Retain(*api, dev.device));
   WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(*api, ctx.get()));
-  return CuStatus(*api,
-                  api->cuMemcpyDtoH(dst, static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(src)), n),
-                  "cuMemcpyDtoH", absl::StrCat(n, " bytes from ", device_uuid));
+  return CuStatus(
+      *api, api->cuMemcpyDtoH(dst, static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(src)), n),
+      "cuMemcpyDtoH", absl::StrCat(n, " bytes from ", device_uuid));
 }
 
 }  // namespace weightcache::memory::internal

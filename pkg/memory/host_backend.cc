@@ -124,8 +124,7 @@ class HostBackend final : public Backend {
     return out;
   }
 
-  absl::StatusOr<std::unique_ptr<Segment>> Allocate(const std::string& device_uuid,
-                                                    uint64_t size,
+  absl::StatusOr<std::unique_ptr<Segment>> Allocate(const std::string& device_uuid, uint64_t size,
                                                     const std::string& label) override {
     const std::string device = device_uuid.empty() ? options_.device_uuids.front() : device_uuid;
     if (!Known(device)) {

@@ -50,9 +50,8 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> MapReadOnly(BackendKind kind,
                                                             const std::vector<uint64_t>& sizes,
                                                             const std::string& device_uuid) {
   if (fds.size() != sizes.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("MapReadOnly: ", fds.size(),
-                                                   " descriptors for ", sizes.size(),
-                                                   " segments"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("MapReadOnly: ", fds.size(), " descriptors for ", sizes.size(), " segments"));
   }
   if (kind == BackendKind::kCudaVmm) {
     return internal::MapCudaReadOnly(std::move(fds), sizes, device_uuid);
@@ -64,8 +63,8 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> MapReadOnly(BackendKind kind,
   return std::unique_ptr<SegmentMapping>(std::move(m));
 }
 
-absl::Status CopyToHost(BackendKind kind, const std::string& device_uuid, const void* src,
-                        size_t n, void* dst) {
+absl::Status CopyToHost(BackendKind kind, const std::string& device_uuid, const void* src, size_t n,
+                        void* dst) {
   if (kind == BackendKind::kCudaVmm) return internal::CopyCudaToHost(device_uuid, src, n, dst);
   if (n != 0) std::memcpy(dst, src, n);
   return absl::OkStatus();

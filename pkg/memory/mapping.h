@@ -38,7 +38,7 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> MapReadOnly(BackendKind kind,
 // the primary context of `device_uuid` (the mapping's device). Lets tools such as
 // `weightcachectl verify` compare device memory with a checkpoint. UNIMPLEMENTED for
 // cuda-vmm in a build without CUDA. Any thread.
-absl::Status CopyToHost(BackendKind kind, const std::string& device_uuid, const void* src,
-                        size_t n, void* dst);
+absl::Status CopyToHost(BackendKind kind, const std::string& device_uuid, const void* src, size_t n,
+                        void* dst);
 
 }  // namespace weightcache::memory

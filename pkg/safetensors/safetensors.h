@@ -24,8 +24,21 @@
 namespace weightcache::safetensors {
 
 enum class DType {
-  kBool, kU8, kI8, kF8_E4M3, kF8_E5M2, kI16, kU16, kF16, kBF16, kI32, kU32, kF32,
-  kI64, kU64, kF64,
+  kBool,
+  kU8,
+  kI8,
+  kF8_E4M3,
+  kF8_E5M2,
+  kI16,
+  kU16,
+  kF16,
+  kBF16,
+  kI32,
+  kU32,
+  kF32,
+  kI64,
+  kU64,
+  kF64,
 };
 
 // Canonical safetensors name ("BF16", "F8_E4M3", ...).
@@ -56,11 +69,11 @@ struct TensorInfo {
 };
 
 struct FileInfo {
-  std::string path;            // as opened
-  std::string name;            // basename, e.g. "model-00001-of-00002.safetensors"
-  uint64_t size = 0;           // file size in bytes
-  uint64_t data_offset = 0;    // 8 + header length
-  std::string header_sha256;   // hex SHA-256 of the 8 length bytes and the header bytes
+  std::string path;           // as opened
+  std::string name;           // basename, e.g. "model-00001-of-00002.safetensors"
+  uint64_t size = 0;          // file size in bytes
+  uint64_t data_offset = 0;   // 8 + header length
+  std::string header_sha256;  // hex SHA-256 of the 8 length bytes and the header bytes
   std::map<std::string, std::string> metadata;  // "__metadata__"
 };
 

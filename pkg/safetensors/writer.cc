@@ -301,7 +301,6 @@ absl::Status WriteLlamaCheckpoint(const std::string& dir, const LlamaShape& shap
   return absl::OkStatus();
 }
 
-
 // ---- Architecture checkpoints for the tensor-parallel presets ----
 
 namespace {
@@ -467,8 +466,8 @@ nlohmann::ordered_json ArchConfig(const ArchShape& s, std::string_view torch_dty
     c["n_shared_experts"] = s.shared_experts;
     c["moe_intermediate_size"] = s.moe_intermediate;
     c["first_k_dense_replace"] = s.first_dense;
-    c["q_lora_rank"] = s.q_lora_rank > 0 ? nlohmann::ordered_json(s.q_lora_rank)
-                                          : nlohmann::ordered_json(nullptr);
+    c["q_lora_rank"] =
+        s.q_lora_rank > 0 ? nlohmann::ordered_json(s.q_lora_rank) : nlohmann::ordered_json(nullptr);
     c["kv_lora_rank"] = s.kv_lora_rank;
     c["qk_nope_head_dim"] = s.qk_nope_head_dim;
     c["qk_rope_head_dim"] = s.qk_rope_head_dim;

@@ -142,11 +142,10 @@ absl::Status Daemon::Impl::Start() {
   hopts.path = handle_path();
   hopts.allowed_uids = options_.allowed_uids;
   WC_ASSIGN_OR_RETURN(
-      handles_,
-      HandleChannel::Start(
-          hopts, [this](const std::string& t, const PeerCred& p) { return Claim(t, p); },
-          [this](const std::string& lease) { registry_.RemoveLease(lease); },
-          [this] { ExpireTokens(); }));
+      handles_, HandleChannel::Start(
+                    hopts, [this](const std::string& t, const PeerCred& p) { return Claim(t, p); },
+                    [this](const std::string& lease) { registry_.RemoveLease(lease); },
+                    [this] { ExpireTokens(); }));
 
   // Preloads are registered before the control socket answers, so no client can see a
   // daemon that knows a model but has no entry for it yet (a spurious miss).
@@ -199,8 +198,8 @@ void Daemon::Impl::Wait() {
   wait_cv_.wait(l, [&] { return shutdown_; });
 }
 
-absl::StatusOr<std::shared_ptr<const load::OpenedModel>> Daemon::Impl::Open(
-    const std::string& name, bool refresh) {
+absl::StatusOr<std::shared_ptr<const load::OpenedModel>> Daemon::Impl::Open(const std::string& name,
+                                                                            bool refresh) {
   spec::ModelSpec s;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -208,9 +207,8 @@ absl::StatusOr<std::shared_ptr<const load::OpenedModel>> Daemon::Impl::Open(
     if (it == specs_.end()) {
       std::vector<std::string> known;
       for (const auto& [n, _] : specs_) known.push_back(n);
-      return absl::NotFoundError(absl::StrCat("model '", name,
-                                              "' is not known to this daemon (known: ",
-                                              Join(known), ")"));
+      return absl::NotFoundError(absl::StrCat(
+          "model '", name, "' is not known to this daemon (known: ", Join(known), ")"));
     }
     if (!refresh) {
       auto o = opened_.find(name);
@@ -259,8 +257,8 @@ absl::StatusOr<spec::Layout> Daemon::Impl::LayoutFrom(const v1::Layout& l) const
   uint32_t tp = l.tp_size() == 0 ? 1 : l.tp_size();
   uint32_t pp = l.pp_size() == 0 ? 1 : l.pp_size();
   if (tp > kMaxLayoutSize || pp > kMaxLayoutSize) {
-    return absl::InvalidArgumentError(absl::StrCat("layout: tp_size ", tp, " / pp_size ", pp,
-                                                   " exceeds ", kMaxLayoutSize));
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout: tp_size ", tp, " / pp_size ", pp, " exceeds ", kMaxLayoutSize));
   }
   if (l.tp_rank() >= tp) {
     return absl::InvalidArgumentError(
@@ -270,8 +268,8 @@ absl::StatusOr<spec::Layout> Daemon::Impl::LayoutFrom(const v1::Layout& l) const
     return absl::InvalidArgumentError(
         absl::StrCat("layout: pp_rank ", l.pp_rank(), " is not below pp_size ", pp));
   }
-  return spec::Layout{static_cast<int>(tp), static_cast<int>(l.tp_rank()),
-                      static_cast<int>(pp), static_cast<int>(l.pp_rank())};
+  return spec::Layout{static_cast<int>(tp), static_cast<int>(l.tp_rank()), static_cast<int>(pp),
+                      static_cast<int>(l.pp_rank())};
 }
 
 absl::StatusOr<std::shared_ptr<cache::Entry>> Daemon::Impl::StartLoad(
@@ -385,12 +383,24 @@ std::shared_ptr<cache::Entry> Daemon::Impl::PeerSource(const std::string& finger
 
 void Daemon::Impl::Count(metrics::AcquireResult r) {
   switch (r) {
-    case metrics::AcquireResult::kHit: hits_++; break;
-    case metrics::AcquireResult::kMiss: misses_++; break;
-    case metrics::AcquireResult::kMismatch: mismatches_++; break;
-    case metrics::AcquireResult::kRejected: rejected_++; break;
-    case metrics::AcquireResult::kPeerCopy: peer_copies_++; break;
-    default: errors_++; break;
+    case metrics::AcquireResult::kHit:
+      hits_++;
+      break;
+    case metrics::AcquireResult::kMiss:
+      misses_++;
+      break;
+    case metrics::AcquireResult::kMismatch:
+      mismatches_++;
+      break;
+    case metrics::AcquireResult::kRejected:
+      rejected_++;
+      break;
+    case metrics::AcquireResult::kPeerCopy:
+      peer_copies_++;
+      break;
+    default:
+      errors_++;
+      break;
   }
 }
 
@@ -656,8 +666,8 @@ absl::Status Daemon::Impl::Load(const v1::LoadRequest& req,
   if (!req.spec_yaml().empty()) {
     WC_ASSIGN_OR_RETURN(auto specs, spec::ParseSpecs(req.spec_yaml(), "LoadRequest.spec_yaml"));
     if (specs.size() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat("LoadRequest.spec_yaml: holds ",
-                                                     specs.size(), " specs; send exactly one"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("LoadRequest.spec_yaml: holds ", specs.size(), " specs; send exactly one"));
     }
     name = specs[0].name;
     std::lock_guard<std::mutex> l(mu_);
@@ -677,8 +687,8 @@ absl::Status Daemon::Impl::Load(const v1::LoadRequest& req,
   WC_ASSIGN_OR_RETURN(auto e, StartLoad(opened, layout, asked.env, asked.device_uuid));
   auto t0 = std::chrono::steady_clock::now();
   while (true) {
-    auto s = registry_.WaitReady(e, std::chrono::steady_clock::now() +
-                                        std::chrono::milliseconds(100));
+    auto s =
+        registry_.WaitReady(e, std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
     v1::LoadProgress p;
     p.set_fingerprint(e->fingerprint);
     p.set_bytes_done(e->progress.done());
@@ -707,11 +717,11 @@ absl::StatusOr<uint32_t> Daemon::Impl::Evict(const v1::EvictRequest& req) {
   uint32_t n = 0;
   for (const auto& key : keys) n += registry_.Evict(key, "api") ? 1 : 0;
   if (n == 0) {
-    return absl::NotFoundError(absl::StrCat(
-        "nothing to evict for ", req.target_case() == v1::EvictRequest::kModel
-                                     ? "model '" + req.model() + "'"
-                                     : "fingerprint " + req.fingerprint(),
-        " (not cached, or still loading)"));
+    return absl::NotFoundError(absl::StrCat("nothing to evict for ",
+                                            req.target_case() == v1::EvictRequest::kModel
+                                                ? "model '" + req.model() + "'"
+                                                : "fingerprint " + req.fingerprint(),
+                                            " (not cached, or still loading)"));
   }
   return n;
 }
@@ -798,7 +808,8 @@ std::vector<metrics::EntrySnapshot> Daemon::Impl::Entries() const {
 
 std::vector<metrics::DeviceSnapshot> Daemon::Impl::Devices() const {
   std::map<std::string, uint64_t> used;
-  for (const auto& s : registry_.Snapshot()) used[s.device_uuid.empty() ? "host" : s.device_uuid] += s.bytes;
+  for (const auto& s : registry_.Snapshot())
+    used[s.device_uuid.empty() ? "host" : s.device_uuid] += s.bytes;
   std::vector<metrics::DeviceSnapshot> out;
   for (const auto& d : backend_->Devices()) {
     out.push_back({d.uuid, d.total_bytes, d.free_bytes, used[d.uuid]});

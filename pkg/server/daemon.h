@@ -21,7 +21,7 @@
 namespace weightcache::metrics {
 class Metrics;
 class StateSource;
-}
+}  // namespace weightcache::metrics
 
 namespace weightcache::server {
 

@@ -39,9 +39,8 @@ class GrpcService final : public v1::WeightCache::Service {
 
   grpc::Status Load(grpc::ServerContext* ctx, const v1::LoadRequest* req,
                     grpc::ServerWriter<v1::LoadProgress>* writer) override {
-    return ToGrpc(impl_->Load(*req, [&](const v1::LoadProgress& p) {
-      return !ctx->IsCancelled() && writer->Write(p);
-    }));
+    return ToGrpc(impl_->Load(
+        *req, [&](const v1::LoadProgress& p) { return !ctx->IsCancelled() && writer->Write(p); }));
   }
 
   grpc::Status Evict(grpc::ServerContext*, const v1::EvictRequest* req,

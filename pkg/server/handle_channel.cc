@@ -39,8 +39,7 @@ void SendError(int fd, const std::string& msg) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HandleChannel>> HandleChannel::Start(const Options& options,
-                                                                    ClaimFn claim,
-                                                                    CloseFn close,
+                                                                    ClaimFn claim, CloseFn close,
                                                                     TickFn tick) {
   auto listen = ListenUnix(options.path, options.mode);
   if (!listen.ok()) return listen.status();

@@ -35,12 +35,12 @@ class HandleChannel {
  public:
   struct Grant {
     std::string lease_id;
-    std::vector<int> fds;                 // borrowed; valid while `keepalive` lives
+    std::vector<int> fds;  // borrowed; valid while `keepalive` lives
     std::shared_ptr<const void> keepalive;
   };
   // Turns a token into the lease's descriptors; an error is sent back as "ERR ...".
-  using ClaimFn = std::function<absl::StatusOr<Grant>(const std::string& token,
-                                                      const PeerCred& peer)>;
+  using ClaimFn =
+      std::function<absl::StatusOr<Grant>(const std::string& token, const PeerCred& peer)>;
   // A lease's connection closed.
   using CloseFn = std::function<void(const std::string& lease_id)>;
   // Called about every 200 ms from the loop (token expiry and the like).
@@ -53,9 +53,8 @@ class HandleChannel {
     size_t max_connections = 4096;
   };
 
-  static absl::StatusOr<std::unique_ptr<HandleChannel>> Start(const Options& options,
-                                                              ClaimFn claim, CloseFn close,
-                                                              TickFn tick);
+  static absl::StatusOr<std::unique_ptr<HandleChannel>> Start(const Options& options, ClaimFn claim,
+                                                              CloseFn close, TickFn tick);
   ~HandleChannel();
   HandleChannel(const HandleChannel&) = delete;
   HandleChannel& operator=(const HandleChannel&) = delete;

@@ -63,8 +63,8 @@ std::vector<std::pair<std::string, std::string>> TailFields(const FingerprintInp
       {"tp_rank", absl::StrCat(in.layout.tp_rank)},
       {"pp_size", absl::StrCat(in.layout.pp_size)},
       {"pp_rank", absl::StrCat(in.layout.pp_rank)},
-      {"tensor_layout", in.tensor_layout.empty() ? std::string(kDefaultTensorLayout)
-                                                 : in.tensor_layout},
+      {"tensor_layout",
+       in.tensor_layout.empty() ? std::string(kDefaultTensorLayout) : in.tensor_layout},
       {"quant_method", in.quant_method},
       {"quant_config_sha256", in.quant_config_sha256},
       {"dtype", in.dtype},

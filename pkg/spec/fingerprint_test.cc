@@ -246,8 +246,7 @@ TEST(Fingerprint, TensorLayoutOnlyEncodedWhenNotHf) {
   for (const char* layout : {"sglang", "vllm"}) {
     FingerprintInputs changed = base;
     changed.tensor_layout = layout;
-    EXPECT_NE(changed.Canonical().find(std::string("tensor_layout=") + layout),
-              std::string::npos);
+    EXPECT_NE(changed.Canonical().find(std::string("tensor_layout=") + layout), std::string::npos);
     digests.insert(changed.Digest());
     std::vector<FieldDiff> diffs = Diff(base, changed);
     ASSERT_EQ(diffs.size(), 1u) << FormatDiff(diffs);

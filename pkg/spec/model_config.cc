@@ -1,7 +1,7 @@
 #include "pkg/spec/model_config.h"
 
-#include <nlohmann/json.hpp>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -116,10 +116,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
   }
 
   // Optional positive integers; absent or null keeps 0.
-  for (auto [key, out] : {std::pair<const char*, int*>{"num_attention_heads",
-                                                       &config.num_attention_heads},
-                          std::pair<const char*, int*>{"num_key_value_heads",
-                                                       &config.num_key_value_heads}}) {
+  for (auto [key, out] :
+       {std::pair<const char*, int*>{"num_attention_heads", &config.num_attention_heads},
+        std::pair<const char*, int*>{"num_key_value_heads", &config.num_key_value_heads}}) {
     auto it = root.find(key);
     if (it == root.end() || it->is_null()) continue;
     if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > (1 << 20)) {
@@ -161,11 +160,10 @@ absl::StatusOr<Quantization> ResolveQuantization(const ModelSpec& spec, const Mo
   }
   if (spec.quantization == "auto" || spec.quantization == stored.method) return stored;
   if (spec.quantization == "none") {
-    return absl::UnimplementedError(
-        absl::StrCat(who, ": quantization 'none' asked, but the checkpoint is quantized as '",
-                     stored.method,
-                     "'; weightcache serves quantized checkpoints as stored and does not "
-                     "dequantize them (use quantization: auto)"));
+    return absl::UnimplementedError(absl::StrCat(
+        who, ": quantization 'none' asked, but the checkpoint is quantized as '", stored.method,
+        "'; weightcache serves quantized checkpoints as stored and does not "
+        "dequantize them (use quantization: auto)"));
   }
   if (spec.quantization == "fp8_block" && stored.method == "none") {
     // Online: weightcache quantizes the linear weights while loading (pkg/load).

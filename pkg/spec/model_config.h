@@ -19,13 +19,13 @@ inline constexpr const char* kSupportedQuantizations = "none, fp8_block";
 inline constexpr int kOnlineFp8Block = 128;
 
 struct Quantization {
-  std::string method = "none";        // "none" | "fp8_block"
+  std::string method = "none";         // "none" | "fp8_block"
   std::vector<int> weight_block_size;  // fp8_block: e.g. {128, 128}
   // fp8_block quantized by weightcache while loading an unquantized BF16/F16 checkpoint
   // (spec `quantization: fp8_block`); false for a pre-quantized checkpoint.
   bool online = false;
-  std::string canonical_config;        // canonical JSON of quantization_config ("" for none)
-  std::string config_sha256;           // hex SHA-256 of canonical_config ("" for none)
+  std::string canonical_config;  // canonical JSON of quantization_config ("" for none)
+  std::string config_sha256;     // hex SHA-256 of canonical_config ("" for none)
 };
 
 struct ModelConfig {
@@ -60,7 +60,6 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
 // a change of that rule or of the maths changes this string or kLoaderFormatVersion.)
 std::string OnlineFp8BlockConfig();
 
-absl::StatusOr<Quantization> ResolveQuantization(const ModelSpec& spec,
-                                                 const ModelConfig& config);
+absl::StatusOr<Quantization> ResolveQuantization(const ModelSpec& spec, const ModelConfig& config);
 
 }  // namespace weightcache::spec

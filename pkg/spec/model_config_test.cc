@@ -173,9 +173,9 @@ TEST(ModelConfig, AttentionHeads) {
         "config.json");
     ASSERT_FALSE(c.ok()) << bad;
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(Msg(c.status()),
-              std::string("config.json: num_attention_heads: must be a positive integer, got ") +
-                  bad);
+    EXPECT_EQ(
+        Msg(c.status()),
+        std::string("config.json: num_attention_heads: must be a positive integer, got ") + bad);
   }
 }
 

@@ -24,8 +24,8 @@ constexpr int kMaxParallelSize = 1024;
 constexpr size_t kMaxNameLength = 63;
 
 // Keys of one spec, in the order ToYaml writes them.
-constexpr const char* kKeys[] = {"version",  "name",    "model_dir",   "architecture",
-                                 "revision", "tp_size", "tp_ranks",    "pp_size",
+constexpr const char* kKeys[] = {"version",  "name",    "model_dir",    "architecture",
+                                 "revision", "tp_size", "tp_ranks",     "pp_size",
                                  "pp_rank",  "dtype",   "quantization", "layout"};
 constexpr const char* kDtypes[] = {"auto", "bf16", "fp16", "fp32"};
 constexpr const char* kQuantizations[] = {"auto", "none", "fp8_block"};

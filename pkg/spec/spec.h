@@ -33,8 +33,8 @@ inline constexpr int kSpecVersion = 1;
 
 struct ModelSpec {
   int version = kSpecVersion;
-  std::string name;       // [a-z0-9][a-z0-9._-]{0,62}: also a metrics label
-  std::string model_dir;  // holds config.json and the safetensors file(s)
+  std::string name;          // [a-z0-9][a-z0-9._-]{0,62}: also a metrics label
+  std::string model_dir;     // holds config.json and the safetensors file(s)
   std::string architecture;  // empty: config.json "architectures"[0]
   std::string revision;      // free text, part of the model identity
   int tp_size = 1;

@@ -28,5 +28,4 @@ void Logf(LogLevel level, const absl::FormatSpec<Args...>& fmt, const Args&... a
 #define WC_LOG_WARN(...) ::weightcache::Logf(::weightcache::LogLevel::kWarning, __VA_ARGS__)
 #define WC_LOG_ERROR(...) ::weightcache::Logf(::weightcache::LogLevel::kError, __VA_ARGS__)
 #define WC_LOG_DEBUG(...) ::weightcache::Logf(::weightcache::LogLevel::kDebug, __VA_ARGS__)
-#define WC_CHECK(cond) \
-  ((cond) ? (void)0 : ::weightcache::CheckFailed(__FILE__, __LINE__, #cond))
+#define WC_CHECK(cond) ((cond) ? (void)0 : ::weightcache::CheckFailed(__FILE__, __LINE__, #cond))

@@ -23,16 +23,26 @@ absl::StatusOr<uint64_t> ParseByteSize(const std::string& text, const std::strin
   std::string suffix = absl::AsciiStrToLower(absl::StripAsciiWhitespace(std::string(end)));
   if (!suffix.empty() && suffix.back() == 'b') suffix.pop_back();
   double mult;
-  if (suffix.empty()) mult = 1;
-  else if (suffix == "ki") mult = 1024.0;
-  else if (suffix == "mi") mult = 1024.0 * 1024;
-  else if (suffix == "gi") mult = 1024.0 * 1024 * 1024;
-  else if (suffix == "ti") mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (suffix == "k") mult = 1e3;
-  else if (suffix == "m") mult = 1e6;
-  else if (suffix == "g") mult = 1e9;
-  else if (suffix == "t") mult = 1e12;
-  else return bad();
+  if (suffix.empty())
+    mult = 1;
+  else if (suffix == "ki")
+    mult = 1024.0;
+  else if (suffix == "mi")
+    mult = 1024.0 * 1024;
+  else if (suffix == "gi")
+    mult = 1024.0 * 1024 * 1024;
+  else if (suffix == "ti")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (suffix == "k")
+    mult = 1e3;
+  else if (suffix == "m")
+    mult = 1e6;
+  else if (suffix == "g")
+    mult = 1e9;
+  else if (suffix == "t")
+    mult = 1e12;
+  else
+    return bad();
   double bytes = v * mult;
   if (bytes >= 1.8e19) return bad();
   return static_cast<uint64_t>(std::llround(bytes));

@@ -13,10 +13,10 @@
 #define WC_CONCAT_(a, b) WC_CONCAT_INNER_(a, b)
 
 // Returns from the current function with the status when `expr` is not OK.
-#define WC_RETURN_IF_ERROR(expr)                    \
-  do {                                              \
-    ::absl::Status wc_status_ = (expr);             \
-    if (!wc_status_.ok()) return wc_status_;        \
+#define WC_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::absl::Status wc_status_ = (expr);      \
+    if (!wc_status_.ok()) return wc_status_; \
   } while (0)
 
 // `lhs` = value of the StatusOr `rexpr`, or return its status.

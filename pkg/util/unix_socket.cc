@@ -33,7 +33,8 @@ absl::StatusOr<sockaddr_un> Address(const std::string& path) {
 absl::Status PrepareSocketDir(const std::string& dir, mode_t mode) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::PermissionDeniedError(absl::StrCat("create socket dir ", dir, ": ", ec.message()));
+  if (ec)
+    return absl::PermissionDeniedError(absl::StrCat("create socket dir ", dir, ": ", ec.message()));
   struct stat st;
   if (::lstat(dir.c_str(), &st) != 0) return ErrnoStatus(errno, "lstat", dir);
   if (!S_ISDIR(st.st_mode)) {
@@ -105,8 +106,8 @@ absl::StatusOr<PeerCred> GetPeerCred(int fd) {
 
 absl::Status SendWithFds(int sock, const std::string& data, const std::vector<int>& fds) {
   if (fds.size() > kMaxFdsPerMessage) {
-    return absl::InvalidArgumentError(absl::StrCat("SendWithFds: ", fds.size(),
-                                                   " descriptors; at most ", kMaxFdsPerMessage));
+    return absl::InvalidArgumentError(
+        absl::StrCat("SendWithFds: ", fds.size(), " descriptors; at most ", kMaxFdsPerMessage));
   }
   if (data.empty()) return absl::InvalidArgumentError("SendWithFds: empty payload");
   iovec iov{const_cast<char*>(data.data()), data.size()};

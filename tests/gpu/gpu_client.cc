@@ -33,8 +33,8 @@ int Fail(const std::string& why) {
 std::string Check(const client::Lease& lease, int ordinal,
                   const std::map<std::string, uint64_t>& want) {
   if (lease.tensors().size() != want.size()) {
-    return "tensor count " + std::to_string(lease.tensors().size()) + " != " +
-           std::to_string(want.size());
+    return "tensor count " + std::to_string(lease.tensors().size()) +
+           " != " + std::to_string(want.size());
   }
   for (const auto& v : lease.tensors()) {
     uint64_t got = 0;
@@ -79,7 +79,8 @@ int main(int argc, char** argv) {
   for (const auto& t : ckpt->tensors()) {
     buf.resize(t.nbytes);
     const auto& f = ckpt->files()[t.file_index];
-    std::vector<safetensors::ReadRequest> req{{f.fd(), t.file_offset, t.nbytes, buf.data(), t.name}};
+    std::vector<safetensors::ReadRequest> req{
+        {f.fd(), t.file_offset, t.nbytes, buf.data(), t.name}};
     if (auto s = safetensors::ReadRanges(req, {}); !s.ok()) return Fail(s.ToString());
     want[t.name] = gputest::HostChecksum(buf.data(), buf.size());
   }

@@ -53,7 +53,7 @@ TEST(GpuLoad, StagingRingPathsLoadTheSameBytesAsTheHostPath) {
   for (const Case& c : {Case{load::DirectIo::kOff, 1, 0}, Case{load::DirectIo::kOn, 1, 0},
                         Case{load::DirectIo::kOn, 2, 1}, Case{load::DirectIo::kAuto, 2, 0}}) {
     SCOPED_TRACE(::testing::Message() << "direct_io " << static_cast<int>(c.io) << " tp "
-                                    << c.tp_rank << "/" << c.tp_size);
+                                      << c.tp_rank << "/" << c.tp_size);
     load::PlanOptions po;
     po.loader_reads_pieces = true;
     po.max_segment_bytes = 16 << 20;  // several segments

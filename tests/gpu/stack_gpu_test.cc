@@ -1,6 +1,7 @@
 // The whole stack on a GPU (ctest label `gpu`): weightcached with the cuda-vmm backend and
 // engine processes (wc_gpu_client) that map its memory read-only through the client library.
 // Skipped, with the reason, where no usable GPU is present.
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,8 +10,6 @@
 #include <filesystem>
 #include <string>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "pkg/client/client.h"
 #include "pkg/memory/cuda_backend.h"
@@ -92,7 +91,8 @@ class StackGpuTest : public ::testing::Test {
   void StartDaemon(bool preload) {
     daemon_ = std::make_unique<Process>(
         std::vector<std::string>{DaemonPath(), "--socket_dir=" + socket_dir_, "--backend=cuda",
-                                 "--metrics_address=off", "--model=name=big,model_dir=" + *dir_ / "big",
+                                 "--metrics_address=off",
+                                 "--model=name=big,model_dir=" + *dir_ / "big",
                                  std::string("--preload=") + (preload ? "true" : "false")},
         socket_dir_ + ".daemon.log");
     auto deadline = std::chrono::steady_clock::now() + 120s;
@@ -101,8 +101,8 @@ class StackGpuTest : public ::testing::Test {
         auto c = client::Client::Connect(socket_dir_);
         if (c.ok()) {
           auto st = (*c)->Status();
-          if (st.ok() && (!preload || (st->entries_size() == 1 &&
-                                       st->entries(0).state() == "ready"))) {
+          if (st.ok() &&
+              (!preload || (st->entries_size() == 1 && st->entries(0).state() == "ready"))) {
             ASSERT_EQ(st->backend(), "cuda-vmm");
             control_ = std::move(c).value();
             return;
@@ -143,8 +143,7 @@ class StackGpuTest : public ::testing::Test {
     return e;
   }
 
-  void CheckWrappedEngine(const std::vector<std::string>& wrapper, const std::string& ids,
-                          int uid);
+  void CheckWrappedEngine(const std::vector<std::string>& wrapper, const std::string& ids, int uid);
 
   uint64_t FreeBytes() {
     uint64_t f = 0, t = 0;

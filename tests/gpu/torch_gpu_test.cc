@@ -2,16 +2,15 @@
 // the GPU machine against its own libtorch (tests/gpu/build-torch-test.sh); a plain program
 // (no gtest there): prints "PASS <check>" / "FAIL <check>: <why>", exits 0 only when all pass.
 //   wc_torch_gpu_test SOCKET MODEL DEVICE_UUID
+#include <ATen/ATen.h>
 #include <cuda.h>
+#include <torch/version.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
-
-#include <ATen/ATen.h>
-#include <torch/version.h>
 
 #include "pkg/client/client.h"
 #include "pkg/client/torch/torch_adapter.h"
@@ -99,7 +98,8 @@ int main(int argc, char** argv) {
     }
     buf.resize(t.nbytes);
     const auto& f = ckpt->files()[t.file_index];
-    std::vector<safetensors::ReadRequest> req{{f.fd(), t.file_offset, t.nbytes, buf.data(), t.name}};
+    std::vector<safetensors::ReadRequest> req{
+        {f.fd(), t.file_offset, t.nbytes, buf.data(), t.name}};
     if (!safetensors::ReadRanges(req, {}).ok()) return 1;
     at::Tensor cpu = at::from_blob(buf.data(), g.sizes(), g.strides(),
                                    at::TensorOptions().dtype(g.scalar_type()));
@@ -132,8 +132,7 @@ int main(int argc, char** argv) {
   weights->clear();
   probe = at::Tensor();
   uint64_t released = FreeBytes(**api, *dev);
-  Check(released >= held + model_bytes * 9 / 10,
-        "GPU memory returns when the last tensor dies",
+  Check(released >= held + model_bytes * 9 / 10, "GPU memory returns when the last tensor dies",
         "free " + std::to_string(held >> 20) + " -> " + std::to_string(released >> 20) +
             " MiB, model " + std::to_string(model_bytes >> 20) + " MiB");
   std::printf("free MiB with tensors %llu, after the last tensor %llu\n",

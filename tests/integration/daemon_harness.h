@@ -26,8 +26,7 @@ struct StartedDaemon {
 // DEADLINE_EXCEEDED carrying the daemon's log when `timeout` passes first.
 absl::StatusOr<StartedDaemon> StartDaemon(
     const std::vector<std::string>& argv, const std::string& socket_dir,
-    const std::string& log_path,
-    const std::function<bool(const v1::StatusResponse&)>& ready = {},
+    const std::string& log_path, const std::function<bool(const v1::StatusResponse&)>& ready = {},
     std::chrono::milliseconds timeout = std::chrono::seconds(20));
 
 // The whole file, or "" when it cannot be read.

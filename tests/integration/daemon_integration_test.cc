@@ -1,12 +1,12 @@
 // Multi-process tests on the host backend: a real weightcached process, real client
 // processes, real descriptors. Every wait is bounded; nothing sleeps to synchronise.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
-#include <fcntl.h>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -14,9 +14,9 @@
 #include "gtest/gtest.h"
 #include "pkg/client/client.h"
 #include "pkg/safetensors/writer.h"
+#include "pkg/util/unix_socket.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/process.h"
-#include "pkg/util/unix_socket.h"
 #include "tests/testutil/temp_dir.h"
 #include "weightcache/v1/weightcache.pb.h"
 
@@ -75,8 +75,8 @@ class DaemonTest : public ::testing::Test {
   }
 
   std::unique_ptr<Process> StartClient(const std::string& model) {
-    return std::make_unique<Process>(
-        std::vector<std::string>{TEST_CLIENT_PATH, socket_dir_, model}, dir_ / "client.log");
+    return std::make_unique<Process>(std::vector<std::string>{TEST_CLIENT_PATH, socket_dir_, model},
+                                     dir_ / "client.log");
   }
 
   TempDir dir_;
@@ -98,8 +98,8 @@ TEST_F(DaemonTest, SocketDirAndFilesHaveRestrictiveModes) {
 
 TEST_F(DaemonTest, SocketGidGivesTheSocketsToTheEnginesGroup) {
   gid_t other = ::getegid() == 0 ? 65534 : ::getegid();  // root may chown to any group
-  StartDaemon({"--model=name=tiny,model_dir=" + dir_ / "tiny",
-               "--socket_gid=" + std::to_string(other)});
+  StartDaemon(
+      {"--model=name=tiny,model_dir=" + dir_ / "tiny", "--socket_gid=" + std::to_string(other)});
   for (const char* p : {"", "/control.sock", "/handle.sock"}) {
     struct stat st;
     ASSERT_EQ(::stat((socket_dir_ + p).c_str(), &st), 0) << p;
@@ -258,7 +258,8 @@ TEST_F(DaemonTest, MalformedCheckpointFailsItsOwnLoadAndTheDaemonServesTheOther)
   ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "broken", Small()).ok());
   ::truncate((dir_ / "broken/model.safetensors").c_str(), 1000);
   std::ofstream(dir_ / "specs.yaml") << "models:\n"
-                                     << "  - name: tiny\n    model_dir: " << dir_ / "tiny" << "\n"
+                                     << "  - name: tiny\n    model_dir: " << dir_ / "tiny"
+                                     << "\n"
                                      << "  - name: broken\n    model_dir: " << dir_ / "broken"
                                      << "\n";
   StartDaemon({"--spec_file=" + dir_ / "specs.yaml"});
@@ -379,8 +380,8 @@ TEST_F(DaemonTest, TensorParallelRanksServeTheirShardsAndFusedViews) {
     const auto* q = l.Find("model.layers.0.self_attn.q_proj.weight");
     ASSERT_NE(q, nullptr);
     EXPECT_EQ(q->shape, (std::vector<int64_t>{s.hidden / 2, s.hidden}));
-    EXPECT_EQ(Bytes(q), Slice(*ckpt, "model.layers.0.self_attn.q_proj.weight",
-                              rank * s.hidden / 2, (rank + 1) * s.hidden / 2, 0, s.hidden));
+    EXPECT_EQ(Bytes(q), Slice(*ckpt, "model.layers.0.self_attn.q_proj.weight", rank * s.hidden / 2,
+                              (rank + 1) * s.hidden / 2, 0, s.hidden));
     // Row-parallel: columns of the input dim (a strided read).
     const auto* down = l.Find("model.layers.1.mlp.down_proj.weight");
     ASSERT_NE(down, nullptr);
@@ -394,8 +395,8 @@ TEST_F(DaemonTest, TensorParallelRanksServeTheirShardsAndFusedViews) {
     EXPECT_EQ(qkv->shape, (std::vector<int64_t>{s.hidden / 2 + 2 * kv_rows, s.hidden}));
     const auto* k = l.Find("model.layers.0.self_attn.k_proj.weight");
     ASSERT_NE(k, nullptr);
-    EXPECT_EQ(Bytes(qkv), Bytes(q) + Bytes(k) +
-                              Bytes(l.Find("model.layers.0.self_attn.v_proj.weight")));
+    EXPECT_EQ(Bytes(qkv),
+              Bytes(q) + Bytes(k) + Bytes(l.Find("model.layers.0.self_attn.v_proj.weight")));
   }
   auto st = client_->Status();
   ASSERT_TRUE(st.ok());
@@ -407,8 +408,12 @@ TEST_F(DaemonTest, CtlVerifyChecksEveryServedByteOfAShardAndCatchesADifference) 
                                   << "\ntp_size: 2\nlayout: vllm\n";
   StartDaemon({"--spec_file=" + dir_ / "tp.yaml"});
   auto run = [&](const std::string& model_dir) {
-    std::vector<std::string> argv{WEIGHTCACHECTL_PATH, "--socket=" + socket_dir_, "--tp_size=2",
-                                  "--tp_rank=1", "verify", "tp"};
+    std::vector<std::string> argv{WEIGHTCACHECTL_PATH,
+                                  "--socket=" + socket_dir_,
+                                  "--tp_size=2",
+                                  "--tp_rank=1",
+                                  "verify",
+                                  "tp"};
     if (!model_dir.empty()) argv.insert(argv.begin() + 1, "--model_dir=" + model_dir);
     Process ctl(argv, dir_ / "ctl.log");
     std::string out, line;
@@ -442,9 +447,9 @@ TEST_F(DaemonTest, CtlVerifyChecksEveryServedByteOfAShardAndCatchesADifference) 
 
 TEST_F(DaemonTest, SecondDaemonOnTheSameSocketDirIsRefused) {
   StartDaemon({"--model=name=tiny,model_dir=" + dir_ / "tiny"});
-  Process second({WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_, "--backend=host",
-                  "--metrics_address=off"},
-                 dir_ / "second.log");
+  Process second(
+      {WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_, "--backend=host", "--metrics_address=off"},
+      dir_ / "second.log");
   int status = second.Wait();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0);
   std::ifstream in(dir_ / "second.log");

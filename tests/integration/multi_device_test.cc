@@ -44,12 +44,11 @@ class MultiDeviceTest : public ::testing::Test {
                                   "--metrics_address=off",
                                   "--peer_policy=" + policy,
                                   "--model=name=tiny,model_dir=" + (dir_ / "tiny") + ",tp_size=2"};
-    auto d = testing::StartDaemon(argv, socket_dir_, dir_ / "daemon.log",
-                                  [](const v1::StatusResponse& st) {
-                                    return st.entries_size() == 2 &&
-                                           st.entries(0).state() == "ready" &&
-                                           st.entries(1).state() == "ready";
-                                  });
+    auto d = testing::StartDaemon(
+        argv, socket_dir_, dir_ / "daemon.log", [](const v1::StatusResponse &st) {
+          return st.entries_size() == 2 && st.entries(0).state() == "ready" &&
+                 st.entries(1).state() == "ready";
+        });
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = std::move(d->process);
     client_ = std::move(d->client);

@@ -32,7 +32,8 @@ std::string MappingIdentity(const void* addr) {
     if (line.rfind(want, 0) != 0) continue;
     char range[64], perms[8], offset[32], dev[16];
     unsigned long inode = 0;
-    if (std::sscanf(line.c_str(), "%63s %7s %31s %15s %lu", range, perms, offset, dev, &inode) == 5) {
+    if (std::sscanf(line.c_str(), "%63s %7s %31s %15s %lu", range, perms, offset, dev, &inode) ==
+        5) {
       return std::string(dev) + ":" + std::to_string(inode) + " " + perms;
     }
   }
@@ -89,16 +90,15 @@ int main(int argc, char** argv) {
   if (pid == 0) {
     // Die by the signal itself, not through a sanitizer's SEGV handler.
     std::signal(SIGSEGV, SIG_DFL);
-    auto* p = const_cast<volatile uint8_t*>(
-        reinterpret_cast<const uint8_t*>((*lease)->segment_base(0)));
+    auto* p =
+        const_cast<volatile uint8_t*>(reinterpret_cast<const uint8_t*>((*lease)->segment_base(0)));
     p[0] = static_cast<uint8_t>(p[0] + 1);
     _exit(0);
   }
   int status = 0;
   ::waitpid(pid, &status, 0);
-  bool mprotect_refused =
-      ::mprotect(const_cast<std::byte*>((*lease)->segment_base(0)), 4096,
-                 PROT_READ | PROT_WRITE) != 0;
+  bool mprotect_refused = ::mprotect(const_cast<std::byte*>((*lease)->segment_base(0)), 4096,
+                                     PROT_READ | PROT_WRITE) != 0;
   std::printf("WRITE %s\n", WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV && mprotect_refused
                                 ? "REFUSED"
                                 : "ALLOWED");

@@ -52,10 +52,10 @@ class OnlineFp8DaemonTest : public ::testing::Test {
                                         << ", quantization: fp8_block}\n"
                                         << "  - {name: q2, model_dir: " << dir_ / "llama"
                                         << ", quantization: fp8_block, tp_size: 2}\n";
-    auto d = testing::StartDaemon(
-        {WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_, "--backend=host",
-         "--metrics_address=off", "--spec_file=" + dir_ / "models.yaml"},
-        socket_dir_, dir_ / "daemon.log");
+    auto d =
+        testing::StartDaemon({WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_, "--backend=host",
+                              "--metrics_address=off", "--spec_file=" + dir_ / "models.yaml"},
+                             socket_dir_, dir_ / "daemon.log");
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = std::move(d->process);
     client_ = std::move(d->client);

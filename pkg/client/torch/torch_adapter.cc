@@ -12,29 +12,44 @@ namespace weightcache::client {
 absl::StatusOr<c10::ScalarType> TorchDType(safetensors::DType dtype) {
   using safetensors::DType;
   switch (dtype) {
-    case DType::kBool: return c10::ScalarType::Bool;
-    case DType::kU8: return c10::ScalarType::Byte;
-    case DType::kI8: return c10::ScalarType::Char;
-    case DType::kI16: return c10::ScalarType::Short;
-    case DType::kF16: return c10::ScalarType::Half;
-    case DType::kBF16: return c10::ScalarType::BFloat16;
-    case DType::kI32: return c10::ScalarType::Int;
-    case DType::kF32: return c10::ScalarType::Float;
-    case DType::kI64: return c10::ScalarType::Long;
-    case DType::kF64: return c10::ScalarType::Double;
+    case DType::kBool:
+      return c10::ScalarType::Bool;
+    case DType::kU8:
+      return c10::ScalarType::Byte;
+    case DType::kI8:
+      return c10::ScalarType::Char;
+    case DType::kI16:
+      return c10::ScalarType::Short;
+    case DType::kF16:
+      return c10::ScalarType::Half;
+    case DType::kBF16:
+      return c10::ScalarType::BFloat16;
+    case DType::kI32:
+      return c10::ScalarType::Int;
+    case DType::kF32:
+      return c10::ScalarType::Float;
+    case DType::kI64:
+      return c10::ScalarType::Long;
+    case DType::kF64:
+      return c10::ScalarType::Double;
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
-    case DType::kF8_E4M3: return c10::ScalarType::Float8_e4m3fn;
-    case DType::kF8_E5M2: return c10::ScalarType::Float8_e5m2;
+    case DType::kF8_E4M3:
+      return c10::ScalarType::Float8_e4m3fn;
+    case DType::kF8_E5M2:
+      return c10::ScalarType::Float8_e5m2;
 #endif
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
-    case DType::kU16: return c10::ScalarType::UInt16;
-    case DType::kU32: return c10::ScalarType::UInt32;
-    case DType::kU64: return c10::ScalarType::UInt64;
+    case DType::kU16:
+      return c10::ScalarType::UInt16;
+    case DType::kU32:
+      return c10::ScalarType::UInt32;
+    case DType::kU64:
+      return c10::ScalarType::UInt64;
 #endif
     default:
-      return absl::UnimplementedError(absl::StrCat("dtype ", std::string(safetensors::DTypeName(dtype)),
-                                                   " has no torch type in torch ",
-                                                   TORCH_VERSION));
+      return absl::UnimplementedError(absl::StrCat("dtype ",
+                                                   std::string(safetensors::DTypeName(dtype)),
+                                                   " has no torch type in torch ", TORCH_VERSION));
   }
 }
 
@@ -64,8 +79,7 @@ absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> ToTorchOrdered(
     auto options = at::TensorOptions().dtype(*dtype).device(device);
     // The deleter owns a reference to the lease: the mapping outlives every tensor.
     at::Tensor t = at::from_blob(
-        const_cast<void*>(v.data), v.shape, v.strides, [keep = lease](void*) {}, options,
-        device);
+        const_cast<void*>(v.data), v.shape, v.strides, [keep = lease](void*) {}, options, device);
     if (static_cast<uint64_t>(t.numel()) * t.element_size() != v.nbytes) {
       return absl::InternalError(absl::StrCat("manifest: tensor '", v.name, "' has ", v.nbytes,
                                               " bytes, its shape ", t.numel(), " elements of ",

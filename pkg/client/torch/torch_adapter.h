@@ -17,15 +17,15 @@
 // thread. Built only when libtorch is found (CMake target weightcache::client_torch).
 #pragma once
 
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
-#include <c10/core/Device.h>
-#include <c10/core/ScalarType.h>
 
 #include "absl/status/statusor.h"
 #include "pkg/client/client.h"

@@ -99,10 +99,11 @@ TEST_F(TorchAdapterTest, ZeroCopyCpuTensorsWithTheFilesBytesDtypesShapesAndStrid
   auto weights = ToTorch(lease);
   ASSERT_TRUE(weights.ok()) << weights.status();
   ASSERT_EQ(weights->size(), tensors_.size());
-  const std::map<DType, c10::ScalarType> want = {
-      {DType::kF32, c10::ScalarType::Float}, {DType::kI64, c10::ScalarType::Long},
-      {DType::kU8, c10::ScalarType::Byte},   {DType::kBF16, c10::ScalarType::BFloat16},
-      {DType::kBool, c10::ScalarType::Bool}};
+  const std::map<DType, c10::ScalarType> want = {{DType::kF32, c10::ScalarType::Float},
+                                                 {DType::kI64, c10::ScalarType::Long},
+                                                 {DType::kU8, c10::ScalarType::Byte},
+                                                 {DType::kBF16, c10::ScalarType::BFloat16},
+                                                 {DType::kBool, c10::ScalarType::Bool}};
   for (const auto& td : tensors_) {
     SCOPED_TRACE(td.name);
     auto it = weights->find(td.name);
@@ -142,7 +143,7 @@ TEST_F(TorchAdapterTest, TensorsKeepTheLeaseAndMappingAliveUntilTheLastOneDies) 
   lease.reset();  // the engine drops its handle; only `a` holds the lease now
   EXPECT_EQ(Leases(), 1);
   EXPECT_DOUBLE_EQ(a.sum().item<double>(), f32_sum_);  // still mapped
-  at::Tensor row = a[1];  // a view shares the storage, hence the lease
+  at::Tensor row = a[1];                               // a view shares the storage, hence the lease
   a = at::Tensor();
   EXPECT_EQ(Leases(), 1);
   EXPECT_FLOAT_EQ(row.sum().item<float>(), 0.25f * (5 + 6 + 7 + 8 + 9) - 5.0f);

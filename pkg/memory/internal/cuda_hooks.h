@@ -13,12 +13,11 @@
 
 namespace weightcache::memory::internal {
 
-absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnly(
-    std::vector<ScopedFd> fds, const std::vector<uint64_t>& sizes,
-    const std::string& device_uuid);
+absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnly(std::vector<ScopedFd> fds,
+                                                                const std::vector<uint64_t>& sizes,
+                                                                const std::string& device_uuid);
 
 // cuMemcpyDtoH of n bytes at device address `src` on `device_uuid` into `dst`.
-absl::Status CopyCudaToHost(const std::string& device_uuid, const void* src, size_t n,
-                            void* dst);
+absl::Status CopyCudaToHost(const std::string& device_uuid, const void* src, size_t n, void* dst);
 
 }  // namespace weightcache::memory::internal

@@ -2,8 +2,12 @@
 // adapter). Not a public header.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/codegen/service_type.h>
+
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,11 +22,6 @@
 #include "pkg/server/daemon.h"
 #include "pkg/server/handle_channel.h"
 #include "weightcache/v1/weightcache.pb.h"
-
-#include <condition_variable>
-
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/impl/codegen/service_type.h>
 
 namespace weightcache::server {
 
@@ -40,8 +39,8 @@ class Daemon::Impl final : public metrics::StateSource {
   void Wait();
 
   // The serving logic, one method per RPC. `result` is the metrics classification.
-  absl::Status Acquire(const v1::AcquireRequest& req, v1::AcquireResponse* resp,
-                       std::string* model, metrics::AcquireResult* result);
+  absl::Status Acquire(const v1::AcquireRequest& req, v1::AcquireResponse* resp, std::string* model,
+                       metrics::AcquireResult* result);
   absl::Status Release(const v1::ReleaseRequest& req);
   // Starts (or joins) a load; `publish` is called with progress until it ends.
   absl::Status Load(const v1::LoadRequest& req,
