@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/sparse_checkpoint.h"
 #include "pkg/client/client.h"
 #include "pkg/memory/backend.h"
 #include "pkg/server/daemon.h"
@@ -23,34 +24,6 @@
 using namespace weightcache;
 
 namespace {
-
-// A Llama-ish config and one safetensors file with `tensors` BF16 tensors of equal size
-// adding up to about `bytes`; the data area is left sparse.
-void WriteSparseCheckpoint(const std::string& dir, int tensors, uint64_t bytes) {
-  std::filesystem::create_directories(dir);
-  FILE* cfg = std::fopen((dir + "/config.json").c_str(), "w");
-  std::fprintf(cfg, R"({"architectures":["LlamaForCausalLM"],"torch_dtype":"bfloat16"})");
-  std::fclose(cfg);
-  uint64_t per = std::max<uint64_t>(2, bytes / tensors / 2 * 2);  // bf16 elements * 2
-  std::string header = "{";
-  uint64_t off = 0;
-  for (int i = 0; i < tensors; ++i) {
-    char name[96];
-    std::snprintf(name, sizeof name, "model.layers.%d.mlp.w%d.weight", i / 8, i % 8);
-    header += (i ? "," : "") + std::string("\"") + name + "\":{\"dtype\":\"BF16\",\"shape\":[" +
-              std::to_string(per / 2) + "],\"data_offsets\":[" + std::to_string(off) + "," +
-              std::to_string(off + per) + "]}";
-    off += per;
-  }
-  header += "}";
-  while ((header.size() + 8) % 8 != 0) header += ' ';
-  int fd = ::open((dir + "/model.safetensors").c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
-  uint64_t n = header.size();
-  (void)!::write(fd, &n, 8);
-  (void)!::write(fd, header.data(), header.size());
-  (void)!::ftruncate(fd, static_cast<off_t>(8 + header.size() + off));
-  ::close(fd);
-}
 
 double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
@@ -88,7 +61,7 @@ int main(int argc, char** argv) {
     if (c.bytes > max_gib * (1ull << 30)) continue;
     if (only_tensors != 0 && c.tensors != only_tensors) continue;
     std::string dir = root + "/m" + std::to_string(c.tensors) + "_" + std::to_string(c.bytes);
-    WriteSparseCheckpoint(dir, c.tensors, c.bytes);
+    bench::WriteSparseCheckpoint(dir, c.tensors, c.bytes);
     server::DaemonOptions o;
     o.socket_dir = root + "/s";
     spec::ModelSpec s;

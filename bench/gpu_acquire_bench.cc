@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/sparse_checkpoint.h"
 #include "pkg/client/client.h"
 #include "pkg/memory/cuda_backend.h"
 #include "pkg/memory/internal/cuda_driver.h"
@@ -43,33 +44,6 @@ std::vector<double> ParseList(const char* s) {
     p = c + 1;
   }
   return v;
-}
-
-// `tensors` BF16 tensors of equal size adding up to about `bytes`; the data area is sparse.
-void WriteSparseCheckpoint(const std::string& dir, int tensors, uint64_t bytes) {
-  std::filesystem::create_directories(dir);
-  FILE* cfg = std::fopen((dir + "/config.json").c_str(), "w");
-  std::fprintf(cfg, R"({"architectures":["LlamaForCausalLM"],"torch_dtype":"bfloat16"})");
-  std::fclose(cfg);
-  uint64_t per = std::max<uint64_t>(2, bytes / tensors / 2 * 2);
-  std::string header = "{";
-  uint64_t off = 0;
-  for (int i = 0; i < tensors; ++i) {
-    char name[96];
-    std::snprintf(name, sizeof name, "model.layers.%d.mlp.w%d.weight", i / 8, i % 8);
-    header += (i ? "," : "") + std::string("\"") + name + "\":{\"dtype\":\"BF16\",\"shape\":[" +
-              std::to_string(per / 2) + "],\"data_offsets\":[" + std::to_string(off) + "," +
-              std::to_string(off + per) + "]}";
-    off += per;
-  }
-  header += "}";
-  while ((header.size() + 8) % 8 != 0) header += ' ';
-  int fd = ::open((dir + "/model.safetensors").c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
-  uint64_t n = header.size();
-  (void)!::write(fd, &n, 8);
-  (void)!::write(fd, header.data(), header.size());
-  (void)!::ftruncate(fd, static_cast<off_t>(8 + header.size() + off));
-  ::close(fd);
 }
 
 }  // namespace
@@ -104,8 +78,8 @@ int main(int argc, char** argv) {
     for (double t : counts) {
       Case c{g, static_cast<int>(t),
              "m" + std::to_string(static_cast<int>(g)) + "g" + std::to_string(static_cast<int>(t))};
-      WriteSparseCheckpoint(root + "/" + c.name, c.tensors,
-                            static_cast<uint64_t>(g * (1ull << 30)));
+      bench::WriteSparseCheckpoint(root + "/" + c.name, c.tensors,
+                                   static_cast<uint64_t>(g * (1ull << 30)));
       spec::ModelSpec s;
       s.name = c.name;
       s.model_dir = root + "/" + c.name;
