@@ -260,7 +260,10 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(
   } else {
     // Host-addressable segments: straight from the file; others: staging + CopyIn.
     std::vector<uint8_t> staging;
-    if (!direct) staging.resize(options.staging_bytes);
+    // Never larger than the model: the default (sized for the GPU ring) is 1 GiB.
+    if (!direct) {
+      staging.resize(std::max<uint64_t>(1, std::min(options.staging_bytes, plan.total_bytes)));
+    }
     uint64_t done = 0;
 
     for (const auto& [fi, tensors] : ByFile(plan)) {
