@@ -12,12 +12,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "pkg/load/internal/fp8_quant_cuda.h"
+#include "pkg/load/staging_pool.h"
 #include "pkg/memory/internal/cuda_driver.h"
 #include "pkg/memory/internal/cuda_segment.h"
 #include "pkg/safetensors/safetensors.h"
@@ -34,23 +37,62 @@ using memory::internal::DriverApi;
 using memory::internal::PrimaryContext;
 using memory::internal::ScopedCurrentContext;
 
-// Pinned buffers, their events and one stream, in one device's primary context. The
-// destructor waits for every queued copy before it frees the memory they read from.
+// Portable page-locked memory for a StagingPool, allocated in the asking device's primary
+// context (retained until the allocator ends, so frees have a context too).
+class PinnedAllocator : public StagingPool::Allocator {
+ public:
+  absl::StatusOr<void*> Allocate(int ordinal, uint64_t bytes) override {
+    WC_ASSIGN_OR_RETURN(const DriverApi* api, memory::internal::Driver());
+    CUcontext ctx = nullptr;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = contexts_.find(ordinal);
+      if (it == contexts_.end()) {
+        CUdevice dev = 0;
+        WC_RETURN_IF_ERROR(CuStatus(*api, api->cuDeviceGet(&dev, ordinal), "cuDeviceGet",
+                                    absl::StrCat("device ", ordinal)));
+        WC_ASSIGN_OR_RETURN(auto pc, PrimaryContext::Retain(*api, dev));
+        it = contexts_.emplace(ordinal, std::move(pc)).first;
+      }
+      ctx = it->second.get();
+      if (free_ctx_ == nullptr) free_ctx_ = ctx;
+    }
+    WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(*api, ctx));
+    void* p = nullptr;
+    WC_RETURN_IF_ERROR(CuStatus(*api, api->cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE),
+                                "cuMemHostAlloc", absl::StrCat(bytes, " bytes of staging")));
+    return p;
+  }
+  void Free(void* p, uint64_t) override {
+    auto api = memory::internal::Driver();
+    if (!api.ok()) return;
+    auto current = ScopedCurrentContext::Push(**api, free_ctx_);
+    if (CUresult r = (*api)->cuMemFreeHost(p); r != CUDA_SUCCESS) {
+      WC_LOG_ERROR("staging: cuMemFreeHost: %s", memory::internal::CuErrorName(**api, r));
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<int, PrimaryContext> contexts_;
+  CUcontext free_ctx_ = nullptr;  // any retained context: the memory is portable
+};
+
+// Pinned buffers (leased from a StagingPool), their events and one stream, in one device's
+// primary context. The destructor waits for every queued copy before the buffers go back.
 class StagingRing {
  public:
   static absl::StatusOr<std::unique_ptr<StagingRing>> Create(const DriverApi& api,
-                                                             const CudaDevice& dev, size_t buffers,
+                                                             const CudaDevice& dev,
+                                                             StagingPool& pool, size_t buffers,
                                                              uint64_t bytes) {
     WC_ASSIGN_OR_RETURN(auto ctx, PrimaryContext::Retain(api, dev.device));
     auto ring = std::unique_ptr<StagingRing>(new StagingRing(api, std::move(ctx), bytes));
     WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(api, ring->ctx_.get()));
     WC_RETURN_IF_ERROR(CuStatus(api, api.cuStreamCreate(&ring->stream_, CU_STREAM_NON_BLOCKING),
                                 "cuStreamCreate", dev.uuid));
+    WC_ASSIGN_OR_RETURN(ring->lease_, pool.Take(dev.ordinal, buffers, bytes));
     for (size_t i = 0; i < buffers; ++i) {
-      void* p = nullptr;
-      WC_RETURN_IF_ERROR(CuStatus(api, api.cuMemHostAlloc(&p, bytes, CU_MEMHOSTALLOC_PORTABLE),
-                                  "cuMemHostAlloc", absl::StrCat(bytes, " bytes of staging")));
-      ring->buffers_.push_back(p);
       CUevent e = nullptr;
       WC_RETURN_IF_ERROR(
           CuStatus(api, api.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate", dev.uuid));
@@ -63,21 +105,21 @@ class StagingRing {
   ~StagingRing() {
     auto current = ScopedCurrentContext::Push(*api_, ctx_.get());
     if (stream_ != nullptr) {
-      // Copies may still read the buffers (an error path): wait before freeing them.
+      // Copies may still read the buffers (an error path): wait before giving them back.
       if (CUresult r = api_->cuStreamSynchronize(stream_); r != CUDA_SUCCESS) {
         WC_LOG_ERROR("staging: cuStreamSynchronize: %s", memory::internal::CuErrorName(*api_, r));
       }
     }
     for (CUevent e : events_) api_->cuEventDestroy(e);
     if (stream_ != nullptr) api_->cuStreamDestroy(stream_);
-    for (void* p : buffers_) api_->cuMemFreeHost(p);
   }
   StagingRing(const StagingRing&) = delete;
   StagingRing& operator=(const StagingRing&) = delete;
 
-  size_t count() const { return buffers_.size(); }
+  size_t count() const { return lease_.buffers().size(); }
   uint64_t bytes() const { return bytes_; }
-  uint8_t* buffer(size_t i) const { return static_cast<uint8_t*>(buffers_[i]); }
+  uint8_t* buffer(size_t i) const { return lease_.buffers()[i].data; }
+  uint32_t reused() const { return lease_.reused(); }
   CUstream stream() const { return stream_; }
 
   // Blocks until the copies last queued from buffer i have landed.
@@ -108,7 +150,7 @@ class StagingRing {
   PrimaryContext ctx_;
   uint64_t bytes_;
   CUstream stream_ = nullptr;
-  std::vector<void*> buffers_;
+  StagingPool::Lease lease_;  // goes back after the destructor has waited for the copies
   std::vector<CUevent> events_;
   std::vector<bool> recorded_;
 };
@@ -127,6 +169,19 @@ struct Piece {
 };
 
 }  // namespace
+
+}  // namespace weightcache::load::internal
+
+namespace weightcache::load {
+
+std::unique_ptr<StagingPool> MakePinnedStagingPool(uint64_t max_idle_bytes) {
+  return std::make_unique<StagingPool>(std::make_unique<internal::PinnedAllocator>(),
+                                       max_idle_bytes);
+}
+
+}  // namespace weightcache::load
+
+namespace weightcache::load::internal {
 
 absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
                                       const std::vector<QuantJob>& jobs,
@@ -155,7 +210,22 @@ absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
   uint64_t need = (total + nbuf - 1) / nbuf;
   per = std::min<uint64_t>(per, (need + 2 * kAlign - 1) / kAlign * kAlign);
   per = (per + kAlign - 1) / kAlign * kAlign;  // spans start aligned: an aligned end fits
-  WC_ASSIGN_OR_RETURN(auto ring, StagingRing::Create(*api, dev, nbuf, per));
+  // The daemon's pool keeps the pinned buffers between loads; without one, a pool for this
+  // load only (it frees them at the end).
+  std::unique_ptr<StagingPool> own_pool;
+  StagingPool* pool = options.staging_pool;
+  if (pool == nullptr) {
+    own_pool = MakePinnedStagingPool(0);
+    pool = own_pool.get();
+  }
+  const auto ring_started = std::chrono::steady_clock::now();
+  WC_ASSIGN_OR_RETURN(auto ring, StagingRing::Create(*api, dev, *pool, nbuf, per));
+  if (stats != nullptr) {
+    stats->staging_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - ring_started).count();
+    stats->staging_reused += ring->reused();
+    stats->staging_buffers += static_cast<uint32_t>(ring->count());
+  }
 
   // Online fp8_block: one device scratch for the source shard of the job in flight. Copies
   // into it and the kernels reading it are ordered on the ring's one stream, so the next

@@ -202,6 +202,8 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(
                                          absl::StrCat(label, "/", i)));
     out->segments.push_back(std::move(seg));
   }
+  out->stats.alloc_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   // Progress counts source bytes read (a quantized weight's BF16/F16 shard, not its fp8).
   uint64_t read_total = 0;
   for (const auto& t : plan.tensors) read_total += SourceBytes(t);

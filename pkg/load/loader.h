@@ -16,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "pkg/load/plan.h"
+#include "pkg/load/staging_pool.h"
 #include "pkg/memory/backend.h"
 
 namespace weightcache::load {
@@ -45,12 +46,16 @@ class LoadProgress {
 
 // Per-stage timings of one load (GPU path; the other paths fill seconds and bytes_read only).
 struct LoadStats {
-  double seconds = 0;         // LoadRank, from the first allocation to the last seal
-  double read_seconds = 0;    // in parallel preads (the loading thread waits for them)
-  double wait_seconds = 0;    // blocked on host->device copies: a free staging buffer, the drain
-  uint64_t bytes_read = 0;    // from files, alignment padding included
-  uint32_t files = 0;         // files read
-  uint32_t direct_files = 0;  // of which with O_DIRECT
+  double seconds = 0;            // LoadRank, from the first allocation to the last seal
+  double read_seconds = 0;       // in parallel preads (the loading thread waits for them)
+  double wait_seconds = 0;       // blocked on host->device copies: a free staging buffer, the drain
+  uint64_t bytes_read = 0;       // from files, alignment padding included
+  uint32_t files = 0;            // files read
+  uint32_t direct_files = 0;     // of which with O_DIRECT
+  double alloc_seconds = 0;      // allocating the segments (backend.Allocate)
+  double staging_seconds = 0;    // taking the staging ring (pinning what the pool lacked)
+  uint32_t staging_buffers = 0;  // in the ring
+  uint32_t staging_reused = 0;   // of which already pinned (from LoadOptions::staging_pool)
 };
 
 struct LoadedModel {
@@ -79,6 +84,9 @@ struct LoadOptions {
   uint64_t staging_bytes = 1ull << 30;
   unsigned staging_buffers = 8;
   DirectIo direct_io = DirectIo::kAuto;
+  // GPU path: where the pinned staging buffers come from. Null: pinned for this load and
+  // freed after it. The daemon passes one pool for its lifetime (staging_pool.h).
+  StagingPool* staging_pool = nullptr;
 };
 
 absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(

@@ -78,6 +78,9 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend)
     : options_(std::move(options)), backend_(backend), registry_(options_.memory_budget_bytes) {
   auto devices = backend_->Devices();
   daemon_cc_ = devices.empty() ? "cpu" : devices[0].compute_capability;
+  if (backend_->kind() == memory::BackendKind::kCudaVmm) {
+    staging_pool_ = load::MakePinnedStagingPool(options_.staging_keep_bytes);
+  }
   for (const auto& s : options_.specs) specs_[s.name] = s;
   registry_.SetLoadDoneCallback([this](const cache::Entry& e, const absl::Status& st) {
     if (options_.metrics != nullptr && st.ok()) {
@@ -281,7 +284,8 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Daemon::Impl::StartLoad(
       device_uuid.empty() ? DefaultDeviceForRank(backend_->Devices(), layout.tp_rank) : device_uuid;
   memory::Backend* backend = backend_;
   unsigned threads = options_.read_threads;
-  auto load = [model, layout, backend, threads, fp,
+  load::StagingPool* pool = staging_pool_.get();
+  auto load = [model, layout, backend, threads, pool, fp,
                device](cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
     load::PlanOptions popts;
     popts.alignment = backend->tensor_alignment();
@@ -290,6 +294,7 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Daemon::Impl::StartLoad(
     WC_ASSIGN_OR_RETURN(load::Plan plan, load::PlanRank(*model, layout, popts));
     load::LoadOptions lopts;
     lopts.read_threads = threads;
+    lopts.staging_pool = pool;
     return load::LoadRank(*model, std::move(plan), *backend, device,
                           absl::StrCat("weightcache/", model->spec.name, "/", fp.substr(0, 12)),
                           lopts, &e.progress);

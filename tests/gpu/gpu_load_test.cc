@@ -1,7 +1,9 @@
 // The GPU load path (pinned staging ring, O_DIRECT spans or the page cache, strided
 // tensor-parallel pieces) must put exactly the bytes the host path puts: each tensor of a
 // cuda-vmm load is mapped read-only, copied back and compared with a host-backend load of
-// the same plan. Label gpu; skips without a usable GPU.
+// the same plan. The cases share one staging pool, as loads in the daemon do: from the second
+// on, the ring is the previous load's pinned buffers (stale bytes in them must not leak into
+// the next model). Label gpu; skips without a usable GPU.
 #include <unistd.h>
 
 #include <cstring>
@@ -11,6 +13,7 @@
 #include "pkg/load/loader.h"
 #include "pkg/load/model.h"
 #include "pkg/load/plan.h"
+#include "pkg/load/staging_pool.h"
 #include "pkg/memory/backend.h"
 #include "pkg/memory/cuda_backend.h"
 #include "pkg/memory/mapping.h"
@@ -49,7 +52,9 @@ TEST(GpuLoad, StagingRingPathsLoadTheSameBytesAsTheHostPath) {
   auto model = load::OpenModel(s);
   ASSERT_TRUE(model.ok()) << model.status();
   auto host = memory::MakeHostBackend();
+  auto pool = load::MakePinnedStagingPool(8 << 20);
 
+  bool first = true;
   for (const Case& c : {Case{load::DirectIo::kOff, 1, 0}, Case{load::DirectIo::kOn, 1, 0},
                         Case{load::DirectIo::kOn, 2, 1}, Case{load::DirectIo::kAuto, 2, 0}}) {
     SCOPED_TRACE(::testing::Message() << "direct_io " << static_cast<int>(c.io) << " tp "
@@ -63,11 +68,18 @@ TEST(GpuLoad, StagingRingPathsLoadTheSameBytesAsTheHostPath) {
     lo.direct_io = c.io;
     lo.staging_bytes = 8 << 20;  // many trips round a small ring
     lo.staging_buffers = 4;
+    lo.staging_pool = pool.get();
     auto gpu = load::LoadRank(**model, *plan, **cuda, "", "gpuload", lo, nullptr);
     ASSERT_TRUE(gpu.ok()) << gpu.status();
-    std::printf("direct_io %d tp %d/%d: %u of %u files with O_DIRECT, %.3f s\n",
-                static_cast<int>(c.io), c.tp_rank, c.tp_size, (*gpu)->stats.direct_files,
-                (*gpu)->stats.files, (*gpu)->stats.seconds);
+    const auto& st = (*gpu)->stats;
+    std::printf(
+        "direct_io %d tp %d/%d: %u of %u files with O_DIRECT, %.3f s, staging %.4f s (%u of %u "
+        "buffers reused)\n",
+        static_cast<int>(c.io), c.tp_rank, c.tp_size, st.direct_files, st.files, st.seconds,
+        st.staging_seconds, st.staging_reused, st.staging_buffers);
+    EXPECT_EQ(st.staging_buffers, 4u);
+    EXPECT_EQ(st.staging_reused, first ? 0u : 4u) << "the pool's buffers were not reused";
+    first = false;
     auto want = load::LoadRank(**model, *plan, *host, "", "gpuload-host", {}, nullptr);
     ASSERT_TRUE(want.ok()) << want.status();
 
@@ -96,6 +108,8 @@ TEST(GpuLoad, StagingRingPathsLoadTheSameBytesAsTheHostPath) {
     }
     EXPECT_EQ(checked, plan->tensors.size());
   }
+  EXPECT_EQ(pool->counters().allocations, 4u);
+  EXPECT_EQ(pool->counters().taken_bytes, 0u);
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
 }

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "pkg/cache/registry.h"
 #include "pkg/load/model.h"
+#include "pkg/load/staging_pool.h"
 #include "pkg/metrics/metrics.h"
 #include "pkg/server/daemon.h"
 #include "pkg/server/handle_channel.h"
@@ -99,6 +100,9 @@ class Daemon::Impl final : public metrics::StateSource {
   const DaemonOptions options_;
   memory::Backend* const backend_;
   std::string daemon_cc_;  // compute capability of the default device, or "cpu"
+  // Pinned staging buffers kept between GPU loads (cuda-vmm backend only; null otherwise).
+  // Declared before registry_: the registry joins its load threads first.
+  std::unique_ptr<load::StagingPool> staging_pool_;
   cache::Registry registry_;
 
   mutable std::mutex mu_;
