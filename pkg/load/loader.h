@@ -74,15 +74,16 @@ struct LoadedModel {
 enum class DirectIo { kOff, kOn, kAuto };
 
 // Defaults from bench/load_bench.cc on the H200 machine (docs/benchmarks.md, "Cold load"):
-// 16 threads, 1 GiB of staging in 8 buffers and O_DIRECT for cold files read 8 GiB at
-// 1.76 GB/s against 1.41 GB/s with 8 threads, 256 MiB in 4 and the page cache.
+// 16 threads, 256 MiB of staging in 4 buffers and O_DIRECT for cold files read 8 GiB at
+// 1.86 GB/s cold and 35 GB/s hot, against 1.61 / 33.9 GB/s with 1 GiB in 8 buffers (which
+// also takes 4x as long to pin) and 1.32 / 27.5 GB/s with 8 threads through the page cache.
 struct LoadOptions {
   unsigned read_threads = 16;
   uint64_t chunk_bytes = 16ull << 20;
   // For backends without host_data(): bytes of staging in all, split into staging_buffers
   // pinned buffers on the GPU path (each no larger than the model needs).
-  uint64_t staging_bytes = 1ull << 30;
-  unsigned staging_buffers = 8;
+  uint64_t staging_bytes = 256ull << 20;
+  unsigned staging_buffers = 4;
   DirectIo direct_io = DirectIo::kAuto;
   // GPU path: where the pinned staging buffers come from. Null: pinned for this load and
   // freed after it. The daemon passes one pool for its lifetime (staging_pool.h).

@@ -1,10 +1,10 @@
 // Page-locked host buffers kept between GPU loads.
 //
-// Pinning is the largest fixed cost of a load: cuMemHostAlloc of the default 1 GiB staging
-// ring takes 0.3-0.5 s on the H200 machine, longer than reading an 8 GiB checkpoint from the
-// page cache (docs/benchmarks.md, "Cold load"). The daemon keeps one pool for its lifetime,
-// so only its first load pays it. The buffers are portable (usable from every device's
-// context): one pool serves every GPU of the node.
+// Pinning is the largest fixed cost of a load: cuMemHostAlloc of a 256 MiB staging ring
+// takes ~0.1 s on the H200 machine (1 GiB: 0.5 s), a third of the time an 8 GiB checkpoint
+// takes to load from the page cache (docs/benchmarks.md, "Cold load"). The daemon keeps one pool
+// for its lifetime, so only its first load pays it. The buffers are portable (usable from every
+// device's context): one pool serves every GPU of the node.
 //
 // Take() hands out the smallest idle buffers that are large enough and allocates the rest;
 // a Lease gives them back when it ends. Idle buffers above `max_idle_bytes` are freed,

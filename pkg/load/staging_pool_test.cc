@@ -130,7 +130,7 @@ TEST(StagingPool, FailedAllocationGivesBackWhatWasTakenAndNamesTheError) {
   HeapAllocator::Log log;
   StagingPool pool(std::make_unique<HeapAllocator>(&log), 64 * kMiB);
   { ASSERT_TRUE(pool.Take(0, 1, kMiB).ok()); }  // one idle buffer
-  log.fail_after = 1;  // the second new one fails
+  log.fail_after = 1;                           // the second new one fails
   auto lease = pool.Take(0, 4, kMiB);
   ASSERT_FALSE(lease.ok());
   EXPECT_NE(lease.status().message().find("no pinned memory left"), std::string::npos);
