@@ -8,7 +8,8 @@
 #            tests/gpu/prepare-carry.sh build-lb
 # Device:  run(kind="nvidia-h200", carry=[".device-carry-load"],
 #              command="bash tests/gpu/run-load-bench-on-device.sh")
-# Environment: SIZES (8,32), CONFIGS (threads:staging_MiB:buffers:direct,...), DEADLINE (s).
+# Environment: SIZES (8,32), CONFIGS (threads:staging_MiB:buffers:direct,...), DEADLINE (s),
+# DISK (local: the machine's disk; ram: a memory-backed block device, see below).
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 carry=${WC_CARRY_DIR:-$root/.device-carry-load}
@@ -33,9 +34,26 @@ if ldd "$carry/bin/load_bench" | grep -q "not found"; then
   export LD_LIBRARY_PATH=$carry/lib:$carry/lib-fallback
 fi
 
-# The checkpoint goes on the local disk, not a tmpfs.
-dir=/var/tmp/wc-load-bench
-[[ $(stat -f -c %T /var/tmp 2>/dev/null) == tmpfs ]] && dir=/root/wc-load-bench
+# The checkpoint goes on the local disk, not a tmpfs. DISK=ram instead puts it on an ext4
+# file system on a loop device whose backing file lives in a tmpfs: a block device as fast
+# as memory (an upper bound for a fast NVMe array), whose ext4 page cache drop_caches still
+# empties (tmpfs pages are not dropped), so "cold" there means "not in the page cache".
+cleanup() { :; }
+if [[ ${DISK:-local} == ram ]]; then
+  gib=$(( $(tr ',' '\n' <<<"${SIZES:-8,32}" | sort -n | tail -1 | cut -d. -f1) * 12 / 10 + 4 ))
+  mkdir -p /mnt/wc-ram-backing /mnt/wc-ram-disk
+  mount -t tmpfs -o size=${gib}G tmpfs /mnt/wc-ram-backing &&
+    truncate -s ${gib}G /mnt/wc-ram-backing/disk.img &&
+    loop=$(losetup --find --show /mnt/wc-ram-backing/disk.img) &&
+    mkfs.ext4 -q -F "$loop" && mount "$loop" /mnt/wc-ram-disk || { echo "DISK=ram: setup failed"; exit 1; }
+  echo "DISK=ram: ext4 on $loop, backed by a ${gib} GiB tmpfs file"
+  cat /sys/block/$(basename "$loop")/queue/read_ahead_kb | xargs echo "  read_ahead_kb"
+  cleanup() { umount /mnt/wc-ram-disk; losetup -d "$loop"; umount /mnt/wc-ram-backing; }
+  dir=/mnt/wc-ram-disk/wc-load-bench
+else
+  dir=/var/tmp/wc-load-bench
+  [[ $(stat -f -c %T /var/tmp 2>/dev/null) == tmpfs ]] && dir=/root/wc-load-bench
+fi
 mkdir -p "$dir"
 echo "checkpoint dir: $dir ($(stat -f -c %T "$dir"))"
 
@@ -46,5 +64,6 @@ timeout "${TIMEOUT:-280}" "$carry/bin/load_bench" --dir="$dir" --sizes_gib="${SI
 rc=$?
 rm -rf "$dir"
 df -h "$(dirname "$dir")"
+cleanup
 section "result: exit $rc"
 exit $rc
