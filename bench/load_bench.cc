@@ -579,12 +579,11 @@ int main(int argc, char** argv) {
       const auto& s = r.stats;
       log({"(b) weightcache LoadRank " + cf.text, cache, c.bytes / kGB / r.seconds, r.seconds,
            absl::StrFormat("open+plan %.3f s, alloc %.3f s, staging %.3f s (%u/%u buffers "
-                           "reused), read %.2f s (%.1f GB/s), copy-wait %.3f s, direct "
+                           "reused), read-wait %.2f s, copy-wait %.3f s, direct "
                            "%u/%u files%s",
                            r.open_seconds, s.alloc_seconds, s.staging_seconds, s.staging_reused,
-                           s.staging_buffers, s.read_seconds,
-                           s.bytes_read / kGB / std::max(1e-9, s.read_seconds), s.wait_seconds,
-                           s.direct_files, s.files, r.verified ? ", bytes ok" : "")});
+                           s.staging_buffers, s.read_seconds, s.wait_seconds, s.direct_files,
+                           s.files, r.verified ? ", bytes ok" : "")});
       return r.seconds;
     };
     double best_cold = 1e30;

@@ -1,10 +1,12 @@
 // The loader's GPU path: a ring of pinned staging buffers between parallel preads and
 // asynchronous host->device copies (see internal/cuda_load.h).
 //
-//   buffer k:  wait event[k] (its previous copies landed) -> preads (threads) -> queue
-//              cuMemcpyHtoDAsync of every piece on the stream -> record event[k] -> k+1
+//   buffer k:  wait event[k] (its previous copies landed) -> submit its preads to the read
+//              queue (long-lived workers) -> k+1 ...; oldest buffer whose reads are done ->
+//              queue cuMemcpyHtoDAsync of every piece on the stream -> record its event
 //
-// so the reads into buffer k+1 overlap the copies out of buffer k. The driver API is used
+// so the reads into the next buffers overlap each other's tails and the copies out of the
+// earlier ones. The driver API is used
 // directly (entry points fetched at run time, like the rest of the cuda-vmm backend).
 #include "pkg/load/internal/cuda_load.h"
 
@@ -12,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,6 +26,7 @@
 #include "pkg/load/staging_pool.h"
 #include "pkg/memory/internal/cuda_driver.h"
 #include "pkg/memory/internal/cuda_segment.h"
+#include "pkg/safetensors/read_queue.h"
 #include "pkg/safetensors/safetensors.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
@@ -315,35 +319,60 @@ absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
     }
     span = nullptr;
   };
+  // The preads run on long-lived workers, up to a whole ring ahead of the copies: the
+  // reads of the next buffers go on while the last chunks of one finish (no barrier per
+  // buffer). A filled buffer's copies are queued, in buffer order, once its reads are done.
+  // Declared after `ring`: the workers stop before the buffers go back to the pool.
+  safetensors::ReadQueue reads(ropts);
+  struct Filled {
+    std::vector<Piece> pieces;
+    uint64_t payload;
+    uint64_t ticket;
+    size_t buffer;
+  };
+  std::deque<Filled> filled;  // submitted, copies not yet queued; oldest first
+  auto copy_out = [&]() -> absl::Status {
+    Filled f = std::move(filled.front());
+    filled.pop_front();
+    const auto t0 = Clock::now();
+    WC_RETURN_IF_ERROR(reads.Wait(f.ticket));
+    st.read_seconds += seconds_since(t0);
+    uint8_t* buf = ring->buffer(f.buffer);
+    for (const auto& p : f.pieces) {
+      if (p.segment == nullptr) {
+        WC_RETURN_IF_ERROR(
+            CopyToDeviceAsync(static_cast<uint8_t*>(scratch.get()) + p.segment_offset, buf + p.at,
+                              p.n, ring->stream()));
+      } else {
+        WC_RETURN_IF_ERROR(
+            p.segment->CopyInAsync(p.segment_offset, buf + p.at, p.n, ring->stream()));
+      }
+      if (p.finishes >= 0) WC_RETURN_IF_ERROR(launch(static_cast<size_t>(p.finishes)));
+    }
+    WC_RETURN_IF_ERROR(ring->Record(f.buffer));
+    done += f.payload;
+    if (progress != nullptr) progress->SetDone(done);
+    return absl::OkStatus();
+  };
   auto flush = [&]() -> absl::Status {
     close_span();
     if (used == 0) return absl::OkStatus();
     if (progress != nullptr && !file.empty()) progress->SetFile(file);
-    const auto t0 = Clock::now();
-    WC_RETURN_IF_ERROR(safetensors::ReadRanges(reqs, ropts));
-    st.read_seconds += seconds_since(t0);
     for (const auto& q : reqs) st.bytes_read += q.length;
-    for (const auto& p : pieces) {
-      if (p.segment == nullptr) {
-        WC_RETURN_IF_ERROR(
-            CopyToDeviceAsync(static_cast<uint8_t*>(scratch.get()) + p.segment_offset,
-                              ring->buffer(k) + p.at, p.n, ring->stream()));
-      } else {
-        WC_RETURN_IF_ERROR(
-            p.segment->CopyInAsync(p.segment_offset, ring->buffer(k) + p.at, p.n, ring->stream()));
-      }
-      if (p.finishes >= 0) WC_RETURN_IF_ERROR(launch(static_cast<size_t>(p.finishes)));
-    }
-    WC_RETURN_IF_ERROR(ring->Record(k));
-    done += payload;
-    if (progress != nullptr) progress->SetDone(done);
+    WC_ASSIGN_OR_RETURN(uint64_t ticket, reads.Submit(std::move(reqs)));
+    filled.push_back({std::move(pieces), payload, ticket, k});
     pieces.clear();
     reqs.clear();
     used = 0;
     payload = 0;
+    // Queue the copies of the buffers whose reads are already done, without blocking.
+    while (!filled.empty() && reads.Done(filled.front().ticket)) WC_RETURN_IF_ERROR(copy_out());
     k = (k + 1) % ring->count();
+    // Buffer k is next: when its reads are still in flight (the ring is full), finish them
+    // and queue its copies; then wait until those copies have landed.
+    while (filled.size() >= ring->count()) WC_RETURN_IF_ERROR(copy_out());
     const auto t1 = Clock::now();
-    absl::Status free = ring->WaitFree(k);  // the next buffer's previous copies must have landed
+    absl::Status free = ring->WaitFree(k);
     st.wait_seconds += seconds_since(t1);
     return free;
   };
@@ -390,6 +419,7 @@ absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
     }
   }
   WC_RETURN_IF_ERROR(flush());
+  while (!filled.empty()) WC_RETURN_IF_ERROR(copy_out());
   const auto t0 = Clock::now();
   absl::Status drained = ring->Drain();
   st.wait_seconds += seconds_since(t0);

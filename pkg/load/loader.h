@@ -47,7 +47,7 @@ class LoadProgress {
 // Per-stage timings of one load (GPU path; the other paths fill seconds and bytes_read only).
 struct LoadStats {
   double seconds = 0;            // LoadRank, from the first allocation to the last seal
-  double read_seconds = 0;       // in parallel preads (the loading thread waits for them)
+  double read_seconds = 0;       // blocked on preads (GPU path: they run ahead on workers)
   double wait_seconds = 0;       // blocked on host->device copies: a free staging buffer, the drain
   uint64_t bytes_read = 0;       // from files, alignment padding included
   uint32_t files = 0;            // files read

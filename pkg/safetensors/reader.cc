@@ -15,11 +15,7 @@
 namespace weightcache::safetensors {
 namespace {
 
-struct Chunk {
-  size_t request = 0;
-  uint64_t offset = 0;  // within the request
-  uint64_t length = 0;
-};
+using Chunk = internal::ReadChunk;
 
 // State shared by the workers of one ReadRanges call.
 class ReadJob {
@@ -73,26 +69,9 @@ class ReadJob {
 
 absl::Status ReadRanges(const std::vector<ReadRequest>& requests, const ReadOptions& options,
                         ProgressFn on_progress, void* progress_ctx) {
-  const uint64_t chunk_bytes = options.chunk_bytes == 0 ? (16ull << 20) : options.chunk_bytes;
-  std::vector<Chunk> chunks;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const ReadRequest& r = requests[i];
-    if (r.length == 0) continue;
-    if (r.fd < 0 || r.dst == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(std::string(r.what), ": read request without a descriptor or destination"));
-    }
-    uint64_t end = 0;
-    if (__builtin_add_overflow(r.offset, r.length, &end) ||
-        end > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
-      return absl::InvalidArgumentError(absl::StrCat(std::string(r.what), ": read of ", r.length,
-                                                     " bytes at offset ", r.offset,
-                                                     " overflows the file offset"));
-    }
-    for (uint64_t off = 0; off < r.length; off += chunk_bytes) {
-      chunks.push_back({i, off, std::min(chunk_bytes, r.length - off)});
-    }
-  }
+  auto split = internal::SplitReads(requests, options.chunk_bytes);
+  if (!split.ok()) return split.status();
+  std::vector<Chunk> chunks = std::move(*split);
   if (chunks.empty()) return absl::OkStatus();
 
   // The caller is one worker; at most one worker per chunk, and a sane upper bound.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <limits>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -31,6 +32,31 @@ absl::Status PreadFull(int fd, void* dst, uint64_t length, uint64_t offset, std:
     done += static_cast<uint64_t>(n);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<ReadChunk>> SplitReads(const std::vector<ReadRequest>& requests,
+                                                  uint64_t chunk_bytes) {
+  if (chunk_bytes == 0) chunk_bytes = 16ull << 20;
+  std::vector<ReadChunk> chunks;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const ReadRequest& r = requests[i];
+    if (r.length == 0) continue;
+    if (r.fd < 0 || r.dst == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(std::string(r.what), ": read request without a descriptor or destination"));
+    }
+    uint64_t end = 0;
+    if (__builtin_add_overflow(r.offset, r.length, &end) ||
+        end > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
+      return absl::InvalidArgumentError(absl::StrCat(std::string(r.what), ": read of ", r.length,
+                                                     " bytes at offset ", r.offset,
+                                                     " overflows the file offset"));
+    }
+    for (uint64_t off = 0; off < r.length; off += chunk_bytes) {
+      chunks.push_back({i, off, std::min(chunk_bytes, r.length - off)});
+    }
+  }
+  return chunks;
 }
 
 absl::Status WriteAll(int fd, const void* data, size_t length, std::string_view what) {

@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "pkg/safetensors/safetensors.h"
 
 namespace weightcache::safetensors::internal {
 
@@ -16,6 +18,19 @@ namespace weightcache::safetensors::internal {
 // A read that reaches end of file first is OUT_OF_RANGE naming `what`; an I/O error is
 // the errno status naming `what`.
 absl::Status PreadFull(int fd, void* dst, uint64_t length, uint64_t offset, std::string_view what);
+
+// A piece of one read request: `length` bytes at `offset` within requests[request].
+struct ReadChunk {
+  size_t request = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// Checks each request (a descriptor and a destination unless empty, no offset overflow;
+// errors name the request's `what`) and cuts it into chunks of at most `chunk_bytes`
+// (0: 16 MiB). Empty requests give no chunk.
+absl::StatusOr<std::vector<ReadChunk>> SplitReads(const std::vector<ReadRequest>& requests,
+                                                  uint64_t chunk_bytes);
 
 // Writes all of `data`, retrying on EINTR and short writes.
 absl::Status WriteAll(int fd, const void* data, size_t length, std::string_view what);
