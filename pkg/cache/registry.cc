@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "pkg/util/log.h"
 
@@ -30,13 +31,18 @@ std::string Key::ToString() const {
 Registry::Registry(uint64_t budget_bytes) : budget_(budget_bytes) {}
 
 Registry::~Registry() {
-  std::vector<std::thread> loads;
+  std::map<uint64_t, std::thread> loads;
   {
     std::lock_guard<std::mutex> l(mu_);
     stopping_ = true;
     loads.swap(loads_);
   }
-  for (auto& t : loads) t.join();
+  for (auto& [id, t] : loads) t.join();
+}
+
+size_t Registry::load_threads() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return loads_.size();
 }
 
 void Registry::SetLoadDoneCallback(LoadDoneFn fn) {
@@ -75,9 +81,20 @@ absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(LoadRequest req, bo
   std::shared_ptr<Entry> e;
   EvictFn on_evict;
   const std::string& device = req.key.device_uuid;
+  std::vector<std::thread> finished;  // joined outside the lock
+  absl::Cleanup join_finished = [&finished] {
+    for (auto& t : finished) t.join();
+  };
   {
     std::lock_guard<std::mutex> l(mu_);
     if (stopping_) return absl::UnavailableError("registry is shutting down");
+    for (uint64_t id : finished_loads_) {
+      auto t = loads_.find(id);
+      if (t == loads_.end()) continue;
+      finished.push_back(std::move(t->second));
+      loads_.erase(t);
+    }
+    finished_loads_.clear();
     auto it = entries_.find(req.key);
     if (it != entries_.end() && it->second->state != State::kFailed) return it->second;
     if (it != entries_.end()) entries_.erase(it);  // a failed entry is retried
@@ -104,7 +121,8 @@ absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(LoadRequest req, bo
     e = std::make_shared<Entry>(req.key, req.model, req.inputs, req.source);
     e->reserved_bytes = req.bytes;
     entries_[req.key] = e;
-    loads_.emplace_back(&Registry::RunLoad, this, e, std::move(req.load));
+    const uint64_t id = next_load_id_++;
+    loads_.emplace(id, std::thread(&Registry::RunLoad, this, id, e, std::move(req.load)));
     on_evict = on_evict_;
   }
   if (on_evict) {
@@ -114,7 +132,7 @@ absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(LoadRequest req, bo
   return e;
 }
 
-void Registry::RunLoad(std::shared_ptr<Entry> e, LoadFn load) {
+void Registry::RunLoad(uint64_t id, std::shared_ptr<Entry> e, LoadFn load) {
   auto t0 = std::chrono::steady_clock::now();
   auto result = load(*e);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -143,6 +161,8 @@ void Registry::RunLoad(std::shared_ptr<Entry> e, LoadFn load) {
     WC_LOG_ERROR("model %s failed to load: %s", e->model, std::string(status.message()));
   }
   if (done) done(*e, status);
+  std::lock_guard<std::mutex> l(mu_);
+  finished_loads_.push_back(id);  // the thread ends here; the next StartOrJoin joins it
 }
 
 absl::Status Registry::WaitReady(const std::shared_ptr<Entry>& e,

@@ -164,6 +164,8 @@ class Registry {
   uint64_t budget_bytes() const { return budget_; }
   uint64_t used_bytes() const;                                // all devices
   uint64_t used_bytes(const std::string& device_uuid) const;  // one device
+  // Load threads not yet joined (running, or finished since the last StartOrJoin).
+  size_t load_threads() const;
 
   using EvictFn = std::function<void(const std::string& model, const std::string& reason)>;
   void SetEvictCallback(EvictFn fn);
@@ -174,14 +176,18 @@ class Registry {
                    std::vector<std::string>* evicted_models) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bytes reserved on `device_uuid`; all devices when null.
   uint64_t UsedLocked(const std::string* device_uuid) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RunLoad(std::shared_ptr<Entry> e, LoadFn load);
+  void RunLoad(uint64_t id, std::shared_ptr<Entry> e, LoadFn load);
 
   const uint64_t budget_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<Key, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Key> lease_to_key_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> loads_ ABSL_GUARDED_BY(mu_);
+  // Load threads not yet joined, by id; the finished ones are joined by the next
+  // StartOrJoin (a long-lived daemon does not keep one thread per load it ever ran).
+  std::map<uint64_t, std::thread> loads_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> finished_loads_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_load_id_ ABSL_GUARDED_BY(mu_) = 0;
   LoadDoneFn on_done_ ABSL_GUARDED_BY(mu_);
   EvictFn on_evict_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

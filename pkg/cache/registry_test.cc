@@ -67,6 +67,19 @@ TEST(Registry, ConcurrentRequestsShareOneLoad) {
   EXPECT_EQ(ready.load(), 32);
 }
 
+TEST(Registry, FinishedLoadThreadsAreJoinedNotKept) {
+  Registry r;
+  constexpr int kLoads = 40;
+  for (int i = 0; i < kLoads; ++i) {
+    auto e = r.StartOrJoin(Req("fp" + std::to_string(i), "m", 0, SegmentLoad(4096)));
+    ASSERT_TRUE(e.ok());
+    ASSERT_TRUE(r.WaitReady(*e, Far()).ok());
+  }
+  // Each StartOrJoin joins the loads finished before it: only the last one or two (whose
+  // thread may still be ending) remain, not one thread per load ever run.
+  EXPECT_LT(r.load_threads(), static_cast<size_t>(kLoads / 4));
+}
+
 TEST(Registry, FailedLoadReportsErrorAndIsRetried) {
   Registry r;
   auto e = r.StartOrJoin(

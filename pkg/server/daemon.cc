@@ -716,6 +716,19 @@ absl::StatusOr<uint32_t> Daemon::Impl::Evict(const v1::EvictRequest& req) {
     for (const auto& e : registry_.FindAll(req.fingerprint())) keys.push_back(e->key);
   } else if (req.target_case() == v1::EvictRequest::kModel) {
     for (const auto& e : registry_.FindByModel(req.model())) keys.push_back(e->key);
+    // A second spec name over the same checkpoint and options shares the entries of the
+    // name that loaded them first (same fingerprint): they carry that name. Its entries are
+    // the ones whose fingerprint this spec reproduces for their layout and environment.
+    auto opened = Open(req.model(), /*refresh=*/false);
+    if (!opened.ok() && keys.empty()) return opened.status();  // an unknown name says so
+    if (opened.ok()) {
+      for (const auto& s : registry_.Snapshot()) {
+        if (s.model != req.model() &&
+            (*opened)->Inputs(s.inputs.layout, s.inputs.env).Digest() == s.fingerprint) {
+          keys.push_back({s.fingerprint, s.device_uuid});
+        }
+      }
+    }
   } else {
     return absl::InvalidArgumentError("Evict: set either model or fingerprint");
   }

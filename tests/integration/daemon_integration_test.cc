@@ -254,6 +254,39 @@ TEST_F(DaemonTest, UnknownModelIsAMissNamingTheKnownOnes) {
       << lease.status();
 }
 
+TEST_F(DaemonTest, TwoNamesOverOneCheckpointShareAnEntryAndEitherNameEvictsIt) {
+  std::ofstream(dir_ / "specs.yaml") << "models:\n"
+                                     << "  - name: tiny\n    model_dir: " << dir_ / "tiny"
+                                     << "\n"
+                                     << "  - name: alias\n    model_dir: " << dir_ / "tiny"
+                                     << "\n";
+  StartDaemon({"--spec_file=" + dir_ / "specs.yaml", "--preload=false"});
+  client::AcquireOptions o;
+  o.model = "tiny";
+  o.load_on_miss = true;
+  o.wait_ready = true;
+  {
+    auto first = client_->Acquire(o);
+    ASSERT_TRUE(first.ok()) << first.status();
+    o.model = "alias";
+    auto second = client_->Acquire(o);  // the same fingerprint: served by tiny's entry
+    ASSERT_TRUE(second.ok()) << second.status();
+  }
+  auto st =
+      WaitStatus([](const auto& s) { return s.entries_size() == 1 && Leases(s, "tiny") == 0; }, 5s);
+  EXPECT_EQ(st.entries(0).model(), "tiny");
+  // Evicting by the second name drops the shared entry (it used to find nothing).
+  auto n = client_->Evict("alias", "");
+  ASSERT_TRUE(n.ok()) << n.status();
+  EXPECT_EQ(*n, 1u);
+  WaitStatus([](const auto& s) { return s.entries_size() == 0; }, 5s);
+  // An unknown name is an error naming the known ones, not "nothing to evict".
+  auto unknown = client_->Evict("nope", "");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(unknown.status().message().find("known: alias, tiny"), absl::string_view::npos)
+      << unknown.status();
+}
+
 TEST_F(DaemonTest, MalformedCheckpointFailsItsOwnLoadAndTheDaemonServesTheOther) {
   ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "broken", Small()).ok());
   ::truncate((dir_ / "broken/model.safetensors").c_str(), 1000);
