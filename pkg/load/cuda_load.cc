@@ -70,7 +70,12 @@ class PinnedAllocator : public StagingPool::Allocator {
   void Free(void* p, uint64_t) override {
     auto api = memory::internal::Driver();
     if (!api.ok()) return;
-    auto current = ScopedCurrentContext::Push(**api, free_ctx_);
+    CUcontext ctx = nullptr;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      ctx = free_ctx_;
+    }
+    auto current = ScopedCurrentContext::Push(**api, ctx);
     if (CUresult r = (*api)->cuMemFreeHost(p); r != CUDA_SUCCESS) {
       WC_LOG_ERROR("staging: cuMemFreeHost: %s", memory::internal::CuErrorName(**api, r));
     }
@@ -79,7 +84,7 @@ class PinnedAllocator : public StagingPool::Allocator {
  private:
   std::mutex mu_;
   std::map<int, PrimaryContext> contexts_;
-  CUcontext free_ctx_ = nullptr;  // any retained context: the memory is portable
+  CUcontext free_ctx_ = nullptr;  // any retained context (the memory is portable); mu_
 };
 
 // Pinned buffers (leased from a StagingPool), their events and one stream, in one device's
