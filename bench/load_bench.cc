@@ -506,9 +506,9 @@ int main(int argc, char** argv) {
   std::printf("pinned H2D (cudaMemcpy, 1 GiB, median of 5): %.1f GB/s\n", h2d);
   std::fflush(stdout);
 
-  // Later (larger) sizes: the first config (the old defaults) and the first
-  // size's fastest cold one, with direct=on turned into auto (the same cold,
-  // page cache when hot).
+  // Later (larger) sizes: the first config (the old defaults), the first size's
+  // fastest cold one, with direct=on turned into auto (the same cold, page cache
+  // when hot), and the loader's defaults when listed.
   std::vector<Config> all = configs;
   size_t best_index = 0;
   for (size_t si = 0; si < a.sizes_gib.size(); ++si) {
@@ -521,6 +521,16 @@ int main(int argc, char** argv) {
       }
       configs = {all[0]};
       if (b.text != all[0].text) configs.push_back(b);
+      // And the loader's defaults, when listed: what the daemon runs.
+      const wc::load::LoadOptions d;
+      for (const Config& c : all) {
+        const auto& o = c.opts;
+        if (o.read_threads == d.read_threads && o.staging_bytes == d.staging_bytes &&
+            o.staging_buffers == d.staging_buffers && o.direct_io == d.direct_io &&
+            c.text != all[0].text && c.text != b.text) {
+          configs.push_back(c);
+        }
+      }
     }
     if (left() < 30) {
       std::printf("\n[skipped %.0f GiB: deadline]\n", gib);

@@ -262,7 +262,7 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(
   } else {
     // Host-addressable segments: straight from the file; others: staging + CopyIn.
     std::vector<uint8_t> staging;
-    // Never larger than the model: the default (sized for the GPU ring) is 1 GiB.
+    // Never larger than the model: the default is sized for the GPU ring (256 MiB).
     if (!direct) {
       staging.resize(std::max<uint64_t>(1, std::min(options.staging_bytes, plan.total_bytes)));
     }
