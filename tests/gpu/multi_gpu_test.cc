@@ -26,6 +26,7 @@
 #include "pkg/memory/cuda_backend.h"
 #include "pkg/safetensors/safetensors.h"
 #include "pkg/safetensors/writer.h"
+#include "tests/integration/daemon_harness.h"
 #include "tests/integration/process.h"
 #include "tests/testutil/temp_dir.h"
 #include "weightcache/v1/weightcache.pb.h"
@@ -163,43 +164,19 @@ class MultiGpuTest : public ::testing::Test {
                                   "--peer_policy=" + policy,
                                   "--model=name=tiny,model_dir=" + (dir_ / "tiny") + ",tp_size=2"};
     daemon_.reset();
-    daemon_ = std::make_unique<Process>(argv, log_);
-    auto deadline = std::chrono::steady_clock::now() + 60s;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (::access((socket_dir_ + "/control.sock").c_str(), F_OK) == 0) {
-        auto c = client::Client::Connect(socket_dir_);
-        if (c.ok()) {
-          auto st = (*c)->Status();
-          if (st.ok() && st->entries_size() == 2 && st->entries(0).state() == "ready" &&
-              st->entries(1).state() == "ready") {
-            client_ = std::move(c).value();
-            return;
-          }
-        }
-      }
-      std::this_thread::sleep_for(20ms);  // polling a condition with a deadline
-    }
-    // Diagnose a silent daemon: is it running, and where is it waiting?
-    std::string pid = std::to_string(daemon_->pid());
-    FAIL() << "daemon (pid " << pid << ", alive " << (::kill(daemon_->pid(), 0) == 0) << ", exe "
-           << ReadFile("/proc/" + pid + "/cmdline").substr(0, 80) << ", wchan "
-           << ReadFile("/proc/" + pid + "/wchan") << ") did not preload both ranks; log:\n"
-           << Log();
+    auto d = testing::StartDaemon(
+        argv, socket_dir_, log_,
+        [](const v1::StatusResponse &st) {
+          return st.entries_size() == 2 && st.entries(0).state() == "ready" &&
+                 st.entries(1).state() == "ready";
+        },
+        60s);
+    ASSERT_TRUE(d.ok()) << "daemon did not preload both ranks: " << d.status();
+    daemon_ = std::move(d->process);
+    client_ = std::move(d->client);
   }
 
-  static std::string ReadFile(const std::string &path) {
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
-
-  std::string Log() const {
-    std::ifstream in(log_);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  }
+  std::string Log() const { return testing::ReadFileOrEmpty(log_); }
 
   // Runs an engine that sees only GPU `ordinal` and asks for `rank`.
   EngineResult Engine(int ordinal, int rank) {

@@ -9,7 +9,7 @@
 # Environment: OUT (default /tmp/wc-gpu-x2-out); P2P_ARGS (gpu_p2p_bench flags).
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
-carry=$root/.device-carry-x2
+carry=${WC_CARRY_DIR:-$root/.device-carry-x2}
 OUT=${OUT:-/tmp/wc-gpu-x2-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$carry/lib

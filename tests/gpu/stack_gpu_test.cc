@@ -15,6 +15,7 @@
 #include "pkg/memory/cuda_backend.h"
 #include "pkg/safetensors/writer.h"
 #include "tests/gpu/gpu_testkit.h"
+#include "tests/integration/daemon_harness.h"
 #include "tests/integration/process.h"
 #include "tests/testutil/temp_dir.h"
 #include "weightcache/v1/weightcache.pb.h"
@@ -89,29 +90,21 @@ class StackGpuTest : public ::testing::Test {
   }
 
   void StartDaemon(bool preload) {
-    daemon_ = std::make_unique<Process>(
-        std::vector<std::string>{DaemonPath(), "--socket_dir=" + socket_dir_, "--backend=cuda",
-                                 "--metrics_address=off",
-                                 "--model=name=big,model_dir=" + *dir_ / "big",
-                                 std::string("--preload=") + (preload ? "true" : "false")},
-        socket_dir_ + ".daemon.log");
-    auto deadline = std::chrono::steady_clock::now() + 120s;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (::access((socket_dir_ + "/control.sock").c_str(), F_OK) == 0) {
-        auto c = client::Client::Connect(socket_dir_);
-        if (c.ok()) {
-          auto st = (*c)->Status();
-          if (st.ok() &&
-              (!preload || (st->entries_size() == 1 && st->entries(0).state() == "ready"))) {
-            ASSERT_EQ(st->backend(), "cuda-vmm");
-            control_ = std::move(c).value();
-            return;
-          }
-        }
-      }
-      std::this_thread::sleep_for(20ms);  // polling a condition with a deadline
-    }
-    FAIL() << "daemon not ready in time";
+    auto d = testing::StartDaemon(
+        {DaemonPath(), "--socket_dir=" + socket_dir_, "--backend=cuda", "--metrics_address=off",
+         "--model=name=big,model_dir=" + *dir_ / "big",
+         std::string("--preload=") + (preload ? "true" : "false")},
+        socket_dir_, socket_dir_ + ".daemon.log",
+        [preload](const v1::StatusResponse& st) {
+          return !preload || (st.entries_size() == 1 && st.entries(0).state() == "ready");
+        },
+        120s);
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = std::move(d->process);
+    control_ = std::move(d->client);
+    auto st = control_->Status();
+    ASSERT_TRUE(st.ok()) << st.status();
+    ASSERT_EQ(st->backend(), "cuda-vmm");
   }
 
   // Starts an engine (optionally under `wrapper`), reads its report until READY.
