@@ -6,8 +6,9 @@
 //              queue cuMemcpyHtoDAsync of every piece on the stream -> record its event
 //
 // so the reads into the next buffers overlap each other's tails and the copies out of the
-// earlier ones. The driver API is used
-// directly (entry points fetched at run time, like the rest of the cuda-vmm backend).
+// earlier ones. The buffers come from a StagingPool (pinned once, kept by the daemon). The
+// driver API is used directly (entry points fetched at run time, like the rest of the
+// cuda-vmm backend).
 #include "pkg/load/internal/cuda_load.h"
 
 #include <cuda.h>

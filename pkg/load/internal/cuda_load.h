@@ -1,7 +1,8 @@
 // The loader's GPU path (private to pkg/load): file byte ranges -> cuda-vmm segments through
-// a ring of pinned staging buffers. Parallel preads fill one buffer while the copies of the
-// previous ones run on a stream (cuMemcpyHtoDAsync from page-locked memory; never a
-// pageable copy); an event per buffer says when it may be refilled.
+// a ring of pinned staging buffers (from LoadOptions::staging_pool, or pinned for this load).
+// Parallel preads (a safetensors::ReadQueue) fill the next buffers while the copies of the
+// earlier ones run on a stream (cuMemcpyHtoDAsync from page-locked memory; never a pageable
+// copy); an event per buffer says when it may be refilled.
 //
 // Free of CUDA headers; cuda_load.cc implements it in CUDA builds, cuda_load_absent.cc
 // answers UNIMPLEMENTED otherwise (the loader only calls it for cuda-vmm segments, which a
