@@ -14,7 +14,9 @@
 //
 //   load_bench --dir=/var/tmp/wc-load-bench --sizes_gib=8,32
 //     --configs=8:256:4:off,16:1024:8:on --torch_script=bench/torch_load_baseline.py
-// A config is threads:staging_MiB:buffers:direct (direct: off | on | auto). Without a GPU it
+// A config is threads:staging_MiB:buffers:direct[:fp8] (direct: off | on | auto; fp8: the
+// spec asks quantization fp8_block, so every linear weight is quantized on the GPU while
+// the load streams, and the GB/s count the bf16 bytes read). Without a GPU it
 // falls back to the host backend (a smoke test of the checkpoint and the reads).
 #include <cuda_runtime.h>
 #include <fcntl.h>
@@ -376,11 +378,14 @@ struct Config {
   std::string text;
   wc::load::LoadOptions opts;
   std::shared_ptr<wc::load::StagingPool> pool;
+  bool fp8 = false;  // ":fp8": quantization fp8_block, online on the GPU while loading
 };
 
 Config ParseConfig(const std::string& s) {
   std::vector<std::string> p = absl::StrSplit(s, ':');
-  if (p.size() != 4) Die("config " + s + ": want threads:staging_MiB:buffers:direct");
+  if (p.size() != 4 && !(p.size() == 5 && p[4] == "fp8")) {
+    Die("config " + s + ": want threads:staging_MiB:buffers:direct[:fp8]");
+  }
   Config c;
   c.text = s;
   c.opts.read_threads = static_cast<unsigned>(std::atoi(p[0].c_str()));
@@ -389,6 +394,7 @@ Config ParseConfig(const std::string& s) {
   c.opts.direct_io = p[3] == "on"    ? wc::load::DirectIo::kOn
                      : p[3] == "off" ? wc::load::DirectIo::kOff
                                      : wc::load::DirectIo::kAuto;
+  c.fp8 = p.size() == 5;
   c.pool = wc::load::MakePinnedStagingPool(c.opts.staging_bytes);
   c.opts.staging_pool = c.pool.get();
   return c;
@@ -402,11 +408,12 @@ struct LoadResult {
 };
 
 LoadResult OurLoad(wc::memory::Backend& backend, const std::string& dir,
-                   const wc::load::LoadOptions& opts) {
+                   const wc::load::LoadOptions& opts, bool fp8) {
   auto t0 = Clock::now();
   wc::spec::ModelSpec s;
   s.name = "bench";
   s.model_dir = dir;
+  if (fp8) s.quantization = "fp8_block";
   auto model = wc::load::OpenModel(s);
   if (!model.ok()) Die(std::string(model.status().message()));
   wc::load::PlanOptions popts;
@@ -438,7 +445,9 @@ LoadResult OurLoad(wc::memory::Backend& backend, const std::string& dir,
     return r;
   }
   for (const auto& t : (*loaded)->plan.tensors) {
-    if (!t.pieces.empty() || t.quant.has_value() || t.nbytes == 0) continue;
+    if (!t.pieces.empty() || t.quant.has_value() || !t.scale_of.empty() || t.nbytes == 0) {
+      continue;  // read in pieces, quantized, or written by a quantization: no file range
+    }
     const uint64_t n = std::min<uint64_t>(256, t.nbytes);
     for (uint64_t at : {uint64_t{0}, t.nbytes / 2 / 256 * 256, t.nbytes - n}) {
       at = std::min(at, t.nbytes - n);
@@ -526,7 +535,7 @@ int main(int argc, char** argv) {
       for (const Config& c : all) {
         const auto& o = c.opts;
         if (o.read_threads == d.read_threads && o.staging_bytes == d.staging_bytes &&
-            o.staging_buffers == d.staging_buffers && o.direct_io == d.direct_io &&
+            o.staging_buffers == d.staging_buffers && o.direct_io == d.direct_io && !c.fp8 &&
             c.text != all[0].text && c.text != b.text) {
           configs.push_back(c);
         }
@@ -585,7 +594,7 @@ int main(int argc, char** argv) {
 
     // (b) cold, then (c) cold.
     auto run_ours = [&](const Config& cf, const char* cache) {
-      LoadResult r = OurLoad(**backend, dir, cf.opts);
+      LoadResult r = OurLoad(**backend, dir, cf.opts, cf.fp8);
       const auto& s = r.stats;
       log({"(b) weightcache LoadRank " + cf.text, cache, c.bytes / kGB / r.seconds, r.seconds,
            absl::StrFormat("open+plan %.3f s, alloc %.3f s, staging %.3f s (%u/%u buffers "
