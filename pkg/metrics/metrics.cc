@@ -66,6 +66,7 @@ class StateCollector final : public prometheus::Collectable {
     if (source_ == nullptr) return {};
     const std::vector<EntrySnapshot> entries = source_->Entries();
     const std::vector<DeviceSnapshot> devices = source_->Devices();
+    const StagingSnapshot staging = source_->Staging();
 
     std::map<std::pair<std::string, std::string>, uint64_t> resident;  // (model, device)
     std::map<std::string, uint64_t> leases;                            // model
@@ -129,6 +130,18 @@ class StateCollector final : public prometheus::Collectable {
         f.metric.push_back(GaugeMetric({{"device", d.device}, {"kind", "used"}},
                                        static_cast<double>(d.cache_bytes)));
       }
+      out.push_back(std::move(f));
+    }
+    if (staging.present) {
+      prometheus::MetricFamily f{
+          "weightcache_staging_pinned_bytes",
+          "Page-locked host memory of the GPU loader's staging buffers: kept idle between "
+          "loads, or in use by loads in progress.",
+          prometheus::MetricType::Gauge,
+          {}};
+      f.metric.push_back(GaugeMetric({{"state", "idle"}}, static_cast<double>(staging.idle_bytes)));
+      f.metric.push_back(
+          GaugeMetric({{"state", "in_use"}}, static_cast<double>(staging.in_use_bytes)));
       out.push_back(std::move(f));
     }
     return out;

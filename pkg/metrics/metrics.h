@@ -54,12 +54,20 @@ struct DeviceSnapshot {
   uint64_t cache_bytes = 0;  // used by the cache
 };
 
+// Page-locked host memory the GPU loader keeps for staging (pkg/load/staging_pool.h).
+struct StagingSnapshot {
+  bool present = false;  // false: no staging pool (host backend): no series
+  uint64_t idle_bytes = 0;
+  uint64_t in_use_bytes = 0;  // leased by loads in progress
+};
+
 // What the scrape-time gauges read. Implemented by the registry owner (the server).
 class StateSource {
  public:
   virtual ~StateSource() = default;
   virtual std::vector<EntrySnapshot> Entries() const = 0;
   virtual std::vector<DeviceSnapshot> Devices() const = 0;
+  virtual StagingSnapshot Staging() const { return {}; }
 };
 
 struct BuildInfo {

@@ -222,9 +222,26 @@ class FakeState : public StateSource {
  public:
   std::vector<EntrySnapshot> Entries() const override { return entries; }
   std::vector<DeviceSnapshot> Devices() const override { return devices; }
+  StagingSnapshot Staging() const override { return staging; }
   std::vector<EntrySnapshot> entries;
   std::vector<DeviceSnapshot> devices;
+  StagingSnapshot staging;
 };
+
+TEST(MetricsTest, StagingMemoryIsReportedOnlyWhereThereIsAPool) {
+  prometheus::Registry registry;
+  Metrics m(registry, TestBuild());
+  FakeState state;
+  m.SetStateSource(&state);
+  auto collectable = m.collectable();
+  // Host backend: no pool, no series.
+  EXPECT_EQ(Value(Snapshot(*collectable), "weightcache_staging_pinned_bytes", {{"state", "idle"}}),
+            std::nullopt);
+  state.staging = {true, 256 << 20, 64 << 20};
+  Values v = Snapshot(*collectable);
+  EXPECT_EQ(Value(v, "weightcache_staging_pinned_bytes", {{"state", "idle"}}), 268435456.0);
+  EXPECT_EQ(Value(v, "weightcache_staging_pinned_bytes", {{"state", "in_use"}}), 67108864.0);
+}
 
 TEST(MetricsTest, ScrapeTimeGaugesReflectTheStateSource) {
   prometheus::Registry registry;

@@ -824,6 +824,12 @@ std::vector<metrics::EntrySnapshot> Daemon::Impl::Entries() const {
   return out;
 }
 
+metrics::StagingSnapshot Daemon::Impl::Staging() const {
+  if (staging_pool_ == nullptr) return {};
+  const auto c = staging_pool_->counters();
+  return {true, c.idle_bytes, c.taken_bytes};
+}
+
 std::vector<metrics::DeviceSnapshot> Daemon::Impl::Devices() const {
   std::map<std::string, uint64_t> used;
   for (const auto& s : registry_.Snapshot())

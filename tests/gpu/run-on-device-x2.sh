@@ -56,7 +56,7 @@ gpu1=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | sed -n 2p)
 # An engine on GPU 1 asks for rank 0 (resident on GPU 0): a peer copy.
 CUDA_VISIBLE_DEVICES=1 "$WC_MGPU_ENGINE" "$d/s" demo 2 0 | grep -v '^TENSOR' | tee "$d/engine.out"
 step cli_status 30 "$carry/bin/weightcachectl" --socket="$d/s/control.sock" status
-python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9477/metrics').read().decode())" 2>&1 | grep -E '^weightcache_(acquire|load).*(peer|result)' | head -12 || true
+python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9477/metrics').read().decode())" 2>&1 | grep -E '^weightcache_(acquire|load).*(peer|result)|^weightcache_staging' | head -14 || true
 grep -E 'preload|peer copy' "$d/daemon.log"
 kill "$dpid"; wait "$dpid" 2>/dev/null
 

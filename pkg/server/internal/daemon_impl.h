@@ -53,6 +53,7 @@ class Daemon::Impl final : public metrics::StateSource {
   // metrics::StateSource
   std::vector<metrics::EntrySnapshot> Entries() const override;
   std::vector<metrics::DeviceSnapshot> Devices() const override;
+  metrics::StagingSnapshot Staging() const override;
 
   const DaemonOptions& options() const { return options_; }
   std::string control_path() const;
