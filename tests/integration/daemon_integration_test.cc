@@ -492,5 +492,17 @@ TEST_F(DaemonTest, SecondDaemonOnTheSameSocketDirIsRefused) {
   EXPECT_TRUE(client_->Status().ok());  // the first one still serves
 }
 
+TEST_F(DaemonTest, BadSizeFlagsStopTheDaemonNamingTheFlag) {
+  for (const std::string flag : {"--staging_keep=lots", "--memory_budget=12XB"}) {
+    Process p({WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_, "--backend=host",
+               "--metrics_address=off", flag},
+              dir_ / "bad.log");
+    int status = p.Wait();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << flag;
+    const std::string log = testing::ReadFileOrEmpty(dir_ / "bad.log");
+    EXPECT_NE(log.find(flag.substr(0, flag.find('='))), std::string::npos) << log;
+  }
+}
+
 }  // namespace
 }  // namespace weightcache
