@@ -69,6 +69,11 @@ int Status(client::Client& c) {
                 d.entries(), FormatBytes(d.cache_bytes()).c_str(),
                 FormatBytes(d.free_bytes()).c_str(), FormatBytes(d.total_bytes()).c_str());
   }
+  if (st->has_staging()) {
+    std::printf("staging (pinned host memory): %s idle, %s in use\n",
+                FormatBytes(st->staging().idle_bytes()).c_str(),
+                FormatBytes(st->staging().in_use_bytes()).c_str());
+  }
   std::printf("known models: ");
   for (int i = 0; i < st->known_models_size(); ++i) {
     std::printf("%s%s", i ? ", " : "", st->known_models(i).c_str());

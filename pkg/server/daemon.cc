@@ -788,6 +788,10 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
   resp->set_acquire_rejected(rejected_);
   resp->set_acquire_errors(errors_);
   resp->set_acquire_peer_copies(peer_copies_);
+  if (const metrics::StagingSnapshot s = Staging(); s.present) {
+    resp->mutable_staging()->set_idle_bytes(s.idle_bytes);
+    resp->mutable_staging()->set_in_use_bytes(s.in_use_bytes);
+  }
   for (const auto& d : backend_->Devices()) {
     auto* u = resp->add_devices();
     u->set_device_uuid(d.uuid);
