@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -27,7 +28,7 @@ namespace {
 
 double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
+  return v[std::min(v.size() - 1, static_cast<size_t>(std::lround(p * (v.size() - 1))))];
 }
 
 }  // namespace

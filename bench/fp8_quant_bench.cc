@@ -142,7 +142,8 @@ int main(int argc, char** argv) {
           continue;
         }
         const double n = static_cast<double>(s.rows) * static_cast<double>(s.cols);
-        const double moved = n * 3 + 4.0 * ((s.rows + 127) / 128) * ((s.cols + 127) / 128);
+        const int64_t blocks = ((s.rows + 127) / 128) * ((s.cols + 127) / 128);  // ceil, on purpose
+        const double moved = n * 3 + 4.0 * static_cast<double>(blocks);
         std::printf("| %s | %s | %s | %.1f us | %.2f TB/s | %.2f TB/s |\n", s.what,
                     dt == DType::kBF16 ? "bf16" : "fp16", vname, *t * 1e6, n * 2 / *t / 1e12,
                     moved / *t / 1e12);

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -162,7 +163,8 @@ Checkpoint WriteCheckpoint(const std::string& dir, double gib) {
   shape.vocab = 128256;
   const double per_layer = 2.0 * (2 * 4096.0 * 4096 + 2 * 1024.0 * 4096 + 3 * 4096.0 * 14336);
   const double fixed = 2.0 * 2 * 128256.0 * 4096;
-  shape.layers = std::max(1, static_cast<int>((gib * (1ull << 30) - fixed) / per_layer + 0.5));
+  shape.layers =
+      std::max(1, static_cast<int>(std::lround((gib * (1ull << 30) - fixed) / per_layer)));
   auto specs = wc::safetensors::ArchTensors(shape);
   if (!specs.ok()) Die(std::string(specs.status().message()));
   Checkpoint c;

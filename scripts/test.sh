@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh --test
 bash scripts/check-format.sh
 bash scripts/build.sh
+bash scripts/check-tidy.sh build
 cd build
 # GPU tests skip without a GPU: show each one's reason, then run the whole suite, whose
 # summary closes the output.

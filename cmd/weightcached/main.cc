@@ -174,6 +174,7 @@ int Run() {
   metrics.SetStateSource(nullptr);
   daemon->reset();
   // Unblock the signal thread if shutdown came from elsewhere.
+  // NOLINTNEXTLINE(bugprone-bad-signal-to-kill-thread): it sigwait()s for SIGTERM and returns
   pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();
   return 0;

@@ -132,7 +132,7 @@ absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(LoadRequest req, bo
   return e;
 }
 
-void Registry::RunLoad(uint64_t id, std::shared_ptr<Entry> e, LoadFn load) {
+void Registry::RunLoad(uint64_t id, const std::shared_ptr<Entry>& e, const LoadFn& load) {
   auto t0 = std::chrono::steady_clock::now();
   auto result = load(*e);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -43,9 +43,9 @@ const char* StateName(State s);
 // Where an entry lives in the registry.
 struct Key {
   std::string fingerprint;
-  std::string device_uuid;  // "GPU-..." or a host backend device ("host")
-  auto operator<=>(const Key&) const = default;
-  std::string ToString() const;  // "<fingerprint[:12]>@<device>"
+  std::string device_uuid;                       // "GPU-..." or a host backend device ("host")
+  auto operator<=>(const Key&) const = default;  // NOLINT(modernize-use-nullptr): tidy 14 bug
+  std::string ToString() const;                  // "<fingerprint[:12]>@<device>"
 };
 
 struct LeaseRecord {
@@ -176,7 +176,7 @@ class Registry {
                    std::vector<std::string>* evicted_models) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bytes reserved on `device_uuid`; all devices when null.
   uint64_t UsedLocked(const std::string* device_uuid) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RunLoad(uint64_t id, std::shared_ptr<Entry> e, LoadFn load);
+  void RunLoad(uint64_t id, const std::shared_ptr<Entry>& e, const LoadFn& load);
 
   const uint64_t budget_;
   mutable std::mutex mu_;

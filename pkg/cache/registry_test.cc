@@ -29,7 +29,7 @@ LoadRequest Req(const std::string& fp, const std::string& model, uint64_t bytes,
 
 // A load that produces one real host segment of `bytes`.
 LoadFn SegmentLoad(uint64_t bytes, std::atomic<int>* calls = nullptr,
-                   std::shared_future<void> gate = {}) {
+                   const std::shared_future<void>& gate = {}) {
   return [=](Entry&) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
     if (calls != nullptr) calls->fetch_add(1);
     if (gate.valid()) gate.wait();

@@ -322,9 +322,10 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(
         };
         size_t i = 0;
         uint64_t skip = 0;
+        const auto& file_tensors = tensors;  // a structured binding: lambdas capture a name
         auto skip_strided = [&] {
-          while (i < tensors.size() &&
-                 (!tensors[i]->pieces.empty() || tensors[i]->quant.has_value())) {
+          while (i < file_tensors.size() &&
+                 (!file_tensors[i]->pieces.empty() || file_tensors[i]->quant.has_value())) {
             ++i;
           }
         };

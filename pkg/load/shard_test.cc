@@ -471,7 +471,7 @@ TEST(PlanRank, FusedViewsAliasContiguousShards) {
         for (int layer = 0; layer < s.layers; ++layer) {
           const std::string l = absl::StrCat("model.layers.", layer, ".");
           std::vector<std::string> params = {"weight"};
-          if (fp8) params.push_back("weight_scale_inv");
+          if (fp8) params.emplace_back("weight_scale_inv");
           for (const auto& param : params) {
             if (std::string(arch) == "Qwen2ForCausalLM") {
               check(l + "self_attn.qkv_proj." + param,
@@ -697,7 +697,7 @@ TEST(OnlineFp8, QuantizedLayerRule) {
 }
 
 TEST(OnlineFp8, EveryPresetPlansF8WeightsAndScalesOfTheShard) {
-  for (ArchShape shape : AllPresets(false)) {
+  for (const ArchShape& shape : AllPresets(false)) {
     SCOPED_TRACE(shape.architecture);
     TempDir dir;
     ASSERT_TRUE(safetensors::WriteArchCheckpoint(dir.path(), shape).ok());

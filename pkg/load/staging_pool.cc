@@ -25,7 +25,7 @@ StagingPool::Lease& StagingPool::Lease::operator=(Lease&& o) noexcept {
 }
 
 void StagingPool::Lease::Release() {
-  if (pool_ != nullptr && !buffers_.empty()) pool_->Return(std::move(buffers_));
+  if (pool_ != nullptr && !buffers_.empty()) pool_->Return(buffers_);
   buffers_.clear();
   pool_ = nullptr;
 }
@@ -73,7 +73,7 @@ absl::StatusOr<StagingPool::Lease> StagingPool::Take(int ordinal, size_t count, 
   return lease;
 }
 
-void StagingPool::Return(std::vector<Buffer> buffers) {
+void StagingPool::Return(const std::vector<Buffer>& buffers) {
   std::vector<Buffer> drop;
   {
     std::lock_guard<std::mutex> l(mu_);

@@ -82,7 +82,7 @@ class StagingPool {
 
  private:
   // Back to idle_; then frees idle buffers, smallest first, above max_idle_bytes_.
-  void Return(std::vector<Buffer> buffers);
+  void Return(const std::vector<Buffer>& buffers);
 
   const std::unique_ptr<Allocator> allocator_;
   const uint64_t max_idle_bytes_;

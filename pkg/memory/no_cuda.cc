@@ -14,6 +14,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOption
 }
 
 namespace internal {
+// NOLINTNEXTLINE(performance-unnecessary-value-param): the signature takes the FDs over
 absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnly(std::vector<ScopedFd>,
                                                                 const std::vector<uint64_t>&,
                                                                 const std::string&) {

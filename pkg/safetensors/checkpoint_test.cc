@@ -84,7 +84,7 @@ TEST(CheckpointTest, ShardedLlamaOpensWithEveryTensor) {
       {"lm_head.weight", {256, 64}}};
   for (int i = 0; i < 2; ++i) {
     for (const auto& [suffix, dims] : expected_layer) {
-      expected.push_back({"model.layers." + std::to_string(i) + "." + suffix, dims});
+      expected.emplace_back("model.layers." + std::to_string(i) + "." + suffix, dims);
     }
   }
   ASSERT_EQ(ckpt->tensors().size(), expected.size());

@@ -276,7 +276,7 @@ absl::StatusOr<spec::Layout> Daemon::Impl::LayoutFrom(const v1::Layout& l) const
 }
 
 absl::StatusOr<std::shared_ptr<cache::Entry>> Daemon::Impl::StartLoad(
-    std::shared_ptr<const load::OpenedModel> model, const spec::Layout& layout,
+    const std::shared_ptr<const load::OpenedModel>& model, const spec::Layout& layout,
     const spec::Environment& env, const std::string& device_uuid) {
   auto inputs = model->Inputs(layout, env);
   std::string fp = inputs.Digest();

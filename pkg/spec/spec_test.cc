@@ -238,8 +238,8 @@ TEST_P(SpecValidation, RejectedWithFieldAndSource) {
   const Fault& f = GetParam();
   // models[1] is a valid spec plus the faulty line (which replaces name or model_dir).
   std::vector<std::string> lines;
-  if (f.yaml_line.rfind("name:", 0) != 0) lines.push_back("name: m");
-  if (f.yaml_line.rfind("model_dir:", 0) != 0) lines.push_back("model_dir: /m");
+  if (f.yaml_line.rfind("name:", 0) != 0) lines.emplace_back("name: m");
+  if (f.yaml_line.rfind("model_dir:", 0) != 0) lines.emplace_back("model_dir: /m");
   lines.push_back(f.yaml_line);
   std::string text = "models:\n  - name: ok\n    model_dir: /ok\n";
   for (size_t i = 0; i < lines.size(); ++i) text += (i == 0 ? "  - " : "    ") + lines[i] + "\n";

@@ -22,10 +22,13 @@
 // `lhs` = value of the StatusOr `rexpr`, or return its status.
 #define WC_ASSIGN_OR_RETURN(lhs, rexpr) \
   WC_ASSIGN_OR_RETURN_IMPL_(WC_CONCAT_(wc_statusor_, __LINE__), lhs, rexpr)
+// `lhs` may be a declaration ("auto x"), so it cannot be parenthesized.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define WC_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, rexpr) \
   auto tmp = (rexpr);                              \
   if (!tmp.ok()) return std::move(tmp).status();   \
   lhs = std::move(tmp).value()
+// NOLINTEND(bugprone-macro-parentheses)
 
 namespace weightcache {
 

@@ -60,7 +60,7 @@ absl::StatusOr<c10::Device> TorchDevice(const Lease& lease) {
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> ToTorchOrdered(
-    std::shared_ptr<const Lease> lease) {
+    std::shared_ptr<const Lease> lease) {  // NOLINT(performance-unnecessary-value-param): API
   if (!lease) return absl::InvalidArgumentError("ToTorch: no lease");
   WC_ASSIGN_OR_RETURN(c10::Device device, TorchDevice(*lease));
   std::vector<std::pair<std::string, at::Tensor>> out;

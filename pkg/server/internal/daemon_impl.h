@@ -78,7 +78,7 @@ class Daemon::Impl final : public metrics::StateSource {
   absl::StatusOr<AskedEnv> EnvFrom(const v1::Environment& env) const;
   absl::StatusOr<spec::Layout> LayoutFrom(const v1::Layout& layout) const;
   absl::StatusOr<std::shared_ptr<cache::Entry>> StartLoad(
-      std::shared_ptr<const load::OpenedModel> model, const spec::Layout& layout,
+      const std::shared_ptr<const load::OpenedModel>& model, const spec::Layout& layout,
       const spec::Environment& env, const std::string& device_uuid);
   // A new entry on `device_uuid` filled by copying ready entry `src` (another device) per
   // the peer policy; single-flight like a load, timed, counted with source "peer".
