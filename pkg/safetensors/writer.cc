@@ -205,6 +205,46 @@ absl::Status WriteFile(const std::string& path, const std::vector<TensorData>& t
   return absl::OkStatus();
 }
 
+namespace {
+
+// Writes `tensors` (random bytes from `seed` and each name) into `n` shards named as
+// save_pretrained names them -- tensor i into shard shard_of[i], a non-decreasing
+// 0..n-1 -- and, when n > 1, model.safetensors.index.json.
+absl::Status WriteShards(const std::string& dir, const std::vector<TensorSpec>& tensors,
+                         const std::vector<size_t>& shard_of, size_t n, uint64_t seed) {
+  auto shard_name = [&](size_t k) {
+    return n == 1 ? std::string("model.safetensors")
+                  : absl::StrFormat("model-%05d-of-%05d.safetensors", k + 1, n);
+  };
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  uint64_t total = 0;
+  size_t i = 0;
+  for (size_t k = 0; k < n; ++k) {
+    std::vector<TensorData> shard;
+    for (; i < tensors.size() && shard_of[i] == k; ++i) {
+      TensorData t;
+      t.name = tensors[i].name;
+      t.dtype = tensors[i].dtype;
+      t.shape = tensors[i].shape;
+      uint64_t numel = 1;
+      for (int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
+      t.bytes = RandomTensorBytes(t.dtype, numel, seed, t.name);
+      total += t.bytes.size();
+      weight_map[t.name] = shard_name(k);
+      shard.push_back(std::move(t));
+    }
+    WC_RETURN_IF_ERROR(WriteFile(dir + "/" + shard_name(k), shard, {{"format", "pt"}}));
+  }
+  if (n > 1) {
+    nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}},
+                                    {"weight_map", std::move(weight_map)}};
+    WC_RETURN_IF_ERROR(WriteText(dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status WriteLlamaCheckpoint(const std::string& dir, const LlamaShape& shape) {
   if (shape.layers < 0 || shape.hidden <= 0 || shape.intermediate <= 0 || shape.heads <= 0 ||
       shape.kv_heads <= 0 || shape.vocab <= 0 || shape.hidden % shape.heads != 0 ||
@@ -271,34 +311,10 @@ absl::Status WriteLlamaCheckpoint(const std::string& dir, const LlamaShape& shap
       start += numel * elem;
     }
   }
-  auto shard_name = [&](size_t k) {
-    return n == 1 ? std::string("model.safetensors")
-                  : absl::StrFormat("model-%05d-of-%05d.safetensors", k + 1, n);
-  };
-
-  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
-  size_t i = 0;
-  for (size_t k = 0; k < n; ++k) {
-    std::vector<TensorData> tensors;
-    for (; i < plan.size() && shard_of[i] == k; ++i) {
-      TensorData t;
-      t.name = plan[i].name;
-      t.dtype = shape.dtype;
-      t.shape = plan[i].shape;
-      uint64_t numel = 1;
-      for (int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
-      t.bytes = RandomTensorBytes(shape.dtype, numel, shape.seed, t.name);
-      weight_map[t.name] = shard_name(k);
-      tensors.push_back(std::move(t));
-    }
-    WC_RETURN_IF_ERROR(WriteFile(dir + "/" + shard_name(k), tensors, {{"format", "pt"}}));
-  }
-  if (n > 1) {
-    nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}},
-                                    {"weight_map", std::move(weight_map)}};
-    WC_RETURN_IF_ERROR(WriteText(dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
-  }
-  return absl::OkStatus();
+  std::vector<TensorSpec> specs;
+  specs.reserve(plan.size());
+  for (const PlannedTensor& t : plan) specs.push_back({t.name, shape.dtype, t.shape});
+  return WriteShards(dir, specs, shard_of, n, shape.seed);
 }
 
 // ---- Architecture checkpoints for the tensor-parallel presets ----
@@ -508,36 +524,11 @@ absl::Status WriteArchCheckpoint(const std::string& dir, const ArchShape& shape)
 
   // Contiguous groups of about equal tensor counts, one per shard.
   const auto n = static_cast<size_t>(shape.shards);
-  auto shard_name = [&](size_t k) {
-    return n == 1 ? std::string("model.safetensors")
-                  : absl::StrFormat("model-%05d-of-%05d.safetensors", k + 1, n);
-  };
-  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
-  uint64_t total = 0;
-  size_t next = 0;
-  for (size_t k = 0; k < n; ++k) {
-    const size_t end = plan.size() * (k + 1) / n;
-    std::vector<TensorData> tensors;
-    for (; next < end; ++next) {
-      TensorData t;
-      t.name = plan[next].name;
-      t.dtype = plan[next].dtype;
-      t.shape = plan[next].shape;
-      uint64_t numel = 1;
-      for (int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
-      t.bytes = RandomTensorBytes(t.dtype, numel, shape.seed, t.name);
-      total += t.bytes.size();
-      weight_map[t.name] = shard_name(k);
-      tensors.push_back(std::move(t));
-    }
-    WC_RETURN_IF_ERROR(WriteFile(dir + "/" + shard_name(k), tensors, {{"format", "pt"}}));
+  std::vector<size_t> shard_of(plan.size());
+  for (size_t k = 0, next = 0; k < n; ++k) {
+    for (const size_t end = plan.size() * (k + 1) / n; next < end; ++next) shard_of[next] = k;
   }
-  if (n > 1) {
-    nlohmann::ordered_json index = {{"metadata", {{"total_size", total}}},
-                                    {"weight_map", std::move(weight_map)}};
-    WC_RETURN_IF_ERROR(WriteText(dir + "/model.safetensors.index.json", index.dump(2) + "\n"));
-  }
-  return absl::OkStatus();
+  return WriteShards(dir, plan, shard_of, n, shape.seed);
 }
 
 }  // namespace weightcache::safetensors
