@@ -1,3 +1,4 @@
+// ReadQueue and ReadRanges: chunked parallel preads.
 #include "pkg/safetensors/read_queue.h"
 
 #include <algorithm>
@@ -16,6 +17,9 @@ struct ReadQueue::Batch {
   size_t next = 0;     // first chunk not yet started
   size_t pending = 0;  // chunks not yet finished (started or not)
   absl::Status status;
+  ProgressFn on_progress = nullptr;
+  void* progress_ctx = nullptr;
+  uint64_t done_bytes = 0;
 };
 
 ReadQueue::ReadQueue(const ReadOptions& options)
@@ -47,13 +51,16 @@ ReadQueue::~ReadQueue() {
   for (auto& t : workers_) t.join();
 }
 
-absl::StatusOr<uint64_t> ReadQueue::Submit(std::vector<ReadRequest> requests) {
+absl::StatusOr<uint64_t> ReadQueue::Submit(std::vector<ReadRequest> requests,
+                                           ProgressFn on_progress, void* progress_ctx) {
   auto batch = std::make_unique<Batch>();
   auto chunks = internal::SplitReads(requests, chunk_bytes_);
   if (!chunks.ok()) return chunks.status();
   batch->requests = std::move(requests);
   batch->chunks = std::move(*chunks);
   batch->pending = batch->chunks.size();
+  batch->on_progress = on_progress;
+  batch->progress_ctx = progress_ctx;
   std::lock_guard<std::mutex> l(mu_);
   const uint64_t ticket = next_ticket_++;
   if (!batch->chunks.empty()) open_.push_back(batch.get());
@@ -97,9 +104,29 @@ void ReadQueue::Work() {
                               r.offset + c.offset, r.what);
       l.lock();
     }
-    if (!s.ok() && b->status.ok()) b->status = std::move(s);
+    if (!s.ok()) {
+      if (b->status.ok()) b->status = std::move(s);  // the batch's first error
+    } else if (b->status.ok()) {                     // read (not skipped), batch still good
+      b->done_bytes += c.length;
+      if (b->on_progress != nullptr) b->on_progress(b->progress_ctx, b->done_bytes);
+    }
     if (--b->pending == 0) done_cv_.notify_all();
   }
+}
+
+absl::Status ReadRanges(const std::vector<ReadRequest>& requests, const ReadOptions& options,
+                        ProgressFn on_progress, void* progress_ctx) {
+  // No more workers than chunks: a small read starts no idle threads.
+  const uint64_t chunk = options.chunk_bytes == 0 ? (16ull << 20) : options.chunk_bytes;
+  uint64_t chunks = 0;
+  for (const auto& r : requests) chunks += r.length / chunk + (r.length % chunk != 0 ? 1 : 0);
+  if (chunks == 0) return absl::OkStatus();
+  ReadOptions o = options;
+  o.threads = static_cast<unsigned>(std::min<uint64_t>(std::max(1u, options.threads), chunks));
+  ReadQueue queue(o);
+  auto ticket = queue.Submit(requests, on_progress, progress_ctx);
+  if (!ticket.ok()) return ticket.status();
+  return queue.Wait(*ticket);
 }
 
 }  // namespace weightcache::safetensors

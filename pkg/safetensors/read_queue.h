@@ -1,4 +1,5 @@
 // ReadQueue: parallel preads for a stream of batches, with workers that outlive a batch.
+// ReadRanges (safetensors.h) is one batch on a queue of its own.
 #pragma once
 
 #include <condition_variable>
@@ -30,8 +31,12 @@ class ReadQueue {
   ReadQueue& operator=(const ReadQueue&) = delete;
 
   // Validates and queues a batch; answers its ticket. Its descriptors and destinations (and
-  // the strings `what` views) must stay valid until Wait(ticket) returns.
-  absl::StatusOr<uint64_t> Submit(std::vector<ReadRequest> requests);
+  // the strings `what` views) must stay valid until Wait(ticket) returns. `on_progress`
+  // (may be null) is called after each chunk of the batch with the batch's bytes read so
+  // far, from a worker, under the queue's lock (serialized, growing; it must not call the
+  // queue).
+  absl::StatusOr<uint64_t> Submit(std::vector<ReadRequest> requests,
+                                  ProgressFn on_progress = nullptr, void* progress_ctx = nullptr);
   // Whether every chunk of the batch has been read (or failed); does not block.
   bool Done(uint64_t ticket) const;
   // Blocks until the batch is done; its first error, naming the request's `what`. A
