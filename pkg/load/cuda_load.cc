@@ -228,14 +228,17 @@ absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
     own_pool = MakePinnedStagingPool(0);
     pool = own_pool.get();
   }
-  const auto ring_started = std::chrono::steady_clock::now();
+  LoadStats local;
+  LoadStats& st = stats != nullptr ? *stats : local;
+  using Clock = std::chrono::steady_clock;
+  auto seconds_since = [](Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  const auto ring_started = Clock::now();
   WC_ASSIGN_OR_RETURN(auto ring, StagingRing::Create(*api, dev, *pool, nbuf, per));
-  if (stats != nullptr) {
-    stats->staging_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - ring_started).count();
-    stats->staging_reused += ring->reused();
-    stats->staging_buffers += static_cast<uint32_t>(ring->count());
-  }
+  st.staging_seconds += seconds_since(ring_started);
+  st.staging_reused += ring->reused();
+  st.staging_buffers += static_cast<uint32_t>(ring->count());
 
   // Online fp8_block: one device scratch for the source shard of the job in flight. Copies
   // into it and the kernels reading it are ordered on the ring's one stream, so the next
@@ -286,12 +289,6 @@ absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
   const uint64_t chunk = std::max<uint64_t>(1, per / std::max(1u, options.read_threads) >> 20)
                          << 20;
   safetensors::ReadOptions ropts{options.read_threads, chunk};
-  LoadStats local;
-  LoadStats& st = stats != nullptr ? *stats : local;
-  using Clock = std::chrono::steady_clock;
-  auto seconds_since = [](Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-  };
 
   size_t k = 0;       // current buffer
   uint64_t done = 0;  // source bytes read and queued
