@@ -16,7 +16,7 @@ FROM nvidia/cuda:${CUDA_VERSION}-devel-${UBUNTU} AS build
 ARG CUDA_ARCHS=90
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       build-essential cmake ninja-build pkg-config \
-      libabsl-dev libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc \
+      libabsl-dev libxxhash-dev libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc \
       nlohmann-json3-dev libyaml-cpp-dev libssl-dev prometheus-cpp-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src

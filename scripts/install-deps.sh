@@ -8,7 +8,7 @@ set -euo pipefail
 
 packages=(cmake ninja-build g++ pkg-config
           libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-          libabsl-dev libgtest-dev libgmock-dev nlohmann-json3-dev libyaml-cpp-dev libssl-dev
+          libabsl-dev libxxhash-dev libgtest-dev libgmock-dev nlohmann-json3-dev libyaml-cpp-dev libssl-dev
           prometheus-cpp-dev)
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(prometheus unzip curl clang-format clang-tidy)

@@ -43,18 +43,29 @@ int Status(client::Client& c) {
   if (!st.ok()) return Error(st.status());
   std::printf("weightcached %s, backend %s, socket %s\n", st->version().c_str(),
               st->backend().c_str(), c.socket_path().c_str());
-  std::printf("%-20s %-8s %-15s %11s %8s %5s %6s %-12s %s\n", "MODEL", "STATE", "LAYOUT", "BYTES",
-              "TENSORS", "SEGS", "LEASES", "FINGERPRINT", "DEVICE");
+  // RESIDENT: memory the entry holds (segments, granule-rounded); TENSOR BYTES: the tensors'
+  // own bytes, what verify compares.
+  std::printf("%-20s %-8s %-15s %11s %12s %8s %5s %6s %-12s %s\n", "MODEL", "STATE", "LAYOUT",
+              "RESIDENT", "TENSOR BYTES", "TENSORS", "SEGS", "LEASES", "FINGERPRINT", "DEVICE");
   for (const auto& e : st->entries()) {
     std::string bytes =
         e.state() == "loading"
             ? absl::StrFormat("%.0f%%", e.bytes_done() * 100.0 / std::max<uint64_t>(1, e.bytes()))
             : FormatBytes(e.bytes());
-    std::printf("%-20s %-8s %-15s %11s %8u %5u %6d %-12s %s%s\n", e.model().c_str(),
-                e.state().c_str(), Layout(e.layout()).c_str(), bytes.c_str(), e.tensors(),
-                e.segments(), e.leases_size(), e.fingerprint().substr(0, 12).c_str(),
-                e.device_uuid().c_str(), e.source() == "peer" ? " (peer copy)" : "");
-    if (!e.error().empty()) std::printf("  error: %s\n", e.error().c_str());
+    std::printf("%-20s %-8s %-15s %11s %12s %8u %5u %6d %-12s %s%s\n", e.model().c_str(),
+                e.state().c_str(), Layout(e.layout()).c_str(), bytes.c_str(),
+                FormatBytes(e.tensor_bytes()).c_str(), e.tensors(), e.segments(), e.leases_size(),
+                e.fingerprint().substr(0, 12).c_str(), e.device_uuid().c_str(),
+                e.source() == "peer" ? " (peer copy)" : "");
+    if (e.names_size() > 1) {
+      std::string names;
+      for (const auto& n : e.names()) absl::StrAppend(&names, names.empty() ? "" : ", ", n);
+      std::printf("  names: %s\n", names.c_str());
+    }
+    if (!e.error().empty()) {
+      std::printf("  %s: %s\n", e.state() == "stale" ? "changed on disk" : "error",
+                  e.error().c_str());
+    }
     for (const auto& l : e.leases()) {
       std::printf("  lease %s pid %d uid %d age %.1fs\n", l.lease_id().substr(0, 12).c_str(),
                   l.pid(), l.uid(), l.age_seconds());
@@ -79,13 +90,36 @@ int Status(client::Client& c) {
     std::printf("%s%s", i ? ", " : "", st->known_models(i).c_str());
   }
   std::printf(
-      "\nacquire: %lu hit, %lu peer copy, %lu miss, %lu mismatch, %lu rejected, %lu error\n",
+      "\nacquire: %lu hit, %lu peer copy, %lu miss, %lu mismatch, %lu stale, %lu rejected, "
+      "%lu error\n",
       static_cast<unsigned long>(st->acquire_hits()),
       static_cast<unsigned long>(st->acquire_peer_copies()),
       static_cast<unsigned long>(st->acquire_misses()),
       static_cast<unsigned long>(st->acquire_mismatches()),
+      static_cast<unsigned long>(st->acquire_stale()),
       static_cast<unsigned long>(st->acquire_rejected()),
       static_cast<unsigned long>(st->acquire_errors()));
+  std::printf("content digests: %s read to hash checkpoint files since start\n",
+              FormatBytes(st->hashed_bytes()).c_str());
+  return 0;
+}
+
+// Known models: what each spec names and which of its ranks are cached.
+int List(client::Client& c) {
+  auto st = c.Status();
+  if (!st.ok()) return Error(st.status());
+  std::printf("%-20s %-5s %-5s %-10s %-7s %-14s %s\n", "MODEL", "TP", "PP", "QUANT", "LAYOUT",
+              "CACHED RANKS", "MODEL DIR");
+  for (const auto& m : st->models()) {
+    std::string ranks;
+    for (uint32_t r : m.cached_ranks()) absl::StrAppend(&ranks, ranks.empty() ? "" : ",", r);
+    if (!m.refused().empty()) ranks = "refused";
+    std::printf("%-20s %-5u %-5u %-10s %-7s %-14s %s\n", m.name().c_str(), m.tp_size(), m.pp_size(),
+                m.quantization().c_str(), m.layout().c_str(), ranks.empty() ? "-" : ranks.c_str(),
+                m.model_dir().c_str());
+    if (!m.refused().empty()) std::printf("  refused: %s\n", m.refused().c_str());
+  }
+  if (st->models().empty()) std::printf("(no known models)\n");
   return 0;
 }
 
@@ -121,20 +155,45 @@ int Load(client::Client& c, const std::vector<std::string>& args, const Context&
     return Error(absl::InvalidArgumentError("load: give one MODEL name or --spec=FILE"));
   }
   std::string model = args.empty() ? "" : args[0];
+  v1::Layout one_rank;
+  if (ctx.tp_rank >= 0) {
+    one_rank.set_tp_size(static_cast<uint32_t>(ctx.tp_size));
+    one_rank.set_tp_rank(static_cast<uint32_t>(ctx.tp_rank));
+  }
   auto last = std::chrono::steady_clock::now() - std::chrono::seconds(10);
   v1::LoadProgress final_p;
-  auto s = c.Load(model, yaml, [&](const v1::LoadProgress& p) {
-    final_p = p;
-    auto now = std::chrono::steady_clock::now();
-    if (p.state() != "loading" || ctx.tty || now - last >= std::chrono::seconds(1)) {
-      PrintProgress(p, ctx.tty);
-      last = now;
-    }
-  });
-  if (ctx.tty) std::printf("\n");
+  bool printed = false;
+  auto s = c.Load(
+      model, yaml,
+      [&](const v1::LoadProgress& p) {
+        final_p = p;
+        if (!printed) {
+          std::string ranks;
+          for (const auto& r : p.ranks()) {
+            absl::StrAppend(&ranks, ranks.empty() ? "" : ",", r.layout().tp_rank());
+          }
+          std::printf("loading %s: tp rank%s %s of %u\n", p.model().c_str(),
+                      p.ranks_size() == 1 ? "" : "s", ranks.c_str(),
+                      p.ranks_size() ? std::max(1u, p.ranks(0).layout().tp_size()) : 1u);
+          printed = true;
+        }
+        // A load that failed before reading anything has no progress to show.
+        if (p.state() == "failed" && p.bytes_done() == 0) return;
+        auto now = std::chrono::steady_clock::now();
+        if (p.state() != "loading" || ctx.tty || now - last >= std::chrono::seconds(1)) {
+          PrintProgress(p, ctx.tty);
+          last = now;
+        }
+      },
+      ctx.tp_rank >= 0 ? &one_rank : nullptr);
+  if (ctx.tty && printed) std::printf("\n");
   if (!s.ok()) return Error(s);
-  std::printf("ready: %s in %.2fs, fingerprint %s\n", FormatBytes(final_p.bytes_total()).c_str(),
-              final_p.elapsed_seconds(), final_p.fingerprint().c_str());
+  std::printf("ready: %s in %.2fs\n", FormatBytes(final_p.bytes_total()).c_str(),
+              final_p.elapsed_seconds());
+  for (const auto& r : final_p.ranks()) {
+    std::printf("  %s on %s: fingerprint %s\n", Layout(r.layout()).c_str(), r.device_uuid().c_str(),
+                r.fingerprint().c_str());
+  }
   return 0;
 }
 
@@ -142,9 +201,18 @@ int Evict(client::Client& c, const std::vector<std::string>& args, const Context
   if (ctx.fingerprint.empty() && args.size() != 1) {
     return Error(absl::InvalidArgumentError("evict: give one MODEL name or --fingerprint=FP"));
   }
-  auto n = c.Evict(args.empty() ? "" : args[0], ctx.fingerprint);
-  if (!n.ok()) return Error(n.status());
-  std::printf("evicted %u entr%s\n", *n, *n == 1 ? "y" : "ies");
+  auto r = c.EvictDetailed(args.empty() ? "" : args[0], ctx.fingerprint);
+  if (!r.ok()) return Error(r.status());
+  std::printf("evicted %u entr%s", r->evicted(), r->evicted() == 1 ? "y" : "ies");
+  if (r->draining() > 0) {
+    std::printf(" (%u still mapped by clients: draining until their leases end)", r->draining());
+  }
+  std::printf("\n");
+  if (r->other_names_size() > 0) {
+    std::string names;
+    for (const auto& n : r->other_names()) absl::StrAppend(&names, names.empty() ? "" : ", ", n);
+    std::printf("also served as (these names lose them too): %s\n", names.c_str());
+  }
   return 0;
 }
 
@@ -158,7 +226,7 @@ int Verify(client::Client& c, const std::vector<std::string>& args, const Contex
     return Error(absl::InvalidArgumentError("verify: give one MODEL name or --fingerprint=FP"));
   }
   o.tp_size = ctx.tp_size;
-  o.tp_rank = ctx.tp_rank;
+  o.tp_rank = std::max(0, ctx.tp_rank);
   o.wait_ready = true;
   o.load_on_miss = ctx.load_on_miss;
   auto lease = c.Acquire(o);
@@ -180,7 +248,9 @@ int Verify(client::Client& c, const std::vector<std::string>& args, const Contex
   if (!specs.ok()) return Error(specs.status());
   spec::ModelSpec sp = specs->at(0);
   if (!ctx.model_dir.empty()) sp.model_dir = ctx.model_dir;
-  auto opened = load::OpenModel(sp);
+  load::OpenOptions oo;
+  oo.content_digests = false;  // every byte is compared below: no identity needed
+  auto opened = load::OpenModel(sp, oo);
   if (!opened.ok()) return Error(opened.status());
   load::PlanOptions popts;
   popts.loader_reads_pieces = true;
@@ -261,7 +331,8 @@ int Run(const std::string& command, const std::vector<std::string>& args, const 
   if (command == "demo-checkpoint") return DemoCheckpoint(args);
   auto c = client::Client::Connect(ctx.socket);
   if (!c.ok()) return Error(c.status());
-  if (command == "status" || command == "list") return Status(**c);
+  if (command == "status") return Status(**c);
+  if (command == "list") return List(**c);
   if (command == "load") return Load(**c, args, ctx);
   if (command == "evict") return Evict(**c, args, ctx);
   if (command == "verify") return Verify(**c, args, ctx);

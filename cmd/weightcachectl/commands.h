@@ -13,7 +13,7 @@ struct Context {
   std::string fingerprint;
   std::string model_dir;
   int tp_size = 1;
-  int tp_rank = 0;
+  int tp_rank = -1;  // load: -1 every rank; verify: -1 means 0
   bool load_on_miss = false;
   bool tty = false;
 };

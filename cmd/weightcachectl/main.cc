@@ -1,6 +1,7 @@
 // weightcachectl: the operator's CLI for a node's weightcache daemon.
-//   weightcachectl status|list                 cache entries, leases and counters
-//   weightcachectl load MODEL [--spec FILE]    load with a progress bar
+//   weightcachectl status                      cache entries, leases and counters
+//   weightcachectl list                        known models, their ranks and what is cached
+//   weightcachectl load MODEL [--spec FILE]    load (every rank) with a progress bar
 //   weightcachectl evict MODEL|--fingerprint=FP
 //   weightcachectl verify MODEL                acquire, map, compare every byte with disk
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "cmd/weightcachectl/commands.h"
+#include "pkg/util/flags_help.h"
 
 ABSL_FLAG(std::string, socket, "",
           "Daemon control socket or its directory (default $WEIGHTCACHE_SOCKET, else "
@@ -21,17 +23,26 @@ ABSL_FLAG(std::string, spec, "", "load: a spec file (YAML/JSON) holding one mode
 ABSL_FLAG(std::string, fingerprint, "", "evict/verify: an exact fingerprint");
 ABSL_FLAG(std::string, model_dir, "", "verify: checkpoint directory (default: the daemon's)");
 ABSL_FLAG(int, tp_size, 1, "verify: layout asked");
-ABSL_FLAG(int, tp_rank, 0, "verify: layout asked");
+ABSL_FLAG(int, tp_rank, -1,
+          "load: only this tensor-parallel rank (default: every rank of the spec); verify: the "
+          "rank asked (default 0)");
 ABSL_FLAG(bool, load_on_miss, false, "verify: ask the daemon to load on a miss");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "weightcache CLI\n"
-      "  weightcachectl status | list\n"
-      "  weightcachectl load MODEL | --spec=FILE\n"
+  const std::string usage =
+      "weightcache CLI: talks to the node's weightcached.\n"
+      "Commands:\n"
+      "  weightcachectl status                    cache entries (sorted by model and rank),\n"
+      "                                           leases, devices and acquire counters\n"
+      "  weightcachectl list                      known models: dir, tp/pp, quantization,\n"
+      "                                           cached ranks, refused ones with the reason\n"
+      "  weightcachectl load MODEL | --spec=FILE  load every rank (--tp_rank=N: one)\n"
       "  weightcachectl evict MODEL | --fingerprint=FP\n"
       "  weightcachectl verify MODEL | --fingerprint=FP\n"
-      "  weightcachectl demo-checkpoint DIR      write a small Llama-shaped checkpoint");
+      "                                           map and compare every byte with the files\n"
+      "  weightcachectl demo-checkpoint DIR       write a small Llama-shaped checkpoint";
+  weightcache::HandleHelpFlag(argc, argv, usage, {"cmd/weightcachectl/"});
+  absl::SetProgramUsageMessage(usage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
     std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());

@@ -20,6 +20,7 @@
 #include "pkg/metrics/metrics.h"
 #include "pkg/server/daemon.h"
 #include "pkg/spec/spec.h"
+#include "pkg/util/flags_help.h"
 #include "pkg/util/log.h"
 #include "pkg/util/size_flag.h"
 
@@ -59,6 +60,10 @@ ABSL_FLAG(std::vector<std::string>, host_devices, {},
           "Host backend only: names of fake devices to place segments on (e.g. "
           "host-a,host-b), to rehearse multi-GPU placement and peer copies without a GPU; "
           "default one device, 'host'");
+ABSL_FLAG(std::string, digest_store, "",
+          "File remembering the content digest of each checkpoint file version, so a restart "
+          "does not hash the files again (default <socket_dir>/state/digests.json, in a 0700 "
+          "dir; 'none' keeps digests in memory only)");
 ABSL_FLAG(bool, verbose, false, "Debug logging");
 
 namespace weightcache {
@@ -74,6 +79,9 @@ int Run() {
 
   server::DaemonOptions opts;
   opts.socket_dir = absl::GetFlag(FLAGS_socket_dir);
+  opts.digest_store = absl::GetFlag(FLAGS_digest_store);
+  if (opts.digest_store.empty()) opts.digest_store = opts.socket_dir + "/state/digests.json";
+  if (opts.digest_store == "none") opts.digest_store.clear();
   opts.preload = absl::GetFlag(FLAGS_preload);
   opts.socket_gid = absl::GetFlag(FLAGS_socket_gid);
   opts.read_threads = static_cast<unsigned>(std::max(1, absl::GetFlag(FLAGS_read_threads)));
@@ -184,9 +192,12 @@ int Run() {
 }  // namespace weightcache
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  const std::string usage =
       "weightcache node daemon: keeps model weights resident and serves them zero-copy.\n"
-      "  weightcached --socket_dir=/run/weightcache --spec_file=/etc/weightcache/models.yaml");
+      "  weightcached --socket_dir=/run/weightcache --spec_file=/etc/weightcache/models.yaml\n"
+      "Runs until SIGTERM or SIGINT; control with weightcachectl.";
+  weightcache::HandleHelpFlag(argc, argv, usage, {"cmd/weightcached/"});
+  absl::SetProgramUsageMessage(usage);
   absl::ParseCommandLine(argc, argv);
   return weightcache::Run();
 }

@@ -20,6 +20,8 @@ const char* StateName(State s) {
       return "gone";
     case State::kFailed:
       return "failed";
+    case State::kDraining:
+      return "draining";
   }
   return "unknown";
 }
@@ -61,6 +63,9 @@ uint64_t Registry::UsedLocked(const std::string* device_uuid) const {
     if (device_uuid != nullptr && key.device_uuid != *device_uuid) continue;
     if (e->state == State::kLoading || e->state == State::kReady) n += e->reserved_bytes;
   }
+  for (const auto& e : draining_) {
+    if (device_uuid == nullptr || e->device_uuid == *device_uuid) n += e->reserved_bytes;
+  }
   return n;
 }
 
@@ -99,6 +104,24 @@ absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(LoadRequest req, bo
     if (it != entries_.end() && it->second->state != State::kFailed) return it->second;
     if (it != entries_.end()) entries_.erase(it);  // a failed entry is retried
     if (budget_ != 0) {
+      // What eviction cannot free (loading, leased, draining): a request that cannot fit even
+      // after evicting everything else fails before anything is evicted.
+      uint64_t pinned = UsedLocked(&device);
+      for (const auto& [key, c] : entries_) {
+        if (key.device_uuid == device && c->state == State::kReady && c->leases.empty()) {
+          pinned -= c->reserved_bytes;
+        }
+      }
+      if (pinned + req.bytes > budget_) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("model '", req.model, "' needs ", req.bytes, " bytes on ", device,
+                         "; its memory budget of ", budget_,
+                         " bytes cannot hold it even after evicting every "
+                         "unleased entry (",
+                         pinned,
+                         " bytes are loading, leased or draining); nothing was "
+                         "evicted"));
+      }
       // LRU eviction of ready, unleased entries of the same device until the new one fits.
       while (UsedLocked(&device) + req.bytes > budget_) {
         std::shared_ptr<Entry> victim;
@@ -118,7 +141,7 @@ absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(LoadRequest req, bo
             " free after evicting every unleased entry of that device"));
       }
     }
-    e = std::make_shared<Entry>(req.key, req.model, req.inputs, req.source);
+    e = std::make_shared<Entry>(req.key, req.model, req.inputs, req.source, std::move(req.files));
     e->reserved_bytes = req.bytes;
     entries_[req.key] = e;
     const uint64_t id = next_load_id_++;
@@ -229,33 +252,45 @@ absl::Status Registry::AddLease(const std::shared_ptr<Entry>& e, const LeaseReco
   }
   e->leases[lease.id] = lease;
   e->last_used = std::chrono::steady_clock::now();
-  lease_to_key_[lease.id] = e->key;
+  lease_to_entry_[lease.id] = e;
   return absl::OkStatus();
 }
 
 void Registry::SetLeasePeer(const std::string& lease_id, int pid, int uid) {
   std::lock_guard<std::mutex> l(mu_);
-  auto it = lease_to_key_.find(lease_id);
-  if (it == lease_to_key_.end()) return;
-  auto e = entries_.find(it->second);
-  if (e == entries_.end()) return;
-  auto lease = e->second->leases.find(lease_id);
-  if (lease == e->second->leases.end()) return;
+  auto it = lease_to_entry_.find(lease_id);
+  if (it == lease_to_entry_.end()) return;
+  auto lease = it->second->leases.find(lease_id);
+  if (lease == it->second->leases.end()) return;
   lease->second.pid = pid;
   lease->second.uid = uid;
 }
 
 bool Registry::RemoveLease(const std::string& lease_id) {
-  std::lock_guard<std::mutex> l(mu_);
-  auto it = lease_to_key_.find(lease_id);
-  if (it == lease_to_key_.end()) return false;
-  auto e = entries_.find(it->second);
-  if (e != entries_.end()) {
-    e->second->leases.erase(lease_id);
-    e->second->last_used = std::chrono::steady_clock::now();
+  std::shared_ptr<const load::LoadedModel> drop;  // a drained entry's memory, freed unlocked
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = lease_to_entry_.find(lease_id);
+    if (it == lease_to_entry_.end()) return false;
+    std::shared_ptr<Entry> e = it->second;
+    lease_to_entry_.erase(it);
+    e->leases.erase(lease_id);
+    e->last_used = std::chrono::steady_clock::now();
+    if (e->state == State::kDraining && e->leases.empty()) {
+      drop = std::move(e->loaded);
+      e->reserved_bytes = 0;
+      e->state = State::kGone;
+      draining_.erase(std::remove(draining_.begin(), draining_.end(), e), draining_.end());
+      WC_LOG_INFO("model %s (%s) drained: its last lease ended", e->model, e->key.ToString());
+    }
   }
-  lease_to_key_.erase(it);
   return true;
+}
+
+bool Registry::HasLease(const std::shared_ptr<Entry>& e, const std::string& lease_id) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = lease_to_entry_.find(lease_id);
+  return it != lease_to_entry_.end() && it->second == e;
 }
 
 size_t Registry::LeaseCount(const Key& key) const {
@@ -264,31 +299,46 @@ size_t Registry::LeaseCount(const Key& key) const {
   return it == entries_.end() ? 0 : it->second->leases.size();
 }
 
-bool Registry::EvictLocked(const Key& key, const std::string& reason,
-                           std::vector<std::shared_ptr<const load::LoadedModel>>* drop,
-                           std::vector<std::string>* evicted_models) {
+void Registry::MarkStale(const std::shared_ptr<Entry>& e, const std::string& what) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (e->state == State::kReady && e->stale.empty()) {
+    WC_LOG_WARN("model %s (%s) is stale: %s", e->model, e->key.ToString(), what);
+  }
+  e->stale = what;
+}
+
+Registry::Evicted Registry::EvictLocked(const Key& key, const std::string& reason,
+                                        std::vector<std::shared_ptr<const load::LoadedModel>>* drop,
+                                        std::vector<std::string>* evicted_models) {
   auto it = entries_.find(key);
-  if (it == entries_.end() || it->second->state == State::kLoading) return false;
+  if (it == entries_.end() || it->second->state == State::kLoading) return Evicted::kNone;
   auto e = it->second;
+  entries_.erase(it);
+  evicted_models->push_back(e->model);
+  if (!e->leases.empty()) {
+    // Clients map it: keep it visible (and counted) until their leases end.
+    e->state = State::kDraining;
+    draining_.push_back(e);
+    WC_LOG_INFO("evicted model %s (%s, reason %s); draining: %d lease(s) still map it", e->model,
+                key.ToString(), reason, e->leases.size());
+    return Evicted::kDraining;
+  }
   e->state = State::kEvicting;
   drop->push_back(std::move(e->loaded));
   e->reserved_bytes = 0;
-  for (const auto& [id, lease] : e->leases) lease_to_key_.erase(id);
   e->state = State::kGone;
-  entries_.erase(it);
-  evicted_models->push_back(e->model);
   WC_LOG_INFO("evicted model %s (%s, reason %s)", e->model, key.ToString(), reason);
-  return true;
+  return Evicted::kGone;
 }
 
-bool Registry::Evict(const Key& key, const std::string& reason) {
+Registry::Evicted Registry::Evict(const Key& key, const std::string& reason) {
   std::vector<std::shared_ptr<const load::LoadedModel>> drop;
   std::vector<std::string> evicted;
   EvictFn on_evict;
-  bool ok;
+  Evicted result;
   {
     std::lock_guard<std::mutex> l(mu_);
-    ok = EvictLocked(key, reason, &drop, &evicted);
+    result = EvictLocked(key, reason, &drop, &evicted);
     on_evict = on_evict_;
   }
   cv_.notify_all();
@@ -296,22 +346,26 @@ bool Registry::Evict(const Key& key, const std::string& reason) {
   if (on_evict) {
     for (const auto& m : evicted) on_evict(m, reason);
   }
-  return ok;
+  return result;
 }
 
 std::vector<EntrySnapshot> Registry::Snapshot() const {
   std::lock_guard<std::mutex> l(mu_);
   std::vector<EntrySnapshot> out;
   auto now = std::chrono::steady_clock::now();
-  for (const auto& [key, e] : entries_) {
+  std::vector<const Entry*> all;
+  for (const auto& [key, e] : entries_) all.push_back(e.get());
+  for (const auto& e : draining_) all.push_back(e.get());
+  for (const Entry* e : all) {
     EntrySnapshot s;
-    s.fingerprint = key.fingerprint;
-    s.device_uuid = key.device_uuid;
+    s.fingerprint = e->fingerprint;
+    s.device_uuid = e->device_uuid;
     s.source = e->source;
     s.model = e->model;
     s.inputs = e->inputs;
     s.state = e->state;
     s.error = std::string(e->error.message());
+    s.stale = e->stale;
     s.bytes_done = e->progress.done();
     s.bytes_total = e->progress.total();
     s.current_file = e->progress.file();
@@ -320,6 +374,7 @@ std::vector<EntrySnapshot> Registry::Snapshot() const {
                          : e->load_seconds;
     if (e->loaded) {
       s.bytes = e->loaded->resident_bytes();
+      for (const auto& t : e->loaded->plan.tensors) s.tensor_bytes += t.nbytes;
       s.tensors = e->loaded->plan.tensors.size();
       s.segments = e->loaded->segments.size();
     }

@@ -7,7 +7,13 @@
 // those are two entries with one fingerprint.
 //
 //   loading ──► ready ──► evicting ──► gone
-//      └──────► failed(error)
+//      └──────► failed(error)   └──► draining ──► gone (when its last lease ends)
+//
+// An entry evicted while clients hold leases on it is `draining`: out of the lookup maps (a
+// new load of the same key may start), still listed by Snapshot() with its leases and bytes,
+// still counted against its device's budget (the memory is in use), and dropped when its
+// last lease ends. A ready entry may also be marked stale (its files changed on disk): it
+// keeps serving only callers whose own files still match (the daemon decides).
 //
 // Single flight: StartOrJoin for a key that is loading or ready returns that entry; only the first
 // caller's load function runs (on a registry-owned thread). Evicting drops the registry's reference
@@ -33,11 +39,12 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "pkg/load/loader.h"
+#include "pkg/load/model.h"
 #include "pkg/spec/fingerprint.h"
 
 namespace weightcache::cache {
 
-enum class State { kLoading, kReady, kEvicting, kGone, kFailed };
+enum class State { kLoading, kReady, kEvicting, kGone, kFailed, kDraining };
 const char* StateName(State s);
 
 // Where an entry lives in the registry.
@@ -57,19 +64,24 @@ struct LeaseRecord {
 
 // Immutable identity plus guarded state of one model-rank on one device.
 struct Entry {
-  Entry(Key k, std::string model, spec::FingerprintInputs in, std::string source)
+  Entry(Key k, std::string model, spec::FingerprintInputs in, std::string source,
+        std::vector<load::SourceFile> files = {})
       : key(std::move(k)),
         fingerprint(key.fingerprint),
         device_uuid(key.device_uuid),
         model(std::move(model)),
         inputs(std::move(in)),
-        source(std::move(source)) {}
+        source(std::move(source)),
+        files(std::move(files)) {}
   const Key key;
   const std::string fingerprint;  // key.fingerprint
   const std::string device_uuid;  // key.device_uuid
   const std::string model;
   const spec::FingerprintInputs inputs;
-  const std::string source;     // how it was filled: "disk" | "peer" (copied from another device)
+  const std::string source;  // how it was filled: "disk" | "peer" (copied from another device)
+  // The checkpoint files (and their versions) the bytes came from: a later change makes the
+  // entry stale for callers that ask by fingerprint.
+  const std::vector<load::SourceFile> files;
   load::LoadProgress progress;  // safe to read without the lock
 
   // Guarded by Registry::mu_.
@@ -79,8 +91,9 @@ struct Entry {
   std::map<std::string, LeaseRecord> leases;
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   double load_seconds = 0;
-  uint64_t reserved_bytes = 0;  // counted against the budget while loading/ready
+  uint64_t reserved_bytes = 0;  // counted against the budget while loading/ready/draining
   std::chrono::steady_clock::time_point last_used = std::chrono::steady_clock::now();
+  std::string stale;  // non-empty: what changed on disk since it was loaded
 };
 
 struct EntrySnapshot {
@@ -90,7 +103,9 @@ struct EntrySnapshot {
   spec::FingerprintInputs inputs;
   State state;
   std::string error;
-  uint64_t bytes = 0;  // resident
+  std::string stale;          // what changed on disk; empty when the files are as loaded
+  uint64_t bytes = 0;         // resident (allocated)
+  uint64_t tensor_bytes = 0;  // the tensors' own bytes
   uint64_t bytes_done = 0;
   uint64_t bytes_total = 0;
   std::string current_file;
@@ -111,8 +126,9 @@ struct LoadRequest {
   Key key;
   std::string model;
   spec::FingerprintInputs inputs;
-  uint64_t bytes = 0;           // reserved against key.device_uuid's budget up front
-  std::string source = "disk";  // Entry::source
+  uint64_t bytes = 0;                   // reserved against key.device_uuid's budget up front
+  std::string source = "disk";          // Entry::source
+  std::vector<load::SourceFile> files;  // Entry::files
   LoadFn load;
 };
 
@@ -152,13 +168,19 @@ class Registry {
   absl::Status AddLease(const std::shared_ptr<Entry>& e, const LeaseRecord& lease);
   // Records the process behind a lease once its handle connection is known.
   void SetLeasePeer(const std::string& lease_id, int pid, int uid);
-  // Removes a lease wherever it is; false when unknown.
+  // Removes a lease wherever it is (a draining entry whose last lease this was is dropped);
+  // false when unknown.
   bool RemoveLease(const std::string& lease_id);
   size_t LeaseCount(const Key& key) const;
+  // Whether `lease_id` is active on exactly this entry (not another entry of its key).
+  bool HasLease(const std::shared_ptr<Entry>& e, const std::string& lease_id) const;
 
-  // Evicts an entry (ready or failed): ready -> evicting -> gone. Returns false when
-  // there is no such live entry.
-  bool Evict(const Key& key, const std::string& reason);
+  // Evicts an entry (ready or failed): ready -> evicting -> gone, or -> draining while
+  // leases remain. Returns false when there is no such live entry.
+  enum class Evicted { kNone, kGone, kDraining };
+  Evicted Evict(const Key& key, const std::string& reason);
+  // Marks a live entry stale with what changed (status shows it); a no-op when it is gone.
+  void MarkStale(const std::shared_ptr<Entry>& e, const std::string& what);
 
   std::vector<EntrySnapshot> Snapshot() const;
   uint64_t budget_bytes() const { return budget_; }
@@ -171,9 +193,9 @@ class Registry {
   void SetEvictCallback(EvictFn fn);
 
  private:
-  bool EvictLocked(const Key& key, const std::string& reason,
-                   std::vector<std::shared_ptr<const load::LoadedModel>>* drop,
-                   std::vector<std::string>* evicted_models) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Evicted EvictLocked(const Key& key, const std::string& reason,
+                      std::vector<std::shared_ptr<const load::LoadedModel>>* drop,
+                      std::vector<std::string>* evicted_models) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bytes reserved on `device_uuid`; all devices when null.
   uint64_t UsedLocked(const std::string* device_uuid) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunLoad(uint64_t id, const std::shared_ptr<Entry>& e, const LoadFn& load);
@@ -182,7 +204,10 @@ class Registry {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<Key, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Key> lease_to_key_ ABSL_GUARDED_BY(mu_);
+  // Evicted entries that clients still map, until their last lease ends.
+  std::vector<std::shared_ptr<Entry>> draining_ ABSL_GUARDED_BY(mu_);
+  // Each lease's entry itself (not its key: a reload under the same key is another entry).
+  std::map<std::string, std::shared_ptr<Entry>> lease_to_entry_ ABSL_GUARDED_BY(mu_);
   // Load threads not yet joined, by id; the finished ones are joined by the next
   // StartOrJoin (a long-lived daemon does not keep one thread per load it ever ran).
   std::map<uint64_t, std::thread> loads_ ABSL_GUARDED_BY(mu_);

@@ -4,6 +4,7 @@
 #include <future>
 #include <latch>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pkg/memory/backend.h"
 
@@ -118,8 +119,8 @@ TEST(Registry, EvictionKeepsContentAliveForHoldersAndEndsTheEntry) {
   ASSERT_TRUE(r.WaitReady(e, Far()).ok());
   auto content = r.Content(e);
   ASSERT_TRUE(content.ok());
-  EXPECT_TRUE(r.Evict(K("fp"), "api"));
-  EXPECT_FALSE(r.Evict(K("fp"), "api"));
+  EXPECT_EQ(r.Evict(K("fp"), "api"), Registry::Evicted::kGone);
+  EXPECT_EQ(r.Evict(K("fp"), "api"), Registry::Evicted::kNone);
   EXPECT_EQ(r.Find(K("fp")), nullptr);
   EXPECT_EQ(e->state, State::kGone);
   EXPECT_EQ((*content)->segments.size(), 1u);  // a holder's reference stays valid
@@ -174,7 +175,7 @@ TEST(Registry, SameFingerprintOnTwoDevicesIsTwoEntries) {
   ASSERT_TRUE(r.AddLease(b, {"lb", 1, 0, {}}).ok());
   EXPECT_EQ(r.LeaseCount(K("fp", "GPU-a")), 0u);
   EXPECT_EQ(r.LeaseCount(K("fp", "GPU-b")), 1u);
-  EXPECT_TRUE(r.Evict(K("fp", "GPU-a"), "api"));
+  EXPECT_EQ(r.Evict(K("fp", "GPU-a"), "api"), Registry::Evicted::kGone);
   EXPECT_EQ(r.Find(K("fp", "GPU-a")), nullptr);
   EXPECT_EQ(r.Find(K("fp", "GPU-b")), b);
   EXPECT_TRUE(r.RemoveLease("lb"));
@@ -201,6 +202,59 @@ TEST(Registry, BudgetIsPerDevice) {
   auto b2 = r.StartOrJoin(Req("b2", "m", kSeg, SegmentLoad(kSeg), "GPU-b"));
   EXPECT_EQ(b2.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(b2.status().message().find("GPU-b"), absl::string_view::npos) << b2.status();
+}
+
+TEST(Registry, ImpossibleRequestFailsBeforeEvictingAnything) {
+  constexpr uint64_t kSeg = 2 << 20;
+  Registry r(4 * kSeg);
+  std::vector<std::string> evicted;
+  r.SetEvictCallback([&](const std::string& m, const std::string&) { evicted.push_back(m); });
+  auto a = *r.StartOrJoin(Req("a", "a", kSeg, SegmentLoad(kSeg)));
+  ASSERT_TRUE(r.WaitReady(a, Far()).ok());
+  auto b = *r.StartOrJoin(Req("b", "b", 2 * kSeg, SegmentLoad(2 * kSeg)));
+  ASSERT_TRUE(r.WaitReady(b, Far()).ok());
+  ASSERT_TRUE(r.AddLease(b, {"lb", 1, 0, {}}).ok());
+  // 3 segments would fit only if the leased b went too: refused, a stays.
+  auto big = r.StartOrJoin(Req("c", "c", 3 * kSeg, SegmentLoad(kSeg)));
+  ASSERT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(big.status().message()), ::testing::HasSubstr("nothing was evicted"));
+  EXPECT_NE(r.Find(K("a")), nullptr);
+  EXPECT_TRUE(evicted.empty());
+  // 2 segments fit by evicting a: that eviction is counted through the callback.
+  auto fits = r.StartOrJoin(Req("d", "d", 2 * kSeg, SegmentLoad(kSeg)));
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_EQ(evicted, std::vector<std::string>{"a"});
+}
+
+TEST(Registry, EvictedWhileLeasedDrainsUntilTheLastLeaseEnds) {
+  constexpr uint64_t kSeg = 2 << 20;
+  Registry r(2 * kSeg);
+  auto e = *r.StartOrJoin(Req("fp", "m", kSeg, SegmentLoad(kSeg)));
+  ASSERT_TRUE(r.WaitReady(e, Far()).ok());
+  ASSERT_TRUE(r.AddLease(e, {"l1", 1, 0, {}}).ok());
+  ASSERT_TRUE(r.AddLease(e, {"l2", 2, 0, {}}).ok());
+  EXPECT_EQ(r.Evict(K("fp"), "api"), Registry::Evicted::kDraining);
+  EXPECT_EQ(r.Find(K("fp")), nullptr);  // no longer served
+  auto snap = r.Snapshot();
+  ASSERT_EQ(snap.size(), 1u);
+  EXPECT_EQ(snap[0].state, State::kDraining);
+  EXPECT_EQ(snap[0].leases.size(), 2u);
+  EXPECT_EQ(snap[0].bytes, kSeg);
+  EXPECT_EQ(r.used_bytes(), kSeg);  // still in use: still counted
+  // A reload under the same key is a new entry; the old lease does not belong to it.
+  auto again = *r.StartOrJoin(Req("fp", "m", kSeg, SegmentLoad(kSeg)));
+  ASSERT_TRUE(r.WaitReady(again, Far()).ok());
+  EXPECT_NE(again.get(), e.get());
+  EXPECT_TRUE(r.HasLease(e, "l1"));
+  EXPECT_FALSE(r.HasLease(again, "l1"));
+  EXPECT_TRUE(r.RemoveLease("l1"));
+  EXPECT_EQ(r.Snapshot().size(), 2u);
+  EXPECT_TRUE(r.RemoveLease("l2"));
+  snap = r.Snapshot();
+  ASSERT_EQ(snap.size(), 1u);
+  EXPECT_EQ(snap[0].state, State::kReady);
+  EXPECT_EQ(e->state, State::kGone);
+  EXPECT_EQ(r.used_bytes(), kSeg);
 }
 
 }  // namespace

@@ -208,10 +208,12 @@ absl::StatusOr<v1::StatusResponse> Client::Status() {
 }
 
 absl::Status Client::Load(const std::string& model, const std::string& spec_yaml,
-                          const std::function<void(const v1::LoadProgress&)>& on_progress) {
+                          const std::function<void(const v1::LoadProgress&)>& on_progress,
+                          const v1::Layout* layout) {
   v1::LoadRequest req;
   req.set_model(model);
   req.set_spec_yaml(spec_yaml);
+  if (layout != nullptr) *req.mutable_layout() = *layout;
   grpc::ClientContext ctx;
   auto reader = rpc_->stub->Load(&ctx, req);
   v1::LoadProgress p;
@@ -222,6 +224,12 @@ absl::Status Client::Load(const std::string& model, const std::string& spec_yaml
 }
 
 absl::StatusOr<uint32_t> Client::Evict(const std::string& model, const std::string& fingerprint) {
+  WC_ASSIGN_OR_RETURN(v1::EvictResponse resp, EvictDetailed(model, fingerprint));
+  return resp.evicted();
+}
+
+absl::StatusOr<v1::EvictResponse> Client::EvictDetailed(const std::string& model,
+                                                        const std::string& fingerprint) {
   v1::EvictRequest req;
   if (!fingerprint.empty()) {
     req.set_fingerprint(fingerprint);
@@ -231,7 +239,7 @@ absl::StatusOr<uint32_t> Client::Evict(const std::string& model, const std::stri
   v1::EvictResponse resp;
   grpc::ClientContext ctx;
   WC_RETURN_IF_ERROR(FromGrpc(rpc_->stub->Evict(&ctx, req, &resp), "Evict"));
-  return resp.evicted();
+  return resp;
 }
 
 }  // namespace weightcache::client

@@ -34,6 +34,8 @@
 namespace weightcache::v1 {
 class StatusResponse;
 class LoadProgress;
+class EvictResponse;
+class Layout;
 }  // namespace weightcache::v1
 
 namespace weightcache::client {
@@ -125,10 +127,16 @@ class Client {
   absl::StatusOr<std::unique_ptr<Lease>> Acquire(const AcquireOptions& options);
   absl::Status Release(const std::string& lease_id);
   absl::StatusOr<v1::StatusResponse> Status();
-  // Loads a known model (or an inline spec) and reports progress until it ends.
+  // Loads a known model (or an inline spec) and reports progress until it ends: every rank
+  // of the spec, or only `layout`'s rank when given.
   absl::Status Load(const std::string& model, const std::string& spec_yaml,
-                    const std::function<void(const v1::LoadProgress&)>& on_progress);
+                    const std::function<void(const v1::LoadProgress&)>& on_progress,
+                    const v1::Layout* layout = nullptr);
+  // How many entries were evicted.
   absl::StatusOr<uint32_t> Evict(const std::string& model, const std::string& fingerprint);
+  // The same, with the draining count and the other spec names that lost the entries.
+  absl::StatusOr<v1::EvictResponse> EvictDetailed(const std::string& model,
+                                                  const std::string& fingerprint);
 
  private:
   struct Rpc;

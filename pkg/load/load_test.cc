@@ -2,10 +2,12 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pkg/load/fp8_quant.h"
 #include "pkg/load/loader.h"
@@ -99,7 +101,48 @@ TEST(OpenModel, ReadsConfigDtypeAndFingerprintInputs) {
   auto in = (*m)->Inputs({}, {});
   ASSERT_EQ(in.files.size(), 1u);
   EXPECT_EQ(in.files[0].name, "model.safetensors");
-  EXPECT_EQ(in.files[0].header_sha256.size(), 64u);
+  EXPECT_EQ(in.files[0].content.substr(0, 6), "xxh3c:");
+  EXPECT_TRUE((*m)->ChangedFiles().empty());
+}
+
+// A base model and its fine-tune: same architecture and shapes, so byte-identical headers,
+// different weights. Their identities must differ (the header alone cannot tell them apart).
+TEST(OpenModel, IdenticalHeadersDifferentWeightsNeverShareAFingerprint) {
+  TempDir a, b;
+  safetensors::LlamaShape shape;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(a.path(), shape).ok());
+  shape.seed = 43;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(b.path(), shape).ok());
+  auto ma = OpenModel(SpecFor(a.path()));
+  auto mb = OpenModel(SpecFor(b.path()));
+  ASSERT_TRUE(ma.ok() && mb.ok());
+  ASSERT_EQ((*ma)->checkpoint.files()[0].info().header_sha256,
+            (*mb)->checkpoint.files()[0].info().header_sha256);
+  auto ia = (*ma)->Inputs({}, {});
+  auto ib = (*mb)->Inputs({}, {});
+  EXPECT_NE(ia.Digest(), ib.Digest());
+  EXPECT_EQ(spec::FormatDiff(spec::Diff(ia, ib)).substr(0, 40),
+            "files[model.safetensors].content: cached");
+  // A moved (copied) checkpoint keeps its identity.
+  TempDir c;
+  std::filesystem::copy(
+      a.path(), c.path(),
+      std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
+  auto mc = OpenModel(SpecFor(c.path()));
+  ASSERT_TRUE(mc.ok());
+  EXPECT_EQ((*mc)->Inputs({}, {}).Digest(), ia.Digest());
+}
+
+TEST(OpenModel, ChangedFilesNamesTheFileAndTheChange) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {}).ok());
+  auto m = OpenModel(SpecFor(dir.path()));
+  ASSERT_TRUE(m.ok());
+  ASSERT_EQ(::truncate((dir / "model.safetensors").c_str(), 100), 0);
+  auto changed = (*m)->ChangedFiles();
+  ASSERT_EQ(changed.size(), 1u);
+  EXPECT_THAT(changed[0], ::testing::StartsWith("model.safetensors: size "));
+  EXPECT_THAT(changed[0], ::testing::HasSubstr(" -> 100, modified "));
 }
 
 TEST(OpenModel, RefusedQuantizationFailsBeforeAnyWeightIsRead) {

@@ -63,9 +63,7 @@ spec::FingerprintInputs OpenedModel::Inputs(const spec::Layout& layout,
   spec::FingerprintInputs in;
   in.architecture = architecture;
   in.revision = spec.revision;
-  for (const auto& f : checkpoint.files()) {
-    in.files.push_back({f.info().name, f.info().size, f.info().header_sha256});
-  }
+  for (const auto& f : files) in.files.push_back({f.name, f.stat.size, f.digest});
   in.layout = layout;
   in.tensor_layout = spec.layout;
   in.quant_method = quantization.method;
@@ -75,7 +73,17 @@ spec::FingerprintInputs OpenedModel::Inputs(const spec::Layout& layout,
   return in;
 }
 
-absl::StatusOr<std::shared_ptr<const OpenedModel>> OpenModel(const spec::ModelSpec& s) {
+std::vector<std::string> ChangedFiles(const std::vector<SourceFile>& files) {
+  std::vector<std::string> out;
+  for (const auto& f : files) {
+    std::string change = identity::DescribeChange(f.name, f.stat, identity::StatPath(f.path));
+    if (!change.empty()) out.push_back(std::move(change));
+  }
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<const OpenedModel>> OpenModel(const spec::ModelSpec& s,
+                                                             const OpenOptions& options) {
   WC_RETURN_IF_ERROR(spec::Validate(s));
   WC_ASSIGN_OR_RETURN(spec::ModelConfig config, spec::ReadModelConfig(s.model_dir));
   // The allowlist, before any safetensors file is opened.
@@ -95,8 +103,29 @@ absl::StatusOr<std::shared_ptr<const OpenedModel>> OpenModel(const spec::ModelSp
         absl::StrCat("model '", s.name, "': dtype ", s.dtype, " asked but the checkpoint stores ",
                      dtype, "; dtype conversion is not served (use dtype: auto or ", dtype, ")"));
   }
-  return std::make_shared<const OpenedModel>(OpenedModel{
-      s, std::move(config), std::move(quant), std::move(arch), std::move(dtype), std::move(ckpt)});
+  // Content identity of every file, from the descriptors the loader will read through.
+  std::unique_ptr<identity::DigestStore> private_store;
+  identity::DigestStore* store = options.digests;
+  if (store == nullptr && options.content_digests) {
+    WC_ASSIGN_OR_RETURN(private_store, identity::DigestStore::Open(""));
+    store = private_store.get();
+  }
+  std::vector<SourceFile> files;
+  for (const auto& f : ckpt.files()) {
+    SourceFile sf{f.info().name, f.info().path, {}, "", identity::DigestSource::kHashed};
+    if (store != nullptr) {
+      WC_ASSIGN_OR_RETURN(auto r, store->Resolve(f.info().path, f.fd(), options.hash_threads));
+      sf.stat = r.stat;
+      sf.digest = std::move(r.digest);
+      sf.digest_source = r.source;
+    } else {
+      WC_ASSIGN_OR_RETURN(sf.stat, identity::StatFd(f.fd(), f.info().path));
+    }
+    files.push_back(std::move(sf));
+  }
+  return std::make_shared<const OpenedModel>(OpenedModel{s, std::move(config), std::move(quant),
+                                                         std::move(arch), std::move(dtype),
+                                                         std::move(ckpt), std::move(files)});
 }
 
 }  // namespace weightcache::load

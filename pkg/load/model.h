@@ -2,6 +2,8 @@
 // headers, the served dtype, and the fingerprint inputs for a layout and environment.
 // Order matters: the allowlist is checked from config.json before any safetensors file
 // is opened, so a refused quantization never costs a weight byte.
+// Identity: every checkpoint file's content digest (pkg/identity) enters the fingerprint, and
+// the file versions it was taken from are kept so a later change is seen with a few stat()s.
 // Thread-safety: OpenedModel is immutable after OpenModel; share it freely.
 #pragma once
 
@@ -9,12 +11,27 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "pkg/identity/identity.h"
 #include "pkg/safetensors/safetensors.h"
 #include "pkg/spec/fingerprint.h"
 #include "pkg/spec/model_config.h"
 #include "pkg/spec/spec.h"
 
 namespace weightcache::load {
+
+// One checkpoint file as identified when the model was opened.
+struct SourceFile {
+  std::string name;  // basename
+  std::string path;
+  identity::FileStat stat;  // the version `digest` describes
+  std::string digest;       // "sha256:..." / "xxh3c:..."; empty when digests were not asked
+  identity::DigestSource digest_source = identity::DigestSource::kHashed;
+};
+
+// What changed on disk since `files` were identified, one description per changed file
+// ("model.safetensors: size 1 -> 2, modified ..."); empty when every file is as it was.
+// A stat() per file, no reads.
+std::vector<std::string> ChangedFiles(const std::vector<SourceFile>& files);
 
 struct OpenedModel {
   spec::ModelSpec spec;
@@ -23,14 +40,26 @@ struct OpenedModel {
   std::string architecture;  // spec's, else config.json's
   std::string dtype;         // served dtype: "bf16", "fp16", "fp32", "fp8_e4m3"
   safetensors::Checkpoint checkpoint;
+  std::vector<SourceFile> files;  // in checkpoint.files() order
 
   // Fingerprint inputs of this model served for `layout` in `env`.
   spec::FingerprintInputs Inputs(const spec::Layout& layout, const spec::Environment& env) const;
+  std::vector<std::string> ChangedFiles() const { return load::ChangedFiles(files); }
+};
+
+struct OpenOptions {
+  // Content digests for the fingerprint. Off only for tools that compare bytes themselves
+  // (weightcachectl verify) and never key a cache by the result.
+  bool content_digests = true;
+  // Remembers digests per file version (the daemon's, persisted); null: a private one.
+  identity::DigestStore* digests = nullptr;
+  unsigned hash_threads = 8;
 };
 
 // Short dtype name used in fingerprints and the API for a safetensors dtype ("bf16").
 std::string ShortDTypeName(safetensors::DType dtype);
 
-absl::StatusOr<std::shared_ptr<const OpenedModel>> OpenModel(const spec::ModelSpec& spec);
+absl::StatusOr<std::shared_ptr<const OpenedModel>> OpenModel(const spec::ModelSpec& spec,
+                                                             const OpenOptions& options = {});
 
 }  // namespace weightcache::load

@@ -25,11 +25,14 @@ namespace {
 
 constexpr AcquireResult kAllResults[] = {AcquireResult::kHit,      AcquireResult::kMiss,
                                          AcquireResult::kMismatch, AcquireResult::kRejected,
-                                         AcquireResult::kError,    AcquireResult::kPeerCopy};
+                                         AcquireResult::kError,    AcquireResult::kPeerCopy,
+                                         AcquireResult::kStale};
 
 // The states weightcache_models reports, always all of them (0 when none). "gone" entries
-// are on their way out of the registry and are not reported.
-constexpr const char* kReportedStates[] = {"loading", "ready", "evicting", "failed"};
+// are on their way out of the registry and are not reported. "stale": ready, but its files
+// changed on disk; "draining": evicted while clients still map it (until the last lease ends).
+constexpr const char* kReportedStates[] = {"loading",  "ready",    "stale",
+                                           "draining", "evicting", "failed"};
 
 // An acquire is a map of FDs on a hit (sub-millisecond) and can be a full load on a miss
 // that the policy turns into a load: 100 µs .. 10 s.
@@ -107,10 +110,12 @@ class StateCollector final : public prometheus::Collectable {
       out.push_back(std::move(f));
     }
     {
-      prometheus::MetricFamily f{"weightcache_models",
-                                 "Cache entries by state (loading, ready, evicting, failed).",
-                                 prometheus::MetricType::Gauge,
-                                 {}};
+      prometheus::MetricFamily f{
+          "weightcache_models",
+          "Cache entries by state (loading, ready, stale, draining, evicting, "
+          "failed).",
+          prometheus::MetricType::Gauge,
+          {}};
       for (const char* s : kReportedStates) {
         f.metric.push_back(GaugeMetric({{"state", s}}, static_cast<double>(states[s])));
       }
@@ -168,6 +173,8 @@ const char* AcquireResultName(AcquireResult r) {
       return "error";
     case AcquireResult::kPeerCopy:
       return "peer_copy";
+    case AcquireResult::kStale:
+      return "stale";
   }
   ::weightcache::CheckFailed(__FILE__, __LINE__, "unknown AcquireResult");
 }
@@ -177,7 +184,7 @@ struct Metrics::Impl {
       : acquire_total(prometheus::BuildCounter()
                           .Name("weightcache_acquire_total")
                           .Help("Acquire requests by model and result (hit, miss, mismatch, "
-                                "rejected, error, peer_copy).")
+                                "rejected, error, peer_copy, stale).")
                           .Register(registry)),
         acquire_duration(prometheus::BuildHistogram()
                              .Name("weightcache_acquire_duration_seconds")

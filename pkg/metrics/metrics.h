@@ -37,12 +37,13 @@ class Registry;
 
 namespace weightcache::metrics {
 
-enum class AcquireResult { kHit, kMiss, kMismatch, kRejected, kError, kPeerCopy };
+// kStale: the asked model's files changed on disk after its entry was loaded.
+enum class AcquireResult { kHit, kMiss, kMismatch, kRejected, kError, kPeerCopy, kStale };
 const char* AcquireResultName(AcquireResult r);  // "hit", "miss", ...
 
 struct EntrySnapshot {
   std::string model;
-  std::string state;   // loading | ready | evicting | gone | failed
+  std::string state;   // loading | ready | stale | draining | evicting | gone | failed
   std::string device;  // GPU UUID or "host"
   uint64_t bytes = 0;
   uint64_t leases = 0;

@@ -252,10 +252,10 @@ TEST(MetricsTest, ScrapeTimeGaugesReflectTheStateSource) {
 
   // Empty source: every state reported at 0, no per-model series.
   Values v = Snapshot(*collectable);
-  for (const char* s : {"loading", "ready", "evicting", "failed"}) {
+  for (const char* s : {"loading", "ready", "stale", "draining", "evicting", "failed"}) {
     EXPECT_EQ(Value(v, "weightcache_models", {{"state", s}}), 0.0) << s;
   }
-  EXPECT_EQ(v.size(), 4u);
+  EXPECT_EQ(v.size(), 6u);
 
   state.entries = {
       {"llama", "ready", "GPU-a", 100, 2},
@@ -264,17 +264,20 @@ TEST(MetricsTest, ScrapeTimeGaugesReflectTheStateSource) {
       {"qwen", "ready", "GPU-a", 5, 3},  // a second layout of the same model on GPU-a
       {"old", "gone", "GPU-a", 999, 0},
       {"bad", "failed", "host", 0, 0},
+      // Evicted while still mapped: its memory and lease stay visible until the lease ends.
+      {"llama", "draining", "GPU-a", 7, 1},
   };
   state.devices = {{"GPU-a", 1000, 400, 115}, {"host", 64, 32, 0}};
   v = Snapshot(*collectable);
   EXPECT_EQ(Value(v, "weightcache_resident_bytes", {{"model", "llama"}, {"device", "GPU-a"}}),
-            100.0);
+            107.0);
   EXPECT_EQ(Value(v, "weightcache_resident_bytes", {{"model", "llama"}, {"device", "GPU-b"}}),
             50.0);
   EXPECT_EQ(Value(v, "weightcache_resident_bytes", {{"model", "qwen"}, {"device", "GPU-a"}}), 15.0);
   EXPECT_EQ(Value(v, "weightcache_resident_bytes", {{"model", "old"}, {"device", "GPU-a"}}),
             std::nullopt);
-  EXPECT_EQ(Value(v, "weightcache_leases", {{"model", "llama"}}), 3.0);
+  EXPECT_EQ(Value(v, "weightcache_leases", {{"model", "llama"}}), 4.0);
+  EXPECT_EQ(Value(v, "weightcache_models", {{"state", "draining"}}), 1.0);
   EXPECT_EQ(Value(v, "weightcache_leases", {{"model", "qwen"}}), 3.0);
   EXPECT_EQ(Value(v, "weightcache_leases", {{"model", "bad"}}), 0.0);
   EXPECT_EQ(Value(v, "weightcache_models", {{"state", "ready"}}), 3.0);
@@ -291,6 +294,8 @@ TEST(MetricsTest, ScrapeTimeGaugesReflectTheStateSource) {
             64.0);
 
   // Scrape time means scrape time: a change shows at the next collect.
+  state.entries.pop_back();
+  EXPECT_EQ(Value(Snapshot(*collectable), "weightcache_models", {{"state", "draining"}}), 0.0);
   state.entries.pop_back();
   EXPECT_EQ(Value(Snapshot(*collectable), "weightcache_models", {{"state", "failed"}}), 0.0);
 

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <random>
+#include <set>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -139,6 +141,13 @@ void Daemon::Impl::StartPreloads() {
 
 absl::Status Daemon::Impl::Start() {
   WC_RETURN_IF_ERROR(PrepareSocketDir(options_.socket_dir, 0750));
+  if (!options_.digest_store.empty()) {
+    const std::string dir = options_.digest_store.substr(0, options_.digest_store.rfind('/'));
+    if (!dir.empty() && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      return ErrnoStatus(errno, "mkdir (digest store)", dir);
+    }
+  }
+  WC_ASSIGN_OR_RETURN(digests_, identity::DigestStore::Open(options_.digest_store));
   WC_RETURN_IF_ERROR(RemoveStaleSocket(control_path()));
   WC_RETURN_IF_ERROR(RemoveStaleSocket(handle_path()));
   HandleChannel::Options hopts;
@@ -220,10 +229,51 @@ absl::StatusOr<std::shared_ptr<const load::OpenedModel>> Daemon::Impl::Open(cons
     s = it->second;
   }
   // Opening reads config.json and the headers: outside the lock.
-  WC_ASSIGN_OR_RETURN(auto opened, load::OpenModel(s));
+  load::OpenOptions oo;
+  oo.digests = digests_.get();
+  oo.hash_threads = options_.read_threads;
+  auto opened = load::OpenModel(s, oo);
   std::lock_guard<std::mutex> l(mu_);
-  opened_[name] = opened;
-  return opened;
+  if (!opened.ok()) {
+    open_errors_[name] = std::string(opened.status().message());
+    return opened.status();
+  }
+  open_errors_.erase(name);
+  opened_[name] = *opened;
+  return *opened;
+}
+
+std::map<std::string, std::shared_ptr<const load::OpenedModel>> Daemon::Impl::OpenedSpecs() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return opened_;
+}
+
+std::vector<std::string> Daemon::Impl::NamesOf(const cache::EntrySnapshot& s) const {
+  std::vector<std::string> names;
+  for (const auto& [name, o] : OpenedSpecs()) {
+    if (o->spec.tp_size != s.inputs.layout.tp_size || o->spec.pp_size != s.inputs.layout.pp_size) {
+      continue;
+    }
+    if (name == s.model || o->Inputs(s.inputs.layout, s.inputs.env).Digest() == s.fingerprint) {
+      names.push_back(name);
+    }
+  }
+  if (std::find(names.begin(), names.end(), s.model) == names.end()) names.push_back(s.model);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::string Daemon::Impl::CheckStale(const std::shared_ptr<const load::OpenedModel>& opened) {
+  const std::vector<std::string> changed = opened->ChangedFiles();
+  if (changed.empty()) return "";
+  std::string what = absl::StrJoin(changed, "; ");
+  // The entries loaded from the earlier versions: this spec's content in any layout.
+  for (const auto& s : registry_.Snapshot()) {
+    if (s.state != cache::State::kReady) continue;
+    if (opened->Inputs(s.inputs.layout, s.inputs.env).Digest() != s.fingerprint) continue;
+    if (auto e = registry_.Find({s.fingerprint, s.device_uuid})) registry_.MarkStale(e, what);
+  }
+  return what;
 }
 
 absl::StatusOr<Daemon::Impl::AskedEnv> Daemon::Impl::EnvFrom(const v1::Environment& env) const {
@@ -295,14 +345,23 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Daemon::Impl::StartLoad(
     load::LoadOptions lopts;
     lopts.read_threads = threads;
     lopts.staging_pool = pool;
-    return load::LoadRank(*model, std::move(plan), *backend, device,
-                          absl::StrCat("weightcache/", model->spec.name, "/", fp.substr(0, 12)),
-                          lopts, &e.progress);
+    WC_ASSIGN_OR_RETURN(auto loaded, load::LoadRank(*model, std::move(plan), *backend, device,
+                                                    absl::StrCat("weightcache/", model->spec.name,
+                                                                 "/", fp.substr(0, 12)),
+                                                    lopts, &e.progress));
+    // The bytes must be those of the versions the fingerprint names.
+    if (auto changed = model->ChangedFiles(); !changed.empty()) {
+      return absl::UnavailableError(absl::StrCat("model '", model->spec.name,
+                                                 "': files changed while loading (",
+                                                 absl::StrJoin(changed, "; "), "); load it again"));
+    }
+    return loaded;
   };
   cache::LoadRequest req;
   req.key = {fp, device};
   req.model = model->spec.name;
   req.inputs = inputs;
+  req.files = model->files;
   req.bytes = model->checkpoint.total_bytes();
   req.load = std::move(load);
   return registry_.StartOrJoin(std::move(req));
@@ -360,6 +419,7 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Daemon::Impl::StartPeerCopy(
   req.inputs = src->inputs;
   req.bytes = content->resident_bytes();
   req.source = "peer";
+  req.files = src->files;
   req.load = std::move(load);
   return registry_.StartOrJoin(std::move(req));
 }
@@ -403,6 +463,9 @@ void Daemon::Impl::Count(metrics::AcquireResult r) {
     case metrics::AcquireResult::kPeerCopy:
       peer_copies_++;
       break;
+    case metrics::AcquireResult::kStale:
+      stale_++;
+      break;
     default:
       errors_++;
       break;
@@ -431,6 +494,12 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
   std::string fp;
   std::shared_ptr<const load::OpenedModel> opened;  // model target only
   spec::FingerprintInputs asked;
+  auto asked_inputs = [&](const load::OpenedModel& m) {
+    spec::FingerprintInputs in = m.Inputs(*layout, env);
+    if (!req.dtype().empty()) in.dtype = req.dtype();
+    if (!req.quantization().empty()) in.quant_method = req.quantization();
+    return in;
+  };
   if (req.target_case() == v1::AcquireRequest::kFingerprint) {
     fp = req.fingerprint();
     auto all = registry_.FindAll(fp);
@@ -450,9 +519,34 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
                     o.status());
     }
     opened = *o;
-    asked = opened->Inputs(*layout, env);
-    if (!req.dtype().empty()) asked.dtype = req.dtype();
-    if (!req.quantization().empty()) asked.quant_method = req.quantization();
+    // The asked spec's files as they are now (a stat per file): a cached entry loaded from
+    // earlier versions is never a hit.
+    if (const std::string changed = CheckStale(opened); !changed.empty()) {
+      const std::string old_fp = asked_inputs(*opened).Digest();
+      const auto old_entries = registry_.FindAll(old_fp);
+      if (!old_entries.empty() && !req.load_on_miss()) {
+        return finish(AcquireResult::kStale,
+                      absl::FailedPreconditionError(absl::StrCat(
+                          "stale: model '", req.model(), "': ", changed,
+                          "; the cached weights are those of the earlier version. Load it again "
+                          "(weightcachectl load ",
+                          req.model(), ") or ask with load_on_miss")));
+      }
+      // Identify the new contents (only the changed files are hashed) and go on with them.
+      auto fresh = Open(req.model(), /*refresh=*/true);
+      if (!fresh.ok()) {
+        return finish(
+            old_entries.empty() ? AcquireResult::kError : AcquireResult::kStale,
+            absl::Status(fresh.status().code(), absl::StrCat("model '", req.model(), "': ", changed,
+                                                             "; ", fresh.status().message())));
+      }
+      opened = *fresh;
+      if (asked_inputs(*opened).Digest() != old_fp) {
+        // The earlier version's entries: freed now (or once their clients let go).
+        for (const auto& old : old_entries) registry_.Evict(old->key, "stale");
+      }
+    }
+    asked = asked_inputs(*opened);
     fp = asked.Digest();
   } else {
     return finish(AcquireResult::kError,
@@ -460,6 +554,17 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
   }
 
   std::shared_ptr<cache::Entry> e = FindOn(fp, device);
+  if (e && !opened && e->state == cache::State::kReady) {
+    // By fingerprint: the files this entry was loaded from must still be those versions.
+    if (auto changed = load::ChangedFiles(e->files); !changed.empty()) {
+      const std::string what = absl::StrJoin(changed, "; ");
+      registry_.MarkStale(e, what);
+      return finish(AcquireResult::kStale,
+                    absl::FailedPreconditionError(absl::StrCat(
+                        "stale: fingerprint ", fp.substr(0, 12), " (model '", e->model,
+                        "'): ", what, "; the cached weights are those of the earlier version")));
+    }
+  }
   if (!e || e->state == cache::State::kFailed) {
     // Resident on another device of this node: serve it per the peer policy.
     if (auto src = PeerSource(fp, device)) {
@@ -487,9 +592,7 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
       if (auto s = registry_.WaitReady(e, deadline); !s.ok()) {
         return finish(AcquireResult::kError, s);
       }
-      auto content = registry_.Content(e);
-      if (!content.ok()) return finish(AcquireResult::kError, content.status());
-      FillLease(e, *content, resp);
+      if (auto s = FillLease(e, *model, resp); !s.ok()) return finish(AcquireResult::kError, s);
       return finish(AcquireResult::kPeerCopy, absl::OkStatus());
     }
   }
@@ -510,27 +613,44 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
       e = *started;
       auto s = registry_.WaitReady(e, deadline);
       if (!s.ok()) return finish(AcquireResult::kError, s);
-      auto content = registry_.Content(e);
-      if (!content.ok()) return finish(AcquireResult::kError, content.status());
-      FillLease(e, *content, resp);
+      if (auto f = FillLease(e, *model, resp); !f.ok()) return finish(AcquireResult::kError, f);
       return finish(AcquireResult::kMiss, absl::OkStatus());
     }
+    // Another rank of the same model is a miss for this rank (listing the cached ones);
+    // anything else that differs is a mismatch, explained field by field.
+    std::vector<int> cached_ranks;
+    std::vector<spec::FieldDiff> mismatch;
     for (const auto& other : registry_.FindByModel(req.model())) {
       auto diffs = spec::Diff(other->inputs, asked);
-      if (!diffs.empty()) {
-        return finish(AcquireResult::kMismatch,
-                      absl::FailedPreconditionError(
-                          absl::StrCat("model '", req.model(),
-                                       "': cached weights do not fit: ", spec::FormatDiff(diffs))));
+      if (diffs.empty()) continue;
+      const bool rank_only = std::all_of(diffs.begin(), diffs.end(), [](const auto& d) {
+        return d.field == "tp_rank" || d.field == "pp_rank";
+      });
+      if (rank_only) {
+        cached_ranks.push_back(other->inputs.layout.tp_rank);
+      } else if (mismatch.empty()) {
+        mismatch = std::move(diffs);
       }
     }
-    return finish(AcquireResult::kMiss,
-                  absl::NotFoundError(absl::StrCat(
-                      "model '", req.model(), "' is not cached for tp ", layout->tp_rank, "/",
-                      layout->tp_size, " on ", env.compute_capability,
-                      device.empty() ? "" : absl::StrCat(" (", device, ")"), " (fingerprint ",
-                      fp.substr(0, 12), "); load it first (weightcachectl load ", req.model(),
-                      ") or ask with load_on_miss")));
+    if (cached_ranks.empty() && !mismatch.empty()) {
+      return finish(AcquireResult::kMismatch,
+                    absl::FailedPreconditionError(absl::StrCat(
+                        "model '", req.model(),
+                        "': cached weights do not fit: ", spec::FormatDiff(mismatch))));
+    }
+    std::sort(cached_ranks.begin(), cached_ranks.end());
+    cached_ranks.erase(std::unique(cached_ranks.begin(), cached_ranks.end()), cached_ranks.end());
+    return finish(
+        AcquireResult::kMiss,
+        absl::NotFoundError(absl::StrCat(
+            "model '", req.model(), "' is not cached for tp ", layout->tp_rank, "/",
+            layout->tp_size, " on ", env.compute_capability,
+            device.empty() ? "" : absl::StrCat(" (", device, ")"), " (fingerprint ",
+            fp.substr(0, 12), ")",
+            cached_ranks.empty()
+                ? ""
+                : absl::StrCat("; cached tp ranks: ", absl::StrJoin(cached_ranks, ", ")),
+            "; load it first (weightcachectl load ", req.model(), ") or ask with load_on_miss")));
   }
 
   bool was_ready = e->state == cache::State::kReady;
@@ -538,47 +658,52 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
     if (e->state == cache::State::kLoading && !req.wait_ready() && !req.load_on_miss()) {
       return finish(AcquireResult::kMiss,
                     absl::UnavailableError(absl::StrCat(
-                        "model '", e->model, "' is still loading (", e->progress.done(), " of ",
+                        "model '", *model, "' is still loading (", e->progress.done(), " of ",
                         e->progress.total(), " bytes); ask with wait_ready to wait")));
     }
     auto s = registry_.WaitReady(e, deadline);
     if (!s.ok()) return finish(AcquireResult::kError, s);
   }
-  auto content = registry_.Content(e);
-  if (!content.ok()) return finish(AcquireResult::kError, content.status());
-  FillLease(e, *content, resp);
+  if (auto s = FillLease(e, *model, resp); !s.ok()) return finish(AcquireResult::kError, s);
   return finish(was_ready ? AcquireResult::kHit : AcquireResult::kMiss, absl::OkStatus());
 }
 
-void Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
-                             const std::shared_ptr<const load::LoadedModel>& content,
-                             v1::AcquireResponse* resp) {
+absl::Status Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
+                                     const std::string& name, v1::AcquireResponse* resp) {
+  auto content_or = registry_.Content(e);
+  const std::string evicted =
+      absl::StrCat("model '", name, "' was evicted between its lookup and its lease; ask again");
+  if (!content_or.ok()) return absl::UnavailableError(evicted);
+  const std::shared_ptr<const load::LoadedModel> content = *std::move(content_or);
   std::string lease_id = RandomHex(16);
   std::string token = RandomHex(32);
   cache::LeaseRecord rec{lease_id, 0, 0, std::chrono::steady_clock::now()};
-  if (!registry_.AddLease(e, rec).ok()) return;  // evicted meanwhile: caller sees no token
+  if (!registry_.AddLease(e, rec).ok()) return absl::UnavailableError(evicted);
+  std::string model_dir = content->model_dir;
   {
     std::lock_guard<std::mutex> l(mu_);
-    tokens_[token] = {lease_id, e->key, std::chrono::steady_clock::now() + options_.token_ttl};
+    tokens_[token] = {lease_id, e, std::chrono::steady_clock::now() + options_.token_ttl};
+    // The asked spec: same content as the entry's (that is what the fingerprint says), and
+    // the files a verify tool should compare with.
+    auto spec = specs_.find(name);
+    if (spec != specs_.end()) {
+      resp->set_spec_yaml(spec::ToYaml(spec->second));
+      model_dir = spec->second.model_dir;
+    }
   }
   resp->set_lease_id(lease_id);
   resp->set_token(token);
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    auto spec = specs_.find(e->model);
-    if (spec != specs_.end()) resp->set_spec_yaml(spec::ToYaml(spec->second));
-  }
   resp->mutable_layout()->set_tp_size(e->inputs.layout.tp_size);
   resp->mutable_layout()->set_tp_rank(e->inputs.layout.tp_rank);
   resp->mutable_layout()->set_pp_size(e->inputs.layout.pp_size);
   resp->mutable_layout()->set_pp_rank(e->inputs.layout.pp_rank);
   resp->set_fingerprint(e->fingerprint);
-  resp->set_model(e->model);
+  resp->set_model(name);
   resp->set_backend(memory::BackendName(backend_->kind()));
   resp->set_device_uuid(content->device_uuid);
   resp->set_handle_socket(handle_path());
   resp->set_total_bytes(content->plan.total_bytes);
-  resp->set_model_dir(content->model_dir);
+  resp->set_model_dir(model_dir);
   for (size_t i = 0; i < content->segments.size(); ++i) {
     auto* s = resp->add_segments();
     s->set_index(static_cast<uint32_t>(i));
@@ -599,6 +724,7 @@ void Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
       m->set_nbytes(t.nbytes);
     }
   }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<HandleChannel::Grant> Daemon::Impl::Claim(const std::string& token,
@@ -613,15 +739,15 @@ absl::StatusOr<HandleChannel::Grant> Daemon::Impl::Claim(const std::string& toke
     pending = it->second;
     tokens_.erase(it);
   }
-  auto e = registry_.Find(pending.key);
-  if (!e) {
-    registry_.RemoveLease(pending.lease_id);
-    return absl::UnavailableError("the model was evicted before its descriptors were claimed");
+  // The lease's own entry: after an evict and a reload under the same key, the new entry's
+  // descriptors are not this lease's to take.
+  if (!registry_.HasLease(pending.entry, pending.lease_id)) {
+    return absl::UnavailableError("the lease ended before its descriptors were claimed");
   }
-  auto content = registry_.Content(e);
+  auto content = registry_.Content(pending.entry);
   if (!content.ok()) {
     registry_.RemoveLease(pending.lease_id);
-    return content.status();
+    return absl::UnavailableError("the model was evicted before its descriptors were claimed");
   }
   registry_.SetLeasePeer(pending.lease_id, peer.pid, static_cast<int>(peer.uid));
   HandleChannel::Grant g;
@@ -680,60 +806,118 @@ absl::Status Daemon::Impl::Load(const v1::LoadRequest& req,
   }
   if (name.empty()) return absl::InvalidArgumentError("Load: set model or spec_yaml");
   WC_ASSIGN_OR_RETURN(auto opened, Open(name, /*refresh=*/true));
-  spec::Layout layout;
+  // One rank when the request names it; else every rank of the spec.
+  std::vector<spec::Layout> layouts;
   if (req.has_layout()) {
-    WC_ASSIGN_OR_RETURN(layout, LayoutFrom(req.layout()));
+    WC_ASSIGN_OR_RETURN(auto layout, LayoutFrom(req.layout()));
+    layouts.push_back(layout);
   } else {
     const auto& s = opened->spec;
-    layout = {s.tp_size, s.tp_ranks.empty() ? 0 : s.tp_ranks[0], s.pp_size, s.pp_rank};
+    std::vector<int> ranks = s.tp_ranks;
+    if (ranks.empty()) {
+      for (int r = 0; r < s.tp_size; ++r) ranks.push_back(r);
+    }
+    for (int r : ranks) layouts.push_back({s.tp_size, r, s.pp_size, s.pp_rank});
   }
   WC_ASSIGN_OR_RETURN(auto asked, EnvFrom(req.env()));
-  // No device named: the placement rule (rank r on the r-th device).
-  WC_ASSIGN_OR_RETURN(auto e, StartLoad(opened, layout, asked.env, asked.device_uuid));
+  std::vector<std::shared_ptr<cache::Entry>> entries;
+  for (const auto& layout : layouts) {
+    spec::Environment env = asked.env;
+    // No device named: the placement rule (rank r on the r-th device), at its capability.
+    const std::string device = asked.device_uuid.empty()
+                                   ? DefaultDeviceForRank(backend_->Devices(), layout.tp_rank)
+                                   : asked.device_uuid;
+    if (asked.device_uuid.empty() && req.env().compute_capability().empty()) {
+      for (const auto& d : backend_->Devices()) {
+        if (d.uuid == device) env.compute_capability = d.compute_capability;
+      }
+    }
+    WC_ASSIGN_OR_RETURN(auto e, StartLoad(opened, layout, env, device));
+    entries.push_back(std::move(e));
+  }
   auto t0 = std::chrono::steady_clock::now();
   while (true) {
-    auto s =
-        registry_.WaitReady(e, std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
     v1::LoadProgress p;
-    p.set_fingerprint(e->fingerprint);
-    p.set_bytes_done(e->progress.done());
-    p.set_bytes_total(e->progress.total());
-    p.set_current_file(e->progress.file());
+    p.set_model(name);
+    bool loading = false;
+    absl::Status failed;
+    for (const auto& e : entries) {
+      absl::Status s = registry_.WaitReady(e, std::chrono::steady_clock::now());
+      const bool rank_loading = s.code() == absl::StatusCode::kDeadlineExceeded;
+      auto* r = p.add_ranks();
+      r->mutable_layout()->set_tp_size(e->inputs.layout.tp_size);
+      r->mutable_layout()->set_tp_rank(e->inputs.layout.tp_rank);
+      r->mutable_layout()->set_pp_size(e->inputs.layout.pp_size);
+      r->mutable_layout()->set_pp_rank(e->inputs.layout.pp_rank);
+      r->set_fingerprint(e->fingerprint);
+      r->set_device_uuid(e->device_uuid);
+      r->set_state(rank_loading ? "loading" : s.ok() ? "ready" : "failed");
+      r->set_bytes_done(e->progress.done());
+      r->set_bytes_total(e->progress.total());
+      if (!rank_loading && !s.ok()) {
+        r->set_error(std::string(s.message()));
+        if (failed.ok()) {
+          failed = absl::Status(s.code(), entries.size() == 1
+                                              ? std::string(s.message())
+                                              : absl::StrCat("tp rank ", e->inputs.layout.tp_rank,
+                                                             ": ", s.message()));
+        }
+      }
+      if (rank_loading && !loading) p.set_current_file(e->progress.file());
+      loading = loading || rank_loading;
+      p.set_bytes_done(p.bytes_done() + e->progress.done());
+      p.set_bytes_total(p.bytes_total() + e->progress.total());
+    }
+    p.set_fingerprint(entries.front()->fingerprint);
     p.set_elapsed_seconds(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    bool loading = s.code() == absl::StatusCode::kDeadlineExceeded;
-    p.set_state(loading ? "loading" : s.ok() ? "ready" : "failed");
-    if (!loading && !s.ok()) p.set_error(std::string(s.message()));
+    p.set_state(loading ? "loading" : failed.ok() ? "ready" : "failed");
+    if (!loading && !failed.ok()) p.set_error(std::string(failed.message()));
     if (!publish(p)) return absl::CancelledError("Load: client went away");
-    if (!loading) return s;
+    if (!loading) return failed;
+    // Until the first unfinished rank ends, or the next progress report is due.
+    for (const auto& e : entries) {
+      auto s =
+          registry_.WaitReady(e, std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
+      if (s.code() == absl::StatusCode::kDeadlineExceeded) break;
+    }
   }
 }
 
-absl::StatusOr<uint32_t> Daemon::Impl::Evict(const v1::EvictRequest& req) {
-  // Every device's entry of the model or fingerprint.
+absl::Status Daemon::Impl::Evict(const v1::EvictRequest& req, v1::EvictResponse* resp) {
+  // The entries to evict: every device's entry of the fingerprint, or of the spec.
   std::vector<cache::Key> keys;
+  std::set<std::string> other_names;
   if (req.target_case() == v1::EvictRequest::kFingerprint) {
     for (const auto& e : registry_.FindAll(req.fingerprint())) keys.push_back(e->key);
   } else if (req.target_case() == v1::EvictRequest::kModel) {
-    for (const auto& e : registry_.FindByModel(req.model())) keys.push_back(e->key);
-    // A second spec name over the same checkpoint and options shares the entries of the
-    // name that loaded them first (same fingerprint): they carry that name. Its entries are
-    // the ones whose fingerprint this spec reproduces for their layout and environment.
+    // A spec's entries: those it loaded, and those of other names that this spec reproduces
+    // in its own layout (same content, same tp/pp sizes). Those other names lose them too.
     auto opened = Open(req.model(), /*refresh=*/false);
-    if (!opened.ok() && keys.empty()) return opened.status();  // an unknown name says so
-    if (opened.ok()) {
-      for (const auto& s : registry_.Snapshot()) {
-        if (s.model != req.model() &&
-            (*opened)->Inputs(s.inputs.layout, s.inputs.env).Digest() == s.fingerprint) {
-          keys.push_back({s.fingerprint, s.device_uuid});
-        }
+    for (const auto& s : registry_.Snapshot()) {
+      if (s.state == cache::State::kDraining) continue;
+      bool mine = s.model == req.model();
+      if (!mine && opened.ok()) {
+        const auto& sp = (*opened)->spec;
+        mine = sp.tp_size == s.inputs.layout.tp_size && sp.pp_size == s.inputs.layout.pp_size &&
+               (*opened)->Inputs(s.inputs.layout, s.inputs.env).Digest() == s.fingerprint;
+      }
+      if (!mine) continue;
+      keys.push_back({s.fingerprint, s.device_uuid});
+      for (const auto& n : NamesOf(s)) {
+        if (n != req.model()) other_names.insert(n);
       }
     }
+    if (!opened.ok() && keys.empty()) return opened.status();  // an unknown name says so
   } else {
     return absl::InvalidArgumentError("Evict: set either model or fingerprint");
   }
-  uint32_t n = 0;
-  for (const auto& key : keys) n += registry_.Evict(key, "api") ? 1 : 0;
+  uint32_t n = 0, draining = 0;
+  for (const auto& key : keys) {
+    const auto r = registry_.Evict(key, "api");
+    n += r != cache::Registry::Evicted::kNone ? 1 : 0;
+    draining += r == cache::Registry::Evicted::kDraining ? 1 : 0;
+  }
   if (n == 0) {
     return absl::NotFoundError(absl::StrCat("nothing to evict for ",
                                             req.target_case() == v1::EvictRequest::kModel
@@ -741,7 +925,10 @@ absl::StatusOr<uint32_t> Daemon::Impl::Evict(const v1::EvictRequest& req) {
                                                 : "fingerprint " + req.fingerprint(),
                                             " (not cached, or still loading)"));
   }
-  return n;
+  resp->set_evicted(n);
+  resp->set_draining(draining);
+  for (const auto& name : other_names) resp->add_other_names(name);
+  return absl::OkStatus();
 }
 
 void Daemon::Impl::Status(v1::StatusResponse* resp) const {
@@ -749,16 +936,27 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
   resp->set_backend(memory::BackendName(backend_->kind()));
   auto now = std::chrono::steady_clock::now();
   std::map<std::string, std::pair<uint32_t, uint64_t>> per_device;  // entries, bytes
-  for (const auto& s : registry_.Snapshot()) {
+  auto snapshot = registry_.Snapshot();
+  // Sorted by model, rank, device: a stable order for people and scripts.
+  std::sort(snapshot.begin(), snapshot.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.model, a.inputs.layout.pp_rank, a.inputs.layout.tp_rank, a.device_uuid,
+                    a.fingerprint) < std::tie(b.model, b.inputs.layout.pp_rank,
+                                              b.inputs.layout.tp_rank, b.device_uuid,
+                                              b.fingerprint);
+  });
+  std::map<std::string, std::set<uint32_t>> ready_ranks;  // spec name -> tp ranks
+  for (const auto& s : snapshot) {
     auto& [count, bytes] = per_device[s.device_uuid];
     count++;
     bytes += s.bytes;
     auto* e = resp->add_entries();
     e->set_model(s.model);
     e->set_fingerprint(s.fingerprint);
-    e->set_state(cache::StateName(s.state));
-    e->set_error(s.error);
+    const bool stale = s.state == cache::State::kReady && !s.stale.empty();
+    e->set_state(stale ? "stale" : cache::StateName(s.state));
+    e->set_error(stale ? s.stale : s.error);
     e->set_bytes(s.bytes);
+    e->set_tensor_bytes(s.tensor_bytes);
     e->set_tensors(static_cast<uint32_t>(s.tensors));
     e->set_segments(static_cast<uint32_t>(s.segments));
     e->mutable_layout()->set_tp_size(s.inputs.layout.tp_size);
@@ -770,6 +968,12 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
     e->set_load_seconds(s.load_seconds);
     e->set_bytes_done(s.bytes_done);
     e->set_source(s.source);
+    for (const auto& n : NamesOf(s)) {
+      e->add_names(n);
+      if (s.state == cache::State::kReady && !stale) {
+        ready_ranks[n].insert(static_cast<uint32_t>(s.inputs.layout.tp_rank));
+      }
+    }
     for (const auto& l : s.leases) {
       auto* li = e->add_leases();
       li->set_lease_id(l.id);
@@ -780,7 +984,19 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
   }
   {
     std::lock_guard<std::mutex> l(mu_);
-    for (const auto& [name, _] : specs_) resp->add_known_models(name);
+    for (const auto& [name, sp] : specs_) {
+      resp->add_known_models(name);
+      auto* m = resp->add_models();
+      m->set_name(name);
+      m->set_model_dir(sp.model_dir);
+      m->set_tp_size(static_cast<uint32_t>(sp.tp_size));
+      m->set_pp_size(static_cast<uint32_t>(sp.pp_size));
+      m->set_quantization(sp.quantization);
+      m->set_layout(sp.layout.empty() ? "hf" : sp.layout);
+      for (uint32_t r : ready_ranks[name]) m->add_cached_ranks(r);
+      auto err = open_errors_.find(name);
+      if (err != open_errors_.end()) m->set_refused(err->second);
+    }
   }
   resp->set_acquire_hits(hits_);
   resp->set_acquire_misses(misses_);
@@ -788,6 +1004,8 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
   resp->set_acquire_rejected(rejected_);
   resp->set_acquire_errors(errors_);
   resp->set_acquire_peer_copies(peer_copies_);
+  resp->set_acquire_stale(stale_);
+  resp->set_hashed_bytes(digests_ ? digests_->hashed_bytes() : 0);
   if (const metrics::StagingSnapshot s = Staging(); s.present) {
     resp->mutable_staging()->set_idle_bytes(s.idle_bytes);
     resp->mutable_staging()->set_in_use_bytes(s.in_use_bytes);
@@ -822,7 +1040,8 @@ std::pair<bool, std::string> Daemon::Impl::Readiness() const {
 std::vector<metrics::EntrySnapshot> Daemon::Impl::Entries() const {
   std::vector<metrics::EntrySnapshot> out;
   for (const auto& s : registry_.Snapshot()) {
-    out.push_back({s.model, cache::StateName(s.state),
+    const bool stale = s.state == cache::State::kReady && !s.stale.empty();
+    out.push_back({s.model, stale ? "stale" : cache::StateName(s.state),
                    s.device_uuid.empty() ? "host" : s.device_uuid, s.bytes, s.leases.size()});
   }
   return out;

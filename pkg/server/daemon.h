@@ -50,7 +50,10 @@ struct DaemonOptions {
   std::vector<spec::ModelSpec> specs;  // known models; preloaded when `preload`
   bool preload = true;
   uint64_t memory_budget_bytes = 0;  // 0: unlimited
-  std::vector<uid_t> allowed_uids;   // handle channel allowlist; empty: any
+  // Content digests per checkpoint file version (pkg/identity), persisted here so a restart
+  // does not hash again; its directory is created 0700. Empty: memory only.
+  std::string digest_store;
+  std::vector<uid_t> allowed_uids;  // handle channel allowlist; empty: any
   int socket_gid = -1;  // >= 0: group owning the socket dir and sockets (engines' group)
   std::chrono::seconds token_ttl{30};
   std::chrono::seconds acquire_wait{600};  // wait_ready / load_on_miss bound

@@ -45,10 +45,7 @@ class GrpcService final : public v1::WeightCache::Service {
 
   grpc::Status Evict(grpc::ServerContext*, const v1::EvictRequest* req,
                      v1::EvictResponse* resp) override {
-    auto n = impl_->Evict(*req);
-    if (!n.ok()) return ToGrpc(n.status());
-    resp->set_evicted(*n);
-    return grpc::Status::OK;
+    return ToGrpc(impl_->Evict(*req, resp));
   }
 
   grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*,

@@ -16,7 +16,7 @@ namespace weightcache::spec {
 namespace {
 
 // First line of Canonical(); bumped when the encoding itself changes.
-constexpr const char* kFormatLine = "weightcache-fingerprint=1";
+constexpr const char* kFormatLine = "weightcache-fingerprint=2";
 
 // The tensor layout that Canonical() leaves out (the only one before the field existed).
 constexpr const char* kDefaultTensorLayout = "hf";
@@ -45,11 +45,11 @@ std::string Escape(const std::string& value) {
 }
 
 bool FileLess(const FileDigest& a, const FileDigest& b) {
-  return std::tie(a.name, a.size, a.header_sha256) < std::tie(b.name, b.size, b.header_sha256);
+  return std::tie(a.name, a.size, a.content) < std::tie(b.name, b.size, b.content);
 }
 
 bool FileEqual(const FileDigest& a, const FileDigest& b) {
-  return a.name == b.name && a.size == b.size && a.header_sha256 == b.header_sha256;
+  return a.name == b.name && a.size == b.size && a.content == b.content;
 }
 
 // The non-file fields, in canonical order, as (field, value) pairs.
@@ -87,7 +87,7 @@ std::string DescribeFiles(const std::vector<FileDigest>& group) {
   if (group.empty()) return "absent";
   std::vector<std::string> parts;
   for (const FileDigest& f : group) {
-    parts.push_back(absl::StrCat("size ", f.size, " header_sha256 ", f.header_sha256));
+    parts.push_back(absl::StrCat("size ", f.size, " content ", f.content));
   }
   return absl::StrJoin(parts, " + ");
 }
@@ -116,7 +116,7 @@ std::string FingerprintInputs::Canonical() const {
   for (const FileDigest& f : sorted) {
     const std::string name = Escape(f.name);
     absl::StrAppend(&out, "file[", name, "].size=", f.size, "\n");
-    absl::StrAppend(&out, "file[", name, "].header_sha256=", Escape(f.header_sha256), "\n");
+    absl::StrAppend(&out, "file[", name, "].content=", Escape(f.content), "\n");
   }
   for (const auto& [field, value] : TailFields(*this)) {
     if (field == "tensor_layout" && value == kDefaultTensorLayout) continue;
@@ -149,7 +149,7 @@ std::vector<FieldDiff> Diff(const FingerprintInputs& cached, const FingerprintIn
     const std::string prefix = absl::StrCat("files[", name, "]");
     if (c.size() == 1 && a.size() == 1) {
       AddIfDifferent(prefix + ".size", absl::StrCat(c[0].size), absl::StrCat(a[0].size), &out);
-      AddIfDifferent(prefix + ".header_sha256", c[0].header_sha256, a[0].header_sha256, &out);
+      AddIfDifferent(prefix + ".content", c[0].content, a[0].content, &out);
     } else if (!std::equal(c.begin(), c.end(), a.begin(), a.end(), FileEqual)) {
       // Present on one side only (or listed more than once): describe the whole entry.
       out.push_back(FieldDiff{prefix, DescribeFiles(c), DescribeFiles(a)});
@@ -171,7 +171,7 @@ std::string FormatDiff(const std::vector<FieldDiff>& diffs) {
     std::string cached = d.cached;
     std::string asked = d.asked;
     // Abbreviate hashes when the short forms still differ.
-    if (EndsWith(d.field, "sha256") &&
+    if ((EndsWith(d.field, "sha256") || EndsWith(d.field, ".content")) &&
         cached.substr(0, kShortHash) != asked.substr(0, kShortHash)) {
       if (cached.size() > kShortHash) cached = cached.substr(0, kShortHash) + "...";
       if (asked.size() > kShortHash) asked = asked.substr(0, kShortHash) + "...";

@@ -11,12 +11,16 @@ namespace weightcache::spec {
 
 // Bumped whenever the loader's output for the same inputs changes (packing, alignment,
 // fused layouts, quantization maths).
-inline constexpr int kLoaderFormatVersion = 1;
+// 2: weights identified by content digests, not by headers.
+inline constexpr int kLoaderFormatVersion = 2;
 
 struct FileDigest {
   std::string name;  // basename: a moved checkpoint still matches, a changed one does not
   uint64_t size = 0;
-  std::string header_sha256;
+  // Digest of the file's whole contents (pkg/identity): "sha256:<hex>" from a Hugging Face
+  // blob name or "xxh3c:<hex>" hashed by the daemon. Two files that differ in any byte differ
+  // here; the header alone does not tell a fine-tune from its base model.
+  std::string content;
 };
 
 struct Layout {
@@ -57,7 +61,7 @@ struct FingerprintInputs {
 };
 
 struct FieldDiff {
-  std::string field;  // e.g. "tp_size", "files[model.safetensors].header_sha256"
+  std::string field;  // e.g. "tp_size", "files[model.safetensors].content"
   std::string cached;
   std::string asked;
 };

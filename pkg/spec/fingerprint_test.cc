@@ -40,15 +40,15 @@ TEST(Sha256Hex, KnownVectors) {
 
 TEST(Fingerprint, CanonicalTextIsTheDocumentedFormat) {
   EXPECT_EQ(Sample().Canonical(),
-            "weightcache-fingerprint=1\n"
+            "weightcache-fingerprint=2\n"
             "architecture=DeepseekV3ForCausalLM\n"
             "revision=main\n"
             "file[model-00001-of-00002.safetensors].size=5000\n"
-            "file[model-00001-of-00002.safetensors].header_sha256=" +
+            "file[model-00001-of-00002.safetensors].content=" +
                 std::string(64, 'a') +
                 "\n"
                 "file[model-00002-of-00002.safetensors].size=4000\n"
-                "file[model-00002-of-00002.safetensors].header_sha256=" +
+                "file[model-00002-of-00002.safetensors].content=" +
                 std::string(64, 'b') +
                 "\n"
                 "tp_size=8\n"
@@ -70,9 +70,9 @@ TEST(Fingerprint, CanonicalTextIsTheDocumentedFormat) {
 // every cached entry's key changes. Update them only with a deliberate format change (and bump
 // the format line or kLoaderFormatVersion).
 TEST(Fingerprint, GoldenDigest) {
-  EXPECT_EQ(Sample().Digest(), "5bbaedd06c5328c973f598660e618cde771d8ba9dd4093b3b82b3d0b6963f2e7");
+  EXPECT_EQ(Sample().Digest(), "9a2531a01ee3602d5905578c9d5f23ca23472aeffa1fbdb4d8f731e0ff119f2c");
   EXPECT_EQ(FingerprintInputs{}.Digest(),
-            "40a8511e31a913f86ba26d2e5cc495581fb683d73b32fd02a947ebc15fbf59f1");
+            "22a319c97a6a27a5b350333631eb5c88b79bd3ab9c5d7e43e8c609eb921d1fe4");
 }
 
 TEST(Fingerprint, StableAndIndependentOfFilesOrder) {
@@ -97,7 +97,7 @@ std::vector<Mutation> AllMutations() {
       {"architecture", [](auto* in) { in->architecture = "DeepseekV2ForCausalLM"; }},
       {"revision", [](auto* in) { in->revision = "v2"; }},
       {f1 + ".size", [](auto* in) { in->files[1].size = 5001; }},
-      {f1 + ".header_sha256", [](auto* in) { in->files[1].header_sha256 = std::string(64, 'd'); }},
+      {f1 + ".content", [](auto* in) { in->files[1].content = std::string(64, 'd'); }},
       {"tp_size", [](auto* in) { in->layout.tp_size = 4; }},
       {"tp_rank", [](auto* in) { in->layout.tp_rank = 2; }},
       {"pp_size", [](auto* in) { in->layout.pp_size = 1; }},
@@ -168,7 +168,7 @@ TEST(Fingerprint, DiffOfFileOnlyOnOneSide) {
   ASSERT_EQ(diffs.size(), 1u);
   EXPECT_EQ(diffs[0].field, "files[extra.safetensors]");
   EXPECT_EQ(diffs[0].cached, "absent");
-  EXPECT_EQ(diffs[0].asked, "size 12 header_sha256 " + std::string(64, 'f'));
+  EXPECT_EQ(diffs[0].asked, "size 12 content " + std::string(64, 'f'));
   EXPECT_NE(cached.Digest(), asked.Digest());
 
   // A renamed file: one absent on each side, in name order.
@@ -185,11 +185,11 @@ TEST(Fingerprint, DiffOfFileOnlyOnOneSide) {
 TEST(Fingerprint, FormatDiffAbbreviatesHashes) {
   FingerprintInputs cached = Sample();
   FingerprintInputs asked = Sample();
-  asked.files[0].header_sha256 = "0123456789abcdef" + std::string(48, '0');
+  asked.files[0].content = "0123456789abcdef" + std::string(48, '0');
   asked.revision = "";
   EXPECT_EQ(FormatDiff(Diff(cached, asked)),
             "revision: cached main, asked \"\"; "
-            "files[model-00002-of-00002.safetensors].header_sha256: cached bbbbbbbbbbbb..., "
+            "files[model-00002-of-00002.safetensors].content: cached bbbbbbbbbbbb..., "
             "asked 0123456789ab...");
 }
 
@@ -213,7 +213,7 @@ TEST(Fingerprint, EscapingPreventsForgedLines) {
   // Unescaped, one file whose header hash smuggles a second file's lines would encode exactly
   // like two files.
   FingerprintInputs c;
-  c.files = {{"x", 1, "h1\nfile[y].size=2\nfile[y].header_sha256=h2"}};
+  c.files = {{"x", 1, "h1\nfile[y].size=2\nfile[y].content=h2"}};
   FingerprintInputs d;
   d.files = {{"x", 1, "h1"}, {"y", 2, "h2"}};
   EXPECT_NE(c.Canonical(), d.Canonical());

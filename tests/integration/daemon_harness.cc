@@ -6,6 +6,8 @@
 #include <sstream>
 #include <thread>
 
+#include "gtest/gtest.h"
+
 namespace weightcache::testing {
 
 absl::StatusOr<StartedDaemon> StartDaemon(
@@ -31,6 +33,23 @@ absl::StatusOr<StartedDaemon> StartDaemon(
   }
   return absl::DeadlineExceededError("weightcached did not become ready; its log:\n" +
                                      ReadFileOrEmpty(log_path));
+}
+
+v1::StatusResponse WaitForStatus(client::Client& c,
+                                 const std::function<bool(const v1::StatusResponse&)>& pred,
+                                 std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  v1::StatusResponse last;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto st = c.Status();
+    if (st.ok()) {
+      last = *st;
+      if (pred(last)) return last;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a bounded poll
+  }
+  ADD_FAILURE() << "condition not reached; last status: " << last.DebugString();
+  return last;
 }
 
 std::string ReadFileOrEmpty(const std::string& path) {

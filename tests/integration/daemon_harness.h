@@ -29,6 +29,12 @@ absl::StatusOr<StartedDaemon> StartDaemon(
     const std::string& log_path, const std::function<bool(const v1::StatusResponse&)>& ready = {},
     std::chrono::milliseconds timeout = std::chrono::seconds(20));
 
+// Polls `c`'s Status until `pred` holds (bounded by `timeout`); the last status either way,
+// with a test failure added when the condition was not reached.
+v1::StatusResponse WaitForStatus(client::Client& c,
+                                 const std::function<bool(const v1::StatusResponse&)>& pred,
+                                 std::chrono::milliseconds timeout);
+
 // The whole file, or "" when it cannot be read.
 std::string ReadFileOrEmpty(const std::string& path);
 

@@ -52,18 +52,7 @@ class DaemonTest : public ::testing::Test {
 
   v1::StatusResponse WaitStatus(const std::function<bool(const v1::StatusResponse&)>& pred,
                                 std::chrono::milliseconds timeout) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    v1::StatusResponse last;
-    while (std::chrono::steady_clock::now() < deadline) {
-      auto st = client_->Status();
-      if (st.ok()) {
-        last = *st;
-        if (pred(last)) return last;
-      }
-      std::this_thread::sleep_for(5ms);
-    }
-    ADD_FAILURE() << "condition not reached; last status: " << last.DebugString();
-    return last;
+    return testing::WaitForStatus(*client_, pred, timeout);
   }
 
   static int Leases(const v1::StatusResponse& st, const std::string& model) {

@@ -17,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "pkg/cache/registry.h"
+#include "pkg/identity/identity.h"
 #include "pkg/load/model.h"
 #include "pkg/load/staging_pool.h"
 #include "pkg/metrics/metrics.h"
@@ -46,7 +47,7 @@ class Daemon::Impl final : public metrics::StateSource {
   // Starts (or joins) a load; `publish` is called with progress until it ends.
   absl::Status Load(const v1::LoadRequest& req,
                     const std::function<bool(const v1::LoadProgress&)>& publish);
-  absl::StatusOr<uint32_t> Evict(const v1::EvictRequest& req);
+  absl::Status Evict(const v1::EvictRequest& req, v1::EvictResponse* resp);
   void Status(v1::StatusResponse* resp) const;
   std::pair<bool, std::string> Readiness() const;
 
@@ -62,7 +63,7 @@ class Daemon::Impl final : public metrics::StateSource {
  private:
   struct PendingToken {
     std::string lease_id;
-    cache::Key key;
+    std::shared_ptr<cache::Entry> entry;  // the entry itself: a reload under its key is another
     std::chrono::steady_clock::time_point expires;
   };
 
@@ -93,14 +94,25 @@ class Daemon::Impl final : public metrics::StateSource {
                                            const std::string& device_uuid) const;
   absl::StatusOr<HandleChannel::Grant> Claim(const std::string& token, const PeerCred& peer);
   void ExpireTokens();
-  void FillLease(const std::shared_ptr<cache::Entry>& e,
-                 const std::shared_ptr<const load::LoadedModel>& content,
-                 v1::AcquireResponse* resp);
+  // Adds the lease and its token and fills the response, labelled with `name` (the asked
+  // spec name; the entry's own for fingerprint requests). UNAVAILABLE when the entry was
+  // evicted meanwhile (no lease, no token).
+  absl::Status FillLease(const std::shared_ptr<cache::Entry>& e, const std::string& name,
+                         v1::AcquireResponse* resp);
+  // Stale check of an Acquire by name: the asked spec's files against the versions it was
+  // opened with. Marks the entries that were served from the old versions stale. Returns the
+  // changes (empty: unchanged).
+  std::string CheckStale(const std::shared_ptr<const load::OpenedModel>& opened);
+  // Every known spec name whose own layout (tp/pp sizes) and content reproduce `s`.
+  std::vector<std::string> NamesOf(const cache::EntrySnapshot& s) const;
+  // The opened specs (a copy of the map, taken under mu_).
+  std::map<std::string, std::shared_ptr<const load::OpenedModel>> OpenedSpecs() const;
   void Count(metrics::AcquireResult r);
 
   const DaemonOptions options_;
   memory::Backend* const backend_;
   std::string daemon_cc_;  // compute capability of the default device, or "cpu"
+  std::unique_ptr<identity::DigestStore> digests_;  // set by Start()
   // Pinned staging buffers kept between GPU loads (cuda-vmm backend only; null otherwise).
   // Declared before registry_: the registry joins its load threads first.
   std::unique_ptr<load::StagingPool> staging_pool_;
@@ -109,11 +121,13 @@ class Daemon::Impl final : public metrics::StateSource {
   mutable std::mutex mu_;
   std::map<std::string, spec::ModelSpec> specs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<const load::OpenedModel>> opened_ ABSL_GUARDED_BY(mu_);
+  // Why a spec could not be opened (refused quantization, bad files...), for `list`.
+  std::map<std::string, std::string> open_errors_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, PendingToken> tokens_ ABSL_GUARDED_BY(mu_);
   std::vector<cache::Key> preloads_ ABSL_GUARDED_BY(mu_);
 
   std::atomic<uint64_t> hits_{0}, misses_{0}, mismatches_{0}, rejected_{0}, errors_{0},
-      peer_copies_{0};
+      peer_copies_{0}, stale_{0};
 
   std::unique_ptr<HandleChannel> handles_;
   std::unique_ptr<grpc::Server> grpc_;

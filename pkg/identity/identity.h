@@ -1,0 +1,106 @@
+// Weights identity by content. A checkpoint file is identified by a digest of its bytes,
+// never by its name, header or size alone (a base model and its fine-tune have identical
+// headers). The digest comes, cheapest first, from:
+//   1. a Hugging Face cache blob: snapshot files are links to blobs/<sha256 of the contents>,
+//      so the link target's name is the digest ("sha256:<64 hex>");
+//   2. the DigestStore: digests computed earlier, keyed by the file version they were
+//      computed from (device, inode, size, mtime_ns, ctime_ns), kept in a small state file
+//      so a daemon restart does not hash again;
+//   3. hashing the file (XXH3-128 over 64 MiB chunks in parallel, then over the chunk
+//      digests and the size: "xxh3c:<32 hex>").
+// A FileStat taken when the digest was resolved tells later whether the file changed
+// (replaced, rewritten in place, truncated, deleted): a few stat() calls, no reads.
+//
+// Thread-safety: the free functions are pure or read only their arguments; DigestStore may
+// be used from any thread. Lifetimes: a DigestStore outlives the calls that use it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+
+namespace weightcache::identity {
+
+// The version of a file that a digest describes. Any write changes ctime (which no user
+// can set back), a replacement changes the inode, so equal stats mean equal contents.
+struct FileStat {
+  uint64_t dev = 0;
+  uint64_t ino = 0;
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  int64_t ctime_ns = 0;
+  bool operator==(const FileStat&) const = default;
+};
+
+// stat(2) of `path` (links followed); NOT_FOUND when it is gone.
+absl::StatusOr<FileStat> StatPath(const std::string& path);
+absl::StatusOr<FileStat> StatFd(int fd, const std::string& what);
+
+// What changed between `before` and `now` for a user: "model.safetensors: size 123 -> 456,
+// modified 2026-12-01T10:00:00.123456789Z" / "...: replaced by another file (inode 12 -> 34)"
+// / "...: rewritten in place (changed 2026-...)" / "...: deleted". Empty when equal.
+std::string DescribeChange(const std::string& name, const FileStat& before,
+                           const absl::StatusOr<FileStat>& now);
+
+// "sha256:<hex>" when `path` resolves (through links) to a file named by 64 hex digits in a
+// directory named "blobs" (the Hugging Face hub cache layout); nullopt otherwise.
+std::optional<std::string> HuggingFaceBlobDigest(const std::string& path);
+
+// Hashes `size` bytes of `fd` from offset 0 with up to `threads` parallel preads:
+// "xxh3c:<32 hex>". `what` names the file in errors.
+absl::StatusOr<std::string> HashFile(int fd, uint64_t size, unsigned threads,
+                                     const std::string& what);
+
+enum class DigestSource { kBlobName, kStore, kHashed };
+const char* DigestSourceName(DigestSource s);
+
+struct ResolvedDigest {
+  std::string digest;
+  FileStat stat;  // the version the digest describes (fstat of `fd`)
+  DigestSource source = DigestSource::kHashed;
+};
+
+// Digests remembered per file version, persisted as JSON in `path` (empty: memory only).
+class DigestStore {
+ public:
+  // Reads `path` when it exists. A file that cannot be parsed is set aside as
+  // `<path>.bad` and the store starts empty (it is a cache: nothing is lost but time).
+  static absl::StatusOr<std::unique_ptr<DigestStore>> Open(const std::string& path);
+  DigestStore(const DigestStore&) = delete;
+  DigestStore& operator=(const DigestStore&) = delete;
+
+  std::optional<std::string> Lookup(const FileStat& st) const;
+  // Remembers and persists (write to a temporary file, then rename). A failed write is
+  // logged, not returned: the digest is still right, only a restart would hash again.
+  void Record(const FileStat& st, const std::string& digest);
+
+  // The content digest of the open file `fd` (at `path`): blob name, store, or hashing.
+  // UNAVAILABLE when the file changed while it was hashed.
+  absl::StatusOr<ResolvedDigest> Resolve(const std::string& path, int fd, unsigned threads);
+
+  // Bytes read by Resolve() to hash files since this store was opened.
+  uint64_t hashed_bytes() const { return hashed_bytes_.load(); }
+  size_t size() const;
+  const std::string& path() const { return path_; }
+
+ private:
+  using Key = std::tuple<uint64_t, uint64_t, uint64_t, int64_t, int64_t>;
+  static Key KeyOf(const FileStat& st);
+  explicit DigestStore(std::string path) : path_(std::move(path)) {}
+  void SaveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string path_;
+  mutable std::mutex mu_;
+  std::map<Key, std::string> digests_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> hashed_bytes_{0};
+};
+
+}  // namespace weightcache::identity

@@ -1,0 +1,184 @@
+#include "pkg/identity/identity.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "pkg/util/scoped_fd.h"
+#include "tests/testutil/temp_dir.h"
+
+namespace weightcache::identity {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+using weightcache::testing::TempDir;
+
+std::string Bytes(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::string s(n, '\0');
+  for (auto& c : s) c = static_cast<char>(rng());
+  return s;
+}
+
+void Write(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << data;
+}
+
+std::string Digest(const std::string& path, unsigned threads = 4) {
+  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  EXPECT_TRUE(fd.valid());
+  auto size = StatFd(fd.get(), path);
+  EXPECT_TRUE(size.ok());
+  auto d = HashFile(fd.get(), size->size, threads, path);
+  EXPECT_TRUE(d.ok()) << d.status();
+  return d.ok() ? *d : "";
+}
+
+TEST(HashFileTest, ContentDecidesAndThreadsDoNot) {
+  TempDir dir;
+  // Two 64 MiB chunks and a tail: the parallel and serial digests must agree.
+  std::string data = Bytes((130u << 20) + 12345, 1);
+  Write(dir / "a", data);
+  data[(100u << 20) + 7] ^= 1;  // one bit in the second chunk
+  Write(dir / "b", data);
+  const std::string a1 = Digest(dir / "a", 1);
+  EXPECT_THAT(a1, StartsWith("xxh3c:"));
+  EXPECT_EQ(a1.size(), 6u + 32u);
+  EXPECT_EQ(a1, Digest(dir / "a", 8));
+  EXPECT_NE(a1, Digest(dir / "b", 8));
+}
+
+TEST(HashFileTest, SizeIsPartOfTheDigest) {
+  TempDir dir;
+  Write(dir / "empty", "");
+  Write(dir / "zero", std::string(1, '\0'));
+  EXPECT_NE(Digest(dir / "empty"), Digest(dir / "zero"));
+}
+
+TEST(HashFileTest, ShortFileIsDataLoss) {
+  TempDir dir;
+  Write(dir / "a", "abc");
+  ScopedFd fd(::open((dir / "a").c_str(), O_RDONLY | O_CLOEXEC));
+  auto d = HashFile(fd.get(), 10, 2, "a.safetensors");
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(d.status().message(), HasSubstr("a.safetensors: ends at byte 3"));
+}
+
+TEST(DescribeChangeTest, EveryKindOfChangeIsNamed) {
+  TempDir dir;
+  const std::string p = dir / "model.safetensors";
+  Write(p, "0123456789");
+  auto before = StatPath(p);
+  ASSERT_TRUE(before.ok());
+  EXPECT_EQ(DescribeChange("model.safetensors", *before, StatPath(p)), "");
+
+  // Rewritten in place, same size, mtime set back: only the ctime tells.
+  usleep(20000);
+  {
+    std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(3);
+    f.put('X');
+  }
+  struct timespec times[2] = {{0, UTIME_OMIT},
+                              {before->mtime_ns / 1000000000, before->mtime_ns % 1000000000}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, p.c_str(), times, 0), 0);
+  auto now = StatPath(p);
+  ASSERT_TRUE(now.ok());
+  EXPECT_EQ(now->mtime_ns, before->mtime_ns);
+  EXPECT_THAT(DescribeChange("model.safetensors", *before, now),
+              StartsWith("model.safetensors: rewritten in place (changed 20"));
+
+  // Truncated.
+  ASSERT_EQ(::truncate(p.c_str(), 4), 0);
+  EXPECT_THAT(DescribeChange("model.safetensors", *before, StatPath(p)),
+              HasSubstr("size 10 -> 4, modified 20"));
+
+  // Replaced by another file (rename over it).
+  Write(dir / "new", "0123456789");
+  ASSERT_EQ(::rename((dir / "new").c_str(), p.c_str()), 0);
+  EXPECT_THAT(DescribeChange("model.safetensors", *before, StatPath(p)),
+              HasSubstr("replaced by another file (inode "));
+
+  // Deleted.
+  ASSERT_EQ(::unlink(p.c_str()), 0);
+  EXPECT_EQ(DescribeChange("model.safetensors", *before, StatPath(p)),
+            "model.safetensors: deleted");
+}
+
+TEST(HuggingFaceBlobTest, SnapshotLinkToBlobIsNamedByItsSha256) {
+  TempDir dir;
+  const std::string hex(64, 'a');
+  std::filesystem::create_directories(dir / "blobs");
+  std::filesystem::create_directories(dir / "snapshots/rev");
+  Write(dir / ("blobs/" + hex), "weights");
+  std::filesystem::create_symlink("../../blobs/" + hex, dir / "snapshots/rev/model.safetensors");
+  EXPECT_EQ(HuggingFaceBlobDigest(dir / "snapshots/rev/model.safetensors"), "sha256:" + hex);
+  // A plain file, or a blob-like name elsewhere, is not trusted.
+  Write(dir / "plain.safetensors", "weights");
+  EXPECT_EQ(HuggingFaceBlobDigest(dir / "plain.safetensors"), std::nullopt);
+  Write(dir / hex, "weights");
+  EXPECT_EQ(HuggingFaceBlobDigest(dir / hex), std::nullopt);
+  EXPECT_EQ(HuggingFaceBlobDigest(dir / "missing"), std::nullopt);
+}
+
+TEST(DigestStoreTest, ResolveHashesOnceAndSurvivesARestart) {
+  TempDir dir;
+  const std::string p = dir / "model.safetensors";
+  Write(p, Bytes(1 << 20, 2));
+  const std::string state = dir / "digests.json";
+  std::string first;
+  {
+    auto store = DigestStore::Open(state);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ScopedFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+    auto r = (*store)->Resolve(p, fd.get(), 2);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->source, DigestSource::kHashed);
+    EXPECT_EQ((*store)->hashed_bytes(), 1u << 20);
+    first = r->digest;
+    auto again = (*store)->Resolve(p, fd.get(), 2);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(again->source, DigestSource::kStore);
+    EXPECT_EQ((*store)->hashed_bytes(), 1u << 20);
+  }
+  // A new store over the same file: nothing hashed.
+  auto store = DigestStore::Open(state);
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ((*store)->size(), 1u);
+  ScopedFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+  auto r = (*store)->Resolve(p, fd.get(), 2);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->source, DigestSource::kStore);
+  EXPECT_EQ(r->digest, first);
+  EXPECT_EQ((*store)->hashed_bytes(), 0u);
+
+  // Rewritten in place with the same bytes but a new version: hashed again, same digest.
+  Write(p, Bytes(1 << 20, 2));
+  ScopedFd fd2(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+  auto r2 = (*store)->Resolve(p, fd2.get(), 2);
+  ASSERT_TRUE(r2.ok());
+  EXPECT_EQ(r2->source, DigestSource::kHashed);
+  EXPECT_EQ(r2->digest, first);
+}
+
+TEST(DigestStoreTest, UnreadableStateIsSetAsideNotFatal) {
+  TempDir dir;
+  Write(dir / "digests.json", "{not json");
+  auto store = DigestStore::Open(dir / "digests.json");
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->size(), 0u);
+  EXPECT_TRUE(std::filesystem::exists(dir / "digests.json.bad"));
+}
+
+}  // namespace
+}  // namespace weightcache::identity
