@@ -3,8 +3,12 @@
 #include <prometheus/registry.h>
 #include <signal.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,6 +68,10 @@ ABSL_FLAG(std::string, digest_store, "",
           "File remembering the content digest of each checkpoint file version, so a restart "
           "does not hash the files again (default <socket_dir>/state/digests.json, in a 0700 "
           "dir; 'none' keeps digests in memory only)");
+ABSL_FLAG(double, shutdown_timeout, 10,
+          "Seconds from SIGTERM/SIGINT to exit, at most: loads and waits are cancelled at once, "
+          "RPCs in flight get min(1 s, a quarter of it) to finish; past it the process exits "
+          "anyway (0), removing its sockets. Engines keep what they mapped");
 ABSL_FLAG(bool, verbose, false, "Debug logging");
 
 namespace weightcache {
@@ -108,6 +116,16 @@ int Run() {
     }
     opts.allowed_uids.push_back(uid);
   }
+
+  const double shutdown_timeout = absl::GetFlag(FLAGS_shutdown_timeout);
+  if (!(shutdown_timeout > 0 && shutdown_timeout <= 3600)) {
+    return Fail(absl::InvalidArgumentError("--shutdown_timeout: must be in (0, 3600] seconds"));
+  }
+  // Loads and waits are cancelled first, so the RPCs left are short ones: 1 s is plenty, and
+  // it also bounds how long gRPC waits for idle client connections to go (clients with no call
+  // in flight notice the server's GOAWAY only at their next poll, up to 5 s later).
+  opts.shutdown_grace =
+      std::chrono::milliseconds(static_cast<int64_t>(std::min(1000.0, shutdown_timeout * 250)));
 
   auto policy = server::ParsePeerPolicy(absl::GetFlag(FLAGS_peer_policy));
   if (!policy.ok()) return Fail(policy.status());
@@ -170,21 +188,46 @@ int Run() {
     plugin = std::move(p).value();
   }
 
+  // The signal thread only asks for the shutdown; this thread runs it (in Wait) and destroys
+  // everything. A watchdog on the signal thread bounds the whole: past --shutdown_timeout
+  // the process exits anyway, removing its sockets (engines keep what they mapped).
+  std::mutex done_mu;
+  std::condition_variable done_cv;
+  bool done = false;
+  std::atomic<bool> signalled{false};
+  const std::vector<std::string> sockets = {(*daemon)->control_socket(),
+                                            (*daemon)->handle_socket()};
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
-    WC_LOG_INFO("signal %d: shutting down", sig);
+    signalled = true;
+    std::unique_lock<std::mutex> l(done_mu);
+    if (done) return;  // woken by main after a shutdown from elsewhere
+    WC_LOG_INFO("signal %d: shutting down (at most %.1f s)", sig, shutdown_timeout);
     (*daemon)->Shutdown();
+    if (!done_cv.wait_for(l, std::chrono::duration<double>(shutdown_timeout),
+                          [&] { return done; })) {
+      WC_LOG_ERROR("shutdown took longer than --shutdown_timeout=%.1f s; exiting now",
+                   shutdown_timeout);
+      for (const auto& p : sockets) ::unlink(p.c_str());
+      std::_Exit(0);
+    }
   });
-  (*daemon)->Wait();
+  (*daemon)->Wait();  // returns once the daemon has shut down
   if (plugin) plugin->Stop();
   http.reset();
   metrics.SetStateSource(nullptr);
   daemon->reset();
+  {
+    std::lock_guard<std::mutex> l(done_mu);
+    done = true;
+  }
+  done_cv.notify_all();
   // Unblock the signal thread if shutdown came from elsewhere.
   // NOLINTNEXTLINE(bugprone-bad-signal-to-kill-thread): it sigwait()s for SIGTERM and returns
-  pthread_kill(waiter.native_handle(), SIGTERM);
+  if (!signalled) pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();
+  WC_LOG_INFO("exiting");
   return 0;
 }
 

@@ -33,10 +33,10 @@ std::string Key::ToString() const {
 Registry::Registry(uint64_t budget_bytes) : budget_(budget_bytes) {}
 
 Registry::~Registry() {
+  Stop();  // loads in progress end at their next chunk
   std::map<uint64_t, std::thread> loads;
   {
     std::lock_guard<std::mutex> l(mu_);
-    stopping_ = true;
     loads.swap(loads_);
   }
   for (auto& [id, t] : loads) t.join();
@@ -183,15 +183,35 @@ void Registry::RunLoad(uint64_t id, const std::shared_ptr<Entry>& e, const LoadF
   } else {
     WC_LOG_ERROR("model %s failed to load: %s", e->model, std::string(status.message()));
   }
-  if (done) done(*e, status);
+  if (done) done(*e, status, secs);
   std::lock_guard<std::mutex> l(mu_);
   finished_loads_.push_back(id);  // the thread ends here; the next StartOrJoin joins it
+}
+
+State Registry::StateOf(const std::shared_ptr<Entry>& e) const {
+  std::lock_guard<std::mutex> l(mu_);
+  return e->state;
+}
+
+void Registry::Stop() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stopping_ = true;
+    for (const auto& [key, e] : entries_) {
+      if (e->state == State::kLoading) e->progress.Cancel();
+    }
+  }
+  cv_.notify_all();
 }
 
 absl::Status Registry::WaitReady(const std::shared_ptr<Entry>& e,
                                  std::chrono::steady_clock::time_point deadline) {
   std::unique_lock<std::mutex> l(mu_);
-  cv_.wait_until(l, deadline, [&] { return e->state != State::kLoading; });
+  cv_.wait_until(l, deadline, [&] { return e->state != State::kLoading || stopping_; });
+  if (e->state == State::kLoading && stopping_) {
+    return absl::CancelledError(
+        absl::StrCat("model '", e->model, "': the daemon is shutting down; its load stopped"));
+  }
   switch (e->state) {
     case State::kReady:
       return absl::OkStatus();

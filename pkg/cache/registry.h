@@ -62,8 +62,11 @@ struct LeaseRecord {
   std::chrono::steady_clock::time_point since;
 };
 
-// Immutable identity plus guarded state of one model-rank on one device.
-struct Entry {
+// Immutable identity plus guarded state of one model-rank on one device. The identity and
+// `progress` may be read from any thread; the state is the registry's, behind its mutex,
+// and read through Registry::StateOf() / Snapshot() / WaitReady().
+class Entry {
+ public:
   Entry(Key k, std::string model, spec::FingerprintInputs in, std::string source,
         std::vector<load::SourceFile> files = {})
       : key(std::move(k)),
@@ -82,9 +85,11 @@ struct Entry {
   // The checkpoint files (and their versions) the bytes came from: a later change makes the
   // entry stale for callers that ask by fingerprint.
   const std::vector<load::SourceFile> files;
-  load::LoadProgress progress;  // safe to read without the lock
+  load::LoadProgress progress;  // safe to read without the lock; Cancel() stops the load
 
-  // Guarded by Registry::mu_.
+ private:
+  friend class Registry;
+  // Guarded by Registry::mu_ (an annotation cannot name another object's mutex).
   State state = State::kLoading;
   absl::Status error;
   std::shared_ptr<const load::LoadedModel> loaded;  // set when ready
@@ -119,7 +124,7 @@ struct EntrySnapshot {
 // What a load produces; run on a registry thread. May call Entry::progress.
 using LoadFn = std::function<absl::StatusOr<std::unique_ptr<load::LoadedModel>>(Entry&)>;
 // Called when a load ends (ready or failed), outside the lock.
-using LoadDoneFn = std::function<void(const Entry&, const absl::Status&)>;
+using LoadDoneFn = std::function<void(const Entry&, const absl::Status&, double seconds)>;
 
 // What StartOrJoin starts when the key has no live entry.
 struct LoadRequest {
@@ -149,10 +154,17 @@ class Registry {
   // starts. `started` tells whether this call started it.
   absl::StatusOr<std::shared_ptr<Entry>> StartOrJoin(LoadRequest req, bool* started = nullptr);
 
-  // Waits until the entry is not loading or the deadline passes. Returns OK when ready,
-  // the load's error when failed, DEADLINE_EXCEEDED/UNAVAILABLE otherwise.
+  // Waits until the entry is not loading, the deadline passes or the registry is stopped.
+  // Returns OK when ready, the load's error when failed, DEADLINE_EXCEEDED while loading,
+  // CANCELLED once Stop() was called, UNAVAILABLE when evicted.
   absl::Status WaitReady(const std::shared_ptr<Entry>& e,
                          std::chrono::steady_clock::time_point deadline);
+  // The entry's state, read under the lock (the entry may change right after).
+  State StateOf(const std::shared_ptr<Entry>& e) const;
+
+  // Shutdown, first step: no new load starts, every load in progress is cancelled (it ends
+  // at its next chunk), and every WaitReady returns CANCELLED at once. Idempotent.
+  void Stop();
 
   std::shared_ptr<Entry> Find(const Key& key) const;
   // Live entries with this fingerprint, on every device (ordered by device UUID).

@@ -122,7 +122,7 @@ TEST(Registry, EvictionKeepsContentAliveForHoldersAndEndsTheEntry) {
   EXPECT_EQ(r.Evict(K("fp"), "api"), Registry::Evicted::kGone);
   EXPECT_EQ(r.Evict(K("fp"), "api"), Registry::Evicted::kNone);
   EXPECT_EQ(r.Find(K("fp")), nullptr);
-  EXPECT_EQ(e->state, State::kGone);
+  EXPECT_EQ(r.StateOf(e), State::kGone);
   EXPECT_EQ((*content)->segments.size(), 1u);  // a holder's reference stays valid
   EXPECT_EQ(evicted, std::vector<std::string>{"m:api"});
   EXPECT_EQ(r.AddLease(e, {"x", 1, 0, {}}).code(), absl::StatusCode::kUnavailable);
@@ -253,7 +253,7 @@ TEST(Registry, EvictedWhileLeasedDrainsUntilTheLastLeaseEnds) {
   snap = r.Snapshot();
   ASSERT_EQ(snap.size(), 1u);
   EXPECT_EQ(snap[0].state, State::kReady);
-  EXPECT_EQ(e->state, State::kGone);
+  EXPECT_EQ(r.StateOf(e), State::kGone);
   EXPECT_EQ(r.used_bytes(), kSeg);
 }
 

@@ -2,7 +2,9 @@
 
 #include <google/protobuf/arena.h>
 #include <grpcpp/grpcpp.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 
 #include <cstdlib>
 
@@ -135,11 +137,23 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) 
 
   // The handle channel: present the token, receive the descriptors; keep it open.
   WC_ASSIGN_OR_RETURN(lease->handle_conn_, ConnectUnix(resp.handle_socket()));
+  // Bounded: a daemon that stops answering must not hang the engine's start.
+  constexpr int kHandleReplySeconds = 30;
+  struct timeval tv {};
+  tv.tv_sec = kHandleReplySeconds;
+  ::setsockopt(lease->handle_conn_.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   WC_RETURN_IF_ERROR(WriteAll(lease->handle_conn_.get(), "WCH1 " + resp.token() + "\n"));
   std::vector<ScopedFd> fds;
   const size_t want = static_cast<size_t>(resp.segments_size());
   while (fds.size() < want) {
-    WC_ASSIGN_OR_RETURN(auto msg, RecvWithFds(lease->handle_conn_.get(), 4096));
+    auto received = RecvWithFds(lease->handle_conn_.get(), 4096);
+    if (!received.ok()) {
+      return absl::Status(
+          received.status().code(),
+          absl::StrCat("handle channel: no descriptors within ", kHandleReplySeconds,
+                       " s or the read failed: ", received.status().message()));
+    }
+    auto& msg = *received;
     if (msg.data.rfind("ERR ", 0) == 0) {
       std::string why = msg.data.substr(4);
       while (!why.empty() && why.back() == '\n') why.pop_back();

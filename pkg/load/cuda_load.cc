@@ -288,7 +288,8 @@ absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
   // Chunks of whole MiB keep O_DIRECT chunk offsets aligned.
   const uint64_t chunk = std::max<uint64_t>(1, per / std::max(1u, options.read_threads) >> 20)
                          << 20;
-  safetensors::ReadOptions ropts{options.read_threads, chunk};
+  safetensors::ReadOptions ropts{options.read_threads, chunk,
+                                 progress != nullptr ? progress->cancel_flag() : nullptr};
 
   size_t k = 0;       // current buffer
   uint64_t done = 0;  // source bytes read and queued

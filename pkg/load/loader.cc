@@ -213,7 +213,8 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(
   }
 
   const auto& files = model.checkpoint.files();
-  safetensors::ReadOptions ropts{options.read_threads, options.chunk_bytes};
+  safetensors::ReadOptions ropts{options.read_threads, options.chunk_bytes,
+                                 progress != nullptr ? progress->cancel_flag() : nullptr};
   bool direct = std::all_of(out->segments.begin(), out->segments.end(),
                             [](const auto& s) { return s->host_data() != nullptr; });
   bool cuda = !out->segments.empty() &&

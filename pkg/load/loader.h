@@ -32,6 +32,11 @@ class LoadProgress {
   }
   uint64_t done() const { return done_.load(); }
   uint64_t total() const { return total_.load(); }
+  // Asks the load to stop: its reads fail with CANCELLED at the next chunk (16 MiB host,
+  // one staging buffer GPU), and the loader returns that status.
+  void Cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+  const std::atomic<bool>* cancel_flag() const { return &cancelled_; }
   std::string file() const {
     std::lock_guard<std::mutex> l(mu_);
     return file_;
@@ -40,6 +45,7 @@ class LoadProgress {
  private:
   std::atomic<uint64_t> done_{0};
   std::atomic<uint64_t> total_{0};
+  std::atomic<bool> cancelled_{false};
   mutable std::mutex mu_;
   std::string file_ ABSL_GUARDED_BY(mu_);
 };

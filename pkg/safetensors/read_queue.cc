@@ -23,7 +23,8 @@ struct ReadQueue::Batch {
 };
 
 ReadQueue::ReadQueue(const ReadOptions& options)
-    : chunk_bytes_(options.chunk_bytes == 0 ? (16ull << 20) : options.chunk_bytes) {
+    : chunk_bytes_(options.chunk_bytes == 0 ? (16ull << 20) : options.chunk_bytes),
+      cancel_(options.cancel) {
   constexpr unsigned kMaxThreads = 256;
   const unsigned n = std::clamp(options.threads, 1u, kMaxThreads);
   for (unsigned i = 0; i < n; ++i) {
@@ -97,7 +98,10 @@ void ReadQueue::Work() {
     const internal::ReadChunk c = b->chunks[b->next++];
     if (b->next == b->chunks.size()) open_.pop_front();
     absl::Status s;
-    if (b->status.ok()) {  // a failed batch skips the rest of its chunks
+    if (b->status.ok() && cancel_ != nullptr && cancel_->load()) {
+      s = absl::CancelledError(absl::StrCat(std::string(b->requests[c.request].what),
+                                            ": read cancelled (the load was stopped)"));
+    } else if (b->status.ok()) {  // a failed batch skips the rest of its chunks
       const ReadRequest& r = b->requests[c.request];
       l.unlock();
       s = internal::PreadFull(r.fd, static_cast<uint8_t*>(r.dst) + c.offset, c.length,

@@ -10,6 +10,7 @@
 // number of threads (reads use pread on the owned descriptor).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -136,6 +137,9 @@ struct ReadRequest {
 struct ReadOptions {
   unsigned threads = 8;
   uint64_t chunk_bytes = 16ull << 20;
+  // When set and true, chunks not yet started are skipped and the read fails with
+  // CANCELLED (a load stopped by a daemon shutdown). Must outlive the read.
+  const std::atomic<bool>* cancel = nullptr;
 };
 using ProgressFn = void (*)(void* ctx, uint64_t bytes_done);
 absl::Status ReadRanges(const std::vector<ReadRequest>& requests, const ReadOptions& options,

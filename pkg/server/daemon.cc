@@ -84,17 +84,21 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend)
     staging_pool_ = load::MakePinnedStagingPool(options_.staging_keep_bytes);
   }
   for (const auto& s : options_.specs) specs_[s.name] = s;
-  registry_.SetLoadDoneCallback([this](const cache::Entry& e, const absl::Status& st) {
-    if (options_.metrics != nullptr && st.ok()) {
-      options_.metrics->OnLoad(e.model, e.source, e.load_seconds, e.progress.total());
-    }
-  });
+  registry_.SetLoadDoneCallback(
+      [this](const cache::Entry& e, const absl::Status& st, double seconds) {
+        if (options_.metrics != nullptr && st.ok()) {
+          options_.metrics->OnLoad(e.model, e.source, seconds, e.progress.total());
+        }
+      });
   registry_.SetEvictCallback([this](const std::string& model, const std::string& reason) {
     if (options_.metrics != nullptr) options_.metrics->OnEviction(model, reason);
   });
 }
 
-Daemon::Impl::~Impl() { Shutdown(); }
+Daemon::Impl::~Impl() {
+  Shutdown();
+  Teardown();
+}
 
 std::string Daemon::Impl::control_path() const {
   return options_.socket_dir + "/" + kControlSocketName;
@@ -194,20 +198,47 @@ absl::Status Daemon::Impl::Start() {
 }
 
 void Daemon::Impl::Shutdown() {
-  {
-    std::lock_guard<std::mutex> l(wait_mu_);
-    if (shutdown_) return;
-    shutdown_ = true;
-  }
-  wait_cv_.notify_all();
-  if (grpc_) grpc_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  handles_.reset();
-  if (grpc_) ::unlink(control_path().c_str());
+  // Only the request: any thread (the signal thread) may call it; the teardown itself runs
+  // in Wait() (or the destructor), so whoever destroys the daemon has seen it finish.
+  std::lock_guard<std::mutex> l(wait_mu_);
+  shutdown_ = true;
+  wait_cv_.notify_all();  // under the lock: the caller touches nothing after it returns
 }
 
 void Daemon::Impl::Wait() {
-  std::unique_lock<std::mutex> l(wait_mu_);
-  wait_cv_.wait(l, [&] { return shutdown_; });
+  {
+    std::unique_lock<std::mutex> l(wait_mu_);
+    wait_cv_.wait(l, [&] { return shutdown_; });
+  }
+  Teardown();
+}
+
+void Daemon::Impl::Teardown() {
+  std::call_once(teardown_once_, [this] {
+    const auto t0 = std::chrono::steady_clock::now();
+    // 1. Cancel: no new load starts, loads stop at their next chunk, waits in Acquire and
+    //    Load return CANCELLED now (an Acquire waiting for a load would hold gRPC for up to
+    //    --acquire_wait otherwise).
+    registry_.Stop();
+    WC_LOG_DEBUG("teardown: loads and waits cancelled");
+    // 2. Stop accepting and drain the RPCs in flight, bounded; the server before the service
+    //    it calls into (gRPC requires the service to outlive the server).
+    const bool serving = grpc_ != nullptr;
+    if (grpc_) {
+      grpc_->Shutdown(std::chrono::system_clock::now() + options_.shutdown_grace);
+      WC_LOG_DEBUG("teardown: gRPC stopped accepting, calls drained");
+      grpc_->Wait();
+      grpc_.reset();
+    }
+    service_.reset();
+    // 3. Close the handle channel (it removes handle.sock); leases end, and engines keep
+    //    what they mapped.
+    handles_.reset();
+    if (serving) ::unlink(control_path().c_str());
+    // 4. Entries are released when the registry goes (after its load threads, all ending).
+    WC_LOG_INFO("shut down in %.3f s",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  });
 }
 
 absl::StatusOr<std::shared_ptr<const load::OpenedModel>> Daemon::Impl::Open(const std::string& name,
@@ -332,20 +363,31 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Daemon::Impl::StartLoad(
   std::string fp = inputs.Digest();
   const std::string device =
       device_uuid.empty() ? DefaultDeviceForRank(backend_->Devices(), layout.tp_rank) : device_uuid;
+  if (auto live = registry_.Find({fp, device});
+      live && registry_.StateOf(live) != cache::State::kFailed) {
+    return live;  // joined: loading or ready already
+  }
+  // Admission from the plan (cheap: metadata only): the budget reserves this rank's bytes as
+  // they will be allocated (each segment rounded up to the backend's granule), not the whole
+  // checkpoint's; a plan that cannot be made fails here, before any entry exists.
   memory::Backend* backend = backend_;
+  load::PlanOptions popts;
+  popts.alignment = backend->tensor_alignment();
+  popts.max_segment_bytes = backend->max_segment_bytes();
+  popts.loader_reads_pieces = true;  // LoadRank reads strided shards and zeroes padding
+  WC_ASSIGN_OR_RETURN(load::Plan planned, load::PlanRank(*model, layout, popts));
+  const uint64_t granule = std::max<uint64_t>(1, backend->granularity());
+  uint64_t reserve = 0;
+  for (uint64_t b : planned.segment_bytes) reserve += (b + granule - 1) / granule * granule;
+  auto plan = std::make_shared<load::Plan>(std::move(planned));
   unsigned threads = options_.read_threads;
   load::StagingPool* pool = staging_pool_.get();
-  auto load = [model, layout, backend, threads, pool, fp,
+  auto load = [model, plan, backend, threads, pool, fp,
                device](cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
-    load::PlanOptions popts;
-    popts.alignment = backend->tensor_alignment();
-    popts.max_segment_bytes = backend->max_segment_bytes();
-    popts.loader_reads_pieces = true;  // LoadRank reads strided shards and zeroes padding
-    WC_ASSIGN_OR_RETURN(load::Plan plan, load::PlanRank(*model, layout, popts));
     load::LoadOptions lopts;
     lopts.read_threads = threads;
     lopts.staging_pool = pool;
-    WC_ASSIGN_OR_RETURN(auto loaded, load::LoadRank(*model, std::move(plan), *backend, device,
+    WC_ASSIGN_OR_RETURN(auto loaded, load::LoadRank(*model, std::move(*plan), *backend, device,
                                                     absl::StrCat("weightcache/", model->spec.name,
                                                                  "/", fp.substr(0, 12)),
                                                     lopts, &e.progress));
@@ -362,7 +404,7 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Daemon::Impl::StartLoad(
   req.model = model->spec.name;
   req.inputs = inputs;
   req.files = model->files;
-  req.bytes = model->checkpoint.total_bytes();
+  req.bytes = reserve;
   req.load = std::move(load);
   return registry_.StartOrJoin(std::move(req));
 }
@@ -390,6 +432,9 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Daemon::Impl::StartPeerCopy(
     memory::CopyRoute used = route;
     uint64_t done = 0;
     for (size_t i = 0; i < content->segments.size(); ++i) {
+      if (e.progress.cancelled()) {
+        return absl::CancelledError(absl::StrCat("peer copy to ", device_uuid, " stopped"));
+      }
       memory::Segment& from = *content->segments[i];
       WC_ASSIGN_OR_RETURN(auto to,
                           backend->Allocate(device_uuid, from.size(), absl::StrCat(label, "/", i)));
@@ -429,7 +474,7 @@ std::shared_ptr<cache::Entry> Daemon::Impl::FindOn(const std::string& fingerprin
   if (!device_uuid.empty()) return registry_.Find({fingerprint, device_uuid});
   auto all = registry_.FindAll(fingerprint);
   for (const auto& e : all) {
-    if (e->state == cache::State::kReady) return e;
+    if (registry_.StateOf(e) == cache::State::kReady) return e;
   }
   return all.empty() ? nullptr : all.front();
 }
@@ -440,8 +485,8 @@ std::shared_ptr<cache::Entry> Daemon::Impl::PeerSource(const std::string& finger
   std::shared_ptr<cache::Entry> loading;
   for (const auto& e : registry_.FindAll(fingerprint)) {
     if (e->device_uuid == device_uuid) continue;
-    if (e->state == cache::State::kReady) return e;
-    if (e->state == cache::State::kLoading && !loading) loading = e;
+    if (registry_.StateOf(e) == cache::State::kReady) return e;
+    if (registry_.StateOf(e) == cache::State::kLoading && !loading) loading = e;
   }
   return loading;
 }
@@ -554,7 +599,7 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
   }
 
   std::shared_ptr<cache::Entry> e = FindOn(fp, device);
-  if (e && !opened && e->state == cache::State::kReady) {
+  if (e && !opened && registry_.StateOf(e) == cache::State::kReady) {
     // By fingerprint: the files this entry was loaded from must still be those versions.
     if (auto changed = load::ChangedFiles(e->files); !changed.empty()) {
       const std::string what = absl::StrJoin(changed, "; ");
@@ -565,7 +610,7 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
                         "'): ", what, "; the cached weights are those of the earlier version")));
     }
   }
-  if (!e || e->state == cache::State::kFailed) {
+  if (!e || registry_.StateOf(e) == cache::State::kFailed) {
     // Resident on another device of this node: serve it per the peer policy.
     if (auto src = PeerSource(fp, device)) {
       if (options_.peer_policy == PeerPolicy::kMiss) {
@@ -575,7 +620,7 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
                                        ") is cached on ", src->device_uuid, ", not on the asked ",
                                        device, ", and the daemon's --peer_policy is miss")));
       }
-      if (src->state == cache::State::kLoading) {
+      if (registry_.StateOf(src) == cache::State::kLoading) {
         if (!req.wait_ready() && !req.load_on_miss()) {
           return finish(AcquireResult::kMiss,
                         absl::UnavailableError(absl::StrCat(
@@ -596,10 +641,10 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
       return finish(AcquireResult::kPeerCopy, absl::OkStatus());
     }
   }
-  if (e && e->state == cache::State::kFailed && !req.load_on_miss()) {
+  if (e && registry_.StateOf(e) == cache::State::kFailed && !req.load_on_miss()) {
     return finish(AcquireResult::kError, registry_.WaitReady(e, std::chrono::steady_clock::now()));
   }
-  if (!e || e->state == cache::State::kFailed) {
+  if (!e || registry_.StateOf(e) == cache::State::kFailed) {
     if (!opened) {
       return finish(AcquireResult::kMiss,
                     absl::NotFoundError(
@@ -653,9 +698,10 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
             "; load it first (weightcachectl load ", req.model(), ") or ask with load_on_miss")));
   }
 
-  bool was_ready = e->state == cache::State::kReady;
+  bool was_ready = registry_.StateOf(e) == cache::State::kReady;
   if (!was_ready) {
-    if (e->state == cache::State::kLoading && !req.wait_ready() && !req.load_on_miss()) {
+    if (registry_.StateOf(e) == cache::State::kLoading && !req.wait_ready() &&
+        !req.load_on_miss()) {
       return finish(AcquireResult::kMiss,
                     absl::UnavailableError(absl::StrCat(
                         "model '", *model, "' is still loading (", e->progress.done(), " of ",
@@ -675,6 +721,7 @@ absl::Status Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
       absl::StrCat("model '", name, "' was evicted between its lookup and its lease; ask again");
   if (!content_or.ok()) return absl::UnavailableError(evicted);
   const std::shared_ptr<const load::LoadedModel> content = *std::move(content_or);
+  if (options_.before_lease_hook) options_.before_lease_hook(name);
   std::string lease_id = RandomHex(16);
   std::string token = RandomHex(32);
   cache::LeaseRecord rec{lease_id, 0, 0, std::chrono::steady_clock::now()};
@@ -1029,7 +1076,7 @@ std::pair<bool, std::string> Daemon::Impl::Readiness() const {
   }
   for (const auto& key : preloads) {
     auto e = registry_.Find(key);
-    if (e && e->state == cache::State::kLoading) {
+    if (e && registry_.StateOf(e) == cache::State::kLoading) {
       return {false, absl::StrCat("loading ", e->model, " (", e->progress.done(), " of ",
                                   e->progress.total(), " bytes)")};
     }

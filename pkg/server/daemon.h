@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,12 @@ struct DaemonOptions {
   int socket_gid = -1;  // >= 0: group owning the socket dir and sockets (engines' group)
   std::chrono::seconds token_ttl{30};
   std::chrono::seconds acquire_wait{600};  // wait_ready / load_on_miss bound
+  // Shutdown: after loads and waits are cancelled, RPCs in flight get this long to finish
+  // before they are cancelled too.
+  std::chrono::milliseconds shutdown_grace{1000};
+  // Tests only: called by Acquire after it found a ready entry and before it records the
+  // lease (to race an eviction deterministically). Null in production.
+  std::function<void(const std::string& model)> before_lease_hook;
   unsigned read_threads = 16;
   // GPU loads: page-locked staging memory kept pinned between loads (one ring: pinning it
   // again costs ~0.1 s per load, a third of a page-cache-hot 8 GiB load); 0 frees it after
@@ -82,8 +89,12 @@ class Daemon {
   std::pair<bool, std::string> Readiness() const;
   // What the scrape-time metrics read; lives as long as the Daemon.
   const metrics::StateSource* state_source() const;
-  // Blocks until Shutdown() (from another thread or a signal handler thread).
+  // Blocks until Shutdown() has been asked (from another thread, e.g. the signal thread),
+  // then shuts down in order — cancel loads and waits, stop accepting, drain RPCs within
+  // shutdown_grace, close the handle channel, remove the sockets — and returns when done.
+  // The destructor does the same when Wait() was never called.
   void Wait();
+  // Asks for the shutdown; returns at once. Safe from any thread.
   void Shutdown();
 
   class Impl;

@@ -37,6 +37,7 @@ class Daemon::Impl final : public metrics::StateSource {
   absl::Status Start();
   // Starts the loads of every known spec's ranks (options().preload).
   void StartPreloads();
+  // Requests the shutdown (any thread); Wait() then runs the teardown and returns after it.
   void Shutdown();
   void Wait();
 
@@ -132,6 +133,9 @@ class Daemon::Impl final : public metrics::StateSource {
   std::unique_ptr<HandleChannel> handles_;
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<grpc::Service> service_;
+  // Cancels loads and waits, drains RPCs (bounded), closes the channels; once.
+  void Teardown();
+  std::once_flag teardown_once_;
   std::mutex wait_mu_;
   std::condition_variable wait_cv_;
   bool shutdown_ ABSL_GUARDED_BY(wait_mu_) = false;

@@ -1,0 +1,152 @@
+// The daemon in process (host backend, real sockets): races that need a test hook to be
+// deterministic, and the handle-channel token bound to its entry.
+#include "pkg/server/daemon.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "pkg/client/client.h"
+#include "pkg/memory/backend.h"
+#include "pkg/safetensors/writer.h"
+#include "pkg/util/unix_socket.h"
+#include "tests/testutil/temp_dir.h"
+#include "weightcache/v1/weightcache.grpc.pb.h"
+
+namespace weightcache::server {
+namespace {
+
+using ::testing::HasSubstr;
+using weightcache::testing::TempDir;
+
+safetensors::LlamaShape Small() {
+  safetensors::LlamaShape s;
+  s.layers = 1;
+  s.hidden = 128;
+  s.intermediate = 256;
+  s.heads = 2;
+  s.kv_heads = 1;
+  s.vocab = 256;
+  return s;
+}
+
+class DaemonInProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", Small()).ok());
+    backend_ = memory::MakeHostBackend();
+  }
+  void Start(DaemonOptions o) {
+    o.socket_dir = dir_ / "s";
+    o.digest_store = "";
+    spec::ModelSpec s;
+    s.name = "m";
+    s.model_dir = dir_ / "m";
+    o.specs = {s};
+    auto d = Daemon::Start(std::move(o), backend_.get());
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = std::move(d).value();
+    auto c = client::Client::Connect(dir_ / "s");
+    ASSERT_TRUE(c.ok());
+    client_ = std::move(c).value();
+  }
+  absl::StatusOr<std::unique_ptr<client::Lease>> Acquire() {
+    client::AcquireOptions o;
+    o.model = "m";
+    o.wait_ready = true;
+    return client_->Acquire(o);
+  }
+
+  TempDir dir_;
+  std::unique_ptr<memory::Backend> backend_;
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<client::Client> client_;
+};
+
+TEST_F(DaemonInProcessTest, EvictedBetweenLookupAndLeaseIsAnErrorNotAHit) {
+  std::atomic<bool> fired{false};
+  std::string evict_error = "hook not run";
+  DaemonOptions o;
+  o.before_lease_hook = [&](const std::string& model) {
+    if (fired.exchange(true)) return;
+    auto other = client::Client::Connect(dir_ / "s");
+    auto n = (*other)->Evict(model, "");
+    evict_error = n.ok() ? "" : n.status().ToString();
+  };
+  Start(std::move(o));
+  // The Acquire found the entry ready, then lost it before its lease: UNAVAILABLE, counted as
+  // an error (it used to answer OK with no token and count a hit).
+  auto l = Acquire();
+  ASSERT_FALSE(l.ok());
+  EXPECT_EQ(evict_error, "");
+  EXPECT_EQ(l.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(l.status().message()),
+              HasSubstr("was evicted between its lookup and its lease; ask again"));
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->acquire_hits(), 0u);
+  EXPECT_EQ(st->acquire_errors(), 1u);
+  EXPECT_EQ(st->entries_size(), 0);  // no lease kept it alive
+}
+
+// A token names its entry, not its key: after evict and reload under the same key, a token
+// issued for the old entry never hands out the new entry's descriptors.
+TEST_F(DaemonInProcessTest, TokenOfAnEvictedEntryDoesNotClaimTheReloadedOne) {
+  Start({});
+  auto channel =
+      grpc::CreateChannel("unix:" + dir_ / "s/control.sock", grpc::InsecureChannelCredentials());
+  auto stub = v1::WeightCache::NewStub(channel);
+  v1::AcquireRequest req;
+  req.set_model("m");
+  req.set_wait_ready(true);
+  v1::AcquireResponse resp;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub->Acquire(&ctx, req, &resp).ok());
+  ASSERT_FALSE(resp.token().empty());
+  // Evict (the unclaimed lease keeps it draining), then load the same key again.
+  auto ev = client_->EvictDetailed("m", "");
+  ASSERT_TRUE(ev.ok()) << ev.status();
+  EXPECT_EQ(ev->draining(), 1u);
+  ASSERT_TRUE(client_->Load("m", "", {}).ok());
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->entries_size(), 2) << st->DebugString();
+  // Claim with the old token: refused, and no lease appears on the new entry.
+  auto conn = ConnectUnix(resp.handle_socket());
+  ASSERT_TRUE(conn.ok());
+  ASSERT_TRUE(WriteAll(conn->get(), "WCH1 " + resp.token() + "\n").ok());
+  auto reply = RecvWithFds(conn->get(), 4096);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_THAT(reply->data, ::testing::StartsWith("ERR "));
+  EXPECT_TRUE(reply->fds.empty());
+  st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->entries_size(), 1) << st->DebugString();  // the old one drained
+  EXPECT_EQ(st->entries(0).state(), "ready");
+  EXPECT_EQ(st->entries(0).leases_size(), 0);
+}
+
+TEST_F(DaemonInProcessTest, WaitReturnsOnlyAfterTheSocketsAreGone) {
+  Start({});
+  auto lease = Acquire();
+  ASSERT_TRUE(lease.ok());
+  std::thread stopper([this] { daemon_->Shutdown(); });
+  daemon_->Wait();
+  stopper.join();
+  EXPECT_NE(::access((dir_ / "s/control.sock").c_str(), F_OK), 0);
+  EXPECT_NE(::access((dir_ / "s/handle.sock").c_str(), F_OK), 0);
+  daemon_.reset();
+  // The client's mapping outlives the daemon.
+  const auto* v = (*lease)->Find("model.embed_tokens.weight");
+  ASSERT_NE(v, nullptr);
+  EXPECT_GT(v->nbytes, 0u);
+  volatile char first = *static_cast<const char*>(v->data);
+  (void)first;
+}
+
+}  // namespace
+}  // namespace weightcache::server
