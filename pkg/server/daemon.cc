@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <random>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -22,68 +21,17 @@
 #include "pkg/util/unix_socket.h"
 
 namespace weightcache::server {
-namespace {
-
-constexpr uint32_t kMaxLayoutSize = 4096;
-
-// 128 random bits as hex, from the kernel's CSPRNG (tokens must not be guessable).
-std::string RandomHex(size_t bytes) {
-  std::string raw(bytes, '\0');
-  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  WC_CHECK(fd >= 0);
-  WC_CHECK(::read(fd, raw.data(), bytes) == static_cast<ssize_t>(bytes));
-  ::close(fd);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : raw) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
-  return out;
-}
-
-std::string Join(const std::vector<std::string>& v) {
-  return v.empty() ? "none" : absl::StrJoin(v, ", ");
-}
-
-}  // namespace
-
-const char* PeerPolicyName(PeerPolicy p) {
-  switch (p) {
-    case PeerPolicy::kCopy:
-      return "copy";
-    case PeerPolicy::kHost:
-      return "host";
-    case PeerPolicy::kMiss:
-      return "miss";
-  }
-  return "unknown";
-}
-
-absl::StatusOr<PeerPolicy> ParsePeerPolicy(const std::string& name) {
-  for (PeerPolicy p : {PeerPolicy::kCopy, PeerPolicy::kHost, PeerPolicy::kMiss}) {
-    if (name == PeerPolicyName(p)) return p;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--peer_policy '", name, "' is unknown (expected copy, host or miss)"));
-}
-
-std::string DefaultDeviceForRank(const std::vector<memory::DeviceInfo>& devices, int rank) {
-  if (devices.empty()) return "";
-  std::vector<memory::DeviceInfo> sorted = devices;
-  std::stable_sort(sorted.begin(), sorted.end(),
-                   [](const auto& a, const auto& b) { return a.ordinal < b.ordinal; });
-  return sorted[static_cast<size_t>(std::max(rank, 0)) % sorted.size()].uuid;
-}
 
 Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend)
-    : options_(std::move(options)), backend_(backend), registry_(options_.memory_budget_bytes) {
-  auto devices = backend_->Devices();
-  daemon_cc_ = devices.empty() ? "cpu" : devices[0].compute_capability;
-  if (backend_->kind() == memory::BackendKind::kCudaVmm) {
-    staging_pool_ = load::MakePinnedStagingPool(options_.staging_keep_bytes);
-  }
-  for (const auto& s : options_.specs) specs_[s.name] = s;
+    : options_(std::move(options)),
+      backend_(backend),
+      staging_pool_(backend->kind() == memory::BackendKind::kCudaVmm
+                        ? load::MakePinnedStagingPool(options_.staging_keep_bytes)
+                        : nullptr),
+      registry_(options_.memory_budget_bytes),
+      models_(options_.specs, options_.read_threads),
+      admission_(options_, backend_, registry_, staging_pool_.get()),
+      leases_(&registry_, options_.token_ttl) {
   registry_.SetLoadDoneCallback(
       [this](const cache::Entry& e, const absl::Status& st, double seconds) {
         if (options_.metrics != nullptr && st.ok()) {
@@ -110,7 +58,7 @@ std::string Daemon::Impl::handle_path() const {
 void Daemon::Impl::StartPreloads() {
   if (options_.preload) {
     for (const auto& s : options_.specs) {
-      auto opened = Open(s.name, /*refresh=*/false);
+      auto opened = models_.Open(s.name, /*refresh=*/false);
       std::vector<int> ranks = s.tp_ranks;
       if (ranks.empty()) {
         for (int r = 0; r < s.tp_size; ++r) ranks.push_back(r);
@@ -121,15 +69,9 @@ void Daemon::Impl::StartPreloads() {
           break;
         }
         spec::Layout layout{s.tp_size, r, s.pp_size, s.pp_rank};
-        spec::Environment env;
-        env.compute_capability = daemon_cc_;
-        // Placement: rank r on the r-th device (by ordinal), so one daemon spreads a
-        // tensor-parallel model's ranks over the node's GPUs.
-        const std::string device = DefaultDeviceForRank(backend_->Devices(), r);
-        for (const auto& d : backend_->Devices()) {
-          if (d.uuid == device) env.compute_capability = d.compute_capability;
-        }
-        auto e = StartLoad(*opened, layout, env, device);
+        const Admission::AskedEnv placed = admission_.Placed(r);
+        const std::string& device = placed.device_uuid;
+        auto e = admission_.StartLoad(*opened, layout, placed.env, device);
         if (!e.ok()) {
           WC_LOG_ERROR("preload %s rank %d on %s: %s", s.name, r, device,
                        std::string(e.status().message()));
@@ -145,23 +87,18 @@ void Daemon::Impl::StartPreloads() {
 
 absl::Status Daemon::Impl::Start() {
   WC_RETURN_IF_ERROR(PrepareSocketDir(options_.socket_dir, 0750));
-  if (!options_.digest_store.empty()) {
-    const std::string dir = options_.digest_store.substr(0, options_.digest_store.rfind('/'));
-    if (!dir.empty() && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-      return ErrnoStatus(errno, "mkdir (digest store)", dir);
-    }
-  }
-  WC_ASSIGN_OR_RETURN(digests_, identity::DigestStore::Open(options_.digest_store));
+  WC_RETURN_IF_ERROR(models_.OpenDigestStore(options_.digest_store));
   WC_RETURN_IF_ERROR(RemoveStaleSocket(control_path()));
   WC_RETURN_IF_ERROR(RemoveStaleSocket(handle_path()));
   HandleChannel::Options hopts;
   hopts.path = handle_path();
   hopts.allowed_uids = options_.allowed_uids;
   WC_ASSIGN_OR_RETURN(
-      handles_, HandleChannel::Start(
-                    hopts, [this](const std::string& t, const PeerCred& p) { return Claim(t, p); },
-                    [this](const std::string& lease) { registry_.RemoveLease(lease); },
-                    [this] { ExpireTokens(); }));
+      handles_,
+      HandleChannel::Start(
+          hopts, [this](const std::string& t, const PeerCred& p) { return leases_.Claim(t, p); },
+          [this](const std::string& lease) { registry_.RemoveLease(lease); },
+          [this] { leases_.ExpireTokens(); }));
 
   // Preloads are registered before the control socket answers, so no client can see a
   // daemon that knows a model but has no entry for it yet (a spurious miss).
@@ -241,59 +178,6 @@ void Daemon::Impl::Teardown() {
   });
 }
 
-absl::StatusOr<std::shared_ptr<const load::OpenedModel>> Daemon::Impl::Open(const std::string& name,
-                                                                            bool refresh) {
-  spec::ModelSpec s;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    auto it = specs_.find(name);
-    if (it == specs_.end()) {
-      std::vector<std::string> known;
-      for (const auto& [n, _] : specs_) known.push_back(n);
-      return absl::NotFoundError(absl::StrCat(
-          "model '", name, "' is not known to this daemon (known: ", Join(known), ")"));
-    }
-    if (!refresh) {
-      auto o = opened_.find(name);
-      if (o != opened_.end()) return o->second;
-    }
-    s = it->second;
-  }
-  // Opening reads config.json and the headers: outside the lock.
-  load::OpenOptions oo;
-  oo.digests = digests_.get();
-  oo.hash_threads = options_.read_threads;
-  auto opened = load::OpenModel(s, oo);
-  std::lock_guard<std::mutex> l(mu_);
-  if (!opened.ok()) {
-    open_errors_[name] = std::string(opened.status().message());
-    return opened.status();
-  }
-  open_errors_.erase(name);
-  opened_[name] = *opened;
-  return *opened;
-}
-
-std::map<std::string, std::shared_ptr<const load::OpenedModel>> Daemon::Impl::OpenedSpecs() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return opened_;
-}
-
-std::vector<std::string> Daemon::Impl::NamesOf(const cache::EntrySnapshot& s) const {
-  std::vector<std::string> names;
-  for (const auto& [name, o] : OpenedSpecs()) {
-    if (o->spec.tp_size != s.inputs.layout.tp_size || o->spec.pp_size != s.inputs.layout.pp_size) {
-      continue;
-    }
-    if (name == s.model || o->Inputs(s.inputs.layout, s.inputs.env).Digest() == s.fingerprint) {
-      names.push_back(name);
-    }
-  }
-  if (std::find(names.begin(), names.end(), s.model) == names.end()) names.push_back(s.model);
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 std::string Daemon::Impl::CheckStale(const std::shared_ptr<const load::OpenedModel>& opened) {
   const std::vector<std::string> changed = opened->ChangedFiles();
   if (changed.empty()) return "";
@@ -305,190 +189,6 @@ std::string Daemon::Impl::CheckStale(const std::shared_ptr<const load::OpenedMod
     if (auto e = registry_.Find({s.fingerprint, s.device_uuid})) registry_.MarkStale(e, what);
   }
   return what;
-}
-
-absl::StatusOr<Daemon::Impl::AskedEnv> Daemon::Impl::EnvFrom(const v1::Environment& env) const {
-  AskedEnv asked;
-  spec::Environment& out = asked.env;
-  out.compute_capability = daemon_cc_;
-  if (!env.device_uuid().empty()) {
-    std::vector<std::string> known;
-    bool found = false;
-    for (const auto& d : backend_->Devices()) {
-      known.push_back(d.uuid);
-      if (d.uuid == env.device_uuid()) {
-        found = true;
-        out.compute_capability = d.compute_capability;
-      }
-    }
-    if (!found) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "device ", env.device_uuid(), " is not a device of this daemon's ",
-          memory::BackendName(backend_->kind()), " backend (devices: ", Join(known), ")"));
-    }
-    asked.device_uuid = env.device_uuid();
-  }
-  if (!env.compute_capability().empty()) out.compute_capability = env.compute_capability();
-  if (env.loader_format_version() != 0) {
-    out.loader_format_version = static_cast<int>(env.loader_format_version());
-  }
-  out.engine = env.engine();
-  out.engine_version = env.engine_version();
-  return asked;
-}
-
-absl::StatusOr<spec::Layout> Daemon::Impl::LayoutFrom(const v1::Layout& l) const {
-  uint32_t tp = l.tp_size() == 0 ? 1 : l.tp_size();
-  uint32_t pp = l.pp_size() == 0 ? 1 : l.pp_size();
-  if (tp > kMaxLayoutSize || pp > kMaxLayoutSize) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layout: tp_size ", tp, " / pp_size ", pp, " exceeds ", kMaxLayoutSize));
-  }
-  if (l.tp_rank() >= tp) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layout: tp_rank ", l.tp_rank(), " is not below tp_size ", tp));
-  }
-  if (l.pp_rank() >= pp) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layout: pp_rank ", l.pp_rank(), " is not below pp_size ", pp));
-  }
-  return spec::Layout{static_cast<int>(tp), static_cast<int>(l.tp_rank()), static_cast<int>(pp),
-                      static_cast<int>(l.pp_rank())};
-}
-
-absl::StatusOr<std::shared_ptr<cache::Entry>> Daemon::Impl::StartLoad(
-    const std::shared_ptr<const load::OpenedModel>& model, const spec::Layout& layout,
-    const spec::Environment& env, const std::string& device_uuid) {
-  auto inputs = model->Inputs(layout, env);
-  std::string fp = inputs.Digest();
-  const std::string device =
-      device_uuid.empty() ? DefaultDeviceForRank(backend_->Devices(), layout.tp_rank) : device_uuid;
-  if (auto live = registry_.Find({fp, device});
-      live && registry_.StateOf(live) != cache::State::kFailed) {
-    return live;  // joined: loading or ready already
-  }
-  // Admission from the plan (cheap: metadata only): the budget reserves this rank's bytes as
-  // they will be allocated (each segment rounded up to the backend's granule), not the whole
-  // checkpoint's; a plan that cannot be made fails here, before any entry exists.
-  memory::Backend* backend = backend_;
-  load::PlanOptions popts;
-  popts.alignment = backend->tensor_alignment();
-  popts.max_segment_bytes = backend->max_segment_bytes();
-  popts.loader_reads_pieces = true;  // LoadRank reads strided shards and zeroes padding
-  WC_ASSIGN_OR_RETURN(load::Plan planned, load::PlanRank(*model, layout, popts));
-  const uint64_t granule = std::max<uint64_t>(1, backend->granularity());
-  uint64_t reserve = 0;
-  for (uint64_t b : planned.segment_bytes) reserve += (b + granule - 1) / granule * granule;
-  auto plan = std::make_shared<load::Plan>(std::move(planned));
-  unsigned threads = options_.read_threads;
-  load::StagingPool* pool = staging_pool_.get();
-  auto load = [model, plan, backend, threads, pool, fp,
-               device](cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
-    load::LoadOptions lopts;
-    lopts.read_threads = threads;
-    lopts.staging_pool = pool;
-    WC_ASSIGN_OR_RETURN(auto loaded, load::LoadRank(*model, std::move(*plan), *backend, device,
-                                                    absl::StrCat("weightcache/", model->spec.name,
-                                                                 "/", fp.substr(0, 12)),
-                                                    lopts, &e.progress));
-    // The bytes must be those of the versions the fingerprint names.
-    if (auto changed = model->ChangedFiles(); !changed.empty()) {
-      return absl::UnavailableError(absl::StrCat("model '", model->spec.name,
-                                                 "': files changed while loading (",
-                                                 absl::StrJoin(changed, "; "), "); load it again"));
-    }
-    return loaded;
-  };
-  cache::LoadRequest req;
-  req.key = {fp, device};
-  req.model = model->spec.name;
-  req.inputs = inputs;
-  req.files = model->files;
-  req.bytes = reserve;
-  req.load = std::move(load);
-  return registry_.StartOrJoin(std::move(req));
-}
-
-absl::StatusOr<std::shared_ptr<cache::Entry>> Daemon::Impl::StartPeerCopy(
-    const std::shared_ptr<cache::Entry>& src, const std::string& device_uuid) {
-  WC_ASSIGN_OR_RETURN(std::shared_ptr<const load::LoadedModel> content, registry_.Content(src));
-  const memory::CopyRoute route = options_.peer_policy == PeerPolicy::kCopy &&
-                                          backend_->CanAccessPeer(src->device_uuid, device_uuid)
-                                      ? memory::CopyRoute::kPeer
-                                      : memory::CopyRoute::kHostStaged;
-  memory::Backend* backend = backend_;
-  auto load = [content, backend, route, device_uuid, src_device = src->device_uuid,
-               label =
-                   absl::StrCat("weightcache/", src->model, "/", src->fingerprint.substr(0, 12))](
-                  cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
-    auto out = std::make_unique<load::LoadedModel>();
-    out->plan = content->plan;
-    out->device_uuid = device_uuid;
-    out->model_dir = content->model_dir;
-    const uint64_t total = content->resident_bytes();
-    e.progress.SetTotal(total);
-    e.progress.SetFile(absl::StrCat("peer copy from ", src_device));
-    auto t0 = std::chrono::steady_clock::now();
-    memory::CopyRoute used = route;
-    uint64_t done = 0;
-    for (size_t i = 0; i < content->segments.size(); ++i) {
-      if (e.progress.cancelled()) {
-        return absl::CancelledError(absl::StrCat("peer copy to ", device_uuid, " stopped"));
-      }
-      memory::Segment& from = *content->segments[i];
-      WC_ASSIGN_OR_RETURN(auto to,
-                          backend->Allocate(device_uuid, from.size(), absl::StrCat(label, "/", i)));
-      absl::Status s = backend->CopySegment(from, to.get(), used);
-      if (!s.ok() && used == memory::CopyRoute::kPeer) {
-        WC_LOG_WARN("peer copy %s -> %s failed (%s); staging through host memory instead",
-                    src_device, device_uuid, std::string(s.message()));
-        used = memory::CopyRoute::kHostStaged;
-        s = backend->CopySegment(from, to.get(), used);
-      }
-      WC_RETURN_IF_ERROR(s);
-      WC_RETURN_IF_ERROR(to->Seal());
-      done += from.size();
-      e.progress.SetDone(done);
-      out->segments.push_back(std::move(to));
-    }
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    WC_LOG_INFO("peer copy of %s: %s -> %s, %d bytes in %d segments, %.3f s (%.2f GB/s, route %s)",
-                e.key.ToString(), src_device, device_uuid, total, content->segments.size(), secs,
-                secs > 0 ? static_cast<double>(total) / secs / 1e9 : 0.0,
-                memory::CopyRouteName(used));
-    return out;
-  };
-  cache::LoadRequest req;
-  req.key = {src->fingerprint, device_uuid};
-  req.model = src->model;
-  req.inputs = src->inputs;
-  req.bytes = content->resident_bytes();
-  req.source = "peer";
-  req.files = src->files;
-  req.load = std::move(load);
-  return registry_.StartOrJoin(std::move(req));
-}
-
-std::shared_ptr<cache::Entry> Daemon::Impl::FindOn(const std::string& fingerprint,
-                                                   const std::string& device_uuid) const {
-  if (!device_uuid.empty()) return registry_.Find({fingerprint, device_uuid});
-  auto all = registry_.FindAll(fingerprint);
-  for (const auto& e : all) {
-    if (registry_.StateOf(e) == cache::State::kReady) return e;
-  }
-  return all.empty() ? nullptr : all.front();
-}
-
-std::shared_ptr<cache::Entry> Daemon::Impl::PeerSource(const std::string& fingerprint,
-                                                       const std::string& device_uuid) const {
-  if (device_uuid.empty()) return nullptr;
-  std::shared_ptr<cache::Entry> loading;
-  for (const auto& e : registry_.FindAll(fingerprint)) {
-    if (e->device_uuid == device_uuid) continue;
-    if (registry_.StateOf(e) == cache::State::kReady) return e;
-    if (registry_.StateOf(e) == cache::State::kLoading && !loading) loading = e;
-  }
-  return loading;
 }
 
 void Daemon::Impl::Count(metrics::AcquireResult r) {
@@ -526,9 +226,9 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
     Count(r);
     return s;
   };
-  auto layout = LayoutFrom(req.layout());
+  auto layout = admission_.LayoutFrom(req.layout());
   if (!layout.ok()) return finish(AcquireResult::kError, layout.status());
-  auto asked_env = EnvFrom(req.env());
+  auto asked_env = admission_.EnvFrom(req.env());
   if (!asked_env.ok()) return finish(AcquireResult::kError, asked_env.status());
   const spec::Environment& env = asked_env->env;
   // The registry is keyed by (fingerprint, device): an empty asked device takes the entry
@@ -555,7 +255,7 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
     *model = all.front()->model;
   } else if (req.target_case() == v1::AcquireRequest::kModel) {
     *model = req.model();
-    auto o = Open(req.model(), false);
+    auto o = models_.Open(req.model(), false);
     if (!o.ok()) {
       auto code = o.status().code();
       return finish(code == absl::StatusCode::kUnimplemented ? AcquireResult::kRejected
@@ -578,7 +278,7 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
                           req.model(), ") or ask with load_on_miss")));
       }
       // Identify the new contents (only the changed files are hashed) and go on with them.
-      auto fresh = Open(req.model(), /*refresh=*/true);
+      auto fresh = models_.Open(req.model(), /*refresh=*/true);
       if (!fresh.ok()) {
         return finish(
             old_entries.empty() ? AcquireResult::kError : AcquireResult::kStale,
@@ -598,7 +298,7 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
                   absl::InvalidArgumentError("Acquire: set either model or fingerprint"));
   }
 
-  std::shared_ptr<cache::Entry> e = FindOn(fp, device);
+  std::shared_ptr<cache::Entry> e = admission_.FindOn(fp, device);
   if (e && !opened && registry_.StateOf(e) == cache::State::kReady) {
     // By fingerprint: the files this entry was loaded from must still be those versions.
     if (auto changed = load::ChangedFiles(e->files); !changed.empty()) {
@@ -612,7 +312,7 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
   }
   if (!e || registry_.StateOf(e) == cache::State::kFailed) {
     // Resident on another device of this node: serve it per the peer policy.
-    if (auto src = PeerSource(fp, device)) {
+    if (auto src = admission_.PeerSource(fp, device)) {
       if (options_.peer_policy == PeerPolicy::kMiss) {
         return finish(AcquireResult::kMiss,
                       absl::NotFoundError(
@@ -631,7 +331,7 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
           return finish(AcquireResult::kError, s);
         }
       }
-      auto copy = StartPeerCopy(src, device);
+      auto copy = admission_.StartPeerCopy(src, device);
       if (!copy.ok()) return finish(AcquireResult::kError, copy.status());
       e = *copy;
       if (auto s = registry_.WaitReady(e, deadline); !s.ok()) {
@@ -653,7 +353,7 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
     bool servable =
         asked.dtype == opened->dtype && asked.quant_method == opened->quantization.method;
     if (req.load_on_miss() && servable) {
-      auto started = StartLoad(opened, *layout, env, device);
+      auto started = admission_.StartLoad(opened, *layout, env, device);
       if (!started.ok()) return finish(AcquireResult::kError, started.status());
       e = *started;
       auto s = registry_.WaitReady(e, deadline);
@@ -716,30 +416,18 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
 
 absl::Status Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
                                      const std::string& name, v1::AcquireResponse* resp) {
-  auto content_or = registry_.Content(e);
-  const std::string evicted =
-      absl::StrCat("model '", name, "' was evicted between its lookup and its lease; ask again");
-  if (!content_or.ok()) return absl::UnavailableError(evicted);
-  const std::shared_ptr<const load::LoadedModel> content = *std::move(content_or);
-  if (options_.before_lease_hook) options_.before_lease_hook(name);
-  std::string lease_id = RandomHex(16);
-  std::string token = RandomHex(32);
-  cache::LeaseRecord rec{lease_id, 0, 0, std::chrono::steady_clock::now()};
-  if (!registry_.AddLease(e, rec).ok()) return absl::UnavailableError(evicted);
+  WC_ASSIGN_OR_RETURN(LeaseManager::Issued issued,
+                      leases_.Issue(e, name, options_.before_lease_hook));
+  const std::shared_ptr<const load::LoadedModel>& content = issued.content;
   std::string model_dir = content->model_dir;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    tokens_[token] = {lease_id, e, std::chrono::steady_clock::now() + options_.token_ttl};
-    // The asked spec: same content as the entry's (that is what the fingerprint says), and
-    // the files a verify tool should compare with.
-    auto spec = specs_.find(name);
-    if (spec != specs_.end()) {
-      resp->set_spec_yaml(spec::ToYaml(spec->second));
-      model_dir = spec->second.model_dir;
-    }
+  // The asked spec: same content as the entry's (that is what the fingerprint says), and the
+  // files a verify tool should compare with.
+  if (auto spec = models_.Spec(name)) {
+    resp->set_spec_yaml(spec::ToYaml(*spec));
+    model_dir = spec->model_dir;
   }
-  resp->set_lease_id(lease_id);
-  resp->set_token(token);
+  resp->set_lease_id(issued.lease_id);
+  resp->set_token(issued.token);
   resp->mutable_layout()->set_tp_size(e->inputs.layout.tp_size);
   resp->mutable_layout()->set_tp_rank(e->inputs.layout.tp_rank);
   resp->mutable_layout()->set_pp_size(e->inputs.layout.pp_size);
@@ -774,64 +462,8 @@ absl::Status Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
   return absl::OkStatus();
 }
 
-absl::StatusOr<HandleChannel::Grant> Daemon::Impl::Claim(const std::string& token,
-                                                         const PeerCred& peer) {
-  PendingToken pending;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    auto it = tokens_.find(token);
-    if (it == tokens_.end()) {
-      return absl::PermissionDeniedError("unknown or expired token");
-    }
-    pending = it->second;
-    tokens_.erase(it);
-  }
-  // The lease's own entry: after an evict and a reload under the same key, the new entry's
-  // descriptors are not this lease's to take.
-  if (!registry_.HasLease(pending.entry, pending.lease_id)) {
-    return absl::UnavailableError("the lease ended before its descriptors were claimed");
-  }
-  auto content = registry_.Content(pending.entry);
-  if (!content.ok()) {
-    registry_.RemoveLease(pending.lease_id);
-    return absl::UnavailableError("the model was evicted before its descriptors were claimed");
-  }
-  registry_.SetLeasePeer(pending.lease_id, peer.pid, static_cast<int>(peer.uid));
-  HandleChannel::Grant g;
-  g.lease_id = pending.lease_id;
-  for (const auto& s : (*content)->segments) g.fds.push_back(s->fd());
-  g.keepalive = *content;
-  return g;
-}
-
-void Daemon::Impl::ExpireTokens() {
-  std::vector<std::string> expired;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    auto now = std::chrono::steady_clock::now();
-    for (auto it = tokens_.begin(); it != tokens_.end();) {
-      if (it->second.expires <= now) {
-        expired.push_back(it->second.lease_id);
-        it = tokens_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  for (const auto& lease : expired) {
-    WC_LOG_WARN("lease %s: token not claimed in time; lease ended", lease);
-    registry_.RemoveLease(lease);
-  }
-}
-
 absl::Status Daemon::Impl::Release(const v1::ReleaseRequest& req) {
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    for (auto it = tokens_.begin(); it != tokens_.end();) {
-      it = it->second.lease_id == req.lease_id() ? tokens_.erase(it) : std::next(it);
-    }
-  }
-  if (!registry_.RemoveLease(req.lease_id())) {
+  if (!leases_.End(req.lease_id())) {
     return absl::NotFoundError(absl::StrCat("lease ", req.lease_id(), " is not active"));
   }
   handles_->CloseLease(req.lease_id());
@@ -848,15 +480,14 @@ absl::Status Daemon::Impl::Load(const v1::LoadRequest& req,
           absl::StrCat("LoadRequest.spec_yaml: holds ", specs.size(), " specs; send exactly one"));
     }
     name = specs[0].name;
-    std::lock_guard<std::mutex> l(mu_);
-    specs_[name] = specs[0];
+    models_.Define(specs[0]);
   }
   if (name.empty()) return absl::InvalidArgumentError("Load: set model or spec_yaml");
-  WC_ASSIGN_OR_RETURN(auto opened, Open(name, /*refresh=*/true));
+  WC_ASSIGN_OR_RETURN(auto opened, models_.Open(name, /*refresh=*/true));
   // One rank when the request names it; else every rank of the spec.
   std::vector<spec::Layout> layouts;
   if (req.has_layout()) {
-    WC_ASSIGN_OR_RETURN(auto layout, LayoutFrom(req.layout()));
+    WC_ASSIGN_OR_RETURN(auto layout, admission_.LayoutFrom(req.layout()));
     layouts.push_back(layout);
   } else {
     const auto& s = opened->spec;
@@ -866,7 +497,7 @@ absl::Status Daemon::Impl::Load(const v1::LoadRequest& req,
     }
     for (int r : ranks) layouts.push_back({s.tp_size, r, s.pp_size, s.pp_rank});
   }
-  WC_ASSIGN_OR_RETURN(auto asked, EnvFrom(req.env()));
+  WC_ASSIGN_OR_RETURN(auto asked, admission_.EnvFrom(req.env()));
   std::vector<std::shared_ptr<cache::Entry>> entries;
   for (const auto& layout : layouts) {
     spec::Environment env = asked.env;
@@ -879,7 +510,7 @@ absl::Status Daemon::Impl::Load(const v1::LoadRequest& req,
         if (d.uuid == device) env.compute_capability = d.compute_capability;
       }
     }
-    WC_ASSIGN_OR_RETURN(auto e, StartLoad(opened, layout, env, device));
+    WC_ASSIGN_OR_RETURN(auto e, admission_.StartLoad(opened, layout, env, device));
     entries.push_back(std::move(e));
   }
   auto t0 = std::chrono::steady_clock::now();
@@ -940,7 +571,7 @@ absl::Status Daemon::Impl::Evict(const v1::EvictRequest& req, v1::EvictResponse*
   } else if (req.target_case() == v1::EvictRequest::kModel) {
     // A spec's entries: those it loaded, and those of other names that this spec reproduces
     // in its own layout (same content, same tp/pp sizes). Those other names lose them too.
-    auto opened = Open(req.model(), /*refresh=*/false);
+    auto opened = models_.Open(req.model(), /*refresh=*/false);
     for (const auto& s : registry_.Snapshot()) {
       if (s.state == cache::State::kDraining) continue;
       bool mine = s.model == req.model();
@@ -951,7 +582,7 @@ absl::Status Daemon::Impl::Evict(const v1::EvictRequest& req, v1::EvictResponse*
       }
       if (!mine) continue;
       keys.push_back({s.fingerprint, s.device_uuid});
-      for (const auto& n : NamesOf(s)) {
+      for (const auto& n : models_.NamesOf(s)) {
         if (n != req.model()) other_names.insert(n);
       }
     }
@@ -1015,7 +646,7 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
     e->set_load_seconds(s.load_seconds);
     e->set_bytes_done(s.bytes_done);
     e->set_source(s.source);
-    for (const auto& n : NamesOf(s)) {
+    for (const auto& n : models_.NamesOf(s)) {
       e->add_names(n);
       if (s.state == cache::State::kReady && !stale) {
         ready_ranks[n].insert(static_cast<uint32_t>(s.inputs.layout.tp_rank));
@@ -1029,9 +660,9 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
       li->set_age_seconds(std::chrono::duration<double>(now - l.since).count());
     }
   }
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    for (const auto& [name, sp] : specs_) {
+  for (const auto& [sp, refused] : models_.List()) {
+    const std::string& name = sp.name;
+    {
       resp->add_known_models(name);
       auto* m = resp->add_models();
       m->set_name(name);
@@ -1041,8 +672,7 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
       m->set_quantization(sp.quantization);
       m->set_layout(sp.layout.empty() ? "hf" : sp.layout);
       for (uint32_t r : ready_ranks[name]) m->add_cached_ranks(r);
-      auto err = open_errors_.find(name);
-      if (err != open_errors_.end()) m->set_refused(err->second);
+      m->set_refused(refused);
     }
   }
   resp->set_acquire_hits(hits_);
@@ -1052,7 +682,7 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
   resp->set_acquire_errors(errors_);
   resp->set_acquire_peer_copies(peer_copies_);
   resp->set_acquire_stale(stale_);
-  resp->set_hashed_bytes(digests_ ? digests_->hashed_bytes() : 0);
+  resp->set_hashed_bytes(models_.hashed_bytes());
   if (const metrics::StagingSnapshot s = Staging(); s.present) {
     resp->mutable_staging()->set_idle_bytes(s.idle_bytes);
     resp->mutable_staging()->set_in_use_bytes(s.in_use_bytes);

@@ -1,0 +1,255 @@
+#include "pkg/server/internal/admission.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "pkg/load/loader.h"
+#include "pkg/load/plan.h"
+#include "pkg/util/log.h"
+#include "pkg/util/status_macros.h"
+
+namespace weightcache::server {
+namespace {
+
+constexpr uint32_t kMaxLayoutSize = 4096;
+
+std::string Join(const std::vector<std::string>& v) {
+  return v.empty() ? "none" : absl::StrJoin(v, ", ");
+}
+
+}  // namespace
+
+const char* PeerPolicyName(PeerPolicy p) {
+  switch (p) {
+    case PeerPolicy::kCopy:
+      return "copy";
+    case PeerPolicy::kHost:
+      return "host";
+    case PeerPolicy::kMiss:
+      return "miss";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<PeerPolicy> ParsePeerPolicy(const std::string& name) {
+  for (PeerPolicy p : {PeerPolicy::kCopy, PeerPolicy::kHost, PeerPolicy::kMiss}) {
+    if (name == PeerPolicyName(p)) return p;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--peer_policy '", name, "' is unknown (expected copy, host or miss)"));
+}
+
+std::string DefaultDeviceForRank(const std::vector<memory::DeviceInfo>& devices, int rank) {
+  if (devices.empty()) return "";
+  std::vector<memory::DeviceInfo> sorted = devices;
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const auto& a, const auto& b) { return a.ordinal < b.ordinal; });
+  return sorted[static_cast<size_t>(std::max(rank, 0)) % sorted.size()].uuid;
+}
+
+Admission::Admission(const DaemonOptions& options, memory::Backend* backend,
+                     cache::Registry& registry, load::StagingPool* staging_pool)
+    : options_(options), backend_(backend), registry_(registry), staging_pool_(staging_pool) {
+  auto devices = backend_->Devices();
+  daemon_cc_ = devices.empty() ? "cpu" : devices[0].compute_capability;
+}
+
+Admission::AskedEnv Admission::Placed(int rank) const {
+  AskedEnv out;
+  out.env.compute_capability = daemon_cc_;
+  // Placement: rank r on the r-th device (by ordinal), so one daemon spreads a
+  // tensor-parallel model's ranks over the node's GPUs.
+  out.device_uuid = DefaultDeviceForRank(backend_->Devices(), rank);
+  for (const auto& d : backend_->Devices()) {
+    if (d.uuid == out.device_uuid) out.env.compute_capability = d.compute_capability;
+  }
+  return out;
+}
+
+absl::StatusOr<Admission::AskedEnv> Admission::EnvFrom(const v1::Environment& env) const {
+  AskedEnv asked;
+  spec::Environment& out = asked.env;
+  out.compute_capability = daemon_cc_;
+  if (!env.device_uuid().empty()) {
+    std::vector<std::string> known;
+    bool found = false;
+    for (const auto& d : backend_->Devices()) {
+      known.push_back(d.uuid);
+      if (d.uuid == env.device_uuid()) {
+        found = true;
+        out.compute_capability = d.compute_capability;
+      }
+    }
+    if (!found) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device ", env.device_uuid(), " is not a device of this daemon's ",
+          memory::BackendName(backend_->kind()), " backend (devices: ", Join(known), ")"));
+    }
+    asked.device_uuid = env.device_uuid();
+  }
+  if (!env.compute_capability().empty()) out.compute_capability = env.compute_capability();
+  if (env.loader_format_version() != 0) {
+    out.loader_format_version = static_cast<int>(env.loader_format_version());
+  }
+  out.engine = env.engine();
+  out.engine_version = env.engine_version();
+  return asked;
+}
+
+absl::StatusOr<spec::Layout> Admission::LayoutFrom(const v1::Layout& l) const {
+  uint32_t tp = l.tp_size() == 0 ? 1 : l.tp_size();
+  uint32_t pp = l.pp_size() == 0 ? 1 : l.pp_size();
+  if (tp > kMaxLayoutSize || pp > kMaxLayoutSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout: tp_size ", tp, " / pp_size ", pp, " exceeds ", kMaxLayoutSize));
+  }
+  if (l.tp_rank() >= tp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout: tp_rank ", l.tp_rank(), " is not below tp_size ", tp));
+  }
+  if (l.pp_rank() >= pp) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout: pp_rank ", l.pp_rank(), " is not below pp_size ", pp));
+  }
+  return spec::Layout{static_cast<int>(tp), static_cast<int>(l.tp_rank()), static_cast<int>(pp),
+                      static_cast<int>(l.pp_rank())};
+}
+
+absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartLoad(
+    const std::shared_ptr<const load::OpenedModel>& model, const spec::Layout& layout,
+    const spec::Environment& env, const std::string& device_uuid) {
+  auto inputs = model->Inputs(layout, env);
+  std::string fp = inputs.Digest();
+  const std::string device =
+      device_uuid.empty() ? DefaultDeviceForRank(backend_->Devices(), layout.tp_rank) : device_uuid;
+  if (auto live = registry_.Find({fp, device});
+      live && registry_.StateOf(live) != cache::State::kFailed) {
+    return live;  // joined: loading or ready already
+  }
+  // Admission from the plan (cheap: metadata only): the budget reserves this rank's bytes as
+  // they will be allocated (each segment rounded up to the backend's granule), not the whole
+  // checkpoint's; a plan that cannot be made fails here, before any entry exists.
+  memory::Backend* backend = backend_;
+  load::PlanOptions popts;
+  popts.alignment = backend->tensor_alignment();
+  popts.max_segment_bytes = backend->max_segment_bytes();
+  popts.loader_reads_pieces = true;  // LoadRank reads strided shards and zeroes padding
+  WC_ASSIGN_OR_RETURN(load::Plan planned, load::PlanRank(*model, layout, popts));
+  const uint64_t granule = std::max<uint64_t>(1, backend->granularity());
+  uint64_t reserve = 0;
+  for (uint64_t b : planned.segment_bytes) reserve += (b + granule - 1) / granule * granule;
+  auto plan = std::make_shared<load::Plan>(std::move(planned));
+  unsigned threads = options_.read_threads;
+  load::StagingPool* pool = staging_pool_;
+  auto load = [model, plan, backend, threads, pool, fp,
+               device](cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
+    load::LoadOptions lopts;
+    lopts.read_threads = threads;
+    lopts.staging_pool = pool;
+    WC_ASSIGN_OR_RETURN(auto loaded, load::LoadRank(*model, std::move(*plan), *backend, device,
+                                                    absl::StrCat("weightcache/", model->spec.name,
+                                                                 "/", fp.substr(0, 12)),
+                                                    lopts, &e.progress));
+    // The bytes must be those of the versions the fingerprint names.
+    if (auto changed = model->ChangedFiles(); !changed.empty()) {
+      return absl::UnavailableError(absl::StrCat("model '", model->spec.name,
+                                                 "': files changed while loading (",
+                                                 absl::StrJoin(changed, "; "), "); load it again"));
+    }
+    return loaded;
+  };
+  cache::LoadRequest req;
+  req.key = {fp, device};
+  req.model = model->spec.name;
+  req.inputs = inputs;
+  req.files = model->files;
+  req.bytes = reserve;
+  req.load = std::move(load);
+  return registry_.StartOrJoin(std::move(req));
+}
+
+absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartPeerCopy(
+    const std::shared_ptr<cache::Entry>& src, const std::string& device_uuid) {
+  WC_ASSIGN_OR_RETURN(std::shared_ptr<const load::LoadedModel> content, registry_.Content(src));
+  const memory::CopyRoute route = options_.peer_policy == PeerPolicy::kCopy &&
+                                          backend_->CanAccessPeer(src->device_uuid, device_uuid)
+                                      ? memory::CopyRoute::kPeer
+                                      : memory::CopyRoute::kHostStaged;
+  memory::Backend* backend = backend_;
+  auto load = [content, backend, route, device_uuid, src_device = src->device_uuid,
+               label =
+                   absl::StrCat("weightcache/", src->model, "/", src->fingerprint.substr(0, 12))](
+                  cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
+    auto out = std::make_unique<load::LoadedModel>();
+    out->plan = content->plan;
+    out->device_uuid = device_uuid;
+    out->model_dir = content->model_dir;
+    const uint64_t total = content->resident_bytes();
+    e.progress.SetTotal(total);
+    e.progress.SetFile(absl::StrCat("peer copy from ", src_device));
+    auto t0 = std::chrono::steady_clock::now();
+    memory::CopyRoute used = route;
+    uint64_t done = 0;
+    for (size_t i = 0; i < content->segments.size(); ++i) {
+      if (e.progress.cancelled()) {
+        return absl::CancelledError(absl::StrCat("peer copy to ", device_uuid, " stopped"));
+      }
+      memory::Segment& from = *content->segments[i];
+      WC_ASSIGN_OR_RETURN(auto to,
+                          backend->Allocate(device_uuid, from.size(), absl::StrCat(label, "/", i)));
+      absl::Status s = backend->CopySegment(from, to.get(), used);
+      if (!s.ok() && used == memory::CopyRoute::kPeer) {
+        WC_LOG_WARN("peer copy %s -> %s failed (%s); staging through host memory instead",
+                    src_device, device_uuid, std::string(s.message()));
+        used = memory::CopyRoute::kHostStaged;
+        s = backend->CopySegment(from, to.get(), used);
+      }
+      WC_RETURN_IF_ERROR(s);
+      WC_RETURN_IF_ERROR(to->Seal());
+      done += from.size();
+      e.progress.SetDone(done);
+      out->segments.push_back(std::move(to));
+    }
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    WC_LOG_INFO("peer copy of %s: %s -> %s, %d bytes in %d segments, %.3f s (%.2f GB/s, route %s)",
+                e.key.ToString(), src_device, device_uuid, total, content->segments.size(), secs,
+                secs > 0 ? static_cast<double>(total) / secs / 1e9 : 0.0,
+                memory::CopyRouteName(used));
+    return out;
+  };
+  cache::LoadRequest req;
+  req.key = {src->fingerprint, device_uuid};
+  req.model = src->model;
+  req.inputs = src->inputs;
+  req.bytes = content->resident_bytes();
+  req.source = "peer";
+  req.files = src->files;
+  req.load = std::move(load);
+  return registry_.StartOrJoin(std::move(req));
+}
+
+std::shared_ptr<cache::Entry> Admission::FindOn(const std::string& fingerprint,
+                                                const std::string& device_uuid) const {
+  if (!device_uuid.empty()) return registry_.Find({fingerprint, device_uuid});
+  auto all = registry_.FindAll(fingerprint);
+  for (const auto& e : all) {
+    if (registry_.StateOf(e) == cache::State::kReady) return e;
+  }
+  return all.empty() ? nullptr : all.front();
+}
+
+std::shared_ptr<cache::Entry> Admission::PeerSource(const std::string& fingerprint,
+                                                    const std::string& device_uuid) const {
+  if (device_uuid.empty()) return nullptr;
+  std::shared_ptr<cache::Entry> loading;
+  for (const auto& e : registry_.FindAll(fingerprint)) {
+    if (e->device_uuid == device_uuid) continue;
+    if (registry_.StateOf(e) == cache::State::kReady) return e;
+    if (registry_.StateOf(e) == cache::State::kLoading && !loading) loading = e;
+  }
+  return loading;
+}
+
+}  // namespace weightcache::server

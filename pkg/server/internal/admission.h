@@ -1,0 +1,70 @@
+// Placement and admission: the environment and layout a request asks for, the device a
+// rank goes to, and starting loads (planned first, so the budget reserves the rank's own
+// granule-rounded bytes) and peer copies in the registry. Not a public header.
+//
+// Thread-safety: every method may be called from any thread. Lifetimes: the options,
+// backend, registry and staging pool passed in outlive the Admission.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "pkg/cache/registry.h"
+#include "pkg/load/model.h"
+#include "pkg/load/staging_pool.h"
+#include "pkg/memory/backend.h"
+#include "pkg/server/daemon.h"
+#include "weightcache/v1/weightcache.pb.h"
+
+namespace weightcache::server {
+
+class Admission {
+ public:
+  Admission(const DaemonOptions& options, memory::Backend* backend, cache::Registry& registry,
+            load::StagingPool* staging_pool);
+
+  // The fingerprint environment of a request and the device it names (env.device_uuid,
+  // empty: none named). INVALID_ARGUMENT naming the UUID when the backend has no such
+  // device; compute_capability defaults to that device's (else the first device's).
+  struct AskedEnv {
+    spec::Environment env;
+    std::string device_uuid;
+  };
+  absl::StatusOr<AskedEnv> EnvFrom(const v1::Environment& env) const;
+  // INVALID_ARGUMENT for ranks not below their sizes or sizes above 4096.
+  absl::StatusOr<spec::Layout> LayoutFrom(const v1::Layout& layout) const;
+  // The environment of `rank` placed by the default rule (the compute capability of its
+  // device) and that device.
+  AskedEnv Placed(int rank) const;
+
+  // The live entry of the model-rank on `device_uuid` (empty: the placement rule's), or a
+  // new load of it: planned first; RESOURCE_EXHAUSTED when the device's budget cannot hold
+  // the rank's planned bytes; the plan's error when it cannot be planned.
+  absl::StatusOr<std::shared_ptr<cache::Entry>> StartLoad(
+      const std::shared_ptr<const load::OpenedModel>& model, const spec::Layout& layout,
+      const spec::Environment& env, const std::string& device_uuid);
+  // A new entry on `device_uuid` filled by copying ready entry `src` (another device) per
+  // the peer policy; single-flight like a load, timed, counted with source "peer".
+  absl::StatusOr<std::shared_ptr<cache::Entry>> StartPeerCopy(
+      const std::shared_ptr<cache::Entry>& src, const std::string& device_uuid);
+
+  // The live entry of `fingerprint` on `device_uuid`; with an empty device, the first
+  // ready one on any device (else the first live one).
+  std::shared_ptr<cache::Entry> FindOn(const std::string& fingerprint,
+                                       const std::string& device_uuid) const;
+  // A ready or loading entry of `fingerprint` on a device other than `device_uuid`.
+  std::shared_ptr<cache::Entry> PeerSource(const std::string& fingerprint,
+                                           const std::string& device_uuid) const;
+
+  const std::string& default_compute_capability() const { return daemon_cc_; }
+
+ private:
+  const DaemonOptions& options_;
+  memory::Backend* const backend_;
+  cache::Registry& registry_;
+  load::StagingPool* const staging_pool_;
+  std::string daemon_cc_;  // compute capability of the first device, or "cpu"
+};
+
+}  // namespace weightcache::server

@@ -1,0 +1,62 @@
+// Leases and their one-time tokens: an Acquire records a lease on the entry it serves and
+// issues a token; the client presents the token on the handle channel and receives the
+// entry's descriptors (Claim). Both bind to the entry itself, never to its key: after an
+// evict and a reload under the same key, an old token cannot claim the new entry.
+// Not a public header.
+//
+// Thread-safety: every method may be called from any thread (gRPC threads issue and end
+// leases; the handle channel's thread claims and expires tokens).
+// Lifetimes: the registry outlives the LeaseManager.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "pkg/cache/registry.h"
+#include "pkg/server/handle_channel.h"
+
+namespace weightcache::server {
+
+class LeaseManager {
+ public:
+  LeaseManager(cache::Registry* registry, std::chrono::seconds token_ttl)
+      : registry_(registry), token_ttl_(token_ttl) {}
+
+  struct Issued {
+    std::string lease_id;
+    std::string token;
+    std::shared_ptr<const load::LoadedModel> content;  // what the token will hand out
+  };
+  // Records a lease on ready entry `e` and a token for its descriptors. UNAVAILABLE naming
+  // `name` when `e` is no longer ready (evicted between the caller's lookup and now): then
+  // there is neither a lease nor a token. `before_lease` (tests) runs just before the lease
+  // is recorded.
+  absl::StatusOr<Issued> Issue(const std::shared_ptr<cache::Entry>& e, const std::string& name,
+                               const std::function<void(const std::string&)>& before_lease);
+  // The handle channel's claim: the token's own entry's descriptors, once.
+  absl::StatusOr<HandleChannel::Grant> Claim(const std::string& token, const PeerCred& peer);
+  // Ends the leases whose tokens were not claimed in time (called on the channel's tick).
+  void ExpireTokens();
+  // Ends a lease (and its token if unclaimed); false when no such lease is active.
+  bool End(const std::string& lease_id);
+
+ private:
+  struct PendingToken {
+    std::string lease_id;
+    std::shared_ptr<cache::Entry> entry;
+    std::chrono::steady_clock::time_point expires;
+  };
+
+  cache::Registry* const registry_;
+  const std::chrono::seconds token_ttl_;
+  std::mutex mu_;
+  std::map<std::string, PendingToken> tokens_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace weightcache::server

@@ -1,0 +1,67 @@
+// The specs a daemon knows and the models opened from them: config, allowlist, headers and
+// content digests (pkg/identity, through the daemon's digest store), cached by spec name,
+// with the reason a spec could not be opened (for `list`). Which spec names serve a cache
+// entry is decided here too: those whose own layout and content reproduce its fingerprint.
+// Not a public header.
+//
+// Thread-safety: every method may be called from any thread; opening (file reads, hashing)
+// runs outside the lock. Lifetimes: OpenedModels are shared and immutable.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "pkg/cache/registry.h"
+#include "pkg/identity/identity.h"
+#include "pkg/load/model.h"
+#include "pkg/spec/spec.h"
+
+namespace weightcache::server {
+
+class ModelCatalog {
+ public:
+  ModelCatalog(const std::vector<spec::ModelSpec>& specs, unsigned hash_threads);
+
+  // The digest store (persisted at `path`; empty: memory only). Call once, before Open.
+  absl::Status OpenDigestStore(const std::string& path);
+
+  // Adds or replaces a spec (an inline spec of a Load request).
+  void Define(const spec::ModelSpec& s);
+  std::optional<spec::ModelSpec> Spec(const std::string& name) const;
+
+  // The opened model of spec `name`: cached unless `refresh` (which re-reads the files and
+  // re-hashes only file versions the store does not know). NOT_FOUND naming the known specs.
+  absl::StatusOr<std::shared_ptr<const load::OpenedModel>> Open(const std::string& name,
+                                                                bool refresh);
+  // Every opened spec, by name (a copy).
+  std::map<std::string, std::shared_ptr<const load::OpenedModel>> Opened() const;
+
+  // Every known spec name whose own layout (tp/pp sizes) and content reproduce entry `s`
+  // (its loader's name always among them), sorted.
+  std::vector<std::string> NamesOf(const cache::EntrySnapshot& s) const;
+
+  struct Known {
+    spec::ModelSpec spec;
+    std::string refused;  // why it could not be opened; empty when it could (or never tried)
+  };
+  std::vector<Known> List() const;  // sorted by name
+  std::vector<std::string> Names() const;
+
+  uint64_t hashed_bytes() const;  // read to hash files since start
+
+ private:
+  const unsigned hash_threads_;
+  std::unique_ptr<identity::DigestStore> digests_;  // set once by OpenDigestStore
+  mutable std::mutex mu_;
+  std::map<std::string, spec::ModelSpec> specs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<const load::OpenedModel>> opened_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> open_errors_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace weightcache::server

@@ -1,0 +1,106 @@
+#include "pkg/server/internal/lease_manager.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "pkg/util/log.h"
+
+namespace weightcache::server {
+namespace {
+
+// Random bytes as hex, from the kernel's CSPRNG (tokens must not be guessable).
+std::string RandomHex(size_t bytes) {
+  std::string raw(bytes, '\0');
+  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  WC_CHECK(fd >= 0);
+  WC_CHECK(::read(fd, raw.data(), bytes) == static_cast<ssize_t>(bytes));
+  ::close(fd);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : raw) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 15]);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<LeaseManager::Issued> LeaseManager::Issue(
+    const std::shared_ptr<cache::Entry>& e, const std::string& name,
+    const std::function<void(const std::string&)>& before_lease) {
+  const std::string evicted =
+      absl::StrCat("model '", name, "' was evicted between its lookup and its lease; ask again");
+  auto content = registry_->Content(e);
+  if (!content.ok()) return absl::UnavailableError(evicted);
+  if (before_lease) before_lease(name);
+  Issued out{RandomHex(16), RandomHex(32), *std::move(content)};
+  cache::LeaseRecord rec{out.lease_id, 0, 0, std::chrono::steady_clock::now()};
+  if (!registry_->AddLease(e, rec).ok()) return absl::UnavailableError(evicted);
+  std::lock_guard<std::mutex> l(mu_);
+  tokens_[out.token] = {out.lease_id, e, std::chrono::steady_clock::now() + token_ttl_};
+  return out;
+}
+
+absl::StatusOr<HandleChannel::Grant> LeaseManager::Claim(const std::string& token,
+                                                         const PeerCred& peer) {
+  PendingToken pending;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = tokens_.find(token);
+    if (it == tokens_.end()) return absl::PermissionDeniedError("unknown or expired token");
+    pending = it->second;
+    tokens_.erase(it);
+  }
+  // The lease's own entry: after an evict and a reload under the same key, the new entry's
+  // descriptors are not this lease's to take.
+  if (!registry_->HasLease(pending.entry, pending.lease_id)) {
+    return absl::UnavailableError("the lease ended before its descriptors were claimed");
+  }
+  auto content = registry_->Content(pending.entry);
+  if (!content.ok()) {
+    registry_->RemoveLease(pending.lease_id);
+    return absl::UnavailableError("the model was evicted before its descriptors were claimed");
+  }
+  registry_->SetLeasePeer(pending.lease_id, peer.pid, static_cast<int>(peer.uid));
+  HandleChannel::Grant g;
+  g.lease_id = pending.lease_id;
+  for (const auto& s : (*content)->segments) g.fds.push_back(s->fd());
+  g.keepalive = *content;
+  return g;
+}
+
+void LeaseManager::ExpireTokens() {
+  std::vector<std::string> expired;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto now = std::chrono::steady_clock::now();
+    for (auto it = tokens_.begin(); it != tokens_.end();) {
+      if (it->second.expires <= now) {
+        expired.push_back(it->second.lease_id);
+        it = tokens_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const auto& lease : expired) {
+    WC_LOG_WARN("lease %s: token not claimed in time; lease ended", lease);
+    registry_->RemoveLease(lease);
+  }
+}
+
+bool LeaseManager::End(const std::string& lease_id) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto it = tokens_.begin(); it != tokens_.end();) {
+      it = it->second.lease_id == lease_id ? tokens_.erase(it) : std::next(it);
+    }
+  }
+  return registry_->RemoveLease(lease_id);
+}
+
+}  // namespace weightcache::server

@@ -1,0 +1,118 @@
+#include "pkg/server/internal/model_catalog.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "pkg/util/errno_status.h"
+#include "pkg/util/status_macros.h"
+
+namespace weightcache::server {
+
+ModelCatalog::ModelCatalog(const std::vector<spec::ModelSpec>& specs, unsigned hash_threads)
+    : hash_threads_(hash_threads) {
+  for (const auto& s : specs) specs_[s.name] = s;
+}
+
+absl::Status ModelCatalog::OpenDigestStore(const std::string& path) {
+  if (!path.empty()) {
+    const std::string dir = path.substr(0, path.rfind('/'));
+    if (!dir.empty() && dir != path && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      return ErrnoStatus(errno, "mkdir (digest store)", dir);
+    }
+  }
+  WC_ASSIGN_OR_RETURN(digests_, identity::DigestStore::Open(path));
+  return absl::OkStatus();
+}
+
+void ModelCatalog::Define(const spec::ModelSpec& s) {
+  std::lock_guard<std::mutex> l(mu_);
+  specs_[s.name] = s;
+}
+
+std::optional<spec::ModelSpec> ModelCatalog::Spec(const std::string& name) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = specs_.find(name);
+  if (it == specs_.end()) return std::nullopt;
+  return it->second;
+}
+
+absl::StatusOr<std::shared_ptr<const load::OpenedModel>> ModelCatalog::Open(const std::string& name,
+                                                                            bool refresh) {
+  spec::ModelSpec s;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = specs_.find(name);
+    if (it == specs_.end()) {
+      std::vector<std::string> known;
+      for (const auto& [n, _] : specs_) known.push_back(n);
+      return absl::NotFoundError(
+          absl::StrCat("model '", name, "' is not known to this daemon (known: ",
+                       known.empty() ? "none" : absl::StrJoin(known, ", "), ")"));
+    }
+    if (!refresh) {
+      auto o = opened_.find(name);
+      if (o != opened_.end()) return o->second;
+    }
+    s = it->second;
+  }
+  // Opening reads config.json and the headers, and hashes unknown file versions: unlocked.
+  load::OpenOptions oo;
+  oo.digests = digests_.get();
+  oo.hash_threads = hash_threads_;
+  auto opened = load::OpenModel(s, oo);
+  std::lock_guard<std::mutex> l(mu_);
+  if (!opened.ok()) {
+    open_errors_[name] = std::string(opened.status().message());
+    return opened.status();
+  }
+  open_errors_.erase(name);
+  opened_[name] = *opened;
+  return *opened;
+}
+
+std::map<std::string, std::shared_ptr<const load::OpenedModel>> ModelCatalog::Opened() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return opened_;
+}
+
+std::vector<std::string> ModelCatalog::NamesOf(const cache::EntrySnapshot& s) const {
+  std::vector<std::string> names;
+  for (const auto& [name, o] : Opened()) {
+    if (o->spec.tp_size != s.inputs.layout.tp_size || o->spec.pp_size != s.inputs.layout.pp_size) {
+      continue;
+    }
+    if (name == s.model || o->Inputs(s.inputs.layout, s.inputs.env).Digest() == s.fingerprint) {
+      names.push_back(name);
+    }
+  }
+  if (std::find(names.begin(), names.end(), s.model) == names.end()) names.push_back(s.model);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::vector<ModelCatalog::Known> ModelCatalog::List() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<Known> out;
+  for (const auto& [name, s] : specs_) {
+    auto err = open_errors_.find(name);
+    out.push_back({s, err == open_errors_.end() ? "" : err->second});
+  }
+  return out;
+}
+
+std::vector<std::string> ModelCatalog::Names() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<std::string> out;
+  for (const auto& [name, _] : specs_) out.push_back(name);
+  return out;
+}
+
+uint64_t ModelCatalog::hashed_bytes() const {
+  return digests_ != nullptr ? digests_->hashed_bytes() : 0;
+}
+
+}  // namespace weightcache::server
