@@ -2,6 +2,7 @@
 // daemon, HTTP endpoint, optional kubelet device plugin), runs until SIGINT/SIGTERM.
 #include <prometheus/registry.h>
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -11,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -39,7 +41,19 @@ ABSL_FLAG(std::string, backend, "auto", "Memory backend: auto | host | cuda");
 ABSL_FLAG(std::string, memory_budget, "0",
           "Most bytes the cache may hold, e.g. 120GiB; 0 means unlimited");
 ABSL_FLAG(std::vector<std::string>, allowed_uids, {},
-          "Uids allowed to receive segment descriptors; empty: anyone who can reach the socket");
+          "Uids allowed to connect to the control and handle sockets; empty: anyone who can "
+          "reach the sockets");
+ABSL_FLAG(std::vector<std::string>, admin_uids, {},
+          "Admin uids: may define or load inline specs, evict, and end other peers' leases "
+          "(default, with --admin_gids empty: the daemon's own uid)");
+ABSL_FLAG(std::vector<std::string>, admin_gids, {}, "Admin gids (see --admin_uids)");
+ABSL_FLAG(std::vector<std::string>, model_roots, {},
+          "Directories model_dir must resolve under (symlinks followed), comma-separated; "
+          "empty: anywhere");
+ABSL_FLAG(int, max_connections, 2048, "Control connections open at once; more are closed");
+ABSL_FLAG(int, max_connections_per_uid, 256,
+          "Control connections per peer uid; past it that uid's requests are answered "
+          "RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, socket_gid, -1,
           "Group id given the socket dir (0750) and sockets (0660), so engines running as "
           "other uids in that group can connect; -1 keeps the daemon's group");
@@ -77,6 +91,20 @@ ABSL_FLAG(bool, verbose, false, "Debug logging");
 namespace weightcache {
 namespace {
 
+// Descriptors are the daemon's working material (a connection, a lease's segments, a
+// checkpoint file each): the soft limit goes up to the hard one, and the log says so.
+void RaiseOpenFileLimit() {
+  struct rlimit rl {};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  const rlim_t before = rl.rlim_cur;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) rl.rlim_cur = before;
+  }
+  WC_LOG_INFO("open-file limit %d (was %d, hard %d)", static_cast<long long>(rl.rlim_cur),
+              static_cast<long long>(before), static_cast<long long>(rl.rlim_max));
+}
+
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "weightcached: %s\n", std::string(s.ToString()).c_str());
   return 2;
@@ -109,13 +137,29 @@ int Run() {
   auto keep = ParseByteSize(absl::GetFlag(FLAGS_staging_keep), "--staging_keep");
   if (!keep.ok()) return Fail(keep.status());
   opts.staging_keep_bytes = *keep;
-  for (const auto& u : absl::GetFlag(FLAGS_allowed_uids)) {
-    uint32_t uid;
-    if (!absl::SimpleAtoi(u, &uid)) {
-      return Fail(absl::InvalidArgumentError("--allowed_uids: '" + u + "' is not a uid"));
+  for (const auto& [flag, ids, out] :
+       {std::tuple{"--allowed_uids", absl::GetFlag(FLAGS_allowed_uids), &opts.allowed_uids},
+        std::tuple{"--admin_uids", absl::GetFlag(FLAGS_admin_uids), &opts.admin_uids},
+        std::tuple{"--admin_gids", absl::GetFlag(FLAGS_admin_gids), &opts.admin_gids}}) {
+    for (const auto& u : ids) {
+      uint32_t id;
+      if (!absl::SimpleAtoi(u, &id)) {
+        return Fail(absl::InvalidArgumentError(std::string(flag) + ": '" + u.substr(0, 64) +
+                                               "' is not a number"));
+      }
+      out->push_back(id);
     }
-    opts.allowed_uids.push_back(uid);
   }
+  opts.model_roots = absl::GetFlag(FLAGS_model_roots);
+  if (absl::GetFlag(FLAGS_max_connections) < 1 ||
+      absl::GetFlag(FLAGS_max_connections_per_uid) < 1) {
+    return Fail(
+        absl::InvalidArgumentError("--max_connections and --max_connections_per_uid "
+                                   "must be at least 1"));
+  }
+  opts.max_connections = static_cast<size_t>(absl::GetFlag(FLAGS_max_connections));
+  opts.max_connections_per_uid = static_cast<size_t>(absl::GetFlag(FLAGS_max_connections_per_uid));
+  RaiseOpenFileLimit();
 
   const double shutdown_timeout = absl::GetFlag(FLAGS_shutdown_timeout);
   if (!(shutdown_timeout > 0 && shutdown_timeout <= 3600)) {

@@ -32,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,9 +58,10 @@ struct Key {
 
 struct LeaseRecord {
   std::string id;
-  int pid = 0;
+  int pid = 0;  // the process holding the descriptors (set when claimed)
   int uid = 0;
   std::chrono::steady_clock::time_point since;
+  int owner_uid = -1;  // who acquired it (control-plane peer): may release it
 };
 
 // Immutable identity plus guarded state of one model-rank on one device. The identity and
@@ -184,6 +186,8 @@ class Registry {
   // false when unknown.
   bool RemoveLease(const std::string& lease_id);
   size_t LeaseCount(const Key& key) const;
+  // The uid that acquired an active lease; nullopt when no such lease.
+  std::optional<int> LeaseOwner(const std::string& lease_id) const;
   // Whether `lease_id` is active on exactly this entry (not another entry of its key).
   bool HasLease(const std::shared_ptr<Entry>& e, const std::string& lease_id) const;
 

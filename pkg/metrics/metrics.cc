@@ -203,7 +203,16 @@ struct Metrics::Impl {
         evictions(prometheus::BuildCounter()
                       .Name("weightcache_evictions_total")
                       .Help("Cache entries evicted by model and reason (api, budget).")
-                      .Register(registry)) {
+                      .Register(registry)),
+        refusals(prometheus::BuildCounter()
+                     .Name("weightcache_refusals_total")
+                     .Help("Control-plane requests refused, by rule (admin, lease_owner, "
+                           "model_roots, allowlist, connection_cap).")
+                     .Register(registry)) {
+    for (const char* rule :
+         {"admin", "lease_owner", "model_roots", "allowlist", "connection_cap"}) {
+      refusals.Add({{"rule", rule}});
+    }
     prometheus::BuildGauge()
         .Name("weightcache_build_info")
         .Help("Always 1; labels describe the running build.")
@@ -241,6 +250,7 @@ struct Metrics::Impl {
   prometheus::Family<prometheus::Histogram>& load_duration;
   prometheus::Family<prometheus::Counter>& load_bytes;
   prometheus::Family<prometheus::Counter>& evictions;
+  prometheus::Family<prometheus::Counter>& refusals;
   const std::shared_ptr<StateCollector> collector = std::make_shared<StateCollector>();
 
   absl::Mutex mu;
@@ -277,6 +287,10 @@ void Metrics::OnLoad(const std::string& model, const std::string& source, double
 void Metrics::OnEviction(const std::string& model, const std::string& reason) {
   const std::string label = impl_->ModelLabel(model);
   impl_->evictions.Add({{"model", label}, {"reason", reason}}).Increment();
+}
+
+void Metrics::OnRefused(const std::string& rule) {
+  impl_->refusals.Add({{"rule", rule}}).Increment();
 }
 
 }  // namespace weightcache::metrics

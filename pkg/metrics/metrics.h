@@ -106,6 +106,9 @@ class Metrics {
   void OnLoad(const std::string& model, const std::string& source /* disk|keeper|peer */,
               double seconds, uint64_t bytes);
   void OnEviction(const std::string& model, const std::string& reason /* api|budget */);
+  // A control-plane request refused by an authorization rule or a connection cap.
+  // `rule`: admin | lease_owner | model_roots | allowlist | connection_cap (bounded set).
+  void OnRefused(const std::string& rule);
 
  private:
   struct Impl;

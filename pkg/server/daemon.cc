@@ -29,7 +29,7 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend)
                         ? load::MakePinnedStagingPool(options_.staging_keep_bytes)
                         : nullptr),
       registry_(options_.memory_budget_bytes),
-      models_(options_.specs, options_.read_threads),
+      models_(options_.specs, options_.read_threads, options_.model_roots, options_.metrics),
       admission_(options_, backend_, registry_, staging_pool_.get()),
       leases_(&registry_, options_.token_ttl) {
   registry_.SetLoadDoneCallback(
@@ -106,17 +106,29 @@ absl::Status Daemon::Impl::Start() {
 
   service_ = MakeGrpcService(this);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + control_path(), grpc::InsecureServerCredentials());
+  // No listening port: ControlListener accepts (peer credentials, caps, EMFILE back-off)
+  // and hands each connection over.
   builder.RegisterService(service_.get());
   builder.SetMaxReceiveMessageSize(1 << 20);  // requests are small; bound them
   builder.SetMaxSendMessageSize(256 << 20);   // manifests of very large models
+  // Memory and threads bounded: a flood of streams or connections costs at most this.
+  grpc::ResourceQuota quota("weightcache-control");
+  quota.Resize(options_.grpc_memory_bytes);
+  quota.SetMaxThreads(options_.grpc_max_threads);
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 16);
+  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, 16 << 10);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 30 * 60 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 3);
   grpc_ = builder.BuildAndStart();
-  if (!grpc_) {
-    return absl::UnavailableError(absl::StrCat("gRPC: cannot listen on ", control_path()));
-  }
-  if (::chmod(control_path().c_str(), 0660) != 0) {
-    return absl::PermissionDeniedError(absl::StrCat("chmod 0660 ", control_path()));
-  }
+  if (!grpc_) return absl::UnavailableError("gRPC: the control server did not start");
+  ControlListener::Options lo;
+  lo.path = control_path();
+  lo.allowed_uids = options_.allowed_uids;
+  lo.max_connections = options_.max_connections;
+  lo.max_connections_per_uid = options_.max_connections_per_uid;
+  WC_ASSIGN_OR_RETURN(control_, ControlListener::Start(lo, grpc_.get()));
   if (options_.socket_gid >= 0) {
     // Engines running as other uids reach the sockets through this group (dir 0750,
     // sockets 0660); the handle channel's uid allowlist still applies.
@@ -156,11 +168,11 @@ void Daemon::Impl::Teardown() {
     // 1. Cancel: no new load starts, loads stop at their next chunk, waits in Acquire and
     //    Load return CANCELLED now (an Acquire waiting for a load would hold gRPC for up to
     //    --acquire_wait otherwise).
+    control_.reset();  // stops accepting and removes control.sock
     registry_.Stop();
     WC_LOG_DEBUG("teardown: loads and waits cancelled");
     // 2. Stop accepting and drain the RPCs in flight, bounded; the server before the service
     //    it calls into (gRPC requires the service to outlive the server).
-    const bool serving = grpc_ != nullptr;
     if (grpc_) {
       grpc_->Shutdown(std::chrono::system_clock::now() + options_.shutdown_grace);
       WC_LOG_DEBUG("teardown: gRPC stopped accepting, calls drained");
@@ -171,7 +183,6 @@ void Daemon::Impl::Teardown() {
     // 3. Close the handle channel (it removes handle.sock); leases end, and engines keep
     //    what they mapped.
     handles_.reset();
-    if (serving) ::unlink(control_path().c_str());
     // 4. Entries are released when the registry goes (after its load threads, all ending).
     WC_LOG_INFO("shut down in %.3f s",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -217,8 +228,9 @@ void Daemon::Impl::Count(metrics::AcquireResult r) {
   }
 }
 
-absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireResponse* resp,
-                                   std::string* model, metrics::AcquireResult* result) {
+absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireRequest& req,
+                                   v1::AcquireResponse* resp, std::string* model,
+                                   metrics::AcquireResult* result) {
   using metrics::AcquireResult;
   *result = AcquireResult::kError;
   auto finish = [&](AcquireResult r, absl::Status s) {
@@ -337,7 +349,8 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
       if (auto s = registry_.WaitReady(e, deadline); !s.ok()) {
         return finish(AcquireResult::kError, s);
       }
-      if (auto s = FillLease(e, *model, resp); !s.ok()) return finish(AcquireResult::kError, s);
+      if (auto s = FillLease(e, *model, caller, resp); !s.ok())
+        return finish(AcquireResult::kError, s);
       return finish(AcquireResult::kPeerCopy, absl::OkStatus());
     }
   }
@@ -358,7 +371,8 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
       e = *started;
       auto s = registry_.WaitReady(e, deadline);
       if (!s.ok()) return finish(AcquireResult::kError, s);
-      if (auto f = FillLease(e, *model, resp); !f.ok()) return finish(AcquireResult::kError, f);
+      if (auto f = FillLease(e, *model, caller, resp); !f.ok())
+        return finish(AcquireResult::kError, f);
       return finish(AcquireResult::kMiss, absl::OkStatus());
     }
     // Another rank of the same model is a miss for this rank (listing the cached ones);
@@ -410,14 +424,15 @@ absl::Status Daemon::Impl::Acquire(const v1::AcquireRequest& req, v1::AcquireRes
     auto s = registry_.WaitReady(e, deadline);
     if (!s.ok()) return finish(AcquireResult::kError, s);
   }
-  if (auto s = FillLease(e, *model, resp); !s.ok()) return finish(AcquireResult::kError, s);
+  if (auto s = FillLease(e, *model, caller, resp); !s.ok()) return finish(AcquireResult::kError, s);
   return finish(was_ready ? AcquireResult::kHit : AcquireResult::kMiss, absl::OkStatus());
 }
 
 absl::Status Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
-                                     const std::string& name, v1::AcquireResponse* resp) {
+                                     const std::string& name, const Caller& caller,
+                                     v1::AcquireResponse* resp) {
   WC_ASSIGN_OR_RETURN(LeaseManager::Issued issued,
-                      leases_.Issue(e, name, options_.before_lease_hook));
+                      leases_.Issue(e, name, caller.cred, options_.before_lease_hook));
   const std::shared_ptr<const load::LoadedModel>& content = issued.content;
   std::string model_dir = content->model_dir;
   // The asked spec: same content as the entry's (that is what the fingerprint says), and the
@@ -462,7 +477,14 @@ absl::Status Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
   return absl::OkStatus();
 }
 
-absl::Status Daemon::Impl::Release(const v1::ReleaseRequest& req) {
+absl::Status Daemon::Impl::Release(const Caller& caller, const v1::ReleaseRequest& req) {
+  const std::optional<int> owner = registry_.LeaseOwner(req.lease_id());
+  if (owner && *owner != static_cast<int>(caller.cred.uid) && !IsAdmin(caller)) {
+    return Refuse("lease_owner",
+                  absl::StrCat("lease ", req.lease_id().substr(0, 12), " belongs to uid ", *owner,
+                               "; only its owner or an admin (--admin_uids/--admin_gids) may "
+                               "release it"));
+  }
   if (!leases_.End(req.lease_id())) {
     return absl::NotFoundError(absl::StrCat("lease ", req.lease_id(), " is not active"));
   }
@@ -470,10 +492,16 @@ absl::Status Daemon::Impl::Release(const v1::ReleaseRequest& req) {
   return absl::OkStatus();
 }
 
-absl::Status Daemon::Impl::Load(const v1::LoadRequest& req,
+absl::Status Daemon::Impl::Load(const Caller& caller, const v1::LoadRequest& req,
                                 const std::function<bool(const v1::LoadProgress&)>& publish) {
   std::string name = req.model();
   if (!req.spec_yaml().empty()) {
+    if (!IsAdmin(caller)) {
+      return Refuse("admin",
+                    absl::StrCat("uid ", caller.cred.uid,
+                                 " may not define models (an inline spec): that needs an admin "
+                                 "peer (--admin_uids/--admin_gids); load a known model by name"));
+    }
     WC_ASSIGN_OR_RETURN(auto specs, spec::ParseSpecs(req.spec_yaml(), "LoadRequest.spec_yaml"));
     if (specs.size() != 1) {
       return absl::InvalidArgumentError(
@@ -562,7 +590,13 @@ absl::Status Daemon::Impl::Load(const v1::LoadRequest& req,
   }
 }
 
-absl::Status Daemon::Impl::Evict(const v1::EvictRequest& req, v1::EvictResponse* resp) {
+absl::Status Daemon::Impl::Evict(const Caller& caller, const v1::EvictRequest& req,
+                                 v1::EvictResponse* resp) {
+  if (!IsAdmin(caller)) {
+    return Refuse("admin", absl::StrCat("uid ", caller.cred.uid,
+                                        " may not evict: that needs an admin peer "
+                                        "(--admin_uids/--admin_gids)"));
+  }
   // The entries to evict: every device's entry of the fingerprint, or of the spec.
   std::vector<cache::Key> keys;
   std::set<std::string> other_names;
@@ -698,7 +732,39 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
   }
 }
 
+absl::StatusOr<Daemon::Impl::Caller> Daemon::Impl::CallerOf(const std::string& grpc_peer) {
+  std::optional<Caller> c = control_ ? control_->PeerOf(grpc_peer) : std::nullopt;
+  if (!c) {
+    return absl::PermissionDeniedError("control connection of an unknown peer (" + grpc_peer + ")");
+  }
+  if (c->over_cap) {
+    if (options_.metrics != nullptr) options_.metrics->OnRefused("connection_cap");
+    return absl::ResourceExhaustedError(
+        absl::StrCat("control socket: uid ", c->cred.uid, " holds ", c->uid_connections,
+                     " connections, over the cap of ", options_.max_connections_per_uid,
+                     " per uid (--max_connections_per_uid); close some and reconnect"));
+  }
+  return *c;
+}
+
+bool Daemon::Impl::IsAdmin(const Caller& c) const {
+  if (options_.admin_uids.empty() && options_.admin_gids.empty()) return c.cred.uid == ::geteuid();
+  const auto& u = options_.admin_uids;
+  const auto& g = options_.admin_gids;
+  return std::find(u.begin(), u.end(), c.cred.uid) != u.end() ||
+         std::find(g.begin(), g.end(), c.cred.gid) != g.end();
+}
+
+absl::Status Daemon::Impl::Refuse(const std::string& rule, const std::string& message) {
+  if (options_.metrics != nullptr) options_.metrics->OnRefused(rule);
+  WC_LOG_WARN("refused (%s): %s", rule, message);
+  return absl::PermissionDeniedError(message);
+}
+
 std::pair<bool, std::string> Daemon::Impl::Readiness() const {
+  if (control_ && !control_->healthy()) {
+    return {false, "the control socket cannot accept connections (out of descriptors?)"};
+  }
   std::vector<cache::Key> preloads;
   {
     std::lock_guard<std::mutex> l(mu_);

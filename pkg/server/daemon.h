@@ -54,7 +54,22 @@ struct DaemonOptions {
   // Content digests per checkpoint file version (pkg/identity), persisted here so a restart
   // does not hash again; its directory is created 0700. Empty: memory only.
   std::string digest_store;
-  std::vector<uid_t> allowed_uids;  // handle channel allowlist; empty: any
+  // Who may connect (control and handle sockets, SO_PEERCRED); empty: anyone who can reach
+  // the sockets (their modes and --socket_gid decide).
+  std::vector<uid_t> allowed_uids;
+  // Admin peers: define or load inline specs, evict, end other peers' leases. Engines (any
+  // allowed peer) acquire, release their own leases, load known specs and read status.
+  // Both empty: the daemon's own uid only.
+  std::vector<uid_t> admin_uids;
+  std::vector<gid_t> admin_gids;
+  // Model directories must resolve (symlinks followed) under one of these; empty: anywhere.
+  std::vector<std::string> model_roots;
+  // Control connections open at once, in all and per peer uid (see ControlListener).
+  size_t max_connections = 2048;
+  size_t max_connections_per_uid = 256;
+  // Memory gRPC may use for the control plane (requests, streams, buffers) and its threads.
+  uint64_t grpc_memory_bytes = 256ull << 20;
+  int grpc_max_threads = 128;
   int socket_gid = -1;  // >= 0: group owning the socket dir and sockets (engines' group)
   std::chrono::seconds token_ttl{30};
   std::chrono::seconds acquire_wait{600};  // wait_ready / load_on_miss bound

@@ -19,12 +19,14 @@ class GrpcService final : public v1::WeightCache::Service {
  public:
   explicit GrpcService(Daemon::Impl* impl) : impl_(impl) {}
 
-  grpc::Status Acquire(grpc::ServerContext*, const v1::AcquireRequest* req,
+  grpc::Status Acquire(grpc::ServerContext* ctx, const v1::AcquireRequest* req,
                        v1::AcquireResponse* resp) override {
     auto t0 = std::chrono::steady_clock::now();
+    auto caller = impl_->CallerOf(ctx->peer());
+    if (!caller.ok()) return ToGrpc(caller.status());
     std::string model;
     metrics::AcquireResult result;
-    absl::Status s = impl_->Acquire(*req, resp, &model, &result);
+    absl::Status s = impl_->Acquire(*caller, *req, resp, &model, &result);
     if (auto* m = impl_->options().metrics; m != nullptr) {
       m->OnAcquire(model, result,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -32,24 +34,33 @@ class GrpcService final : public v1::WeightCache::Service {
     return ToGrpc(s);
   }
 
-  grpc::Status Release(grpc::ServerContext*, const v1::ReleaseRequest* req,
+  grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,
                        v1::ReleaseResponse*) override {
-    return ToGrpc(impl_->Release(*req));
+    auto caller = impl_->CallerOf(ctx->peer());
+    if (!caller.ok()) return ToGrpc(caller.status());
+    return ToGrpc(impl_->Release(*caller, *req));
   }
 
   grpc::Status Load(grpc::ServerContext* ctx, const v1::LoadRequest* req,
                     grpc::ServerWriter<v1::LoadProgress>* writer) override {
-    return ToGrpc(impl_->Load(
-        *req, [&](const v1::LoadProgress& p) { return !ctx->IsCancelled() && writer->Write(p); }));
+    auto caller = impl_->CallerOf(ctx->peer());
+    if (!caller.ok()) return ToGrpc(caller.status());
+    return ToGrpc(impl_->Load(*caller, *req, [&](const v1::LoadProgress& p) {
+      return !ctx->IsCancelled() && writer->Write(p);
+    }));
   }
 
-  grpc::Status Evict(grpc::ServerContext*, const v1::EvictRequest* req,
+  grpc::Status Evict(grpc::ServerContext* ctx, const v1::EvictRequest* req,
                      v1::EvictResponse* resp) override {
-    return ToGrpc(impl_->Evict(*req, resp));
+    auto caller = impl_->CallerOf(ctx->peer());
+    if (!caller.ok()) return ToGrpc(caller.status());
+    return ToGrpc(impl_->Evict(*caller, *req, resp));
   }
 
-  grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*,
+  grpc::Status Status(grpc::ServerContext* ctx, const v1::StatusRequest*,
                       v1::StatusResponse* resp) override {
+    auto caller = impl_->CallerOf(ctx->peer());
+    if (!caller.ok()) return ToGrpc(caller.status());
     impl_->Status(resp);
     return grpc::Status::OK;
   }

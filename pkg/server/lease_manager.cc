@@ -30,7 +30,7 @@ std::string RandomHex(size_t bytes) {
 }  // namespace
 
 absl::StatusOr<LeaseManager::Issued> LeaseManager::Issue(
-    const std::shared_ptr<cache::Entry>& e, const std::string& name,
+    const std::shared_ptr<cache::Entry>& e, const std::string& name, const PeerCred& owner,
     const std::function<void(const std::string&)>& before_lease) {
   const std::string evicted =
       absl::StrCat("model '", name, "' was evicted between its lookup and its lease; ask again");
@@ -38,7 +38,8 @@ absl::StatusOr<LeaseManager::Issued> LeaseManager::Issue(
   if (!content.ok()) return absl::UnavailableError(evicted);
   if (before_lease) before_lease(name);
   Issued out{RandomHex(16), RandomHex(32), *std::move(content)};
-  cache::LeaseRecord rec{out.lease_id, 0, 0, std::chrono::steady_clock::now()};
+  cache::LeaseRecord rec{out.lease_id, static_cast<int>(owner.pid), static_cast<int>(owner.uid),
+                         std::chrono::steady_clock::now(), static_cast<int>(owner.uid)};
   if (!registry_->AddLease(e, rec).ok()) return absl::UnavailableError(evicted);
   std::lock_guard<std::mutex> l(mu_);
   tokens_[out.token] = {out.lease_id, e, std::chrono::steady_clock::now() + token_ttl_};

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -12,9 +14,41 @@
 
 namespace weightcache::server {
 
-ModelCatalog::ModelCatalog(const std::vector<spec::ModelSpec>& specs, unsigned hash_threads)
-    : hash_threads_(hash_threads) {
+namespace {
+
+// `path` with links resolved; the input itself when it cannot be (it does not exist: the
+// open that follows says so).
+std::string Resolved(const std::string& path) {
+  char buf[PATH_MAX];
+  return ::realpath(path.c_str(), buf) != nullptr ? std::string(buf) : path;
+}
+
+bool Under(const std::string& path, const std::string& root) {
+  if (root == "/") return true;
+  return path == root || (path.size() > root.size() && path.compare(0, root.size(), root) == 0 &&
+                          path[root.size()] == '/');
+}
+
+}  // namespace
+
+ModelCatalog::ModelCatalog(const std::vector<spec::ModelSpec>& specs, unsigned hash_threads,
+                           const std::vector<std::string>& model_roots, metrics::Metrics* metrics)
+    : hash_threads_(hash_threads), metrics_(metrics) {
   for (const auto& s : specs) specs_[s.name] = s;
+  for (const auto& r : model_roots) roots_.push_back(Resolved(r));
+}
+
+absl::Status ModelCatalog::CheckRoots(const spec::ModelSpec& s) const {
+  if (roots_.empty()) return absl::OkStatus();
+  const std::string real = Resolved(s.model_dir);
+  for (const auto& root : roots_) {
+    if (Under(real, root)) return absl::OkStatus();
+  }
+  if (metrics_ != nullptr) metrics_->OnRefused("model_roots");
+  return absl::PermissionDeniedError(
+      absl::StrCat("model '", s.name, "': model_dir ", s.model_dir,
+                   real == s.model_dir ? "" : absl::StrCat(" (resolves to ", real, ")"),
+                   " is not under the daemon's --model_roots (", absl::StrJoin(roots_, ", "), ")"));
 }
 
 absl::Status ModelCatalog::OpenDigestStore(const std::string& path) {
@@ -59,6 +93,7 @@ absl::StatusOr<std::shared_ptr<const load::OpenedModel>> ModelCatalog::Open(cons
     }
     s = it->second;
   }
+  WC_RETURN_IF_ERROR(CheckRoots(s));
   // Opening reads config.json and the headers, and hashes unknown file versions: unlocked.
   load::OpenOptions oo;
   oo.digests = digests_.get();

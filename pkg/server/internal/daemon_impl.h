@@ -26,6 +26,7 @@
 #include "pkg/server/daemon.h"
 #include "pkg/server/handle_channel.h"
 #include "pkg/server/internal/admission.h"
+#include "pkg/server/internal/control_listener.h"
 #include "pkg/server/internal/lease_manager.h"
 #include "pkg/server/internal/model_catalog.h"
 #include "weightcache/v1/weightcache.pb.h"
@@ -47,13 +48,21 @@ class Daemon::Impl final : public metrics::StateSource {
   void Wait();
 
   // The serving logic, one method per RPC. `result` is the metrics classification.
-  absl::Status Acquire(const v1::AcquireRequest& req, v1::AcquireResponse* resp, std::string* model,
+  // Who calls: the control connection's peer (gRPC's peer string "fd:N"). PERMISSION_DENIED
+  // for an unknown connection, RESOURCE_EXHAUSTED (counted) for a uid over its connection
+  // cap. Every RPC starts here.
+  using Caller = ControlListener::Caller;
+  absl::StatusOr<Caller> CallerOf(const std::string& grpc_peer);
+  bool IsAdmin(const Caller& c) const;
+
+  absl::Status Acquire(const Caller& caller, const v1::AcquireRequest& req,
+                       v1::AcquireResponse* resp, std::string* model,
                        metrics::AcquireResult* result);
-  absl::Status Release(const v1::ReleaseRequest& req);
+  absl::Status Release(const Caller& caller, const v1::ReleaseRequest& req);
   // Starts (or joins) a load; `publish` is called with progress until it ends.
-  absl::Status Load(const v1::LoadRequest& req,
+  absl::Status Load(const Caller& caller, const v1::LoadRequest& req,
                     const std::function<bool(const v1::LoadProgress&)>& publish);
-  absl::Status Evict(const v1::EvictRequest& req, v1::EvictResponse* resp);
+  absl::Status Evict(const Caller& caller, const v1::EvictRequest& req, v1::EvictResponse* resp);
   void Status(v1::StatusResponse* resp) const;
   std::pair<bool, std::string> Readiness() const;
 
@@ -71,7 +80,9 @@ class Daemon::Impl final : public metrics::StateSource {
   // spec name; the entry's own for fingerprint requests). UNAVAILABLE when the entry was
   // evicted meanwhile (no lease, no token).
   absl::Status FillLease(const std::shared_ptr<cache::Entry>& e, const std::string& name,
-                         v1::AcquireResponse* resp);
+                         const Caller& caller, v1::AcquireResponse* resp);
+  // PERMISSION_DENIED naming `rule` and what it guards, counted in metrics.
+  absl::Status Refuse(const std::string& rule, const std::string& message);
   // Stale check of an Acquire by name: the asked spec's files against the versions it was
   // opened with. Marks the entries that were served from the old versions stale. Returns the
   // changes (empty: unchanged).
@@ -95,6 +106,7 @@ class Daemon::Impl final : public metrics::StateSource {
       peer_copies_{0}, stale_{0};
 
   std::unique_ptr<HandleChannel> handles_;
+  std::unique_ptr<ControlListener> control_;  // destroyed before grpc_ (Teardown)
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<grpc::Service> service_;
   // Cancels loads and waits, drains RPCs (bounded), closes the channels; once.

@@ -37,7 +37,10 @@ class LeaseManager {
   // `name` when `e` is no longer ready (evicted between the caller's lookup and now): then
   // there is neither a lease nor a token. `before_lease` (tests) runs just before the lease
   // is recorded.
+  // `owner` (the acquiring peer) may release the lease; recorded with its pid until the
+  // claim names the process that holds the descriptors.
   absl::StatusOr<Issued> Issue(const std::shared_ptr<cache::Entry>& e, const std::string& name,
+                               const PeerCred& owner,
                                const std::function<void(const std::string&)>& before_lease);
   // The handle channel's claim: the token's own entry's descriptors, once.
   absl::StatusOr<HandleChannel::Grant> Claim(const std::string& token, const PeerCred& peer);

@@ -20,13 +20,18 @@
 #include "pkg/cache/registry.h"
 #include "pkg/identity/identity.h"
 #include "pkg/load/model.h"
+#include "pkg/metrics/metrics.h"
 #include "pkg/spec/spec.h"
 
 namespace weightcache::server {
 
 class ModelCatalog {
  public:
-  ModelCatalog(const std::vector<spec::ModelSpec>& specs, unsigned hash_threads);
+  // `model_roots`: model directories must resolve (symlinks followed) under one of these
+  // (empty: anywhere); a refusal is PERMISSION_DENIED naming the rule, counted in `metrics`
+  // (may be null).
+  ModelCatalog(const std::vector<spec::ModelSpec>& specs, unsigned hash_threads,
+               const std::vector<std::string>& model_roots, metrics::Metrics* metrics);
 
   // The digest store (persisted at `path`; empty: memory only). Call once, before Open.
   absl::Status OpenDigestStore(const std::string& path);
@@ -56,7 +61,11 @@ class ModelCatalog {
   uint64_t hashed_bytes() const;  // read to hash files since start
 
  private:
+  absl::Status CheckRoots(const spec::ModelSpec& s) const;
+
   const unsigned hash_threads_;
+  std::vector<std::string> roots_;  // resolved
+  metrics::Metrics* const metrics_;
   std::unique_ptr<identity::DigestStore> digests_;  // set once by OpenDigestStore
   mutable std::mutex mu_;
   std::map<std::string, spec::ModelSpec> specs_ ABSL_GUARDED_BY(mu_);

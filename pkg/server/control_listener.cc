@@ -1,0 +1,172 @@
+#include "pkg/server/internal/control_listener.h"
+
+#include <fcntl.h>
+#include <grpcpp/server_posix.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "pkg/util/errno_status.h"
+#include "pkg/util/log.h"
+#include "pkg/util/status_macros.h"
+
+namespace weightcache::server {
+namespace {
+
+constexpr int kTickMs = 200;     // reaping closed connections
+constexpr int kBackoffMs = 100;  // after EMFILE/ENFILE
+constexpr int kBacklog = 512;
+
+uint64_t InodeOf(int fd) {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) ? st.st_ino : 0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ControlListener>> ControlListener::Start(Options options,
+                                                                        grpc::Server* server) {
+  WC_ASSIGN_OR_RETURN(ScopedFd listen, ListenUnix(options.path, 0660, kBacklog));
+  // Non-blocking: the loop drains the backlog until EAGAIN.
+  const int flags = ::fcntl(listen.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(listen.get(), F_SETFL, flags | O_NONBLOCK) != 0) {
+    return ErrnoStatus(errno, "fcntl O_NONBLOCK", options.path);
+  }
+  ScopedFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake) return ErrnoStatus(errno, "eventfd");
+  return std::unique_ptr<ControlListener>(
+      new ControlListener(std::move(options), std::move(listen), std::move(wake), server));
+}
+
+ControlListener::ControlListener(Options options, ScopedFd listen, ScopedFd wake,
+                                 grpc::Server* server)
+    : options_(std::move(options)),
+      listen_(std::move(listen)),
+      wake_(std::move(wake)),
+      server_(server) {
+  thread_ = std::thread(&ControlListener::Loop, this);
+}
+
+ControlListener::~ControlListener() {
+  stop_ = true;
+  uint64_t one = 1;
+  (void)::write(wake_.get(), &one, sizeof one);
+  thread_.join();
+  ::unlink(options_.path.c_str());
+}
+
+std::optional<ControlListener::Caller> ControlListener::PeerOf(const std::string& peer) const {
+  int fd = -1;
+  if (peer.rfind("fd:", 0) != 0 || !absl::SimpleAtoi(peer.substr(3), &fd)) return std::nullopt;
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = conns_.find(fd);
+  if (it == conns_.end()) return std::nullopt;
+  Caller c = it->second.caller;
+  c.uid_connections = per_uid_.count(c.cred.uid) ? per_uid_.at(c.cred.uid) : 0;
+  return c;
+}
+
+ControlListener::Counters ControlListener::counters() const {
+  std::lock_guard<std::mutex> l(mu_);
+  Counters c = counters_;
+  c.open = conns_.size();
+  return c;
+}
+
+void ControlListener::Loop() {
+  auto backoff_until = std::chrono::steady_clock::time_point{};
+  auto next_reap = std::chrono::steady_clock::now();
+  while (!stop_) {
+    const auto now = std::chrono::steady_clock::now();
+    const bool backing_off = now < backoff_until;
+    pollfd fds[2] = {{wake_.get(), POLLIN, 0}, {listen_.get(), POLLIN, 0}};
+    const int n = ::poll(fds, backing_off ? 1 : 2, backing_off ? kBackoffMs : kTickMs);
+    if (n < 0 && errno != EINTR) {
+      WC_LOG_ERROR("control listener: poll: %s", std::strerror(errno));
+      std::this_thread::sleep_for(std::chrono::milliseconds(kBackoffMs));
+    }
+    if (fds[0].revents & POLLIN) {
+      uint64_t v;
+      (void)::read(wake_.get(), &v, sizeof v);
+    }
+    if (stop_) break;
+    if (!backing_off && (fds[1].revents & POLLIN)) {
+      // Drain the backlog; on EMFILE/ENFILE back off instead of spinning on a readable socket.
+      for (int i = 0; i < 64 && !stop_; ++i) {
+        ScopedFd conn(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+        if (!conn) {
+          const int err = errno;
+          if (err == EAGAIN || err == EINTR || err == ECONNABORTED) break;
+          std::lock_guard<std::mutex> l(mu_);
+          counters_.accept_errors++;
+          if (healthy_.exchange(false)) {
+            WC_LOG_ERROR(
+                "control socket: accept: %s; retrying every %d ms until descriptors "
+                "are free (raise the open-file limit?)",
+                std::strerror(err), kBackoffMs);
+          }
+          backoff_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(kBackoffMs);
+          break;
+        }
+        if (!healthy_.exchange(true)) WC_LOG_INFO("control socket: accepting again");
+        auto cred = GetPeerCred(conn.get());
+        std::lock_guard<std::mutex> l(mu_);
+        if (!cred.ok()) continue;  // the peer went away
+        const auto& allowed = options_.allowed_uids;
+        if (!allowed.empty() &&
+            std::find(allowed.begin(), allowed.end(), cred->uid) == allowed.end()) {
+          counters_.refused_uid++;
+          WC_LOG_WARN("control socket: uid %d (pid %d) is not in --allowed_uids; closed", cred->uid,
+                      cred->pid);
+          continue;
+        }
+        Reap();
+        if (conns_.size() >= options_.max_connections) {
+          counters_.refused_total++;
+          WC_LOG_WARN("control socket: %d connections open (--max_connections); uid %d closed",
+                      conns_.size(), cred->uid);
+          continue;
+        }
+        size_t& mine = per_uid_[cred->uid];
+        Conn c;
+        c.caller.cred = *cred;
+        c.caller.over_cap = mine >= options_.max_connections_per_uid;
+        c.ino = InodeOf(conn.get());
+        ++mine;
+        counters_.accepted++;
+        const int fd = conn.release();  // gRPC owns it from here
+        conns_[fd] = c;
+        grpc::AddInsecureChannelFromFd(server_, fd);
+      }
+    }
+    if (std::chrono::steady_clock::now() >= next_reap) {
+      std::lock_guard<std::mutex> l(mu_);
+      Reap();
+      next_reap = std::chrono::steady_clock::now() + std::chrono::milliseconds(kTickMs);
+    }
+  }
+}
+
+void ControlListener::Reap() {
+  // gRPC closes connections without telling: a descriptor whose inode changed (or that is
+  // closed) is a connection gone.
+  for (auto it = conns_.begin(); it != conns_.end();) {
+    if (InodeOf(it->first) != it->second.ino) {
+      auto u = per_uid_.find(it->second.caller.cred.uid);
+      if (u != per_uid_.end() && --u->second == 0) per_uid_.erase(u);
+      it = conns_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+}  // namespace weightcache::server

@@ -1,0 +1,93 @@
+// The control socket's listener. gRPC's own Unix listener hides who connects, and when the
+// process runs out of descriptors it stops accepting for good. This listener accepts each
+// connection itself: it reads the peer's credentials (SO_PEERCRED), applies the uid
+// allowlist and the connection caps, and hands the connection to gRPC
+// (grpc::AddInsecureChannelFromFd); RPC handlers then learn who calls through PeerOf().
+// On EMFILE/ENFILE it backs off (100 ms) and keeps accepting once descriptors are back.
+// Not a public header.
+//
+// Thread-safety: Start/destructor from one thread; PeerOf, counters and healthy from any.
+// Lifetimes: the grpc::Server outlives the listener (destroy the listener first).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "pkg/util/scoped_fd.h"
+#include "pkg/util/unix_socket.h"
+
+namespace weightcache::server {
+
+class ControlListener {
+ public:
+  struct Options {
+    std::string path;                 // control.sock (created; removed by the destructor)
+    std::vector<uid_t> allowed_uids;  // empty: anyone who can reach the socket
+    // Connections open at once: past `max_connections` new ones are closed at once; a uid
+    // past `max_connections_per_uid` is served only RESOURCE_EXHAUSTED answers (see
+    // Caller::over_cap) so it learns why.
+    size_t max_connections = 2048;
+    size_t max_connections_per_uid = 256;
+  };
+  static absl::StatusOr<std::unique_ptr<ControlListener>> Start(Options options,
+                                                                grpc::Server* server);
+  ~ControlListener();
+  ControlListener(const ControlListener&) = delete;
+  ControlListener& operator=(const ControlListener&) = delete;
+
+  struct Caller {
+    PeerCred cred;
+    bool over_cap = false;  // this uid held max_connections_per_uid already
+    size_t uid_connections = 0;
+  };
+  // The caller behind gRPC's peer string ("fd:N"); nullopt when unknown.
+  std::optional<Caller> PeerOf(const std::string& grpc_peer) const;
+
+  struct Counters {
+    uint64_t accepted = 0;
+    uint64_t refused_uid = 0;    // not in the allowlist: closed
+    uint64_t refused_total = 0;  // past max_connections: closed
+    uint64_t accept_errors = 0;  // EMFILE and the like (backed off, retried)
+    size_t open = 0;
+  };
+  Counters counters() const;
+  // False while accepting fails (out of descriptors); /readyz reports it.
+  bool healthy() const { return healthy_.load(); }
+  const Options& options() const { return options_; }
+
+ private:
+  ControlListener(Options options, ScopedFd listen, ScopedFd wake, grpc::Server* server);
+  void Loop();
+  void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  struct Conn {
+    Caller caller;
+    uint64_t ino = 0;  // the socket's inode: a closed, reused descriptor has another
+  };
+
+  const Options options_;
+  ScopedFd listen_;
+  ScopedFd wake_;
+  grpc::Server* const server_;
+  std::atomic<bool> healthy_{true};
+  std::atomic<bool> stop_{false};
+  mutable std::mutex mu_;
+  std::map<int, Conn> conns_ ABSL_GUARDED_BY(mu_);  // by descriptor number (gRPC owns it)
+  std::map<uid_t, size_t> per_uid_ ABSL_GUARDED_BY(mu_);
+  Counters counters_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace weightcache::server

@@ -1,0 +1,203 @@
+// The control plane under an unprivileged peer and under floods (issue 14), real processes on
+// the host backend: admin-only operations refused to another uid (through setpriv, as root),
+// model roots, the per-uid connection cap, and a descriptor flood the daemon survives.
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "pkg/client/client.h"
+#include "pkg/safetensors/writer.h"
+#include "pkg/util/scoped_fd.h"
+#include "tests/integration/daemon_harness.h"
+#include "tests/integration/process.h"
+#include "tests/testutil/temp_dir.h"
+#include "weightcache/v1/weightcache.pb.h"
+
+namespace weightcache {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+using testing::Process;
+using testing::TempDir;
+
+constexpr uid_t kNobody = 65534;
+
+struct ToolRun {
+  int rc = -1;
+  std::string out;
+};
+
+ToolRun RunTool(const std::vector<std::string>& argv, const std::string& err_path) {
+  Process p(argv, err_path);
+  ToolRun r;
+  while (auto l = p.ReadLine(20s)) r.out += *l + "\n";
+  int status = p.Wait();
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out += testing::ReadFileOrEmpty(err_path);
+  return r;
+}
+
+class HardeningTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::filesystem::create_directories(dir_ / "models");
+    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "models/m", testing::SmallLlama()).ok());
+  }
+  void Start(std::vector<std::string> extra) {
+    std::vector<std::string> argv{WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir(),
+                                  "--backend=host", "--metrics_address=off",
+                                  "--model=name=m,model_dir=" + dir_ / "models/m"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto d = testing::StartDaemon(argv, socket_dir(), dir_ / "daemon.log");
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = std::move(d->process);
+    client_ = std::move(d->client);
+  }
+  // weightcachectl as uid/gid 65534 (nobody/nogroup).
+  ToolRun CtlAsNobody(const std::vector<std::string>& args) {
+    std::vector<std::string> argv{"/usr/bin/setpriv",  "--reuid=65534",
+                                  "--regid=65534",     "--clear-groups",
+                                  WEIGHTCACHECTL_PATH, "--socket=" + socket_dir()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunTool(argv, dir_ / "ctl.err");
+  }
+  std::string socket_dir() const { return dir_ / "s"; }
+
+  TempDir dir_;
+  std::unique_ptr<Process> daemon_;
+  std::unique_ptr<client::Client> client_;
+};
+
+TEST_F(HardeningTest, AnotherUidCannotRedefineEvictOrEndOthersLeases) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a client as uid 65534 (setpriv)";
+  ::chmod(dir_.path().c_str(), 0755);  // the socket dir's parent: reachable by nobody
+  Start({"--socket_gid=65534"});
+  // The engine's read access works: status and acquire.
+  ToolRun status = CtlAsNobody({"status"});
+  EXPECT_EQ(status.rc, 0) << status.out;
+  // Redefining model m through an inline spec pointing at its own directory: refused.
+  std::ofstream(dir_ / "evil.yaml") << "name: m\nmodel_dir: /tmp\n";
+  ::chmod((dir_ / "evil.yaml").c_str(), 0644);
+  ToolRun redefine = CtlAsNobody({"--spec=" + dir_ / "evil.yaml", "load"});
+  EXPECT_EQ(redefine.rc, 2) << redefine.out;
+  EXPECT_THAT(redefine.out, HasSubstr("PERMISSION_DENIED"));
+  EXPECT_THAT(redefine.out, HasSubstr("may not define models"));
+  ToolRun evict = CtlAsNobody({"evict", "m"});
+  EXPECT_EQ(evict.rc, 2) << evict.out;
+  EXPECT_THAT(evict.out, HasSubstr("may not evict"));
+  // A lease of root's cannot be ended by nobody.
+  client::AcquireOptions o;
+  o.model = "m";
+  o.wait_ready = true;
+  auto lease = client_->Acquire(o);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  // (weightcachectl has no release command: the raw RPC through a client as nobody.)
+  Process releaser({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                    RELEASE_PATH, socket_dir(), (*lease)->id()},
+                   dir_ / "release.err");
+  auto line = releaser.ReadLine(20s);
+  releaser.Wait();
+  EXPECT_THAT(line.value_or(""), HasSubstr("PERMISSION_DENIED"));
+  EXPECT_THAT(line.value_or(""), HasSubstr("belongs to uid 0"));
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->entries_size(), 1);
+  EXPECT_EQ(st->entries(0).leases_size(), 1);  // still root's
+  EXPECT_EQ(st->entries(0).model(), "m");
+  // Root (the admin by default) may.
+  EXPECT_TRUE(client_->Release((*lease)->id()).ok());
+}
+
+TEST_F(HardeningTest, ModelDirectoriesMustLieUnderTheRoots) {
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "elsewhere", testing::SmallLlama()).ok());
+  std::filesystem::create_directory_symlink(dir_ / "elsewhere", dir_ / "models/link");
+  Start({"--model_roots=" + dir_ / "models", "--preload=false"});
+  client::AcquireOptions o;
+  o.model = "m";
+  o.load_on_miss = true;
+  EXPECT_TRUE(client_->Acquire(o).ok());
+  // A spec whose dir is a link out of the roots: refused, naming the rule and the target.
+  auto s = client_->Load("", "name: escape\nmodel_dir: " + dir_ / "models/link\n", {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("is not under the daemon's --model_roots"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("resolves to " + dir_ / "elsewhere"));
+}
+
+// Raw connections to the control socket (no HTTP/2): they hold descriptors and count.
+ScopedFd RawConnect(const std::string& path) {
+  ScopedFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return {};
+  return fd;
+}
+
+TEST_F(HardeningTest, AUidOverItsConnectionCapIsToldSo) {
+  Start({"--max_connections_per_uid=3"});
+  // The harness's client holds one connection; two raw ones fill this uid's cap.
+  std::vector<ScopedFd> held;
+  for (int i = 0; i < 2; ++i) held.push_back(RawConnect(socket_dir() + "/control.sock"));
+  // Another process (its own connection; clients in one process share theirs).
+  ToolRun over;
+  for (int i = 0; i < 100; ++i) {  // bounded: until the listener has accepted the raw ones
+    over = RunTool({WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "status"}, dir_ / "c.err");
+    if (over.rc != 0) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(over.rc, 2) << over.out;
+  EXPECT_THAT(over.out, HasSubstr("RESOURCE_EXHAUSTED"));
+  EXPECT_THAT(over.out, HasSubstr("over the cap of 3 per uid (--max_connections_per_uid)"));
+  // Once they go, a new connection is served again.
+  held.clear();
+  ToolRun again;
+  for (int i = 0; i < 100; ++i) {  // bounded poll: reaping runs every 200 ms
+    again = RunTool({WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "status"}, dir_ / "c.err");
+    if (again.rc == 0) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(again.rc, 0) << again.out;
+}
+
+// Out of descriptors (a low RLIMIT_NOFILE and idle connections holding them all): the daemon
+// stays up, and once the connections close it accepts again.
+TEST_F(HardeningTest, DescriptorFloodDoesNotLeaveTheListenerDead) {
+  std::vector<std::string> argv{"/usr/bin/prlimit",
+                                "--nofile=128:128",
+                                WEIGHTCACHED_PATH,
+                                "--socket_dir=" + socket_dir(),
+                                "--backend=host",
+                                "--metrics_address=off",
+                                "--model=name=m,model_dir=" + dir_ / "models/m"};
+  auto d = testing::StartDaemon(argv, socket_dir(), dir_ / "daemon.log");
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::vector<ScopedFd> flood;
+  for (int i = 0; i < 300; ++i) {
+    if (ScopedFd fd = RawConnect(socket_dir() + "/control.sock")) flood.push_back(std::move(fd));
+  }
+  std::this_thread::sleep_for(300ms);  // let the daemon hit EMFILE (the point of the test)
+  EXPECT_NE(::kill(d->process->pid(), 0), -1) << "the daemon died";
+  EXPECT_THAT(testing::ReadFileOrEmpty(dir_ / "daemon.log"), HasSubstr("accept: Too many open"));
+  flood.clear();
+  // A new connection from another process (clients in one process share theirs).
+  ToolRun served;
+  for (int i = 0; i < 100; ++i) {  // a bounded poll
+    served = RunTool({WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "status"}, dir_ / "c.err");
+    if (served.rc == 0) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(served.rc, 0) << served.out << testing::ReadFileOrEmpty(dir_ / "daemon.log");
+  EXPECT_THAT(testing::ReadFileOrEmpty(dir_ / "daemon.log"), HasSubstr("accepting again"));
+}
+
+}  // namespace
+}  // namespace weightcache
