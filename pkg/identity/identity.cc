@@ -125,7 +125,7 @@ std::optional<std::string> HuggingFaceBlobDigest(const std::string& path) {
 }
 
 absl::StatusOr<std::string> HashFile(int fd, uint64_t size, unsigned threads,
-                                     const std::string& what) {
+                                     const std::string& what, const std::atomic<bool>* cancel) {
   const uint64_t chunks = std::max<uint64_t>(1, (size + kChunkBytes - 1) / kChunkBytes);
   std::vector<XXH128_hash_t> digests(chunks);
   std::vector<absl::Status> errors(chunks);
@@ -139,6 +139,10 @@ absl::StatusOr<std::string> HashFile(int fd, uint64_t size, unsigned threads,
       const uint64_t begin = c * kChunkBytes;
       const uint64_t end = std::min(size, begin + kChunkBytes);
       for (uint64_t off = begin; off < end;) {
+        if (cancel != nullptr && cancel->load()) {
+          errors[c] = absl::CancelledError(what + ": hashing stopped (the daemon is stopping)");
+          break;
+        }
         const size_t want = static_cast<size_t>(std::min<uint64_t>(kReadBytes, end - off));
         const ssize_t n = ::pread(fd, buf.data(), want, static_cast<off_t>(off));
         if (n < 0 && errno == EINTR) continue;
@@ -286,7 +290,8 @@ void DigestStore::SaveLocked() const {
 }
 
 absl::StatusOr<ResolvedDigest> DigestStore::Resolve(const std::string& path, int fd,
-                                                    unsigned threads) {
+                                                    unsigned threads,
+                                                    const std::atomic<bool>* cancel) {
   ResolvedDigest r;
   WC_ASSIGN_OR_RETURN(r.stat, StatFd(fd, path));
   if (auto blob = HuggingFaceBlobDigest(path)) {
@@ -299,7 +304,7 @@ absl::StatusOr<ResolvedDigest> DigestStore::Resolve(const std::string& path, int
     r.source = DigestSource::kStore;
     return r;
   }
-  WC_ASSIGN_OR_RETURN(r.digest, HashFile(fd, r.stat.size, threads, path));
+  WC_ASSIGN_OR_RETURN(r.digest, HashFile(fd, r.stat.size, threads, path, cancel));
   hashed_bytes_ += r.stat.size;
   WC_ASSIGN_OR_RETURN(FileStat after, StatFd(fd, path));
   if (!(after == r.stat)) {

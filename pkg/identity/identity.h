@@ -55,9 +55,11 @@ std::string DescribeChange(const std::string& name, const FileStat& before,
 std::optional<std::string> HuggingFaceBlobDigest(const std::string& path);
 
 // Hashes `size` bytes of `fd` from offset 0 with up to `threads` parallel preads:
-// "xxh3c:<32 hex>". `what` names the file in errors.
+// "xxh3c:<32 hex>". `what` names the file in errors. When `cancel` is set and becomes true,
+// stops within one 4 MiB read with CANCELLED.
 absl::StatusOr<std::string> HashFile(int fd, uint64_t size, unsigned threads,
-                                     const std::string& what);
+                                     const std::string& what,
+                                     const std::atomic<bool>* cancel = nullptr);
 
 enum class DigestSource { kBlobName, kStore, kHashed };
 const char* DigestSourceName(DigestSource s);
@@ -84,7 +86,8 @@ class DigestStore {
 
   // The content digest of the open file `fd` (at `path`): blob name, store, or hashing.
   // UNAVAILABLE when the file changed while it was hashed.
-  absl::StatusOr<ResolvedDigest> Resolve(const std::string& path, int fd, unsigned threads);
+  absl::StatusOr<ResolvedDigest> Resolve(const std::string& path, int fd, unsigned threads,
+                                         const std::atomic<bool>* cancel = nullptr);
 
   // Bytes read by Resolve() to hash files since this store was opened.
   uint64_t hashed_bytes() const { return hashed_bytes_.load(); }

@@ -114,7 +114,8 @@ absl::StatusOr<std::shared_ptr<const OpenedModel>> OpenModel(const spec::ModelSp
   for (const auto& f : ckpt.files()) {
     SourceFile sf{f.info().name, f.info().path, {}, "", identity::DigestSource::kHashed};
     if (store != nullptr) {
-      WC_ASSIGN_OR_RETURN(auto r, store->Resolve(f.info().path, f.fd(), options.hash_threads));
+      WC_ASSIGN_OR_RETURN(
+          auto r, store->Resolve(f.info().path, f.fd(), options.hash_threads, options.cancel));
       sf.stat = r.stat;
       sf.digest = std::move(r.digest);
       sf.digest_source = r.source;

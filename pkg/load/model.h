@@ -7,6 +7,7 @@
 // Thread-safety: OpenedModel is immutable after OpenModel; share it freely.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -54,6 +55,7 @@ struct OpenOptions {
   // Remembers digests per file version (the daemon's, persisted); null: a private one.
   identity::DigestStore* digests = nullptr;
   unsigned hash_threads = 8;
+  const std::atomic<bool>* cancel = nullptr;  // stops hashing (CANCELLED) when true
 };
 
 // Short dtype name used in fingerprints and the API for a safetensors dtype ("bf16").

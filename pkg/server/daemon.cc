@@ -56,33 +56,51 @@ std::string Daemon::Impl::handle_path() const {
 }
 
 void Daemon::Impl::StartPreloads() {
-  if (options_.preload) {
-    for (const auto& s : options_.specs) {
-      auto opened = models_.Open(s.name, /*refresh=*/false);
-      std::vector<int> ranks = s.tp_ranks;
-      if (ranks.empty()) {
-        for (int r = 0; r < s.tp_size; ++r) ranks.push_back(r);
-      }
-      for (int r : ranks) {
-        if (!opened.ok()) {
-          WC_LOG_ERROR("preload %s: %s", s.name, std::string(opened.status().message()));
-          break;
-        }
-        spec::Layout layout{s.tp_size, r, s.pp_size, s.pp_rank};
-        const Admission::AskedEnv placed = admission_.Placed(r);
-        const std::string& device = placed.device_uuid;
-        auto e = admission_.StartLoad(*opened, layout, placed.env, device);
-        if (!e.ok()) {
-          WC_LOG_ERROR("preload %s rank %d on %s: %s", s.name, r, device,
-                       std::string(e.status().message()));
-          continue;
-        }
-        WC_LOG_INFO("preload %s rank %d/%d on %s", s.name, r, s.tp_size, device);
-        std::lock_guard<std::mutex> l(mu_);
-        preloads_.push_back((*e)->key);
-      }
+  for (const auto& s : options_.specs) {
+    auto opened = models_.Open(s.name, /*refresh=*/false);
+    std::vector<int> ranks = s.tp_ranks;
+    if (ranks.empty()) {
+      for (int r = 0; r < s.tp_size; ++r) ranks.push_back(r);
     }
+    for (int r : ranks) {
+      if (!opened.ok()) {
+        WC_LOG_ERROR("preload %s: %s", s.name, std::string(opened.status().message()));
+        break;
+      }
+      spec::Layout layout{s.tp_size, r, s.pp_size, s.pp_rank};
+      const Admission::AskedEnv placed = admission_.Placed(r);
+      const std::string& device = placed.device_uuid;
+      auto e = admission_.StartLoad(*opened, layout, placed.env, device);
+      if (!e.ok()) {
+        WC_LOG_ERROR("preload %s rank %d on %s: %s", s.name, r, device,
+                     std::string(e.status().message()));
+        continue;
+      }
+      WC_LOG_INFO("preload %s rank %d/%d on %s", s.name, r, s.tp_size, device);
+      std::lock_guard<std::mutex> l(mu_);
+      preloads_.push_back((*e)->key);
+    }
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      pending_preloads_.erase(s.name);
+    }
+    preload_cv_.notify_all();
   }
+}
+
+absl::Status Daemon::Impl::AwaitPreload(const std::string& name, bool wait,
+                                        std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (pending_preloads_.count(name) == 0) return absl::OkStatus();
+  if (wait) {
+    preload_cv_.wait_until(l, deadline,
+                           [&] { return stopping_ || pending_preloads_.count(name) == 0; });
+    if (pending_preloads_.count(name) == 0) return absl::OkStatus();
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "model '", name,
+      "' is being opened for its preload (its files are read and identified); ask with "
+      "wait_ready to wait"));
 }
 
 absl::Status Daemon::Impl::Start() {
@@ -100,9 +118,13 @@ absl::Status Daemon::Impl::Start() {
           [this](const std::string& lease) { registry_.RemoveLease(lease); },
           [this] { leases_.ExpireTokens(); }));
 
-  // Preloads are registered before the control socket answers, so no client can see a
-  // daemon that knows a model but has no entry for it yet (a spurious miss).
-  StartPreloads();
+  // Preloads are opened (maybe hashed) on their own thread while the daemon serves; their
+  // names are pending until their entries are registered, so a client never sees a daemon
+  // that knows a model but has no entry for it yet as a miss (it waits or hears why).
+  if (options_.preload) {
+    std::lock_guard<std::mutex> l(mu_);
+    for (const auto& s : options_.specs) pending_preloads_.insert(s.name);
+  }
 
   service_ = MakeGrpcService(this);
   grpc::ServerBuilder builder;
@@ -139,6 +161,7 @@ absl::Status Daemon::Impl::Start() {
       }
     }
   }
+  if (options_.preload) preload_thread_ = std::thread([this] { StartPreloads(); });
   WC_LOG_INFO("serving on %s (handles on %s), backend %s, peer policy %s", control_path(),
               handle_path(), memory::BackendName(backend_->kind()),
               PeerPolicyName(options_.peer_policy));
@@ -170,6 +193,13 @@ void Daemon::Impl::Teardown() {
     //    --acquire_wait otherwise).
     control_.reset();  // stops accepting and removes control.sock
     registry_.Stop();
+    models_.Stop();  // hashing stops
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stopping_ = true;
+    }
+    preload_cv_.notify_all();
+    if (preload_thread_.joinable()) preload_thread_.join();
     WC_LOG_DEBUG("teardown: loads and waits cancelled");
     // 2. Stop accepting and drain the RPCs in flight, bounded; the server before the service
     //    it calls into (gRPC requires the service to outlive the server).
@@ -267,6 +297,10 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
     *model = all.front()->model;
   } else if (req.target_case() == v1::AcquireRequest::kModel) {
     *model = req.model();
+    if (auto s = AwaitPreload(req.model(), req.wait_ready() || req.load_on_miss(), deadline);
+        !s.ok()) {
+      return finish(AcquireResult::kMiss, s);
+    }
     auto o = models_.Open(req.model(), false);
     if (!o.ok()) {
       auto code = o.status().code();
@@ -764,6 +798,13 @@ absl::Status Daemon::Impl::Refuse(const std::string& rule, const std::string& me
 std::pair<bool, std::string> Daemon::Impl::Readiness() const {
   if (control_ && !control_->healthy()) {
     return {false, "the control socket cannot accept connections (out of descriptors?)"};
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!pending_preloads_.empty()) {
+      return {false, absl::StrCat("opening ", absl::StrJoin(pending_preloads_, ", "),
+                                  " for preload (reading and identifying files)")};
+    }
   }
   std::vector<cache::Key> preloads;
   {

@@ -98,6 +98,7 @@ absl::StatusOr<std::shared_ptr<const load::OpenedModel>> ModelCatalog::Open(cons
   load::OpenOptions oo;
   oo.digests = digests_.get();
   oo.hash_threads = hash_threads_;
+  oo.cancel = &stopping_;
   auto opened = load::OpenModel(s, oo);
   std::lock_guard<std::mutex> l(mu_);
   if (!opened.ok()) {

@@ -14,7 +14,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -41,7 +43,8 @@ class Daemon::Impl final : public metrics::StateSource {
   ~Impl() override;
 
   absl::Status Start();
-  // Starts the loads of every known spec's ranks (options().preload).
+  // Opens every known spec and starts the loads of its ranks (options().preload), on the
+  // preload thread: the daemon serves meanwhile (opening may hash files for minutes).
   void StartPreloads();
   // Requests the shutdown (any thread); Wait() then runs the teardown and returns after it.
   void Shutdown();
@@ -101,6 +104,16 @@ class Daemon::Impl final : public metrics::StateSource {
 
   mutable std::mutex mu_;
   std::vector<cache::Key> preloads_ ABSL_GUARDED_BY(mu_);
+  // Specs whose preload has not registered its entries yet; Acquires by those names wait
+  // (wait_ready / load_on_miss) or answer UNAVAILABLE instead of a spurious miss.
+  std::set<std::string> pending_preloads_ ABSL_GUARDED_BY(mu_);
+  std::condition_variable preload_cv_;
+  std::thread preload_thread_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // OK once `name` has no pending preload; UNAVAILABLE when `wait` is false (or at the
+  // deadline, or at shutdown).
+  absl::Status AwaitPreload(const std::string& name, bool wait,
+                            std::chrono::steady_clock::time_point deadline);
 
   std::atomic<uint64_t> hits_{0}, misses_{0}, mismatches_{0}, rejected_{0}, errors_{0},
       peer_copies_{0}, stale_{0};

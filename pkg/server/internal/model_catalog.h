@@ -8,6 +8,7 @@
 // runs outside the lock. Lifetimes: OpenedModels are shared and immutable.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -59,11 +60,14 @@ class ModelCatalog {
   std::vector<std::string> Names() const;
 
   uint64_t hashed_bytes() const;  // read to hash files since start
+  // Shutdown: hashing in progress stops (its Open fails with CANCELLED).
+  void Stop() { stopping_ = true; }
 
  private:
   absl::Status CheckRoots(const spec::ModelSpec& s) const;
 
   const unsigned hash_threads_;
+  std::atomic<bool> stopping_{false};
   std::vector<std::string> roots_;  // resolved
   metrics::Metrics* const metrics_;
   std::unique_ptr<identity::DigestStore> digests_;  // set once by OpenDigestStore
