@@ -32,6 +32,13 @@ std::string Key::ToString() const {
 
 Registry::Registry(uint64_t budget_bytes) : budget_(budget_bytes) {}
 
+bool Registry::Pinned(const Entry& e) const {
+  for (const auto& [id, lease] : e.leases) {
+    if (lease.claimed) return true;
+  }
+  return false;
+}
+
 Registry::~Registry() {
   Stop();  // loads in progress end at their next chunk
   std::map<uint64_t, std::thread> loads;
@@ -108,7 +115,7 @@ absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(LoadRequest req, bo
       // after evicting everything else fails before anything is evicted.
       uint64_t pinned = UsedLocked(&device);
       for (const auto& [key, c] : entries_) {
-        if (key.device_uuid == device && c->state == State::kReady && c->leases.empty()) {
+        if (key.device_uuid == device && c->state == State::kReady && !Pinned(*c)) {
           pinned -= c->reserved_bytes;
         }
       }
@@ -126,7 +133,7 @@ absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(LoadRequest req, bo
       while (UsedLocked(&device) + req.bytes > budget_) {
         std::shared_ptr<Entry> victim;
         for (const auto& [key, c] : entries_) {
-          if (key.device_uuid == device && c->state == State::kReady && c->leases.empty() &&
+          if (key.device_uuid == device && c->state == State::kReady && !Pinned(*c) &&
               (!victim || c->last_used < victim->last_used)) {
             victim = c;
           }
@@ -284,6 +291,7 @@ void Registry::SetLeasePeer(const std::string& lease_id, int pid, int uid) {
   if (lease == it->second->leases.end()) return;
   lease->second.pid = pid;
   lease->second.uid = uid;
+  lease->second.claimed = true;
 }
 
 bool Registry::RemoveLease(const std::string& lease_id) {
@@ -344,6 +352,15 @@ Registry::Evicted Registry::EvictLocked(const Key& key, const std::string& reaso
   auto e = it->second;
   entries_.erase(it);
   evicted_models->push_back(e->model);
+  // Leases whose descriptors were never claimed hold nothing: they end here.
+  for (auto l = e->leases.begin(); l != e->leases.end();) {
+    if (!l->second.claimed) {
+      lease_to_entry_.erase(l->first);
+      l = e->leases.erase(l);
+    } else {
+      ++l;
+    }
+  }
   if (!e->leases.empty()) {
     // Clients map it: keep it visible (and counted) until their leases end.
     e->state = State::kDraining;

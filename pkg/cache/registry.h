@@ -61,7 +61,8 @@ struct LeaseRecord {
   int pid = 0;  // the process holding the descriptors (set when claimed)
   int uid = 0;
   std::chrono::steady_clock::time_point since;
-  int owner_uid = -1;  // who acquired it (control-plane peer): may release it
+  int owner_uid = -1;    // who acquired it (control-plane peer): may release it
+  bool claimed = false;  // its descriptors were handed out (SetLeasePeer)
 };
 
 // Immutable identity plus guarded state of one model-rank on one device. The identity and
@@ -180,7 +181,9 @@ class Registry {
 
   // Leases. AddLease fails unless the entry is ready.
   absl::Status AddLease(const std::shared_ptr<Entry>& e, const LeaseRecord& lease);
-  // Records the process behind a lease once its handle connection is known.
+  // Records the process behind a lease once its handle connection is known: the lease is
+  // claimed. Until then it does not pin its entry against eviction (evicting drops it, and
+  // its claim then fails): an Acquire whose token is never presented holds nothing.
   void SetLeasePeer(const std::string& lease_id, int pid, int uid);
   // Removes a lease wherever it is (a draining entry whose last lease this was is dropped);
   // false when unknown.
@@ -212,6 +215,8 @@ class Registry {
   Evicted EvictLocked(const Key& key, const std::string& reason,
                       std::vector<std::shared_ptr<const load::LoadedModel>>* drop,
                       std::vector<std::string>* evicted_models) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a claimed lease maps the entry (it cannot be evicted for the budget).
+  bool Pinned(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bytes reserved on `device_uuid`; all devices when null.
   uint64_t UsedLocked(const std::string* device_uuid) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunLoad(uint64_t id, const std::shared_ptr<Entry>& e, const LoadFn& load);

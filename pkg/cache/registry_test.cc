@@ -141,7 +141,7 @@ TEST(Registry, BudgetEvictsLeastRecentlyUsedUnleasedEntries) {
   ASSERT_TRUE(r.WaitReady(a, Far()).ok());
   auto b = *r.StartOrJoin(Req("b", "b", kSeg, SegmentLoad(kSeg)));
   ASSERT_TRUE(r.WaitReady(b, Far()).ok());
-  ASSERT_TRUE(r.AddLease(a, {"la", 1, 0, {}}).ok());  // a is leased: not evictable
+  ASSERT_TRUE(r.AddLease(a, {"la", 1, 0, {}, -1, true}).ok());  // a is leased: not evictable
   auto c = *r.StartOrJoin(Req("c", "c", 2 * kSeg, SegmentLoad(2 * kSeg)));
   ASSERT_TRUE(r.WaitReady(c, Far()).ok());
   EXPECT_NE(r.Find(K("a")), nullptr);
@@ -178,7 +178,7 @@ TEST(Registry, SameFingerprintOnTwoDevicesIsTwoEntries) {
   EXPECT_EQ(snap[1].device_uuid, "GPU-b");
   EXPECT_EQ(snap[1].source, "peer");
   // Leases and eviction are per device.
-  ASSERT_TRUE(r.AddLease(b, {"lb", 1, 0, {}}).ok());
+  ASSERT_TRUE(r.AddLease(b, {"lb", 1, 0, {}, -1, true}).ok());
   EXPECT_EQ(r.LeaseCount(K("fp", "GPU-a")), 0u);
   EXPECT_EQ(r.LeaseCount(K("fp", "GPU-b")), 1u);
   EXPECT_EQ(r.Evict(K("fp", "GPU-a"), "api"), Registry::Evicted::kGone);
@@ -198,7 +198,7 @@ TEST(Registry, BudgetIsPerDevice) {
   EXPECT_EQ(r.used_bytes("GPU-a"), 2 * kSeg);
   EXPECT_EQ(r.used_bytes("GPU-b"), 2 * kSeg);
   EXPECT_EQ(r.used_bytes(), 4 * kSeg);
-  ASSERT_TRUE(r.AddLease(b1, {"lb", 1, 0, {}}).ok());
+  ASSERT_TRUE(r.AddLease(b1, {"lb", 1, 0, {}, -1, true}).ok());
   // A second entry on GPU-a evicts GPU-a's unleased LRU entry only.
   auto a2 = *r.StartOrJoin(Req("a2", "m", kSeg, SegmentLoad(kSeg), "GPU-a"));
   ASSERT_TRUE(r.WaitReady(a2, Far()).ok());
@@ -219,7 +219,7 @@ TEST(Registry, ImpossibleRequestFailsBeforeEvictingAnything) {
   ASSERT_TRUE(r.WaitReady(a, Far()).ok());
   auto b = *r.StartOrJoin(Req("b", "b", 2 * kSeg, SegmentLoad(2 * kSeg)));
   ASSERT_TRUE(r.WaitReady(b, Far()).ok());
-  ASSERT_TRUE(r.AddLease(b, {"lb", 1, 0, {}}).ok());
+  ASSERT_TRUE(r.AddLease(b, {"lb", 1, 0, {}, -1, true}).ok());
   // 3 segments would fit only if the leased b went too: refused, a stays.
   auto big = r.StartOrJoin(Req("c", "c", 3 * kSeg, SegmentLoad(kSeg)));
   ASSERT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
@@ -237,8 +237,8 @@ TEST(Registry, EvictedWhileLeasedDrainsUntilTheLastLeaseEnds) {
   Registry r(2 * kSeg);
   auto e = *r.StartOrJoin(Req("fp", "m", kSeg, SegmentLoad(kSeg)));
   ASSERT_TRUE(r.WaitReady(e, Far()).ok());
-  ASSERT_TRUE(r.AddLease(e, {"l1", 1, 0, {}}).ok());
-  ASSERT_TRUE(r.AddLease(e, {"l2", 2, 0, {}}).ok());
+  ASSERT_TRUE(r.AddLease(e, {"l1", 1, 0, {}, -1, true}).ok());
+  ASSERT_TRUE(r.AddLease(e, {"l2", 2, 0, {}, -1, true}).ok());
   EXPECT_EQ(r.Evict(K("fp"), "api"), Registry::Evicted::kDraining);
   EXPECT_EQ(r.Find(K("fp")), nullptr);  // no longer served
   auto snap = r.Snapshot();
@@ -261,6 +261,24 @@ TEST(Registry, EvictedWhileLeasedDrainsUntilTheLastLeaseEnds) {
   EXPECT_EQ(snap[0].state, State::kReady);
   EXPECT_EQ(r.StateOf(e), State::kGone);
   EXPECT_EQ(r.used_bytes(), kSeg);
+}
+
+TEST(Registry, UnclaimedLeasesDoNotPinTheirEntry) {
+  constexpr uint64_t kSeg = 2 << 20;
+  Registry r(2 * kSeg);
+  auto a = *r.StartOrJoin(Req("a", "a", kSeg, SegmentLoad(kSeg)));
+  ASSERT_TRUE(r.WaitReady(a, Far()).ok());
+  ASSERT_TRUE(r.AddLease(a, {"token-never-claimed", 1, 0, {}}).ok());
+  auto b = *r.StartOrJoin(Req("b", "b", 2 * kSeg, SegmentLoad(2 * kSeg)));
+  ASSERT_TRUE(r.WaitReady(b, Far()).ok());
+  EXPECT_EQ(r.Find(K("a")), nullptr);  // evicted: its only lease was never claimed
+  EXPECT_FALSE(r.HasLease(a, "token-never-claimed"));
+  EXPECT_EQ(r.StateOf(a), State::kGone);  // not draining: nothing maps it
+  // A claimed lease does pin.
+  ASSERT_TRUE(r.AddLease(b, {"claimed", 1, 0, {}}).ok());
+  r.SetLeasePeer("claimed", 42, 0);
+  auto c = r.StartOrJoin(Req("c", "c", kSeg, SegmentLoad(kSeg)));
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
 }
 
 }  // namespace

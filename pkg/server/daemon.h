@@ -71,7 +71,7 @@ struct DaemonOptions {
   uint64_t grpc_memory_bytes = 256ull << 20;
   int grpc_max_threads = 128;
   int socket_gid = -1;  // >= 0: group owning the socket dir and sockets (engines' group)
-  std::chrono::seconds token_ttl{30};
+  std::chrono::seconds token_ttl{10};      // an unclaimed token ends its lease after this
   std::chrono::seconds acquire_wait{600};  // wait_ready / load_on_miss bound
   // Shutdown: after loads and waits are cancelled, RPCs in flight get this long to finish
   // before they are cancelled too.

@@ -107,14 +107,16 @@ TEST_F(DaemonInProcessTest, TokenOfAnEvictedEntryDoesNotClaimTheReloadedOne) {
   grpc::ClientContext ctx;
   ASSERT_TRUE(stub->Acquire(&ctx, req, &resp).ok());
   ASSERT_FALSE(resp.token().empty());
-  // Evict (the unclaimed lease keeps it draining), then load the same key again.
+  // Evict (an unclaimed lease holds nothing: it ends with the entry), then load the same
+  // key again.
   auto ev = client_->EvictDetailed("m", "");
   ASSERT_TRUE(ev.ok()) << ev.status();
-  EXPECT_EQ(ev->draining(), 1u);
+  EXPECT_EQ(ev->evicted(), 1u);
+  EXPECT_EQ(ev->draining(), 0u);
   ASSERT_TRUE(client_->Load("m", "", {}).ok());
   auto st = client_->Status();
   ASSERT_TRUE(st.ok());
-  ASSERT_EQ(st->entries_size(), 2) << st->DebugString();
+  ASSERT_EQ(st->entries_size(), 1) << st->DebugString();
   // Claim with the old token: refused, and no lease appears on the new entry.
   auto conn = ConnectUnix(resp.handle_socket());
   ASSERT_TRUE(conn.ok());
@@ -125,7 +127,7 @@ TEST_F(DaemonInProcessTest, TokenOfAnEvictedEntryDoesNotClaimTheReloadedOne) {
   EXPECT_TRUE(reply->fds.empty());
   st = client_->Status();
   ASSERT_TRUE(st.ok());
-  ASSERT_EQ(st->entries_size(), 1) << st->DebugString();  // the old one drained
+  ASSERT_EQ(st->entries_size(), 1) << st->DebugString();
   EXPECT_EQ(st->entries(0).state(), "ready");
   EXPECT_EQ(st->entries(0).leases_size(), 0);
 }
