@@ -80,10 +80,12 @@ for helm in "${helms[@]}"; do
   expect "models hostPath" after "$ds" 'hostPath:$' 1 'path: /models$'
   for flag in --socket_dir=/run/weightcache --spec_file=/etc/weightcache/models.yaml \
               --backend=auto --metrics_address=0.0.0.0:9464 --device_plugin \
-              --kubelet_dir=/var/lib/kubelet/device-plugins --device_plugin_slots=64; do
+              --kubelet_dir=/var/lib/kubelet/device-plugins --device_plugin_slots=64 \
+              --model_roots=/models --max_connections_per_uid=256; do
     expect "flag $flag" has "$ds" "^            - ${flag}\$"
   done
   expect "no --memory_budget by default" lacks "$ds" 'memory-budget'
+  expect "no admin uids by default (the daemon's own)" lacks "$ds" 'admin_'
   expect "metrics port" has "$ds" 'containerPort: 9464$'
   expect "liveness /healthz" after "$ds" 'livenessProbe:' 4 'path: /healthz'
   expect "readiness /readyz" after "$ds" 'readinessProbe:' 4 'path: /readyz'
@@ -106,6 +108,9 @@ for helm in "${helms[@]}"; do
   doc "$a" DaemonSet >"$ds"
   expect "monitors gated on the API" lacks "$a" '^kind: (PodMonitor|ServiceMonitor)$'
   expect "runtimeClassName" has "$ds" '^      runtimeClassName: nvidia$'
+  expect "model roots" has "$ds" '^            - --model_roots=/models,/scratch/models$'
+  expect "admin uids" has "$ds" '^            - --admin_uids=0,1000$'
+  expect "admin gids" has "$ds" '^            - --admin_gids=2000$'
   expect "models PVC" after "$ds" 'persistentVolumeClaim:$' 1 'claimName: model-store$'
   expect "custom kubelet dir" after "$ds" 'hostPath:$' 1 'path: /var/lib/k0s/kubelet/device-plugins$'
   expect "slots flag" has "$ds" '- --device_plugin_slots=16$'
