@@ -362,8 +362,10 @@ Registry::Evicted Registry::EvictLocked(const Key& key, const std::string& reaso
     }
   }
   if (!e->leases.empty()) {
-    // Clients map it: keep it visible (and counted) until their leases end.
+    // Clients map it: keep it visible and counted until their leases end, but drop the
+    // daemon's reference now, so the memory goes the moment the last client unmaps it.
     e->state = State::kDraining;
+    drop->push_back(std::move(e->loaded));
     draining_.push_back(e);
     WC_LOG_INFO("evicted model %s (%s, reason %s); draining: %d lease(s) still map it", e->model,
                 key.ToString(), reason, e->leases.size());
@@ -418,6 +420,7 @@ std::vector<EntrySnapshot> Registry::Snapshot() const {
     s.load_seconds = e->state == State::kLoading
                          ? std::chrono::duration<double>(now - e->started).count()
                          : e->load_seconds;
+    if (e->state == State::kDraining) s.bytes = e->reserved_bytes;  // its reference is gone
     if (e->loaded) {
       s.bytes = e->loaded->resident_bytes();
       for (const auto& t : e->loaded->plan.tensors) s.tensor_bytes += t.nbytes;

@@ -53,6 +53,8 @@ section "cuda_vmm_test (label gpu)"
 step cuda_vmm_test 300 "$carry/bin/cuda_vmm_test" --gtest_output="xml:$OUT/cuda_vmm_test.xml"
 section "stack_gpu_test (label gpu): daemon + engine processes"
 step stack_gpu_test 300 "$carry/bin/stack_gpu_test" --gtest_output="xml:$OUT/stack_gpu_test.xml"
+section "gpu_load_test (label gpu): the loader's staging ring, cancellation-aware reads"
+step gpu_load_test 300 "$carry/bin/gpu_load_test" --gtest_output="xml:$OUT/gpu_load_test.xml"
 section "memory_test (host backend and auto selection, which finds the GPU here)"
 step memory_test 120 "$carry/bin/memory_test"
 
@@ -67,6 +69,9 @@ if step build_torch_test 300 bash "$root/tests/gpu/build-torch-test.sh" "$tdir/w
   step torch_gpu_test 120 "$tdir/wc_torch_gpu_test" "$tdir/s" demo "$uuid"
   kill "$dpid"; wait "$dpid"
 fi
+
+section "digest_bench (content identity: hashing vs plain reads, the stale check)"
+step digest_bench 300 "$carry/bin/digest_bench" --gib=8 --dir=/var/tmp
 
 if [[ ${SKIP_BENCH:-0} != 1 ]]; then
   section "gpu_acquire_bench ${BENCH_ARGS:-}"
