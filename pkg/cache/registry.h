@@ -12,8 +12,9 @@
 // An entry evicted while clients hold leases on it is `draining`: out of the lookup maps (a
 // new load of the same key may start), the registry's reference to its memory dropped (it is
 // freed when the last client unmaps it), but still listed by Snapshot() with its leases and
-// bytes and still counted against its device's budget, until its last lease ends. A ready entry may also be marked stale (its files changed on disk): it
-// keeps serving only callers whose own files still match (the daemon decides).
+// bytes and still counted against its device's budget, until its last lease ends. A ready entry may
+// also be marked stale (its files changed on disk): it keeps serving only callers whose own files
+// still match (the daemon decides).
 //
 // Single flight: StartOrJoin for a key that is loading or ready returns that entry; only the first
 // caller's load function runs (on a registry-owned thread). Evicting drops the registry's reference
