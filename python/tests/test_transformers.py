@@ -1,21 +1,42 @@
-"""weightcache.transformers: without transformers installed only the import contract is
-checked here; tests/gpu/run-python-on-device.sh runs the real-model parity on the GPU
-machine, where transformers is installed."""
+"""weightcache.transformers. The real transformers is not installed on the CI machine: there
+these tests run the integration's own logic against tests/fake_transformers (a test double of
+the three entry points it calls); tests/gpu/run-python-on-device.sh runs it against
+transformers 5 with real Qwen2 and Llama models."""
 
 from __future__ import annotations
 
 import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import weightcache
 import weightcache.transformers as wt
+
+HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+
+
+@pytest.fixture
+def fake_transformers(monkeypatch):
+    if HAVE_TRANSFORMERS and "fake_transformers" not in str(importlib.util.find_spec(
+            "transformers").origin):
+        pytest.skip("the real transformers is installed: the GPU script covers it")
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "fake_transformers"))
+    monkeypatch.delitem(sys.modules, "transformers", raising=False)
+    import transformers
+
+    transformers.calls.clear()
+    return transformers
+
+
+def _ids() -> torch.Tensor:
+    return torch.arange(0, 8192, 397).reshape(3, -1)
 
 
 def test_importing_the_module_does_not_import_transformers():
-    import sys
-
-    assert "transformers" not in sys.modules or importlib.util.find_spec("transformers")
+    assert "transformers" not in sys.modules or HAVE_TRANSFORMERS
 
 
 def test_parameters_on_meta_keeps_buffers_real():
@@ -29,19 +50,41 @@ def test_parameters_on_meta_keeps_buffers_real():
         m = M()
     assert m.lin.weight.device.type == "meta" and m.lin.bias.device.type == "meta"
     assert m.inv_freq.device.type == "cpu" and torch.equal(m.inv_freq, torch.arange(3.0))
-    assert torch.nn.Module.register_parameter is not None
-    m2 = M()  # the patch is gone afterwards
-    assert m2.lin.weight.device.type == "cpu"
+    assert M().lin.weight.device.type == "cpu"  # the patch is gone afterwards
 
 
-@pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
-                    reason="transformers is not installed here (it is on the GPU machine)")
-def test_from_pretrained_off_mode_is_plain_from_pretrained(tmp_path):
-    import transformers
+def test_from_pretrained_maps_and_matches_the_disk_load(daemon, checkpoints, fake_transformers):
+    d = str(checkpoints["tiny"])
+    disk = fake_transformers.AutoModelForCausalLM.from_pretrained(d).eval()
+    fake_transformers.calls.clear()
+    model = wt.from_pretrained(d, model="tiny", socket=daemon.socket, fallback=False)
+    assert [c[0] for c in fake_transformers.calls] == ["AutoConfig.from_pretrained",
+                                                       "from_config"]
+    assert fake_transformers.calls[1][1] == torch.bfloat16  # the cached tensors' dtype
+    assert not model.training
+    w = model.weightcache_weights
+    assert model.lm_head.weight.data_ptr() == w["lm_head.weight"].data_ptr()
+    with torch.no_grad():
+        assert torch.equal(model(_ids()), disk(_ids()))
 
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=1, vocab_size=128)
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path)
-    m = wt.from_pretrained(str(tmp_path), mode="off")
-    assert not m.training
+
+def test_from_pretrained_falls_back_to_the_disk_on_a_miss(daemon, checkpoints,
+                                                          fake_transformers, caplog):
+    d = str(checkpoints["tiny"])
+    model = wt.from_pretrained(d, model="no-such-model", socket=daemon.socket)
+    assert [c[0] for c in fake_transformers.calls] == ["from_pretrained"]
+    assert "CacheMiss" in caplog.text and not model.training
+    with pytest.raises(weightcache.CacheMiss):
+        wt.from_pretrained(d, model="no-such-model", socket=daemon.socket, fallback=False)
+
+
+def test_from_pretrained_off_mode_reads_the_disk(checkpoints, fake_transformers):
+    model = wt.from_pretrained(str(checkpoints["tiny"]), mode="off")
+    assert [c[0] for c in fake_transformers.calls] == ["from_pretrained"]
+    assert model.lm_head.weight.device.type == "cpu"
+
+
+def test_a_name_that_is_no_directory_needs_a_model(fake_transformers, monkeypatch):
+    monkeypatch.delenv("WEIGHTCACHE_MODEL", raising=False)
+    with pytest.raises(weightcache.WeightcacheError, match="model="):
+        wt.from_pretrained("org/not-a-dir", mode="client")
