@@ -172,6 +172,24 @@ WC_API wc_status wc_lease_tensor(const wc_lease* lease, uint64_t index, wc_tenso
 /* The whole table at once: fills out[0..min(count, tensor_count)) and sets *filled. */
 WC_API wc_status wc_lease_tensors(const wc_lease* lease, wc_tensor* out, uint64_t count,
                                   uint64_t* filled);
+/* The whole table as columns, for FFIs where a call or a struct per tensor is slow (Python):
+ * each array holds `count` entries in table (name) order, except dims and strides, which
+ * hold the shapes and strides of every tensor back to back (ndim[i] values each). Pointers
+ * valid while the lease lives. */
+typedef struct wc_tensor_columns {
+  uint64_t count;
+  const char* const* names;
+  const char* const* dtypes;
+  const int32_t* ndim;
+  const int64_t* dims;
+  const int64_t* strides;
+  const uint32_t* segment;
+  const uint64_t* offset;
+  const uint64_t* nbytes;
+} wc_tensor_columns;
+
+WC_API wc_status wc_lease_columns(const wc_lease* lease, wc_tensor_columns* out);
+
 /* The tensor named `name`; WC_NOT_FOUND naming it otherwise. */
 WC_API wc_status wc_lease_find(const wc_lease* lease, const char* name, wc_tensor* out,
                                char** error);

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, NamedTuple, Tuple
 
 from ._errors import BindError
+from ._weights import Weights
 
 # Fused views that engine layouts (spec layout sglang | vllm) add beside their parts.
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -18,22 +19,28 @@ class BindResult(NamedTuple):
     mismatched: List[str]
 
 
-def _slots(module: Any) -> Dict[int, Tuple[List[str], Any, bool]]:
+def _slots(module: Any) -> Tuple[Dict[int, Tuple[List[str], Any, bool]], Dict[str, Any]]:
     """Every parameter and persistent buffer, grouped by identity (tied weights share one
-    group): id -> (full names, tensor, is_parameter)."""
+    group): id -> (full names, tensor, is_parameter); and each name's owning module. One walk
+    over ``_modules`` (named_modules() costs several times more on large models)."""
     groups: Dict[int, Tuple[List[str], Any, bool]] = {}
-    for mod_name, mod in module.named_modules(remove_duplicate=False):
-        prefix = f"{mod_name}." if mod_name else ""
+    owners: Dict[str, Any] = {}
+    stack = [("", module)]
+    while stack:  # a submodule reachable by two paths is listed under both, as by torch
+        prefix, mod = stack.pop()
         for n, p in mod._parameters.items():
             if p is not None:
+                owners[prefix + n] = mod
                 groups.setdefault(id(p), ([], p, True))[0].append(prefix + n)
-        non_persistent = getattr(mod, "_non_persistent_buffers_set", set())
+        non_persistent = mod._non_persistent_buffers_set
         for n, b in mod._buffers.items():
             if b is not None and n not in non_persistent:
+                owners[prefix + n] = mod
                 groups.setdefault(id(b), ([], b, False))[0].append(prefix + n)
-    for names, _, _ in groups.values():
-        names[:] = list(dict.fromkeys(names))  # a module reachable twice lists a name twice
-    return groups
+        for n, child in mod._modules.items():
+            if child is not None:
+                stack.append((f"{prefix}{n}.", child))
+    return groups, owners
 
 
 def _covered_by_fusion(name: str, used: set) -> bool:
@@ -75,19 +82,27 @@ def bind(module: Any, weights: Mapping[str, Any], *, prefix: str = "",
     """
     import torch
 
-    groups = _slots(module)
+    groups, owners = _slots(module)
     plan = []
     missing: List[str] = []
     mismatched: List[str] = []
     used = set()
+    table = weights._table() if isinstance(weights, Weights) else weights  # skip a layer
     for names, current, is_param in groups.values():
-        found = next((n for n in names if prefix + n in weights), None)
-        if found is None:
+        t = None
+        for n in names:
+            t = table.get(prefix + n) if prefix else table.get(n)
+            if t is not None:
+                found = n
+                break
+        if t is None:
             missing.extend(prefix + n for n in names)
             continue
-        used.update(prefix + n for n in names)
-        t = weights[prefix + found]
-        if tuple(t.shape) != tuple(current.shape) or t.dtype != current.dtype:
+        if prefix or len(names) > 1:
+            used.update(prefix + n for n in names)
+        else:
+            used.add(names[0])
+        if t.shape != current.shape or t.dtype != current.dtype:
             mismatched.append(
                 f"{prefix + found}: module {tuple(current.shape)} {current.dtype}, weights "
                 f"{tuple(t.shape)} {t.dtype}")
@@ -104,12 +119,14 @@ def bind(module: Any, weights: Mapping[str, Any], *, prefix: str = "",
                 parts.append(f"{len(items)} {label}: " + ", ".join(items))
         raise BindError(f"bind({type(module).__name__}, prefix={prefix!r}): " + "; ".join(parts),
                         missing, unexpected, mismatched)
-    modules = dict(module.named_modules(remove_duplicate=False))
+    # What nn.Parameter(t, requires_grad=False) does, without its Python-level __new__.
+    make_param = torch.Tensor._make_subclass
+    param_cls = torch.nn.Parameter
     for names, t, is_param in plan:
-        value = torch.nn.Parameter(t, requires_grad=False) if is_param else t
+        value = make_param(param_cls, t, False) if is_param else t
         for n in names:
-            mod_name, _, leaf = n.rpartition(".")
-            owner = modules[mod_name]
+            leaf = n.rpartition(".")[2]
+            owner = owners[n]
             if is_param:
                 owner._parameters[leaf] = value
             else:

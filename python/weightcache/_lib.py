@@ -90,6 +90,20 @@ class Tensor(Structure):
     ]
 
 
+class Columns(Structure):
+    _fields_ = [
+        ("count", c_uint64),
+        ("names", POINTER(c_char_p)),
+        ("dtypes", POINTER(c_char_p)),
+        ("ndim", POINTER(c_int32)),
+        ("dims", POINTER(c_int64)),
+        ("strides", POINTER(c_int64)),
+        ("segment", POINTER(c_uint32)),
+        ("offset", POINTER(c_uint64)),
+        ("nbytes", POINTER(c_uint64)),
+    ]
+
+
 class LoadProgress(Structure):
     _fields_ = [
         ("fingerprint", c_char_p),
@@ -147,6 +161,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn("wc_lease_segment", c_int, c_void_p, c_uint64, POINTER(c_void_p), POINTER(c_uint64), _ERR)
     fn("wc_lease_tensor", c_int, c_void_p, c_uint64, POINTER(Tensor), _ERR)
     fn("wc_lease_tensors", c_int, c_void_p, POINTER(Tensor), c_uint64, POINTER(c_uint64))
+    fn("wc_lease_columns", c_int, c_void_p, POINTER(Columns))
     fn("wc_lease_find", c_int, c_void_p, c_char_p, POINTER(Tensor), _ERR)
     fn("wc_release", c_int, c_void_p, c_char_p, _ERR)
     fn("wc_status_json", c_int, c_void_p, POINTER(c_void_p), _ERR)

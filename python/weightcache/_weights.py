@@ -212,28 +212,36 @@ def _build(lease: "_lib.Lease", t0: float) -> Weights:
         _lib.check(L.wc_lease_segment(h, i, ctypes.byref(base), ctypes.byref(size),
                                       ctypes.byref(err)), err, "segment")
         segments.append((base.value or 0, size.value))
-    n = int(info.tensor_count)
-    table = (_lib.Tensor * n)()
-    filled = ctypes.c_uint64()
-    L.wc_lease_tensors(h, table, n, ctypes.byref(filled))
+    # The table as columns: a few C-speed list conversions instead of a struct per tensor.
+    cols = _lib.Columns()
+    L.wc_lease_columns(h, ctypes.byref(cols))
+    n = int(cols.count)
+    names = cols.names[:n]
+    dtypes = cols.dtypes[:n]
+    ndims = cols.ndim[:n]
+    dims = cols.dims[:sum(ndims)]
+    strides = cols.strides[:sum(ndims)]
+    seg_of = cols.segment[:n]
+    offsets = cols.offset[:n]
     seg_bytes = [_dlpack_segment(base, size, ordinal, lease) for base, size in segments]
     views: Dict[tuple, Any] = {}
+    esizes: Dict[bytes, int] = {}
     tensors: Dict[str, Any] = {}
     as_strided = torch.as_strided
-    for t in table:
-        name = t.name.decode()
-        dt_name = t.dtype.decode()
-        key = (t.segment, dt_name)
-        view = views.get(key)
+    pos = 0
+    for name, dt_name, nd, seg, off in zip(names, dtypes, ndims, seg_of, offsets):
+        view = views.get((seg, dt_name))
         if view is None:
-            view = _typed_view(seg_bytes[t.segment], dt_name, name)
-            views[key] = view
-        esize = _torch.element_size(dt_name)
-        if t.offset % esize:
-            raise WeightcacheError(
-                f"tensor '{name}': offset {t.offset} is not a multiple of its element size")
-        nd = t.ndim
-        tensors[name] = as_strided(view, t.shape[:nd], t.strides[:nd], t.offset // esize)
+            view = _typed_view(seg_bytes[seg], dt_name.decode(), name.decode())
+            views[(seg, dt_name)] = view
+            esizes[dt_name] = _torch.element_size(dt_name.decode())
+        esize = esizes[dt_name]
+        if off % esize:
+            raise WeightcacheError(f"tensor '{name.decode()}': offset {off} is not a multiple "
+                                   "of its element size")
+        end = pos + nd
+        tensors[name.decode()] = as_strided(view, dims[pos:end], strides[pos:end], off // esize)
+        pos = end
     return Weights(lease, info, tensors, device, time.perf_counter() - t0, segments)
 
 

@@ -27,6 +27,12 @@ struct wc_client {
 struct wc_lease {
   std::unique_ptr<weightcache::client::Lease> lease;
   std::vector<std::string> dtype_names;  // per tensor, for wc_tensor::dtype
+  // wc_lease_columns' arrays, built once at acquire.
+  std::vector<const char*> names, dtypes;
+  std::vector<int32_t> ndim;
+  std::vector<int64_t> dims, strides;
+  std::vector<uint32_t> segment;
+  std::vector<uint64_t> offset, nbytes;
 };
 
 namespace {
@@ -172,6 +178,18 @@ wc_status wc_acquire(wc_client* client, const wc_acquire_options* o, wc_lease** 
     h->dtype_names.emplace_back(weightcache::safetensors::DTypeName(t.dtype));
   }
   h->lease = std::move(*lease);
+  const auto& views = h->lease->tensors();
+  for (size_t i = 0; i < views.size(); ++i) {
+    const client::TensorView& v = views[i];
+    h->names.push_back(v.name.c_str());
+    h->dtypes.push_back(h->dtype_names[i].c_str());
+    h->ndim.push_back(static_cast<int32_t>(v.shape.size()));
+    h->dims.insert(h->dims.end(), v.shape.begin(), v.shape.end());
+    h->strides.insert(h->strides.end(), v.strides.begin(), v.strides.end());
+    h->segment.push_back(v.segment);
+    h->offset.push_back(v.offset);
+    h->nbytes.push_back(v.nbytes);
+  }
   *out = h.release();
   return WC_OK;
 }
@@ -235,6 +253,14 @@ wc_status wc_lease_tensors(const wc_lease* lease, wc_tensor* out, uint64_t count
   const uint64_t n = std::min<uint64_t>(count, lease->lease->tensors().size());
   for (uint64_t i = 0; i < n; ++i) Fill(*lease, i, &out[i]);
   if (filled != nullptr) *filled = n;
+  return WC_OK;
+}
+
+wc_status wc_lease_columns(const wc_lease* lease, wc_tensor_columns* out) {
+  if (lease == nullptr || out == nullptr) return WC_INVALID_ARGUMENT;
+  *out = wc_tensor_columns{lease->names.size(),   lease->names.data(),  lease->dtypes.data(),
+                           lease->ndim.data(),    lease->dims.data(),   lease->strides.data(),
+                           lease->segment.data(), lease->offset.data(), lease->nbytes.data()};
   return WC_OK;
 }
 
