@@ -2,7 +2,7 @@
 
     bash scripts/install-python.sh build/python-venv    # once (ctest's python_pytest does it too)
     build/python-venv/bin/python bench/python_acquire_bench.py [--build build] [--reps 50]
-        [--tensors 1000] [--mib 64]
+        [--tensors 1000] [--mib 64] [--daemon PATH]
 
 A weightcached (child process, host backend, real Unix sockets) serves a bf16 checkpoint of
 N tensors written here. Each repetition, in this process: weightcache.acquire() then
@@ -57,6 +57,7 @@ def pct(v: list, p: float) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build")
+    ap.add_argument("--daemon", help="weightcached to run (default: BUILD/cmd/weightcached/...)")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--tensors", type=int, default=1000)
     ap.add_argument("--mib", type=int, default=64)
@@ -72,7 +73,7 @@ def main() -> int:
     shape = write_checkpoint(work / "m", a.tensors, a.mib)
     sock = work / "s"
     daemon = subprocess.Popen(
-        [str(Path(a.build) / "cmd/weightcached/weightcached"), f"--socket_dir={sock}",
+        [a.daemon or str(Path(a.build) / "cmd/weightcached/weightcached"), f"--socket_dir={sock}",
          "--backend=host", "--metrics_address=off", f"--model=name=bench,model_dir={work / 'm'}"],
         stdout=open(work / "daemon.log", "wb"), stderr=subprocess.STDOUT)
     try:
@@ -154,7 +155,7 @@ def main() -> int:
                 ("build", "Python: tensor table + DLPack + one view per tensor"),
                 ("bind", "Python: weightcache.bind()"),
                 ("whole", "acquire() + bind(), the public calls, whole"),
-                ("over", "**Python overhead: whole - C++ Acquire -> mapped**"),
+                ("over", "**Python overhead: whole - C++ Acquire -> mapped** (includes wc_connect)"),
                 ("floor", "torch alone: as_strided + Parameter per tensor")):
             v = rows[key]
             print(f"| {label} | {statistics.median(v):.2f} | {min(v):.2f} | {pct(v, 0.9):.2f} |")

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import weightcache
+
 
 def cli(*args: str, env: dict = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "weightcache", *args], capture_output=True,
@@ -21,6 +23,9 @@ def test_status_table_and_json(daemon):
     j = cli("--socket", daemon.socket, "status", "--json")
     st = json.loads(j.stdout)
     assert {"tiny", "tiny2", "awq", "other"} <= set(st["known_models"])
+    tiny = next(e for e in weightcache.status(socket=daemon.socket)["entries"]
+                if e["model"] == "tiny")
+    assert isinstance(tiny["bytes"], int) and tiny["bytes"] > 8 << 20
 
 
 def test_load_verify_evict(daemon):

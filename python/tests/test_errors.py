@@ -111,3 +111,18 @@ def test_bad_library_path_names_the_variable(tmp_path):
                    {"WEIGHTCACHE_LIB": str(tmp_path / "nope.so")})
     assert r.returncode != 0
     assert "WEIGHTCACHE_LIB=" in r.stderr and "nope.so" in r.stderr
+
+
+def test_devices_are_named_as_the_daemon_names_them():
+    from weightcache._torch import device_uuid
+
+    assert device_uuid(None) == "" and device_uuid("cpu") == ""
+    assert device_uuid(torch.device("cpu")) == ""
+    uuid = "GPU-0123abcd-0000-1111-2222-333344445555"
+    assert device_uuid(uuid) == uuid
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_a_cuda_device_without_a_gpu_names_it():
+    with pytest.raises(weightcache.WeightcacheError, match=r"cuda:0: this process sees 0"):
+        weightcache.acquire("tiny", device="cuda:0", socket="/nonexistent")

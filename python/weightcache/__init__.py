@@ -68,7 +68,23 @@ def status(*, socket: Optional[str] = None) -> Dict[str, Any]:
     from . import _lib
 
     with _lib.Client(socket) as c:
-        return json.loads(c.status_json())
+        return _ints(json.loads(c.status_json()))
+
+
+# The StatusResponse's 64-bit fields, which the proto3 JSON mapping writes as strings.
+_UINT64 = frozenset({"bytes", "bytes_done", "total_bytes", "free_bytes", "cache_bytes",
+                     "idle_bytes", "in_use_bytes", "acquire_hits", "acquire_misses",
+                     "acquire_mismatches", "acquire_rejected", "acquire_errors",
+                     "acquire_peer_copies"})
+
+
+def _ints(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: int(v) if k in _UINT64 and isinstance(v, str) else _ints(v)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_ints(v) for v in value]
+    return value
 
 
 def load(model: str = "", *, spec_yaml: str = "", socket: Optional[str] = None,

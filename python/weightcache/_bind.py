@@ -8,7 +8,10 @@ from ._errors import BindError
 from ._weights import Weights
 
 # Fused views that engine layouts (spec layout sglang | vllm) add beside their parts.
-FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+# (docs/sharding.md, "Engine layouts"): fused name -> its members.
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj"),
+         "fused_qkv_a_proj_with_mqa": ("q_a_proj", "kv_a_proj_with_mqa"),
+         "fused_qkv_a_proj": ("q_a_proj", "kv_a_proj_with_mqa")}
 
 
 class BindResult(NamedTuple):

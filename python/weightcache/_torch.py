@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import re
 from typing import Any, Dict, Optional
 
 # safetensors dtype name -> (torch attribute, element size in bytes)
@@ -23,6 +24,8 @@ _DTYPES: Dict[str, tuple] = {
     "F8_E4M3": ("float8_e4m3fn", 1),
     "F8_E5M2": ("float8_e5m2", 1),
 }
+
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
 
 # What the daemon calls a dtype it converts to ("bf16") for each torch dtype.
 _SPEC_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -93,10 +96,14 @@ def gpu_uuid(ordinal: int) -> str:
     if not 0 <= ordinal < n:
         raise WeightcacheError(f"device cuda:{ordinal}: this process sees {n} CUDA device(s)")
     u = getattr(torch.cuda.get_device_properties(ordinal), "uuid", None)
-    s = str(u) if u is not None else _uuid_from_driver(ordinal)
-    if not s:
+    s = str(u) if u is not None else ""
+    if s.startswith("GPU-"):
+        s = s[4:]
+    if not _UUID.match(s):  # an older torch, or a form we do not know: ask the driver
+        s = (_uuid_from_driver(ordinal) or "")[4:]
+    if not _UUID.match(s):
         raise WeightcacheError(f"cannot read the UUID of cuda:{ordinal}")
-    return s if s.startswith("GPU-") else "GPU-" + s
+    return "GPU-" + s.lower()
 
 
 def cuda_ordinal(uuid: str) -> int:

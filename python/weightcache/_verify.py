@@ -2,8 +2,8 @@
 
 A rank's tensor is compared with the whole disk tensor when their shapes are equal, or with
 the rank's slice of it when exactly one dimension is ``tp_size`` times smaller (column, row and
-vocabulary sharding). Fused views (``qkv_proj``, ``gate_up_proj``) have no disk tensor and
-are checked through their parts; anything else without a disk counterpart is reported.
+vocabulary sharding). Fused views (``qkv_proj``, ``gate_up_proj``, ...) have no disk tensor
+and are checked through their parts; anything else without a disk counterpart is reported.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import struct
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, NamedTuple, Tuple
 
+from ._bind import FUSED
 from ._errors import WeightcacheError
 
 
@@ -112,7 +113,7 @@ def verify(weights: Mapping[str, Any], model_dir: str, *, tp_rank: int = 0,
     for name, t in weights.items():
         disk = index.get(name)
         if disk is None:
-            if any(f".{k}." in name for k in ("qkv_proj", "gate_up_proj")):
+            if any(f".{k}." in name for k in FUSED):
                 fused.append(name)
             else:
                 failures.append(f"{name}: not in the checkpoint")

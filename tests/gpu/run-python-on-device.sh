@@ -65,6 +65,13 @@ step parity 900 "$PY" "$root/tests/gpu/python_parity.py" check "$work/models"
 step verify_cli 300 "$PY" -m weightcache verify qwen2
 "$PY" -m weightcache status
 
+section "benchmark: Python acquire + bind overhead over C++, 1,000 tensors (host backend)"
+printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$carry/lib" "$carry/bin/weightcached" \
+  >"$work/weightcached-host"
+chmod +x "$work/weightcached-host"
+step python_bench 300 "$PY" "$root/bench/python_acquire_bench.py" --daemon "$work/weightcached-host" \
+  --reps 100
+
 section "daemon log (tail)"
 tail -n 30 "$OUT/weightcached.log"
 section "result: $([[ $fail == 0 ]] && echo PASS || echo "FAIL (${failed[*]})")"
