@@ -147,10 +147,12 @@ def wait_until(cond, timeout: float = 10, what: str = "condition") -> None:
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory) -> Dict[str, Path]:
     base = tmp_path_factory.mktemp("ckpt")
-    out = {"tiny": base / "tiny", "awq": base / "awq", "other": base / "other"}
+    out = {"tiny": base / "tiny", "awq": base / "awq", "other": base / "other",
+           "stale": base / "stale"}
     write_checkpoint(out["tiny"], CONFIG, seed=1)
     # Other shapes too: its header differs from tiny's (see test_load_verify_evict).
     write_checkpoint(out["other"], dict(CONFIG, vocab_size=4096), seed=3)
+    write_checkpoint(out["stale"], dict(CONFIG, vocab_size=2048), seed=4)  # rewritten by a test
     write_checkpoint(out["awq"], dict(CONFIG, quantization_config={"quant_method": "awq",
                                                                     "bits": 4}), seed=2)
     return out
@@ -168,7 +170,8 @@ def daemon(tmp_path_factory, checkpoints) -> Iterator[Daemon]:
                [{"name": "tiny", "model_dir": str(checkpoints["tiny"])},
                 {"name": "tiny2", "model_dir": str(checkpoints["tiny"]), "tp_size": 2},
                 {"name": "awq", "model_dir": str(checkpoints["awq"])},
-                {"name": "other", "model_dir": str(checkpoints["other"]), "tp_size": 2}],
+                {"name": "other", "model_dir": str(checkpoints["other"]), "tp_size": 2},
+                {"name": "stale", "model_dir": str(checkpoints["stale"])}],
                ["--preload=false"])
     import weightcache
 

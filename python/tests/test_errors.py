@@ -42,6 +42,23 @@ def test_refused_quantization(daemon):
     assert "awq" in e.value.message and "fp8_block" in e.value.message
 
 
+def test_files_changed_after_loading_are_stale_weights(daemon, checkpoints):
+    weightcache.load("stale", socket=daemon.socket)
+    with weightcache.acquire("stale", socket=daemon.socket) as w:
+        assert w.model == "stale"
+    # A new version of the file: other bytes, same size, a new inode.
+    f = checkpoints["stale"] / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-2:] = bytes(b ^ 0xFF for b in data[-2:])
+    tmp = f.with_suffix(".tmp")
+    tmp.write_bytes(bytes(data))
+    tmp.rename(f)
+    with pytest.raises(weightcache.StaleWeights) as e:
+        weightcache.acquire("stale", socket=daemon.socket)
+    assert e.value.code == "FAILED_PRECONDITION"
+    assert e.value.message.startswith("stale:") and "model.safetensors" in e.value.message
+
+
 def test_stale_is_recognised_by_its_message_prefix():
     e = error_from_status(9, "FAILED_PRECONDITION",
                           "stale: model.safetensors changed on disk after loading")

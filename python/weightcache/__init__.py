@@ -71,16 +71,16 @@ def status(*, socket: Optional[str] = None) -> Dict[str, Any]:
         return _ints(json.loads(c.status_json()))
 
 
-# The StatusResponse's 64-bit fields, which the proto3 JSON mapping writes as strings.
-_UINT64 = frozenset({"bytes", "bytes_done", "total_bytes", "free_bytes", "cache_bytes",
-                     "idle_bytes", "in_use_bytes", "acquire_hits", "acquire_misses",
-                     "acquire_mismatches", "acquire_rejected", "acquire_errors",
-                     "acquire_peer_copies"})
+# The StatusResponse's 64-bit counters and sizes, which the proto3 JSON mapping writes as
+# strings: "bytes", "*_bytes", "bytes_done", "bytes_total", "acquire_*".
+def _is_uint64(key: str) -> bool:
+    return (key in ("bytes", "bytes_done", "bytes_total") or key.endswith("_bytes")
+            or key.startswith("acquire_"))
 
 
 def _ints(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: int(v) if k in _UINT64 and isinstance(v, str) else _ints(v)
+        return {k: int(v) if isinstance(v, str) and _is_uint64(k) and v.isdigit() else _ints(v)
                 for k, v in value.items()}
     if isinstance(value, list):
         return [_ints(v) for v in value]
