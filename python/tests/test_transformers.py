@@ -88,3 +88,32 @@ def test_a_name_that_is_no_directory_needs_a_model(fake_transformers, monkeypatc
     monkeypatch.delenv("WEIGHTCACHE_MODEL", raising=False)
     with pytest.raises(weightcache.WeightcacheError, match="model="):
         wt.from_pretrained("org/not-a-dir", mode="client")
+
+
+def test_tied_embeddings_are_tied_before_binding():
+    class Tied(torch.nn.Module):
+        """A model whose config asks for tied embeddings but whose construction does not
+        tie them (as some transformers versions leave it until a checkpoint is loaded)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            from types import SimpleNamespace
+
+            self.config = SimpleNamespace(tie_word_embeddings=True)
+            self.embed = torch.nn.Embedding(8, 4)
+            self.head = torch.nn.Linear(4, 8, bias=False)
+
+        def get_input_embeddings(self):
+            return self.embed
+
+        def get_output_embeddings(self):
+            return self.head
+
+    with wt.parameters_on_meta():
+        m = Tied()
+    assert m.head.weight is not m.embed.weight
+    wt._tie(m)
+    sd = {"embed.weight": torch.randn(8, 4)}
+    weightcache.bind(m, sd)
+    assert m.head.weight is m.embed.weight
+    assert m.head.weight.data_ptr() == sd["embed.weight"].data_ptr()

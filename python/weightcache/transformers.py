@@ -43,6 +43,24 @@ def parameters_on_meta() -> Iterator[None]:
         torch.nn.Module.register_parameter = register
 
 
+def _tie(model: Any) -> None:
+    """Ties the model's weights before binding: its own tie_weights() (transformers), and
+    explicitly the output embedding to the input one when the config asks for it (some
+    transformers versions tie only while loading a checkpoint)."""
+    tie = getattr(model, "tie_weights", None)
+    if callable(tie):
+        tie()
+    config = getattr(model, "config", None)
+    if not getattr(config, "tie_word_embeddings", False):
+        return
+    get_in = getattr(model, "get_input_embeddings", None)
+    get_out = getattr(model, "get_output_embeddings", None)
+    inp = get_in() if callable(get_in) else None
+    out = get_out() if callable(get_out) else None
+    if inp is not None and out is not None and out.weight is not inp.weight:
+        out.weight = inp.weight
+
+
 def _dominant_dtype(weights: Weights) -> Any:
     """The floating dtype holding the most elements (the checkpoint's compute dtype)."""
     counts: dict = {}
@@ -62,9 +80,7 @@ def build_and_bind(make_model: Callable[[Any], Any], weights: Weights, dtype: An
     dt = dtype if dtype is not None else _dominant_dtype(weights)
     with parameters_on_meta():
         model = make_model(dt)
-    tie = getattr(model, "tie_weights", None)
-    if callable(tie):
-        tie()  # tied parameters become one object, which bind() binds under all its names
+    _tie(model)  # tied parameters become one object, which bind() binds under all its names
     result = bind(model, weights, strict=False)
     patterns = [re.compile(p) for p in (ignore_unexpected or [])]
     unexpected = [u for u in result.unexpected if not any(p.search(u) for p in patterns)]
