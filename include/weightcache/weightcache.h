@@ -217,7 +217,8 @@ typedef struct wc_load_progress {
 typedef void (*wc_progress_fn)(const wc_load_progress* progress, void* user_data);
 
 /* Loads a model the daemon knows (`model`) or an inline spec (`spec_yaml`, YAML or JSON);
- * one of them non-empty. Blocks until the load ends; `on_progress` may be NULL. */
+ * one of them non-empty: every rank the spec lists (its tp_ranks). Blocks until the load
+ * ends; `on_progress` may be NULL. */
 WC_API wc_status wc_load(wc_client* client, const char* model, const char* spec_yaml,
                          wc_progress_fn on_progress, void* user_data, char** error);
 
