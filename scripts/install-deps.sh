@@ -12,6 +12,11 @@ packages=(cmake ninja-build g++ pkg-config
           prometheus-cpp-dev)
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(prometheus unzip curl clang-format clang-tidy)
+  # The Python package's tests, for /usr/bin/python3 (python/run-tests.sh): a venv with
+  # --system-site-packages sees Debian's torch 1.13, numpy, pytest and grpcio (the last
+  # proves libweightcache.so lives beside grpcio's own gRPC in one process).
+  packages+=(python3-venv python3-pip python3-setuptools python3-wheel python3-torch
+             python3-numpy python3-pytest python3-grpcio)
   command -v npm >/dev/null || packages+=(npm)
 fi
 

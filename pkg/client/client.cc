@@ -175,6 +175,7 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) 
       resp.backend() == "cuda-vmm" ? memory::BackendKind::kCudaVmm : memory::BackendKind::kHost;
   WC_ASSIGN_OR_RETURN(lease->mapping_,
                       memory::MapReadOnly(kind, std::move(fds), sizes, resp.device_uuid()));
+  lease->segment_sizes_ = sizes;
 
   lease->tensors_.reserve(resp.tensors_size());
   for (const auto& t : resp.tensors()) {

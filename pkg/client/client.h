@@ -97,6 +97,8 @@ class Lease {
   uint64_t total_bytes() const { return total_bytes_; }
   size_t segment_count() const { return mapping_->count(); }
   const std::byte* segment_base(size_t i) const { return mapping_->base(i); }
+  // Mappable bytes of segment i (as the daemon sent them).
+  uint64_t segment_size(size_t i) const { return segment_sizes_[i]; }
   // In manifest (name) order.
   const std::vector<TensorView>& tensors() const { return tensors_; }
   const TensorView* Find(const std::string& name) const;
@@ -111,6 +113,7 @@ class Lease {
   uint64_t total_bytes_ = 0;
   double map_seconds_ = 0;
   std::vector<TensorView> tensors_;
+  std::vector<uint64_t> segment_sizes_;
   ScopedFd handle_conn_;  // the lease itself: closed after unmapping, on destruction
   std::unique_ptr<memory::SegmentMapping> mapping_;
 };

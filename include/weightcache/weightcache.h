@@ -1,0 +1,235 @@
+/* weightcache C ABI: map a model-rank that the node daemon (weightcached) keeps resident, as
+ * read-only, zero-copy tensors, from any language with a C FFI. Shaped like sqlite3.h:
+ * opaque handles with create/destroy pairs, a status code from every call, and a message
+ * the caller frees with wc_string_free().
+ *
+ *   wc_client* c = NULL;
+ *   char* err = NULL;
+ *   if (wc_connect(NULL, &c, &err) != WC_OK) { fprintf(stderr, "%s\n", err); wc_string_free(err); }
+ *   wc_acquire_options o;
+ *   wc_acquire_options_init(&o);
+ *   o.model = "llama-8b";
+ *   wc_lease* lease = NULL;
+ *   if (wc_acquire(c, &o, &lease, &err) == WC_OK) {
+ *     wc_tensor t;
+ *     wc_lease_find(lease, "model.embed_tokens.weight", &t, NULL);  // t.data: read-only
+ *     wc_lease_close(lease);  // unmaps; the daemon ends the lease at once
+ *   }
+ *   wc_client_free(c);
+ *
+ * Errors: every function returning wc_status returns WC_OK or a code from the list below
+ * (gRPC/absl canonical codes: WC_NOT_FOUND is a cache miss, WC_FAILED_PRECONDITION a
+ * fingerprint mismatch whose message lists every differing field as "field: cached X, asked
+ * Y; ..." or, with the prefix "stale:", weights whose files changed on disk after loading,
+ * WC_UNIMPLEMENTED a quantization the cache refuses, WC_UNAVAILABLE a daemon that does not
+ * answer). When `error` is not NULL and the call fails, *error receives a NUL-terminated
+ * message (malloc'd; free it with wc_string_free); on success *error is left untouched.
+ *
+ * Lifetimes: a wc_lease owns its mappings. Every pointer read from it (wc_lease_info's
+ * strings, wc_tensor's name/shape/strides/data) stays valid until wc_lease_close(lease), and
+ * no longer. A lease does not depend on its client: wc_client_free() may come first, and the
+ * mapped memory stays readable if the daemon dies. The memory is READ-ONLY: a write through
+ * `data` is SIGSEGV on the host backend and an illegal-address error on cuda-vmm. For
+ * cuda-vmm leases `data` is a device pointer on the GPU named by device_uuid, mapped in this
+ * process's primary context.
+ *
+ * Threads: a wc_client may be used from several threads at once. A wc_lease is immutable
+ * after wc_acquire and may be read from any thread; close it once, when no thread uses it.
+ *
+ * Symbols: libweightcache.so exports only wc_-prefixed symbols. Its gRPC, protobuf and
+ * abseil are the system's shared libraries; processes that carry other copies of them
+ * (torch, grpcio) should load it with RTLD_LOCAL | RTLD_DEEPBIND, as the Python package does
+ * (docs/engines.md says why).
+ */
+#ifndef WEIGHTCACHE_WEIGHTCACHE_H_
+#define WEIGHTCACHE_WEIGHTCACHE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The ABI this header describes. wc_abi_version() returns the library's; they must be equal
+ * for the structs below to match. */
+#define WC_ABI_VERSION 1
+
+#if defined(__GNUC__)
+#define WC_API __attribute__((visibility("default")))
+#else
+#define WC_API
+#endif
+
+typedef enum wc_status {
+  WC_OK = 0,
+  WC_CANCELLED = 1,
+  WC_UNKNOWN = 2,
+  WC_INVALID_ARGUMENT = 3,
+  WC_DEADLINE_EXCEEDED = 4,
+  WC_NOT_FOUND = 5,
+  WC_ALREADY_EXISTS = 6,
+  WC_PERMISSION_DENIED = 7,
+  WC_RESOURCE_EXHAUSTED = 8,
+  WC_FAILED_PRECONDITION = 9,
+  WC_ABORTED = 10,
+  WC_OUT_OF_RANGE = 11,
+  WC_UNIMPLEMENTED = 12,
+  WC_INTERNAL = 13,
+  WC_UNAVAILABLE = 14,
+  WC_DATA_LOSS = 15,
+  WC_UNAUTHENTICATED = 16
+} wc_status;
+
+typedef struct wc_client wc_client;
+typedef struct wc_lease wc_lease;
+
+/* The library's version ("0.1.0") and ABI version (WC_ABI_VERSION it was built with). */
+WC_API const char* wc_version(void);
+WC_API int wc_abi_version(void);
+/* The code's name, e.g. "NOT_FOUND"; a static string. */
+WC_API const char* wc_status_name(wc_status status);
+/* Frees a message or JSON text that this library returned. NULL is a no-op. */
+WC_API void wc_string_free(char* s);
+
+/* Connects to the daemon's control socket: `socket` is control.sock's path or the directory
+ * holding it; NULL or "" means $WEIGHTCACHE_SOCKET, else /run/weightcache/control.sock.
+ * WC_UNAVAILABLE when no socket is there. The daemon is not contacted until the first call
+ * that needs it. On success *out owns a client; free it with wc_client_free. */
+WC_API wc_status wc_connect(const char* socket, wc_client** out, char** error);
+WC_API void wc_client_free(wc_client* client);
+/* The control socket path the client resolved; valid while the client lives. */
+WC_API const char* wc_client_socket(const wc_client* client);
+
+/* What to acquire. Initialise with wc_acquire_options_init (it sets struct_size and the
+ * defaults), then set fields. Strings are read during wc_acquire only; NULL means "". */
+typedef struct wc_acquire_options {
+  uint32_t struct_size;    /* sizeof(wc_acquire_options), set by wc_acquire_options_init */
+  const char* model;       /* spec name; or */
+  const char* fingerprint; /* an exact fingerprint (hex SHA-256) */
+  int32_t tp_size;         /* default 1 */
+  int32_t tp_rank;
+  int32_t pp_size; /* default 1 */
+  int32_t pp_rank;
+  const char* compute_capability; /* "" = the daemon's environment */
+  const char* device_uuid;        /* GPU the caller will use ("GPU-..."); "" for host */
+  const char* dtype;              /* optional expectation: "bf16", "fp16", "fp32" */
+  const char* quantization;       /* optional expectation: "none" | "fp8_block" */
+  int32_t wait_ready;             /* nonzero: wait for a load in progress */
+  int32_t load_on_miss;           /* nonzero: ask the daemon to load a known model on a miss */
+  int64_t timeout_ms;             /* default 600000 */
+} wc_acquire_options;
+
+WC_API void wc_acquire_options_init(wc_acquire_options* options);
+
+/* Acquires and maps a model-rank read-only. On success *out owns the lease; close it with
+ * wc_lease_close. The client may be freed before the lease. */
+WC_API wc_status wc_acquire(wc_client* client, const wc_acquire_options* options, wc_lease** out,
+                            char** error);
+/* Unmaps every segment, then ends the lease in the daemon (closes its handle connection).
+ * Invalidates every pointer read from the lease. NULL is a no-op. */
+WC_API void wc_lease_close(wc_lease* lease);
+
+typedef struct wc_lease_info {
+  const char* id;
+  const char* model;
+  const char* fingerprint;
+  const char* backend;     /* "host" | "cuda-vmm" */
+  const char* device_uuid; /* "" for host */
+  const char* model_dir;   /* the checkpoint directory, as the daemon sees it */
+  const char* spec_yaml;   /* the spec the entry was loaded from (canonical YAML) */
+  int32_t tp_size, tp_rank, pp_size, pp_rank;
+  uint64_t total_bytes;
+  uint64_t segment_count;
+  uint64_t tensor_count;
+  double map_seconds; /* from sending Acquire to every segment mapped */
+} wc_lease_info;
+
+/* Fills *info; its strings live as long as the lease. Never fails for a valid lease. */
+WC_API wc_status wc_lease_info_get(const wc_lease* lease, wc_lease_info* info);
+
+/* One segment's mapped base (host or device pointer) and size in bytes. */
+WC_API wc_status wc_lease_segment(const wc_lease* lease, uint64_t index, const void** base,
+                                  uint64_t* size, char** error);
+
+typedef struct wc_tensor {
+  const char* name;
+  const char* dtype; /* safetensors dtype name: "BF16", "F32", "F8_E4M3", ... */
+  int32_t ndim;
+  const int64_t* shape;   /* ndim values */
+  const int64_t* strides; /* ndim values, in elements */
+  const void* data;       /* read-only; host pointer, or device pointer for cuda-vmm */
+  uint64_t nbytes;
+  uint32_t segment;        /* index of the segment holding it */
+  uint64_t offset;         /* bytes from that segment's base */
+  const char* backend;     /* the lease's: "host" | "cuda-vmm" */
+  const char* device_uuid; /* the lease's: "" for host */
+} wc_tensor;
+
+/* Tensor `index` (0 <= index < tensor_count) in name order. WC_OUT_OF_RANGE past the end. */
+WC_API wc_status wc_lease_tensor(const wc_lease* lease, uint64_t index, wc_tensor* out,
+                                 char** error);
+/* The whole table at once: fills out[0..min(count, tensor_count)) and sets *filled. */
+WC_API wc_status wc_lease_tensors(const wc_lease* lease, wc_tensor* out, uint64_t count,
+                                  uint64_t* filled);
+/* The whole table as columns, for FFIs where a call or a struct per tensor is slow (Python):
+ * each array holds `count` entries in table (name) order, except dims and strides, which
+ * hold the shapes and strides of every tensor back to back (ndim[i] values each). Pointers
+ * valid while the lease lives. */
+typedef struct wc_tensor_columns {
+  uint64_t count;
+  const char* const* names;
+  const char* const* dtypes;
+  const int32_t* ndim;
+  const int64_t* dims;
+  const int64_t* strides;
+  const uint32_t* segment;
+  const uint64_t* offset;
+  const uint64_t* nbytes;
+} wc_tensor_columns;
+
+WC_API wc_status wc_lease_columns(const wc_lease* lease, wc_tensor_columns* out);
+
+/* The tensor named `name`; WC_NOT_FOUND naming it otherwise. */
+WC_API wc_status wc_lease_find(const wc_lease* lease, const char* name, wc_tensor* out,
+                               char** error);
+
+/* Ends a lease by id through the control API (the daemon's Release). Closing the wc_lease is
+ * the usual way; this serves tools that end other processes' leases. */
+WC_API wc_status wc_release(wc_client* client, const char* lease_id, char** error);
+
+/* The daemon's Status as JSON (the StatusResponse message of proto/weightcache/v1, proto3
+ * JSON mapping with the proto field names). Free *json with wc_string_free. */
+WC_API wc_status wc_status_json(wc_client* client, char** json, char** error);
+
+typedef struct wc_load_progress {
+  const char* fingerprint;
+  const char* state; /* loading | ready | failed */
+  uint64_t bytes_done;
+  uint64_t bytes_total;
+  const char* current_file;
+  const char* error;
+  double elapsed_seconds;
+} wc_load_progress;
+
+/* Called on the thread that called wc_load, once per progress message; `progress` and its
+ * strings are valid during the call only. */
+typedef void (*wc_progress_fn)(const wc_load_progress* progress, void* user_data);
+
+/* Loads a model the daemon knows (`model`) or an inline spec (`spec_yaml`, YAML or JSON);
+ * one of them non-empty: every rank the spec lists (its tp_ranks). Blocks until the load
+ * ends; `on_progress` may be NULL. */
+WC_API wc_status wc_load(wc_client* client, const char* model, const char* spec_yaml,
+                         wc_progress_fn on_progress, void* user_data, char** error);
+
+/* Drops the daemon's reference to every entry of `model`, or to the entry `fingerprint`
+ * (one of them non-empty); *evicted (may be NULL) receives the count. Memory that clients
+ * map stays valid. */
+WC_API wc_status wc_evict(wc_client* client, const char* model, const char* fingerprint,
+                          uint32_t* evicted, char** error);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* WEIGHTCACHE_WEIGHTCACHE_H_ */

@@ -1,0 +1,363 @@
+"""acquire() and Weights: a read-only mapping of zero-copy torch tensors over a lease."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, TypeVar, Union
+
+from . import _lib, _torch
+from ._errors import (
+    CacheMiss,
+    DaemonUnavailable,
+    FingerprintMismatch,
+    StaleWeights,
+    UnsupportedQuantization,
+    WeightcacheError,
+)
+
+log = logging.getLogger("weightcache")
+
+MODE_ENV = "WEIGHTCACHE_MODE"
+MODEL_ENV = "WEIGHTCACHE_MODEL"
+SOCKET_ENV = "WEIGHTCACHE_SOCKET"
+MODES = ("off", "client", "spawn")
+
+# Errors after which a caller's own disk load is the right answer.
+FALLBACK_ERRORS = (CacheMiss, FingerprintMismatch, StaleWeights, UnsupportedQuantization,
+                   DaemonUnavailable)
+
+T = TypeVar("T")
+
+
+def resolve_mode(mode: Optional[str]) -> str:
+    """``mode``, else ``$WEIGHTCACHE_MODE``, else "client"; an unknown value is an error."""
+    m = mode if mode is not None else os.environ.get(MODE_ENV, "") or "client"
+    if m not in MODES:
+        src = "mode" if mode is not None else MODE_ENV
+        raise WeightcacheError(f"{src}={m!r}: use one of {', '.join(MODES)}")
+    return m
+
+
+def spec_name(model_dir: Union[str, Path]) -> str:
+    """A valid spec name ([a-z0-9][a-z0-9._-]{0,62}) derived from a directory's name."""
+    base = Path(model_dir).resolve().name.lower()
+    name = re.sub(r"[^a-z0-9._-]+", "-", base).lstrip("._-")[:63]
+    if not name:
+        raise WeightcacheError(f"cannot derive a model name from directory {model_dir}")
+    return name
+
+
+def resolve_model(model: Optional[str], model_dir: Optional[str]) -> tuple:
+    """(spec name, model directory or None). ``model`` may be a spec name or a directory."""
+    if model is None:
+        model = os.environ.get(MODEL_ENV, "")
+        if not model:
+            if model_dir:
+                return spec_name(model_dir), str(model_dir)
+            raise WeightcacheError(
+                f"no model: pass model= or set {MODEL_ENV} (in Kubernetes, from the pod "
+                "annotation weightcache.io/model through the Downward API)"
+            )
+    if model_dir is None and os.sep in model and Path(model).is_dir():
+        return spec_name(model), str(Path(model).resolve())
+    return model, (str(model_dir) if model_dir else None)
+
+
+class Weights(Mapping[str, Any]):
+    """The tensors of one acquired model-rank: ``name -> torch.Tensor``, read-only.
+
+    Every tensor is a zero-copy view of the daemon's memory (CPU tensors for the host backend,
+    ``cuda:N`` tensors for cuda-vmm), imported through DLPack. The lease lives as long as this
+    object or any tensor taken from it: ``close()`` (or leaving a ``with`` block) drops this
+    object's hold, and the lease ends when the last tensor is freed too.
+
+    The memory is READ-ONLY: writing through a tensor (``t.add_(1)``, ``t[0] = 0``) faults
+    (SIGSEGV on the CPU, an illegal-address CUDA error on the GPU). Use them as weights.
+
+    Example::
+
+        with weightcache.acquire("llama-8b", device="cuda:0") as w:
+            print(w.fingerprint, len(w), w["model.embed_tokens.weight"].shape)
+    """
+
+    def __init__(self, lease: "_lib.Lease", info: "_lib.LeaseInfo", tensors: Dict[str, Any],
+                 device: Any, seconds: float, segments: Any = ()) -> None:
+        self._lease: Optional[_lib.Lease] = lease
+        self._tensors: Optional[Dict[str, Any]] = tensors
+        self.lease_id: str = info.id.decode()
+        self.model: str = info.model.decode()
+        self.fingerprint: str = info.fingerprint.decode()
+        self.backend: str = info.backend.decode()
+        self.device_uuid: str = info.device_uuid.decode()
+        self.model_dir: str = info.model_dir.decode()
+        self.spec_yaml: str = info.spec_yaml.decode()
+        self.tp_rank: int = info.tp_rank
+        self.tp_size: int = info.tp_size
+        self.pp_rank: int = info.pp_rank
+        self.pp_size: int = info.pp_size
+        self.total_bytes: int = int(info.total_bytes)
+        self.device = device
+        self.map_seconds: float = seconds
+        # (address, bytes) of each mapped segment: every tensor lies inside one of them.
+        self.segments: list = list(segments)
+
+    @property
+    def spec(self) -> Dict[str, Any]:
+        """The model spec the daemon loaded these weights from (spec_yaml, parsed)."""
+        return parse_spec_yaml(self.spec_yaml)
+
+    def _table(self) -> Dict[str, Any]:
+        if self._tensors is None:
+            raise WeightcacheError(f"Weights of '{self.model}' are closed")
+        return self._tensors
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return self._table()[name]
+        except KeyError:
+            raise KeyError(f"model '{self.model}' has no tensor '{name}'") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._table()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+    @property
+    def closed(self) -> bool:
+        return self._tensors is None
+
+    def close(self) -> None:
+        """Drops this object's hold on the lease. Tensors taken from it stay valid (they hold
+        the lease themselves); the lease ends when the last of them is freed."""
+        self._tensors = None
+        self._lease = None
+
+    def __enter__(self) -> "Weights":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self)} tensors"
+        return (f"Weights(model={self.model!r}, tp={self.tp_rank}/{self.tp_size}, "
+                f"backend={self.backend!r}, device={self.device}, {state}, "
+                f"fingerprint={self.fingerprint[:12]!r})")
+
+
+def parse_spec_yaml(text: str) -> Dict[str, Any]:
+    """Parses the daemon's canonical spec YAML (flat ``key: value`` lines, double-quoted
+    strings, integers, ``[a, b]`` or ``- a`` lists): no YAML library needed."""
+    import json
+
+    out: Dict[str, Any] = {}
+    key = None
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("- ") and key is not None:
+            out.setdefault(key, [])
+            out[key].append(_scalar(line.lstrip()[2:].strip(), json))
+            continue
+        k, _, v = line.partition(":")
+        key, v = k.strip(), v.strip()
+        if v == "":
+            out[key] = []
+        elif v.startswith("["):
+            out[key] = [_scalar(x.strip(), json) for x in v.strip("[]").split(",") if x.strip()]
+        else:
+            out[key] = _scalar(v, json)
+    return out
+
+
+def _scalar(v: str, json: Any) -> Any:
+    if v.startswith('"'):
+        return json.loads(v)
+    try:
+        return int(v)
+    except ValueError:
+        return v
+
+
+def _build(lease: "_lib.Lease", t0: float) -> Weights:
+    """Reads the lease's table and makes the tensors: one DLPack import per segment, then one
+    as_strided view per tensor."""
+    import torch
+
+    L = _lib.lib()
+    h = lease.handle
+    info = _lib.LeaseInfo()
+    L.wc_lease_info_get(h, ctypes.byref(info))
+    backend = info.backend.decode()
+    if backend == "cuda-vmm":
+        ordinal = _torch.cuda_ordinal(info.device_uuid.decode())
+        device = torch.device("cuda", ordinal)
+    else:
+        ordinal = -1
+        device = torch.device("cpu")
+    segments = []
+    for i in range(info.segment_count):
+        base = ctypes.c_void_p()
+        size = ctypes.c_uint64()
+        err = ctypes.c_void_p()
+        _lib.check(L.wc_lease_segment(h, i, ctypes.byref(base), ctypes.byref(size),
+                                      ctypes.byref(err)), err, "segment")
+        segments.append((base.value or 0, size.value))
+    # The table as columns: a few C-speed list conversions instead of a struct per tensor.
+    cols = _lib.Columns()
+    L.wc_lease_columns(h, ctypes.byref(cols))
+    n = int(cols.count)
+    names = cols.names[:n]
+    dtypes = cols.dtypes[:n]
+    ndims = cols.ndim[:n]
+    dims = cols.dims[:sum(ndims)]
+    strides = cols.strides[:sum(ndims)]
+    seg_of = cols.segment[:n]
+    offsets = cols.offset[:n]
+    seg_bytes = [_dlpack_segment(base, size, ordinal, lease) for base, size in segments]
+    views: Dict[tuple, Any] = {}
+    esizes: Dict[bytes, int] = {}
+    tensors: Dict[str, Any] = {}
+    as_strided = torch.as_strided
+    pos = 0
+    for name, dt_name, nd, seg, off in zip(names, dtypes, ndims, seg_of, offsets):
+        view = views.get((seg, dt_name))
+        if view is None:
+            view = _typed_view(seg_bytes[seg], dt_name.decode(), name.decode())
+            views[(seg, dt_name)] = view
+            esizes[dt_name] = _torch.element_size(dt_name.decode())
+        esize = esizes[dt_name]
+        if off % esize:
+            raise WeightcacheError(f"tensor '{name.decode()}': offset {off} is not a multiple "
+                                   "of its element size")
+        end = pos + nd
+        tensors[name.decode()] = as_strided(view, dims[pos:end], strides[pos:end], off // esize)
+        pos = end
+    return Weights(lease, info, tensors, device, time.perf_counter() - t0, segments)
+
+
+def _dlpack_segment(base: int, size: int, ordinal: int, lease: "_lib.Lease") -> Any:
+    from ._dlpack import byte_tensor
+
+    return byte_tensor(base, size, ordinal, lease)
+
+
+def _typed_view(seg: Any, dt_name: str, tensor: str) -> Any:
+    dt = _torch.torch_dtype(dt_name, tensor)
+    esize = _torch.element_size(dt_name)
+    n = seg.numel() - seg.numel() % esize
+    return seg[:n].view(dt)
+
+
+def _options(name: Optional[str], fingerprint: Optional[str], tp_rank: int, tp_size: int,
+             pp_rank: int, pp_size: int, device: Any, dtype: Any,
+             quantization: Optional[str], wait: bool, load_on_miss: bool,
+             timeout: float) -> "_lib.AcquireOptions":
+    if tp_size < 1 or not 0 <= tp_rank < tp_size:
+        raise WeightcacheError(f"tp_rank={tp_rank}, tp_size={tp_size}: need 0 <= tp_rank < tp_size")
+    if pp_size < 1 or not 0 <= pp_rank < pp_size:
+        raise WeightcacheError(f"pp_rank={pp_rank}, pp_size={pp_size}: need 0 <= pp_rank < pp_size")
+    if timeout <= 0:
+        raise WeightcacheError(f"timeout={timeout}: must be positive (seconds)")
+    o = _lib.AcquireOptions()
+    _lib.lib().wc_acquire_options_init(ctypes.byref(o))
+    o.model = _lib.enc(name if not fingerprint else None)
+    o.fingerprint = _lib.enc(fingerprint)
+    o.tp_size, o.tp_rank, o.pp_size, o.pp_rank = tp_size, tp_rank, pp_size, pp_rank
+    o.device_uuid = _torch.device_uuid(device).encode()
+    o.dtype = _torch.spec_dtype(dtype).encode()
+    o.quantization = (quantization or "").encode()
+    o.wait_ready = 1 if wait else 0
+    o.load_on_miss = 1 if load_on_miss else 0
+    o.timeout_ms = int(timeout * 1000)
+    return o
+
+
+def acquire(
+    model: Optional[str] = None,
+    *,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    pp_rank: int = 0,
+    pp_size: int = 1,
+    device: Any = None,
+    dtype: Any = None,
+    quantization: Optional[str] = None,
+    wait: bool = True,
+    load_on_miss: bool = False,
+    timeout: float = 600,
+    socket: Optional[str] = None,
+    mode: Optional[str] = None,
+    fallback: Optional[Callable[[], T]] = None,
+    model_dir: Optional[str] = None,
+    fingerprint: Optional[str] = None,
+) -> Union[Weights, T]:
+    """Maps a cached model-rank and returns its tensors (see :class:`Weights`).
+
+    Args:
+        model: the daemon's spec name, or a model directory (spawn mode, fallbacks); None
+            reads ``$WEIGHTCACHE_MODEL``.
+        tp_rank, tp_size, pp_rank, pp_size: the rank to map.
+        device: where the engine computes: a torch device, "cuda:N", an int or a GPU UUID;
+            None takes the cached entry wherever it is.
+        dtype, quantization: expectations (``torch.bfloat16``/"bf16", "none"/"fp8_block");
+            a cached entry in another form is a :class:`FingerprintMismatch`.
+        wait: wait for a load in progress. load_on_miss: ask the daemon to load on a miss.
+        timeout: seconds for the whole call.
+        socket: control.sock or its directory; None reads ``$WEIGHTCACHE_SOCKET``.
+        mode: "off" (never touch the daemon), "client" (use a running daemon) or "spawn"
+            (start a per-user daemon when none answers); None reads ``$WEIGHTCACHE_MODE``,
+            default "client".
+        fallback: called (no arguments) and its result returned instead of raising when the
+            cache cannot serve: mode "off", a miss, a mismatch, stale weights, a refused
+            quantization or no daemon.
+        model_dir: the checkpoint directory (spawn mode loads it; default: ``model`` when it
+            is a directory).
+        fingerprint: acquire this exact fingerprint instead of a model name.
+
+    Raises:
+        CacheMiss, FingerprintMismatch, StaleWeights, UnsupportedQuantization,
+        DaemonUnavailable (all WeightcacheError), unless ``fallback`` is given.
+
+    Example::
+
+        w = weightcache.acquire("llama-8b", tp_rank=rank, tp_size=world, device=f"cuda:{rank}")
+        bind(model, w)
+    """
+    m = resolve_mode(mode)
+    if m == "off":
+        if fallback is not None:
+            return fallback()
+        raise WeightcacheError(f"weightcache is off ({MODE_ENV}=off or mode='off') and no "
+                               "fallback= was given", "DISABLED")
+    t0 = time.perf_counter()
+    try:
+        if fingerprint:
+            name, mdir = "", model_dir
+        else:
+            name, mdir = resolve_model(model, model_dir)
+        o = _options(name, fingerprint, tp_rank, tp_size, pp_rank, pp_size, device, dtype,
+                     quantization, wait, load_on_miss or m == "spawn", timeout)
+        if m == "spawn":
+            from . import _spawn
+
+            lease = _spawn.acquire_spawned(socket, o, name, mdir, timeout)
+        else:
+            with _lib.Client(socket) as c:
+                lease = _lib.acquire_lease(c, o)
+        return _build(lease, t0)
+    except FALLBACK_ERRORS as e:
+        if fallback is None:
+            raise
+        log.warning("weightcache: %s: %s; loading through the fallback", type(e).__name__,
+                    e.message)
+        return fallback()
