@@ -102,7 +102,9 @@ def check(out: Path) -> int:
             failures.append(f"{name}: tied lm_head is not the embedding")
         if _leases(name) != 1:
             failures.append(f"{name}: {_leases(name)} leases while the model lives, expected 1")
-        del cached, w, got
+        # Every reference to a mapped tensor goes: the model, the Weights, and the last
+        # parameter the loop above left bound (`p` keeps its storage, hence the lease).
+        del cached, w, got, p
         gc.collect()
         deadline = time.monotonic() + 10
         while _leases(name) and time.monotonic() < deadline:
