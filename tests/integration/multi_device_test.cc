@@ -176,7 +176,7 @@ TEST_F(MultiDeviceTest, CopyPolicyServesAnotherDevicesRankByAPeerCopy) {
   ASSERT_TRUE(client_->Evict("tiny", "").ok());
   // Entries whose leases the daemon has not yet seen end are draining until it does.
   testing::WaitForStatus(
-      *client_, [](const v1::StatusResponse& s) { return s.entries_size() == 0; },
+      *client_, [](const v1::StatusResponse &s) { return s.entries_size() == 0; },
       std::chrono::seconds(5));
 }
 
