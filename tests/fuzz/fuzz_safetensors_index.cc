@@ -7,6 +7,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "pkg/safetensors/safetensors.h"
@@ -15,6 +17,11 @@
 namespace {
 
 std::string g_dir;
+
+void RemoveDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(g_dir, ec);
+}
 
 void WriteFileOrDie(const std::string& path, const std::string& bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -29,6 +36,7 @@ extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
   std::string tmpl = "/tmp/wc-fuzz-index.XXXXXX";
   FUZZ_CHECK(::mkdtemp(tmpl.data()) != nullptr);
   g_dir = tmpl;
+  std::atexit(RemoveDir);  // libFuzzer ends with exit(), also on a finding
   const std::string header = R"({"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
                              R"("b":{"dtype":"BF16","shape":[4],"data_offsets":[16,24]}})";
   std::string shard(8, '\0');
