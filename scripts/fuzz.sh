@@ -22,6 +22,8 @@ if [[ ! -f $build/CMakeCache.txt ]] || ! grep -q "^WEIGHTCACHE_FUZZ:BOOL=ON" "$b
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DWEIGHTCACHE_SANITIZE=ON \
     -DWEIGHTCACHE_FUZZ=ON -DWEIGHTCACHE_BENCH=OFF -DWEIGHTCACHE_CUDA=OFF -DWEIGHTCACHE_TORCH=OFF \
+    "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" \
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" \
     >"$build.configure.log" 2>&1 || { cat "$build.configure.log"; exit 1; }
 fi
 ninja -C "$build" -j "$(nproc)" "${targets[@]}"
