@@ -3,7 +3,8 @@
 # Idempotent: packages already present are kept. CUDA (nvcc at /usr/local/cuda) is optional:
 # the build detects it; without it the host backend is the only one.
 #   --test   also what the test suite needs: Helm 3 and 4 (from npm), promtool/prometheus,
-#            clang-format and clang-tidy
+#            clang-format and clang-tidy, and clang with its sanitizer and libFuzzer runtimes
+#            (the ASan/UBSan/TSan, thread-safety and fuzzing jobs; llvm: the symbolizer)
 set -euo pipefail
 
 packages=(cmake ninja-build g++ pkg-config
@@ -11,7 +12,7 @@ packages=(cmake ninja-build g++ pkg-config
           libabsl-dev libxxhash-dev libgtest-dev libgmock-dev nlohmann-json3-dev libyaml-cpp-dev libssl-dev
           prometheus-cpp-dev)
 if [[ "${1:-}" == "--test" ]]; then
-  packages+=(prometheus unzip curl clang-format clang-tidy)
+  packages+=(prometheus unzip curl clang-format clang-tidy clang libclang-rt-14-dev llvm)
   # The Python package's tests, for /usr/bin/python3 (python/run-tests.sh): a venv with
   # --system-site-packages sees Debian's torch 1.13, numpy, pytest and grpcio (the last
   # proves libweightcache.so lives beside grpcio's own gRPC in one process).

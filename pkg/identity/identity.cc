@@ -207,7 +207,7 @@ absl::StatusOr<std::unique_ptr<DigestStore>> DigestStore::Open(const std::string
     if (j.at("version").get<int>() != kStoreVersion) {
       throw std::runtime_error("version " + j.at("version").dump());
     }
-    std::lock_guard<std::mutex> l(store->mu_);
+    MutexLock l(store->mu_);
     for (const auto& e : j.at("entries")) {
       FileStat st;
       st.dev = e.at("dev").get<uint64_t>();
@@ -221,26 +221,26 @@ absl::StatusOr<std::unique_ptr<DigestStore>> DigestStore::Open(const std::string
     WC_LOG_WARN("digest store %s cannot be read (%s); set aside as %s.bad, starting empty", path,
                 ex.what(), path);
     ::rename(path.c_str(), (path + ".bad").c_str());
-    std::lock_guard<std::mutex> l(store->mu_);
+    MutexLock l(store->mu_);
     store->digests_.clear();
   }
   return store;
 }
 
 std::optional<std::string> DigestStore::Lookup(const FileStat& st) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = digests_.find(KeyOf(st));
   if (it == digests_.end()) return std::nullopt;
   return it->second;
 }
 
 size_t DigestStore::size() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return digests_.size();
 }
 
 void DigestStore::Record(const FileStat& st, const std::string& digest) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   digests_[KeyOf(st)] = digest;
   while (digests_.size() > kMaxStoreEntries) {
     // The oldest change time goes first.

@@ -19,13 +19,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "pkg/util/mutex.h"
 
 namespace weightcache::identity {
 
@@ -101,7 +101,7 @@ class DigestStore {
   void SaveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::map<Key, std::string> digests_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> hashed_bytes_{0};
 };

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -179,10 +180,21 @@ double ResidentFraction(int fd, uint64_t size) {
 ScopedFd OpenDirect(const safetensors::File& file, DirectIo mode) {
   if (mode == DirectIo::kOff) return {};
   if (mode == DirectIo::kAuto && ResidentFraction(file.fd(), file.info().size) >= 0.5) return {};
-  ScopedFd fd(::open(file.info().path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
+  // Opened by path again: O_NONBLOCK so that a FIFO swapped in since File::Open cannot block,
+  // and only used when it is still the same file.
+  ScopedFd fd(::open(file.info().path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC | O_NONBLOCK));
   if (!fd.valid()) {
     WC_LOG_INFO("%s: O_DIRECT refused (%s): reading through the page cache",
                 file.info().name.c_str(), std::strerror(errno));
+    return fd;
+  }
+  struct stat opened {};
+  struct stat original {};
+  if (::fstat(fd.get(), &opened) != 0 || ::fstat(file.fd(), &original) != 0 ||
+      opened.st_dev != original.st_dev || opened.st_ino != original.st_ino) {
+    WC_LOG_WARN("%s: the path names another file since it was opened: reading the opened one",
+                file.info().name.c_str());
+    return {};
   }
   return fd;
 }

@@ -9,7 +9,6 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -18,6 +17,7 @@
 #include "pkg/load/plan.h"
 #include "pkg/load/staging_pool.h"
 #include "pkg/memory/backend.h"
+#include "pkg/util/mutex.h"
 
 namespace weightcache::load {
 
@@ -27,7 +27,7 @@ class LoadProgress {
   void Add(uint64_t bytes) { done_.fetch_add(bytes); }
   void SetDone(uint64_t bytes) { done_.store(bytes); }
   void SetFile(const std::string& f) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     file_ = f;
   }
   uint64_t done() const { return done_.load(); }
@@ -38,7 +38,7 @@ class LoadProgress {
   bool cancelled() const { return cancelled_.load(); }
   const std::atomic<bool>* cancel_flag() const { return &cancelled_; }
   std::string file() const {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     return file_;
   }
 
@@ -46,7 +46,7 @@ class LoadProgress {
   std::atomic<uint64_t> done_{0};
   std::atomic<uint64_t> total_{0};
   std::atomic<bool> cancelled_{false};
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::string file_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -47,6 +47,13 @@ uint64_t Numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// Bytes of one row (dim 0 fixed) of a row-major tensor: no division, so no zero to divide by.
+uint64_t RowBytes(const std::vector<int64_t>& shape, uint64_t elem) {
+  uint64_t n = elem;
+  for (size_t i = 1; i < shape.size(); ++i) n *= static_cast<uint64_t>(shape[i]);
+  return n;
+}
+
 constexpr std::string_view kOnlineQuantized[] = {
     "q_proj",    "k_proj",  "v_proj",    "o_proj",       "qkv_proj",
     "gate_proj", "up_proj", "down_proj", "gate_up_proj", "w1",
@@ -188,7 +195,7 @@ absl::StatusOr<PlannedTensor> Shard(const Ctx& c, const TensorInfo& t, const Sha
     const int64_t per = padded / c.tp;
     const int64_t lo = std::min<int64_t>(vocab, c.rank * per);
     const int64_t hi = std::min<int64_t>(vocab, (c.rank + 1) * per);
-    const uint64_t row_bytes = Numel(t.shape) / static_cast<uint64_t>(vocab) * elem;
+    const uint64_t row_bytes = RowBytes(t.shape, elem);
     p.shape[0] = per;
     p.nbytes = static_cast<uint64_t>(per) * row_bytes;
     p.file_offset = t.file_offset + static_cast<uint64_t>(lo) * row_bytes;
@@ -224,7 +231,7 @@ absl::StatusOr<PlannedTensor> Shard(const Ctx& c, const TensorInfo& t, const Sha
   p.shape[dim] = r.hi - r.lo;
   p.nbytes = Numel(p.shape) * elem;
   if (dim == 0) {
-    const uint64_t row_bytes = t.shape[0] == 0 ? 0 : Numel(t.shape) / t.shape[0] * elem;
+    const uint64_t row_bytes = RowBytes(t.shape, elem);
     p.file_offset = t.file_offset + static_cast<uint64_t>(r.lo) * row_bytes;
     return p;
   }

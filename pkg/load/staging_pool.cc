@@ -34,7 +34,7 @@ StagingPool::StagingPool(std::unique_ptr<Allocator> allocator, uint64_t max_idle
     : allocator_(std::move(allocator)), max_idle_bytes_(max_idle_bytes) {}
 
 StagingPool::~StagingPool() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (counters_.taken_bytes != 0) {
     WC_LOG_ERROR("staging pool destroyed with %llu bytes still taken",
                  static_cast<unsigned long long>(counters_.taken_bytes));
@@ -47,7 +47,7 @@ absl::StatusOr<StagingPool::Lease> StagingPool::Take(int ordinal, size_t count, 
   Lease lease;
   lease.pool_ = this;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     // idle_ is sorted by size: the first fitting buffers are the smallest that fit.
     auto it = std::lower_bound(idle_.begin(), idle_.end(), bytes,
                                [](const Buffer& b, uint64_t n) { return b.bytes < n; });
@@ -64,7 +64,7 @@ absl::StatusOr<StagingPool::Lease> StagingPool::Take(int ordinal, size_t count, 
     absl::StatusOr<void*> p = allocator_->Allocate(ordinal, bytes);
     if (!p.ok()) return p.status();  // the lease gives back what it holds
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       counters_.taken_bytes += bytes;
       ++counters_.allocations;
     }
@@ -76,7 +76,7 @@ absl::StatusOr<StagingPool::Lease> StagingPool::Take(int ordinal, size_t count, 
 void StagingPool::Return(const std::vector<Buffer>& buffers) {
   std::vector<Buffer> drop;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     for (const auto& b : buffers) {
       counters_.taken_bytes -= b.bytes;
       counters_.idle_bytes += b.bytes;
@@ -97,7 +97,7 @@ void StagingPool::Return(const std::vector<Buffer>& buffers) {
 }
 
 StagingPool::Counters StagingPool::counters() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return counters_;
 }
 

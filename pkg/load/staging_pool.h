@@ -14,11 +14,11 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "pkg/util/mutex.h"
 
 namespace weightcache::load {
 
@@ -86,7 +86,7 @@ class StagingPool {
 
   const std::unique_ptr<Allocator> allocator_;
   const uint64_t max_idle_bytes_;
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::vector<Buffer> idle_ ABSL_GUARDED_BY(mu_);  // sorted by size
   Counters counters_ ABSL_GUARDED_BY(mu_);
 };

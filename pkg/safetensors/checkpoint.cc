@@ -1,5 +1,4 @@
 // Checkpoint::Open: a directory of shards with or without model.safetensors.index.json.
-#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -17,8 +16,9 @@
 #include "pkg/safetensors/internal/json.h"
 #include "pkg/safetensors/safetensors.h"
 #include "pkg/util/errno_status.h"
-#include "pkg/util/scoped_fd.h"
+#include "pkg/util/regular_file.h"
 #include "pkg/util/status_macros.h"
+#include "pkg/util/untrusted_text.h"
 
 namespace weightcache::safetensors {
 namespace {
@@ -38,29 +38,23 @@ struct Index {
 };
 
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, uint64_t limit) {
-  const int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (raw < 0) return ErrnoStatus(errno, "open", path);
-  ScopedFd fd(raw);
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat", path);
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
-  const auto size = static_cast<uint64_t>(st.st_size);
+  WC_ASSIGN_OR_RETURN(RegularFile fd, OpenRegularFile(path));
+  const uint64_t size = fd.size;
   if (size > limit) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": ", size, " bytes exceeds the limit of ", limit));
   }
   std::string text(size, '\0');
-  WC_RETURN_IF_ERROR(internal::PreadFull(fd.get(), text.data(), size, 0, path));
+  WC_RETURN_IF_ERROR(internal::PreadFull(fd.fd.get(), text.data(), size, 0, path));
   return text;
 }
 
-// A shard name must name a file inside the checkpoint directory itself.
+// A shard name must name a file inside the checkpoint directory itself, and print as itself.
 bool SafeShardName(const std::string& name) {
   return !name.empty() && name.find('/') == std::string::npos &&
-         name.find('\0') == std::string::npos && name.find("..") == std::string::npos &&
-         name != ".";
+         name.find("..") == std::string::npos && name != "." &&
+         std::none_of(name.begin(), name.end(),
+                      [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7F; });
 }
 
 absl::StatusOr<Index> ReadIndex(const std::string& path, const Limits& limits) {
@@ -83,23 +77,27 @@ absl::StatusOr<Index> ReadIndex(const std::string& path, const Limits& limits) {
   }
   for (const auto& item : it->items()) {
     const std::string& tensor = item.key();
+    WC_RETURN_IF_ERROR(internal::CheckTensorName(path, tensor, limits));
     if (!item.value().is_string()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(path, ": weight_map entry for tensor '", tensor, "' is a JSON ",
+          absl::StrCat(internal::TensorPrefix(path, tensor), ": weight_map entry is a JSON ",
                        item.value().type_name(), ", not a shard file name"));
     }
     std::string shard = item.value().get<std::string>();
     if (!SafeShardName(shard)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          path, ": tensor '", tensor, "': shard file name '", shard,
-          "' escapes the checkpoint directory (must be a plain name, no '/' or '..')"));
+          internal::TensorPrefix(path, tensor), ": shard file name ", QuoteTruncated(shard),
+          " escapes the checkpoint directory or cannot be printed (must be a plain "
+          "name: no '/', '..' or control characters)"));
     }
     index.weight_map.emplace(tensor, std::move(shard));
   }
   return index;
 }
 
-// *.safetensors regular files (symlinks followed, as in a Hugging Face cache snapshot).
+// The *.safetensors files of `dir` (symlinks followed, as in a Hugging Face cache snapshot).
+// One that is not a regular file (a FIFO, a directory, a dangling link) is an error naming
+// it: skipping it would load a checkpoint with a shard missing, or say there is none.
 absl::StatusOr<std::set<std::string>> ListShards(const std::string& dir) {
   std::error_code ec;
   std::filesystem::directory_iterator it(dir, ec);
@@ -108,8 +106,13 @@ absl::StatusOr<std::set<std::string>> ListShards(const std::string& dir) {
   for (; it != std::filesystem::directory_iterator(); it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.size() <= kSuffix.size() || !name.ends_with(kSuffix)) continue;
-    std::error_code stat_ec;
-    if (!it->is_regular_file(stat_ec)) continue;
+    const std::string path = Join(dir, name);
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return ErrnoStatus(errno, "stat", path);
+    if (!S_ISREG(st.st_mode)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": is ", FileTypeName(st.st_mode), ", not a regular file"));
+    }
     names.insert(name);
   }
   if (ec) return ErrnoStatus(ec.value(), "list directory", dir);
@@ -185,8 +188,9 @@ absl::StatusOr<Checkpoint> Checkpoint::Open(const std::string& dir, const Limits
         std::string where = t == nullptr
                                 ? "no shard has it"
                                 : absl::StrCat("it is in ", ckpt.files_[t->file_index].info().name);
-        return absl::InvalidArgumentError(absl::StrCat(
-            index->path, ": tensor '", name, "' is missing from shard ", shard, " (", where, ")"));
+        return absl::InvalidArgumentError(absl::StrCat(internal::TensorPrefix(index->path, name),
+                                                       " is missing from shard ", shard, " (",
+                                                       where, ")"));
       }
     }
     for (const TensorInfo& t : ckpt.tensors_) {

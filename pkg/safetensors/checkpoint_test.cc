@@ -1,4 +1,5 @@
 // Checkpoint::Open: sharded and single-file directories, and every index fault.
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -10,6 +11,7 @@
 #include "pkg/safetensors/internal/test_util.h"
 #include "pkg/safetensors/safetensors.h"
 #include "pkg/safetensors/writer.h"
+#include "tests/testutil/fifo.h"
 
 namespace weightcache::safetensors {
 namespace {
@@ -17,6 +19,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using testing::TempDir;
+using testing::WriteRaw;
 
 constexpr char kIndex[] = "model.safetensors.index.json";
 
@@ -291,6 +294,74 @@ TEST(CheckpointTest, MalformedIndex) {
   ckpt = Checkpoint::Open(dir.path());
   EXPECT_EQ(ckpt.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Msg(ckpt.status()), AllOf(HasSubstr("tensor 'w'"), HasSubstr("not a shard")));
+}
+
+// Issue 14: a FIFO among the *.safetensors files was skipped ("no *.safetensors files"), and
+// a FIFO where the index or an indexed shard should be hung the open.
+TEST(CheckpointTest, FifoShardWithoutIndexIsNamed) {
+  TempDir dir;
+  WriteRaw(dir.File("a.safetensors"), R"({"x":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}})",
+           1);
+  ::weightcache::testing::FifoGuard fifo(dir.File("b.safetensors"));
+  ASSERT_TRUE(fifo.made());
+  auto ckpt = Checkpoint::Open(dir.path());
+  EXPECT_EQ(ckpt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(ckpt.status()),
+              HasSubstr(dir.File("b.safetensors") + ": is a FIFO, not a regular file"));
+  EXPECT_FALSE(fifo.fired()) << "Checkpoint::Open blocked on the FIFO";
+}
+
+TEST(CheckpointTest, NonRegularShardWithoutIndexIsNamed) {
+  TempDir dir;
+  std::filesystem::create_directory(dir.File("only.safetensors"));
+  auto ckpt = Checkpoint::Open(dir.path());
+  EXPECT_EQ(ckpt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(ckpt.status()),
+              HasSubstr(dir.File("only.safetensors") + ": is a directory, not a regular file"));
+  std::filesystem::remove(dir.File("only.safetensors"));
+  std::filesystem::create_symlink(dir.File("gone"), dir.File("dangling.safetensors"));
+  ckpt = Checkpoint::Open(dir.path());
+  EXPECT_EQ(ckpt.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Msg(ckpt.status()), HasSubstr("stat " + dir.File("dangling.safetensors")));
+}
+
+TEST(CheckpointTest, FifoIndexedShardIsNamed) {
+  TempDir dir;
+  ASSERT_TRUE(WriteLlamaCheckpoint(dir.path(), SmallShape(2)).ok());
+  const std::string shard = dir.File("model-00002-of-00002.safetensors");
+  std::filesystem::remove(shard);
+  ::weightcache::testing::FifoGuard fifo(shard);
+  ASSERT_TRUE(fifo.made());
+  auto ckpt = Checkpoint::Open(dir.path());
+  EXPECT_EQ(ckpt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(ckpt.status()), HasSubstr(shard + ": is a FIFO, not a regular file"));
+  EXPECT_FALSE(fifo.fired()) << "Checkpoint::Open blocked on the FIFO";
+}
+
+TEST(CheckpointTest, FifoIndexIsNamed) {
+  TempDir dir;
+  ASSERT_TRUE(WriteLlamaCheckpoint(dir.path(), SmallShape(2)).ok());
+  std::filesystem::remove(dir.File(kIndex));
+  ::weightcache::testing::FifoGuard fifo(dir.File(kIndex));
+  ASSERT_TRUE(fifo.made());
+  auto ckpt = Checkpoint::Open(dir.path());
+  EXPECT_EQ(ckpt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(ckpt.status()),
+              HasSubstr(std::string(kIndex) + ": is a FIFO, not a regular file"));
+  EXPECT_FALSE(fifo.fired()) << "Checkpoint::Open blocked on the FIFO";
+}
+
+TEST(CheckpointTest, IndexTensorNameWithControlCharacterIsRefused) {
+  TempDir dir;
+  ASSERT_TRUE(WriteLlamaCheckpoint(dir.path(), SmallShape(2)).ok());
+  nlohmann::json index = ReadJson(dir.File(kIndex));
+  index["weight_map"][std::string("lm_head.weight\0x", 16)] = "model-00001-of-00002.safetensors";
+  WriteJson(dir.File(kIndex), index);
+  auto ckpt = Checkpoint::Open(dir.path());
+  EXPECT_EQ(ckpt.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(ckpt.status()),
+              HasSubstr("model.safetensors.index.json: tensor 'lm_head.weight\\000x': name "
+                        "holds control character U+0000 at byte 14"));
 }
 
 }  // namespace

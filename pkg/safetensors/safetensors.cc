@@ -1,12 +1,8 @@
 // DType helpers and File::Open: the strict single-file header validator.
 #include "pkg/safetensors/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <limits>
 #include <tuple>
 #include <utility>
@@ -15,9 +11,10 @@
 #include "nlohmann/json.hpp"
 #include "pkg/safetensors/internal/io.h"
 #include "pkg/safetensors/internal/json.h"
-#include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"
+#include "pkg/util/regular_file.h"
 #include "pkg/util/status_macros.h"
+#include "pkg/util/untrusted_text.h"
 
 namespace weightcache::safetensors {
 namespace {
@@ -122,6 +119,11 @@ absl::Status ParseTensorEntry(const std::string& prefix, const nlohmann::json& e
                                                      " that is not a non-negative integer"));
     }
     const uint64_t d = dim.get<uint64_t>();
+    if (d == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, ": shape ", internal::Brief(shape),
+                       " has a zero-sized dimension (empty tensors are not served)"));
+    }
     if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       return absl::InvalidArgumentError(absl::StrCat(prefix, ": shape ", internal::Brief(shape),
                                                      " has dimension ", d, " above 2^63-1"));
@@ -173,8 +175,9 @@ absl::Status ParseMetadata(const std::string& path, const nlohmann::json& value,
   }
   for (const auto& [key, v] : value.items()) {
     if (!v.is_string()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": __metadata__ value of '", key, "' is a JSON ", v.type_name(), ", not a string"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": __metadata__ value of '",
+                                                     EscapeTruncated(key), "' is a JSON ",
+                                                     v.type_name(), ", not a string"));
     }
     out.emplace(key, v.get<std::string>());
   }
@@ -191,7 +194,7 @@ absl::StatusOr<DType> ParseDType(std::string_view name) {
   for (const DTypeEntry& e : kDTypes) {
     if (e.name == name) return e.dtype;
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", std::string(name), "'"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", EscapeTruncated(name), "'"));
 }
 
 uint64_t TensorInfo::numel() const {
@@ -205,15 +208,10 @@ absl::StatusOr<File> File::Open(const std::string& path, const Limits& limits) {
   file.info_.path = path;
   file.info_.name = internal::Basename(path);
 
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(errno, "open", path);
-  file.fd_.reset(fd);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return ErrnoStatus(errno, "fstat", path);
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  WC_ASSIGN_OR_RETURN(RegularFile opened, OpenRegularFile(path));
+  const int fd = opened.fd.get();
+  file.fd_ = std::move(opened.fd);
+  const uint64_t size = opened.size;
   file.info_.size = size;
 
   if (size < 8) {
@@ -261,11 +259,12 @@ absl::StatusOr<File> File::Open(const std::string& path, const Limits& limits) {
       WC_RETURN_IF_ERROR(ParseMetadata(path, entry, file.info_.metadata));
       continue;
     }
+    WC_RETURN_IF_ERROR(internal::CheckTensorName(path, name, limits));
     TensorInfo tensor;
     tensor.name = name;
     Span span;
     span.tensor = tensors.size();
-    WC_RETURN_IF_ERROR(ParseTensorEntry(absl::StrCat(path, ": tensor '", name, "'"), entry, limits,
+    WC_RETURN_IF_ERROR(ParseTensorEntry(internal::TensorPrefix(path, name), entry, limits,
                                         data_size, tensor, span));
     tensor.file_offset = file.info_.data_offset + span.begin;
     tensors.push_back(std::move(tensor));

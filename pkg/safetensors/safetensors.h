@@ -2,6 +2,13 @@
 // strictly before anything trusts them. Never trusts the file: every fault is an
 // absl::Status whose message names the file, the tensor when there is one, and the fault.
 //
+// Beyond the format's own rules the reader refuses, as input no served checkpoint holds:
+// tensor names with control characters (C0, DEL, C1: a NUL would make a C-string reader see
+// another name) or longer than Limits::max_name_bytes; zero-sized dimensions (an empty
+// tensor: the planner, loaders and clients would each need a case for 0-byte shards);
+// headers nested deeper than a safetensors header can be. Every path is opened as a regular
+// file only (O_NONBLOCK, fstat): a FIFO or device is an error naming it, never a hang.
+//
 // Format: 8-byte little-endian header length N, N bytes of UTF-8 JSON object
 // {"name": {"dtype": "BF16", "shape": [..], "data_offsets": [begin, end]}, ...,
 //  "__metadata__": {"k": "v"}}, then the data area; offsets are relative to its start.
@@ -56,6 +63,9 @@ struct Limits {
   uint64_t max_tensors = 1u << 20;
   // Largest rank of one tensor.
   size_t max_rank = 8;
+  // Longest tensor name (bytes). Names are echoed in errors and manifests all the way to the
+  // client; real ones are under 200 bytes.
+  size_t max_name_bytes = 1024;
 };
 
 struct TensorInfo {

@@ -10,10 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pkg/safetensors/internal/test_util.h"
 #include "pkg/safetensors/writer.h"
+#include "tests/testutil/fifo.h"
 
 namespace weightcache::safetensors {
 namespace {
@@ -239,11 +241,11 @@ TEST(FileOpenTest, SpanOutsideFile) {
 
 TEST(FileOpenTest, BeginAfterEnd) {
   TempDir dir;
-  absl::Status s = OpenRaw(dir, R"({"w":{"dtype":"U8","shape":[0],"data_offsets":[8,0]}})", 8);
+  absl::Status s = OpenRaw(dir, R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[8,0]}})", 8);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Msg(s), HasSubstr("model.safetensors: tensor 'w': data_offsets [8,0] begin 8 > "
                                 "end 0"));
-  s = OpenRaw(dir, R"({"w":{"dtype":"U8","shape":[0],"data_offsets":[0,-1]}})", 8);
+  s = OpenRaw(dir, R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0,-1]}})", 8);
   EXPECT_THAT(Msg(s),
               AllOf(HasSubstr("tensor 'w'"), HasSubstr("not a pair of non-negative integers")));
 }
@@ -265,10 +267,9 @@ TEST(FileOpenTest, OverlappingTensors) {
               32);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Msg(s), HasSubstr("'big' [0,32) and 'x' [4,8) overlap"));
-  // Touching tensors and empty tensors do not overlap.
+  // Touching tensors do not overlap.
   EXPECT_TRUE(OpenRaw(dir,
                       R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},)"
-                      R"("e":{"dtype":"U8","shape":[0],"data_offsets":[4,4]},)"
                       R"("b":{"dtype":"U8","shape":[8],"data_offsets":[8,16]}})",
                       16)
                   .ok());
@@ -291,7 +292,6 @@ TEST(FileOpenTest, RoundTripThroughWriteFile) {
   std::vector<TensorData> in = {
       {"z.first", DType::kBF16, {3, 5}, testing::Pattern(30, 1)},
       {"a.second", DType::kF32, {7}, testing::Pattern(28, 2)},
-      {"empty", DType::kI64, {0, 4}, {}},
       {"scalar", DType::kF8_E4M3, {}, testing::Pattern(1, 3)},
       {"m.bool", DType::kBool, {2, 2, 2}, testing::Pattern(8, 4)},
   };
@@ -303,13 +303,13 @@ TEST(FileOpenTest, RoundTripThroughWriteFile) {
   EXPECT_EQ(info.name, "model.safetensors");
   EXPECT_EQ(info.path, path);
   EXPECT_EQ(info.data_offset % 8, 0u);  // header padded like the reference implementation
-  EXPECT_EQ(info.size, info.data_offset + 30 + 28 + 0 + 1 + 8);
+  EXPECT_EQ(info.size, info.data_offset + 30 + 28 + 1 + 8);
   EXPECT_EQ(info.metadata.at("format"), "pt");
   EXPECT_EQ(info.metadata.at("note"), "round trip");
   ASSERT_EQ(file->tensors().size(), in.size());
 
   // Laid out contiguously in the given order; tensors() is sorted by offset, so it is
-  // that same order (the empty tensor sits between, at zero size, sorted by name).
+  // that same order.
   uint64_t offset = info.data_offset;
   std::vector<ReadRequest> reads;
   std::vector<std::vector<uint8_t>> out(in.size());
@@ -417,6 +417,73 @@ TEST(FileOpenTest, DirectoryIsNotARegularFile) {
   auto f = File::Open(dir.path());
   EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Msg(f.status()), HasSubstr("not a regular file"));
+}
+
+// Issue 13 #4: a [0, 512] embedding was accepted and a vocab-parallel split of it divided
+// by zero in the planner (SIGFPE). Empty tensors are refused where they enter.
+TEST(FileOpenTest, ZeroSizedDimensionIsRefused) {
+  TempDir dir;
+  absl::Status s = OpenRaw(
+      dir,
+      R"({"model.embed_tokens.weight":{"dtype":"BF16","shape":[0,512],"data_offsets":[0,0]}})");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(s), HasSubstr("model.safetensors: tensor 'model.embed_tokens.weight': shape "
+                                "[0,512] has a zero-sized dimension (empty tensors are not "
+                                "served)"));
+  s = OpenRaw(dir, R"({"w":{"dtype":"F32","shape":[4,0],"data_offsets":[0,0]}})");
+  EXPECT_THAT(Msg(s), HasSubstr("tensor 'w': shape [4,0] has a zero-sized dimension"));
+}
+
+// Issue 14: "q_proj.weight\u0000x" was accepted; a C-string reader sees "q_proj.weight".
+TEST(FileOpenTest, TensorNameWithNulOrControlCharacterIsRefused) {
+  TempDir dir;
+  absl::Status s = OpenRaw(dir,
+                           R"({"model.layers.0.self_attn.q_proj.weight\u0000x":)"
+                           R"({"dtype":"U8","shape":[4],"data_offsets":[0,4]}})",
+                           4);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(s), HasSubstr("model.safetensors: tensor "
+                                "'model.layers.0.self_attn.q_proj.weight\\000x': name holds "
+                                "control character U+0000 at byte 38"));
+  for (const char* name : {R"(a\nb)", R"(a\tb)", R"(\u007f)", R"(a\u0085)", R"(\u001b[31m)"}) {
+    s = OpenRaw(
+        dir, absl::StrCat(R"({")", name, R"(":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})"),
+        4);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_THAT(Msg(s), HasSubstr("name holds control character")) << name;
+  }
+  // Printable non-ASCII stays valid.
+  EXPECT_TRUE(
+      OpenRaw(dir, R"({"w\u00e9":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})", 4).ok());
+}
+
+TEST(FileOpenTest, OverlongTensorNameIsRefusedAndQuotedCut) {
+  TempDir dir;
+  const std::string name(5000, 'n');
+  absl::Status s = OpenRaw(
+      dir, absl::StrCat(R"({")", name, R"(":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})"), 4);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(s), HasSubstr("...': name is 5000 bytes, above the limit of 1024"));
+  EXPECT_LT(Msg(s).size(), 400u);
+}
+
+TEST(FileOpenTest, DeeplyNestedHeaderIsRefusedUnparsed) {
+  TempDir dir;
+  const std::string deep = R"({"__metadata__":)" + std::string(100000, '[');
+  absl::Status s = OpenRaw(dir, deep);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(s), HasSubstr("model.safetensors: header nests arrays/objects deeper than 32 "
+                                "levels (refused unparsed)"));
+}
+
+TEST(FileOpenTest, FifoFailsAtOnceNamingIt) {
+  TempDir dir;
+  ::weightcache::testing::FifoGuard fifo(dir.File("model.safetensors"));
+  ASSERT_TRUE(fifo.made());
+  auto f = File::Open(dir.File("model.safetensors"));
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Msg(f.status()), HasSubstr("model.safetensors: is a FIFO, not a regular file"));
+  EXPECT_FALSE(fifo.fired()) << "File::Open blocked on the FIFO";
 }
 
 }  // namespace

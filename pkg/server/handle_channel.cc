@@ -12,13 +12,14 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "pkg/server/handle_message.h"
 #include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"
 
 namespace weightcache::server {
 namespace {
 
-constexpr size_t kMaxLine = 256;
+constexpr size_t kMaxLine = kMaxHandshakeLine;
 constexpr int kTickMs = 200;
 constexpr auto kHandshakeTimeout = std::chrono::seconds(5);
 
@@ -29,12 +30,7 @@ struct Conn {
   std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
 };
 
-void SendError(int fd, const std::string& msg) {
-  std::string line = "ERR " + msg;
-  std::replace(line.begin(), line.end(), '\n', ' ');
-  if (line.size() > 4000) line.resize(4000);
-  (void)WriteAll(fd, line + "\n");
-}
+void SendError(int fd, const std::string& msg) { (void)WriteAll(fd, FormatErrorLine(msg)); }
 
 }  // namespace
 
@@ -63,7 +59,7 @@ HandleChannel::HandleChannel(Options options, ScopedFd listen, ScopedFd wake, Cl
 
 HandleChannel::~HandleChannel() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     stop_ = true;
   }
   uint64_t one = 1;
@@ -74,7 +70,7 @@ HandleChannel::~HandleChannel() {
 
 void HandleChannel::CloseLease(const std::string& lease_id) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     to_close_.insert(lease_id);
   }
   uint64_t one = 1;
@@ -92,7 +88,7 @@ void HandleChannel::Loop() {
   while (true) {
     std::set<std::string> closing;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       if (stop_) break;
       closing.swap(to_close_);
     }
@@ -150,17 +146,10 @@ void HandleChannel::Loop() {
       }
       if (!c.lease_id.empty()) continue;  // a leased client has nothing to say; ignore
       c.buf.append(buf, r);
-      auto nl = c.buf.find('\n');
-      if (nl == std::string::npos) {
-        if (c.buf.size() >= kMaxLine) {
-          SendError(c.fd.get(), "handshake line too long");
-          end_conn(it);
-        }
-        continue;
-      }
-      std::string line = c.buf.substr(0, nl);
-      if (line.rfind("WCH1 ", 0) != 0) {
-        SendError(c.fd.get(), "bad handshake: expected 'WCH1 <token>'");
+      const Handshake handshake = ParseHandshake(c.buf);
+      if (handshake.state == Handshake::State::kIncomplete) continue;
+      if (handshake.state == Handshake::State::kError) {
+        SendError(c.fd.get(), handshake.error);
         end_conn(it);
         continue;
       }
@@ -179,7 +168,7 @@ void HandleChannel::Loop() {
         end_conn(it);
         continue;
       }
-      auto grant = claim_(line.substr(5), *peer);
+      auto grant = claim_(handshake.token, *peer);
       if (!grant.ok()) {
         SendError(c.fd.get(), std::string(grant.status().message()));
         end_conn(it);

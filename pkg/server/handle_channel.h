@@ -18,7 +18,6 @@
 
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -26,6 +25,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "pkg/util/mutex.h"
 #include "pkg/util/scoped_fd.h"
 #include "pkg/util/unix_socket.h"
 
@@ -73,7 +73,7 @@ class HandleChannel {
   ClaimFn claim_;
   CloseFn close_;
   TickFn tick_;
-  std::mutex mu_;
+  Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::set<std::string> to_close_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;

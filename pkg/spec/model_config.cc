@@ -11,6 +11,7 @@
 #include "pkg/spec/fingerprint.h"
 #include "pkg/spec/internal/read_file.h"
 #include "pkg/util/status_macros.h"
+#include "pkg/util/untrusted_text.h"
 
 namespace weightcache::spec {
 namespace {
@@ -22,6 +23,16 @@ using Json = nlohmann::json;
 std::string CanonicalJson(const Json& j) {
   return j.dump(-1, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace);
 }
+
+// A config value in a message: its JSON, cut when long.
+std::string Brief(const Json& j) {
+  std::string s = CanonicalJson(j);
+  if (s.size() > kMaxQuotedBytes) s = absl::StrCat(s.substr(0, kMaxQuotedBytes), "...");
+  return s;
+}
+
+// Deepest nesting accepted in config.json (real ones nest 3 or 4 levels).
+constexpr size_t kMaxConfigDepth = 64;
 
 absl::Status NotServed(const std::string& what) {
   return absl::UnimplementedError(
@@ -49,7 +60,7 @@ absl::StatusOr<Quantization> ParseQuantization(const Json& root) {
   if (method != "fp8") {
     // awq, gptq, marlin, gptq_marlin, awq_marlin, bitsandbytes, compressed-tensors, unknown:
     // their layout lives partly outside the raw tensors, so a mapped copy computes garbage.
-    return NotServed(absl::StrCat("quantization '", method, "'"));
+    return NotServed(absl::StrCat("quantization '", EscapeTruncated(method), "'"));
   }
   auto block_it = qc.find("weight_block_size");
   if (block_it == qc.end() || block_it->is_null()) {
@@ -67,7 +78,7 @@ absl::StatusOr<Quantization> ParseQuantization(const Json& root) {
     return absl::InvalidArgumentError(
         absl::StrCat("quantization_config.weight_block_size: must be a list of 2 positive "
                      "integers, got ",
-                     block.dump()));
+                     Brief(block)));
   }
   q.method = "fp8_block";
   q.weight_block_size = {block[0].get<int>(), block[1].get<int>()};
@@ -80,11 +91,17 @@ absl::StatusOr<Quantization> ParseQuantization(const Json& root) {
 
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
                                              const std::string& source) {
+  if (BracketNestingDepth(json_text, kMaxConfigDepth) > kMaxConfigDepth) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": nests arrays/objects deeper than ",
+                                                   kMaxConfigDepth, " levels (refused unparsed)"));
+  }
   Json root;
   try {
     root = Json::parse(json_text);
   } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": malformed JSON: ", e.what()));
+    // nlohmann quotes the offending token, which may be the whole input.
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": malformed JSON: ", EscapeTruncated(e.what(), 256)));
   }
   if (!root.is_object()) {
     return absl::InvalidArgumentError(
@@ -99,7 +116,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
   if (!arch->is_array() || arch->empty() || !(*arch)[0].is_string() ||
       (*arch)[0].get<std::string>().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        source, ": architectures: must be a non-empty list of strings, got ", arch->dump()));
+        source, ": architectures: must be a non-empty list of strings, got ", Brief(*arch)));
   }
   config.architecture = (*arch)[0].get<std::string>();
 
@@ -109,7 +126,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
     if (it == root.end() || it->is_null()) continue;
     if (!it->is_string()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(source, ": ", key, ": must be a string, got ", it->dump()));
+          absl::StrCat(source, ": ", key, ": must be a string, got ", Brief(*it)));
     }
     config.torch_dtype = it->get<std::string>();
     break;
@@ -123,7 +140,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
     if (it == root.end() || it->is_null()) continue;
     if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > (1 << 20)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(source, ": ", key, ": must be a positive integer, got ", it->dump()));
+          absl::StrCat(source, ": ", key, ": must be a positive integer, got ", Brief(*it)));
     }
     *out = static_cast<int>(it->get<int64_t>());
   }
@@ -156,7 +173,8 @@ absl::StatusOr<Quantization> ResolveQuantization(const ModelSpec& spec, const Mo
   const Quantization& stored = config.quantization;
   const std::string who = spec.name.empty() ? spec.model_dir : spec.name;
   if (!IsServed(stored.method)) {
-    return Annotate(NotServed(absl::StrCat("quantization '", stored.method, "'")), who);
+    return Annotate(NotServed(absl::StrCat("quantization '", EscapeTruncated(stored.method), "'")),
+                    who);
   }
   if (spec.quantization == "auto" || spec.quantization == stored.method) return stored;
   if (spec.quantization == "none") {

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "pkg/spec/fingerprint.h"
+#include "tests/testutil/fifo.h"
 
 namespace weightcache::spec {
 namespace {
@@ -331,6 +332,39 @@ TEST(ResolveQuantization, UnsupportedMethodsNamedWithTheList) {
   EXPECT_EQ(asked.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_EQ(Msg(asked.status()),
             "m: quantization 'gptq' is not served (supported: none, fp8_block)");
+}
+
+// Issue 14: a FIFO as config.json hung `load` forever (and kept a preloading daemon from
+// ever serving).
+TEST(ReadModelConfig, FifoFailsAtOnceNamingIt) {
+  TempDir dir;
+  ::weightcache::testing::FifoGuard fifo(dir.path() + "/config.json");
+  ASSERT_TRUE(fifo.made());
+  auto c = ReadModelConfig(dir.path());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Msg(c.status()), dir.path() + "/config.json: is a FIFO, not a regular file");
+  EXPECT_FALSE(fifo.fired()) << "ReadModelConfig blocked on the FIFO";
+}
+
+TEST(ModelConfig, DeepNestingIsRefusedUnparsed) {
+  auto c =
+      ParseModelConfig(R"({"architectures":["X"],"x":)" + std::string(1 << 20, '['), "config.json");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Msg(c.status()),
+            "config.json: nests arrays/objects deeper than 64 levels (refused unparsed)");
+}
+
+TEST(ModelConfig, EchoedValuesAreCut) {
+  const std::string method(100000, 'q');
+  auto c = ParseModelConfig(
+      R"({"architectures":["X"],"quantization_config":{"quant_method":")" + method + R"("}})",
+      "config.json");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(Msg(c.status()), HasSubstr("config.json: quantization 'qqqq"));
+  EXPECT_LT(Msg(c.status()).size(), 300u);
+  c = ParseModelConfig(R"({"architectures":[)" + std::string(5000, '1') + "]}", "config.json");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_LT(Msg(c.status()).size(), 300u);
 }
 
 }  // namespace

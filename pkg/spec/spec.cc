@@ -1,21 +1,24 @@
 #include "pkg/spec/spec.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <charconv>
 #include <limits>
 #include <map>
 #include <set>
+#include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "pkg/spec/internal/read_file.h"
 #include "pkg/util/status_macros.h"
+#include "pkg/util/untrusted_text.h"
 
 namespace weightcache::spec {
 namespace {
@@ -48,8 +51,8 @@ bool OneOf(const std::string& value, const char* const (&allowed)[N]) {
   return false;
 }
 
-// Quotes a user-supplied value for an error message.
-std::string Quote(const std::string& s) { return absl::StrCat("\"", absl::CEscape(s), "\""); }
+// Quotes a user-supplied value for an error message: escaped, and cut when long.
+std::string Quote(const std::string& s) { return QuoteTruncated(s); }
 
 bool IsNameChar(char c, bool first) {
   if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')) return true;
@@ -66,6 +69,26 @@ bool IsValidName(const std::string& name) {
 
 absl::Status Invalid(const std::string& field, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+// Free-text fields: bounded, well-formed UTF-8 without control characters, so that they
+// print as themselves in messages and manifests and round-trip through ToYaml.
+constexpr size_t kMaxPathLength = 4096;
+constexpr size_t kMaxTextLength = 256;
+
+absl::Status CheckText(const std::string& field, const std::string& value, size_t max) {
+  if (value.size() > max) {
+    return Invalid(field, absl::StrCat("must be at most ", max, " bytes, got ", value.size(), ": ",
+                                       Quote(value)));
+  }
+  if (const size_t at = FindInvalidUtf8(value); at != std::string::npos) {
+    return Invalid(field, absl::StrCat("must be UTF-8, got byte ", at, " of ", Quote(value)));
+  }
+  if (const size_t at = FindControlChar(value); at != std::string::npos) {
+    return Invalid(field, absl::StrCat("must not hold control characters, got one at byte ", at,
+                                       " of ", Quote(value)));
+  }
+  return absl::OkStatus();
 }
 
 // Prefixes `status` with "<source>: <path>." so that a field error reads
@@ -209,6 +232,90 @@ absl::StatusOr<ModelSpec> SpecFromNode(const YAML::Node& node, const std::string
   return spec;
 }
 
+// A limit below exceeded (told apart from malformed YAML).
+class SpecLimitExceeded : public YAML::ParserException {
+ public:
+  using YAML::ParserException::ParserException;
+};
+
+// Counts the YAML events of a document without building nodes and throws (a
+// YAML::ParserException, marked where it happened) once collections nest deeper than
+// kMaxSpecDepth or the document holds more than kMaxSpecNodes nodes. yaml-cpp's own depth
+// guard stops only at 2000 levels, after hundreds of MB of nodes.
+class SpecShapeLimit : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark& /*mark*/) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t /*anchor*/) override { Node(mark); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t /*anchor*/) override { Node(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string& /*tag*/, YAML::anchor_t /*anchor*/,
+                const std::string& /*value*/) override {
+    Node(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string& /*tag*/,
+                       YAML::anchor_t /*anchor*/, YAML::EmitterStyle::value /*style*/) override {
+    Enter(mark);
+  }
+  void OnSequenceEnd() override { --depth_; }
+  void OnMapStart(const YAML::Mark& mark, const std::string& /*tag*/, YAML::anchor_t /*anchor*/,
+                  YAML::EmitterStyle::value /*style*/) override {
+    Enter(mark);
+  }
+  void OnMapEnd() override { --depth_; }
+
+ private:
+  void Node(const YAML::Mark& mark) {
+    if (++nodes_ > kMaxSpecNodes) {
+      throw SpecLimitExceeded(
+          mark, absl::StrCat("more than ", kMaxSpecNodes, " values (refused unparsed)"));
+    }
+  }
+  void Enter(const YAML::Mark& mark) {
+    Node(mark);
+    if (++depth_ > kMaxSpecDepth) {
+      throw SpecLimitExceeded(mark,
+                              absl::StrCat("lists and mappings nested deeper than ", kMaxSpecDepth,
+                                           " levels (a spec needs 4; refused unparsed)"));
+    }
+  }
+  size_t depth_ = 0;
+  size_t nodes_ = 0;
+};
+
+absl::Status MalformedYaml(const YAML::Exception& e, const std::string& source) {
+  // yaml-cpp's marks are 0-based.
+  return absl::InvalidArgumentError(absl::StrCat(
+      source, ":", e.mark.line + 1, ":", e.mark.column + 1, ": malformed YAML/JSON: ", e.msg));
+}
+
+// The size and shape limits, checked before YAML::Load builds any node.
+absl::Status CheckSpecText(const std::string& text, const std::string& source) {
+  if (text.size() > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": spec text is ", text.size(),
+                                                   " bytes, above the limit of ", kMaxSpecBytes,
+                                                   " (refused unparsed)"));
+  }
+  // yaml-cpp's scanner reads ahead through every '[' of "[[[[..." before its parser sees the
+  // first one (hundreds of MB for 900 KiB): bound the flow nesting before yaml-cpp sees it.
+  if (BracketNestingDepth(text, kMaxSpecDepth) > kMaxSpecDepth) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": lists and mappings nested deeper than ", kMaxSpecDepth,
+                     " levels (a spec needs 4; refused unparsed)"));
+  }
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  SpecShapeLimit limit;
+  try {
+    parser.HandleNextDocument(limit);
+  } catch (const SpecLimitExceeded& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ":", e.mark.line + 1, ":", e.mark.column + 1, ": ", e.msg));
+  } catch (const YAML::Exception& e) {
+    return MalformedYaml(e, source);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status Validate(const ModelSpec& spec) {
@@ -221,6 +328,12 @@ absl::Status Validate(const ModelSpec& spec) {
                    absl::StrCat("must match [a-z0-9][a-z0-9._-]{0,62}, got ", Quote(spec.name)));
   }
   if (spec.model_dir.empty()) return Invalid("model_dir", "required");
+  for (const auto& [field, value, max] : {std::tuple<const char*, const std::string&, size_t>{
+                                              "model_dir", spec.model_dir, kMaxPathLength},
+                                          {"architecture", spec.architecture, kMaxTextLength},
+                                          {"revision", spec.revision, kMaxTextLength}}) {
+    WC_RETURN_IF_ERROR(CheckText(field, value, max));
+  }
   if (spec.tp_size < 1) {
     return Invalid("tp_size", absl::StrCat("must be >= 1, got ", spec.tp_size));
   }
@@ -271,13 +384,12 @@ absl::Status Validate(const ModelSpec& spec) {
 
 absl::StatusOr<std::vector<ModelSpec>> ParseSpecs(const std::string& text,
                                                   const std::string& source) {
+  WC_RETURN_IF_ERROR(CheckSpecText(text, source));
   YAML::Node loaded;
   try {
     loaded = YAML::Load(text);
   } catch (const YAML::Exception& e) {
-    // yaml-cpp's marks are 0-based.
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ":", e.mark.line + 1, ":", e.mark.column + 1, ": malformed YAML/JSON: ", e.msg));
+    return MalformedYaml(e, source);
   }
   const YAML::Node& root = loaded;  // const: lookups must never insert
   if (root.IsNull()) return absl::InvalidArgumentError(source + ": empty, expected a spec");

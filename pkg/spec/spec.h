@@ -20,6 +20,7 @@
 //                                    # pad the vocabulary to a multiple of 64 as they do
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -30,6 +31,14 @@
 namespace weightcache::spec {
 
 inline constexpr int kSpecVersion = 1;
+
+// Limits on spec text, checked before it is parsed (a spec arrives in a Load RPC too): its
+// size, the nesting of lists and mappings (a spec needs 4: models, list, spec, tp_ranks) and
+// the number of values (a spec has about 15; a daemon's list of a thousand models is far
+// below). Input beyond them is INVALID_ARGUMENT naming the limit.
+inline constexpr size_t kMaxSpecBytes = 1 << 20;
+inline constexpr size_t kMaxSpecDepth = 16;
+inline constexpr size_t kMaxSpecNodes = 100'000;
 
 struct ModelSpec {
   int version = kSpecVersion;
@@ -46,12 +55,15 @@ struct ModelSpec {
   std::string layout = "hf";          // hf | sglang | vllm (see the example above)
 };
 
-// Validates field ranges and names; INVALID_ARGUMENT naming the field otherwise.
+// Validates field ranges and names; INVALID_ARGUMENT naming the field otherwise. Free-text
+// fields (model_dir up to 4096 bytes, architecture and revision up to 256) must be UTF-8
+// without control characters.
 absl::Status Validate(const ModelSpec& spec);
 
 // Parses YAML or JSON text (JSON is YAML). `source` names the input in errors.
 // Accepts a single spec mapping, or a mapping with `models:` holding a list of them.
-// Unknown keys and a version other than kSpecVersion are errors.
+// Unknown keys and a version other than kSpecVersion are errors, and so is text beyond the
+// limits above. Values echoed in errors are escaped and cut (QuoteTruncated).
 absl::StatusOr<std::vector<ModelSpec>> ParseSpecs(const std::string& text,
                                                   const std::string& source);
 absl::StatusOr<std::vector<ModelSpec>> LoadSpecFile(const std::string& path);

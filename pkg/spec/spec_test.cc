@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace weightcache::spec {
 namespace {
@@ -435,6 +436,88 @@ TEST(SpecLayout, UnknownLayoutNamesTheChoices) {
   ASSERT_FALSE(flag.ok());
   EXPECT_EQ(std::string(flag.status().message()),
             "flag: layout: must be one of hf, sglang, vllm, got \"\"");
+}
+
+// Issue 14 #3: a 900 KiB spec of '[' cost +208 MB before any check. The limits are checked
+// before a node is built; the text is refused at the first level too deep.
+TEST(SpecLimits, DeepFlowNestingIsRefusedBeforeParsing) {
+  const std::string message =
+      "specs.yaml: lists and mappings nested deeper than 16 levels (a spec needs 4; refused "
+      "unparsed)";
+  ExpectInvalid(std::string(900 * 1024, '['), message);
+  ExpectInvalid("name: x\nmodel_dir: " + std::string(17, '{'), message);
+  // Brackets in quoted scalars and comments do not count.
+  EXPECT_EQ(ParseOne("name: x # [[[[[[[[[[[[[[[[[[[[\nmodel_dir: \"/m/[[[[[[[[[[[[[[[[[[[[\"\n"
+                     "revision: '[[[[[[[[[[[[[[[[[['\n")
+                .model_dir,
+            "/m/[[[[[[[[[[[[[[[[[[[[");
+}
+
+TEST(SpecLimits, DeepBlockNestingIsRefusedBeforeParsing) {
+  std::string text;
+  for (int i = 0; i < 200000; ++i) text += "- ";
+  ExpectInvalid(text,
+                "specs.yaml:1:33: lists and mappings nested deeper than 16 levels (a spec needs "
+                "4; refused unparsed)");
+}
+
+TEST(SpecLimits, OversizedTextIsRefusedUnparsed) {
+  const std::string text = "name: x\nrevision: \"" + std::string(kMaxSpecBytes, 'r') + "\"\n";
+  ExpectInvalid(text, absl::StrCat("specs.yaml: spec text is ", text.size(),
+                                   " bytes, above the limit of 1048576 (refused unparsed)"));
+}
+
+TEST(SpecLimits, TooManyValuesAreRefused) {
+  std::string text = "tp_ranks: [";
+  for (size_t i = 0; i <= kMaxSpecNodes; ++i) text += "0,";
+  text += "]\n";
+  auto specs = ParseSpecs(text, "specs.yaml");
+  EXPECT_EQ(specs.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(specs.status().message()),
+              HasSubstr("more than 100000 values (refused unparsed)"));
+}
+
+TEST(SpecLimits, TheLimitsLeaveRoomForARealDaemonList) {
+  std::string text = "models:\n";
+  for (int i = 0; i < 1000; ++i) {
+    text += absl::StrCat("  - name: m", i, "\n    model_dir: /models/m", i,
+                         "\n    tp_size: 8\n    tp_ranks: [0, 1, 2, 3, 4, 5, 6, 7]\n");
+  }
+  auto specs = ParseSpecs(text, "specs.yaml");
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  EXPECT_EQ(specs->size(), 1000u);
+}
+
+// Issue 14: an oversized model name was echoed back whole, so the reply itself failed.
+TEST(SpecLimits, EchoedValuesAreEscapedAndCut) {
+  auto specs = ParseSpecs("name: \"" + std::string(100000, 'N') + "\"\nmodel_dir: /m\n", "rpc");
+  EXPECT_EQ(specs.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string msg(specs.status().message());
+  EXPECT_THAT(msg, HasSubstr("rpc: name: must match [a-z0-9][a-z0-9._-]{0,62}, got \"NNN"));
+  EXPECT_THAT(msg, HasSubstr("...\" (100000 bytes)"));
+  EXPECT_LT(msg.size(), 300u);
+  specs = ParseSpecs("name: \"a\\u0000b\\nc\"\nmodel_dir: /m\n", "rpc");
+  EXPECT_THAT(std::string(specs.status().message()), HasSubstr("got \"a\\000b\\nc\""));
+}
+
+// Found by fuzz_spec: a model_dir with invalid UTF-8 or control characters did not come
+// back equal through ToYaml (and would print as something else in messages).
+TEST(SpecValidate, FreeTextIsBoundedUtf8WithoutControlCharacters) {
+  auto flag = ParseSpecFlag("name=llama,model_dir=/m/ll\xff\xffmodels");
+  EXPECT_EQ(flag.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(flag.status().message()),
+            "flag: model_dir: must be UTF-8, got byte 5 of \"/m/ll\\377\\377models\"");
+  flag = ParseSpecFlag("name=llama,model_dir=/m\n/x");
+  EXPECT_EQ(std::string(flag.status().message()),
+            "flag: model_dir: must not hold control characters, got one at byte 2 of "
+            "\"/m\\n/x\"");
+  ExpectInvalid("name: x\nmodel_dir: /m\nrevision: \"a\\u0085\"\n",
+                "specs.yaml: revision: must not hold control characters, got one at byte 1 of "
+                "\"a\\302\\205\"");
+  ExpectInvalid("name: x\nmodel_dir: /m\narchitecture: " + std::string(257, 'A') + "\n",
+                "specs.yaml: architecture: must be at most 256 bytes, got 257: \"" +
+                    std::string(128, 'A') + "...\" (257 bytes)");
+  EXPECT_EQ(ParseOne("name: x\nmodel_dir: /m/\u00e9t\u00e9\n").model_dir, "/m/\u00e9t\u00e9");
 }
 
 }  // namespace

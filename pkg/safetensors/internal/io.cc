@@ -9,7 +9,9 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "pkg/util/errno_status.h"
+#include "pkg/util/untrusted_text.h"
 
 namespace weightcache::safetensors::internal {
 
@@ -74,39 +76,24 @@ absl::Status WriteAll(int fd, const void* data, size_t length, std::string_view 
   return absl::OkStatus();
 }
 
-size_t FindInvalidUtf8(std::string_view s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned char c = p[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t len;
-    unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;  // overlong
-      if (c == 0xED) hi = 0x9F;  // surrogates
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;  // overlong
-      if (c == 0xF4) hi = 0x8F;  // above U+10FFFF
-    } else {
-      return i;  // continuation byte, overlong lead (C0, C1) or F5..FF
-    }
-    if (i + len > n) return i;
-    if (p[i + 1] < lo || p[i + 1] > hi) return i;
-    for (size_t k = 2; k < len; ++k) {
-      if (p[i + k] < 0x80 || p[i + k] > 0xBF) return i;
-    }
-    i += len;
+std::string TensorPrefix(const std::string& path, const std::string& name) {
+  return absl::StrCat(path, ": tensor '", EscapeTruncated(name), "'");
+}
+
+absl::Status CheckTensorName(const std::string& path, const std::string& name,
+                             const Limits& limits) {
+  if (name.size() > limits.max_name_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(TensorPrefix(path, name), ": name is ",
+                                                   name.size(), " bytes, above the limit of ",
+                                                   limits.max_name_bytes));
   }
-  return std::string_view::npos;
+  if (const size_t at = FindControlChar(name); at != std::string_view::npos) {
+    const auto c = static_cast<unsigned char>(name[at]);
+    const unsigned code = c == 0xC2 ? static_cast<unsigned char>(name[at + 1]) : c;
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: name holds control character U+%04X at byte %d", TensorPrefix(path, name), code, at));
+  }
+  return absl::OkStatus();
 }
 
 std::string Basename(const std::string& path) {

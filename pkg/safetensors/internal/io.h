@@ -35,9 +35,14 @@ absl::StatusOr<std::vector<ReadChunk>> SplitReads(const std::vector<ReadRequest>
 // Writes all of `data`, retrying on EINTR and short writes.
 absl::Status WriteAll(int fd, const void* data, size_t length, std::string_view what);
 
-// Byte offset of the first byte that is not part of well-formed UTF-8 (RFC 3629: no
-// overlong forms, no surrogates, nothing above U+10FFFF), or npos when all of it is.
-size_t FindInvalidUtf8(std::string_view s);
+// "<path>: tensor '<name>'" for messages, the name escaped and cut (EscapeTruncated).
+std::string TensorPrefix(const std::string& path, const std::string& name);
+
+// A tensor name the reader accepts: at most limits.max_name_bytes bytes and no control
+// character (C0 including NUL, DEL, C1). `name` is well-formed UTF-8 (the JSON was checked).
+// INVALID_ARGUMENT naming `path`, the tensor, and the byte otherwise.
+absl::Status CheckTensorName(const std::string& path, const std::string& name,
+                             const Limits& limits);
 
 // Last path component ("a/b/model.safetensors" -> "model.safetensors").
 std::string Basename(const std::string& path);

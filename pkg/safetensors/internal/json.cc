@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "pkg/safetensors/internal/io.h"
+#include "pkg/util/untrusted_text.h"
 
 namespace weightcache::safetensors::internal {
 namespace {
@@ -54,6 +55,10 @@ absl::StatusOr<nlohmann::json> ParseStrictJson(std::string_view text, const std:
                      absl::Hex(static_cast<unsigned char>(text[bad]), absl::kZeroPad2),
                      " at offset ", bad, ")"));
   }
+  if (BracketNestingDepth(text, kMaxJsonDepth) > kMaxJsonDepth) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " nests arrays/objects deeper than ",
+                                                   kMaxJsonDepth, " levels (refused unparsed)"));
+  }
   // nlohmann keeps the last of duplicate keys; a strict reader must refuse them (two
   // entries for one tensor name would make the file mean different things to different
   // readers). A SAX pass finds them in linear time (nlohmann's callback parser rescans the
@@ -64,11 +69,14 @@ absl::StatusOr<nlohmann::json> ParseStrictJson(std::string_view text, const std:
     nlohmann::json::sax_parse(text.begin(), text.end(), &finder);
     if (!finder.duplicate) value = nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " is not valid JSON: ", e.what()));
+    // nlohmann quotes the offending token, which may be most of the header.
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is not valid JSON: ", EscapeTruncated(e.what(), 256)));
   }
   const std::optional<std::string>& duplicate = finder.duplicate;
   if (duplicate) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " has duplicate key '", *duplicate, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " has duplicate key '", EscapeTruncated(*duplicate), "'"));
   }
   return value;
 }

@@ -1,0 +1,129 @@
+// HandleChannel with real sockets and real descriptors, no daemon: the handshake, descriptor
+// passing, the lease ending on the client's close and on CloseLease, and refusals. Run under
+// ThreadSanitizer in CI (the poll thread against the test's thread).
+#include "pkg/server/handle_channel.h"
+
+#include <sys/eventfd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "pkg/util/unix_socket.h"
+#include "tests/testutil/temp_dir.h"
+
+namespace weightcache::server {
+namespace {
+
+// What the channel's callbacks saw, from its thread.
+class Recorder {
+ public:
+  void Closed(const std::string& lease) {
+    std::lock_guard<std::mutex> l(mu_);
+    closed_.insert(lease);
+    cv_.notify_all();
+  }
+  // Waits (bounded) until `lease` has ended; false if it did not within 10 s.
+  bool WaitClosed(const std::string& lease) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, std::chrono::seconds(10), [&] { return closed_.count(lease) > 0; });
+  }
+  bool IsClosed(const std::string& lease) {
+    std::lock_guard<std::mutex> l(mu_);
+    return closed_.count(lease) > 0;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::set<std::string> closed_;
+};
+
+class HandleChannelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ScopedFd a(::eventfd(0, EFD_CLOEXEC));
+    ScopedFd b(::eventfd(0, EFD_CLOEXEC));
+    ASSERT_TRUE(a.valid() && b.valid());
+    segment_fds_ = std::make_shared<std::vector<ScopedFd>>();
+    segment_fds_->push_back(std::move(a));
+    segment_fds_->push_back(std::move(b));
+    HandleChannel::Options options;
+    options.path = dir_ / "handle.sock";
+    auto channel = HandleChannel::Start(
+        options,
+        [this](const std::string& token,
+               const PeerCred& /*peer*/) -> absl::StatusOr<HandleChannel::Grant> {
+          if (token != "goodtoken") return absl::PermissionDeniedError("unknown or expired token");
+          HandleChannel::Grant g;
+          g.lease_id = "lease-1";
+          for (const auto& fd : *segment_fds_) g.fds.push_back(fd.get());
+          g.keepalive = segment_fds_;
+          return g;
+        },
+        [this](const std::string& lease) { recorder_.Closed(lease); }, nullptr);
+    ASSERT_TRUE(channel.ok()) << channel.status();
+    channel_ = *std::move(channel);
+  }
+
+  ScopedFd Connect() {
+    auto fd = ConnectUnix(dir_ / "handle.sock");
+    EXPECT_TRUE(fd.ok()) << fd.status();
+    return fd.ok() ? *std::move(fd) : ScopedFd();
+  }
+
+  testing::TempDir dir_;
+  std::shared_ptr<std::vector<ScopedFd>> segment_fds_;
+  Recorder recorder_;
+  std::unique_ptr<HandleChannel> channel_;
+};
+
+TEST_F(HandleChannelTest, GoodTokenGetsTheDescriptorsAndCloseEndsTheLease) {
+  ScopedFd conn = Connect();
+  ASSERT_TRUE(WriteAll(conn.get(), "WCH1 goodtoken\n").ok());
+  auto got = RecvWithFds(conn.get(), 256);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->data, "FDS 2\n");
+  ASSERT_EQ(got->fds.size(), 2u);
+  EXPECT_FALSE(recorder_.IsClosed("lease-1"));
+  conn.reset();  // the client goes away: its lease ends
+  EXPECT_TRUE(recorder_.WaitClosed("lease-1"));
+}
+
+TEST_F(HandleChannelTest, CloseLeaseFromAnotherThreadEndsTheConnection) {
+  ScopedFd conn = Connect();
+  ASSERT_TRUE(WriteAll(conn.get(), "WCH1 goodtoken\n").ok());
+  ASSERT_TRUE(RecvWithFds(conn.get(), 256).ok());
+  channel_->CloseLease("lease-1");
+  EXPECT_TRUE(recorder_.WaitClosed("lease-1"));
+  auto eof = RecvWithFds(conn.get(), 256);
+  EXPECT_EQ(eof.status().code(), absl::StatusCode::kUnavailable) << eof.status();
+}
+
+TEST_F(HandleChannelTest, RefusalsSayWhy) {
+  struct Case {
+    std::string sent;
+    std::string reply;
+  };
+  for (const Case& c : {Case{"WCH1 badtoken\n", "ERR unknown or expired token"},
+                        Case{"HELLO\n", "ERR bad handshake: expected 'WCH1 <token>'"},
+                        Case{"WCH1 a\x01z\n",
+                             "ERR bad handshake: the token must be 1 to 128 ASCII letters and "
+                             "digits"},
+                        Case{std::string(256, 'x'), "ERR handshake line too long"}}) {
+    ScopedFd conn = Connect();
+    ASSERT_TRUE(WriteAll(conn.get(), c.sent).ok());
+    auto line = ReadLine(conn.get(), 4096);
+    ASSERT_TRUE(line.ok()) << line.status();
+    EXPECT_EQ(*line, c.reply);
+  }
+  EXPECT_FALSE(recorder_.IsClosed("lease-1"));
+}
+
+}  // namespace
+}  // namespace weightcache::server
