@@ -7,6 +7,7 @@
 #include <sys/time.h>
 
 #include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -94,6 +95,30 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socke
   return std::unique_ptr<Client>(new Client(path, std::move(rpc)));
 }
 
+namespace {
+
+// "ERR <CODE>: <message>" from the handle channel as a status with that code (a daemon that
+// sends no code: PERMISSION_DENIED, as before).
+absl::Status HandleChannelError(const std::string& why) {
+  static constexpr std::pair<const char*, absl::StatusCode> kCodes[] = {
+      {"PERMISSION_DENIED: ", absl::StatusCode::kPermissionDenied},
+      {"UNAVAILABLE: ", absl::StatusCode::kUnavailable},
+      {"RESOURCE_EXHAUSTED: ", absl::StatusCode::kResourceExhausted},
+      {"DEADLINE_EXCEEDED: ", absl::StatusCode::kDeadlineExceeded},
+      {"INVALID_ARGUMENT: ", absl::StatusCode::kInvalidArgument},
+      {"FAILED_PRECONDITION: ", absl::StatusCode::kFailedPrecondition},
+      {"INTERNAL: ", absl::StatusCode::kInternal},
+  };
+  for (const auto& [prefix, code] : kCodes) {
+    if (why.rfind(prefix, 0) == 0) {
+      return absl::Status(code, absl::StrCat("handle channel: ", why.substr(strlen(prefix))));
+    }
+  }
+  return absl::PermissionDeniedError(absl::StrCat("handle channel: ", why));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
   v1::AcquireRequest req;
@@ -157,7 +182,7 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) 
     if (msg.data.rfind("ERR ", 0) == 0) {
       std::string why = msg.data.substr(4);
       while (!why.empty() && why.back() == '\n') why.pop_back();
-      return absl::PermissionDeniedError(absl::StrCat("handle channel: ", why));
+      return HandleChannelError(why);
     }
     if (msg.data.rfind("FDS ", 0) != 0 || msg.fds.empty()) {
       return absl::InternalError(

@@ -21,13 +21,14 @@ namespace {
 
 constexpr size_t kMaxLine = kMaxHandshakeLine;
 constexpr int kTickMs = 200;
-constexpr auto kHandshakeTimeout = std::chrono::seconds(5);
+constexpr int kBackoffMs = 100;  // after EMFILE on accept
 
 struct Conn {
   ScopedFd fd;
   std::string buf;
   std::string lease_id;  // empty until the token is claimed
   std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
+  uid_t uid = static_cast<uid_t>(-1);  // the peer's, read at accept
 };
 
 void SendError(int fd, const std::string& msg) { (void)WriteAll(fd, FormatErrorLine(msg)); }
@@ -85,6 +86,7 @@ void HandleChannel::Loop() {
     if (!lease.empty()) close_(lease);
   };
   auto last_tick = std::chrono::steady_clock::now();
+  auto backoff_until = std::chrono::steady_clock::time_point{};
   while (true) {
     std::set<std::string> closing;
     {
@@ -101,8 +103,10 @@ void HandleChannel::Loop() {
         ++it;
       }
     }
+    const bool backing_off = std::chrono::steady_clock::now() < backoff_until;
     std::vector<pollfd> fds;
-    fds.push_back({listen_.get(), POLLIN, 0});
+    // While backing off from EMFILE the listening socket is left out (-1: poll ignores it).
+    fds.push_back({backing_off ? -1 : listen_.get(), POLLIN, 0});
     fds.push_back({wake_.get(), POLLIN, 0});
     for (const auto& [fd, c] : conns) fds.push_back({fd, POLLIN, 0});
     int n = ::poll(fds.data(), fds.size(), kTickMs);
@@ -115,18 +119,42 @@ void HandleChannel::Loop() {
       last_tick = now;
       if (tick_) tick_();
     }
+    // Connections that never completed the handshake: closed on every pass, also while the
+    // channel is otherwise idle.
+    for (auto it = conns.begin(); it != conns.end();) {
+      auto next = std::next(it);
+      if (it->second.lease_id.empty() && now - it->second.accepted > options_.handshake_timeout) {
+        SendError(it->second.fd.get(), "DEADLINE_EXCEEDED: handshake timed out");
+        end_conn(it);
+      }
+      it = next;
+    }
     if (n <= 0) continue;
     if (fds[1].revents & POLLIN) {
       uint64_t v;
       (void)::read(wake_.get(), &v, sizeof v);
     }
-    if (fds[0].revents & POLLIN) {
+    if (!backing_off && (fds[0].revents & POLLIN)) {
       int cfd = ::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (cfd >= 0) {
+      if (cfd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
+        // Out of descriptors: the socket stays readable; poll without it for a while
+        // instead of spinning.
+        WC_LOG_WARN("handle channel: accept: %s; retrying in %d ms", std::strerror(errno),
+                    kBackoffMs);
+        backoff_until = now + std::chrono::milliseconds(kBackoffMs);
+      } else if (cfd >= 0) {
         Conn c;
         c.fd.reset(cfd);
+        auto cred = GetPeerCred(cfd);
+        c.uid = cred.ok() ? cred->uid : static_cast<uid_t>(-1);
+        size_t mine = 0;
+        for (const auto& [fd, other] : conns) mine += other.uid == c.uid ? 1 : 0;
         if (conns.size() >= options_.max_connections) {
-          SendError(cfd, "too many connections");
+          SendError(cfd, absl::StrCat("RESOURCE_EXHAUSTED: the handle channel holds ", conns.size(),
+                                      " connections, its cap"));
+        } else if (mine >= options_.max_connections_per_uid) {
+          SendError(cfd, absl::StrCat("RESOURCE_EXHAUSTED: uid ", c.uid, " holds ", mine,
+                                      " handle connections, the cap per uid"));
         } else {
           conns.emplace(cfd, std::move(c));
         }
@@ -149,7 +177,7 @@ void HandleChannel::Loop() {
       const Handshake handshake = ParseHandshake(c.buf);
       if (handshake.state == Handshake::State::kIncomplete) continue;
       if (handshake.state == Handshake::State::kError) {
-        SendError(c.fd.get(), handshake.error);
+        SendError(c.fd.get(), "INVALID_ARGUMENT: " + handshake.error);
         end_conn(it);
         continue;
       }
@@ -164,13 +192,16 @@ void HandleChannel::Loop() {
               options_.allowed_uids.end()) {
         WC_LOG_WARN("handle channel: refused uid %d (pid %d): not in the allowlist",
                     static_cast<int>(peer->uid), static_cast<int>(peer->pid));
-        SendError(c.fd.get(), absl::StrCat("uid ", peer->uid, " is not allowed"));
+        SendError(c.fd.get(), absl::StrCat("PERMISSION_DENIED: uid ", peer->uid,
+                                           " is not allowed (--allowed_uids)"));
         end_conn(it);
         continue;
       }
       auto grant = claim_(handshake.token, *peer);
       if (!grant.ok()) {
-        SendError(c.fd.get(), std::string(grant.status().message()));
+        // The code first, so the client can tell a refusal from an ended lease.
+        SendError(c.fd.get(), absl::StrCat(absl::StatusCodeToString(grant.status().code()), ": ",
+                                           grant.status().message()));
         end_conn(it);
         continue;
       }
@@ -190,15 +221,6 @@ void HandleChannel::Loop() {
                     static_cast<int>(peer->pid), std::string(sent.message()));
         end_conn(it);
       }
-    }
-    // Connections that never completed the handshake.
-    for (auto it = conns.begin(); it != conns.end();) {
-      auto next = std::next(it);
-      if (it->second.lease_id.empty() && now - it->second.accepted > kHandshakeTimeout) {
-        SendError(it->second.fd.get(), "handshake timed out");
-        end_conn(it);
-      }
-      it = next;
     }
   }
   while (!conns.empty()) end_conn(conns.begin());

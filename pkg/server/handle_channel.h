@@ -16,6 +16,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <set>
@@ -50,7 +51,12 @@ class HandleChannel {
     std::string path;
     mode_t mode = 0660;
     std::vector<uid_t> allowed_uids;  // empty: any peer that can reach the socket
+    // Connections open at once, in all and per peer uid (leases included): past either cap a
+    // new connection is answered "ERR RESOURCE_EXHAUSTED: ..." and closed, so one peer cannot
+    // crowd out the others. Connections silent past the handshake timeout (5 s) are closed.
     size_t max_connections = 4096;
+    size_t max_connections_per_uid = 1024;
+    std::chrono::milliseconds handshake_timeout{5000};
   };
 
   static absl::StatusOr<std::unique_ptr<HandleChannel>> Start(const Options& options, ClaimFn claim,

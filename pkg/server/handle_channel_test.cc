@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pkg/util/unix_socket.h"
 #include "tests/testutil/temp_dir.h"
@@ -46,14 +47,15 @@ class Recorder {
 
 class HandleChannelTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { Start({}); }
+
+  void Start(HandleChannel::Options options) {
     ScopedFd a(::eventfd(0, EFD_CLOEXEC));
     ScopedFd b(::eventfd(0, EFD_CLOEXEC));
     ASSERT_TRUE(a.valid() && b.valid());
     segment_fds_ = std::make_shared<std::vector<ScopedFd>>();
     segment_fds_->push_back(std::move(a));
     segment_fds_->push_back(std::move(b));
-    HandleChannel::Options options;
     options.path = dir_ / "handle.sock";
     auto channel = HandleChannel::Start(
         options,
@@ -110,12 +112,13 @@ TEST_F(HandleChannelTest, RefusalsSayWhy) {
     std::string sent;
     std::string reply;
   };
-  for (const Case& c : {Case{"WCH1 badtoken\n", "ERR unknown or expired token"},
-                        Case{"HELLO\n", "ERR bad handshake: expected 'WCH1 <token>'"},
-                        Case{"WCH1 a\x01z\n",
-                             "ERR bad handshake: the token must be 1 to 128 ASCII letters and "
-                             "digits"},
-                        Case{std::string(256, 'x'), "ERR handshake line too long"}}) {
+  for (const Case& c :
+       {Case{"WCH1 badtoken\n", "ERR PERMISSION_DENIED: unknown or expired token"},
+        Case{"HELLO\n", "ERR INVALID_ARGUMENT: bad handshake: expected 'WCH1 <token>'"},
+        Case{"WCH1 a\x01z\n",
+             "ERR INVALID_ARGUMENT: bad handshake: the token must be 1 to 128 ASCII letters and "
+             "digits"},
+        Case{std::string(256, 'x'), "ERR INVALID_ARGUMENT: handshake line too long"}}) {
     ScopedFd conn = Connect();
     ASSERT_TRUE(WriteAll(conn.get(), c.sent).ok());
     auto line = ReadLine(conn.get(), 4096);
@@ -123,6 +126,41 @@ TEST_F(HandleChannelTest, RefusalsSayWhy) {
     EXPECT_EQ(*line, c.reply);
   }
   EXPECT_FALSE(recorder_.IsClosed("lease-1"));
+}
+
+// A silent connection is closed after the handshake timeout even when nothing else happens
+// on the channel (the sweep used to run only when some descriptor was readable).
+TEST_F(HandleChannelTest, SilentConnectionsAreClosedWhileTheChannelIsIdle) {
+  channel_.reset();
+  HandleChannel::Options o;
+  o.handshake_timeout = std::chrono::milliseconds(300);
+  Start(o);
+  ScopedFd silent = Connect();
+  auto line = ReadLine(silent.get(), 4096);  // blocks until the channel speaks and closes
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_EQ(*line, "ERR DEADLINE_EXCEEDED: handshake timed out");
+}
+
+// One peer holding many connections gets RESOURCE_EXHAUSTED saying so; others are not starved
+// by the total cap first (the per-uid cap is below it).
+TEST_F(HandleChannelTest, APeerOverItsConnectionCapIsToldSo) {
+  channel_.reset();
+  HandleChannel::Options o;
+  o.max_connections_per_uid = 2;
+  Start(o);
+  std::vector<ScopedFd> held;
+  held.push_back(Connect());
+  held.push_back(Connect());
+  ScopedFd over = Connect();
+  auto line = ReadLine(over.get(), 4096);
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_THAT(*line, ::testing::StartsWith("ERR RESOURCE_EXHAUSTED: uid "));
+  EXPECT_THAT(*line, ::testing::HasSubstr("handle connections, the cap per uid"));
+  // The held ones still work.
+  ASSERT_TRUE(WriteAll(held[0].get(), "WCH1 goodtoken\n").ok());
+  auto fds = RecvWithFds(held[0].get(), 256);
+  ASSERT_TRUE(fds.ok()) << fds.status();
+  EXPECT_EQ(fds->fds.size(), 2u);
 }
 
 }  // namespace

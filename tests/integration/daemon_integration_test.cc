@@ -324,7 +324,7 @@ TEST_F(DaemonTest, BadTokenOnTheHandleChannelIsRefusedAndTheDaemonKeepsServing) 
     ASSERT_TRUE(WriteAll(fd->get(), "WCH1 0000\n").ok());
     auto line = ReadLine(fd->get(), 512);
     ASSERT_TRUE(line.ok());
-    EXPECT_EQ(*line, "ERR unknown or expired token");
+    EXPECT_EQ(*line, "ERR PERMISSION_DENIED: unknown or expired token");
   }
   {
     auto fd = ConnectUnix(socket_dir_ + "/handle.sock");
