@@ -1,5 +1,6 @@
 #include "tests/integration/daemon_harness.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -50,6 +51,16 @@ v1::StatusResponse WaitForStatus(client::Client& c,
   }
   ADD_FAILURE() << "condition not reached; last status: " << last.DebugString();
   return last;
+}
+
+ToolRun RunTool(const std::vector<std::string>& argv, const std::string& err_path) {
+  Process p(argv, err_path);
+  ToolRun r;
+  while (auto l = p.ReadLine(std::chrono::seconds(20))) r.out += *l + "\n";
+  const int status = p.Wait();
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out += ReadFileOrEmpty(err_path);
+  return r;
 }
 
 std::string ReadFileOrEmpty(const std::string& path) {

@@ -35,6 +35,14 @@ v1::StatusResponse WaitForStatus(client::Client& c,
                                  const std::function<bool(const v1::StatusResponse&)>& pred,
                                  std::chrono::milliseconds timeout);
 
+// A tool (weightcachectl, ...) run to its end: exit code (-1 when signalled) and its stdout
+// followed by its stderr (kept in `err_path`).
+struct ToolRun {
+  int rc = -1;
+  std::string out;
+};
+ToolRun RunTool(const std::vector<std::string>& argv, const std::string& err_path);
+
 // The whole file, or "" when it cannot be read.
 std::string ReadFileOrEmpty(const std::string& path);
 

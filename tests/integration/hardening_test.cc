@@ -3,7 +3,6 @@
 // model roots, the per-uid connection cap, and a descriptor flood the daemon survives.
 #include <sys/socket.h>
 #include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -31,21 +30,6 @@ using testing::TempDir;
 
 constexpr uid_t kNobody = 65534;
 
-struct ToolRun {
-  int rc = -1;
-  std::string out;
-};
-
-ToolRun RunTool(const std::vector<std::string>& argv, const std::string& err_path) {
-  Process p(argv, err_path);
-  ToolRun r;
-  while (auto l = p.ReadLine(20s)) r.out += *l + "\n";
-  int status = p.Wait();
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out += testing::ReadFileOrEmpty(err_path);
-  return r;
-}
-
 class HardeningTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -63,12 +47,12 @@ class HardeningTest : public ::testing::Test {
     client_ = std::move(d->client);
   }
   // weightcachectl as uid/gid 65534 (nobody/nogroup).
-  ToolRun CtlAsNobody(const std::vector<std::string>& args) {
+  testing::ToolRun CtlAsNobody(const std::vector<std::string>& args) {
     std::vector<std::string> argv{"/usr/bin/setpriv",  "--reuid=65534",
                                   "--regid=65534",     "--clear-groups",
                                   WEIGHTCACHECTL_PATH, "--socket=" + socket_dir()};
     argv.insert(argv.end(), args.begin(), args.end());
-    return RunTool(argv, dir_ / "ctl.err");
+    return testing::RunTool(argv, dir_ / "ctl.err");
   }
   std::string socket_dir() const { return dir_ / "s"; }
 
@@ -82,16 +66,16 @@ TEST_F(HardeningTest, AnotherUidCannotRedefineEvictOrEndOthersLeases) {
   ::chmod(dir_.path().c_str(), 0755);  // the socket dir's parent: reachable by nobody
   Start({"--socket_gid=65534"});
   // The engine's read access works: status and acquire.
-  ToolRun status = CtlAsNobody({"status"});
+  testing::ToolRun status = CtlAsNobody({"status"});
   EXPECT_EQ(status.rc, 0) << status.out;
   // Redefining model m through an inline spec pointing at its own directory: refused.
   std::ofstream(dir_ / "evil.yaml") << "name: m\nmodel_dir: /tmp\n";
   ::chmod((dir_ / "evil.yaml").c_str(), 0644);
-  ToolRun redefine = CtlAsNobody({"--spec=" + dir_ / "evil.yaml", "load"});
+  testing::ToolRun redefine = CtlAsNobody({"--spec=" + dir_ / "evil.yaml", "load"});
   EXPECT_EQ(redefine.rc, 2) << redefine.out;
   EXPECT_THAT(redefine.out, HasSubstr("PERMISSION_DENIED"));
   EXPECT_THAT(redefine.out, HasSubstr("may not define models"));
-  ToolRun evict = CtlAsNobody({"evict", "m"});
+  testing::ToolRun evict = CtlAsNobody({"evict", "m"});
   EXPECT_EQ(evict.rc, 2) << evict.out;
   EXPECT_THAT(evict.out, HasSubstr("may not evict"));
   // A lease of root's cannot be ended by nobody.
@@ -148,9 +132,10 @@ TEST_F(HardeningTest, AUidOverItsConnectionCapIsToldSo) {
   std::vector<ScopedFd> held;
   for (int i = 0; i < 2; ++i) held.push_back(RawConnect(socket_dir() + "/control.sock"));
   // Another process (its own connection; clients in one process share theirs).
-  ToolRun over;
+  testing::ToolRun over;
   for (int i = 0; i < 100; ++i) {  // bounded: until the listener has accepted the raw ones
-    over = RunTool({WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "status"}, dir_ / "c.err");
+    over = testing::RunTool({WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "status"},
+                            dir_ / "c.err");
     if (over.rc != 0) break;
     std::this_thread::sleep_for(20ms);
   }
@@ -159,9 +144,10 @@ TEST_F(HardeningTest, AUidOverItsConnectionCapIsToldSo) {
   EXPECT_THAT(over.out, HasSubstr("over the cap of 3 per uid (--max_connections_per_uid)"));
   // Once they go, a new connection is served again.
   held.clear();
-  ToolRun again;
+  testing::ToolRun again;
   for (int i = 0; i < 100; ++i) {  // bounded poll: reaping runs every 200 ms
-    again = RunTool({WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "status"}, dir_ / "c.err");
+    again = testing::RunTool({WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "status"},
+                             dir_ / "c.err");
     if (again.rc == 0) break;
     std::this_thread::sleep_for(50ms);
   }
@@ -189,9 +175,10 @@ TEST_F(HardeningTest, DescriptorFloodDoesNotLeaveTheListenerDead) {
   EXPECT_THAT(testing::ReadFileOrEmpty(dir_ / "daemon.log"), HasSubstr("accept: Too many open"));
   flood.clear();
   // A new connection from another process (clients in one process share theirs).
-  ToolRun served;
+  testing::ToolRun served;
   for (int i = 0; i < 100; ++i) {  // a bounded poll
-    served = RunTool({WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "status"}, dir_ / "c.err");
+    served = testing::RunTool({WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "status"},
+                              dir_ / "c.err");
     if (served.rc == 0) break;
     std::this_thread::sleep_for(50ms);
   }

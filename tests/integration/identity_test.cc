@@ -3,7 +3,6 @@
 // files, every rank loads, names that share an entry, draining entries, and the CLI.
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -28,22 +27,6 @@ using ::testing::HasSubstr;
 using testing::Process;
 using ::testing::StartsWith;
 using testing::TempDir;
-
-struct ToolRun {
-  int rc = -1;
-  std::string out;
-};
-
-// Runs a binary to its end; stdout in `out`, stderr appended after it.
-ToolRun RunTool(const std::vector<std::string>& argv, const std::string& err_path) {
-  Process p(argv, err_path);
-  ToolRun r;
-  while (auto l = p.ReadLine(20s)) r.out += *l + "\n";
-  int status = p.Wait();
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out += testing::ReadFileOrEmpty(err_path);
-  return r;
-}
 
 // The checkpoint's bytes of tensor `name`.
 std::string DiskBytes(const std::string& dir, const std::string& name) {
@@ -110,9 +93,9 @@ class IdentityTest : public ::testing::Test {
     return client_->Acquire(o);
   }
 
-  ToolRun Ctl(std::vector<std::string> args) {
+  testing::ToolRun Ctl(std::vector<std::string> args) {
     args.insert(args.begin(), {WEIGHTCACHECTL_PATH, "--socket=" + socket_dir()});
-    return RunTool(args, dir_ / "ctl.err");
+    return testing::RunTool(args, dir_ / "ctl.err");
   }
 
   v1::StatusResponse WaitStatus(const std::function<bool(const v1::StatusResponse&)>& pred) {
@@ -141,12 +124,12 @@ TEST_F(IdentityTest, IdenticalHeadersDifferentWeightsAreTwoEntriesEachWithItsOwn
   ASSERT_NE(DiskBytes(dir_ / "a", kTensor), DiskBytes(dir_ / "b", kTensor));
 
   // verify compares with the named spec's files, and fails against the other model's.
-  ToolRun ok = Ctl({"verify", "finetune"});
+  testing::ToolRun ok = Ctl({"verify", "finetune"});
   EXPECT_EQ(ok.rc, 0) << ok.out;
   EXPECT_THAT(ok.out, HasSubstr("mapped finetune:"));
   EXPECT_THAT(ok.out, HasSubstr("verify OK"));
   EXPECT_THAT(ok.out, HasSubstr(dir_ / "b"));
-  ToolRun other = Ctl({"--model_dir=" + dir_ / "a", "verify", "finetune"});
+  testing::ToolRun other = Ctl({"--model_dir=" + dir_ / "a", "verify", "finetune"});
   EXPECT_EQ(other.rc, 1) << other.out;
   EXPECT_THAT(other.out, HasSubstr("verify FAILED"));
 }
@@ -247,13 +230,13 @@ TEST_F(IdentityTest, IdentitySurvivesARestartWithoutHashingAgain) {
 TEST_F(IdentityTest, LoadLoadsEveryRankAndAMissingRankIsAMissListingTheCachedOnes) {
   Write("a", 42);
   Start("models:\n" + Spec("tp2", "a", 2) + Spec("tp4", "a", 4), {"--preload=false"});
-  ToolRun load = Ctl({"load", "tp2"});
+  testing::ToolRun load = Ctl({"load", "tp2"});
   EXPECT_EQ(load.rc, 0) << load.out;
   EXPECT_THAT(load.out, HasSubstr("loading tp2: tp ranks 0,1 of 2"));
   EXPECT_THAT(load.out, HasSubstr("tp 1/2 pp 0/1 on host"));
   for (int r : {0, 1}) EXPECT_TRUE(Acquire("tp2", false, 2, r).ok()) << r;
   // One rank only, on request.
-  ToolRun one = Ctl({"--tp_size=4", "--tp_rank=0", "load", "tp4"});
+  testing::ToolRun one = Ctl({"--tp_size=4", "--tp_rank=0", "load", "tp4"});
   EXPECT_EQ(one.rc, 0) << one.out;
   auto rank3 = Acquire("tp4", false, 4, 3);
   ASSERT_EQ(rank3.status().code(), absl::StatusCode::kNotFound) << rank3.status();
@@ -323,12 +306,12 @@ TEST_F(IdentityTest, NamesSharingAnEntryAndEvictionByExactSpec) {
 }
 
 TEST_F(IdentityTest, HelpAndListSayWhatUsersNeed) {
-  ToolRun d = RunTool({WEIGHTCACHED_PATH, "--help"}, dir_ / "d.err");
+  testing::ToolRun d = testing::RunTool({WEIGHTCACHED_PATH, "--help"}, dir_ / "d.err");
   EXPECT_EQ(d.rc, 0) << d.out;
   EXPECT_THAT(d.out, HasSubstr("--socket_dir"));
   EXPECT_THAT(d.out, HasSubstr("--digest_store"));
   EXPECT_THAT(d.out, ::testing::Not(HasSubstr("No flags matched")));
-  ToolRun c = RunTool({WEIGHTCACHECTL_PATH, "--help"}, dir_ / "c.err");
+  testing::ToolRun c = testing::RunTool({WEIGHTCACHECTL_PATH, "--help"}, dir_ / "c.err");
   EXPECT_EQ(c.rc, 0) << c.out;
   for (const char* want : {"status", "list", "load", "evict", "verify", "--tp_rank", "--socket"}) {
     EXPECT_THAT(c.out, HasSubstr(want));
@@ -342,7 +325,7 @@ TEST_F(IdentityTest, HelpAndListSayWhatUsersNeed) {
         {"--preload=false"});
   ASSERT_TRUE(Acquire("llama", /*load=*/true).ok());
   EXPECT_FALSE(Acquire("awq").ok());
-  ToolRun list = Ctl({"list"});
+  testing::ToolRun list = Ctl({"list"});
   EXPECT_EQ(list.rc, 0) << list.out;
   EXPECT_THAT(list.out, ::testing::ContainsRegex("llama +1 +1 +auto +hf +0 +" + dir_ / "a"));
   EXPECT_THAT(list.out, ::testing::ContainsRegex("tp2 +2 +1 +auto +hf +- "));
@@ -350,11 +333,11 @@ TEST_F(IdentityTest, HelpAndListSayWhatUsersNeed) {
   EXPECT_THAT(list.out, HasSubstr("refused: "));
   EXPECT_THAT(list.out, HasSubstr("awq"));
   // status labels what its byte columns count.
-  ToolRun status = Ctl({"status"});
+  testing::ToolRun status = Ctl({"status"});
   EXPECT_THAT(status.out, HasSubstr("RESIDENT"));
   EXPECT_THAT(status.out, HasSubstr("TENSOR BYTES"));
   // A load that fails before reading prints no progress line.
-  ToolRun bad = Ctl({"load", "awq"});
+  testing::ToolRun bad = Ctl({"load", "awq"});
   EXPECT_EQ(bad.rc, 2);
   EXPECT_THAT(bad.out, ::testing::Not(HasSubstr("0.0%")));
   EXPECT_THAT(bad.out, HasSubstr("awq"));
