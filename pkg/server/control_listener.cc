@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
@@ -42,15 +43,19 @@ absl::StatusOr<std::unique_ptr<ControlListener>> ControlListener::Start(Options 
   }
   ScopedFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake) return ErrnoStatus(errno, "eventfd");
-  return std::unique_ptr<ControlListener>(
-      new ControlListener(std::move(options), std::move(listen), std::move(wake), server));
+  ConnectionRelay::Options ro;
+  ro.max_streams = options.max_streams_per_connection;
+  WC_ASSIGN_OR_RETURN(auto relay, ConnectionRelay::Start(ro));
+  return std::unique_ptr<ControlListener>(new ControlListener(
+      std::move(options), std::move(listen), std::move(wake), std::move(relay), server));
 }
 
 ControlListener::ControlListener(Options options, ScopedFd listen, ScopedFd wake,
-                                 grpc::Server* server)
+                                 std::unique_ptr<ConnectionRelay> relay, grpc::Server* server)
     : options_(std::move(options)),
       listen_(std::move(listen)),
       wake_(std::move(wake)),
+      relay_(std::move(relay)),
       server_(server) {
   thread_ = std::thread(&ControlListener::Loop, this);
 }
@@ -87,6 +92,9 @@ void ControlListener::Loop() {
   while (!stop_) {
     const auto now = std::chrono::steady_clock::now();
     const bool backing_off = now < backoff_until;
+    // After a shortage, descriptors being back is what readiness needs to know, not whether
+    // someone connected since.
+    if (!backing_off && !healthy_.load()) ProbeDescriptors();
     pollfd fds[2] = {{wake_.get(), POLLIN, 0}, {listen_.get(), POLLIN, 0}};
     const int n = ::poll(fds, backing_off ? 1 : 2, backing_off ? kBackoffMs : kTickMs);
     if (n < 0 && errno != EINTR) {
@@ -139,12 +147,23 @@ void ControlListener::Loop() {
         Conn c;
         c.caller.cred = *cred;
         c.caller.over_cap = mine >= options_.max_connections_per_uid;
-        c.ino = InodeOf(conn.get());
+        auto fd = relay_->Add(std::move(conn), absl::StrCat("uid ", cred->uid, " pid ", cred->pid));
+        if (!fd.ok()) {  // out of descriptors for the socket pair: as for accept
+          counters_.accept_errors++;
+          if (healthy_.exchange(false)) {
+            WC_LOG_ERROR(
+                "control socket: %s; retrying every %d ms until descriptors are free (raise "
+                "the open-file limit?)",
+                std::string(fd.status().message()), kBackoffMs);
+          }
+          backoff_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(kBackoffMs);
+          break;
+        }
+        c.ino = InodeOf(*fd);
         ++mine;
         counters_.accepted++;
-        const int fd = conn.release();  // gRPC owns it from here
-        conns_[fd] = c;
-        grpc::AddInsecureChannelFromFd(server_, fd);
+        conns_[*fd] = c;  // gRPC owns the descriptor from here
+        grpc::AddInsecureChannelFromFd(server_, *fd);
       }
     }
     if (std::chrono::steady_clock::now() >= next_reap) {
@@ -153,6 +172,16 @@ void ControlListener::Loop() {
       next_reap = std::chrono::steady_clock::now() + std::chrono::milliseconds(kTickMs);
     }
   }
+}
+
+void ControlListener::ProbeDescriptors() {
+  // A connection takes three: the accepted one and the relay's socket pair.
+  ScopedFd probes[3];
+  for (ScopedFd& p : probes) {
+    p = ScopedFd(::fcntl(listen_.get(), F_DUPFD_CLOEXEC, 0));
+    if (!p) return;
+  }
+  if (!healthy_.exchange(true)) WC_LOG_INFO("control socket: accepting again");
 }
 
 void ControlListener::Reap() {

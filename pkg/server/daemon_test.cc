@@ -3,9 +3,13 @@
 #include "pkg/server/daemon.h"
 
 #include <grpcpp/grpcpp.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -66,6 +70,14 @@ class DaemonInProcessTest : public ::testing::Test {
   std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<client::Client> client_;
 };
+
+// connect(2) of `fd` to the Unix socket at `path`: 0 or -1 (errno set).
+int ConnectFd(int fd, const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  return ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+}
 
 TEST_F(DaemonInProcessTest, EvictedBetweenLookupAndLeaseIsAnErrorNotAHit) {
   std::atomic<bool> fired{false};
@@ -148,6 +160,44 @@ TEST_F(DaemonInProcessTest, WaitReturnsOnlyAfterTheSocketsAreGone) {
   EXPECT_GT(v->nbytes, 0u);
   volatile char first = *static_cast<const char*>(v->data);
   (void)first;
+}
+
+// /readyz's source: while the control socket cannot accept (out of descriptors) the daemon is
+// not ready, saying why; once descriptors are back it is ready again without anyone having to
+// connect first.
+TEST_F(DaemonInProcessTest, NotReadyWhileTheControlSocketCannotAccept) {
+  Start({});
+  ASSERT_TRUE(Acquire().ok());
+  auto ready_within = [this](bool want, std::chrono::seconds limit) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (daemon_->Readiness().first != want && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return daemon_->Readiness();
+  };
+  ASSERT_TRUE(ready_within(true, std::chrono::seconds(10)).first);
+  ScopedFd conn(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ASSERT_TRUE(conn);
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  // The lowest free descriptor number as the limit: no new descriptor can be had (this
+  // process is the daemon too).
+  const int lowest_free = ::dup(0);
+  ASSERT_GE(lowest_free, 0);
+  ::close(lowest_free);
+  rlimit low = saved;
+  low.rlim_cur = static_cast<rlim_t>(lowest_free);
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  const int connected = ConnectFd(conn.get(), dir_ / "s/control.sock");
+  const auto wedged = ready_within(false, std::chrono::seconds(5));
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  ASSERT_EQ(connected, 0) << std::strerror(errno);
+  EXPECT_FALSE(wedged.first);
+  EXPECT_THAT(wedged.second, HasSubstr("cannot accept connections"));
+  conn.reset();  // the connection that met the shortage goes: readiness must not wait for one
+  const auto back = ready_within(true, std::chrono::seconds(5));
+  EXPECT_TRUE(back.first) << back.second;
+  EXPECT_TRUE(Acquire().ok());
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // The control socket's listener. gRPC's own Unix listener hides who connects, and when the
 // process runs out of descriptors it stops accepting for good. This listener accepts each
 // connection itself: it reads the peer's credentials (SO_PEERCRED), applies the uid
-// allowlist and the connection caps, and hands the connection to gRPC
-// (grpc::AddInsecureChannelFromFd); RPC handlers then learn who calls through PeerOf().
+// allowlist and the connection caps, and hands the connection to gRPC through a relay that
+// bounds the HTTP/2 streams it may hold (connection_relay.h; grpc::AddInsecureChannelFromFd
+// on the relay's socket pair); RPC handlers then learn who calls through PeerOf().
 // On EMFILE/ENFILE it backs off (100 ms) and keeps accepting once descriptors are back.
 // Not a public header.
 //
@@ -25,6 +26,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "pkg/server/internal/connection_relay.h"
 #include "pkg/util/scoped_fd.h"
 #include "pkg/util/unix_socket.h"
 
@@ -40,6 +42,8 @@ class ControlListener {
     // Caller::over_cap) so it learns why.
     size_t max_connections = 2048;
     size_t max_connections_per_uid = 256;
+    // HTTP/2 streams one connection may hold open (connection_relay.h): past it, closed.
+    size_t max_streams_per_connection = 64;
   };
   static absl::StatusOr<std::unique_ptr<ControlListener>> Start(Options options,
                                                                 grpc::Server* server);
@@ -68,8 +72,11 @@ class ControlListener {
   const Options& options() const { return options_; }
 
  private:
-  ControlListener(Options options, ScopedFd listen, ScopedFd wake, grpc::Server* server);
+  ControlListener(Options options, ScopedFd listen, ScopedFd wake,
+                  std::unique_ptr<ConnectionRelay> relay, grpc::Server* server);
   void Loop();
+  // Marks the listener healthy again when a descriptor can be had (after EMFILE).
+  void ProbeDescriptors();
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   struct Conn {
@@ -80,6 +87,7 @@ class ControlListener {
   const Options options_;
   ScopedFd listen_;
   ScopedFd wake_;
+  std::unique_ptr<ConnectionRelay> relay_;
   grpc::Server* const server_;
   std::atomic<bool> healthy_{true};
   std::atomic<bool> stop_{false};
