@@ -57,6 +57,7 @@ std::string Daemon::Impl::handle_path() const {
 
 void Daemon::Impl::StartPreloads() {
   for (const auto& s : options_.specs) {
+    if (options_.before_preload_hook) options_.before_preload_hook(s.name);
     auto opened = models_.Open(s.name, /*refresh=*/false);
     std::vector<int> ranks = s.tp_ranks;
     if (ranks.empty()) {

@@ -79,6 +79,9 @@ struct DaemonOptions {
   // Tests only: called by Acquire after it found a ready entry and before it records the
   // lease (to race an eviction deterministically). Null in production.
   std::function<void(const std::string& model)> before_lease_hook;
+  // Tests only: called on the preload thread before each preloaded model is opened (to hold
+  // a preload in its opening, as slow hashing of a large checkpoint does). Null in production.
+  std::function<void(const std::string& model)> before_preload_hook;
   unsigned read_threads = 16;
   // GPU loads: page-locked staging memory kept pinned between loads (one ring: pinning it
   // again costs ~0.1 s per load, a third of a page-cache-hot 8 GiB load); 0 frees it after

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <future>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -198,6 +199,33 @@ TEST_F(DaemonInProcessTest, NotReadyWhileTheControlSocketCannotAccept) {
   const auto back = ready_within(true, std::chrono::seconds(5));
   EXPECT_TRUE(back.first) << back.second;
   EXPECT_TRUE(Acquire().ok());
+}
+
+// Preloads never keep the daemon from serving: while one is being opened (hashing a large
+// checkpoint, held here by the hook) the control socket answers, readiness names what is
+// pending, and an Acquire that does not wait hears why instead of a miss.
+TEST_F(DaemonInProcessTest, ServesWhileAPreloadIsStillBeingOpened) {
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  DaemonOptions o;
+  o.before_preload_hook = [released](const std::string&) { released.wait(); };
+  Start(std::move(o));
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->entries_size(), 0);
+  const auto [ready, why] = daemon_->Readiness();
+  EXPECT_FALSE(ready);
+  EXPECT_THAT(why, HasSubstr("opening m for preload"));
+  client::AcquireOptions now;
+  now.model = "m";
+  auto early = client_->Acquire(now);
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kUnavailable) << early.status();
+  EXPECT_THAT(std::string(early.status().message()), HasSubstr("being opened for its preload"));
+  // A waiting Acquire returns once the preload is through.
+  auto waiter = std::async(std::launch::async, [this] { return Acquire(); });
+  release.set_value();
+  auto lease = waiter.get();
+  EXPECT_TRUE(lease.ok()) << lease.status();
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The control plane under an unprivileged peer and under floods (issue 14), real processes on
 // the host backend: admin-only operations refused to another uid (through setpriv, as root),
 // model roots, the per-uid connection cap, and a descriptor flood the daemon survives.
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include "pkg/util/scoped_fd.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/process.h"
+#include "tests/testutil/fifo.h"
 #include "tests/testutil/temp_dir.h"
 #include "weightcache/v1/weightcache.pb.h"
 
@@ -185,6 +187,41 @@ TEST_F(HardeningTest, DescriptorFloodDoesNotLeaveTheListenerDead) {
   }
   EXPECT_EQ(served.rc, 0) << served.out << testing::ReadFileOrEmpty(dir_ / "daemon.log");
   EXPECT_THAT(testing::ReadFileOrEmpty(dir_ / "daemon.log"), HasSubstr("accepting again"));
+}
+
+// Finding: a FIFO as a preloaded model's config.json kept the daemon from ever creating
+// control.sock, and SIGTERM then aborted it, leaving a stale handle.sock. Now the preload
+// fails at once naming the FIFO, the other model serves, and SIGTERM exits 0 cleanly.
+TEST_F(HardeningTest, FifoConfigInAPreloadNeitherBlocksServingNorShutdown) {
+  std::filesystem::create_directories(dir_ / "models/fifo");
+  testing::FifoGuard fifo(dir_ / "models/fifo/config.json");
+  std::ofstream(dir_ / "specs.yaml") << "models:\n"
+                                     << "  - {name: f, model_dir: " << dir_ / "models/fifo"
+                                     << "}\n  - {name: m, model_dir: " << dir_ / "models/m"
+                                     << "}\n";
+  auto d =
+      testing::StartDaemon({WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir(), "--backend=host",
+                            "--metrics_address=off", "--spec_file=" + dir_ / "specs.yaml"},
+                           socket_dir(), dir_ / "daemon.log");
+  ASSERT_TRUE(d.ok()) << d.status();
+  daemon_ = std::move(d->process);
+  client_ = std::move(d->client);
+  client::AcquireOptions o;
+  o.model = "m";
+  o.wait_ready = true;
+  auto lease = client_->Acquire(o);
+  EXPECT_TRUE(lease.ok()) << lease.status();
+  o.model = "f";
+  auto bad = client_->Acquire(o);
+  EXPECT_FALSE(bad.ok());
+  testing::ToolRun list =
+      testing::RunTool({WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "list"}, dir_ / "ctl.err");
+  EXPECT_THAT(list.out, HasSubstr("not a regular file"));
+  EXPECT_FALSE(fifo.fired()) << "something blocked on the FIFO";
+  daemon_->Kill(SIGTERM);
+  EXPECT_EQ(daemon_->Wait(), 0) << testing::ReadFileOrEmpty(dir_ / "daemon.log");
+  EXPECT_FALSE(std::filesystem::exists(socket_dir() + "/control.sock"));
+  EXPECT_FALSE(std::filesystem::exists(socket_dir() + "/handle.sock"));
 }
 
 }  // namespace
