@@ -11,6 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "pkg/util/daemon_answer.h"
 #include "pkg/util/status_macros.h"
 #include "pkg/util/unix_socket.h"
 #include "weightcache/v1/weightcache.grpc.pb.h"
@@ -18,12 +19,15 @@
 namespace weightcache::client {
 namespace {
 
-// The client's one conversion point from gRPC status to absl::Status.
-absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
+// The client's one conversion point from gRPC status to absl::Status. UNAVAILABLE that the
+// daemon did not answer itself (no kDaemonAnswerKey) came from the transport: no daemon, or
+// it went away during the call.
+absl::Status FromGrpc(const grpc::ClientContext& ctx, const grpc::Status& s,
+                      const std::string& what) {
   if (s.ok()) return absl::OkStatus();
+  const bool from_daemon = ctx.GetServerTrailingMetadata().count(kDaemonAnswerKey) > 0;
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      s.error_code() == grpc::StatusCode::UNAVAILABLE &&
-                              s.error_message().find("connect") != std::string::npos
+                      s.error_code() == grpc::StatusCode::UNAVAILABLE && !from_daemon
                           ? absl::StrCat(what, ": daemon unreachable: ", s.error_message())
                           : s.error_message());
 }
@@ -144,7 +148,7 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) 
   // The manifest has one message per tensor: an arena makes parsing and freeing it cheap.
   google::protobuf::Arena arena;
   auto& resp = *google::protobuf::Arena::CreateMessage<v1::AcquireResponse>(&arena);
-  WC_RETURN_IF_ERROR(FromGrpc(rpc_->stub->Acquire(&ctx, req, &resp), "Acquire"));
+  WC_RETURN_IF_ERROR(FromGrpc(ctx, rpc_->stub->Acquire(&ctx, req, &resp), "Acquire"));
 
   auto lease = std::unique_ptr<Lease>(new Lease());
   lease->id_ = resp.lease_id();
@@ -235,7 +239,7 @@ absl::Status Client::Release(const std::string& lease_id) {
   req.set_lease_id(lease_id);
   v1::ReleaseResponse resp;
   grpc::ClientContext ctx;
-  return FromGrpc(rpc_->stub->Release(&ctx, req, &resp), "Release");
+  return FromGrpc(ctx, rpc_->stub->Release(&ctx, req, &resp), "Release");
 }
 
 absl::StatusOr<v1::StatusResponse> Client::Status() {
@@ -243,7 +247,7 @@ absl::StatusOr<v1::StatusResponse> Client::Status() {
   v1::StatusResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  WC_RETURN_IF_ERROR(FromGrpc(rpc_->stub->Status(&ctx, req, &resp), "Status"));
+  WC_RETURN_IF_ERROR(FromGrpc(ctx, rpc_->stub->Status(&ctx, req, &resp), "Status"));
   return resp;
 }
 
@@ -260,7 +264,7 @@ absl::Status Client::Load(const std::string& model, const std::string& spec_yaml
   while (reader->Read(&p)) {
     if (on_progress) on_progress(p);
   }
-  return FromGrpc(reader->Finish(), "Load");
+  return FromGrpc(ctx, reader->Finish(), "Load");
 }
 
 absl::StatusOr<uint32_t> Client::Evict(const std::string& model, const std::string& fingerprint) {
@@ -278,7 +282,7 @@ absl::StatusOr<v1::EvictResponse> Client::EvictDetailed(const std::string& model
   }
   v1::EvictResponse resp;
   grpc::ClientContext ctx;
-  WC_RETURN_IF_ERROR(FromGrpc(rpc_->stub->Evict(&ctx, req, &resp), "Evict"));
+  WC_RETURN_IF_ERROR(FromGrpc(ctx, rpc_->stub->Evict(&ctx, req, &resp), "Evict"));
   return resp;
 }
 

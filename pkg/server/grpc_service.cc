@@ -4,13 +4,15 @@
 #include <chrono>
 
 #include "pkg/server/internal/daemon_impl.h"
+#include "pkg/util/daemon_answer.h"
 #include "weightcache/v1/weightcache.grpc.pb.h"
 
 namespace weightcache::server {
 namespace {
 
-grpc::Status ToGrpc(const absl::Status& s) {
+grpc::Status ToGrpc(grpc::ServerContext* ctx, const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
+  ctx->AddTrailingMetadata(kDaemonAnswerKey, "error");  // see pkg/util/daemon_answer.h
   // absl and gRPC share the canonical code numbering.
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
@@ -23,7 +25,7 @@ class GrpcService final : public v1::WeightCache::Service {
                        v1::AcquireResponse* resp) override {
     auto t0 = std::chrono::steady_clock::now();
     auto caller = impl_->CallerOf(ctx->peer());
-    if (!caller.ok()) return ToGrpc(caller.status());
+    if (!caller.ok()) return ToGrpc(ctx, caller.status());
     std::string model;
     metrics::AcquireResult result;
     absl::Status s = impl_->Acquire(*caller, *req, resp, &model, &result);
@@ -31,21 +33,21 @@ class GrpcService final : public v1::WeightCache::Service {
       m->OnAcquire(model, result,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
-    return ToGrpc(s);
+    return ToGrpc(ctx, s);
   }
 
   grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,
                        v1::ReleaseResponse*) override {
     auto caller = impl_->CallerOf(ctx->peer());
-    if (!caller.ok()) return ToGrpc(caller.status());
-    return ToGrpc(impl_->Release(*caller, *req));
+    if (!caller.ok()) return ToGrpc(ctx, caller.status());
+    return ToGrpc(ctx, impl_->Release(*caller, *req));
   }
 
   grpc::Status Load(grpc::ServerContext* ctx, const v1::LoadRequest* req,
                     grpc::ServerWriter<v1::LoadProgress>* writer) override {
     auto caller = impl_->CallerOf(ctx->peer());
-    if (!caller.ok()) return ToGrpc(caller.status());
-    return ToGrpc(impl_->Load(*caller, *req, [&](const v1::LoadProgress& p) {
+    if (!caller.ok()) return ToGrpc(ctx, caller.status());
+    return ToGrpc(ctx, impl_->Load(*caller, *req, [&](const v1::LoadProgress& p) {
       return !ctx->IsCancelled() && writer->Write(p);
     }));
   }
@@ -53,14 +55,14 @@ class GrpcService final : public v1::WeightCache::Service {
   grpc::Status Evict(grpc::ServerContext* ctx, const v1::EvictRequest* req,
                      v1::EvictResponse* resp) override {
     auto caller = impl_->CallerOf(ctx->peer());
-    if (!caller.ok()) return ToGrpc(caller.status());
-    return ToGrpc(impl_->Evict(*caller, *req, resp));
+    if (!caller.ok()) return ToGrpc(ctx, caller.status());
+    return ToGrpc(ctx, impl_->Evict(*caller, *req, resp));
   }
 
   grpc::Status Status(grpc::ServerContext* ctx, const v1::StatusRequest*,
                       v1::StatusResponse* resp) override {
     auto caller = impl_->CallerOf(ctx->peer());
-    if (!caller.ok()) return ToGrpc(caller.status());
+    if (!caller.ok()) return ToGrpc(ctx, caller.status());
     impl_->Status(resp);
     return grpc::Status::OK;
   }
