@@ -151,11 +151,11 @@ def main() -> int:
         print("|---|---:|---:|---:|")
         for key, label in (
                 ("cpp", "C++ Acquire -> mapped (Lease::map_seconds, inside wc_acquire)"),
-                ("connect", "C++ wc_connect (gRPC channel; once per process)"),
+                ("connect", "C++ wc_connect (gRPC channel; once per process, not in whole)"),
                 ("build", "Python: tensor table + DLPack + one view per tensor"),
                 ("bind", "Python: weightcache.bind()"),
                 ("whole", "acquire() + bind(), the public calls, whole"),
-                ("over", "**Python overhead: whole - C++ Acquire -> mapped** (includes wc_connect)"),
+                ("over", "**Python overhead: whole - C++ Acquire -> mapped** (connection kept)"),
                 ("floor", "torch alone: as_strided + Parameter per tensor")):
             v = rows[key]
             print(f"| {label} | {statistics.median(v):.2f} | {min(v):.2f} | {pct(v, 0.9):.2f} |")

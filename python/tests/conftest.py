@@ -103,8 +103,16 @@ class Daemon:
         spec.write_text(json.dumps({"models": [dict(version=1, **m) for m in models]}))
         argv = [str(WEIGHTCACHED), f"--socket_dir={self.socket}/s", "--backend=host",
                 "--metrics_address=off", f"--spec_file={spec}", *extra]
+        self.argv = argv
         self.proc = subprocess.Popen(argv, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)
         self.socket += "/s"
+
+    def restart(self) -> None:
+        """Stops this daemon (SIGTERM) and starts it again on the same socket dir."""
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+        self.proc = subprocess.Popen(self.argv, stdout=open(self.log, "ab"),
+                                     stderr=subprocess.STDOUT)
 
     def wait_ready(self, names: List[str], timeout: float = 30) -> None:
         import weightcache

@@ -135,3 +135,26 @@ def test_tp2_ranks_hold_the_disk_slices(daemon, tiny_tensors, checkpoints):
             report = weightcache.verify(w, str(checkpoints["tiny"]), tp_rank=rank, tp_size=2)
             assert report.failures == []
             assert report.checked == len(tiny_tensors)
+
+
+def test_the_kept_connection_is_reused_and_survives_a_daemon_restart(tmp_path, checkpoints,
+                                                                     tiny_tensors):
+    from conftest import Daemon
+
+    from weightcache import _lib
+
+    d = Daemon(tmp_path, [{"name": "tiny", "model_dir": str(checkpoints["tiny"])}])
+    norm = tensor_sha(tiny_tensors["model.norm.weight"])
+    try:
+        d.wait_ready(["tiny"])
+        with weightcache.acquire("tiny", socket=d.socket) as w:
+            kept = _lib.shared_client(d.socket)
+            assert tensor_sha(w["model.norm.weight"]) == norm
+        with weightcache.acquire("tiny", socket=d.socket):
+            assert _lib.shared_client(d.socket) is kept  # one connection per process
+        d.restart()
+        d.wait_ready(["tiny"])
+        with weightcache.acquire("tiny", socket=d.socket) as w:
+            assert tensor_sha(w["model.norm.weight"]) == norm
+    finally:
+        d.stop()

@@ -29,6 +29,9 @@ def test_bind_matches_load_state_dict_exactly(daemon, tiny_tensors):
         for name, p in model.named_parameters():
             assert p.data_ptr() == w[name].data_ptr(), name  # the mapped memory itself
             assert not p.requires_grad
+            # The Weights' own tensor objects, already Parameters: no second tensor per weight.
+            assert p is w[name], name
+            assert isinstance(p, nn.Parameter)
     got = model(_ids())
     assert torch.equal(got, want)
 

@@ -122,11 +122,16 @@ def bind(module: Any, weights: Mapping[str, Any], *, prefix: str = "",
                 parts.append(f"{len(items)} {label}: " + ", ".join(items))
         raise BindError(f"bind({type(module).__name__}, prefix={prefix!r}): " + "; ".join(parts),
                         missing, unexpected, mismatched)
-    # What nn.Parameter(t, requires_grad=False) does, without its Python-level __new__.
+    # Weights' tensors are Parameters already (requires_grad=False); other mappings' tensors
+    # become ones as nn.Parameter(t, requires_grad=False) makes them, without its __new__.
     make_param = torch.Tensor._make_subclass
     param_cls = torch.nn.Parameter
     for names, t, is_param in plan:
-        value = make_param(param_cls, t, False) if is_param else t
+        if is_param:
+            value = t if type(t) is param_cls and not t.requires_grad else make_param(
+                param_cls, t, False)
+        else:
+            value = t.detach() if type(t) is param_cls else t
         for n in names:
             leaf = n.rpartition(".")[2]
             owner = owners[n]

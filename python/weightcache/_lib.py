@@ -300,6 +300,32 @@ class Lease(_Owned):
     _free, _what = "wc_lease_close", "lease"
 
 
+_shared_clients: "dict[tuple[int, str], Client]" = {}
+_shared_lock = threading.Lock()
+
+
+def shared_client(socket: Optional[str]) -> Client:
+    """This process's connection to the daemon at ``socket``: made on first use and kept, as a
+    C++ engine keeps its client (gRPC reconnects by itself). Keyed by pid too: a forked child
+    makes its own (a gRPC channel does not survive fork)."""
+    key = (os.getpid(), socket or os.environ.get("WEIGHTCACHE_SOCKET", ""))
+    with _shared_lock:
+        c = _shared_clients.get(key)
+        if c is None or c._handle is None:
+            c = Client(socket)
+            _shared_clients[key] = c
+        return c
+
+
+def drop_shared_client(client: Client) -> None:
+    """Forgets (and closes) a kept connection, e.g. after the daemon it reached went away."""
+    with _shared_lock:
+        for k, c in list(_shared_clients.items()):
+            if c is client:
+                del _shared_clients[k]
+    client.close()
+
+
 def acquire_lease(client: Client, options: AcquireOptions) -> Lease:
     handle = c_void_p()
     err = c_void_p()

@@ -72,7 +72,9 @@ class Weights(Mapping[str, Any]):
     """The tensors of one acquired model-rank: ``name -> torch.Tensor``, read-only.
 
     Every tensor is a zero-copy view of the daemon's memory (CPU tensors for the host backend,
-    ``cuda:N`` tensors for cuda-vmm), imported through DLPack. The lease lives as long as this
+    ``cuda:N`` tensors for cuda-vmm), imported through DLPack, made a
+    ``torch.nn.Parameter`` with ``requires_grad=False`` (so :func:`bind` puts these very
+    objects into a module: no second tensor per weight). The lease lives as long as this
     object or any tensor taken from it: ``close()`` (or leaving a ``with`` block) drops this
     object's hold, and the lease ends when the last tensor is freed too.
 
@@ -228,6 +230,7 @@ def _build(lease: "_lib.Lease", t0: float) -> Weights:
     esizes: Dict[bytes, int] = {}
     tensors: Dict[str, Any] = {}
     as_strided = torch.as_strided
+    param_cls = _param_class(torch)
     pos = 0
     for name, dt_name, nd, seg, off in zip(names, dtypes, ndims, seg_of, offsets):
         view = views.get((seg, dt_name))
@@ -240,9 +243,32 @@ def _build(lease: "_lib.Lease", t0: float) -> Weights:
             raise WeightcacheError(f"tensor '{name.decode()}': offset {off} is not a multiple "
                                    "of its element size")
         end = pos + nd
-        tensors[name.decode()] = as_strided(view, dims[pos:end], strides[pos:end], off // esize)
+        t = as_strided(view, dims[pos:end], strides[pos:end], off // esize)
+        if param_cls is not None:
+            # What nn.Parameter(t, requires_grad=False) gives, without its second tensor
+            # (_make_subclass detaches into a new one): the view itself becomes the Parameter.
+            t.__class__ = param_cls
+        tensors[name.decode()] = t
         pos = end
     return Weights(lease, info, tensors, device, time.perf_counter() - t0, segments)
+
+
+_PARAM_CLASS: Any = False  # not probed yet
+
+
+def _param_class(torch: Any) -> Any:
+    """torch.nn.Parameter when this torch lets a plain tensor view become one in place (checked
+    once per process), else None (bind() then makes each Parameter the usual way)."""
+    global _PARAM_CLASS
+    if _PARAM_CLASS is False:
+        try:
+            probe = torch.zeros(2)[:1]
+            probe.__class__ = torch.nn.Parameter
+            ok = isinstance(probe, torch.nn.Parameter) and not probe.requires_grad
+        except TypeError:
+            ok = False
+        _PARAM_CLASS = torch.nn.Parameter if ok else None
+    return _PARAM_CLASS
 
 
 def _dlpack_segment(base: int, size: int, ordinal: int, lease: "_lib.Lease") -> Any:
@@ -352,8 +378,14 @@ def acquire(
 
             lease = _spawn.acquire_spawned(socket, o, name, mdir, timeout)
         else:
-            with _lib.Client(socket) as c:
+            c = _lib.shared_client(socket)
+            try:
                 lease = _lib.acquire_lease(c, o)
+            except DaemonUnavailable:
+                # The kept connection may predate a daemon restart: once more on a new one.
+                _lib.drop_shared_client(c)
+                with _lib.Client(socket) as fresh:
+                    lease = _lib.acquire_lease(fresh, o)
         return _build(lease, t0)
     except FALLBACK_ERRORS as e:
         if fallback is None:
