@@ -72,6 +72,22 @@ chmod +x "$work/weightcached-host"
 step python_bench 300 "$PY" "$root/bench/python_acquire_bench.py" --daemon "$work/weightcached-host" \
   --reps 100
 
+section "benchmark: process start -> first forward, ~8 GB model: transformers vs weightcache"
+big=${BIG_DIR:-/var/tmp/wc-start8g}
+step make_8g 900 "$PY" "$root/bench/python_start_bench.py" make "$big"
+LD_LIBRARY_PATH=$carry/lib "$carry/bin/weightcached" --socket_dir="$work/s8" --backend=cuda \
+  --metrics_address=off --preload=false --spec_file="$big/spec.json" \
+  >"$OUT/weightcached-8g.log" 2>&1 &
+daemon8=$!
+for _ in $(seq 300); do
+  WEIGHTCACHE_SOCKET=$work/s8 "$PY" -m weightcache status >/dev/null 2>&1 && break
+  sleep 0.1
+done
+WEIGHTCACHE_SOCKET=$work/s8 step load_8g 600 "$PY" -m weightcache load start8g
+WEIGHTCACHE_SOCKET=$work/s8 REPS=${REPS:-2} step start_bench 1200 "$PY" \
+  "$root/bench/python_start_bench.py" run "$big"
+kill $daemon8; wait $daemon8
+
 section "daemon log (tail)"
 tail -n 30 "$OUT/weightcached.log"
 section "result: $([[ $fail == 0 ]] && echo PASS || echo "FAIL (${failed[*]})")"
