@@ -228,7 +228,7 @@ absl::Status KeeperLink::DepositLocked(const cache::Entry& e, const load::Loaded
   fds.reserve(content.segments.size());
   for (const auto& s : content.segments) fds.push_back(s->fd());
   const std::string key = KeyOf(e.fingerprint, e.device_uuid);
-  const absl::Status s =
+  absl::Status s =
       conn_->Deposit(key,
                      EncodeKeeperRecord(e, content, memory::BackendName(backend_->kind()),
                                         spec_yaml_of_ ? spec_yaml_of_(e.model) : ""),
