@@ -2,7 +2,6 @@
 // daemon, HTTP endpoint, optional kubelet device plugin), runs until SIGINT/SIGTERM.
 #include <prometheus/registry.h>
 #include <signal.h>
-#include <sys/resource.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -28,6 +27,7 @@
 #include "pkg/spec/spec.h"
 #include "pkg/util/flags_help.h"
 #include "pkg/util/log.h"
+#include "pkg/util/rlimit.h"
 #include "pkg/util/size_flag.h"
 
 ABSL_FLAG(std::string, socket_dir, weightcache::server::kDefaultSocketDir,
@@ -86,24 +86,13 @@ ABSL_FLAG(double, shutdown_timeout, 10,
           "Seconds from SIGTERM/SIGINT to exit, at most: loads and waits are cancelled at once, "
           "RPCs in flight get min(1 s, a quarter of it) to finish; past it the process exits "
           "anyway (0), removing its sockets. Engines keep what they mapped");
+ABSL_FLAG(std::string, keeper_socket, "/run/weightcache-keeper/keeper.sock",
+          "weightcache-keeper's socket: ready entries are deposited there and adopted back at "
+          "start, so the cache outlives a daemon crash or upgrade; 'off': no keeper");
 ABSL_FLAG(bool, verbose, false, "Debug logging");
 
 namespace weightcache {
 namespace {
-
-// Descriptors are the daemon's working material (a connection, a lease's segments, a
-// checkpoint file each): the soft limit goes up to the hard one, and the log says so.
-void RaiseOpenFileLimit() {
-  struct rlimit rl {};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
-  const rlim_t before = rl.rlim_cur;
-  if (rl.rlim_cur < rl.rlim_max) {
-    rl.rlim_cur = rl.rlim_max;
-    if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) rl.rlim_cur = before;
-  }
-  WC_LOG_INFO("open-file limit %d (was %d, hard %d)", static_cast<long long>(rl.rlim_cur),
-              static_cast<long long>(before), static_cast<long long>(rl.rlim_max));
-}
 
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "weightcached: %s\n", std::string(s.ToString()).c_str());
@@ -119,6 +108,8 @@ int Run() {
   if (opts.digest_store.empty()) opts.digest_store = opts.socket_dir + "/state/digests.json";
   if (opts.digest_store == "none") opts.digest_store.clear();
   opts.preload = absl::GetFlag(FLAGS_preload);
+  opts.keeper_socket = absl::GetFlag(FLAGS_keeper_socket);
+  if (opts.keeper_socket == "off") opts.keeper_socket.clear();
   opts.socket_gid = absl::GetFlag(FLAGS_socket_gid);
   opts.read_threads = static_cast<unsigned>(std::max(1, absl::GetFlag(FLAGS_read_threads)));
   for (const auto& f : absl::GetFlag(FLAGS_spec_file)) {
@@ -159,6 +150,8 @@ int Run() {
   }
   opts.max_connections = static_cast<size_t>(absl::GetFlag(FLAGS_max_connections));
   opts.max_connections_per_uid = static_cast<size_t>(absl::GetFlag(FLAGS_max_connections_per_uid));
+  // Descriptors are the daemon's working material (a connection, a lease's segments, a
+  // checkpoint file each, adopted entries): the soft limit goes up to the hard one.
   RaiseOpenFileLimit();
 
   const double shutdown_timeout = absl::GetFlag(FLAGS_shutdown_timeout);

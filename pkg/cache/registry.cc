@@ -64,6 +64,20 @@ void Registry::SetEvictCallback(EvictFn fn) {
   on_evict_ = std::move(fn);
 }
 
+void Registry::SetObserver(EntryObserver* observer) {
+  std::lock_guard<std::mutex> l(mu_);
+  observer_ = observer;
+}
+
+void Registry::NotifyEvicted(const std::vector<std::shared_ptr<Entry>>& evicted,
+                             const std::string& reason, const EvictFn& on_evict,
+                             EntryObserver* observer) {
+  for (const auto& e : evicted) {
+    if (observer != nullptr) observer->Evicted(*e);
+    if (on_evict) on_evict(e->model, reason);
+  }
+}
+
 uint64_t Registry::UsedLocked(const std::string* device_uuid) const {
   uint64_t n = 0;
   for (const auto& [key, e] : entries_) {
@@ -89,9 +103,10 @@ uint64_t Registry::used_bytes(const std::string& device_uuid) const {
 absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(LoadRequest req, bool* started) {
   if (started != nullptr) *started = false;
   std::vector<std::shared_ptr<const load::LoadedModel>> drop;  // freed outside the lock
-  std::vector<std::string> evicted;
+  std::vector<std::shared_ptr<Entry>> evicted;
   std::shared_ptr<Entry> e;
   EvictFn on_evict;
+  EntryObserver* observer = nullptr;
   const std::string& device = req.key.device_uuid;
   std::vector<std::thread> finished;  // joined outside the lock
   absl::Cleanup join_finished = [&finished] {
@@ -154,10 +169,9 @@ absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(LoadRequest req, bo
     const uint64_t id = next_load_id_++;
     loads_.emplace(id, std::thread(&Registry::RunLoad, this, id, e, std::move(req.load)));
     on_evict = on_evict_;
+    observer = observer_;
   }
-  if (on_evict) {
-    for (const auto& m : evicted) on_evict(m, "budget");
-  }
+  NotifyEvicted(evicted, "budget", on_evict, observer);
   if (started != nullptr) *started = true;
   return e;
 }
@@ -165,6 +179,12 @@ absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(LoadRequest req, bo
 void Registry::RunLoad(uint64_t id, const std::shared_ptr<Entry>& e, const LoadFn& load) {
   auto t0 = std::chrono::steady_clock::now();
   auto result = load(*e);
+  EntryObserver* observer = nullptr;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    observer = observer_;
+  }
+  if (result.ok() && observer != nullptr) observer->BeforeReady(*e, **result);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   absl::Status status = result.ok() ? absl::OkStatus() : result.status();
   LoadDoneFn done;
@@ -346,12 +366,12 @@ void Registry::MarkStale(const std::shared_ptr<Entry>& e, const std::string& wha
 
 Registry::Evicted Registry::EvictLocked(const Key& key, const std::string& reason,
                                         std::vector<std::shared_ptr<const load::LoadedModel>>* drop,
-                                        std::vector<std::string>* evicted_models) {
+                                        std::vector<std::shared_ptr<Entry>>* evicted) {
   auto it = entries_.find(key);
   if (it == entries_.end() || it->second->state == State::kLoading) return Evicted::kNone;
   auto e = it->second;
   entries_.erase(it);
-  evicted_models->push_back(e->model);
+  evicted->push_back(e);
   // Leases whose descriptors were never claimed hold nothing: they end here.
   for (auto l = e->leases.begin(); l != e->leases.end();) {
     if (!l->second.claimed) {
@@ -381,19 +401,19 @@ Registry::Evicted Registry::EvictLocked(const Key& key, const std::string& reaso
 
 Registry::Evicted Registry::Evict(const Key& key, const std::string& reason) {
   std::vector<std::shared_ptr<const load::LoadedModel>> drop;
-  std::vector<std::string> evicted;
+  std::vector<std::shared_ptr<Entry>> evicted;
   EvictFn on_evict;
+  EntryObserver* observer = nullptr;
   Evicted result;
   {
     std::lock_guard<std::mutex> l(mu_);
     result = EvictLocked(key, reason, &drop, &evicted);
     on_evict = on_evict_;
+    observer = observer_;
   }
   cv_.notify_all();
   drop.clear();  // segments released here, outside the lock
-  if (on_evict) {
-    for (const auto& m : evicted) on_evict(m, reason);
-  }
+  NotifyEvicted(evicted, reason, on_evict, observer);
   return result;
 }
 

@@ -141,6 +141,20 @@ struct LoadRequest {
   LoadFn load;
 };
 
+// Told when an entry's content enters the registry and when the registry lets it go (the
+// daemon's keeper link: deposit before an entry is announced ready, drop on eviction).
+// Called outside the registry's lock; may block briefly (a local socket round trip).
+class EntryObserver {
+ public:
+  virtual ~EntryObserver() = default;
+  // A load (disk, peer copy, adoption) produced `content`; runs on the load's thread
+  // before the entry becomes ready: no client sees it ready before this returns.
+  virtual void BeforeReady(const Entry& e, const load::LoadedModel& content) = 0;
+  // The registry dropped its reference to a ready entry's content (evicted; clients that
+  // still map it keep it: it may be draining).
+  virtual void Evicted(const Entry& e) = 0;
+};
+
 class Registry {
  public:
   // budget_bytes: per device; 0: unlimited.
@@ -211,11 +225,17 @@ class Registry {
 
   using EvictFn = std::function<void(const std::string& model, const std::string& reason)>;
   void SetEvictCallback(EvictFn fn);
+  // One observer (or null); it must outlive the registry's loads and evictions.
+  void SetObserver(EntryObserver* observer);
 
  private:
   Evicted EvictLocked(const Key& key, const std::string& reason,
                       std::vector<std::shared_ptr<const load::LoadedModel>>* drop,
-                      std::vector<std::string>* evicted_models) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                      std::vector<std::shared_ptr<Entry>>* evicted)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the evict callback and the observer about `evicted` (outside the lock).
+  void NotifyEvicted(const std::vector<std::shared_ptr<Entry>>& evicted, const std::string& reason,
+                     const EvictFn& on_evict, EntryObserver* observer);
   // Whether a claimed lease maps the entry (it cannot be evicted for the budget).
   bool Pinned(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Bytes reserved on `device_uuid`; all devices when null.
@@ -237,6 +257,7 @@ class Registry {
   uint64_t next_load_id_ ABSL_GUARDED_BY(mu_) = 0;
   LoadDoneFn on_done_ ABSL_GUARDED_BY(mu_);
   EvictFn on_evict_ ABSL_GUARDED_BY(mu_);
+  EntryObserver* observer_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "pkg/util/scoped_fd.h"
 
 namespace weightcache::memory {
 
@@ -85,6 +86,20 @@ class Backend {
   virtual absl::StatusOr<std::unique_ptr<Segment>> Allocate(const std::string& device_uuid,
                                                             uint64_t size,
                                                             const std::string& label) = 0;
+
+  // Adoption (a restarted daemon re-serving what the keeper held for its predecessor): a
+  // sealed segment around `fd`, a descriptor an earlier daemon exported from this backend
+  // for `size` bytes on `device_uuid`. The segment owns `fd` and shares it with clients as
+  // fd(). INVALID_ARGUMENT naming `label` and what does not fit when the descriptor is not
+  // one this backend can serve (host: not a sealed, read-only memfd of `size` bytes;
+  // cuda-vmm: the driver refuses to import it) or the device is unknown.
+  // This default (backends that cannot adopt): UNIMPLEMENTED.
+  virtual absl::StatusOr<std::unique_ptr<Segment>> Adopt(const std::string& device_uuid,
+                                                         ScopedFd fd, uint64_t size,
+                                                         const std::string& label) {
+    (void)device_uuid, (void)fd, (void)size, (void)label;
+    return absl::UnimplementedError("this memory backend cannot adopt segments");
+  }
 
   // Whether device `dst_uuid` can read memory of device `src_uuid` directly (CUDA:
   // cuDeviceCanAccessPeer; the same device: true). False for unknown devices.

@@ -58,6 +58,33 @@ class CudaSegmentImpl final : public CudaSegment {
                             std::move(exported), std::move(va), std::move(mapped)));
   }
 
+  // An allocation an earlier daemon exported (Backend::Adopt): imported from `fd` (which
+  // the segment keeps and shares), sealed, never mapped by this process.
+  static absl::StatusOr<std::unique_ptr<CudaSegmentImpl>> Adopt(const DriverApi& api,
+                                                                const CudaDevice& dev, ScopedFd fd,
+                                                                uint64_t size,
+                                                                const std::string& label) {
+    if (size == 0 || size % dev.granularity != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(label, ": adopted size ", size,
+                                                     " is not a multiple of the granularity ",
+                                                     dev.granularity, " of ", dev.uuid));
+    }
+    WC_ASSIGN_OR_RETURN(auto ctx, PrimaryContext::Retain(api, dev.device));
+    WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(api, ctx.get()));
+    CUmemGenericAllocationHandle raw = 0;
+    WC_RETURN_IF_ERROR(CuStatus(api,
+                                api.cuMemImportFromShareableHandle(
+                                    &raw, reinterpret_cast<void*>(static_cast<uintptr_t>(fd.get())),
+                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+                                "cuMemImportFromShareableHandle (adopt)",
+                                absl::StrCat(label, " on ", dev.uuid)));
+    auto seg = std::unique_ptr<CudaSegmentImpl>(
+        new CudaSegmentImpl(api, dev, std::move(ctx), size, label, AllocationHandle(&api, raw),
+                            std::move(fd), VaReservation(), MappedRange()));
+    seg->sealed_ = true;
+    return seg;
+  }
+
   ~CudaSegmentImpl() override {
     // Unmap, free the VA range, then release the handle; the exported FD (and any dup a
     // client or the keeper holds) keeps the physical memory alive on its own.
@@ -232,6 +259,20 @@ class CudaBackend final : public Backend {
     (void)ctx;
     auto seg = CudaSegmentImpl::Create(*api_, *dev, RoundUp(size, dev->granularity), label);
     if (!seg.ok()) return Annotate(seg.status(), label);
+    return std::unique_ptr<Segment>(std::move(seg).value());
+  }
+
+  absl::StatusOr<std::unique_ptr<Segment>> Adopt(const std::string& device_uuid, ScopedFd fd,
+                                                 uint64_t size, const std::string& label) override {
+    const CudaDevice* dev = FindExact(device_uuid);
+    if (dev == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(label, ": adopted on device '", device_uuid,
+                                                     "', which this node does not have now"));
+    }
+    WC_ASSIGN_OR_RETURN(CUcontext ctx, ContextFor(*dev));
+    (void)ctx;
+    auto seg = CudaSegmentImpl::Adopt(*api_, *dev, std::move(fd), size, label);
+    if (!seg.ok()) return seg.status();
     return std::unique_ptr<Segment>(std::move(seg).value());
   }
 

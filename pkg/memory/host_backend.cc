@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <linux/memfd.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,6 +40,34 @@ class HostSegment final : public Segment {
     if (p == MAP_FAILED) return ErrnoStatus(errno, "mmap memfd", label);
     return std::unique_ptr<HostSegment>(
         new HostSegment(std::move(fd), size, label, device, static_cast<std::byte*>(p)));
+  }
+
+  // A sealed memfd an earlier daemon created (Backend::Adopt): `fd` is its read-only
+  // descriptor, checked to be what Seal() leaves.
+  static absl::StatusOr<std::unique_ptr<HostSegment>> Adopt(ScopedFd fd, uint64_t size,
+                                                            const std::string& label,
+                                                            const std::string& device) {
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat adopted segment", label);
+    if (static_cast<uint64_t>(st.st_size) != size) {
+      return absl::InvalidArgumentError(absl::StrCat(label, ": adopted descriptor holds ",
+                                                     st.st_size, " bytes, its record says ", size));
+    }
+    constexpr int kSeals = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW;
+    const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+    if (seals < 0 || (seals & kSeals) != kSeals) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(label, ": adopted descriptor is not a sealed memfd (seals ", seals, ")"));
+    }
+    if ((::fcntl(fd.get(), F_GETFL) & O_ACCMODE) != O_RDONLY) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(label, ": adopted descriptor is writable; a sealed segment's is read-only"));
+    }
+    auto seg =
+        std::unique_ptr<HostSegment>(new HostSegment(ScopedFd(), size, label, device, nullptr));
+    seg->ro_fd_ = std::move(fd);
+    seg->sealed_ = true;
+    return seg;
   }
 
   ~HostSegment() override { Unmap(); }
@@ -134,6 +163,18 @@ class HostBackend final : public Backend {
     }
     if (size == 0) return absl::InvalidArgumentError(absl::StrCat(label, ": empty segment"));
     auto seg = HostSegment::Create(RoundUp(size, kHostGranularity), label, device);
+    if (!seg.ok()) return seg.status();
+    return std::unique_ptr<Segment>(std::move(seg).value());
+  }
+
+  absl::StatusOr<std::unique_ptr<Segment>> Adopt(const std::string& device_uuid, ScopedFd fd,
+                                                 uint64_t size, const std::string& label) override {
+    if (!Known(device_uuid)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          label, ": adopted on device '", device_uuid, "', which this host backend does not have (",
+          absl::StrJoin(options_.device_uuids, ", "), ")"));
+    }
+    auto seg = HostSegment::Adopt(std::move(fd), size, label, device_uuid);
     if (!seg.ok()) return seg.status();
     return std::unique_ptr<Segment>(std::move(seg).value());
   }

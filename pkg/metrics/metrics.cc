@@ -208,7 +208,23 @@ struct Metrics::Impl {
                      .Name("weightcache_refusals_total")
                      .Help("Control-plane requests refused, by rule (admin, lease_owner, "
                            "model_roots, allowlist, connection_cap).")
-                     .Register(registry)) {
+                     .Register(registry)),
+        keeper_up(prometheus::BuildGauge()
+                      .Name("weightcache_keeper_up")
+                      .Help("1 while the daemon is connected to its keeper, else 0.")
+                      .Register(registry)
+                      .Add({})),
+        keeper_fds(prometheus::BuildGauge()
+                       .Name("weightcache_keeper_descriptors")
+                       .Help("Segment descriptors deposited with the keeper (held for the "
+                             "entries that are ready).")
+                       .Register(registry)
+                       .Add({})),
+        adopted(prometheus::BuildCounter()
+                    .Name("weightcache_adopted_entries_total")
+                    .Help("Cache entries re-adopted from the keeper at start (served without "
+                          "reading the disk), by model.")
+                    .Register(registry)) {
     for (const char* rule :
          {"admin", "lease_owner", "model_roots", "allowlist", "connection_cap"}) {
       refusals.Add({{"rule", rule}});
@@ -251,6 +267,9 @@ struct Metrics::Impl {
   prometheus::Family<prometheus::Counter>& load_bytes;
   prometheus::Family<prometheus::Counter>& evictions;
   prometheus::Family<prometheus::Counter>& refusals;
+  prometheus::Gauge& keeper_up;
+  prometheus::Gauge& keeper_fds;
+  prometheus::Family<prometheus::Counter>& adopted;
   const std::shared_ptr<StateCollector> collector = std::make_shared<StateCollector>();
 
   absl::Mutex mu;
@@ -291,6 +310,14 @@ void Metrics::OnEviction(const std::string& model, const std::string& reason) {
 
 void Metrics::OnRefused(const std::string& rule) {
   impl_->refusals.Add({{"rule", rule}}).Increment();
+}
+
+void Metrics::SetKeeperUp(bool up) { impl_->keeper_up.Set(up ? 1 : 0); }
+
+void Metrics::SetKeeperDescriptors(uint64_t n) { impl_->keeper_fds.Set(static_cast<double>(n)); }
+
+void Metrics::OnAdopted(const std::string& model) {
+  impl_->adopted.Add({{"model", impl_->ModelLabel(model)}}).Increment();
 }
 
 }  // namespace weightcache::metrics

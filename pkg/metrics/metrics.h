@@ -109,6 +109,12 @@ class Metrics {
   // A control-plane request refused by an authorization rule or a connection cap.
   // `rule`: admin | lease_owner | model_roots | allowlist | connection_cap (bounded set).
   void OnRefused(const std::string& rule);
+  // The keeper link: whether a keeper is connected (weightcache_keeper_up), the descriptors
+  // deposited with it (weightcache_keeper_descriptors), and each entry re-adopted from it at
+  // start (weightcache_adopted_entries_total).
+  void SetKeeperUp(bool up);
+  void SetKeeperDescriptors(uint64_t n);
+  void OnAdopted(const std::string& model);
 
  private:
   struct Impl;

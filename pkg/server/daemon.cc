@@ -41,6 +41,15 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend)
   registry_.SetEvictCallback([this](const std::string& model, const std::string& reason) {
     if (options_.metrics != nullptr) options_.metrics->OnEviction(model, reason);
   });
+  if (!options_.keeper_socket.empty()) {
+    keeper_ = std::make_unique<KeeperLink>(KeeperLink::Options{options_.keeper_socket}, backend_,
+                                           &registry_, options_.metrics,
+                                           [this](const std::string& model) {
+                                             auto s = models_.Spec(model);
+                                             return s ? spec::ToYaml(*s) : std::string();
+                                           });
+    registry_.SetObserver(keeper_.get());
+  }
 }
 
 Daemon::Impl::~Impl() {
@@ -107,6 +116,14 @@ absl::Status Daemon::Impl::AwaitPreload(const std::string& name, bool wait,
 absl::Status Daemon::Impl::Start() {
   WC_RETURN_IF_ERROR(PrepareSocketDir(options_.socket_dir, 0750));
   WC_RETURN_IF_ERROR(models_.OpenDigestStore(options_.digest_store));
+  if (keeper_) {
+    // Before serving and before the preloads: what the keeper holds is ready at once, and
+    // the preloads join it (only entries that were loading at the crash load again).
+    keeper_->AdoptAll([this](const spec::ModelSpec& s) {
+      if (!models_.Spec(s.name)) models_.Define(s);
+    });
+    keeper_->StartWatch();
+  }
   WC_RETURN_IF_ERROR(RemoveStaleSocket(control_path()));
   WC_RETURN_IF_ERROR(RemoveStaleSocket(handle_path()));
   HandleChannel::Options hopts;
@@ -195,6 +212,8 @@ void Daemon::Impl::Teardown() {
     control_.reset();  // stops accepting and removes control.sock
     registry_.Stop();
     models_.Stop();  // hashing stops
+    // The keeper keeps what it holds: a daemon stopped for an upgrade re-adopts it.
+    if (keeper_) keeper_->Stop();
     {
       std::lock_guard<std::mutex> l(mu_);
       stopping_ = true;
@@ -498,16 +517,7 @@ absl::Status Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
   resp->mutable_tensors()->Reserve(static_cast<int>(plan.tensors.size() + plan.views.size()));
   // Tensors, then the fused views that alias them (engine layouts); the client sorts.
   for (const auto* list : {&plan.tensors, &plan.views}) {
-    for (const auto& t : *list) {
-      auto* m = resp->add_tensors();
-      m->set_name(t.name);
-      m->set_dtype(std::string(safetensors::DTypeName(t.dtype)));
-      for (auto d : t.shape) m->add_shape(d);
-      for (auto d : t.strides) m->add_strides(d);
-      m->set_segment(t.segment);
-      m->set_offset(t.offset);
-      m->set_nbytes(t.nbytes);
-    }
+    for (const auto& t : *list) ToTensorEntry(t, resp->add_tensors());
   }
   return absl::OkStatus();
 }
@@ -752,6 +762,7 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
   resp->set_acquire_peer_copies(peer_copies_);
   resp->set_acquire_stale(stale_);
   resp->set_hashed_bytes(models_.hashed_bytes());
+  if (keeper_) keeper_->Fill(resp->mutable_keeper());
   if (const metrics::StagingSnapshot s = Staging(); s.present) {
     resp->mutable_staging()->set_idle_bytes(s.idle_bytes);
     resp->mutable_staging()->set_in_use_bytes(s.in_use_bytes);

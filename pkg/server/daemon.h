@@ -88,6 +88,9 @@ struct DaemonOptions {
   // every load.
   uint64_t staging_keep_bytes = 256ull << 20;
   PeerPolicy peer_policy = PeerPolicy::kCopy;
+  // weightcache-keeper's socket: entries are deposited there before they are announced
+  // ready, and adopted from there at start (no disk reads). Empty: no keeper.
+  std::string keeper_socket;
   metrics::Metrics* metrics = nullptr;  // optional
 };
 

@@ -50,7 +50,7 @@ absl::Status PrepareSocketDir(const std::string& dir, mode_t mode) {
   return absl::OkStatus();
 }
 
-absl::Status RemoveStaleSocket(const std::string& path) {
+absl::Status RemoveStaleSocket(const std::string& path, int type) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return absl::OkStatus();
@@ -60,7 +60,7 @@ absl::Status RemoveStaleSocket(const std::string& path) {
     return absl::FailedPreconditionError(
         absl::StrCat(path, " exists and is not a socket; refusing to remove it"));
   }
-  auto live = ConnectUnix(path);
+  auto live = ConnectUnix(path, type);
   if (live.ok()) {
     return absl::AlreadyExistsError(
         absl::StrCat(path, ": another server is answering on this socket"));
@@ -69,10 +69,10 @@ absl::Status RemoveStaleSocket(const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ScopedFd> ListenUnix(const std::string& path, mode_t mode, int backlog) {
+absl::StatusOr<ScopedFd> ListenUnix(const std::string& path, mode_t mode, int backlog, int type) {
   auto addr = Address(path);
   if (!addr.ok()) return addr.status();
-  ScopedFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ScopedFd fd(::socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
   if (!fd) return ErrnoStatus(errno, "socket");
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&*addr), sizeof(*addr)) != 0) {
     return ErrnoStatus(errno, "bind", path);
@@ -82,10 +82,10 @@ absl::StatusOr<ScopedFd> ListenUnix(const std::string& path, mode_t mode, int ba
   return fd;
 }
 
-absl::StatusOr<ScopedFd> ConnectUnix(const std::string& path) {
+absl::StatusOr<ScopedFd> ConnectUnix(const std::string& path, int type) {
   auto addr = Address(path);
   if (!addr.ok()) return addr.status();
-  ScopedFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ScopedFd fd(::socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
   if (!fd) return ErrnoStatus(errno, "socket");
   int rc;
   do {

@@ -3,6 +3,7 @@
 // Thread-safety: free functions on descriptors the caller owns.
 #pragma once
 
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <string>
@@ -21,12 +22,15 @@ inline constexpr size_t kMaxFdsPerMessage = 64;
 absl::Status PrepareSocketDir(const std::string& dir, mode_t mode);
 
 // Removes a stale socket file at `path`: refuses when something else than a socket is
-// there, or when a live server still answers on it (ALREADY_EXISTS).
-absl::Status RemoveStaleSocket(const std::string& path);
+// there, or when a live server still answers on it (ALREADY_EXISTS). `type` is the socket
+// type the server would listen with (a live SOCK_SEQPACKET server refuses a stream connect).
+absl::Status RemoveStaleSocket(const std::string& path, int type = SOCK_STREAM);
 
-// A listening SOCK_STREAM socket bound at `path` (which must not exist), chmod'ed to `mode`.
-absl::StatusOr<ScopedFd> ListenUnix(const std::string& path, mode_t mode, int backlog = 128);
-absl::StatusOr<ScopedFd> ConnectUnix(const std::string& path);
+// A listening socket of `type` (SOCK_STREAM, or SOCK_SEQPACKET for the keeper, whose
+// messages keep their boundaries) bound at `path` (which must not exist), chmod'ed to `mode`.
+absl::StatusOr<ScopedFd> ListenUnix(const std::string& path, mode_t mode, int backlog = 128,
+                                    int type = SOCK_STREAM);
+absl::StatusOr<ScopedFd> ConnectUnix(const std::string& path, int type = SOCK_STREAM);
 
 struct PeerCred {
   pid_t pid = 0;

@@ -9,7 +9,10 @@
 // -> "WRITE FAULTED <cuda error>" | "WRITE SUCCEEDED"), EOF (release and exit).
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
 #include <iostream>
 #include <map>
 #include <string>
@@ -58,14 +61,33 @@ int main(int argc, char** argv) {
   if (auto e = gputest::MemInfo(*ordinal, &free_bytes, &total); !e.empty()) return Fail(e);
   std::printf("CONTEXT_FREE %llu\n", static_cast<unsigned long long>(free_bytes));
 
-  auto c = client::Client::Connect(argv[1]);
-  if (!c.ok()) return Fail(c.status().ToString());
-  client::AcquireOptions o;
-  o.model = argv[2];
-  o.device_uuid = argv[3];
-  o.wait_ready = true;
-  auto lease = (*c)->Acquire(o);
-  if (!lease.ok()) return Fail(lease.status().ToString());
+  // WC_ACQUIRE_RETRY_S=N: retry connecting and acquiring for up to N s (a daemon that is
+  // restarting), then print "ACQUIRED_AT <CLOCK_REALTIME ns>" (the keeper's GPU script times
+  // a restart to the first Acquire with it).
+  const char* retry_env = std::getenv("WC_ACQUIRE_RETRY_S");
+  const auto retry_until =
+      std::chrono::steady_clock::now() + std::chrono::seconds(retry_env ? std::atoi(retry_env) : 0);
+  absl::StatusOr<std::unique_ptr<client::Lease>> lease = absl::UnavailableError("not tried");
+  while (true) {
+    auto c = client::Client::Connect(argv[1]);
+    if (c.ok()) {
+      client::AcquireOptions o;
+      o.model = argv[2];
+      o.device_uuid = argv[3];
+      o.wait_ready = true;
+      lease = (*c)->Acquire(o);
+      if (lease.ok()) break;
+    } else {
+      lease = c.status();
+    }
+    if (std::chrono::steady_clock::now() >= retry_until) return Fail(lease.status().ToString());
+    ::usleep(2000);
+  }
+  if (retry_env != nullptr) {
+    timespec ts{};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    std::printf("ACQUIRED_AT %lld%09ld\n", static_cast<long long>(ts.tv_sec), ts.tv_nsec);
+  }
   if ((*lease)->backend() != "cuda-vmm" || (*lease)->device_uuid() != argv[3]) {
     return Fail("lease on " + (*lease)->backend() + " " + (*lease)->device_uuid());
   }

@@ -86,6 +86,7 @@ for helm in "${helms[@]}"; do
   done
   expect "no --memory_budget by default" lacks "$ds" 'memory-budget'
   expect "no admin uids by default (the daemon's own)" lacks "$ds" 'admin_'
+  expect "no keeper by default" has "$ds" '^            - --keeper_socket=off$'
   expect "metrics port" has "$ds" 'containerPort: 9464$'
   expect "liveness /healthz" after "$ds" 'livenessProbe:' 4 'path: /healthz'
   expect "readiness /readyz" after "$ds" 'readinessProbe:' 4 'path: /readyz'
@@ -162,7 +163,23 @@ for helm in "${helms[@]}"; do
     --set 'models[0].name=x,models[0].model_dir=/m,models[0].quantization=awq'
   expect_fail "schema: unknown top-level key" 'slotz|additional' "$helm" template wc "$chart" --set slotz=3
   expect_fail "pvc needs a claim" 'claimName' "$helm" template wc "$chart" --set modelsVolume.type=pvc
-  expect_fail "keeper not yet available" 'keeper' "$helm" template wc "$chart" --set keeper.enabled=true
+  expect_fail "schema: keeper updateStrategy" 'updateStrategy' "$helm" template wc "$chart" \
+    --set keeper.enabled=true,keeper.updateStrategy=Never
+  expect_fail "schema: keeper socketDir relative" 'socketDir' "$helm" template wc "$chart" \
+    --set keeper.socketDir=run/k
+
+  # The keeper: its own DaemonSet (a daemon rollout leaves it running), sharing a hostPath
+  # socket dir with the daemon; rolled only on delete.
+  k="$work/keeper.yaml"
+  "$helm" template wc "$chart" --namespace wc --set keeper.enabled=true >"$k" 2>"$work/err" \
+    || bad "template keeper: $(cat "$work/err")"
+  expect "keeper: two DaemonSets" test "$(grep -c '^kind: DaemonSet' "$k")" -eq 2
+  expect "keeper: daemon flag" has "$k" '^            - --keeper_socket=/run/weightcache-keeper/keeper\.sock$'
+  expect "keeper: keeper flag" has "$k" '^            - --socket=/run/weightcache-keeper/keeper\.sock$'
+  expect "keeper: command" has "$k" 'command: \["weightcache-keeper"\]'
+  expect "keeper: OnDelete" after "$k" '^  updateStrategy:$' 1 'type: OnDelete$'
+  expect "keeper: own selector" has "$k" '^      app\.kubernetes\.io/name: weightcache-keeper$'
+  expect "keeper: hostPath" after "$k" 'hostPath:$' 1 'path: /run/weightcache-keeper$'
 
   # Offline Kubernetes schema validation of everything rendered.
   if [[ -n "$validator" ]]; then

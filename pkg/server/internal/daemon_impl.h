@@ -29,6 +29,7 @@
 #include "pkg/server/handle_channel.h"
 #include "pkg/server/internal/admission.h"
 #include "pkg/server/internal/control_listener.h"
+#include "pkg/server/internal/keeper_link.h"
 #include "pkg/server/internal/lease_manager.h"
 #include "pkg/server/internal/model_catalog.h"
 #include "weightcache/v1/weightcache.pb.h"
@@ -97,6 +98,9 @@ class Daemon::Impl final : public metrics::StateSource {
   // Pinned staging buffers kept between GPU loads (cuda-vmm backend only; null otherwise).
   // Declared before registry_: the registry joins its load threads first.
   std::unique_ptr<load::StagingPool> staging_pool_;
+  // The registry's observer (null without a keeper): declared before registry_, so it
+  // outlives the load threads the registry joins; its watcher stops in Teardown.
+  std::unique_ptr<KeeperLink> keeper_;
   cache::Registry registry_;
   ModelCatalog models_;
   Admission admission_;

@@ -1,0 +1,104 @@
+#include "pkg/keeper/client.h"
+
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "pkg/keeper/wire.h"
+#include "pkg/util/errno_status.h"
+#include "pkg/util/status_macros.h"
+#include "pkg/util/unix_socket.h"
+
+namespace weightcache::keeper {
+namespace {
+
+// The reply to a request: `want`, or the keeper's error.
+absl::StatusOr<Message> Expect(int sock, Op want, const std::string& what) {
+  WC_ASSIGN_OR_RETURN(Message m, RecvMessage(sock));
+  WC_RETURN_IF_ERROR(StatusOf(m));
+  if (m.op != want) {
+    return absl::InternalError(absl::StrCat("keeper: answered ", OpName(m.op), " to ", what,
+                                            " (expected ", OpName(want), ")"));
+  }
+  return m;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KeeperClient>> KeeperClient::Connect(
+    const std::string& path, std::chrono::milliseconds timeout) {
+  auto sock = ConnectUnix(path, SOCK_SEQPACKET);
+  if (!sock.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("no keeper at ", path, ": ", sock.status().message()));
+  }
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
+  for (int opt : {SO_RCVTIMEO, SO_SNDTIMEO}) {
+    if (::setsockopt(sock->get(), SOL_SOCKET, opt, &tv, sizeof tv) != 0) {
+      return ErrnoStatus(errno, "setsockopt timeout", path);
+    }
+  }
+  WC_ASSIGN_OR_RETURN(Message hello, Expect(sock->get(), Op::kOk, "a connection"));
+  if (hello.body != kGreeting) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": not a weightcache keeper of this version (greeted '",
+                     hello.body.substr(0, 64), "', expected '", kGreeting, "')"));
+  }
+  return std::unique_ptr<KeeperClient>(new KeeperClient(std::move(sock).value()));
+}
+
+absl::Status KeeperClient::Deposit(const std::string& key, const std::string& body,
+                                   const std::vector<int>& fds) {
+  Message m{Op::kDeposit};
+  m.key = key;
+  m.body = body;
+  m.nfds = static_cast<uint32_t>(fds.size());
+  WC_RETURN_IF_ERROR(SendMessage(sock_.get(), m));
+  WC_RETURN_IF_ERROR(Expect(sock_.get(), Op::kProceed, "a deposit").status());
+  WC_RETURN_IF_ERROR(SendFds(sock_.get(), fds));
+  return Expect(sock_.get(), Op::kOk, "a deposit's descriptors").status();
+}
+
+absl::Status KeeperClient::Drop(const std::string& key) {
+  Message m{Op::kDrop};
+  m.key = key;
+  WC_RETURN_IF_ERROR(SendMessage(sock_.get(), m));
+  return Expect(sock_.get(), Op::kOk, "a drop").status();
+}
+
+absl::StatusOr<std::vector<KeeperClient::Entry>> KeeperClient::Adopt() {
+  WC_RETURN_IF_ERROR(SendMessage(sock_.get(), Message{Op::kAdopt}));
+  std::vector<Entry> out;
+  while (true) {
+    WC_ASSIGN_OR_RETURN(Message m, RecvMessage(sock_.get()));
+    WC_RETURN_IF_ERROR(StatusOf(m));
+    if (m.op == Op::kEnd) {
+      if (m.body != std::to_string(out.size())) {
+        return absl::DataLossError(absl::StrCat("keeper: adopt listed ", out.size(),
+                                                " entries but its end says ", m.body));
+      }
+      return out;
+    }
+    if (m.op != Op::kEntry) {
+      return absl::InternalError(
+          absl::StrCat("keeper: answered ", OpName(m.op), " inside an adopt listing"));
+    }
+    Entry e;
+    e.key = std::move(m.key);
+    e.body = std::move(m.body);
+    WC_ASSIGN_OR_RETURN(e.fds, RecvFds(sock_.get(), m.nfds));
+    out.push_back(std::move(e));
+  }
+}
+
+absl::StatusOr<std::string> KeeperClient::Stats() {
+  WC_RETURN_IF_ERROR(SendMessage(sock_.get(), Message{Op::kStats}));
+  WC_ASSIGN_OR_RETURN(Message m, Expect(sock_.get(), Op::kOk, "stats"));
+  return m.body;
+}
+
+}  // namespace weightcache::keeper

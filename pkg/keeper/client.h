@@ -1,0 +1,48 @@
+// The daemon's side of the keeper protocol (server.h): one connection, one request at a
+// time, bounded by a timeout so a hung keeper never holds the daemon.
+// Thread-safety: none; the owner serialises calls (the daemon's KeeperLink holds a mutex).
+// Lifetimes: descriptors passed to Deposit stay the caller's (the kernel dups them); those
+// Adopt returns are the caller's.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "pkg/util/scoped_fd.h"
+
+namespace weightcache::keeper {
+
+class KeeperClient {
+ public:
+  // UNAVAILABLE (naming the path) when no keeper listens there.
+  static absl::StatusOr<std::unique_ptr<KeeperClient>> Connect(
+      const std::string& path, std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+  // Keeps `fds` and `body` under `key` (replacing an earlier deposit of it).
+  // RESOURCE_EXHAUSTED when the keeper is at its descriptor limit (nothing was sent).
+  absl::Status Deposit(const std::string& key, const std::string& body,
+                       const std::vector<int>& fds);
+  // NOT_FOUND when the keeper holds no such key.
+  absl::Status Drop(const std::string& key);
+  struct Entry {
+    std::string key;
+    std::string body;
+    std::vector<ScopedFd> fds;
+  };
+  // Every entry the keeper holds, with a copy of its descriptors (the keeper keeps its own).
+  absl::StatusOr<std::vector<Entry>> Adopt();
+  // "entries=N fds=N max_fds=N"
+  absl::StatusOr<std::string> Stats();
+
+  // The socket, to poll for the keeper's hang-up (POLLRDHUP) while idle.
+  int fd() const { return sock_.get(); }
+
+ private:
+  explicit KeeperClient(ScopedFd sock) : sock_(std::move(sock)) {}
+  ScopedFd sock_;
+};
+
+}  // namespace weightcache::keeper

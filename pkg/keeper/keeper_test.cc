@@ -1,0 +1,151 @@
+// The keeper in process with real memfds over its real socket: deposits of many descriptors
+// (several SCM_RIGHTS batches) and large bodies (several datagrams) come back intact from
+// Adopt; drop, replace, the descriptor limit and the uid check answer with named errors.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "pkg/keeper/client.h"
+#include "pkg/keeper/server.h"
+#include "pkg/keeper/wire.h"
+#include "tests/testutil/temp_dir.h"
+
+namespace weightcache::keeper {
+namespace {
+
+using testing::TempDir;
+
+// A memfd holding `text`.
+ScopedFd Memfd(const std::string& text) {
+  ScopedFd fd(::memfd_create("keeper-test", MFD_CLOEXEC));
+  EXPECT_TRUE(fd.valid());
+  EXPECT_EQ(::write(fd.get(), text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  return fd;
+}
+
+std::string Contents(int fd) {
+  char buf[64] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof buf, 0);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+}
+
+class KeeperTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Keeper> Start(uint64_t max_fds = 4096, std::vector<uid_t> uids = {}) {
+    KeeperOptions o;
+    o.socket_path = dir_ / "k/keeper.sock";
+    o.max_fds = max_fds;
+    o.allowed_uids = std::move(uids);
+    auto k = Keeper::Start(o);
+    EXPECT_TRUE(k.ok()) << k.status();
+    return k.ok() ? std::move(k).value() : nullptr;
+  }
+  std::unique_ptr<KeeperClient> Connect() {
+    auto c = KeeperClient::Connect(dir_ / "k/keeper.sock");
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+  TempDir dir_;
+};
+
+TEST_F(KeeperTest, DepositThenAdoptReturnsEveryDescriptorAndTheBody) {
+  auto k = Start();
+  auto c = Connect();
+  // 300 descriptors: five batches of at most kMaxFdsPerMessage; a 200 KiB body: 4 datagrams.
+  std::vector<ScopedFd> owned;
+  std::vector<int> raw;
+  for (int i = 0; i < 300; ++i) {
+    owned.push_back(Memfd("segment " + std::to_string(i)));
+    raw.push_back(owned.back().get());
+  }
+  std::string body(200 << 10, 'x');
+  for (size_t i = 0; i < body.size(); i += 997) body[i] = static_cast<char>('a' + i % 26);
+  ASSERT_TRUE(c->Deposit("fp1@host", body, raw).ok());
+  ASSERT_TRUE(c->Deposit("fp2@host", "small", {raw[0]}).ok());
+  owned.clear();  // the keeper's copies are all that is left
+
+  auto stats = c->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(*stats, "entries=2 fds=301 max_fds=4096");
+
+  auto adopter = Connect();  // a restarted daemon: a new connection
+  auto all = adopter->Adopt();
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].key, "fp1@host");
+  EXPECT_EQ((*all)[0].body, body);
+  ASSERT_EQ((*all)[0].fds.size(), 300u);
+  for (int i = 0; i < 300; ++i) {
+    EXPECT_EQ(Contents((*all)[0].fds[i].get()), "segment " + std::to_string(i)) << i;
+  }
+  EXPECT_EQ((*all)[1].key, "fp2@host");
+  EXPECT_EQ(Contents((*all)[1].fds[0].get()), "segment 0");
+  // Adopting does not take them away from the keeper.
+  EXPECT_EQ(*adopter->Stats(), "entries=2 fds=301 max_fds=4096");
+}
+
+TEST_F(KeeperTest, DropAndReplace) {
+  auto k = Start();
+  auto c = Connect();
+  ScopedFd a = Memfd("old"), b = Memfd("new");
+  ASSERT_TRUE(c->Deposit("fp@host", "v1", {a.get(), a.get()}).ok());
+  ASSERT_TRUE(c->Deposit("fp@host", "v2", {b.get()}).ok());
+  EXPECT_EQ(*c->Stats(), "entries=1 fds=1 max_fds=4096");
+  auto all = c->Adopt();
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 1u);
+  EXPECT_EQ((*all)[0].body, "v2");
+  EXPECT_EQ(Contents((*all)[0].fds[0].get()), "new");
+
+  EXPECT_TRUE(c->Drop("fp@host").ok());
+  const absl::Status again = c->Drop("fp@host");
+  EXPECT_EQ(again.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(again.message().find("no entry 'fp@host'"), std::string::npos) << again;
+  EXPECT_EQ(*c->Stats(), "entries=0 fds=0 max_fds=4096");
+}
+
+TEST_F(KeeperTest, RefusesCleanlyAtItsDescriptorLimitAndKeepsServing) {
+  auto k = Start(/*max_fds=*/10);
+  auto c = Connect();
+  ScopedFd f = Memfd("x");
+  ASSERT_TRUE(c->Deposit("a@host", "a", std::vector<int>(8, f.get())).ok());
+  const absl::Status over = c->Deposit("b@host", "b", std::vector<int>(5, f.get()));
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  EXPECT_NE(over.message().find("deposit 'b@host': 5 descriptors would pass the keeper's limit "
+                                "(holds 8 of 10"),
+            std::string::npos)
+      << over;
+  // The same connection goes on: what fits is still kept.
+  EXPECT_TRUE(c->Deposit("c@host", "c", std::vector<int>(2, f.get())).ok());
+  EXPECT_EQ(*c->Stats(), "entries=2 fds=10 max_fds=10");
+}
+
+TEST_F(KeeperTest, RefusesAPeerOfAnotherUid) {
+  auto k = Start(4096, {::geteuid() + 1});
+  auto s = KeeperClient::Connect(dir_ / "k/keeper.sock");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kPermissionDenied) << s.status();
+  EXPECT_NE(s.status().message().find("may not use the keeper"), std::string::npos) << s.status();
+}
+
+TEST(KeeperWire, HeaderBoundsAreChecked) {
+  EXPECT_FALSE(ParseHeader("short").ok());
+  std::string h(kHeaderBytes, '\0');
+  EXPECT_NE(ParseHeader(h).status().message().find("bad magic"), std::string::npos);
+  h.replace(0, 4, "WCK1");
+  h[4] = 99;  // op
+  EXPECT_NE(ParseHeader(h).status().message().find("unknown op 99"), std::string::npos);
+  h[4] = 1;
+  h[15] = 0x7f;  // body length ~2 GiB
+  EXPECT_NE(ParseHeader(h).status().message().find("body of"), std::string::npos);
+  h[15] = 0;
+  auto ok = ParseHeader(h);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->op, Op::kDeposit);
+}
+
+}  // namespace
+}  // namespace weightcache::keeper

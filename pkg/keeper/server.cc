@@ -1,0 +1,272 @@
+#include "pkg/keeper/server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "pkg/util/errno_status.h"
+#include "pkg/util/log.h"
+#include "pkg/util/rlimit.h"
+#include "pkg/util/status_macros.h"
+#include "pkg/util/unix_socket.h"
+
+namespace weightcache::keeper {
+
+absl::StatusOr<std::unique_ptr<Keeper>> Keeper::Start(KeeperOptions options) {
+  if (options.allowed_uids.empty()) options.allowed_uids.push_back(::geteuid());
+  if (options.max_fds == 0) {
+    const uint64_t limit = RaiseOpenFileLimit();
+    if (limit <= 2 * kReservedFds) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("keeper: the open-file limit is ", limit, " (hard); it needs more than ",
+                       2 * kReservedFds, " to hold anything (raise ulimit -n / LimitNOFILE)"));
+    }
+    options.max_fds = limit - kReservedFds;
+  }
+  const std::string& path = options.socket_path;
+  const auto slash = path.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    WC_RETURN_IF_ERROR(PrepareSocketDir(path.substr(0, slash), 0700));
+  }
+  WC_RETURN_IF_ERROR(RemoveStaleSocket(path, SOCK_SEQPACKET));
+  WC_ASSIGN_OR_RETURN(ScopedFd listener, ListenUnix(path, 0600, 16, SOCK_SEQPACKET));
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) return ErrnoStatus(errno, "pipe2");
+  auto k = std::unique_ptr<Keeper>(
+      new Keeper(std::move(options), std::move(listener), ScopedFd(p[0]), ScopedFd(p[1])));
+  k->acceptor_ = std::thread([raw = k.get()] { raw->AcceptLoop(); });
+  WC_LOG_INFO("keeper: serving on %s (peers: uid %s; up to %d descriptors)", k->path(),
+              absl::StrJoin(k->options_.allowed_uids, ","),
+              static_cast<long long>(k->options_.max_fds));
+  return k;
+}
+
+Keeper::Keeper(KeeperOptions options, ScopedFd listener, ScopedFd wake_read, ScopedFd wake_write)
+    : options_(std::move(options)),
+      listener_(std::move(listener)),
+      wake_read_(std::move(wake_read)),
+      wake_write_(std::move(wake_write)) {}
+
+Keeper::~Keeper() { Stop(); }
+
+void Keeper::Stop() {
+  std::map<int, std::thread> conns;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    // Unblocks each connection's recv; its thread then closes the socket.
+    for (auto& [fd, t] : connections_) {
+      if (std::find(finished_.begin(), finished_.end(), fd) == finished_.end()) {
+        ::shutdown(fd, SHUT_RDWR);
+      }
+    }
+  }
+  const char b = 0;
+  (void)!::write(wake_write_.get(), &b, 1);
+  if (acceptor_.joinable()) acceptor_.join();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    conns.swap(connections_);
+  }
+  for (auto& [fd, t] : conns) t.join();
+  ::unlink(options_.socket_path.c_str());
+}
+
+Keeper::Stats Keeper::stats() const {
+  std::lock_guard<std::mutex> l(mu_);
+  Stats s;
+  s.entries = entries_.size();
+  for (const auto& [k, h] : entries_) s.fds += h->fds.size();
+  s.max_fds = options_.max_fds;
+  return s;
+}
+
+void Keeper::AcceptLoop() {
+  while (true) {
+    pollfd p[2] = {{listener_.get(), POLLIN, 0}, {wake_read_.get(), POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      WC_LOG_ERROR("keeper: poll: %s", std::string(ErrnoStatus(errno, "poll").message()));
+      return;
+    }
+    if (p[1].revents != 0) return;
+    ScopedFd c(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!c) {
+      // EMFILE: the limit counts entries first; back off and let a drop free some.
+      if (errno == EMFILE || errno == ENFILE) ::poll(nullptr, 0, 100);
+      continue;
+    }
+    auto cred = GetPeerCred(c.get());
+    const auto& ok = options_.allowed_uids;
+    if (!cred.ok() || std::find(ok.begin(), ok.end(), cred->uid) == ok.end()) {
+      const std::string why =
+          cred.ok() ? absl::StrCat("uid ", cred->uid, " may not use the keeper (allowed: uid ",
+                                   absl::StrJoin(ok, ","), ", the daemon's)")
+                    : std::string(cred.status().message());
+      WC_LOG_WARN("keeper: refused a peer: %s", why);
+      (void)SendMessage(c.get(), ErrorMessage(absl::PermissionDeniedError(why)));
+      continue;
+    }
+    std::vector<std::thread> done;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (int fd : finished_) {
+        auto it = connections_.find(fd);
+        if (it == connections_.end()) continue;
+        done.push_back(std::move(it->second));
+        connections_.erase(it);
+      }
+      finished_.clear();
+      if (stopping_) return;
+      if (connections_.size() >= options_.max_connections) {
+        (void)SendMessage(
+            c.get(),
+            ErrorMessage(absl::ResourceExhaustedError(absl::StrCat("keeper: ", connections_.size(),
+                                                                   " connections open, the "
+                                                                   "most it serves at once"))));
+        continue;
+      }
+      // The greeting: a connecting client learns at once whether it is served.
+      Message hello{Op::kOk};
+      hello.body = kGreeting;
+      if (!SendMessage(c.get(), hello).ok()) continue;
+      const int fd = c.release();
+      connections_.emplace(fd, std::thread([this, fd] { Serve(fd); }));
+    }
+    for (auto& t : done) t.join();
+  }
+}
+
+void Keeper::Serve(int fd) {
+  WC_LOG_INFO("keeper: peer connected");
+  while (true) {
+    auto m = RecvMessage(fd);
+    absl::Status s = m.ok() ? Handle(fd, std::move(m).value()) : m.status();
+    if (!s.ok()) {
+      if (s.code() != absl::StatusCode::kUnavailable) {
+        WC_LOG_WARN("keeper: connection closed: %s", std::string(s.message()));
+      }
+      break;
+    }
+  }
+  WC_LOG_INFO("keeper: peer disconnected");
+  std::lock_guard<std::mutex> l(mu_);  // closed under the lock: Stop() shuts down live ones
+  ::close(fd);
+  finished_.push_back(fd);
+}
+
+absl::Status Keeper::Handle(int fd, Message m) {
+  switch (m.op) {
+    case Op::kDeposit:
+      return Deposit(fd, std::move(m));
+    case Op::kDrop: {
+      std::shared_ptr<const Held> gone;  // closed outside the lock
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        auto it = entries_.find(m.key);
+        if (it != entries_.end()) {
+          gone = std::move(it->second);
+          fds_ -= gone->fds.size();
+          entries_.erase(it);
+        }
+      }
+      if (!gone) {
+        return SendMessage(fd, ErrorMessage(absl::NotFoundError(
+                                   absl::StrCat("drop: no entry '", m.key, "' is held"))));
+      }
+      WC_LOG_INFO("keeper: dropped %s (%d descriptors)", m.key, gone->fds.size());
+      return SendMessage(fd, Message{Op::kOk});
+    }
+    case Op::kAdopt:
+      return Adopt(fd);
+    case Op::kStats: {
+      const Stats s = stats();
+      Message r{Op::kOk};
+      r.body = absl::StrCat("entries=", s.entries, " fds=", s.fds, " max_fds=", s.max_fds);
+      return SendMessage(fd, r);
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("keeper: a peer sent ", OpName(m.op), ", which is not a request"));
+  }
+}
+
+absl::Status Keeper::Deposit(int fd, Message m) {
+  if (m.key.empty() || m.nfds == 0) {
+    return SendMessage(fd, ErrorMessage(absl::InvalidArgumentError(absl::StrCat(
+                               "deposit '", m.key, "': needs a key and at least one descriptor"))));
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (fds_ + m.nfds > options_.max_fds) {
+      const std::string why = absl::StrCat(
+          "deposit '", m.key, "': ", m.nfds, " descriptors would pass the keeper's limit (holds ",
+          fds_, " of ", options_.max_fds,
+          " from RLIMIT_NOFILE); entry not kept (raise the keeper's open-file limit)");
+      WC_LOG_WARN("keeper: %s", why);
+      return SendMessage(fd, ErrorMessage(absl::ResourceExhaustedError(why)));
+    }
+    fds_ += m.nfds;  // reserved while they cross
+  }
+  auto release_reservation = [&] {
+    std::lock_guard<std::mutex> l(mu_);
+    fds_ -= m.nfds;
+  };
+  if (auto s = SendMessage(fd, Message{Op::kProceed}); !s.ok()) {
+    release_reservation();
+    return s;
+  }
+  auto fds = RecvFds(fd, m.nfds);
+  if (!fds.ok()) {
+    release_reservation();
+    (void)SendMessage(fd, ErrorMessage(fds.status()));
+    return fds.status();  // the stream may be out of step: end the connection
+  }
+  auto held = std::make_shared<Held>();
+  held->body = std::move(m.body);
+  held->fds = std::move(fds).value();
+  std::shared_ptr<const Held> replaced;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto& slot = entries_[m.key];
+    replaced = std::move(slot);
+    if (replaced) fds_ -= replaced->fds.size();
+    slot = std::move(held);
+  }
+  WC_LOG_INFO("keeper: holds %s (%d descriptors%s)", m.key, static_cast<int>(m.nfds),
+              replaced ? ", replacing its earlier deposit" : "");
+  return SendMessage(fd, Message{Op::kOk});
+}
+
+absl::Status Keeper::Adopt(int fd) {
+  std::vector<std::pair<std::string, std::shared_ptr<const Held>>> all;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    all.assign(entries_.begin(), entries_.end());
+  }
+  for (const auto& [key, held] : all) {
+    Message e{Op::kEntry};
+    e.key = key;
+    e.body = held->body;
+    e.nfds = static_cast<uint32_t>(held->fds.size());
+    WC_RETURN_IF_ERROR(SendMessage(fd, e));
+    std::vector<int> raw;
+    raw.reserve(held->fds.size());
+    for (const auto& f : held->fds) raw.push_back(f.get());
+    WC_RETURN_IF_ERROR(SendFds(fd, raw));
+  }
+  Message end{Op::kEnd};
+  end.body = std::to_string(all.size());
+  WC_LOG_INFO("keeper: handed %d entries to an adopting daemon", static_cast<int>(all.size()));
+  return SendMessage(fd, end);
+}
+
+}  // namespace weightcache::keeper

@@ -1,0 +1,116 @@
+// The daemon's link to weightcache-keeper (pkg/keeper): the registry's observer that
+// deposits each entry before it is announced ready and drops it on eviction; at start, the
+// adoption of every entry the keeper holds (each checked against its files with the stale
+// check: a stale or unusable one is dropped and reported), registered ready with source
+// "keeper" without reading the disk; and a watcher that notices the keeper going away (logged,
+// weightcache_keeper_up 0), reconnects, and deposits again every ready entry when a keeper
+// is back. A keeper that is absent or refuses never stops the daemon from serving.
+// Not a public header.
+//
+// Thread-safety: every method may be called from any thread; one keeper request at a time
+// (a mutex around the connection). Lifetimes: the backend, registry and metrics outlive it;
+// destroy it (or Stop()) before the registry stops calling its observer.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "pkg/cache/registry.h"
+#include "pkg/keeper/client.h"
+#include "pkg/memory/backend.h"
+#include "pkg/metrics/metrics.h"
+#include "pkg/spec/spec.h"
+#include "weightcache/v1/keeper_record.pb.h"
+#include "weightcache/v1/weightcache.pb.h"
+
+namespace weightcache::server {
+
+// The record of a ready entry (what the keeper keeps beside its descriptors), and back:
+// pure functions. Decoding checks the format, that the fingerprint inputs reproduce the
+// fingerprint and that every tensor lies inside its segment; INVALID_ARGUMENT naming the
+// field otherwise.
+// One tensor of a manifest (the Acquire response's and the keeper record's).
+void ToTensorEntry(const load::PlannedTensor& t, v1::TensorEntry* m);
+std::string EncodeKeeperRecord(const cache::Entry& e, const load::LoadedModel& content,
+                               const std::string& backend, const std::string& spec_yaml);
+struct AdoptableRecord {
+  v1::KeeperRecord record;
+  spec::FingerprintInputs inputs;
+  std::vector<load::SourceFile> files;
+  load::Plan plan;
+};
+absl::StatusOr<AdoptableRecord> DecodeKeeperRecord(const std::string& body);
+
+class KeeperLink final : public cache::EntryObserver {
+ public:
+  struct Options {
+    std::string socket_path;
+    std::chrono::milliseconds retry{250};  // reconnect interval while the keeper is away
+  };
+  // `spec_yaml_of(model)`: the spec recorded with a deposit (empty when unknown).
+  KeeperLink(Options options, memory::Backend* backend, cache::Registry* registry,
+             metrics::Metrics* metrics,
+             std::function<std::string(const std::string&)> spec_yaml_of);
+  ~KeeperLink() override;
+  KeeperLink(const KeeperLink&) = delete;
+  KeeperLink& operator=(const KeeperLink&) = delete;
+
+  // At start, before serving: connects and adopts every entry the keeper holds, waiting
+  // until each is ready in the registry. `define` is called with the spec of each adopted
+  // entry (a model defined inline before the restart stays known). Returns the count
+  // adopted. No keeper: logged, 0.
+  size_t AdoptAll(const std::function<void(const spec::ModelSpec&)>& define);
+  // Starts the watcher thread (hang-up, reconnect, re-deposit).
+  void StartWatch();
+  void Stop();
+
+  void BeforeReady(const cache::Entry& e, const load::LoadedModel& content) override;
+  void Evicted(const cache::Entry& e) override;
+
+  void Fill(v1::KeeperStatus* out) const;
+
+ private:
+  // Connected (connecting when not); UNAVAILABLE when no keeper answers.
+  absl::Status EnsureConnectedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LostLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status DepositLocked(const cache::Entry& e, const load::LoadedModel& content)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adopts one entry; the reason when it cannot be (the caller drops it from the keeper).
+  absl::Status AdoptOne(keeper::KeeperClient::Entry held,
+                        const std::function<void(const spec::ModelSpec&)>& define);
+  void Watch();
+  void RedepositAll();
+  void Publish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Options options_;
+  memory::Backend* const backend_;
+  cache::Registry* const registry_;
+  metrics::Metrics* const metrics_;
+  const std::function<std::string(const std::string&)> spec_yaml_of_;
+
+  mutable std::mutex mu_;
+  std::unique_ptr<keeper::KeeperClient> conn_ ABSL_GUARDED_BY(mu_);
+  bool ever_connected_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, uint64_t> deposited_ ABSL_GUARDED_BY(mu_);  // key -> descriptors
+  uint64_t adopted_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t deposits_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t failures_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool redeposit_ ABSL_GUARDED_BY(mu_) = false;  // a (re)connection needs every entry again
+  std::condition_variable cv_;
+  std::thread watcher_;
+};
+
+}  // namespace weightcache::server

@@ -1,0 +1,319 @@
+// The keeper with real processes on the host backend (issue 16): weightcached SIGKILLed and
+// restarted serves the same entries again from weightcache-keeper without reading the
+// checkpoint; clients that mapped before keep their bytes; a chaos run of 16 clients over 20
+// daemon kills; a killed keeper breaks nothing and gets the entries again when it is back;
+// the keeper never loads CUDA.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "pkg/client/client.h"
+#include "pkg/keeper/client.h"
+#include "pkg/safetensors/writer.h"
+#include "tests/integration/daemon_harness.h"
+#include "tests/integration/process.h"
+#include "tests/testutil/temp_dir.h"
+
+namespace weightcache {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Process;
+using testing::TempDir;
+
+// A field of /proc/PID/io ("rchar": bytes the process read through read/pread, page cache
+// included, so a reload from a hot page cache still counts).
+uint64_t ProcIo(pid_t pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/io");
+  std::string k;
+  uint64_t v;
+  while (in >> k >> v) {
+    if (k == field + ":") return v;
+  }
+  return ~0ull;
+}
+
+const v1::EntryInfo* Entry(const v1::StatusResponse& st, const std::string& model) {
+  for (const auto& e : st.entries()) {
+    if (e.model() == model) return &e;
+  }
+  return nullptr;
+}
+
+class KeeperTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    shape_ = testing::SmallLlama();
+    shape_.hidden = 512;  // ~ 13 MB: a reload would show in rchar
+    shape_.intermediate = 2048;
+    shape_.vocab = 4096;
+    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", shape_).ok());
+    model_bytes_ = std::filesystem::file_size(dir_ / "m/model.safetensors");
+  }
+
+  std::string keeper_sock() const { return dir_ / "k/keeper.sock"; }
+  std::string socket_dir() const { return dir_ / "s"; }
+
+  std::unique_ptr<Process> StartKeeper() {
+    auto p = std::make_unique<Process>(
+        std::vector<std::string>{KEEPER_PATH, "--socket=" + keeper_sock()}, dir_ / "keeper.log");
+    auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (keeper::KeeperClient::Connect(keeper_sock()).ok()) return p;
+      std::this_thread::sleep_for(10ms);  // polling a condition with a deadline
+    }
+    ADD_FAILURE() << "keeper did not start: " << testing::ReadFileOrEmpty(dir_ / "keeper.log");
+    return p;
+  }
+
+  std::vector<std::string> DaemonArgv() const {
+    return {WEIGHTCACHED_PATH,
+            "--socket_dir=" + socket_dir(),
+            "--backend=host",
+            "--metrics_address=off",
+            "--keeper_socket=" + keeper_sock(),
+            "--model=name=m,model_dir=" + dir_ / "m"};
+  }
+
+  // Starts weightcached; returns once `m` is ready.
+  std::unique_ptr<Process> StartDaemon() {
+    auto d = testing::StartDaemon(DaemonArgv(), socket_dir(), dir_ / "daemon.log",
+                                  [](const v1::StatusResponse& st) {
+                                    const auto* e = Entry(st, "m");
+                                    return e != nullptr && e->state() == "ready";
+                                  });
+    EXPECT_TRUE(d.ok()) << d.status();
+    if (!d.ok()) return nullptr;
+    client_ = std::move(d->client);
+    return std::move(d->process);
+  }
+
+  std::unique_ptr<Process> StartClient() {
+    auto c = std::make_unique<Process>(
+        std::vector<std::string>{TEST_CLIENT_PATH, socket_dir() + "/control.sock", "m"},
+        dir_ / "client.log");
+    auto ok = c->WaitFor("BYTES", 20s);
+    EXPECT_EQ(ok.value_or("none"), "BYTES OK") << testing::ReadFileOrEmpty(dir_ / "daemon.log");
+    return c;
+  }
+
+  TempDir dir_;
+  safetensors::LlamaShape shape_;
+  uint64_t model_bytes_ = 0;
+  std::unique_ptr<client::Client> client_;
+};
+
+TEST_F(KeeperTest, SigkilledDaemonRestartsServingFromTheKeeperWithoutReadingTheCheckpoint) {
+  auto keeper = StartKeeper();
+  auto daemon = StartDaemon();
+  ASSERT_TRUE(daemon);
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(Entry(*st, "m")->source(), "disk");
+  EXPECT_TRUE(st->keeper().up());
+  EXPECT_EQ(st->keeper().deposits(), 1u);
+  EXPECT_GT(st->keeper().descriptors(), 0u);
+  const std::string fingerprint = Entry(*st, "m")->fingerprint();
+  auto before = StartClient();  // maps the daemon's copy and keeps it
+
+  daemon->Kill(SIGKILL);
+  daemon->Wait();
+  client_.reset();
+  daemon = StartDaemon();
+  ASSERT_TRUE(daemon);
+  st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  const auto* e = Entry(*st, "m");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->source(), "keeper");
+  EXPECT_EQ(e->fingerprint(), fingerprint);
+  EXPECT_EQ(st->keeper().adopted_entries(), 1u);
+  EXPECT_EQ(st->keeper().dropped_entries(), 0u);
+  // Nothing of the checkpoint was read: its headers and config are a few KiB, the model
+  // ~13 MB (a reload reads it all, page cache or not).
+  const uint64_t rchar = ProcIo(daemon->pid(), "rchar");
+  EXPECT_LT(rchar, model_bytes_ / 8) << "the restarted daemon read " << rchar << " bytes";
+  std::printf("restarted daemon: rchar %llu bytes (model %llu bytes), source %s\n",
+              static_cast<unsigned long long>(rchar), static_cast<unsigned long long>(model_bytes_),
+              e->source().c_str());
+
+  auto after = StartClient();  // a new client maps the adopted entry: correct bytes
+  // The client that mapped before the crash is still alive and holds its lease.
+  EXPECT_TRUE(before->WriteLine("still there"));
+  before->CloseStdin();
+  EXPECT_EQ(before->Wait(), 0);
+}
+
+TEST_F(KeeperTest, AStaleEntryIsDroppedAtAdoptionAndLoadedAgain) {
+  auto keeper = StartKeeper();
+  auto daemon = StartDaemon();
+  ASSERT_TRUE(daemon);
+  daemon->Kill(SIGKILL);
+  daemon->Wait();
+  // The checkpoint changes while no daemon runs.
+  shape_.seed = 77;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", shape_).ok());
+  daemon = StartDaemon();
+  ASSERT_TRUE(daemon);
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->keeper().adopted_entries(), 0u);
+  EXPECT_EQ(st->keeper().dropped_entries(), 1u);
+  EXPECT_NE(st->keeper().last_error().find("stale: model.safetensors"), std::string::npos)
+      << st->keeper().last_error();
+  EXPECT_EQ(Entry(*st, "m")->source(), "disk");
+  auto c = StartClient();  // the new bytes
+  auto stats = keeper::KeeperClient::Connect(keeper_sock()).value()->Stats();
+  EXPECT_EQ(stats.value_or(""), absl::StrCat("entries=1 fds=", st->entries(0).segments(),
+                                             stats.value_or("").substr(stats->find(" max_fds"))));
+}
+
+TEST_F(KeeperTest, KilledKeeperBreaksNothingAndGetsTheEntriesAgainWhenBack) {
+  auto keeper = StartKeeper();
+  auto daemon = StartDaemon();
+  ASSERT_TRUE(daemon);
+  auto before = StartClient();
+  keeper->Kill(SIGKILL);
+  keeper->Wait();
+  auto st = testing::WaitForStatus(
+      *client_, [](const v1::StatusResponse& s) { return !s.keeper().up(); }, 10s);
+  EXPECT_FALSE(st.keeper().up());
+  EXPECT_NE(st.keeper().last_error().find("keeper closed its connection"), std::string::npos)
+      << st.keeper().last_error();
+  EXPECT_NE(testing::ReadFileOrEmpty(dir_ / "daemon.log").find("keeper: lost"), std::string::npos);
+  auto during = StartClient();  // serving goes on
+
+  keeper = StartKeeper();
+  st = testing::WaitForStatus(
+      *client_,
+      [](const v1::StatusResponse& s) { return s.keeper().up() && s.keeper().descriptors() > 0; },
+      10s);
+  EXPECT_EQ(st.keeper().deposits(), 2u);  // at load, and again for the new keeper
+  // And the new keeper's copy is what a restarted daemon adopts.
+  daemon->Kill(SIGKILL);
+  daemon->Wait();
+  daemon = StartDaemon();
+  ASSERT_TRUE(daemon);
+  auto again = client_->Status();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(Entry(*again, "m")->source(), "keeper");
+  before->CloseStdin();
+  EXPECT_EQ(before->Wait(), 0);
+}
+
+TEST_F(KeeperTest, KeeperNeverLoadsCuda) {
+  // Its link line: no CUDA library, nor gRPC (it stays small and rarely changes).
+  testing::ToolRun r = testing::RunTool({"/usr/bin/readelf", "-d", KEEPER_PATH}, dir_ / "re.err");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("NEEDED"), std::string::npos) << r.out;
+  for (const char* lib : {"libcuda", "libcudart", "libnvidia", "libgrpc"}) {
+    EXPECT_EQ(r.out.find(lib), std::string::npos) << lib << " in\n" << r.out;
+  }
+  // Its mappings while it holds a deposit from a real daemon.
+  auto keeper = StartKeeper();
+  auto daemon = StartDaemon();
+  ASSERT_TRUE(daemon);
+  const std::string maps =
+      testing::ReadFileOrEmpty("/proc/" + std::to_string(keeper->pid()) + "/maps");
+  ASSERT_FALSE(maps.empty());
+  EXPECT_NE(maps.find("weightcache-keeper"), std::string::npos);
+  for (const char* lib : {"libcuda", "libcudart", "libnvidia"}) {
+    EXPECT_EQ(maps.find(lib), std::string::npos) << lib << " mapped by the keeper";
+  }
+  // And the open-file limit went up to the hard limit at start.
+  const std::string limits =
+      testing::ReadFileOrEmpty("/proc/" + std::to_string(keeper->pid()) + "/limits");
+  std::istringstream in(limits.substr(limits.find("Max open files")));
+  std::string w1, w2, w3, soft, hard;
+  in >> w1 >> w2 >> w3 >> soft >> hard;
+  EXPECT_EQ(soft, hard) << limits;
+}
+
+// 16 clients acquire, check and release in a loop, each also holding its first lease,
+// while the daemon is SIGKILLed and restarted 20 times. Each restart's time to the first
+// successful Acquire is printed (the goal is 1 s; the bound here is generous: CI has 2 cores
+// shared by 16 clients).
+TEST_F(KeeperTest, ChaosSixteenClientsTwentyDaemonKills) {
+  constexpr int kClients = 16, kRestarts = 20;
+  auto keeper = StartKeeper();
+  auto daemon = StartDaemon();
+  ASSERT_TRUE(daemon);
+  std::vector<std::unique_ptr<Process>> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.push_back(std::make_unique<Process>(
+        std::vector<std::string>{CHAOS_CLIENT_PATH, socket_dir() + "/control.sock", "m",
+                                 dir_ / "m"},
+        dir_ / ("chaos" + std::to_string(i) + ".log")));
+    ASSERT_TRUE(clients.back()->WaitFor("STARTED", 20s).has_value());
+  }
+  std::vector<double> first_acquire;
+  for (int round = 0; round < kRestarts; ++round) {
+    daemon->Kill(SIGKILL);
+    daemon->Wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    daemon = std::make_unique<Process>(DaemonArgv(), dir_ / "daemon.log");
+    // The first successful Acquire through a fresh client, polled.
+    double secs = -1;
+    while (std::chrono::steady_clock::now() - t0 < 30s) {
+      auto c = client::Client::Connect(socket_dir() + "/control.sock");
+      if (c.ok()) {
+        client::AcquireOptions o;
+        o.model = "m";
+        o.timeout = 2s;
+        if ((*c)->Acquire(o).ok()) {
+          secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          break;
+        }
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    ASSERT_GE(secs, 0) << "round " << round << ": no Acquire within 30 s\n"
+                       << testing::ReadFileOrEmpty(dir_ / "daemon.log");
+    first_acquire.push_back(secs);
+    std::this_thread::sleep_for(100ms);  // let the clients run against this daemon a little
+  }
+  std::printf("\n| restart | SIGKILL -> first successful Acquire (s) |\n|---|---|\n");
+  double worst = 0;
+  for (size_t i = 0; i < first_acquire.size(); ++i) {
+    std::printf("| %zu | %.3f |\n", i + 1, first_acquire[i]);
+    worst = std::max(worst, first_acquire[i]);
+  }
+  std::printf("worst %.3f s over %d restarts, %d clients\n", worst, kRestarts, kClients);
+  EXPECT_LT(worst, 10.0);  // generous: the goal is 1 s on an idle node
+
+  uint64_t total_ok = 0;
+  for (int i = 0; i < kClients; ++i) {
+    clients[i]->CloseStdin();
+    auto line = clients[i]->WaitFor("STATS", 30s);
+    ASSERT_TRUE(line.has_value()) << "client " << i << " crashed or hung: "
+                                  << testing::ReadFileOrEmpty(
+                                         dir_ / ("chaos" + std::to_string(i) + ".log"));
+    unsigned long long ok = 0, wrong = 0, errors = 0, held = 0;
+    ASSERT_EQ(std::sscanf(line->c_str(), "STATS ok=%llu wrong=%llu errors=%llu held_ok=%llu", &ok,
+                          &wrong, &errors, &held),
+              4);
+    EXPECT_EQ(wrong, 0u) << "client " << i;
+    EXPECT_GT(ok, 0u) << "client " << i;
+    total_ok += ok;
+    const int status = clients[i]->Wait();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "client " << i << ": " << status;
+  }
+  std::printf("clients: %llu checked acquires, 0 wrong bytes\n",
+              static_cast<unsigned long long>(total_ok));
+  // The last daemon still runs: its status shows the adoption.
+  auto c = client::Client::Connect(socket_dir() + "/control.sock");
+  ASSERT_TRUE(c.ok());
+  auto s = (*c)->Status();
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(Entry(*s, "m")->source(), "keeper");
+}
+
+}  // namespace
+}  // namespace weightcache
