@@ -207,10 +207,15 @@ struct Metrics::Impl {
         refusals(prometheus::BuildCounter()
                      .Name("weightcache_refusals_total")
                      .Help("Control-plane requests refused, by rule (admin, lease_owner, "
-                           "model_roots, allowlist, connection_cap).")
-                     .Register(registry)) {
+                           "model_roots, allowlist, connection_cap, publish).")
+                     .Register(registry)),
+        publishes(prometheus::BuildCounter()
+                      .Name("weightcache_publish_total")
+                      .Help("Publishes by model and result (published, joined, aborted, "
+                            "mismatch, error).")
+                      .Register(registry)) {
     for (const char* rule :
-         {"admin", "lease_owner", "model_roots", "allowlist", "connection_cap"}) {
+         {"admin", "lease_owner", "model_roots", "allowlist", "connection_cap", "publish"}) {
       refusals.Add({{"rule", rule}});
     }
     prometheus::BuildGauge()
@@ -251,6 +256,7 @@ struct Metrics::Impl {
   prometheus::Family<prometheus::Counter>& load_bytes;
   prometheus::Family<prometheus::Counter>& evictions;
   prometheus::Family<prometheus::Counter>& refusals;
+  prometheus::Family<prometheus::Counter>& publishes;
   const std::shared_ptr<StateCollector> collector = std::make_shared<StateCollector>();
 
   absl::Mutex mu;
@@ -287,6 +293,11 @@ void Metrics::OnLoad(const std::string& model, const std::string& source, double
 void Metrics::OnEviction(const std::string& model, const std::string& reason) {
   const std::string label = impl_->ModelLabel(model);
   impl_->evictions.Add({{"model", label}, {"reason", reason}}).Increment();
+}
+
+void Metrics::OnPublish(const std::string& model, const std::string& result) {
+  const std::string label = impl_->ModelLabel(model);
+  impl_->publishes.Add({{"model", label}, {"result", result}}).Increment();
 }
 
 void Metrics::OnRefused(const std::string& rule) {
