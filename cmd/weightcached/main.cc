@@ -47,6 +47,11 @@ ABSL_FLAG(std::vector<std::string>, admin_uids, {},
           "Admin uids: may define or load inline specs, evict, and end other peers' leases "
           "(default, with --admin_gids empty: the daemon's own uid)");
 ABSL_FLAG(std::vector<std::string>, admin_gids, {}, "Admin gids (see --admin_uids)");
+ABSL_FLAG(std::vector<std::string>, publish_uids, {},
+          "Uids that may publish weights they processed themselves (BeginPublish); default, "
+          "with --publish_gids empty: the daemon's own uid only");
+ABSL_FLAG(std::vector<std::string>, publish_gids, {},
+          "Gids that may publish (a peer's primary gid; see --publish_uids)");
 ABSL_FLAG(std::vector<std::string>, model_roots, {},
           "Directories model_dir must resolve under (symlinks followed), comma-separated; "
           "empty: anywhere");
@@ -131,7 +136,9 @@ int Run() {
   for (const auto& [flag, ids, out] :
        {std::tuple{"--allowed_uids", absl::GetFlag(FLAGS_allowed_uids), &opts.allowed_uids},
         std::tuple{"--admin_uids", absl::GetFlag(FLAGS_admin_uids), &opts.admin_uids},
-        std::tuple{"--admin_gids", absl::GetFlag(FLAGS_admin_gids), &opts.admin_gids}}) {
+        std::tuple{"--admin_gids", absl::GetFlag(FLAGS_admin_gids), &opts.admin_gids},
+        std::tuple{"--publish_uids", absl::GetFlag(FLAGS_publish_uids), &opts.publish_uids},
+        std::tuple{"--publish_gids", absl::GetFlag(FLAGS_publish_gids), &opts.publish_gids}}) {
     for (const auto& u : ids) {
       uint32_t id;
       if (!absl::SimpleAtoi(u, &id)) {

@@ -53,7 +53,7 @@ extern "C" {
 
 /* The ABI this header describes. wc_abi_version() returns the library's; they must be equal
  * for the structs below to match. */
-#define WC_ABI_VERSION 1
+#define WC_ABI_VERSION 2
 
 #if defined(__GNUC__)
 #define WC_API __attribute__((visibility("default")))
@@ -118,6 +118,12 @@ typedef struct wc_acquire_options {
   int32_t wait_ready;             /* nonzero: wait for a load in progress */
   int32_t load_on_miss;           /* nonzero: ask the daemon to load a known model on a miss */
   int64_t timeout_ms;             /* default 600000 */
+  /* Weights an engine published (wc_publish_begin): the same identity maps them. "" / NULL
+   * for weights the daemon loaded. (ABI 2) */
+  const char* engine;
+  const char* engine_version;
+  const char* framework_version;
+  const char* recipe;
 } wc_acquire_options;
 
 WC_API void wc_acquire_options_init(wc_acquire_options* options);
@@ -227,6 +233,73 @@ WC_API wc_status wc_load(wc_client* client, const char* model, const char* spec_
  * map stays valid. */
 WC_API wc_status wc_evict(wc_client* client, const char* model, const char* fingerprint,
                           uint32_t* evicted, char** error);
+
+/* ---- Publishing (ABI 2): an engine donates weights it processed itself. ----
+ *
+ *   wc_publish_options o; wc_publish_options_init(&o);
+ *   o.model = "llama-8b"; o.engine = "myengine"; o.recipe = "fp8-v1";
+ *   o.tensors = list; o.tensor_count = n;
+ *   wc_publish* p = NULL;
+ *   if (wc_publish_begin(c, &o, &p, &err) == WC_OK) {
+ *     if (!wc_publish_joined(p)) {
+ *       for each tensor: wc_publish_data(p, name, &dst, &nbytes, NULL); copy into dst;
+ *       wc_publish_commit(p, &err);
+ *     }
+ *     wc_publish_free(p);  // without a commit: aborts, nothing is left in the daemon
+ *   }
+ *   then wc_acquire with the same engine fields and recipe maps it read-only.
+ */
+typedef struct wc_publish wc_publish;
+
+typedef struct wc_publish_tensor {
+  const char* name;
+  const char* dtype; /* safetensors name: "BF16", "F8_E4M3", "F32", ... */
+  const int64_t* shape;
+  int32_t ndim;
+  uint64_t nbytes; /* product(shape) x dtype size */
+} wc_publish_tensor;
+
+/* Initialise with wc_publish_options_init. Strings and the tensor list are read during
+ * wc_publish_begin only. */
+typedef struct wc_publish_options {
+  uint32_t struct_size; /* sizeof(wc_publish_options), set by wc_publish_options_init */
+  const char* model;    /* the base checkpoint: a spec name the daemon knows */
+  int32_t tp_size;      /* default 1 */
+  int32_t tp_rank;
+  int32_t pp_size; /* default 1 */
+  int32_t pp_rank;
+  const char* compute_capability; /* "" = the device's */
+  const char* device_uuid;        /* GPU holding the source tensors; "" for host */
+  const char* engine;             /* required */
+  const char* engine_version;
+  const char* framework_version; /* e.g. "torch 2.8.0" */
+  const char* recipe;            /* required: the engine's name for its processing */
+  const wc_publish_tensor* tensors;
+  uint64_t tensor_count;
+  int64_t timeout_ms; /* default 600000 */
+} wc_publish_options;
+
+WC_API void wc_publish_options_init(wc_publish_options* options);
+/* Begins a publish: the daemon allocates the segments, this process maps them writable.
+ * On success *out owns the publish; free it with wc_publish_free (which aborts it unless
+ * committed). The client must outlive the publish. PERMISSION_DENIED when this uid may not
+ * publish (the daemon's --publish_uids/--publish_gids). */
+WC_API wc_status wc_publish_begin(wc_client* client, const wc_publish_options* options,
+                                  wc_publish** out, char** error);
+/* 1 when another publisher has (or already published) the same key: nothing to write or
+ * commit; wc_acquire with wait_ready maps its weights. 0 otherwise. */
+WC_API int wc_publish_joined(const wc_publish* publish);
+/* The fingerprint the weights will be served under; valid while the publish lives. */
+WC_API const char* wc_publish_fingerprint(const wc_publish* publish);
+/* The writable address (host pointer, or device pointer on cuda-vmm) and size of tensor
+ * `name`, valid until commit or free. NOT_FOUND naming it when it was not begun. */
+WC_API wc_status wc_publish_data(const wc_publish* publish, const char* name, void** data,
+                                 uint64_t* nbytes, char** error);
+/* Waits for queued writes, unmaps the writable views and commits: the daemon seals the
+ * segments and serves them. On failure the publish is aborted. */
+WC_API wc_status wc_publish_commit(wc_publish* publish, char** error);
+/* Aborts the publish unless committed, and frees it. NULL is a no-op. */
+WC_API void wc_publish_free(wc_publish* publish);
 
 #ifdef __cplusplus
 }

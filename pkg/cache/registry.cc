@@ -356,6 +356,15 @@ size_t Registry::LeaseCount(const Key& key) const {
   return it == entries_.end() ? 0 : it->second->leases.size();
 }
 
+bool Registry::Discard(const std::shared_ptr<Entry>& e) {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = entries_.find(e->key);
+  if (it == entries_.end() || it->second != e || e->state != State::kFailed) return false;
+  entries_.erase(it);
+  e->state = State::kGone;
+  return true;
+}
+
 void Registry::MarkStale(const std::shared_ptr<Entry>& e, const std::string& what) {
   std::lock_guard<std::mutex> l(mu_);
   if (e->state == State::kReady && e->stale.empty()) {

@@ -213,6 +213,9 @@ class Registry {
   // leases remain. Returns false when there is no such live entry.
   enum class Evicted { kNone, kGone, kDraining };
   Evicted Evict(const Key& key, const std::string& reason);
+  // Removes entry `e` itself when it failed (a publish that ended before its commit leaves
+  // no entry behind); false when it is not failed or no longer under its key.
+  bool Discard(const std::shared_ptr<Entry>& e);
   // Marks a live entry stale with what changed (status shows it); a no-op when it is gone.
   void MarkStale(const std::shared_ptr<Entry>& e, const std::string& what);
 

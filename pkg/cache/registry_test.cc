@@ -103,6 +103,31 @@ TEST(Registry, FailedLoadReportsErrorAndIsRetried) {
   EXPECT_TRUE(r.WaitReady(*again, Far()).ok());
 }
 
+TEST(Registry, DiscardRemovesOnlyThatFailedEntry) {
+  Registry r;
+  auto failing = [](Entry&) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
+    return absl::CancelledError("publisher went away");
+  };
+  auto e = r.StartOrJoin(Req("fp", "m", 4096, failing));
+  ASSERT_TRUE(e.ok());
+  EXPECT_FALSE(r.WaitReady(*e, Far()).ok());
+  // A newer entry under the same key is not the failed one: it stays.
+  auto newer = r.StartOrJoin(Req("fp", "m", 0, SegmentLoad(4096)));
+  ASSERT_TRUE(newer.ok());
+  ASSERT_TRUE(r.WaitReady(*newer, Far()).ok());
+  EXPECT_FALSE(r.Discard(*e));
+  EXPECT_FALSE(r.Discard(*newer));  // ready, not failed
+  EXPECT_EQ(r.Find(K("fp")), *newer);
+  ASSERT_EQ(r.Evict(K("fp"), "api"), Registry::Evicted::kGone);
+  auto again = r.StartOrJoin(Req("fp", "m", 4096, failing));
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(r.WaitReady(*again, Far()).ok());
+  EXPECT_TRUE(r.Discard(*again));
+  EXPECT_EQ(r.Find(K("fp")), nullptr);
+  EXPECT_TRUE(r.Snapshot().empty());
+  EXPECT_EQ(r.used_bytes(), 0u);
+}
+
 TEST(Registry, LeasesAreCountedAndRemoved) {
   Registry r;
   auto e = *r.StartOrJoin(Req("fp", "m", 0, SegmentLoad(4096)));

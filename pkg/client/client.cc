@@ -11,8 +11,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "pkg/util/daemon_answer.h"
 #include "pkg/util/status_macros.h"
+#include "pkg/util/daemon_answer.h"
 #include "pkg/util/unix_socket.h"
 #include "weightcache/v1/weightcache.grpc.pb.h"
 
@@ -45,7 +45,7 @@ std::string ResolveSocket(const std::string& socket) {
 
 }  // namespace
 
-struct Client::Rpc {
+struct internal::Rpc {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::WeightCache::Stub> stub;
 };
@@ -78,7 +78,7 @@ const TensorView* Lease::Find(const std::string& name) const {
   return it != tensors_.end() && it->name == name ? &*it : nullptr;
 }
 
-Client::Client(std::string socket, std::unique_ptr<Rpc> rpc)
+Client::Client(std::string socket, std::shared_ptr<internal::Rpc> rpc)
     : socket_(std::move(socket)), rpc_(std::move(rpc)) {}
 Client::~Client() = default;
 
@@ -92,7 +92,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& socke
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
-  auto rpc = std::make_unique<Rpc>();
+  auto rpc = std::make_shared<internal::Rpc>();
   rpc->channel =
       grpc::CreateCustomChannel("unix:" + path, grpc::InsecureChannelCredentials(), args);
   rpc->stub = v1::WeightCache::NewStub(rpc->channel);
@@ -121,61 +121,39 @@ absl::Status HandleChannelError(const std::string& why) {
   return absl::PermissionDeniedError(absl::StrCat("handle channel: ", why));
 }
 
-}  // namespace
+// The rank and device of an Acquire or a publish (AcquireOptions, PublishOptions).
+template <typename Options>
+void SetPlacement(const Options& o, v1::Layout* layout, v1::Environment* env) {
+  layout->set_tp_size(o.tp_size);
+  layout->set_tp_rank(o.tp_rank);
+  layout->set_pp_size(o.pp_size);
+  layout->set_pp_rank(o.pp_rank);
+  env->set_compute_capability(o.compute_capability);
+  env->set_device_uuid(o.device_uuid);
+}
 
-absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) {
-  auto t0 = std::chrono::steady_clock::now();
-  v1::AcquireRequest req;
-  if (!o.fingerprint.empty()) {
-    req.set_fingerprint(o.fingerprint);
-  } else if (!o.model.empty()) {
-    req.set_model(o.model);
-  } else {
-    return absl::InvalidArgumentError("Acquire: set a model name or a fingerprint");
-  }
-  req.mutable_layout()->set_tp_size(o.tp_size);
-  req.mutable_layout()->set_tp_rank(o.tp_rank);
-  req.mutable_layout()->set_pp_size(o.pp_size);
-  req.mutable_layout()->set_pp_rank(o.pp_rank);
-  req.mutable_env()->set_compute_capability(o.compute_capability);
-  req.mutable_env()->set_device_uuid(o.device_uuid);
-  req.set_dtype(o.dtype);
-  req.set_quantization(o.quantization);
-  req.set_wait_ready(o.wait_ready);
-  req.set_load_on_miss(o.load_on_miss);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + o.timeout);
-  // The manifest has one message per tensor: an arena makes parsing and freeing it cheap.
-  google::protobuf::Arena arena;
-  auto& resp = *google::protobuf::Arena::CreateMessage<v1::AcquireResponse>(&arena);
-  WC_RETURN_IF_ERROR(FromGrpc(ctx, rpc_->stub->Acquire(&ctx, req, &resp), "Acquire"));
+void SetIdentity(const EngineIdentity& id, v1::Environment* env) {
+  env->set_engine(id.engine);
+  env->set_engine_version(id.engine_version);
+  env->set_framework_version(id.framework_version);
+  env->set_recipe(id.recipe);
+}
 
-  auto lease = std::unique_ptr<Lease>(new Lease());
-  lease->id_ = resp.lease_id();
-  lease->model_ = resp.model();
-  lease->fingerprint_ = resp.fingerprint();
-  lease->backend_ = resp.backend();
-  lease->device_uuid_ = resp.device_uuid();
-  lease->total_bytes_ = resp.total_bytes();
-  lease->model_dir_ = resp.model_dir();
-  lease->spec_yaml_ = resp.spec_yaml();
-  lease->tp_size_ = static_cast<int>(std::max(1u, resp.layout().tp_size()));
-  lease->tp_rank_ = static_cast<int>(resp.layout().tp_rank());
-  lease->pp_size_ = static_cast<int>(std::max(1u, resp.layout().pp_size()));
-  lease->pp_rank_ = static_cast<int>(resp.layout().pp_rank());
-
-  // The handle channel: present the token, receive the descriptors; keep it open.
-  WC_ASSIGN_OR_RETURN(lease->handle_conn_, ConnectUnix(resp.handle_socket()));
+// The handle channel: connects, presents `token`, receives `want` descriptors; the
+// connection (the lease, or the publish) is left open in *conn.
+absl::StatusOr<std::vector<ScopedFd>> ClaimDescriptors(const std::string& socket,
+                                                       const std::string& token, size_t want,
+                                                       ScopedFd* conn) {
+  WC_ASSIGN_OR_RETURN(*conn, ConnectUnix(socket));
   // Bounded: a daemon that stops answering must not hang the engine's start.
   constexpr int kHandleReplySeconds = 30;
   struct timeval tv {};
   tv.tv_sec = kHandleReplySeconds;
-  ::setsockopt(lease->handle_conn_.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  WC_RETURN_IF_ERROR(WriteAll(lease->handle_conn_.get(), "WCH1 " + resp.token() + "\n"));
+  ::setsockopt(conn->get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  WC_RETURN_IF_ERROR(WriteAll(conn->get(), "WCH1 " + token + "\n"));
   std::vector<ScopedFd> fds;
-  const size_t want = static_cast<size_t>(resp.segments_size());
   while (fds.size() < want) {
-    auto received = RecvWithFds(lease->handle_conn_.get(), 4096);
+    auto received = RecvWithFds(conn->get(), 4096);
     if (!received.ok()) {
       return absl::Status(
           received.status().code(),
@@ -198,16 +176,17 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) 
     return absl::InternalError(
         absl::StrCat("handle channel: got ", fds.size(), " descriptors for ", want, " segments"));
   }
-  std::vector<uint64_t> sizes;
-  for (const auto& s : resp.segments()) sizes.push_back(s.size());
-  memory::BackendKind kind =
-      resp.backend() == "cuda-vmm" ? memory::BackendKind::kCudaVmm : memory::BackendKind::kHost;
-  WC_ASSIGN_OR_RETURN(lease->mapping_,
-                      memory::MapReadOnly(kind, std::move(fds), sizes, resp.device_uuid()));
-  lease->segment_sizes_ = sizes;
+  return fds;
+}
 
-  lease->tensors_.reserve(resp.tensors_size());
-  for (const auto& t : resp.tensors()) {
+// A manifest's tensors as views over `mapping`, in name order; INTERNAL naming a tensor that
+// lies outside its segment.
+absl::StatusOr<std::vector<TensorView>> Views(
+    const google::protobuf::RepeatedPtrField<v1::TensorEntry>& tensors,
+    const std::vector<uint64_t>& sizes, const memory::SegmentMapping& mapping) {
+  std::vector<TensorView> out;
+  out.reserve(tensors.size());
+  for (const auto& t : tensors) {
     if (t.segment() >= sizes.size() || t.offset() > sizes[t.segment()] ||
         t.nbytes() > sizes[t.segment()] - t.offset()) {
       return absl::InternalError(
@@ -221,17 +200,180 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) 
     v.segment = t.segment();
     v.offset = t.offset();
     v.nbytes = t.nbytes();
-    v.data = lease->mapping_->base(t.segment()) + t.offset();
-    lease->tensors_.push_back(std::move(v));
+    v.data = mapping.base(t.segment()) + t.offset();
+    out.push_back(std::move(v));
   }
   auto by_name = [](const TensorView& a, const TensorView& b) { return a.name < b.name; };
   // The daemon sends tensors in name order (fused views may follow): sort only if needed.
-  if (!std::is_sorted(lease->tensors_.begin(), lease->tensors_.end(), by_name)) {
-    std::sort(lease->tensors_.begin(), lease->tensors_.end(), by_name);
+  if (!std::is_sorted(out.begin(), out.end(), by_name)) {
+    std::sort(out.begin(), out.end(), by_name);
   }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) {
+  auto t0 = std::chrono::steady_clock::now();
+  v1::AcquireRequest req;
+  if (!o.fingerprint.empty()) {
+    req.set_fingerprint(o.fingerprint);
+  } else if (!o.model.empty()) {
+    req.set_model(o.model);
+  } else {
+    return absl::InvalidArgumentError("Acquire: set a model name or a fingerprint");
+  }
+  SetPlacement(o, req.mutable_layout(), req.mutable_env());
+  req.set_dtype(o.dtype);
+  req.set_quantization(o.quantization);
+  req.set_wait_ready(o.wait_ready);
+  req.set_load_on_miss(o.load_on_miss);
+  SetIdentity(o.published, req.mutable_env());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + o.timeout);
+  // The manifest has one message per tensor: an arena makes parsing and freeing it cheap.
+  google::protobuf::Arena arena;
+  auto& resp = *google::protobuf::Arena::CreateMessage<v1::AcquireResponse>(&arena);
+  WC_RETURN_IF_ERROR(FromGrpc(ctx, rpc_->stub->Acquire(&ctx, req, &resp), "Acquire"));
+
+  auto lease = std::unique_ptr<Lease>(new Lease());
+  lease->id_ = resp.lease_id();
+  lease->model_ = resp.model();
+  lease->fingerprint_ = resp.fingerprint();
+  lease->backend_ = resp.backend();
+  lease->device_uuid_ = resp.device_uuid();
+  lease->total_bytes_ = resp.total_bytes();
+  lease->model_dir_ = resp.model_dir();
+  lease->spec_yaml_ = resp.spec_yaml();
+  lease->tp_size_ = static_cast<int>(std::max(1u, resp.layout().tp_size()));
+  lease->tp_rank_ = static_cast<int>(resp.layout().tp_rank());
+  lease->pp_size_ = static_cast<int>(std::max(1u, resp.layout().pp_size()));
+  lease->pp_rank_ = static_cast<int>(resp.layout().pp_rank());
+
+  WC_ASSIGN_OR_RETURN(
+      std::vector<ScopedFd> fds,
+      ClaimDescriptors(resp.handle_socket(), resp.token(),
+                       static_cast<size_t>(resp.segments_size()), &lease->handle_conn_));
+  std::vector<uint64_t> sizes;
+  for (const auto& s : resp.segments()) sizes.push_back(s.size());
+  memory::BackendKind kind =
+      resp.backend() == "cuda-vmm" ? memory::BackendKind::kCudaVmm : memory::BackendKind::kHost;
+  WC_ASSIGN_OR_RETURN(lease->mapping_,
+                      memory::MapReadOnly(kind, std::move(fds), sizes, resp.device_uuid()));
+  lease->segment_sizes_ = sizes;
+
+  WC_ASSIGN_OR_RETURN(lease->tensors_, Views(resp.tensors(), sizes, *lease->mapping_));
   lease->map_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return lease;
+}
+
+namespace {
+
+void SetPublishTensors(const std::vector<PublishTensor>& tensors,
+                       google::protobuf::RepeatedPtrField<v1::PublishTensor>* out) {
+  out->Reserve(static_cast<int>(tensors.size()));
+  for (const auto& t : tensors) {
+    auto* m = out->Add();
+    m->set_name(t.name);
+    m->set_dtype(std::string(safetensors::DTypeName(t.dtype)));
+    m->mutable_shape()->Add(t.shape.begin(), t.shape.end());
+    m->set_nbytes(t.nbytes);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Publish>> Client::BeginPublish(const PublishOptions& o) {
+  v1::BeginPublishRequest req;
+  req.set_model(o.model);
+  SetPlacement(o, req.mutable_layout(), req.mutable_env());
+  SetIdentity(o.identity, req.mutable_env());
+  SetPublishTensors(o.tensors, req.mutable_tensors());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + o.timeout);
+  v1::BeginPublishResponse resp;
+  WC_RETURN_IF_ERROR(FromGrpc(ctx, rpc_->stub->BeginPublish(&ctx, req, &resp), "BeginPublish"));
+  auto p = std::unique_ptr<Publish>(new Publish());
+  p->rpc_ = rpc_;
+  p->begun_ = o.tensors;
+  p->fingerprint_ = resp.fingerprint();
+  p->backend_ = resp.backend();
+  p->device_uuid_ = resp.device_uuid();
+  p->joined_ = resp.joined();
+  if (p->joined_) {
+    p->ended_ = true;
+    return p;
+  }
+  p->id_ = resp.publish_id();
+  // From here on, an error destroys `p`: its destructor aborts the publish in the daemon.
+  WC_ASSIGN_OR_RETURN(
+      std::vector<ScopedFd> fds,
+      ClaimDescriptors(resp.handle_socket(), resp.token(),
+                       static_cast<size_t>(resp.segments_size()), &p->handle_conn_));
+  std::vector<uint64_t> sizes;
+  for (const auto& s : resp.segments()) sizes.push_back(s.size());
+  const memory::BackendKind kind =
+      resp.backend() == "cuda-vmm" ? memory::BackendKind::kCudaVmm : memory::BackendKind::kHost;
+  WC_ASSIGN_OR_RETURN(p->mapping_,
+                      memory::MapWritable(kind, std::move(fds), sizes, resp.device_uuid()));
+  WC_ASSIGN_OR_RETURN(p->tensors_, Views(resp.tensors(), sizes, *p->mapping_));
+  return p;
+}
+
+Publish::~Publish() { Abort(); }
+
+const TensorView* Publish::Find(const std::string& name) const {
+  auto it = std::lower_bound(tensors_.begin(), tensors_.end(), name,
+                             [](const TensorView& t, const std::string& n) { return t.name < n; });
+  return it != tensors_.end() && it->name == name ? &*it : nullptr;
+}
+
+void* Publish::Data(const TensorView& view) const {
+  if (!mapping_ || view.segment >= mapping_->count()) return nullptr;
+  std::byte* base = mapping_->writable_base(view.segment);
+  return base == nullptr ? nullptr : base + view.offset;
+}
+
+absl::Status Publish::Commit() {
+  if (ended_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Publish::Commit: publish ", id_,
+                     joined_ ? " was joined (another publisher's)" : " ended"));
+  }
+  // Writes land, then the writable mapping goes: the daemon can seal only once none remains.
+  mapping_.reset();
+  v1::CommitPublishRequest req;
+  req.set_publish_id(id_);
+  SetPublishTensors(begun_, req.mutable_tensors());
+  v1::CommitPublishResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+  absl::Status s = FromGrpc(ctx, rpc_->stub->CommitPublish(&ctx, req, &resp), "CommitPublish");
+  if (!s.ok()) {
+    Abort();
+    return s;
+  }
+  committed_ = true;
+  ended_ = true;
+  tensors_.clear();
+  handle_conn_.reset();
+  return absl::OkStatus();
+}
+
+void Publish::Abort() {
+  if (ended_) return;
+  ended_ = true;
+  tensors_.clear();
+  mapping_.reset();
+  // Closing the handle connection aborts in the daemon; the RPC says so at once.
+  handle_conn_.reset();
+  v1::AbortPublishRequest req;
+  req.set_publish_id(id_);
+  v1::AbortPublishResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  (void)rpc_->stub->AbortPublish(&ctx, req, &resp);
 }
 
 absl::Status Client::Release(const std::string& lease_id) {

@@ -40,6 +40,10 @@ class Layout;
 
 namespace weightcache::client {
 
+namespace internal {
+struct Rpc;  // the gRPC channel and stub (client.cc)
+}  // namespace internal
+
 inline constexpr const char* kSocketEnv = "WEIGHTCACHE_SOCKET";
 inline constexpr const char* kModelEnv = "WEIGHTCACHE_MODEL";
 inline constexpr const char* kDefaultControlSocket = "/run/weightcache/control.sock";
@@ -55,6 +59,15 @@ struct TensorView {
   uint64_t offset = 0;
 };
 
+// Published weights (Client::BeginPublish): the engine's identity and the name of its
+// processing enter the fingerprint; an Acquire with the same fields maps what it published.
+struct EngineIdentity {
+  std::string engine;             // e.g. "sglang"
+  std::string engine_version;     // e.g. "0.5.2"
+  std::string framework_version;  // e.g. "torch 2.8.0+cu128"
+  std::string recipe;             // the engine's name for its processing, e.g. "fp8-v3"
+};
+
 struct AcquireOptions {
   std::string model;        // spec name, or
   std::string fingerprint;  // an exact fingerprint
@@ -68,6 +81,7 @@ struct AcquireOptions {
   std::string quantization;        // optional expectation: "none" | "fp8_block"
   bool wait_ready = false;         // wait for a load in progress
   bool load_on_miss = false;       // ask the daemon to load a known model on a miss
+  EngineIdentity published;        // set (recipe non-empty): weights an engine published
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
 
   // model from $WEIGHTCACHE_MODEL (set from the pod annotation weightcache.io/model via
@@ -118,6 +132,70 @@ class Lease {
   std::unique_ptr<memory::SegmentMapping> mapping_;
 };
 
+// One tensor a publisher will write.
+struct PublishTensor {
+  std::string name;
+  safetensors::DType dtype = safetensors::DType::kU8;
+  std::vector<int64_t> shape;
+  uint64_t nbytes = 0;  // product(shape) x dtype size
+};
+
+struct PublishOptions {
+  std::string model;  // the base checkpoint: a spec name the daemon knows
+  int tp_size = 1;
+  int tp_rank = 0;
+  int pp_size = 1;
+  int pp_rank = 0;
+  std::string compute_capability;  // empty: the device's
+  std::string device_uuid;         // GPU holding the source tensors; empty for host
+  EngineIdentity identity;         // engine and recipe required
+  std::vector<PublishTensor> tensors;
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+};
+
+// A publish in progress: begun, writable views mapped, to be committed. Destroying it
+// without Commit aborts the publish (nothing is left in the daemon), and so does this
+// process's exit or death before the commit.
+// joined(): another publisher has (or already published) the same key: nothing was
+// allocated, there is nothing to write; Acquire with wait_ready maps its weights.
+// Thread-safety: one thread at a time; the views may be written from any thread (host) or
+// by kernels/copies on the device (cuda-vmm) until Commit.
+class Publish {
+ public:
+  ~Publish();
+  Publish(const Publish&) = delete;
+  Publish& operator=(const Publish&) = delete;
+
+  bool joined() const { return joined_; }
+  const std::string& id() const { return id_; }
+  const std::string& fingerprint() const { return fingerprint_; }
+  const std::string& backend() const { return backend_; }
+  const std::string& device_uuid() const { return device_uuid_; }
+  // Writable views (data is writable until Commit); empty when joined. In name order.
+  const std::vector<TensorView>& tensors() const { return tensors_; }
+  const TensorView* Find(const std::string& name) const;
+  // Writable address of `view` (one of tensors()); null once committed or when joined.
+  void* Data(const TensorView& view) const;
+  // Waits for queued writes (cuda-vmm), unmaps the writable views, then commits: the daemon
+  // seals the segments and serves them. On failure (other than a mismatch, which aborts in
+  // the daemon) the publish is aborted here too. Once only.
+  absl::Status Commit();
+  // Ends the publish without serving it (also what the destructor does).
+  void Abort();
+  bool committed() const { return committed_; }
+
+ private:
+  friend class Client;
+  Publish() = default;
+  std::shared_ptr<internal::Rpc> rpc_;  // the client's channel, kept alive
+  std::vector<PublishTensor> begun_;
+  std::string id_, fingerprint_, backend_, device_uuid_;
+  bool joined_ = false, committed_ = false, ended_ = false;
+  std::vector<TensorView> tensors_;
+  ScopedFd handle_conn_;  // the publish itself: closing it before the commit aborts
+  std::unique_ptr<memory::SegmentMapping> mapping_;
+};
+
 class Client {
  public:
   // `socket`: path of control.sock, or the directory holding it; empty: $WEIGHTCACHE_SOCKET,
@@ -135,6 +213,8 @@ class Client {
   absl::Status Load(const std::string& model, const std::string& spec_yaml,
                     const std::function<void(const v1::LoadProgress&)>& on_progress,
                     const v1::Layout* layout = nullptr);
+  // Begins a publish (see Publish). PERMISSION_DENIED when this uid may not publish.
+  absl::StatusOr<std::unique_ptr<Publish>> BeginPublish(const PublishOptions& options);
   // How many entries were evicted.
   absl::StatusOr<uint32_t> Evict(const std::string& model, const std::string& fingerprint);
   // The same, with the draining count and the other spec names that lost the entries.
@@ -142,10 +222,9 @@ class Client {
                                                   const std::string& fingerprint);
 
  private:
-  struct Rpc;
-  Client(std::string socket, std::unique_ptr<Rpc> rpc);
+  Client(std::string socket, std::shared_ptr<internal::Rpc> rpc);
   std::string socket_;
-  std::unique_ptr<Rpc> rpc_;
+  std::shared_ptr<internal::Rpc> rpc_;  // shared with Publish objects (they commit through it)
 };
 
 }  // namespace weightcache::client

@@ -16,7 +16,8 @@ namespace {
 
 class CudaMapping final : public SegmentMapping {
  public:
-  CudaMapping(const DriverApi& api, PrimaryContext ctx) : api_(&api), ctx_(std::move(ctx)) {}
+  CudaMapping(const DriverApi& api, PrimaryContext ctx, bool writable)
+      : api_(&api), ctx_(std::move(ctx)), writable_(writable) {}
   CudaMapping(const CudaMapping&) = delete;
   CudaMapping& operator=(const CudaMapping&) = delete;
 
@@ -24,6 +25,8 @@ class CudaMapping final : public SegmentMapping {
     // Order: unmap every segment, release the imported handles, free the VA reservation;
     // the primary-context reference goes last (member order).
     auto current = ScopedCurrentContext::Push(*api_, ctx_.get());
+    // A publisher's writes (copies queued on any stream of the context) land before unmapping.
+    if (writable_ && current.ok()) (void)api_->cuCtxSynchronize();
     maps_.clear();
     handles_.clear();
     va_.reset();
@@ -34,9 +37,13 @@ class CudaMapping final : public SegmentMapping {
   }
   size_t count() const override { return offsets_.size(); }
   BackendKind kind() const override { return BackendKind::kCudaVmm; }
+  std::byte* writable_base(size_t i) const override {
+    return writable_ ? const_cast<std::byte*>(base(i)) : nullptr;
+  }
 
   const DriverApi* api_;
   PrimaryContext ctx_;
+  const bool writable_;
   VaReservation va_;
   std::vector<AllocationHandle> handles_;
   std::vector<MappedRange> maps_;
@@ -47,11 +54,10 @@ double MsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnlyTimed(
-    std::vector<ScopedFd> fds, const std::vector<uint64_t>& sizes, const std::string& device_uuid,
-    CudaMapTimings* timings) {
+absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCuda(std::vector<ScopedFd> fds,
+                                                        const std::vector<uint64_t>& sizes,
+                                                        const std::string& device_uuid,
+                                                        CudaMapTimings* timings, bool writable) {
   CudaMapTimings t;
   if (fds.size() != sizes.size()) {
     return absl::InvalidArgumentError(absl::StrCat("MapCudaReadOnly: ", fds.size(),
@@ -63,7 +69,7 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnlyTimed(
   WC_ASSIGN_OR_RETURN(CudaDevice dev, FindDevice(*api, device_uuid));
   WC_ASSIGN_OR_RETURN(auto ctx, PrimaryContext::Retain(*api, dev.device));
   WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(*api, ctx.get()));
-  auto m = std::make_unique<CudaMapping>(*api, std::move(ctx));
+  auto m = std::make_unique<CudaMapping>(*api, std::move(ctx), writable);
   t.context_ms = MsSince(t0);
 
   uint64_t total = 0;
@@ -108,10 +114,25 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnlyTimed(
 
   t0 = std::chrono::steady_clock::now();
   WC_RETURN_IF_ERROR(
-      SetAccess(*api, m->va_.get(), total, dev.ordinal, CU_MEM_ACCESS_FLAGS_PROT_READ));
+      SetAccess(*api, m->va_.get(), total, dev.ordinal,
+                writable ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ));
   t.access_ms = MsSince(t0);
   if (timings != nullptr) *timings = t;
   return std::unique_ptr<SegmentMapping>(std::move(m));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnlyTimed(
+    std::vector<ScopedFd> fds, const std::vector<uint64_t>& sizes, const std::string& device_uuid,
+    CudaMapTimings* timings) {
+  return MapCuda(std::move(fds), sizes, device_uuid, timings, /*writable=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaWritable(std::vector<ScopedFd> fds,
+                                                                const std::vector<uint64_t>& sizes,
+                                                                const std::string& device_uuid) {
+  return MapCuda(std::move(fds), sizes, device_uuid, nullptr, /*writable=*/true);
 }
 
 absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnly(std::vector<ScopedFd> fds,

@@ -17,7 +17,7 @@ namespace {
 // once mapped (the mapping keeps the memfd alive).
 class HostMapping final : public SegmentMapping {
  public:
-  HostMapping() = default;
+  explicit HostMapping(bool writable) : writable_(writable) {}
   HostMapping(const HostMapping&) = delete;
   HostMapping& operator=(const HostMapping&) = delete;
   ~HostMapping() override {
@@ -25,7 +25,8 @@ class HostMapping final : public SegmentMapping {
   }
 
   absl::Status Add(int fd, uint64_t size, size_t index) {
-    void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    void* p =
+        ::mmap(nullptr, size, writable_ ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
       return ErrnoStatus(errno, "mmap", absl::StrCat("segment ", index, " (", size, " bytes)"));
     }
@@ -38,10 +39,33 @@ class HostMapping final : public SegmentMapping {
   }
   size_t count() const override { return maps_.size(); }
   BackendKind kind() const override { return BackendKind::kHost; }
+  std::byte* writable_base(size_t i) const override {
+    return writable_ ? static_cast<std::byte*>(maps_.at(i).first) : nullptr;
+  }
 
  private:
+  const bool writable_;
   std::vector<std::pair<void*, size_t>> maps_;
 };
+
+absl::StatusOr<std::unique_ptr<SegmentMapping>> Map(BackendKind kind, std::vector<ScopedFd> fds,
+                                                    const std::vector<uint64_t>& sizes,
+                                                    const std::string& device_uuid, bool writable) {
+  if (fds.size() != sizes.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(writable ? "MapWritable: " : "MapReadOnly: ", fds.size(), " descriptors for ",
+                     sizes.size(), " segments"));
+  }
+  if (kind == BackendKind::kCudaVmm) {
+    return writable ? internal::MapCudaWritable(std::move(fds), sizes, device_uuid)
+                    : internal::MapCudaReadOnly(std::move(fds), sizes, device_uuid);
+  }
+  auto m = std::make_unique<HostMapping>(writable);
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (auto s = m->Add(fds[i].get(), sizes[i], i); !s.ok()) return s;
+  }
+  return std::unique_ptr<SegmentMapping>(std::move(m));
+}
 
 }  // namespace
 
@@ -49,18 +73,14 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> MapReadOnly(BackendKind kind,
                                                             std::vector<ScopedFd> fds,
                                                             const std::vector<uint64_t>& sizes,
                                                             const std::string& device_uuid) {
-  if (fds.size() != sizes.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MapReadOnly: ", fds.size(), " descriptors for ", sizes.size(), " segments"));
-  }
-  if (kind == BackendKind::kCudaVmm) {
-    return internal::MapCudaReadOnly(std::move(fds), sizes, device_uuid);
-  }
-  auto m = std::make_unique<HostMapping>();
-  for (size_t i = 0; i < fds.size(); ++i) {
-    if (auto s = m->Add(fds[i].get(), sizes[i], i); !s.ok()) return s;
-  }
-  return std::unique_ptr<SegmentMapping>(std::move(m));
+  return Map(kind, std::move(fds), sizes, device_uuid, /*writable=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<SegmentMapping>> MapWritable(BackendKind kind,
+                                                            std::vector<ScopedFd> fds,
+                                                            const std::vector<uint64_t>& sizes,
+                                                            const std::string& device_uuid) {
+  return Map(kind, std::move(fds), sizes, device_uuid, /*writable=*/true);
 }
 
 absl::Status CopyToHost(BackendKind kind, const std::string& device_uuid, const void* src, size_t n,

@@ -23,12 +23,26 @@ class SegmentMapping {
   virtual const std::byte* base(size_t i) const = 0;
   virtual size_t count() const = 0;
   virtual BackendKind kind() const = 0;
+  // The same address, writable: only for a mapping made by MapWritable; null otherwise.
+  virtual std::byte* writable_base(size_t i) const {
+    (void)i;
+    return nullptr;
+  }
 };
 
 // Maps `fds[i]` (size `sizes[i]`) read-only. For cuda-vmm, `device_uuid` names the GPU to
 // map on (must be visible to this process). Takes ownership of the FDs (host: closed
 // after mmap; CUDA: closed after import).
 absl::StatusOr<std::unique_ptr<SegmentMapping>> MapReadOnly(BackendKind kind,
+                                                            std::vector<ScopedFd> fds,
+                                                            const std::vector<uint64_t>& sizes,
+                                                            const std::string& device_uuid);
+
+// Maps `fds[i]` read-write: only for a publisher's segments (the daemon hands writable
+// descriptors out for a publish only). Destroying the mapping waits for writes queued into
+// it (cuda-vmm: cuCtxSynchronize in the device's primary context), then unmaps: a host memfd
+// can be sealed only once no writable mapping of it remains.
+absl::StatusOr<std::unique_ptr<SegmentMapping>> MapWritable(BackendKind kind,
                                                             std::vector<ScopedFd> fds,
                                                             const std::vector<uint64_t>& sizes,
                                                             const std::string& device_uuid);

@@ -21,6 +21,13 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnly(std::vector<Scop
   return absl::UnimplementedError(
       "cuda-vmm segments: this client was built without CUDA and cannot map GPU memory");
 }
+// NOLINTNEXTLINE(performance-unnecessary-value-param): the signature takes the FDs over
+absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaWritable(std::vector<ScopedFd>,
+                                                                const std::vector<uint64_t>&,
+                                                                const std::string&) {
+  return absl::UnimplementedError(
+      "cuda-vmm segments: this client was built without CUDA and cannot map GPU memory");
+}
 absl::Status CopyCudaToHost(const std::string& device_uuid, const void*, size_t, void*) {
   return absl::UnimplementedError("reading GPU " + device_uuid +
                                   ": this weightcache was built without CUDA");

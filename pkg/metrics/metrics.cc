@@ -207,7 +207,7 @@ struct Metrics::Impl {
         refusals(prometheus::BuildCounter()
                      .Name("weightcache_refusals_total")
                      .Help("Control-plane requests refused, by rule (admin, lease_owner, "
-                           "model_roots, allowlist, connection_cap).")
+                           "model_roots, allowlist, connection_cap, publish).")
                      .Register(registry)),
         keeper_up(prometheus::BuildGauge()
                       .Name("weightcache_keeper_up")
@@ -224,9 +224,14 @@ struct Metrics::Impl {
                     .Name("weightcache_adopted_entries_total")
                     .Help("Cache entries re-adopted from the keeper at start (served without "
                           "reading the disk), by model.")
-                    .Register(registry)) {
+                    .Register(registry)),
+        publishes(prometheus::BuildCounter()
+                      .Name("weightcache_publish_total")
+                      .Help("Publishes by model and result (published, joined, aborted, "
+                            "mismatch, error).")
+                      .Register(registry)) {
     for (const char* rule :
-         {"admin", "lease_owner", "model_roots", "allowlist", "connection_cap"}) {
+         {"admin", "lease_owner", "model_roots", "allowlist", "connection_cap", "publish"}) {
       refusals.Add({{"rule", rule}});
     }
     prometheus::BuildGauge()
@@ -270,6 +275,7 @@ struct Metrics::Impl {
   prometheus::Gauge& keeper_up;
   prometheus::Gauge& keeper_fds;
   prometheus::Family<prometheus::Counter>& adopted;
+  prometheus::Family<prometheus::Counter>& publishes;
   const std::shared_ptr<StateCollector> collector = std::make_shared<StateCollector>();
 
   absl::Mutex mu;
@@ -306,6 +312,11 @@ void Metrics::OnLoad(const std::string& model, const std::string& source, double
 void Metrics::OnEviction(const std::string& model, const std::string& reason) {
   const std::string label = impl_->ModelLabel(model);
   impl_->evictions.Add({{"model", label}, {"reason", reason}}).Increment();
+}
+
+void Metrics::OnPublish(const std::string& model, const std::string& result) {
+  const std::string label = impl_->ModelLabel(model);
+  impl_->publishes.Add({{"model", label}, {"result", result}}).Increment();
 }
 
 void Metrics::OnRefused(const std::string& rule) {

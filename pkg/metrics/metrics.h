@@ -106,8 +106,12 @@ class Metrics {
   void OnLoad(const std::string& model, const std::string& source /* disk|keeper|peer */,
               double seconds, uint64_t bytes);
   void OnEviction(const std::string& model, const std::string& reason /* api|budget */);
+  // A publish that ended: `result` published | joined (another publisher had the key) |
+  // aborted (abort, or the publisher's connection closed before its commit) | mismatch (a
+  // commit that differs from its begin) | error (bounded set).
+  void OnPublish(const std::string& model, const std::string& result);
   // A control-plane request refused by an authorization rule or a connection cap.
-  // `rule`: admin | lease_owner | model_roots | allowlist | connection_cap (bounded set).
+  // `rule`: admin | lease_owner | model_roots | allowlist | connection_cap | publish.
   void OnRefused(const std::string& rule);
   // The keeper link: whether a keeper is connected (weightcache_keeper_up), the descriptors
   // deposited with it (weightcache_keeper_descriptors), and each entry re-adopted from it at

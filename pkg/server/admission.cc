@@ -95,6 +95,8 @@ absl::StatusOr<Admission::AskedEnv> Admission::EnvFrom(const v1::Environment& en
   }
   out.engine = env.engine();
   out.engine_version = env.engine_version();
+  out.framework_version = env.framework_version();
+  out.recipe = env.recipe();
   return asked;
 }
 

@@ -31,7 +31,8 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend)
       registry_(options_.memory_budget_bytes),
       models_(options_.specs, options_.read_threads, options_.model_roots, options_.metrics),
       admission_(options_, backend_, registry_, staging_pool_.get()),
-      leases_(&registry_, options_.token_ttl) {
+      leases_(&registry_, options_.token_ttl),
+      publishes_(options_, backend_, registry_, admission_, models_, handle_path()) {
   registry_.SetLoadDoneCallback(
       [this](const cache::Entry& e, const absl::Status& st, double seconds) {
         if (options_.metrics != nullptr && st.ok()) {
@@ -129,12 +130,19 @@ absl::Status Daemon::Impl::Start() {
   HandleChannel::Options hopts;
   hopts.path = handle_path();
   hopts.allowed_uids = options_.allowed_uids;
-  WC_ASSIGN_OR_RETURN(
-      handles_,
-      HandleChannel::Start(
-          hopts, [this](const std::string& t, const PeerCred& p) { return leases_.Claim(t, p); },
-          [this](const std::string& lease) { registry_.RemoveLease(lease); },
-          [this] { leases_.ExpireTokens(); }));
+  WC_ASSIGN_OR_RETURN(handles_, HandleChannel::Start(
+                                    hopts,
+                                    [this](const std::string& t, const PeerCred& p) {
+                                      return publishes_.IsToken(t) ? publishes_.Claim(t, p)
+                                                                   : leases_.Claim(t, p);
+                                    },
+                                    [this](const std::string& id) {
+                                      if (!publishes_.OnClose(id)) registry_.RemoveLease(id);
+                                    },
+                                    [this] {
+                                      leases_.ExpireTokens();
+                                      publishes_.ExpireTokens();
+                                    }));
 
   // Preloads are opened (maybe hashed) on their own thread while the daemon serves; their
   // names are pending until their entries are registered, so a client never sees a daemon
@@ -417,8 +425,9 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
                     absl::NotFoundError(
                         absl::StrCat("no entry with fingerprint ", fp, " is cached on ", device)));
     }
-    bool servable =
-        asked.dtype == opened->dtype && asked.quant_method == opened->quantization.method;
+    // Published weights (a recipe) come only from their engine: never loaded on a miss.
+    bool servable = asked.dtype == opened->dtype &&
+                    asked.quant_method == opened->quantization.method && env.recipe.empty();
     if (req.load_on_miss() && servable) {
       auto started = admission_.StartLoad(opened, *layout, env, device);
       if (!started.ok()) return finish(AcquireResult::kError, started.status());
@@ -441,8 +450,8 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
       });
       if (rank_only) {
         cached_ranks.push_back(other->inputs.layout.tp_rank);
-      } else if (mismatch.empty()) {
-        mismatch = std::move(diffs);
+      } else if (mismatch.empty() || diffs.size() < mismatch.size()) {
+        mismatch = std::move(diffs);  // the closest cached entry explains the mismatch
       }
     }
     if (cached_ranks.empty() && !mismatch.empty()) {
@@ -725,6 +734,10 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
     e->set_load_seconds(s.load_seconds);
     e->set_bytes_done(s.bytes_done);
     e->set_source(s.source);
+    if (auto p = publishes_.PublisherOf({s.fingerprint, s.device_uuid});
+        p && s.source == "publish") {
+      *e->mutable_publisher() = *p;
+    }
     for (const auto& n : models_.NamesOf(s)) {
       e->add_names(n);
       if (s.state == cache::State::kReady && !stale) {
@@ -799,6 +812,16 @@ bool Daemon::Impl::IsAdmin(const Caller& c) const {
   const auto& g = options_.admin_gids;
   return std::find(u.begin(), u.end(), c.cred.uid) != u.end() ||
          std::find(g.begin(), g.end(), c.cred.gid) != g.end();
+}
+
+absl::StatusOr<PublishManager*> Daemon::Impl::Publisher(const Caller& caller) {
+  if (!publishes_.MayPublish(caller.cred)) {
+    return Refuse("publish", absl::StrCat("uid ", caller.cred.uid, " (gid ", caller.cred.gid,
+                                          ") may not publish weights: that needs a peer in "
+                                          "--publish_uids/--publish_gids (default: the daemon's "
+                                          "own uid)"));
+  }
+  return &publishes_;
 }
 
 absl::Status Daemon::Impl::Refuse(const std::string& rule, const std::string& message) {

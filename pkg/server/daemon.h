@@ -62,6 +62,10 @@ struct DaemonOptions {
   // Both empty: the daemon's own uid only.
   std::vector<uid_t> admin_uids;
   std::vector<gid_t> admin_gids;
+  // Who may publish weights (BeginPublish): these uids, or peers whose primary gid is one
+  // of these gids. Both empty: the daemon's own uid only.
+  std::vector<uid_t> publish_uids;
+  std::vector<gid_t> publish_gids;
   // Model directories must resolve (symlinks followed) under one of these; empty: anywhere.
   std::vector<std::string> model_roots;
   // Control connections open at once, in all and per peer uid (see ControlListener).

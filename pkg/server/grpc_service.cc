@@ -59,6 +59,33 @@ class GrpcService final : public v1::WeightCache::Service {
     return ToGrpc(ctx, impl_->Evict(*caller, *req, resp));
   }
 
+  grpc::Status BeginPublish(grpc::ServerContext* ctx, const v1::BeginPublishRequest* req,
+                            v1::BeginPublishResponse* resp) override {
+    auto caller = impl_->CallerOf(ctx->peer());
+    if (!caller.ok()) return ToGrpc(ctx, caller.status());
+    auto publisher = impl_->Publisher(*caller);
+    if (!publisher.ok()) return ToGrpc(ctx, publisher.status());
+    return ToGrpc(ctx, (*publisher)->Begin(caller->cred, *req, resp));
+  }
+
+  grpc::Status CommitPublish(grpc::ServerContext* ctx, const v1::CommitPublishRequest* req,
+                             v1::CommitPublishResponse* resp) override {
+    auto caller = impl_->CallerOf(ctx->peer());
+    if (!caller.ok()) return ToGrpc(ctx, caller.status());
+    auto publisher = impl_->Publisher(*caller);
+    if (!publisher.ok()) return ToGrpc(ctx, publisher.status());
+    return ToGrpc(ctx, (*publisher)->Commit(caller->cred, *req, resp));
+  }
+
+  grpc::Status AbortPublish(grpc::ServerContext* ctx, const v1::AbortPublishRequest* req,
+                            v1::AbortPublishResponse*) override {
+    auto caller = impl_->CallerOf(ctx->peer());
+    if (!caller.ok()) return ToGrpc(ctx, caller.status());
+    auto publisher = impl_->Publisher(*caller);
+    if (!publisher.ok()) return ToGrpc(ctx, publisher.status());
+    return ToGrpc(ctx, (*publisher)->Abort(caller->cred, *req));
+  }
+
   grpc::Status Status(grpc::ServerContext* ctx, const v1::StatusRequest*,
                       v1::StatusResponse* resp) override {
     auto caller = impl_->CallerOf(ctx->peer());

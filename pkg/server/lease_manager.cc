@@ -9,9 +9,7 @@
 #include "pkg/util/log.h"
 
 namespace weightcache::server {
-namespace {
 
-// Random bytes as hex, from the kernel's CSPRNG (tokens must not be guessable).
 std::string RandomHex(size_t bytes) {
   std::string raw(bytes, '\0');
   int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
@@ -26,8 +24,6 @@ std::string RandomHex(size_t bytes) {
   }
   return out;
 }
-
-}  // namespace
 
 absl::StatusOr<LeaseManager::Issued> LeaseManager::Issue(
     const std::shared_ptr<cache::Entry>& e, const std::string& name, const PeerCred& owner,

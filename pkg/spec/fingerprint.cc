@@ -72,6 +72,8 @@ std::vector<std::pair<std::string, std::string>> TailFields(const FingerprintInp
       {"loader_format_version", absl::StrCat(in.env.loader_format_version)},
       {"engine", in.env.engine},
       {"engine_version", in.env.engine_version},
+      {"framework_version", in.env.framework_version},
+      {"recipe", in.env.recipe},
   };
 }
 
@@ -120,6 +122,8 @@ std::string FingerprintInputs::Canonical() const {
   }
   for (const auto& [field, value] : TailFields(*this)) {
     if (field == "tensor_layout" && value == kDefaultTensorLayout) continue;
+    // Published weights' fields: absent from the encoding when empty (loaded weights).
+    if ((field == "framework_version" || field == "recipe") && value.empty()) continue;
     absl::StrAppend(&out, field, "=", Escape(value), "\n");
   }
   return out;

@@ -35,6 +35,10 @@ struct Environment {
   int loader_format_version = kLoaderFormatVersion;
   std::string engine;          // set for weights published by an engine
   std::string engine_version;  // e.g. "sglang 0.5.2 / torch 2.8"
+  // Weights published by an engine only (encoded only when set, so the fingerprints of
+  // loaded entries stay as they were): its framework's version and its processing recipe.
+  std::string framework_version;  // e.g. "torch 2.8.0+cu128"
+  std::string recipe;             // e.g. "fp8-blockscale-v3"
 };
 
 struct FingerprintInputs {

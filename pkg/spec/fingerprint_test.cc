@@ -255,5 +255,23 @@ TEST(Fingerprint, TensorLayoutOnlyEncodedWhenNotHf) {
   EXPECT_EQ(digests.size(), 3u);
 }
 
+// A published entry's framework version and recipe are encoded only when set, so loaded
+// entries keep their fingerprints; each changes the digest and is named by Diff.
+TEST(Fingerprint, PublishFieldsOnlyEncodedWhenSet) {
+  const FingerprintInputs base = Sample();
+  EXPECT_EQ(base.Canonical().find("recipe"), std::string::npos);
+  EXPECT_EQ(base.Canonical().find("framework_version"), std::string::npos);
+  FingerprintInputs recipe = base;
+  recipe.env.recipe = "fp8-blockscale-v3";
+  FingerprintInputs framework = base;
+  framework.env.framework_version = "torch 2.8.0";
+  EXPECT_THAT(recipe.Canonical(), ::testing::HasSubstr("recipe=fp8-blockscale-v3\n"));
+  EXPECT_THAT(framework.Canonical(), ::testing::HasSubstr("framework_version=torch 2.8.0\n"));
+  const std::set<std::string> digests = {base.Digest(), recipe.Digest(), framework.Digest()};
+  EXPECT_EQ(digests.size(), 3u);
+  EXPECT_EQ(FormatDiff(Diff(recipe, base)), "recipe: cached fp8-blockscale-v3, asked \"\"");
+  EXPECT_EQ(FormatDiff(Diff(base, framework)), "framework_version: cached \"\", asked torch 2.8.0");
+}
+
 }  // namespace
 }  // namespace weightcache::spec

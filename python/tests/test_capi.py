@@ -28,7 +28,7 @@ def test_c_program_reads_the_same_bytes_and_errors(daemon, tiny_tensors):
     by_kind = {}
     for line in lines:
         by_kind.setdefault(line.split(" ", 1)[0], []).append(line.split(" ", 1)[1])
-    assert by_kind["version"] == [f"{weightcache.library_version()} abi 1"]
+    assert by_kind["version"] == [f"{weightcache.library_version()} abi 2"]
     assert by_kind["miss"][0].startswith("NOT_FOUND ") and "no-such-model" in by_kind["miss"][0]
     assert by_kind["bad-layout"][0].startswith("INVALID_ARGUMENT ") and "tp 3/1" in \
         by_kind["bad-layout"][0]

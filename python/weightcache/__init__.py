@@ -28,6 +28,7 @@ from ._errors import (
     UnsupportedQuantization,
     WeightcacheError,
 )
+from ._publish import acquire_or_publish, publish
 from ._verify import VerifyReport, verify
 from ._weights import Weights, acquire
 
@@ -46,10 +47,12 @@ __all__ = [
     "Weights",
     "WeightcacheError",
     "acquire",
+    "acquire_or_publish",
     "bind",
     "evict",
     "library_version",
     "load",
+    "publish",
     "status",
     "verify",
 ]

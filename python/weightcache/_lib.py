@@ -1,4 +1,4 @@
-"""ctypes bindings of libweightcache.so (include/weightcache/weightcache.h, ABI version 1).
+"""ctypes bindings of libweightcache.so (include/weightcache/weightcache.h, ABI version 2).
 
 The library is found through ``$WEIGHTCACHE_LIB`` (a path to the .so), else beside this
 package (``weightcache/libweightcache.so``, where ``pip install`` puts it when it was copied
@@ -30,7 +30,7 @@ from typing import Callable, Optional
 
 from ._errors import WeightcacheError, error_from_status
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 LIB_ENV = "WEIGHTCACHE_LIB"
 LIB_NAME = "libweightcache.so"
 
@@ -50,6 +50,40 @@ class AcquireOptions(Structure):
         ("quantization", c_char_p),
         ("wait_ready", c_int32),
         ("load_on_miss", c_int32),
+        ("timeout_ms", c_int64),
+        ("engine", c_char_p),
+        ("engine_version", c_char_p),
+        ("framework_version", c_char_p),
+        ("recipe", c_char_p),
+    ]
+
+
+class PublishTensor(Structure):
+    _fields_ = [
+        ("name", c_char_p),
+        ("dtype", c_char_p),
+        ("shape", POINTER(c_int64)),
+        ("ndim", c_int32),
+        ("nbytes", c_uint64),
+    ]
+
+
+class PublishOptions(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("model", c_char_p),
+        ("tp_size", c_int32),
+        ("tp_rank", c_int32),
+        ("pp_size", c_int32),
+        ("pp_rank", c_int32),
+        ("compute_capability", c_char_p),
+        ("device_uuid", c_char_p),
+        ("engine", c_char_p),
+        ("engine_version", c_char_p),
+        ("framework_version", c_char_p),
+        ("recipe", c_char_p),
+        ("tensors", POINTER(PublishTensor)),
+        ("tensor_count", c_uint64),
         ("timeout_ms", c_int64),
     ]
 
@@ -167,6 +201,13 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn("wc_status_json", c_int, c_void_p, POINTER(c_void_p), _ERR)
     fn("wc_load", c_int, c_void_p, c_char_p, c_char_p, PROGRESS_FN, c_void_p, _ERR)
     fn("wc_evict", c_int, c_void_p, c_char_p, c_char_p, POINTER(c_uint32), _ERR)
+    fn("wc_publish_options_init", None, POINTER(PublishOptions))
+    fn("wc_publish_begin", c_int, c_void_p, POINTER(PublishOptions), POINTER(c_void_p), _ERR)
+    fn("wc_publish_joined", c_int, c_void_p)
+    fn("wc_publish_fingerprint", c_char_p, c_void_p)
+    fn("wc_publish_data", c_int, c_void_p, c_char_p, POINTER(c_void_p), POINTER(c_uint64), _ERR)
+    fn("wc_publish_commit", c_int, c_void_p, _ERR)
+    fn("wc_publish_free", None, c_void_p)
 
 
 def lib() -> ctypes.CDLL:
@@ -324,6 +365,20 @@ def drop_shared_client(client: Client) -> None:
             if c is client:
                 del _shared_clients[k]
     client.close()
+
+
+class Publish(_Owned):
+    """An owned wc_publish handle. Closing it without a commit aborts the publish."""
+
+    _free, _what = "wc_publish_free", "publish"
+
+
+def begin_publish(client: Client, options: PublishOptions) -> Publish:
+    handle = c_void_p()
+    err = c_void_p()
+    check(lib().wc_publish_begin(client.handle, ctypes.byref(options), ctypes.byref(handle),
+                                 ctypes.byref(err)), err, "publish")
+    return Publish(handle)
 
 
 def acquire_lease(client: Client, options: AcquireOptions) -> Lease:

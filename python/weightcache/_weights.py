@@ -284,10 +284,23 @@ def _typed_view(seg: Any, dt_name: str, tensor: str) -> Any:
     return seg[:n].view(dt)
 
 
+def engine_identity(engine: Optional[str], engine_version: str,
+                    framework_version: Optional[str], recipe: Optional[str]) -> Dict[str, str]:
+    """The published-weights fields of an Acquire or a publish ({} for loaded weights)."""
+    if not recipe and not engine:
+        return {}
+    if framework_version is None:
+        import torch
+
+        framework_version = f"torch {torch.__version__}"
+    return {"engine": engine or "", "engine_version": engine_version,
+            "framework_version": framework_version, "recipe": recipe or ""}
+
+
 def _options(name: Optional[str], fingerprint: Optional[str], tp_rank: int, tp_size: int,
              pp_rank: int, pp_size: int, device: Any, dtype: Any,
              quantization: Optional[str], wait: bool, load_on_miss: bool,
-             timeout: float) -> "_lib.AcquireOptions":
+             timeout: float, identity: Optional[Dict[str, str]] = None) -> "_lib.AcquireOptions":
     if tp_size < 1 or not 0 <= tp_rank < tp_size:
         raise WeightcacheError(f"tp_rank={tp_rank}, tp_size={tp_size}: need 0 <= tp_rank < tp_size")
     if pp_size < 1 or not 0 <= pp_rank < pp_size:
@@ -305,6 +318,8 @@ def _options(name: Optional[str], fingerprint: Optional[str], tp_rank: int, tp_s
     o.wait_ready = 1 if wait else 0
     o.load_on_miss = 1 if load_on_miss else 0
     o.timeout_ms = int(timeout * 1000)
+    for key, value in (identity or {}).items():  # published weights: engine, recipe, ...
+        setattr(o, key, _lib.enc(value))
     return o
 
 
@@ -326,6 +341,10 @@ def acquire(
     fallback: Optional[Callable[[], T]] = None,
     model_dir: Optional[str] = None,
     fingerprint: Optional[str] = None,
+    engine: Optional[str] = None,
+    engine_version: str = "",
+    framework_version: Optional[str] = None,
+    recipe: Optional[str] = None,
 ) -> Union[Weights, T]:
     """Maps a cached model-rank and returns its tensors (see :class:`Weights`).
 
@@ -349,6 +368,9 @@ def acquire(
         model_dir: the checkpoint directory (spawn mode loads it; default: ``model`` when it
             is a directory).
         fingerprint: acquire this exact fingerprint instead of a model name.
+        engine, engine_version, framework_version, recipe: weights an engine published
+            (:func:`weightcache.publish`) under this identity; framework_version defaults to
+            ``"torch <version>"`` when a recipe is given.
 
     Raises:
         CacheMiss, FingerprintMismatch, StaleWeights, UnsupportedQuantization,
@@ -372,7 +394,8 @@ def acquire(
         else:
             name, mdir = resolve_model(model, model_dir)
         o = _options(name, fingerprint, tp_rank, tp_size, pp_rank, pp_size, device, dtype,
-                     quantization, wait, load_on_miss or m == "spawn", timeout)
+                     quantization, wait, load_on_miss or m == "spawn", timeout,
+                     engine_identity(engine, engine_version, framework_version, recipe))
         if m == "spawn":
             from . import _spawn
 

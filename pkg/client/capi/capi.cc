@@ -24,6 +24,10 @@ struct wc_client {
   std::unique_ptr<weightcache::client::Client> client;
 };
 
+struct wc_publish {
+  std::unique_ptr<weightcache::client::Publish> publish;
+};
+
 struct wc_lease {
   std::unique_ptr<weightcache::client::Lease> lease;
   std::vector<std::string> dtype_names;  // per tensor, for wc_tensor::dtype
@@ -170,6 +174,7 @@ wc_status wc_acquire(wc_client* client, const wc_acquire_options* o, wc_lease** 
   a.wait_ready = o->wait_ready != 0;
   a.load_on_miss = o->load_on_miss != 0;
   a.timeout = std::chrono::milliseconds(o->timeout_ms);
+  a.published = {Str(o->engine), Str(o->engine_version), Str(o->framework_version), Str(o->recipe)};
   auto lease = client->client->Acquire(a);
   if (!lease.ok()) return Return(lease.status(), error);
   auto h = std::make_unique<wc_lease>();
@@ -337,5 +342,106 @@ wc_status wc_evict(wc_client* client, const char* model, const char* fingerprint
   if (evicted != nullptr) *evicted = *n;
   return WC_OK;
 }
+
+void wc_publish_options_init(wc_publish_options* o) {
+  if (o == nullptr) return;
+  *o = wc_publish_options{};
+  o->struct_size = sizeof(wc_publish_options);
+  o->tp_size = 1;
+  o->pp_size = 1;
+  o->timeout_ms = 600000;
+}
+
+wc_status wc_publish_begin(wc_client* client, const wc_publish_options* o, wc_publish** out,
+                           char** error) {
+  if (client == nullptr || o == nullptr || out == nullptr) {
+    return Fail(absl::StatusCode::kInvalidArgument,
+                "wc_publish_begin: client, options and out are required", error);
+  }
+  *out = nullptr;
+  if (o->struct_size != sizeof(wc_publish_options)) {
+    return Fail(absl::StatusCode::kInvalidArgument,
+                absl::StrCat("wc_publish_begin: options.struct_size is ", o->struct_size,
+                             ", expected ", sizeof(wc_publish_options),
+                             " (call wc_publish_options_init; header and library must match)"),
+                error);
+  }
+  if (o->tensor_count > 0 && o->tensors == nullptr) {
+    return Fail(absl::StatusCode::kInvalidArgument,
+                "wc_publish_begin: tensors is NULL but tensor_count is not 0", error);
+  }
+  client::PublishOptions p;
+  p.model = Str(o->model);
+  p.tp_size = o->tp_size;
+  p.tp_rank = o->tp_rank;
+  p.pp_size = o->pp_size;
+  p.pp_rank = o->pp_rank;
+  p.compute_capability = Str(o->compute_capability);
+  p.device_uuid = Str(o->device_uuid);
+  p.identity = {Str(o->engine), Str(o->engine_version), Str(o->framework_version), Str(o->recipe)};
+  p.timeout = std::chrono::milliseconds(o->timeout_ms > 0 ? o->timeout_ms : 600000);
+  for (uint64_t i = 0; i < o->tensor_count; ++i) {
+    const wc_publish_tensor& t = o->tensors[i];
+    auto dtype = weightcache::safetensors::ParseDType(Str(t.dtype));
+    if (!dtype.ok()) {
+      return Fail(
+          absl::StatusCode::kInvalidArgument,
+          absl::StrCat("wc_publish_begin: tensor '", Str(t.name), "': ", dtype.status().message()),
+          error);
+    }
+    if (t.ndim < 0 || (t.ndim > 0 && t.shape == nullptr)) {
+      return Fail(absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("wc_publish_begin: tensor '", Str(t.name), "': ndim ", t.ndim,
+                               " with ", t.shape == nullptr ? "no" : "a", " shape"),
+                  error);
+    }
+    p.tensors.push_back(
+        {Str(t.name), *dtype, std::vector<int64_t>(t.shape, t.shape + t.ndim), t.nbytes});
+  }
+  auto begun = client->client->BeginPublish(p);
+  if (!begun.ok()) return Return(begun.status(), error);
+  auto* h = new (std::nothrow) wc_publish{std::move(*begun)};
+  if (h == nullptr) {
+    return Fail(absl::StatusCode::kResourceExhausted, "wc_publish_begin: out of memory", error);
+  }
+  *out = h;
+  return WC_OK;
+}
+
+int wc_publish_joined(const wc_publish* publish) {
+  return publish != nullptr && publish->publish->joined() ? 1 : 0;
+}
+
+const char* wc_publish_fingerprint(const wc_publish* publish) {
+  return publish != nullptr ? publish->publish->fingerprint().c_str() : "";
+}
+
+wc_status wc_publish_data(const wc_publish* publish, const char* name, void** data,
+                          uint64_t* nbytes, char** error) {
+  if (publish == nullptr || name == nullptr || data == nullptr) {
+    return Fail(absl::StatusCode::kInvalidArgument,
+                "wc_publish_data: publish, name and data are required", error);
+  }
+  const client::TensorView* v = publish->publish->Find(name);
+  void* p = v != nullptr ? publish->publish->Data(*v) : nullptr;
+  if (p == nullptr) {
+    return Fail(absl::StatusCode::kNotFound,
+                absl::StrCat("wc_publish_data: tensor '", name,
+                             "' is not writable in this publish (not begun, joined or ended)"),
+                error);
+  }
+  *data = p;
+  if (nbytes != nullptr) *nbytes = v->nbytes;
+  return WC_OK;
+}
+
+wc_status wc_publish_commit(wc_publish* publish, char** error) {
+  if (publish == nullptr) {
+    return Fail(absl::StatusCode::kInvalidArgument, "wc_publish_commit: publish is NULL", error);
+  }
+  return Return(publish->publish->Commit(), error);
+}
+
+void wc_publish_free(wc_publish* publish) { delete publish; }
 
 }  // extern "C"

@@ -17,6 +17,12 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnly(std::vector<Scop
                                                                 const std::vector<uint64_t>& sizes,
                                                                 const std::string& device_uuid);
 
+// The same mapping with read-write access (a publisher's segments); its destructor
+// synchronizes the context before unmapping.
+absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaWritable(std::vector<ScopedFd> fds,
+                                                                const std::vector<uint64_t>& sizes,
+                                                                const std::string& device_uuid);
+
 // cuMemcpyDtoH of n bytes at device address `src` on `device_uuid` into `dst`.
 absl::Status CopyCudaToHost(const std::string& device_uuid, const void* src, size_t n, void* dst);
 

@@ -32,6 +32,7 @@
 #include "pkg/server/internal/keeper_link.h"
 #include "pkg/server/internal/lease_manager.h"
 #include "pkg/server/internal/model_catalog.h"
+#include "pkg/server/internal/publish_manager.h"
 #include "weightcache/v1/weightcache.pb.h"
 
 namespace weightcache::server {
@@ -69,6 +70,9 @@ class Daemon::Impl final : public metrics::StateSource {
   absl::Status Evict(const Caller& caller, const v1::EvictRequest& req, v1::EvictResponse* resp);
   void Status(v1::StatusResponse* resp) const;
   std::pair<bool, std::string> Readiness() const;
+  // The publish RPCs' unit (publish_manager.h), once the caller passed the publish rule
+  // (--publish_uids/--publish_gids); PERMISSION_DENIED naming the rule otherwise (counted).
+  absl::StatusOr<PublishManager*> Publisher(const Caller& caller);
 
   // metrics::StateSource
   std::vector<metrics::EntrySnapshot> Entries() const override;
@@ -105,6 +109,8 @@ class Daemon::Impl final : public metrics::StateSource {
   ModelCatalog models_;
   Admission admission_;
   LeaseManager leases_;
+  // After the registry: destroyed first, so publishes in flight end before it joins them.
+  PublishManager publishes_;
 
   mutable std::mutex mu_;
   std::vector<cache::Key> preloads_ ABSL_GUARDED_BY(mu_);

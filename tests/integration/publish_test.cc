@@ -1,0 +1,218 @@
+// Publish (issue 15) with real processes on the host backend: a publisher process donates
+// tensors, other processes map them read-only; a publisher killed at any step leaves
+// nothing; concurrent publishers of one key make one entry; a commit that differs from its
+// begin, a commit while a writable mapping remains, another uid and the budget are refused.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "pkg/client/client.h"
+#include "pkg/safetensors/writer.h"
+#include "tests/integration/daemon_harness.h"
+#include "tests/integration/process.h"
+#include "tests/integration/publish_pattern.h"
+#include "tests/testutil/temp_dir.h"
+#include "weightcache/v1/weightcache.pb.h"
+
+namespace weightcache {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+using testing::Process;
+using ::testing::StartsWith;
+using testing::TempDir;
+
+class PublishTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", testing::SmallLlama()).ok());
+  }
+  void Start(std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv{WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir(),
+                                  "--backend=host",  "--metrics_address=off",
+                                  "--preload=false", "--model=name=m,model_dir=" + dir_ / "m"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto d = testing::StartDaemon(argv, socket_dir(), dir_ / "daemon.log");
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = std::move(d->process);
+    client_ = std::move(d->client);
+  }
+  std::unique_ptr<Process> Publisher(const std::string& recipe, int seed, const std::string& mode,
+                                     const std::vector<std::string>& prefix = {}) {
+    std::vector<std::string> argv = prefix;
+    for (const std::string& a : {std::string(PUBLISH_CLIENT_PATH), socket_dir(), std::string("m"),
+                                 recipe, std::to_string(seed), mode}) {
+      argv.push_back(a);
+    }
+    return std::make_unique<Process>(argv, dir_ / ("publisher-" + recipe + ".err"));
+  }
+  // Memfd segments the daemon still holds (its own descriptors and mappings).
+  int DaemonPublishSegments() {
+    int n = 0;
+    const std::string proc = "/proc/" + std::to_string(daemon_->pid());
+    for (const auto& e : std::filesystem::directory_iterator(proc + "/fd")) {
+      std::error_code ec;
+      auto target = std::filesystem::read_symlink(e.path(), ec);
+      if (!ec && target.string().find("memfd:wc-publish") != std::string::npos) n++;
+    }
+    n += static_cast<int>(testing::ReadFileOrEmpty(proc + "/maps").find("memfd:wc-publish") !=
+                          std::string::npos);
+    return n;
+  }
+  v1::StatusResponse WaitForEntries(int n) {
+    return testing::WaitForStatus(
+        *client_, [n](const v1::StatusResponse& s) { return s.entries_size() == n; }, 20s);
+  }
+  client::AcquireOptions Published(const std::string& recipe) {
+    client::AcquireOptions a;
+    a.model = "m";
+    a.published = testing::PatternIdentity(recipe);
+    return a;
+  }
+  std::string socket_dir() const { return dir_ / "s"; }
+
+  TempDir dir_;
+  std::unique_ptr<Process> daemon_;
+  std::unique_ptr<client::Client> client_;
+};
+
+TEST_F(PublishTest, AnotherProcessMapsThePublishedBytesReadOnly) {
+  Start();
+  auto pub = Publisher("r1", 7, "commit");
+  auto committed = pub->WaitFor("COMMITTED", 20s);
+  ASSERT_TRUE(committed.has_value()) << testing::ReadFileOrEmpty(dir_ / "publisher-r1.err");
+  EXPECT_EQ(pub->WaitFor("READ-ONLY", 20s).value_or(""), "READ-ONLY OK");
+  EXPECT_EQ(pub->WaitFor("BYTES", 20s).value_or(""), "BYTES OK");
+  // The publisher may exit: the entry is the daemon's now.
+  pub->CloseStdin();
+  pub->Wait();
+  auto lease = client_->Acquire(Published("r1"));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(testing::CheckPattern(**lease, 7), "");
+  EXPECT_EQ(*committed, "COMMITTED " + (*lease)->fingerprint());
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->entries_size(), 1);
+  const auto& e = st->entries(0);
+  EXPECT_EQ(e.source(), "publish");
+  EXPECT_EQ(e.state(), "ready");
+  EXPECT_EQ(e.publisher().engine(), "testengine");
+  EXPECT_EQ(e.publisher().recipe(), "r1");
+  EXPECT_EQ(e.publisher().pid(), pub->pid());
+  EXPECT_GT(e.publisher().published_unix_seconds(), 1.7e9);
+  // Another recipe of the same checkpoint is a mismatch naming the field; none is a miss.
+  auto other = client_->Acquire(Published("r2"));
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition) << other.status();
+  EXPECT_THAT(std::string(other.status().message()), HasSubstr("recipe: cached r1, asked r2"));
+}
+
+TEST_F(PublishTest, APublisherKilledAtAnyStepLeavesNothing) {
+  Start();
+  const std::vector<std::string> steps{"MAPPED", "HALF", "WRITTEN"};
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const std::string& step = steps[k];
+    SCOPED_TRACE(step);
+    auto pub = Publisher("r1", 1, "step");
+    for (size_t go = 0; go < k; ++go) pub->WriteLine("go");  // past the earlier stops
+    ASSERT_TRUE(pub->WaitFor(step, 20s).has_value())
+        << testing::ReadFileOrEmpty(dir_ / "publisher-r1.err");
+    auto during = client_->Status();
+    ASSERT_TRUE(during.ok());
+    ASSERT_EQ(during->entries_size(), 1);
+    EXPECT_EQ(during->entries(0).state(), "loading");
+    EXPECT_EQ(during->entries(0).source(), "publish");
+    pub->Kill(SIGKILL);
+    pub->Wait();
+    auto after = WaitForEntries(0);
+    EXPECT_EQ(after.entries_size(), 0);
+    EXPECT_EQ(after.devices(0).cache_bytes(), 0u);
+    EXPECT_EQ(DaemonPublishSegments(), 0);
+  }
+  // The key is free again: a new publisher publishes it.
+  auto pub = Publisher("r1", 2, "commit");
+  EXPECT_EQ(pub->WaitFor("BYTES", 20s).value_or(""), "BYTES OK");
+}
+
+TEST_F(PublishTest, ConcurrentPublishersMakeOneEntry) {
+  Start();
+  auto first = Publisher("r1", 3, "step");
+  ASSERT_TRUE(first->WaitFor("MAPPED", 20s).has_value());
+  auto second = Publisher("r1", 3, "commit");
+  EXPECT_THAT(second->WaitFor("JOINED", 20s).value_or(""), StartsWith("JOINED"));
+  for (int i = 0; i < 3; ++i) first->WriteLine("go");
+  EXPECT_EQ(first->WaitFor("BYTES", 20s).value_or(""), "BYTES OK");
+  // The second waited for the first's commit and maps the same bytes.
+  EXPECT_EQ(second->WaitFor("BYTES", 20s).value_or(""), "BYTES OK");
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->entries_size(), 1);
+  EXPECT_EQ(st->entries(0).leases_size(), 2);
+}
+
+TEST_F(PublishTest, ACommitThatDiffersFromItsBeginIsRefused) {
+  Start();
+  auto pub = Publisher("r1", 4, "mismatch");
+  auto line = pub->WaitFor("COMMIT1", 20s).value_or("");
+  EXPECT_THAT(line, StartsWith("COMMIT1 3 "));  // INVALID_ARGUMENT
+  EXPECT_THAT(line, HasSubstr("tensor 'b.bias': begun as BF16 [1000] 2000 bytes, committed as "
+                              "BF16 [1000] 1000 bytes; the publish is aborted"));
+  EXPECT_EQ(WaitForEntries(0).entries_size(), 0);
+  EXPECT_EQ(DaemonPublishSegments(), 0);
+}
+
+TEST_F(PublishTest, TheSealFailsWhileAWritableMappingRemains) {
+  Start();
+  auto pub = Publisher("r1", 5, "mapped");
+  auto line = pub->WaitFor("COMMIT1", 20s).value_or("");
+  EXPECT_THAT(line, StartsWith("COMMIT1 9 "));  // FAILED_PRECONDITION
+  EXPECT_THAT(line, HasSubstr("a writable mapping of it remains"));
+  // Once unmapped, the same publish commits.
+  EXPECT_THAT(pub->WaitFor("COMMITTED", 20s).value_or(""), StartsWith("COMMITTED"));
+  EXPECT_EQ(pub->WaitFor("BYTES", 20s).value_or(""), "BYTES OK");
+}
+
+TEST_F(PublishTest, PublishingCountsAgainstTheBudget) {
+  Start({"--memory_budget=4MiB"});
+  auto pub = Publisher("r1", 6, "commit");
+  auto line = pub->WaitFor("ERROR", 20s).value_or("");
+  EXPECT_THAT(line, StartsWith("ERROR RESOURCE_EXHAUSTED"));
+  EXPECT_THAT(line, HasSubstr("needs 6291456 bytes on host"));
+  EXPECT_EQ(WaitForEntries(0).entries_size(), 0);
+}
+
+TEST_F(PublishTest, AnotherUidMayNotPublishUnlessAllowed) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a publisher as uid 65534 (setpriv)";
+  ::chmod(dir_.path().c_str(), 0755);  // the socket dir's parent: reachable by nobody
+  const std::vector<std::string> nobody{"/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
+                                        "--clear-groups"};
+  Start({"--socket_gid=65534"});
+  auto pub = Publisher("r1", 8, "commit", nobody);
+  auto line = pub->WaitFor("ERROR", 20s).value_or("");
+  EXPECT_THAT(line, StartsWith("ERROR PERMISSION_DENIED"));
+  EXPECT_THAT(line, HasSubstr("uid 65534 (gid 65534) may not publish weights"));
+  EXPECT_THAT(line, HasSubstr("--publish_uids/--publish_gids"));
+  EXPECT_EQ(WaitForEntries(0).entries_size(), 0);
+}
+
+TEST_F(PublishTest, AnAllowedGidMayPublish) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a publisher as uid 65534 (setpriv)";
+  ::chmod(dir_.path().c_str(), 0755);
+  const std::vector<std::string> nobody{"/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
+                                        "--clear-groups"};
+  Start({"--socket_gid=65534", "--publish_gids=65534"});
+  auto pub = Publisher("r1", 9, "commit", nobody);
+  EXPECT_EQ(pub->WaitFor("BYTES", 20s).value_or(""), "BYTES OK")
+      << testing::ReadFileOrEmpty(dir_ / "publisher-r1.err");
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->entries_size(), 1);
+  EXPECT_EQ(st->entries(0).publisher().uid(), 65534);
+}
+
+}  // namespace
+}  // namespace weightcache
