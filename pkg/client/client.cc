@@ -11,8 +11,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "pkg/util/status_macros.h"
 #include "pkg/util/daemon_answer.h"
+#include "pkg/util/status_macros.h"
 #include "pkg/util/unix_socket.h"
 #include "weightcache/v1/weightcache.grpc.pb.h"
 

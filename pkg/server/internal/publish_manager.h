@@ -50,9 +50,8 @@ absl::StatusOr<load::Plan> PlanPublished(
 
 class PublishManager {
  public:
-  PublishManager(const DaemonOptions& options, memory::Backend* backend,
-                 cache::Registry& registry, Admission& admission, ModelCatalog& models,
-                 std::string handle_socket);
+  PublishManager(const DaemonOptions& options, memory::Backend* backend, cache::Registry& registry,
+                 Admission& admission, ModelCatalog& models, std::string handle_socket);
   ~PublishManager();
   PublishManager(const PublishManager&) = delete;
   PublishManager& operator=(const PublishManager&) = delete;
