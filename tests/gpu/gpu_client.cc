@@ -65,6 +65,12 @@ int main(int argc, char** argv) {
   // restarting), then print "ACQUIRED_AT <CLOCK_REALTIME ns>" (the keeper's GPU script times
   // a restart to the first Acquire with it).
   const char* retry_env = std::getenv("WC_ACQUIRE_RETRY_S");
+  // WC_ACQUIRE_ON_GO=1: acquire only after a line on stdin (the script sends it once the
+  // daemon it means has been started, so an earlier daemon cannot answer).
+  if (std::getenv("WC_ACQUIRE_ON_GO") != nullptr) {
+    std::string go;
+    std::getline(std::cin, go);
+  }
   const auto retry_until =
       std::chrono::steady_clock::now() + std::chrono::seconds(retry_env ? std::atoi(retry_env) : 0);
   absl::StatusOr<std::unique_ptr<client::Lease>> lease = absl::UnavailableError("not tried");

@@ -19,6 +19,7 @@ Exit status 0 only when every check passes.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -33,8 +34,15 @@ IDS = torch.tensor([[1, 5, 9, 42, 7, 300, 2, 11]])
 def _model(d: Path):
     import transformers
 
-    return transformers.AutoModelForCausalLM.from_pretrained(d / "llama",
-                                                             torch_dtype=torch.bfloat16)
+    return transformers.AutoModelForCausalLM.from_pretrained(d / "llama", dtype=torch.bfloat16)
+
+
+def _sums(tensors) -> dict:
+    """name -> SHA-256 of the tensor's bytes (on the CPU)."""
+    import hashlib
+
+    return {n: hashlib.sha256(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
+            .hexdigest() for n, t in tensors.items()}
 
 
 def publisher(d: Path) -> int:
@@ -47,6 +55,7 @@ def publisher(d: Path) -> int:
         logits = model(IDS.to("cuda:0")).logits.float().cpu()
     torch.save(logits, d / "publisher-logits.pt")
     tensors = {n: t for n, t in model.state_dict().items()}
+    (d / "publisher-sums.json").write_text(json.dumps(_sums(tensors)))
     t0 = time.perf_counter()
     fp = weightcache.publish("llama", tensors, device="cuda:0", **ENGINE)
     print(f"PUBLISHED {fp} in {time.perf_counter() - t0:.3f} s", flush=True)
@@ -60,10 +69,21 @@ def reader(d: Path) -> int:
 
     ok = True
     w = weightcache.acquire("llama", device="cuda:0", **ENGINE)
+    # Every published byte as the publisher had it.
+    want_sums = json.loads((d / "publisher-sums.json").read_text())
+    got_sums = _sums({n: w[n] for n in want_sums if n in w})
+    bad = sorted(n for n in want_sums if got_sums.get(n) != want_sums[n])
+    print(f"published tensors equal the publisher's bytes: {len(want_sums) - len(bad)} of "
+          f"{len(want_sums)}" + (f" (differ or missing: {', '.join(bad[:5])})" if bad else ""))
+    ok &= not bad
+    # The model built as the publisher's was (bf16 from the config: rotary inv_freq is then
+    # computed as from_pretrained computes it), its weights bound to the mapped tensors.
+    from weightcache.transformers import build_and_bind
+
     cfg = transformers.AutoConfig.from_pretrained(d / "llama")
-    model = transformers.AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
-    model = model.to("cuda:0").eval()
-    weightcache.bind(model, w)
+    model = build_and_bind(
+        lambda dt: transformers.AutoModelForCausalLM.from_config(cfg, dtype=dt), w,
+        torch.bfloat16)
     with torch.no_grad():
         logits = model(IDS.to("cuda:0")).logits.float().cpu()
     want = torch.load(d / "publisher-logits.pt")

@@ -83,7 +83,8 @@ daemon() {
 }
 engine() {  # engine NAME: an engine process, stdin from a fifo we hold open
   mkfifo "$work/$1.in"
-  WC_ACQUIRE_RETRY_S=${RETRY:-0} "$carry/bin/wc_gpu_client" "$work/s/control.sock" m "$uuid" \
+  env ${GO:+WC_ACQUIRE_ON_GO=1} WC_ACQUIRE_RETRY_S="${RETRY:-0}" \
+    "$carry/bin/wc_gpu_client" "$work/s/control.sock" m "$uuid" \
     <"$work/$1.in" >"$OUT/$1.out" 2>&1 &
   pids+=("$!")
   eval "exec {fd_$1}>$work/$1.in"
@@ -95,20 +96,21 @@ t0=$(date +%s.%N)
 daemon
 RETRY=600 engine before
 check "engine before the kill: correct bytes" wait_line "$OUT/before.out" "^BYTES OK" 600
-echo "cold load + first engine: $(echo "$(date +%s.%N) - $t0" | bc) s"
+echo "cold load + first engine (with its CPU reference checksums): $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.3f", b - a}') s"
 loaded=$(used_mib)
 echo "GPU memory used: $base MiB before, $loaded MiB loaded"
 
 echo "== SIGKILL weightcached, restart"
-RETRY=60 engine after  # waits (its CUDA context made) for the restarted daemon
+RETRY=60 GO=1 engine after  # its CUDA context made, it acquires on "GO": from the new daemon
 wait_line "$OUT/after.out" "^CONTEXT_FREE" 60
 kill -9 "$dpid"
 wait "$dpid" 2>/dev/null
 t_kill=$(date +%s%N)
 daemon
+echo GO >&"$fd_after"
 check "new engine after the restart: correct bytes" wait_line "$OUT/after.out" "^BYTES OK" 120
 acq=$(awk '/^ACQUIRED_AT/{print $2}' "$OUT/after.out")
-restart_s=$(echo "scale=3; (${acq:-0} - $t_kill) / 1000000000" | bc)
+restart_s=$(awk -v a="${acq:-0}" -v k="$t_kill" 'BEGIN{printf "%.3f", (a - k) / 1e9}')  # no bc there
 rchar=$(awk '/^rchar/{print $2}' "/proc/$dpid/io")
 after=$(used_mib)
 check "restarted daemon adopted the entry" grep -q "keeper: adopted 1 of 1 entries" "$OUT/daemon.log"
