@@ -89,6 +89,8 @@ std::string EncodeKeeperRecord(const cache::Entry& e, const load::LoadedModel& c
   r.set_loader_format_version(in.env.loader_format_version);
   r.set_engine(in.env.engine);
   r.set_engine_version(in.env.engine_version);
+  r.set_framework_version(in.env.framework_version);
+  r.set_recipe(in.env.recipe);
   for (const auto& f : e.files) {
     auto* s = r.add_files();
     s->set_name(f.name);
@@ -134,6 +136,8 @@ absl::StatusOr<AdoptableRecord> DecodeKeeperRecord(const std::string& body) {
   in.env.loader_format_version = r.loader_format_version();
   in.env.engine = r.engine();
   in.env.engine_version = r.engine_version();
+  in.env.framework_version = r.framework_version();
+  in.env.recipe = r.recipe();
   if (const std::string fp = in.Digest(); fp != r.fingerprint()) {
     return absl::InvalidArgumentError(
         absl::StrCat("keeper record of model '", r.model(), "': its fingerprint inputs give ",

@@ -315,5 +315,48 @@ TEST_F(KeeperTest, ChaosSixteenClientsTwentyDaemonKills) {
   EXPECT_EQ(Entry(*s, "m")->source(), "keeper");
 }
 
+// A published entry (engine-processed bytes that no disk load can reproduce) is deposited
+// like a loaded one: after a SIGKILL the restarted daemon serves it from the keeper, and a
+// publisher of the same key joins it instead of publishing again.
+TEST_F(KeeperTest, APublishedEntryOutlivesADaemonRestart) {
+  auto keeper = StartKeeper();
+  auto daemon = StartDaemon();
+  ASSERT_TRUE(daemon);
+  const std::vector<std::string> argv{
+      PUBLISH_CLIENT_PATH, socket_dir() + "/control.sock", "m", "scaled-v1", "7", "commit"};
+  Process publisher(argv, dir_ / "publisher.log");
+  auto committed = publisher.WaitFor("COMMITTED", 20s);
+  ASSERT_TRUE(committed.has_value()) << testing::ReadFileOrEmpty(dir_ / "publisher.log");
+  const std::string fingerprint = committed->substr(committed->find(' ') + 1);
+  EXPECT_EQ(publisher.WaitFor("BYTES", 20s).value_or("none"), "BYTES OK");
+  publisher.CloseStdin();
+  EXPECT_EQ(publisher.Wait(), 0);
+
+  daemon->Kill(SIGKILL);
+  daemon->Wait();
+  client_.reset();
+  daemon = StartDaemon();
+  ASSERT_TRUE(daemon);
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  const v1::EntryInfo* published = nullptr;
+  for (const auto& e : st->entries()) {
+    if (e.fingerprint() == fingerprint) published = &e;
+  }
+  ASSERT_NE(published, nullptr) << "the published entry was not adopted: " << st->DebugString()
+                                << testing::ReadFileOrEmpty(dir_ / "daemon.log");
+  EXPECT_EQ(published->source(), "keeper");
+  EXPECT_EQ(published->state(), "ready");
+  EXPECT_EQ(st->keeper().adopted_entries(), 2u);  // the loaded m and the published one
+
+  Process again(argv, dir_ / "again.log");
+  auto joined = again.WaitFor("JOINED", 20s);
+  EXPECT_EQ(joined.value_or("none"), "JOINED " + fingerprint)
+      << testing::ReadFileOrEmpty(dir_ / "again.log");
+  EXPECT_EQ(again.WaitFor("BYTES", 20s).value_or("none"), "BYTES OK");
+  again.CloseStdin();
+  EXPECT_EQ(again.Wait(), 0);
+}
+
 }  // namespace
 }  // namespace weightcache
