@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "pkg/client/client.h"
 #include "pkg/load/loader.h"
 #include "pkg/load/model.h"
@@ -38,6 +39,14 @@ std::string Layout(const v1::Layout& l) {
                          std::max(1u, l.pp_size()));
 }
 
+// How an entry was filled, when not from disk.
+const char* SourceNote(const std::string& source) {
+  if (source == "peer") return " (peer copy)";
+  if (source == "keeper") return " (from the keeper)";
+  if (source == "publish") return " (published)";
+  return "";
+}
+
 int Status(client::Client& c) {
   auto st = c.Status();
   if (!st.ok()) return Error(st.status());
@@ -56,7 +65,18 @@ int Status(client::Client& c) {
                 e.state().c_str(), Layout(e.layout()).c_str(), bytes.c_str(),
                 FormatBytes(e.tensor_bytes()).c_str(), e.tensors(), e.segments(), e.leases_size(),
                 e.fingerprint().substr(0, 12).c_str(), e.device_uuid().c_str(),
-                e.source() == "peer" ? " (peer copy)" : "");
+                SourceNote(e.source()));
+    if (e.has_publisher()) {
+      const auto& p = e.publisher();
+      std::printf(
+          "  published by %s %s (%s), recipe %s, pid %d uid %d, %s\n", p.engine().c_str(),
+          p.engine_version().c_str(), p.framework_version().c_str(), p.recipe().c_str(), p.pid(),
+          p.uid(),
+          absl::FormatTime("%Y-%m-%dT%H:%M:%SZ",
+                           absl::FromUnixSeconds(static_cast<int64_t>(p.published_unix_seconds())),
+                           absl::UTCTimeZone())
+              .c_str());
+    }
     if (e.names_size() > 1) {
       std::string names;
       for (const auto& n : e.names()) absl::StrAppend(&names, names.empty() ? "" : ", ", n);
@@ -101,6 +121,15 @@ int Status(client::Client& c) {
       static_cast<unsigned long>(st->acquire_errors()));
   std::printf("content digests: %s read to hash checkpoint files since start\n",
               FormatBytes(st->hashed_bytes()).c_str());
+  if (st->has_keeper()) {
+    const auto& k = st->keeper();
+    std::printf("keeper %s: %s; %lu entries adopted at start, %lu dropped, %lu descriptors held\n",
+                k.socket().c_str(), k.up() ? "connected" : "NOT connected",
+                static_cast<unsigned long>(k.adopted_entries()),
+                static_cast<unsigned long>(k.dropped_entries()),
+                static_cast<unsigned long>(k.descriptors()));
+    if (!k.last_error().empty()) std::printf("  last keeper error: %s\n", k.last_error().c_str());
+  }
   return 0;
 }
 

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pkg/client/client.h"
 #include "pkg/keeper/client.h"
@@ -143,6 +144,13 @@ TEST_F(KeeperTest, SigkilledDaemonRestartsServingFromTheKeeperWithoutReadingTheC
   std::printf("restarted daemon: rchar %llu bytes (model %llu bytes), source %s\n",
               static_cast<unsigned long long>(rchar), static_cast<unsigned long long>(model_bytes_),
               e->source().c_str());
+
+  // What people see.
+  testing::ToolRun ctl = testing::RunTool(
+      {WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "status"}, dir_ / "ctl.err");
+  EXPECT_EQ(ctl.rc, 0) << ctl.out;
+  EXPECT_THAT(ctl.out, ::testing::HasSubstr("(from the keeper)"));
+  EXPECT_THAT(ctl.out, ::testing::HasSubstr(": connected; 1 entries adopted at start, 0 dropped"));
 
   auto after = StartClient();  // a new client maps the adopted entry: correct bytes
   // The client that mapped before the crash is still alive and holds its lease.
