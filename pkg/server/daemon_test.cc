@@ -228,5 +228,53 @@ TEST_F(DaemonInProcessTest, ServesWhileAPreloadIsStillBeingOpened) {
   EXPECT_TRUE(lease.ok()) << lease.status();
 }
 
+// A publish whose token is never presented on the handle channel (the publisher never came
+// for its writable descriptors) ends when the token expires: no entry is left, and the key
+// can be published again instead of being joined for ever.
+TEST_F(DaemonInProcessTest, AnUnclaimedPublishEndsWhenItsTokenExpires) {
+  DaemonOptions o;
+  o.token_ttl = std::chrono::seconds(1);
+  Start(std::move(o));
+  auto channel =
+      grpc::CreateChannel("unix:" + dir_ / "s/control.sock", grpc::InsecureChannelCredentials());
+  auto stub = v1::WeightCache::NewStub(channel);
+  auto begin = [&stub](v1::BeginPublishResponse* resp) {
+    v1::BeginPublishRequest req;
+    req.set_model("m");
+    req.mutable_env()->set_engine("testengine");
+    req.mutable_env()->set_engine_version("1");
+    req.mutable_env()->set_recipe("never-claimed");
+    auto* t = req.add_tensors();
+    t->set_name("w");
+    t->set_dtype("F32");
+    t->add_shape(1024);
+    t->set_nbytes(4096);
+    grpc::ClientContext ctx;
+    return stub->BeginPublish(&ctx, req, resp);
+  };
+  v1::BeginPublishResponse first;
+  grpc::Status s = begin(&first);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_FALSE(first.joined());
+  ASSERT_FALSE(first.token().empty());
+  auto published_entries = [this] {
+    auto st = client_->Status();
+    int n = 0;
+    for (const auto& e : st->entries()) n += e.source() == "publish" ? 1 : 0;
+    return n;
+  };
+  EXPECT_EQ(published_entries(), 1);  // being published: the budget holds its bytes
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (published_entries() != 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polling, bounded
+  }
+  EXPECT_EQ(published_entries(), 0) << "the unclaimed publish was never ended";
+  v1::BeginPublishResponse second;
+  s = begin(&second);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(second.joined()) << "joined an abandoned publish (state " << second.state() << ")";
+  EXPECT_NE(second.publish_id(), first.publish_id());
+}
+
 }  // namespace
 }  // namespace weightcache::server
