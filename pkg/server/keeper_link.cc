@@ -257,9 +257,19 @@ void KeeperLink::BeforeReady(const cache::Entry& e, const load::LoadedModel& con
     Publish();
     return;
   }
+  const bool had_keeper = conn_ != nullptr;
   if (const absl::Status s = DepositLocked(e, content); !s.ok()) {
-    WC_LOG_WARN("keeper: %s (%s) not deposited, served anyway: %s", e.model, e.key.ToString(),
-                std::string(s.message()));
+    // Without a keeper (none deployed, e.g. outside Kubernetes) this is how it runs: said
+    // once at start; a keeper that refuses or goes away is worth a warning.
+    if (had_keeper) {
+      WC_LOG_WARN("keeper: %s (%s) not deposited, served anyway: %s", e.model, e.key.ToString(),
+                  std::string(s.message()));
+    } else {
+      WC_LOG_INFO(
+          "keeper: %s (%s) not deposited (no keeper connected): it will not outlive "
+          "this daemon",
+          e.model, e.key.ToString());
+    }
   }
 }
 
