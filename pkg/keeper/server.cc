@@ -59,7 +59,7 @@ Keeper::~Keeper() { Stop(); }
 void Keeper::Stop() {
   std::map<int, std::thread> conns;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (stopping_) return;
     stopping_ = true;
     // Unblocks each connection's recv; its thread then closes the socket.
@@ -73,7 +73,7 @@ void Keeper::Stop() {
   (void)!::write(wake_write_.get(), &b, 1);
   if (acceptor_.joinable()) acceptor_.join();
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     conns.swap(connections_);
   }
   for (auto& [fd, t] : conns) t.join();
@@ -81,7 +81,7 @@ void Keeper::Stop() {
 }
 
 Keeper::Stats Keeper::stats() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   Stats s;
   s.entries = entries_.size();
   for (const auto& [k, h] : entries_) s.fds += h->fds.size();
@@ -117,7 +117,7 @@ void Keeper::AcceptLoop() {
     }
     std::vector<std::thread> done;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       for (int fd : finished_) {
         auto it = connections_.find(fd);
         if (it == connections_.end()) continue;
@@ -158,7 +158,7 @@ void Keeper::Serve(int fd) {
     }
   }
   WC_LOG_INFO("keeper: peer disconnected");
-  std::lock_guard<std::mutex> l(mu_);  // closed under the lock: Stop() shuts down live ones
+  MutexLock l(mu_);  // closed under the lock: Stop() shuts down live ones
   ::close(fd);
   finished_.push_back(fd);
 }
@@ -170,7 +170,7 @@ absl::Status Keeper::Handle(int fd, Message m) {
     case Op::kDrop: {
       std::shared_ptr<const Held> gone;  // closed outside the lock
       {
-        std::lock_guard<std::mutex> l(mu_);
+        MutexLock l(mu_);
         auto it = entries_.find(m.key);
         if (it != entries_.end()) {
           gone = std::move(it->second);
@@ -205,7 +205,7 @@ absl::Status Keeper::Deposit(int fd, Message m) {
                                "deposit '", m.key, "': needs a key and at least one descriptor"))));
   }
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (fds_ + m.nfds > options_.max_fds) {
       const std::string why = absl::StrCat(
           "deposit '", m.key, "': ", m.nfds, " descriptors would pass the keeper's limit (holds ",
@@ -217,7 +217,7 @@ absl::Status Keeper::Deposit(int fd, Message m) {
     fds_ += m.nfds;  // reserved while they cross
   }
   auto release_reservation = [&] {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     fds_ -= m.nfds;
   };
   if (auto s = SendMessage(fd, Message{Op::kProceed}); !s.ok()) {
@@ -235,7 +235,7 @@ absl::Status Keeper::Deposit(int fd, Message m) {
   held->fds = std::move(fds).value();
   std::shared_ptr<const Held> replaced;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     auto& slot = entries_[m.key];
     replaced = std::move(slot);
     if (replaced) fds_ -= replaced->fds.size();
@@ -249,7 +249,7 @@ absl::Status Keeper::Deposit(int fd, Message m) {
 absl::Status Keeper::Adopt(int fd) {
   std::vector<std::pair<std::string, std::shared_ptr<const Held>>> all;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     all.assign(entries_.begin(), entries_.end());
   }
   for (const auto& [key, held] : all) {

@@ -27,7 +27,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,6 +34,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "pkg/keeper/wire.h"
+#include "pkg/util/mutex.h"
 #include "pkg/util/scoped_fd.h"
 
 namespace weightcache::keeper {
@@ -88,7 +88,7 @@ class Keeper {
   ScopedFd wake_read_, wake_write_;  // a pipe: Stop() wakes the accept loop
   std::thread acceptor_;
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::map<std::string, std::shared_ptr<const Held>> entries_ ABSL_GUARDED_BY(mu_);
   uint64_t fds_ ABSL_GUARDED_BY(mu_) = 0;  // held, plus reserved by deposits in flight
   std::map<int, std::thread> connections_ ABSL_GUARDED_BY(mu_);

@@ -98,7 +98,7 @@ absl::StatusOr<int> ConnectionRelay::Add(ScopedFd client, std::string label) {
   c->client = std::move(client);
   c->inner = ScopedFd(pair[0]);
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     incoming_.push_back(std::move(c));
     counters_.relayed++;
   }
@@ -108,7 +108,7 @@ absl::StatusOr<int> ConnectionRelay::Add(ScopedFd client, std::string label) {
 }
 
 ConnectionRelay::Counters ConnectionRelay::counters() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return counters_;
 }
 
@@ -186,7 +186,7 @@ void ConnectionRelay::Loop() {
         (void)::read(wake_.get(), &v, sizeof v);
         std::vector<std::unique_ptr<Conn>> added;
         {
-          std::lock_guard<std::mutex> l(mu_);
+          MutexLock l(mu_);
           added.swap(incoming_);
         }
         for (auto& c : added) {
@@ -216,7 +216,7 @@ void ConnectionRelay::Loop() {
             "control connection of %s: more than %d HTTP/2 streams open at once; closed "
             "(a gRPC client keeps within the server's 16)",
             c.label, options_.max_streams);
-        std::lock_guard<std::mutex> l(mu_);
+        MutexLock l(mu_);
         counters_.closed_over_streams++;
       }
       conns.erase(it);  // closes both descriptors: gRPC sees its end close

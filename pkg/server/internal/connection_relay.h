@@ -12,13 +12,13 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "pkg/util/mutex.h"
 #include "pkg/util/scoped_fd.h"
 
 namespace weightcache::server {
@@ -56,7 +56,7 @@ class ConnectionRelay {
   ScopedFd epoll_;
   ScopedFd wake_;
   std::atomic<bool> stop_{false};
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::vector<std::unique_ptr<Conn>> incoming_ ABSL_GUARDED_BY(mu_);
   Counters counters_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
