@@ -17,7 +17,7 @@ ARG CUDA_ARCHS=90
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       build-essential cmake ninja-build pkg-config \
       libabsl-dev libxxhash-dev libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc \
-      nlohmann-json3-dev libyaml-cpp-dev libssl-dev prometheus-cpp-dev \
+      nlohmann-json3-dev libyaml-cpp-dev libssl-dev prometheus-cpp-dev libcpp-httplib-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -26,11 +26,12 @@ COPY . .
 RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DWEIGHTCACHE_TESTS=OFF -DWEIGHTCACHE_BENCH=OFF -DWEIGHTCACHE_TORCH=OFF \
       -DWEIGHTCACHE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS}" \
-    && cmake --build /build --target weightcached weightcachectl
+    && cmake --build /build --target weightcached weightcachectl weightcache-webhook
 # Gather the binaries and every shared library they need except glibc's own (the base image
 # has the same glibc) and libcuda (the driver's, never shipped in an image).
 RUN mkdir -p /out/bin /out/lib \
-    && cp /build/cmd/weightcached/weightcached /build/cmd/weightcachectl/weightcachectl /out/bin/ \
+    && cp /build/cmd/weightcached/weightcached /build/cmd/weightcachectl/weightcachectl \
+       /build/cmd/weightcache-webhook/weightcache-webhook /out/bin/ \
     && ldd /out/bin/* | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u \
        | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda)\.so' \
        | xargs -r cp -L -t /out/lib/

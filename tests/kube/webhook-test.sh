@@ -9,10 +9,12 @@
 #   - malformed JSON, a wrong kind and an oversized body answered 400/400/413, no crash;
 #   - the Secret's files swapped: the new certificate is served without a restart; a swap to a
 #     key that does not match keeps the previous certificate, logged.
-# Usage: webhook-test.sh <weightcache-webhook binary> [validate-manifests.mjs]
+#   - the pair that the chart generates is served and verified by the chart's caBundle.
+# Usage: webhook-test.sh <weightcache-webhook binary> [validate-manifests.mjs] [chart dir]
 set -euo pipefail
 bin=$(realpath "$1")
 validator=${2:+$(realpath "$2")}
+chart=${3:+$(realpath "$3")}
 tools="${WEIGHTCACHE_TOOLS:-/opt/weightcache-tools}"
 py=/usr/bin/python3
 for tool in openssl curl "$py"; do
@@ -164,6 +166,30 @@ grep -q 'the key does not match' err || fail "a mismatched key was not reported"
 [[ $(served_serial) == serial=0B ]] || fail "a mismatched pair replaced the served certificate"
 swap a
 wait_serial serial=0A || fail "did not go back to the first certificate"
+
+# The pair the chart generates (genCA/genSignedCert) serves a TLS handshake that its caBundle
+# verifies, for the Service's DNS name.
+helm=""
+for h in "$tools/helm4/helm" "$tools/helm3/helm"; do [[ -x $h ]] && helm=$h && break; done
+if [[ -n $helm && -n $chart ]]; then
+  "$helm" template wc "$chart" --namespace wc --set webhook.enabled=true >chart.yaml ||
+    fail "helm template"
+  mkdir ..chart
+  for key in ca.crt tls.crt tls.key; do
+    awk 'BEGIN{RS="\n---\n"} /\nkind: Secret\n/ {print}' chart.yaml |
+      sed -n "s/^  ${key//./\\.}: //p" | base64 -d >"..chart/$key"
+  done
+  swap chart
+  host=wc-weightcache-webhook.wc.svc
+  for _ in $(seq 100); do
+    [[ $(curl -sS --cacert ..chart/ca.crt --resolve "$host:$port:127.0.0.1" "https://$host:$port/healthz" 2>/dev/null) == ok ]] && break
+    sleep 0.1
+  done
+  [[ $(curl -sS --cacert ..chart/ca.crt --resolve "$host:$port:127.0.0.1" "https://$host:$port/healthz") == ok ]] ||
+    fail "the chart's certificate is not served or not verified by its caBundle"
+else
+  echo "note: no helm or no chart: the chart-generated certificate is not checked"
+fi
 
 kill -TERM "$pid"
 wait "$pid" || fail "exit status $? after SIGTERM"
