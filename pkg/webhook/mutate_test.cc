@@ -84,7 +84,7 @@ TEST(Mutate, AnnotatedPodGetsResourceAndEnvWithTheExactPatch) {
     {"op": "add", "path": "/spec/containers/0/resources", "value": {
       "requests": {"weightcache.io/client": "1"}, "limits": {"weightcache.io/client": "1"}}}])"));
   json want = pod;
-  want["spec"]["containers"][0]["env"] = {kModelEnvVar};
+  want["spec"]["containers"][0]["env"] = json::array({kModelEnvVar});
   want["spec"]["containers"][0]["resources"] = kResources;
   EXPECT_EQ(a.patched, want);
   EXPECT_FALSE(a.response.contains("warnings"));
@@ -140,9 +140,9 @@ TEST(Mutate, EveryContainerButNeverInitContainers) {
                        json::parse(R"([{"name": "init"}])"));
   Answer a = Ask(pod);
   json want = pod;
-  want["spec"]["containers"][0]["env"] = {kModelEnvVar};
+  want["spec"]["containers"][0]["env"] = json::array({kModelEnvVar});
   want["spec"]["containers"][0]["resources"] = kResources;
-  want["spec"]["containers"][1]["env"] = {{{"name", "Y"}}, kModelEnvVar};
+  want["spec"]["containers"][1]["env"] = json::array({{{"name", "Y"}}, kModelEnvVar});
   want["spec"]["containers"][1]["resources"] = kResources;
   EXPECT_EQ(a.patched, want);
   EXPECT_EQ(a.patched["spec"]["initContainers"], pod["spec"]["initContainers"]);
@@ -155,7 +155,7 @@ TEST(Mutate, ContainersAnnotationSelects) {
   Answer a = Ask(pod);
   json want = pod;
   for (int i : {1, 2}) {
-    want["spec"]["containers"][i]["env"] = {kModelEnvVar};
+    want["spec"]["containers"][i]["env"] = json::array({kModelEnvVar});
     want["spec"]["containers"][i]["resources"] = kResources;
   }
   EXPECT_EQ(a.patched, want);
@@ -167,7 +167,7 @@ TEST(Mutate, MissingContainerIsAWarningAndTheOthersArePatched) {
                        json::parse(R"([{"name": "a"}, {"name": "engine"}])"));
   Answer a = Ask(pod);
   json want = pod;
-  want["spec"]["containers"][0]["env"] = {kModelEnvVar};
+  want["spec"]["containers"][0]["env"] = json::array({kModelEnvVar});
   want["spec"]["containers"][0]["resources"] = kResources;
   EXPECT_EQ(a.patched, want);
   ASSERT_EQ(a.response["warnings"].size(), 1U);
@@ -179,11 +179,12 @@ TEST(Mutate, MissingContainerIsAWarningAndTheOthersArePatched) {
 TEST(Mutate, FingerprintAnnotationAloneOrWithModel) {
   const json containers = json::parse(R"([{"name": "engine"}])");
   Answer only = Ask(Pod({{"weightcache.io/fingerprint", "sha256:ab"}}, containers));
-  EXPECT_EQ(only.patched["spec"]["containers"][0]["env"], json({kFingerprintEnvVar}));
+  EXPECT_EQ(only.patched["spec"]["containers"][0]["env"], json::array({kFingerprintEnvVar}));
   EXPECT_EQ(only.patched["spec"]["containers"][0]["resources"], kResources);
   Answer both = Ask(Pod(
       {{"weightcache.io/model", "m"}, {"weightcache.io/fingerprint", "sha256:ab"}}, containers));
-  EXPECT_EQ(both.patched["spec"]["containers"][0]["env"], json({kModelEnvVar, kFingerprintEnvVar}));
+  EXPECT_EQ(both.patched["spec"]["containers"][0]["env"],
+            json::array({kModelEnvVar, kFingerprintEnvVar}));
 }
 
 TEST(Mutate, EmptyAnnotationIsIgnoredWithAWarning) {
