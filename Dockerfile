@@ -1,6 +1,6 @@
-# weightcache image: weightcached (the node daemon, with the kubelet device plugin) and
-# weightcachectl. Multi-stage: build in the CUDA devel image, run in the CUDA base image with
-# only the two binaries and the shared libraries they load.
+# weightcache image: weightcached (the node daemon, with the kubelet device plugin),
+# weightcachectl, weightcache-keeper and weightcache-webhook. Multi-stage: build in the CUDA
+# devel image, run in the CUDA base image with only the binaries and the libraries they load.
 #
 #   docker build -t weightcache/weightcache:0.1.0 .
 #
@@ -17,7 +17,7 @@ ARG CUDA_ARCHS=90
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       build-essential cmake ninja-build pkg-config \
       libabsl-dev libxxhash-dev libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc \
-      nlohmann-json3-dev libyaml-cpp-dev libssl-dev prometheus-cpp-dev \
+      nlohmann-json3-dev libyaml-cpp-dev libssl-dev prometheus-cpp-dev libcpp-httplib-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -26,11 +26,14 @@ COPY . .
 RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DWEIGHTCACHE_TESTS=OFF -DWEIGHTCACHE_BENCH=OFF -DWEIGHTCACHE_TORCH=OFF \
       -DWEIGHTCACHE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS}" \
-    && cmake --build /build --target weightcached weightcachectl
+    && cmake --build /build --target weightcached weightcachectl weightcache-webhook \
+       weightcache-keeper
 # Gather the binaries and every shared library they need except glibc's own (the base image
 # has the same glibc) and libcuda (the driver's, never shipped in an image).
 RUN mkdir -p /out/bin /out/lib \
-    && cp /build/cmd/weightcached/weightcached /build/cmd/weightcachectl/weightcachectl /out/bin/ \
+    && cp /build/cmd/weightcached/weightcached /build/cmd/weightcachectl/weightcachectl \
+       /build/cmd/weightcache-webhook/weightcache-webhook \
+       /build/cmd/weightcache-keeper/weightcache-keeper /out/bin/ \
     && ldd /out/bin/* | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u \
        | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda)\.so' \
        | xargs -r cp -L -t /out/lib/
@@ -41,7 +44,7 @@ COPY --from=build /out/bin/ /usr/local/bin/
 COPY --from=build /out/lib/ /opt/weightcache/lib/
 # Fail the build if any library is still missing.
 RUN echo /opt/weightcache/lib > /etc/ld.so.conf.d/weightcache.conf && ldconfig \
-    && ! ldd /usr/local/bin/weightcached /usr/local/bin/weightcachectl | grep 'not found' \
+    && ! ldd /usr/local/bin/* | grep 'not found' \
     && useradd --system --uid 65532 --no-create-home --shell /usr/sbin/nologin weightcache
 # Every GPU of the node, for the daemon (it has no nvidia.com/gpu request).
 ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility

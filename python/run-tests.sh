@@ -18,5 +18,5 @@ venv=$build/python-venv
 bash "$root/scripts/install-python.sh" "$venv" "$build"
 cd "$root"
 export WEIGHTCACHE_BUILD_DIR=$build PYTHONDONTWRITEBYTECODE=1
-unset WEIGHTCACHE_SOCKET WEIGHTCACHE_MODEL WEIGHTCACHE_MODE WEIGHTCACHE_LIB
+unset WEIGHTCACHE_SOCKET WEIGHTCACHE_MODEL WEIGHTCACHE_FINGERPRINT WEIGHTCACHE_MODE WEIGHTCACHE_LIB
 exec "$venv/bin/python" -m pytest -p no:cacheprovider -q "$@" python/tests

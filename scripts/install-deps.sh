@@ -10,9 +10,11 @@ set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config
           libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
           libabsl-dev libxxhash-dev libgtest-dev libgmock-dev nlohmann-json3-dev libyaml-cpp-dev libssl-dev
-          prometheus-cpp-dev)
+          prometheus-cpp-dev libcpp-httplib-dev)
 if [[ "${1:-}" == "--test" ]]; then
-  packages+=(prometheus unzip curl clang-format clang-tidy clang libclang-rt-14-dev llvm)
+  # openssl, curl, python3-jsonpatch: tests/kube/webhook-test.sh (certificates, HTTPS, an
+  # independent RFC 6902 implementation to apply the webhook's patches).
+  packages+=(prometheus unzip curl openssl python3-jsonpatch clang-format clang-tidy clang libclang-rt-14-dev llvm)
   # The Python package's tests, for /usr/bin/python3 (python/run-tests.sh): a venv with
   # --system-site-packages sees Debian's torch 1.13, numpy, pytest and grpcio (the last
   # proves libweightcache.so lives beside grpcio's own gRPC in one process).

@@ -104,7 +104,9 @@ WC_API const char* wc_client_socket(const wc_client* client);
 /* What to acquire. Initialise with wc_acquire_options_init (it sets struct_size and the
  * defaults), then set fields. Strings are read during wc_acquire only; NULL means "". */
 typedef struct wc_acquire_options {
-  uint32_t struct_size;    /* sizeof(wc_acquire_options), set by wc_acquire_options_init */
+  uint32_t struct_size; /* sizeof(wc_acquire_options), set by wc_acquire_options_init */
+  /* Both NULL or "": $WEIGHTCACHE_FINGERPRINT when set, else $WEIGHTCACHE_MODEL (the pod
+   * annotations through the Downward API); WC_INVALID_ARGUMENT naming them when neither is. */
   const char* model;       /* spec name; or */
   const char* fingerprint; /* an exact fingerprint (hex SHA-256) */
   int32_t tp_size;         /* default 1 */

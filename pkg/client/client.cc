@@ -51,15 +51,21 @@ struct internal::Rpc {
 };
 
 absl::StatusOr<AcquireOptions> AcquireOptions::FromEnvironment() {
+  AcquireOptions o;
+  if (const char* fp = std::getenv(kFingerprintEnv); fp != nullptr && *fp != '\0') {
+    o.fingerprint = fp;
+    return o;
+  }
   const char* model = std::getenv(kModelEnv);
   if (model == nullptr || *model == '\0') {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kModelEnv,
-                     " is not set: annotate the engine pod with weightcache.io/model: <name> and "
-                     "expose it with the Downward API (env ",
-                     kModelEnv, " from metadata.annotations['weightcache.io/model'])"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        kModelEnv, " is not set (nor ", kFingerprintEnv,
+        "): annotate the engine pod with weightcache.io/model: <name> and expose it with the "
+        "Downward API (env ",
+        kModelEnv,
+        " from metadata.annotations['weightcache.io/model']), or let the "
+        "weightcache admission webhook add it"));
   }
-  AcquireOptions o;
   o.model = model;
   return o;
 }

@@ -46,6 +46,7 @@ struct Rpc;  // the gRPC channel and stub (client.cc)
 
 inline constexpr const char* kSocketEnv = "WEIGHTCACHE_SOCKET";
 inline constexpr const char* kModelEnv = "WEIGHTCACHE_MODEL";
+inline constexpr const char* kFingerprintEnv = "WEIGHTCACHE_FINGERPRINT";
 inline constexpr const char* kDefaultControlSocket = "/run/weightcache/control.sock";
 
 struct TensorView {
@@ -84,8 +85,11 @@ struct AcquireOptions {
   EngineIdentity published;        // set (recipe non-empty): weights an engine published
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
 
-  // model from $WEIGHTCACHE_MODEL (set from the pod annotation weightcache.io/model via
-  // the Downward API); INVALID_ARGUMENT saying so when it is unset or empty.
+  // The target from the environment (set from the pod annotations weightcache.io/fingerprint
+  // and weightcache.io/model via the Downward API, e.g. by the admission webhook):
+  // $WEIGHTCACHE_FINGERPRINT when set and not empty (an exact fingerprint: a pod pinned to
+  // the weights it was validated with gets a miss, never other weights), else
+  // $WEIGHTCACHE_MODEL; INVALID_ARGUMENT naming both when neither is set.
   static absl::StatusOr<AcquireOptions> FromEnvironment();
 };
 

@@ -30,6 +30,31 @@ TEST(AcquireOptions, MissingModelAnnotationSaysHowToSetIt) {
   }
 }
 
+TEST(AcquireOptions, FingerprintFromTheEnvironmentWinsOverTheModel) {
+  ::setenv(kModelEnv, "llama-8b", 1);
+  ::setenv(kFingerprintEnv, "ab12", 1);
+  auto o = AcquireOptions::FromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->fingerprint, "ab12");
+  EXPECT_EQ(o->model, "");  // one target: the daemon takes a model or a fingerprint
+  ::unsetenv(kModelEnv);
+  o = AcquireOptions::FromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->fingerprint, "ab12");
+  ::setenv(kFingerprintEnv, "", 1);  // empty: as if unset
+  ::setenv(kModelEnv, "llama-8b", 1);
+  o = AcquireOptions::FromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->model, "llama-8b");
+  EXPECT_EQ(o->fingerprint, "");
+  ::unsetenv(kFingerprintEnv);
+  ::unsetenv(kModelEnv);
+  o = AcquireOptions::FromEnvironment();
+  ASSERT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(o.status().message().find("(nor WEIGHTCACHE_FINGERPRINT)"), absl::string_view::npos)
+      << o.status();
+}
+
 TEST(Client, ConnectNamesTheMissingSocketFromTheEnvironment) {
   testing::TempDir dir;
   ::setenv(kSocketEnv, (dir / "nope.sock").c_str(), 1);

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import socket as pysocket
 import tempfile
 
@@ -121,6 +122,47 @@ def test_model_from_the_environment(daemon, monkeypatch):
     monkeypatch.setenv("WEIGHTCACHE_SOCKET", daemon.socket)
     with weightcache.acquire() as w:
         assert w.model == "tiny"
+
+
+def test_fingerprint_from_the_environment_wins_over_the_model(daemon, monkeypatch):
+    monkeypatch.setenv("WEIGHTCACHE_SOCKET", daemon.socket)
+    with weightcache.acquire("tiny") as w:
+        fingerprint = w.fingerprint
+    monkeypatch.delenv("WEIGHTCACHE_MODEL", raising=False)
+    monkeypatch.setenv("WEIGHTCACHE_FINGERPRINT", fingerprint)
+    with weightcache.acquire() as w:
+        assert w.fingerprint == fingerprint and w.model == "tiny"
+    # Pinned to other weights: a typed miss, never the model's current entry.
+    monkeypatch.setenv("WEIGHTCACHE_MODEL", "tiny")
+    monkeypatch.setenv("WEIGHTCACHE_FINGERPRINT", "0" * 64)
+    with pytest.raises(weightcache.CacheMiss, match="0000000000"):
+        weightcache.acquire()
+    # An explicit model= is the caller's choice: the environment is not read.
+    with weightcache.acquire("tiny") as w:
+        assert w.fingerprint == fingerprint
+
+
+def test_c_abi_reads_the_environment_when_given_no_target(daemon, monkeypatch):
+    from weightcache import _lib
+
+    with weightcache.acquire("tiny", socket=daemon.socket) as w:
+        fingerprint = w.fingerprint
+    o = _lib.AcquireOptions()
+    _lib.lib().wc_acquire_options_init(ctypes.byref(o))  # model and fingerprint NULL
+    monkeypatch.delenv("WEIGHTCACHE_MODEL", raising=False)
+    monkeypatch.delenv("WEIGHTCACHE_FINGERPRINT", raising=False)
+    with _lib.Client(daemon.socket) as c:
+        with pytest.raises(weightcache.WeightcacheError, match="WEIGHTCACHE_FINGERPRINT"):
+            _lib.acquire_lease(c, o)
+        monkeypatch.setenv("WEIGHTCACHE_MODEL", "tiny")
+        lease = _lib.acquire_lease(c, o)
+        info = _lib.LeaseInfo()
+        _lib.lib().wc_lease_info_get(lease.handle, ctypes.byref(info))
+        assert info.fingerprint.decode() == fingerprint
+        lease.close()
+        monkeypatch.setenv("WEIGHTCACHE_FINGERPRINT", "0" * 64)
+        with pytest.raises(weightcache.CacheMiss):
+            _lib.acquire_lease(c, o)
 
 
 def test_bad_library_path_names_the_variable(tmp_path):

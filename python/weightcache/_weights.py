@@ -24,6 +24,7 @@ log = logging.getLogger("weightcache")
 
 MODE_ENV = "WEIGHTCACHE_MODE"
 MODEL_ENV = "WEIGHTCACHE_MODEL"
+FINGERPRINT_ENV = "WEIGHTCACHE_FINGERPRINT"
 SOCKET_ENV = "WEIGHTCACHE_SOCKET"
 MODES = ("off", "client", "spawn")
 
@@ -350,7 +351,8 @@ def acquire(
 
     Args:
         model: the daemon's spec name, or a model directory (spawn mode, fallbacks); None
-            reads ``$WEIGHTCACHE_MODEL``.
+            (and no ``fingerprint``) reads ``$WEIGHTCACHE_FINGERPRINT`` when it is set (an
+            exact fingerprint: a miss rather than other weights), else ``$WEIGHTCACHE_MODEL``.
         tp_rank, tp_size, pp_rank, pp_size: the rank to map.
         device: where the engine computes: a torch device, "cuda:N", an int or a GPU UUID;
             None takes the cached entry wherever it is.
@@ -389,6 +391,8 @@ def acquire(
                                "fallback= was given", "DISABLED")
     t0 = time.perf_counter()
     try:
+        if not fingerprint and model is None:
+            fingerprint = os.environ.get(FINGERPRINT_ENV) or None
         if fingerprint:
             name, mdir = "", model_dir
         else:

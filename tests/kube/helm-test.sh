@@ -181,10 +181,61 @@ for helm in "${helms[@]}"; do
   expect "keeper: own selector" has "$k" '^      app\.kubernetes\.io/name: weightcache-keeper$'
   expect "keeper: hostPath" after "$k" 'hostPath:$' 1 'path: /run/weightcache-keeper$'
 
+  # The webhook: off by default; on, a Deployment of 2, a PDB, a Service, the webhook
+  # configuration with the chart's CA in caBundle and the serving pair in a TLS Secret.
+  expect "no webhook by default" lacks "$d" 'kind: (MutatingWebhookConfiguration|PodDisruptionBudget)$'
+  w="$work/webhook.yaml"
+  "$helm" template wc "$chart" --namespace wc --set webhook.enabled=true >"$w" 2>"$work/err" \
+    || bad "template webhook: $(cat "$work/err")"
+  doc "$w" Deployment >"$work/wd.yaml"
+  expect "webhook: 2 replicas" has "$work/wd.yaml" '^  replicas: 2$'
+  expect "webhook: command" has "$work/wd.yaml" 'command: \["weightcache-webhook"\]'
+  expect "webhook: cert flag" has "$work/wd.yaml" '- --tls_cert_file=/etc/weightcache-webhook/tls/tls\.crt$'
+  expect "webhook: HTTPS probe" after "$work/wd.yaml" 'readinessProbe:' 4 'scheme: HTTPS'
+  expect "webhook: no token" has "$work/wd.yaml" 'automountServiceAccountToken: false'
+  expect "webhook: PDB" after <(doc "$w" PodDisruptionBudget) '^spec:' 1 'minAvailable: 1'
+  doc "$w" MutatingWebhookConfiguration >"$work/mwc.yaml"
+  expect "webhook: v1 reviews" has "$work/mwc.yaml" 'admissionReviewVersions: \["v1"\]'
+  expect "webhook: sideEffects None" has "$work/mwc.yaml" 'sideEffects: None$'
+  expect "webhook: failurePolicy Ignore" has "$work/mwc.yaml" 'failurePolicy: Ignore$'
+  expect "webhook: timeout 5" has "$work/mwc.yaml" 'timeoutSeconds: 5$'
+  expect "webhook: pods on CREATE" after "$work/mwc.yaml" 'operations: \["CREATE"\]' 3 'resources: \["pods"\]'
+  expect "webhook: own namespace excluded" has "$work/mwc.yaml" 'values: \[kube-system, wc\]'
+  expect "webhook: no objectSelector by default" lacks "$work/mwc.yaml" 'objectSelector'
+  ca_bundle=$(sed -n 's/^      caBundle: //p' "$work/mwc.yaml")
+  expect "webhook: caBundle is the Secret's CA" test -n "$ca_bundle" -a \
+    "$(doc "$w" Secret | sed -n 's/^  ca\.crt: //p')" = "$ca_bundle"
+  expect "webhook: caBundle is a CA certificate" bash -c \
+    "echo '$ca_bundle' | base64 -d | openssl x509 -noout -text | grep -q 'CA:TRUE'"
+  expect "webhook: no NetworkPolicy by default" lacks "$w" '^kind: NetworkPolicy$'
+  doc "$a" MutatingWebhookConfiguration >"$work/mwc-all.yaml"
+  expect "webhook all: failurePolicy" has "$work/mwc-all.yaml" 'failurePolicy: Fail$'
+  expect "webhook all: timeout" has "$work/mwc-all.yaml" 'timeoutSeconds: 3$'
+  expect "webhook all: namespaceSelector" after "$work/mwc-all.yaml" 'namespaceSelector:' 2 'weightcache\.io/engines: "true"'
+  expect "webhook all: objectSelector" after "$work/mwc-all.yaml" 'objectSelector:' 3 'key: weightcache\.io/skip'
+  expect "webhook all: NetworkPolicy" after <(doc "$a" NetworkPolicy) 'ipBlock:' 1 'cidr: 10\.0\.0\.0/24'
+  expect "webhook all: port" has "$a" '- --address=0\.0\.0\.0:9443$'
+  c="$work/certmanager.yaml"
+  "$helm" template wc "$chart" --namespace wc --set webhook.enabled=true,webhook.certManager.enabled=true \
+    >"$c" 2>"$work/err" || bad "template cert-manager: $(cat "$work/err")"
+  expect "cert-manager: Certificate" after <(doc "$c" Certificate) 'secretName:' 0 'wc-weightcache-webhook-tls'
+  expect "cert-manager: self-signed Issuer" after <(doc "$c" Issuer) '^spec:' 1 'selfSigned: \{\}'
+  expect "cert-manager: CA injected" has "$c" 'cert-manager\.io/inject-ca-from: wc/wc-weightcache-webhook$'
+  expect "cert-manager: no caBundle" lacks "$c" '^ *caBundle:'
+  expect "cert-manager: no chart Secret" lacks "$c" '^kind: Secret$'
+  "$helm" template wc "$chart" --namespace wc -f "$all_values" --set webhook.certManager.enabled=true \
+    >"$work/cm-issuer.yaml" 2>"$work/err" || bad "template cert-manager issuer: $(cat "$work/err")"
+  expect "cert-manager: issuerRef from values" after <(doc "$work/cm-issuer.yaml" Certificate) 'issuerRef:' 2 'kind: ClusterIssuer'
+  expect "cert-manager: no Issuer with issuerRef" lacks "$work/cm-issuer.yaml" '^kind: Issuer$'
+  expect_fail "schema: webhook timeout > 5" 'timeoutSeconds' "$helm" template wc "$chart" --set webhook.timeoutSeconds=10
+  expect_fail "schema: webhook failurePolicy" 'failurePolicy' "$helm" template wc "$chart" --set webhook.failurePolicy=Allow
+  expect_fail "schema: webhook CIDR" 'apiServerCIDRs' "$helm" template wc "$chart" \
+    --set 'webhook.networkPolicy.apiServerCIDRs[0]=everywhere'
+
   # Offline Kubernetes schema validation of everything rendered.
   if [[ -n "$validator" ]]; then
     expect "kubernetes schemas" node "$validator" "$tools/node" "$d" "$m" "$work/nodp.yaml" \
-      "$root/deploy/weightcache.yaml" "$root/deploy/examples/engine-pod.yaml"
+      "$w" "$c" "$work/cm-issuer.yaml" "$root/deploy/weightcache.yaml" "$root/deploy/examples/engine-pod.yaml"
   fi
 
   # The plain manifests are what this helm renders now.

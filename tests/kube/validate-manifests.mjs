@@ -23,12 +23,22 @@ function modelFile(apiVersion, kind) {
   return path.join(modules, "kubernetes-models", apiVersion, `${kind}.js`);
 }
 
+// CRDs whose schemas no npm package here ships: reported, not validated (helm-test.sh asserts
+// their fields).
+const unvalidated = ["cert-manager.io/"];
+
 let objects = 0;
 let failures = 0;
+let skipped = 0;
 for (const file of files) {
   const docs = yaml.loadAll(readFileSync(file, "utf8")).filter((d) => d != null);
   for (const doc of docs) {
     const what = `${file}: ${doc.kind}/${doc.metadata?.name}`;
+    if (unvalidated.some((p) => (doc.apiVersion ?? "").startsWith(p))) {
+      console.log(`skip ${what}: no offline schema for ${doc.apiVersion}`);
+      skipped++;
+      continue;
+    }
     const mod = modelFile(doc.apiVersion ?? "", doc.kind ?? "");
     if (!existsSync(mod)) {
       console.error(`FAIL ${what}: no schema for ${doc.apiVersion} ${doc.kind}`);
@@ -46,5 +56,5 @@ for (const file of files) {
     }
   }
 }
-console.log(`validate-manifests: ${objects} valid, ${failures} invalid`);
+console.log(`validate-manifests: ${objects} valid, ${failures} invalid, ${skipped} not validated`);
 process.exit(failures === 0 ? 0 : 1);

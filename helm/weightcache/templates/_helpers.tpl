@@ -59,3 +59,13 @@ app.kubernetes.io/component: node-daemon
 {{- define "weightcache.hasMonitoringApi" -}}
 {{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
 {{- end }}
+
+{{/* Labels of the webhook's objects (templates/webhook.yaml). */}}
+{{- define "weightcache.webhookLabels" -}}
+helm.sh/chart: {{ include "weightcache.chart" . }}
+app.kubernetes.io/name: {{ include "weightcache.name" . }}-webhook
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: webhook
+{{- end }}

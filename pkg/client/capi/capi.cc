@@ -163,6 +163,12 @@ wc_status wc_acquire(wc_client* client, const wc_acquire_options* o, wc_lease** 
   client::AcquireOptions a;
   a.model = Str(o->model);
   a.fingerprint = Str(o->fingerprint);
+  if (a.model.empty() && a.fingerprint.empty()) {  // the pod's annotations, through the env
+    auto env = client::AcquireOptions::FromEnvironment();
+    if (!env.ok()) return Return(env.status(), error);
+    a.model = env->model;
+    a.fingerprint = env->fingerprint;
+  }
   a.tp_size = o->tp_size;
   a.tp_rank = o->tp_rank;
   a.pp_size = o->pp_size;

@@ -1,0 +1,81 @@
+// weightcache-webhook: the mutating admission webhook that lets the pod annotation
+// weightcache.io/model alone select a model (pkg/webhook/mutate.h). Parses flags, serves HTTPS
+// until SIGINT/SIGTERM, reloading its certificate when the files change.
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/time/time.h"
+#include "pkg/util/flags_help.h"
+#include "pkg/util/log.h"
+#include "pkg/webhook/server.h"
+
+ABSL_FLAG(std::string, address, "0.0.0.0:8443", "IPv4:port to serve HTTPS on");
+ABSL_FLAG(std::string, tls_cert_file, "/etc/weightcache-webhook/tls/tls.crt",
+          "PEM serving certificate (then intermediates); reloaded when it changes");
+ABSL_FLAG(std::string, tls_key_file, "/etc/weightcache-webhook/tls/tls.key",
+          "PEM private key of --tls_cert_file; reloaded with it");
+ABSL_FLAG(absl::Duration, reload_interval, absl::Seconds(5),
+          "How often the certificate files are checked for a change");
+ABSL_FLAG(uint64_t, max_body_bytes, 4 << 20, "Largest request body accepted (413 past it)");
+ABSL_FLAG(int, request_timeout_ms, 10000, "A request must arrive within this");
+ABSL_FLAG(int, threads, 8, "Request threads");
+ABSL_FLAG(bool, verbose, false, "Debug logging");
+
+namespace weightcache {
+namespace {
+
+int Run() {
+  if (absl::GetFlag(FLAGS_verbose)) SetLogLevel(LogLevel::kDebug);
+  webhook::ServerOptions o;
+  o.address = absl::GetFlag(FLAGS_address);
+  o.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  o.key_file = absl::GetFlag(FLAGS_tls_key_file);
+  o.reload_interval = absl::GetFlag(FLAGS_reload_interval);
+  o.max_body_bytes = absl::GetFlag(FLAGS_max_body_bytes);
+  o.request_timeout_ms = absl::GetFlag(FLAGS_request_timeout_ms);
+  o.num_threads = absl::GetFlag(FLAGS_threads);
+  if (o.reload_interval <= absl::ZeroDuration()) {
+    std::fprintf(stderr, "weightcache-webhook: --reload_interval must be positive\n");
+    return 2;
+  }
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  auto server = webhook::Server::Start(o);
+  if (!server.ok()) {
+    std::fprintf(stderr, "weightcache-webhook: %s\n",
+                 std::string(server.status().message()).c_str());
+    return 2;
+  }
+  // The port line is what tests (and humans) read when --address asked for port 0.
+  std::printf("weightcache-webhook: listening on port %d\n", (*server)->port());
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  WC_LOG_INFO("webhook: signal %d: exiting", sig);
+  return 0;
+}
+
+}  // namespace
+}  // namespace weightcache
+
+int main(int argc, char** argv) {
+  const std::string usage =
+      "weightcache mutating admission webhook: adds the weightcache.io/client resource and the\n"
+      "WEIGHTCACHE_MODEL / WEIGHTCACHE_FINGERPRINT env to pods annotated weightcache.io/model\n"
+      "or weightcache.io/fingerprint.\n"
+      "  weightcache-webhook --tls_cert_file=tls.crt --tls_key_file=tls.key\n"
+      "Serves POST /mutate and GET /healthz over HTTPS until SIGTERM or SIGINT.";
+  weightcache::HandleHelpFlag(argc, argv, usage, {"cmd/weightcache-webhook/"});
+  absl::SetProgramUsageMessage(usage);
+  absl::ParseCommandLine(argc, argv);
+  return weightcache::Run();
+}
