@@ -43,12 +43,9 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend)
     if (options_.metrics != nullptr) options_.metrics->OnEviction(model, reason);
   });
   if (!options_.keeper_socket.empty()) {
-    keeper_ = std::make_unique<KeeperLink>(KeeperLink::Options{options_.keeper_socket}, backend_,
-                                           &registry_, options_.metrics,
-                                           [this](const std::string& model) {
-                                             auto s = models_.Spec(model);
-                                             return s ? spec::ToYaml(*s) : std::string();
-                                           });
+    keeper_ = std::make_unique<KeeperLink>(
+        KeeperLink::Options{options_.keeper_socket}, backend_, &registry_, options_.metrics,
+        [this](const std::string& model) { return models_.SpecYaml(model); });
     registry_.SetObserver(keeper_.get());
   }
 }
@@ -501,7 +498,7 @@ absl::Status Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
   // The asked spec: same content as the entry's (that is what the fingerprint says), and the
   // files a verify tool should compare with.
   if (auto spec = models_.Spec(name)) {
-    resp->set_spec_yaml(spec::ToYaml(*spec));
+    resp->set_spec_yaml(models_.SpecYaml(name));
     model_dir = spec->model_dir;
   }
   resp->set_lease_id(issued.lease_id);

@@ -34,7 +34,10 @@ bool Under(const std::string& path, const std::string& root) {
 ModelCatalog::ModelCatalog(const std::vector<spec::ModelSpec>& specs, unsigned hash_threads,
                            const std::vector<std::string>& model_roots, metrics::Metrics* metrics)
     : hash_threads_(hash_threads), metrics_(metrics) {
-  for (const auto& s : specs) specs_[s.name] = s;
+  for (const auto& s : specs) {
+    specs_[s.name] = s;
+    yaml_[s.name] = spec::ToYaml(s);
+  }
   for (const auto& r : model_roots) roots_.push_back(Resolved(r));
 }
 
@@ -63,8 +66,16 @@ absl::Status ModelCatalog::OpenDigestStore(const std::string& path) {
 }
 
 void ModelCatalog::Define(const spec::ModelSpec& s) {
+  std::string yaml = spec::ToYaml(s);
   std::lock_guard<std::mutex> l(mu_);
   specs_[s.name] = s;
+  yaml_[s.name] = std::move(yaml);
+}
+
+std::string ModelCatalog::SpecYaml(const std::string& name) const {
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = yaml_.find(name);
+  return it == yaml_.end() ? std::string() : it->second;
 }
 
 std::optional<spec::ModelSpec> ModelCatalog::Spec(const std::string& name) const {

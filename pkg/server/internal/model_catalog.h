@@ -40,6 +40,9 @@ class ModelCatalog {
   // Adds or replaces a spec (an inline spec of a Load request).
   void Define(const spec::ModelSpec& s);
   std::optional<spec::ModelSpec> Spec(const std::string& name) const;
+  // Its canonical YAML (spec::ToYaml, made once when defined: yaml-cpp's emitter costs tens of
+  // microseconds, too much for every Acquire); empty when unknown.
+  std::string SpecYaml(const std::string& name) const;
 
   // The opened model of spec `name`: cached unless `refresh` (which re-reads the files and
   // re-hashes only file versions the store does not know). NOT_FOUND naming the known specs.
@@ -73,6 +76,7 @@ class ModelCatalog {
   std::unique_ptr<identity::DigestStore> digests_;  // set once by OpenDigestStore
   mutable std::mutex mu_;
   std::map<std::string, spec::ModelSpec> specs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> yaml_ ABSL_GUARDED_BY(mu_);  // name -> canonical YAML
   std::map<std::string, std::shared_ptr<const load::OpenedModel>> opened_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> open_errors_ ABSL_GUARDED_BY(mu_);
 };
