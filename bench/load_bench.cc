@@ -14,6 +14,11 @@
 //
 //   load_bench --dir=/var/tmp/wc-load-bench --sizes_gib=8,32
 //     --configs=8:256:4:off,16:1024:8:on --torch_script=bench/torch_load_baseline.py
+// With --tp=1,2,4,8 (issue 17) it runs the tensor-parallel sweep instead, with the loader's
+// defaults (16:256:4:auto) unless --configs is given: for each tp, every rank loaded
+// together onto the one GPU in one pass over the files (LoadRanks), cold and hot, and for
+// tp > 1 rank 0 alone (hot); (a) and (c) as above. --json=FILE appends one JSON line per row
+// (bench/run-all, bench/plot_benchmarks.py).
 // A config is threads:staging_MiB:buffers:direct[:fp8] (direct: off | on | auto; fp8: the
 // spec asks quantization fp8_block, so every linear weight is quantized on the GPU while
 // the load streams, and the GB/s count the bf16 bytes read). Without a GPU it
@@ -31,6 +36,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -77,6 +83,10 @@ struct Args {
   std::string torch_script;
   double deadline_s = 1e9;  // skip what would start after this many seconds
   bool keep = false;
+  // Non-empty: the tensor-parallel sweep instead of the config exploration (see main).
+  std::vector<int> tp;
+  bool configs_given = false;
+  std::string json;  // append one JSON line per measured row here
 };
 
 Args Parse(int argc, char** argv) {
@@ -98,6 +108,7 @@ Args Parse(int argc, char** argv) {
       }
     } else if (auto v = val("--configs=")) {
       a.configs = absl::StrSplit(v, ',');
+      a.configs_given = true;
     } else if (auto v = val("--raw_threads=")) {
       a.raw_threads = static_cast<unsigned>(std::atoi(v));
     } else if (auto v = val("--python=")) {
@@ -106,6 +117,10 @@ Args Parse(int argc, char** argv) {
       a.torch_script = v;
     } else if (auto v = val("--deadline_s=")) {
       a.deadline_s = std::atof(v);
+    } else if (auto v = val("--tp=")) {
+      for (auto p : absl::StrSplit(v, ',')) a.tp.push_back(std::atoi(std::string(p).c_str()));
+    } else if (auto v = val("--json=")) {
+      a.json = v;
     } else if (s == "--keep") {
       a.keep = true;
     } else {
@@ -409,6 +424,52 @@ struct LoadResult {
   wc::load::LoadStats stats;
 };
 
+// 256 bytes at the start, middle and end of every contiguous tensor of a cuda-vmm load,
+// file against GPU memory, through a read-only mapping as an engine has it. Dies on a
+// difference; false when the load is not in GPU memory or cannot be mapped.
+bool VerifySampled(const wc::load::LoadedModel& loaded,
+                   const std::vector<wc::safetensors::File>& files) {
+  if (loaded.segments.empty() ||
+      wc::memory::internal::AsCudaSegment(loaded.segments[0].get()) == nullptr) {
+    return false;
+  }
+  std::vector<wc::ScopedFd> fds;
+  std::vector<uint64_t> sizes;
+  for (const auto& seg : loaded.segments) {
+    fds.emplace_back(::dup(seg->fd()));
+    sizes.push_back(seg->size());
+  }
+  auto map = wc::memory::MapReadOnly(wc::memory::BackendKind::kCudaVmm, std::move(fds), sizes,
+                                     loaded.device_uuid);
+  if (!map.ok()) {
+    std::printf("  verify: MapReadOnly: %s (bytes not checked)\n",
+                std::string(map.status().message()).c_str());
+    return false;
+  }
+  for (const auto& t : loaded.plan.tensors) {
+    if (!t.pieces.empty() || t.quant.has_value() || !t.scale_of.empty() || t.nbytes == 0) {
+      continue;  // read in pieces, quantized, or written by a quantization: no file range
+    }
+    const uint64_t n = std::min<uint64_t>(256, t.nbytes);
+    for (uint64_t at : {uint64_t{0}, t.nbytes / 2 / 256 * 256, t.nbytes - n}) {
+      at = std::min(at, t.nbytes - n);
+      uint8_t want[256], got[256];
+      if (::pread(files[t.file_index].fd(), want, n, static_cast<off_t>(t.file_offset + at)) !=
+          static_cast<ssize_t>(n)) {
+        Die("verify: pread " + t.name);
+      }
+      absl::Status cs =
+          wc::memory::CopyToHost(wc::memory::BackendKind::kCudaVmm, loaded.device_uuid,
+                                 (*map)->base(t.segment) + t.offset + at, n, got);
+      if (!cs.ok()) Die(absl::StrCat("verify: CopyToHost ", t.name, ": ", cs.message()));
+      if (std::memcmp(want, got, n) != 0) {
+        Die(absl::StrCat("verify: WRONG BYTES in ", t.name, " at +", at));
+      }
+    }
+  }
+  return true;
+}
+
 LoadResult OurLoad(wc::memory::Backend& backend, const std::string& dir,
                    const wc::load::LoadOptions& opts, bool fp8) {
   auto t0 = Clock::now();
@@ -428,47 +489,64 @@ LoadResult OurLoad(wc::memory::Backend& backend, const std::string& dir,
   auto loaded = wc::load::LoadRank(**model, *plan, backend, "", "bench", opts, nullptr);
   if (!loaded.ok()) Die(std::string(loaded.status().message()));
   LoadResult r{Since(t0), open_seconds, false, (*loaded)->stats};
-  // Check the bytes (outside the timing): 256 bytes at the start, middle and end of every
-  // tensor, file against GPU memory, through a read-only mapping of the sealed segments as
-  // an engine has it (the daemon's own device pointers are gone after Seal).
-  const auto& files = (*model)->checkpoint.files();
-  if (wc::memory::internal::AsCudaSegment((*loaded)->segments[0].get()) == nullptr) return r;
-  std::vector<wc::ScopedFd> fds;
-  std::vector<uint64_t> sizes;
-  for (const auto& seg : (*loaded)->segments) {
-    fds.emplace_back(::dup(seg->fd()));
-    sizes.push_back(seg->size());
-  }
-  auto map = wc::memory::MapReadOnly(wc::memory::BackendKind::kCudaVmm, std::move(fds), sizes,
-                                     (*loaded)->device_uuid);
-  if (!map.ok()) {
-    std::printf("  verify: MapReadOnly: %s (bytes not checked)\n",
-                std::string(map.status().message()).c_str());
-    return r;
-  }
-  for (const auto& t : (*loaded)->plan.tensors) {
-    if (!t.pieces.empty() || t.quant.has_value() || !t.scale_of.empty() || t.nbytes == 0) {
-      continue;  // read in pieces, quantized, or written by a quantization: no file range
-    }
-    const uint64_t n = std::min<uint64_t>(256, t.nbytes);
-    for (uint64_t at : {uint64_t{0}, t.nbytes / 2 / 256 * 256, t.nbytes - n}) {
-      at = std::min(at, t.nbytes - n);
-      uint8_t want[256], got[256];
-      if (::pread(files[t.file_index].fd(), want, n, static_cast<off_t>(t.file_offset + at)) !=
-          static_cast<ssize_t>(n)) {
-        Die("verify: pread " + t.name);
-      }
-      absl::Status cs =
-          wc::memory::CopyToHost(wc::memory::BackendKind::kCudaVmm, (*loaded)->device_uuid,
-                                 (*map)->base(t.segment) + t.offset + at, n, got);
-      if (!cs.ok()) Die(absl::StrCat("verify: CopyToHost ", t.name, ": ", cs.message()));
-      if (std::memcmp(want, got, n) != 0) {
-        Die(absl::StrCat("verify: WRONG BYTES in ", t.name, " at +", at));
-      }
-    }
-  }
-  r.verified = true;
+  // Check the bytes (outside the timing), through a read-only mapping of the sealed
+  // segments as an engine has it (the daemon's own device pointers are gone after Seal).
+  r.verified = VerifySampled(**loaded, (*model)->checkpoint.files());
   return r;  // the segments are freed here
+}
+
+// The ranks `ranks` of tp `tp` loaded together onto the one GPU (LoadRanks: each byte read
+// once), bytes checked by sampling: 256 bytes at the start, middle and end of every rank's
+// contiguous tensors, file against GPU memory.
+struct GroupResult {
+  double seconds = 0;
+  uint64_t rank_bytes = 0;  // what landed in the ranks (sum of their tensors' bytes)
+  uint64_t rank0_bytes = 0;
+  bool verified = false;
+  wc::load::LoadStats stats;
+};
+
+GroupResult GroupLoad(wc::memory::Backend& backend, const std::string& dir,
+                      const wc::load::LoadOptions& opts, int tp, const std::vector<int>& ranks) {
+  wc::spec::ModelSpec s;
+  s.name = "bench";
+  s.model_dir = dir;
+  s.tp_size = tp;
+  auto model = wc::load::OpenModel(s);
+  if (!model.ok()) Die(std::string(model.status().message()));
+  wc::load::PlanOptions popts;
+  popts.loader_reads_pieces = true;
+  popts.alignment = backend.tensor_alignment();
+  popts.max_segment_bytes = backend.max_segment_bytes();
+  std::vector<wc::load::Plan> plans;
+  GroupResult g;
+  for (int r : ranks) {
+    auto plan = wc::load::PlanRank(**model, wc::spec::Layout{tp, r, 1, 0}, popts);
+    if (!plan.ok()) Die(std::string(plan.status().message()));
+    g.rank_bytes += plan->total_bytes;
+    if (r == ranks[0]) g.rank0_bytes = plan->total_bytes;
+    plans.push_back(std::move(*plan));
+  }
+  auto t0 = Clock::now();
+  auto loaded = wc::load::LoadRanks(**model, std::move(plans), backend,
+                                    std::vector<std::string>(ranks.size()),
+                                    std::vector<std::string>(ranks.size(), "bench"), opts, nullptr);
+  if (!loaded.ok()) Die(std::string(loaded.status().message()));
+  g.seconds = Since(t0);
+  g.stats = (*loaded)[0]->stats;
+  g.verified = true;
+  for (const auto& rank : *loaded) {
+    g.verified = VerifySampled(*rank, (*model)->checkpoint.files()) && g.verified;
+  }
+  return g;
+}
+
+void AppendJson(const std::string& path, const std::string& line) {
+  if (path.empty()) return;
+  FILE* f = std::fopen(path.c_str(), "a");
+  if (f == nullptr) Die(path + ": " + std::strerror(errno));
+  std::fprintf(f, "%s\n", line.c_str());
+  std::fclose(f);
 }
 
 // ---- (c) the torch baseline
@@ -506,6 +584,8 @@ int main(int argc, char** argv) {
   auto left = [&] { return a.deadline_s - Since(start); };
   std::vector<Config> configs;
   for (const auto& s : a.configs) configs.push_back(ParseConfig(s));
+  // The tensor-parallel sweep measures the loader's defaults unless told otherwise.
+  if (!a.tp.empty() && !a.configs_given) configs = {ParseConfig("16:256:4:auto")};
   auto backend = wc::memory::MakeCudaBackend();
   const bool gpu = backend.ok();
   if (!gpu) {
@@ -593,6 +673,107 @@ int main(int argc, char** argv) {
     raw_hot = RawRead(c.files, false, a.raw_threads, a.raw_chunk);
     log({absl::StrFormat("(a) raw pread, page cache, %u threads", a.raw_threads), "hot", raw_hot,
          c.file_bytes / kGB / raw_hot, absl::StrFormat("resident before: %.0f%%", 100 * resident)});
+
+    if (!a.tp.empty()) {
+      const Config& cf = configs[0];
+      const char* be = gpu ? "cuda" : "host";
+      const int tensors = c.layers * 9 + 3;
+      auto json_row = [&](int tp, const char* cache, const char* path, double seconds, double gbps,
+                          double per_rank, uint64_t bytes_read, const char* extra) {
+        AppendJson(a.json,
+                   absl::StrFormat(
+                       R"({"bench":"load","backend":"%s","size_gib":%.2f,"tensors":%d,"tp":%d,)"
+                       R"("state":"%s","path":"%s","config":"%s","seconds":%.4f,"gbps":%.3f,)"
+                       R"("per_rank_gbps":%.3f,"bytes_read":%llu%s})",
+                       be, c.bytes / double(1ull << 30), tensors, tp, cache, path, cf.text, seconds,
+                       gbps, per_rank, static_cast<unsigned long long>(bytes_read), extra));
+      };
+      for (const auto& r : rows) {  // (a): the reads' ceiling, same thread count
+        json_row(1, r.cache.c_str(), "raw_read", r.seconds, r.gbs, r.gbs,
+                 static_cast<uint64_t>(r.seconds * r.gbs * kGB),
+                 absl::StrFormat(R"(,"what":"%s")", r.what).c_str());
+      }
+      std::map<std::pair<int, std::string>, double> group_gbps;
+      auto tp_row = [&](int tp, const char* cache, bool rank0_only) {
+        std::vector<int> ranks;
+        for (int r = 0; r < (rank0_only ? 1 : tp); ++r) ranks.push_back(r);
+        GroupResult g = GroupLoad(**backend, dir, cf.opts, tp, ranks);
+        const double gbps = g.rank_bytes / kGB / g.seconds;
+        const double per_rank = g.rank0_bytes / kGB / g.seconds;
+        if (!rank0_only) group_gbps[{tp, cache}] = gbps;
+        const auto& st = g.stats;
+        log({absl::StrFormat("(b) weightcache tp %d, %s %s", tp,
+                             rank0_only ? "rank 0 alone" : "all ranks, one pass,", cf.text),
+             cache, gbps, g.seconds,
+             absl::StrFormat("read %.2f GB (%.2fx the tensors), rank 0 %.2f GB/s, read-wait "
+                             "%.2f s, copy-wait %.3f s, direct %u/%u files%s",
+                             st.bytes_read / kGB, st.bytes_read / static_cast<double>(c.bytes),
+                             per_rank, st.read_seconds, st.wait_seconds, st.direct_files, st.files,
+                             g.verified ? ", bytes ok" : "")});
+        json_row(tp, cache, rank0_only ? "weightcache-rank0" : "weightcache", g.seconds, gbps,
+                 per_rank, st.bytes_read,
+                 absl::StrFormat(R"(,"ranks":%zu,"verified":%s)", ranks.size(),
+                                 g.verified ? "true" : "false")
+                     .c_str());
+      };
+      for (int tp : a.tp) {
+        if (!fits(1.5)) break;
+        drop();
+        tp_row(tp, "cold", false);
+      }
+      if (!a.torch_script.empty() && fits(2.5)) {
+        drop();
+        const double tc = TorchLoad(a, c);
+        if (tc > 0) {
+          log({"(c) safetensors.torch.load_file(device=cuda)", "cold", c.bytes / kGB / tc, tc, ""});
+          json_row(1, "cold", "safetensors", tc, c.bytes / kGB / tc, c.bytes / kGB / tc, c.bytes,
+                   "");
+        }
+        const double th = fits(1) ? TorchLoad(a, c) : -1;
+        if (th > 0) {
+          log({"(c) safetensors.torch.load_file(device=cuda)", "hot", c.bytes / kGB / th, th, ""});
+          json_row(1, "hot", "safetensors", th, c.bytes / kGB / th, c.bytes / kGB / th, c.bytes,
+                   "");
+        }
+      }
+      for (int tp : a.tp) {
+        if (!fits(0.5)) break;
+        RawRead(c.files, false, a.raw_threads, a.raw_chunk);  // all resident
+        tp_row(tp, "hot", false);
+        if (tp > 1 && fits(0.5)) tp_row(tp, "hot", true);
+      }
+      std::printf("\n### %.2f GiB (%.2f GB), tensor-parallel sweep, cold = %s\n\n",
+                  c.bytes / double(1ull << 30), c.bytes / kGB, method.c_str());
+      std::printf("| case | cache | GB/s | s | stages |\n|---|---|--:|--:|---|\n");
+      for (const auto& r : rows) {
+        std::printf("| %s | %s | %.2f | %.2f | %s |\n", r.what.c_str(), r.cache.c_str(), r.gbs,
+                    r.seconds, r.stages.c_str());
+      }
+      const double cap_hot = std::min(raw_hot, kH2DCap);
+      if (group_gbps.count({1, "hot"})) {
+        const double t1 = group_gbps[{1, "hot"}];
+        std::printf(
+            "\ngoal hot tp 1 >= 90%% of min((a) hot %u threads, 55) = %.2f: %.2f GB/s = "
+            "%.0f %% -> %s\n",
+            a.raw_threads, cap_hot, t1, 100 * t1 / cap_hot, t1 >= 0.9 * cap_hot ? "MET" : "missed");
+        for (int tp : a.tp) {
+          if (tp == 1 || !group_gbps.count({tp, "hot"})) continue;
+          const double g = group_gbps[{tp, "hot"}];
+          std::printf(
+              "goal hot tp %d (all ranks, one GPU) >= 90%% of tp 1: %.2f / %.2f = %.0f %% "
+              "-> %s\n",
+              tp, g, t1, 100 * g / t1, g >= 0.9 * t1 ? "MET" : "missed");
+        }
+      }
+      std::fflush(stdout);
+      if (!a.keep) {
+        for (const auto& f : c.files) ::unlink(f.c_str());
+        ::unlink((dir + "/config.json").c_str());
+        ::unlink((dir + "/model.safetensors.index.json").c_str());
+        ::rmdir(dir.c_str());
+      }
+      continue;
+    }
 
     // (b) cold, then (c) cold.
     auto run_ours = [&](const Config& cf, const char* cache) {

@@ -455,6 +455,7 @@ std::vector<EntrySnapshot> Registry::Snapshot() const {
       for (const auto& t : e->loaded->plan.tensors) s.tensor_bytes += t.nbytes;
       s.tensors = e->loaded->plan.tensors.size();
       s.segments = e->loaded->segments.size();
+      s.bytes_read = e->loaded->stats.bytes_read;
     }
     for (const auto& [id, lease] : e->leases) s.leases.push_back(lease);
     out.push_back(std::move(s));

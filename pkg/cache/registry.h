@@ -122,6 +122,7 @@ struct EntrySnapshot {
   size_t tensors = 0;
   size_t segments = 0;
   double load_seconds = 0;
+  uint64_t bytes_read = 0;  // by the load (LoadStats::bytes_read)
   std::vector<LeaseRecord> leases;
 };
 

@@ -88,50 +88,58 @@ class PinnedAllocator : public StagingPool::Allocator {
   CUcontext free_ctx_ = nullptr;  // any retained context (the memory is portable); mu_
 };
 
-// Pinned buffers (leased from a StagingPool), their events and one stream, in one device's
-// primary context. The destructor waits for every queued copy before the buffers go back.
-class StagingRing {
+// One device of the group: its primary context, a stream for the copies into its ranks'
+// segments (and their quantization kernels), an event per staging buffer, and the ranks'
+// quantization scratch. The destructor waits for the stream, so no copy still reads a
+// staging buffer when the lease goes back, and frees the scratch in the device's context.
+class DeviceLane {
  public:
-  static absl::StatusOr<std::unique_ptr<StagingRing>> Create(const DriverApi& api,
-                                                             const CudaDevice& dev,
-                                                             StagingPool& pool, size_t buffers,
-                                                             uint64_t bytes) {
+  static absl::StatusOr<std::unique_ptr<DeviceLane>> Create(const DriverApi& api,
+                                                            const CudaDevice& dev, size_t buffers) {
     WC_ASSIGN_OR_RETURN(auto ctx, PrimaryContext::Retain(api, dev.device));
-    auto ring = std::unique_ptr<StagingRing>(new StagingRing(api, std::move(ctx), bytes));
-    WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(api, ring->ctx_.get()));
-    WC_RETURN_IF_ERROR(CuStatus(api, api.cuStreamCreate(&ring->stream_, CU_STREAM_NON_BLOCKING),
+    auto lane = std::unique_ptr<DeviceLane>(new DeviceLane(api, std::move(ctx), dev.uuid));
+    WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(api, lane->ctx_.get()));
+    WC_RETURN_IF_ERROR(CuStatus(api, api.cuStreamCreate(&lane->stream_, CU_STREAM_NON_BLOCKING),
                                 "cuStreamCreate", dev.uuid));
-    WC_ASSIGN_OR_RETURN(ring->lease_, pool.Take(dev.ordinal, buffers, bytes));
     for (size_t i = 0; i < buffers; ++i) {
       CUevent e = nullptr;
       WC_RETURN_IF_ERROR(
           CuStatus(api, api.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate", dev.uuid));
-      ring->events_.push_back(e);
-      ring->recorded_.push_back(false);
+      lane->events_.push_back(e);
+      lane->recorded_.push_back(false);
     }
-    return ring;
+    return lane;
   }
 
-  ~StagingRing() {
+  ~DeviceLane() {
     auto current = ScopedCurrentContext::Push(*api_, ctx_.get());
     if (stream_ != nullptr) {
-      // Copies may still read the buffers (an error path): wait before giving them back.
+      // Copies may still read the buffers (an error path): wait before they go back.
       if (CUresult r = api_->cuStreamSynchronize(stream_); r != CUDA_SUCCESS) {
         WC_LOG_ERROR("staging: cuStreamSynchronize: %s", memory::internal::CuErrorName(*api_, r));
       }
     }
+    scratch_.clear();  // cudaFree in this device's context
     for (CUevent e : events_) api_->cuEventDestroy(e);
     if (stream_ != nullptr) api_->cuStreamDestroy(stream_);
   }
-  StagingRing(const StagingRing&) = delete;
-  StagingRing& operator=(const StagingRing&) = delete;
+  DeviceLane(const DeviceLane&) = delete;
+  DeviceLane& operator=(const DeviceLane&) = delete;
 
-  size_t count() const { return lease_.buffers().size(); }
-  uint64_t bytes() const { return bytes_; }
-  uint8_t* buffer(size_t i) const { return lease_.buffers()[i].data; }
-  uint32_t reused() const { return lease_.reused(); }
+  CUcontext ctx() const { return ctx_.get(); }
   CUstream stream() const { return stream_; }
+  const std::string& uuid() const { return uuid_; }
 
+  // Device scratch of `bytes` for a rank's quantization source shards.
+  absl::StatusOr<void*> Scratch(uint32_t rank, uint64_t bytes) {
+    auto it = scratch_.find(rank);
+    if (it == scratch_.end()) {
+      WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(*api_, ctx_.get()));
+      WC_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(bytes));
+      it = scratch_.emplace(rank, std::move(b)).first;
+    }
+    return it->second.get();
+  }
   // Blocks until the copies last queued from buffer i have landed.
   absl::Status WaitFree(size_t i) {
     if (!recorded_[i]) return absl::OkStatus();
@@ -139,9 +147,8 @@ class StagingRing {
     return CuStatus(*api_, api_->cuEventSynchronize(events_[i]), "cuEventSynchronize",
                     "staging buffer");
   }
-  // Marks the copies queued so far from buffer i.
+  // Marks the copies queued so far from buffer i (this lane's context must be current).
   absl::Status Record(size_t i) {
-    WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(*api_, ctx_.get()));
     WC_RETURN_IF_ERROR(
         CuStatus(*api_, api_->cuEventRecord(events_[i], stream_), "cuEventRecord", "staging"));
     recorded_[i] = true;
@@ -154,29 +161,41 @@ class StagingRing {
   }
 
  private:
-  StagingRing(const DriverApi& api, PrimaryContext ctx, uint64_t bytes)
-      : api_(&api), ctx_(std::move(ctx)), bytes_(bytes) {}
+  DeviceLane(const DriverApi& api, PrimaryContext ctx, std::string uuid)
+      : api_(&api), ctx_(std::move(ctx)), uuid_(std::move(uuid)) {}
   const DriverApi* api_;
   PrimaryContext ctx_;
-  uint64_t bytes_;
+  std::string uuid_;
   CUstream stream_ = nullptr;
-  StagingPool::Lease lease_;  // goes back after the destructor has waited for the copies
   std::vector<CUevent> events_;
   std::vector<bool> recorded_;
+  std::map<uint32_t, DeviceBuffer> scratch_;
 };
 
 // O_DIRECT alignment of file offsets, lengths and buffer addresses (the logical block size
 // of common devices is 512 or 4096 bytes).
 constexpr uint64_t kAlign = 4096;
 
-// A piece of one range that fits in the current buffer.
-struct Piece {
-  CudaSegment* segment;  // null: into the quantization scratch
-  uint64_t segment_offset;
-  uint64_t n;
-  uint64_t at;            // in the buffer
-  int32_t finishes = -1;  // the quantization job whose last source byte this piece copies
-};
+// `height` rows of `width` bytes from pinned `src` (`src_pitch` apart) to device `dst`,
+// packed; one driver call (a plain copy when there is one row).
+absl::Status CopyRowsAsync(const DriverApi& api, void* dst, const uint8_t* src, uint64_t width,
+                           uint64_t height, uint64_t src_pitch, CUstream stream) {
+  const auto d = reinterpret_cast<CUdeviceptr>(dst);
+  if (height == 1 || src_pitch == width) {
+    return CuStatus(api, api.cuMemcpyHtoDAsync(d, src, width * height, stream),
+                    "cuMemcpyHtoDAsync");
+  }
+  CUDA_MEMCPY2D m{};
+  m.srcMemoryType = CU_MEMORYTYPE_HOST;
+  m.srcHost = src;
+  m.srcPitch = src_pitch;
+  m.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  m.dstDevice = d;
+  m.dstPitch = width;
+  m.WidthInBytes = width;
+  m.Height = height;
+  return CuStatus(api, api.cuMemcpy2DAsync(&m, stream), "cuMemcpy2DAsync");
+}
 
 }  // namespace
 
@@ -193,241 +212,213 @@ std::unique_ptr<StagingPool> MakePinnedStagingPool(uint64_t max_idle_bytes) {
 
 namespace weightcache::load::internal {
 
-absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>& ranges,
-                                      const std::vector<QuantJob>& jobs,
-                                      const std::vector<memory::Segment*>& segments,
-                                      const LoadOptions& options, LoadProgress* progress,
-                                      LoadStats* stats) {
-  if (segments.empty()) return absl::OkStatus();
-  std::vector<CudaSegment*> cuda;
-  for (auto* s : segments) {
-    auto* c = memory::internal::AsCudaSegment(s);
-    if (c == nullptr || s->device_uuid() != segments[0]->device_uuid()) {
-      return absl::InternalError("pinned staging: every segment must be cuda-vmm, on one device");
-    }
-    cuda.push_back(c);
+absl::Status ScatterThroughPinnedStaging(const ScatterPlan& plan,
+                                         const std::vector<ScatterFile>& files,
+                                         const std::vector<std::vector<memory::Segment*>>& segments,
+                                         const LoadOptions& options, LoadProgress* progress,
+                                         LoadStats* stats) {
+  if (plan.buffers.empty()) return absl::OkStatus();
+  if (plan.buffer_bytes % kAlign != 0 || plan.align != kAlign) {
+    return absl::InternalError("pinned staging: the scatter plan's buffers are not aligned");
   }
-  uint64_t total = 0;
-  for (const auto& r : ranges) total += r.n;
-  if (total == 0) return absl::OkStatus();  // (a job always has source bytes)
-
   WC_ASSIGN_OR_RETURN(const DriverApi* api, memory::internal::Driver());
-  WC_ASSIGN_OR_RETURN(CudaDevice dev,
-                      memory::internal::FindDevice(*api, segments[0]->device_uuid()));
-  // Buffers of staging_bytes / staging_buffers, but no larger than the model needs.
-  size_t nbuf = std::max<size_t>(2, options.staging_buffers);
-  uint64_t per = std::max<uint64_t>(1 << 20, options.staging_bytes / nbuf);
-  uint64_t need = (total + nbuf - 1) / nbuf;
-  per = std::min<uint64_t>(per, (need + 2 * kAlign - 1) / kAlign * kAlign);
-  per = (per + kAlign - 1) / kAlign * kAlign;  // spans start aligned: an aligned end fits
-  // The daemon's pool keeps the pinned buffers between loads; without one, a pool for this
-  // load only (it frees them at the end).
-  std::unique_ptr<StagingPool> own_pool;
-  StagingPool* pool = options.staging_pool;
-  if (pool == nullptr) {
-    own_pool = MakePinnedStagingPool(0);
-    pool = own_pool.get();
+  // The group's segments, by rank; one lane per device.
+  std::vector<std::vector<CudaSegment*>> cuda(segments.size());
+  std::vector<size_t> lane_of(segments.size(), 0);
+  std::vector<std::unique_ptr<DeviceLane>> lanes;
+  const size_t nbuf =
+      std::max<size_t>(2, std::min<size_t>(options.staging_buffers, plan.buffers.size()));
+  int first_ordinal = -1;
+  for (size_t r = 0; r < segments.size(); ++r) {
+    for (auto* s : segments[r]) {
+      auto* c = memory::internal::AsCudaSegment(s);
+      if (c == nullptr || s->device_uuid() != segments[r][0]->device_uuid()) {
+        return absl::InternalError(
+            "pinned staging: every segment of a rank must be cuda-vmm, on one device");
+      }
+      cuda[r].push_back(c);
+    }
+    if (segments[r].empty()) continue;
+    const std::string& uuid = segments[r][0]->device_uuid();
+    auto it = std::find_if(lanes.begin(), lanes.end(), [&](auto& l) { return l->uuid() == uuid; });
+    if (it == lanes.end()) {
+      WC_ASSIGN_OR_RETURN(CudaDevice dev, memory::internal::FindDevice(*api, uuid));
+      if (first_ordinal < 0) first_ordinal = dev.ordinal;
+      WC_ASSIGN_OR_RETURN(auto lane, DeviceLane::Create(*api, dev, nbuf));
+      lanes.push_back(std::move(lane));
+      it = lanes.end() - 1;
+    }
+    lane_of[r] = static_cast<size_t>(it - lanes.begin());
   }
+  if (lanes.empty()) return absl::InternalError("pinned staging: no segments");
+
   LoadStats local;
   LoadStats& st = stats != nullptr ? *stats : local;
   using Clock = std::chrono::steady_clock;
   auto seconds_since = [](Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
   };
+  // The daemon's pool keeps the pinned buffers between loads; without one, a pool for this
+  // load only (it frees them at the end). Portable memory: every lane's device copies from
+  // it. Declared before the lanes' users below so that it goes back after they drained.
+  std::unique_ptr<StagingPool> own_pool;
+  StagingPool* pool = options.staging_pool;
+  if (pool == nullptr) {
+    own_pool = MakePinnedStagingPool(0);
+    pool = own_pool.get();
+  }
   const auto ring_started = Clock::now();
-  WC_ASSIGN_OR_RETURN(auto ring, StagingRing::Create(*api, dev, *pool, nbuf, per));
+  WC_ASSIGN_OR_RETURN(StagingPool::Lease lease, pool->Take(first_ordinal, nbuf, plan.buffer_bytes));
   st.staging_seconds += seconds_since(ring_started);
-  st.staging_reused += ring->reused();
-  st.staging_buffers += static_cast<uint32_t>(ring->count());
+  st.staging_reused += lease.reused();
+  st.staging_buffers += static_cast<uint32_t>(nbuf);
+  // Destroyed before `lease`: their destructors wait for the copies reading the buffers.
+  std::vector<std::unique_ptr<DeviceLane>> lanes_in_use = std::move(lanes);
+  auto& L = lanes_in_use;
+  for (size_t r = 0; r < segments.size(); ++r) {
+    if (plan.scratch_bytes.size() > r && plan.scratch_bytes[r] > 0) {
+      WC_RETURN_IF_ERROR(
+          L[lane_of[r]]->Scratch(static_cast<uint32_t>(r), plan.scratch_bytes[r]).status());
+    }
+  }
 
-  // Online fp8_block: one device scratch for the source shard of the job in flight. Copies
-  // into it and the kernels reading it are ordered on the ring's one stream, so the next
-  // job's copies cannot overwrite a shard before its kernel has read it.
-  WC_ASSIGN_OR_RETURN(PrimaryContext qctx, PrimaryContext::Retain(*api, dev.device));
-  WC_ASSIGN_OR_RETURN(auto qcurrent, ScopedCurrentContext::Push(*api, qctx.get()));
-  std::vector<size_t> last_range(jobs.size(), ranges.size());
-  uint64_t scratch_bytes = 0;
-  for (size_t i = 0; i < ranges.size(); ++i) {
-    if (ranges[i].quant < 0) continue;
-    const auto j = static_cast<size_t>(ranges[i].quant);
-    if (j >= jobs.size() || ranges[i].segment_offset + ranges[i].n > jobs[j].src_nbytes) {
-      return absl::InternalError(absl::StrCat(ranges[i].what, ": bad quantization range"));
-    }
-    last_range[j] = i;
-  }
-  for (size_t j = 0; j < jobs.size(); ++j) {
-    const auto& q = jobs[j];
-    if (q.fp8_segment >= cuda.size() || q.scale_segment >= cuda.size()) {
-      return absl::InternalError(absl::StrCat(q.what, ": quantization segment out of range"));
-    }
-    scratch_bytes = std::max(scratch_bytes, q.src_nbytes);
-  }
-  DeviceBuffer scratch;
-  if (scratch_bytes > 0) {
-    WC_ASSIGN_OR_RETURN(scratch, DeviceBuffer::Allocate(scratch_bytes));
-  }
-  auto launch = [&](size_t j) -> absl::Status {
-    const QuantJob& q = jobs[j];
-    auto* fp8 = static_cast<uint8_t*>(cuda[q.fp8_segment]->device_ptr());
-    auto* sc = static_cast<uint8_t*>(cuda[q.scale_segment]->device_ptr());
+  auto launch = [&](const ScatterJob& job, DeviceLane& lane) -> absl::Status {
+    const PlannedTensor& t = *job.tensor;
+    auto* fp8 = static_cast<uint8_t*>(cuda[job.rank].at(t.segment)->device_ptr());
+    auto* sc = static_cast<uint8_t*>(cuda[job.rank].at(job.scale->segment)->device_ptr());
+    const std::string what = absl::StrCat("tensor '", t.name, "' of rank ", job.rank);
     if (fp8 == nullptr || sc == nullptr) {
-      return absl::InternalError(absl::StrCat(q.what, ": segment has no device mapping"));
+      return absl::InternalError(absl::StrCat(what, ": segment has no device mapping"));
     }
+    WC_ASSIGN_OR_RETURN(void* scratch, lane.Scratch(job.rank, 0));
     Fp8QuantArgs a;
-    a.src_dtype = q.src_dtype;
-    a.src = scratch.get();
-    a.rows = q.rows;
-    a.cols = q.cols;
-    a.block_rows = q.block_rows;
-    a.block_cols = q.block_cols;
-    a.out_fp8 = fp8 + q.fp8_offset;
-    a.out_scale_inv = reinterpret_cast<float*>(sc + q.scale_offset);
-    absl::Status st = LaunchFp8BlockQuant(a, ring->stream());
-    return st.ok() ? st : Annotate(st, q.what);
+    a.src_dtype = t.quant->src_dtype;
+    a.src = scratch;
+    a.rows = t.shape[0];
+    a.cols = t.shape[1];
+    a.block_rows = t.quant->block_rows;
+    a.block_cols = t.quant->block_cols;
+    a.out_fp8 = fp8 + t.offset;
+    a.out_scale_inv = reinterpret_cast<float*>(sc + job.scale->offset);
+    absl::Status s = LaunchFp8BlockQuant(a, lane.stream());
+    return s.ok() ? s : Annotate(s, what);
   };
+
   // Chunks of whole MiB keep O_DIRECT chunk offsets aligned.
-  const uint64_t chunk = std::max<uint64_t>(1, per / std::max(1u, options.read_threads) >> 20)
-                         << 20;
+  const uint64_t chunk =
+      std::max<uint64_t>(1, plan.buffer_bytes / std::max(1u, options.read_threads) >> 20) << 20;
   safetensors::ReadOptions ropts{options.read_threads, chunk,
                                  progress != nullptr ? progress->cancel_flag() : nullptr};
+  if (progress != nullptr) progress->SetTotal(plan.read_bytes);
+  std::vector<std::string> what(files.size());
+  for (size_t f = 0; f < files.size(); ++f) what[f] = absl::StrCat(files[f].name, ": staging");
 
-  size_t k = 0;       // current buffer
-  uint64_t done = 0;  // source bytes read and queued
-  std::vector<Piece> pieces;
-  std::vector<safetensors::ReadRequest> reqs;
-  uint64_t used = 0;     // bytes of the current buffer taken (pieces and alignment lead)
-  uint64_t payload = 0;  // of which source bytes
-  std::string file;
-  // The open span: consecutive bytes [span_first, span_end) of one file, landing at
-  // buffer offset span_at + (span_first - span_base); span_base is span_first aligned down
-  // and span_at is aligned, so an O_DIRECT read of [span_base, aligned end) lands right.
-  const CopyRange* span = nullptr;
-  uint64_t span_base = 0, span_first = 0, span_end = 0, span_at = 0;
-  auto close_span = [&] {
-    if (span == nullptr) return;
-    if (span->direct_fd >= 0) {
-      const uint64_t end =
-          std::min((span_end + kAlign - 1) / kAlign * kAlign, span->file_size / kAlign * kAlign);
-      if (end > span_base) {
-        reqs.push_back(
-            {span->direct_fd, span_base, end - span_base, ring->buffer(k) + span_at, span->what});
-      }
-      const uint64_t tail = std::max(end, span_base);
-      if (span_end > tail) {  // the unaligned bytes before end of file
-        reqs.push_back({span->fd, tail, span_end - tail,
-                        ring->buffer(k) + span_at + (tail - span_base), span->what});
-      }
-    } else {
-      reqs.push_back({span->fd, span_first, span_end - span_first,
-                      ring->buffer(k) + span_at + (span_first - span_base), span->what});
-    }
-    span = nullptr;
-  };
-  // The preads run on long-lived workers, up to a whole ring ahead of the copies: the
-  // reads of the next buffers go on while the last chunks of one finish (no barrier per
-  // buffer). A filled buffer's copies are queued, in buffer order, once its reads are done.
-  // Declared after `ring`: the workers stop before the buffers go back to the pool.
+  // The preads run on long-lived workers, up to a whole ring ahead of the copies. A filled
+  // buffer's copies are queued, in buffer order, once its reads are done. Declared after the
+  // lanes: the workers stop before the buffers go back to the pool.
   safetensors::ReadQueue reads(ropts);
   struct Filled {
-    std::vector<Piece> pieces;
-    uint64_t payload;
+    size_t index;  // in plan.buffers
     uint64_t ticket;
-    size_t buffer;
   };
   std::deque<Filled> filled;  // submitted, copies not yet queued; oldest first
+  uint64_t done = 0;
+  std::vector<std::vector<const ScatterCopy*>> by_lane(L.size());
   auto copy_out = [&]() -> absl::Status {
-    Filled f = std::move(filled.front());
+    const Filled f = filled.front();
     filled.pop_front();
     const auto t0 = Clock::now();
     WC_RETURN_IF_ERROR(reads.Wait(f.ticket));
     st.read_seconds += seconds_since(t0);
-    uint8_t* buf = ring->buffer(f.buffer);
-    for (const auto& p : f.pieces) {
-      if (p.segment == nullptr) {
-        WC_RETURN_IF_ERROR(
-            CopyToDeviceAsync(static_cast<uint8_t*>(scratch.get()) + p.segment_offset, buf + p.at,
-                              p.n, ring->stream()));
-      } else {
-        WC_RETURN_IF_ERROR(
-            p.segment->CopyInAsync(p.segment_offset, buf + p.at, p.n, ring->stream()));
-      }
-      if (p.finishes >= 0) WC_RETURN_IF_ERROR(launch(static_cast<size_t>(p.finishes)));
+    const ScatterBuffer& b = plan.buffers[f.index];
+    const size_t k = f.index % nbuf;
+    const uint8_t* buf = lease.buffers()[k].data;
+    if (progress != nullptr && !b.spans.empty()) progress->SetFile(files[b.spans[0].file].name);
+    for (auto& v : by_lane) v.clear();
+    for (const ScatterCopy& c : b.copies) {
+      if (c.rank >= cuda.size()) return absl::InternalError("pinned staging: rank out of range");
+      by_lane[lane_of[c.rank]].push_back(&c);
     }
-    WC_RETURN_IF_ERROR(ring->Record(f.buffer));
-    done += f.payload;
+    for (size_t li = 0; li < L.size(); ++li) {
+      if (by_lane[li].empty()) continue;
+      DeviceLane& lane = *L[li];
+      WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(*api, lane.ctx()));
+      for (const ScatterCopy* c : by_lane[li]) {
+        uint8_t* dst = nullptr;
+        if (c->quant >= 0) {
+          WC_ASSIGN_OR_RETURN(void* scratch, lane.Scratch(c->rank, 0));
+          if (c->dst + c->bytes() > plan.scratch_bytes[c->rank]) {
+            return absl::InternalError("pinned staging: copy past the quantization scratch");
+          }
+          dst = static_cast<uint8_t*>(scratch) + c->dst;
+        } else {
+          CudaSegment* seg = cuda[c->rank].at(c->segment);
+          if (seg->device_ptr() == nullptr || c->dst + c->bytes() > seg->size()) {
+            return absl::InternalError(absl::StrCat("pinned staging: copy outside segment ",
+                                                    c->segment, " of rank ", c->rank));
+          }
+          dst = static_cast<uint8_t*>(seg->device_ptr()) + c->dst;
+        }
+        WC_RETURN_IF_ERROR(CopyRowsAsync(*api, dst, buf + c->src, c->width, c->height, c->src_pitch,
+                                         lane.stream()));
+        if (c->finishes) {
+          WC_RETURN_IF_ERROR(launch(plan.jobs[static_cast<size_t>(c->quant)], lane));
+        }
+      }
+      WC_RETURN_IF_ERROR(lane.Record(k));
+    }
+    done += b.read_bytes;
     if (progress != nullptr) progress->SetDone(done);
     return absl::OkStatus();
   };
-  auto flush = [&]() -> absl::Status {
-    close_span();
-    if (used == 0) return absl::OkStatus();
-    if (progress != nullptr && !file.empty()) progress->SetFile(file);
+  // The reads of one buffer: each span straight into place (O_DIRECT: the aligned span
+  // around it, and the unaligned tail before end of file through the page cache).
+  auto submit = [&](size_t i) -> absl::Status {
+    const size_t k = i % nbuf;
+    uint8_t* buf = lease.buffers()[k].data;
+    std::vector<safetensors::ReadRequest> reqs;
+    for (const ScatterSpan& s : plan.buffers[i].spans) {
+      if (s.file >= files.size()) return absl::InternalError("pinned staging: bad file index");
+      const ScatterFile& f = files[s.file];
+      const uint64_t end = s.file_offset + s.length;
+      if (f.direct_fd >= 0) {
+        const uint64_t base = s.file_offset / kAlign * kAlign;
+        const uint64_t aligned_end =
+            std::min((end + kAlign - 1) / kAlign * kAlign, f.size / kAlign * kAlign);
+        uint8_t* at_base = buf + s.at - (s.file_offset - base);
+        if (aligned_end > base) {
+          reqs.push_back({f.direct_fd, base, aligned_end - base, at_base, what[s.file]});
+        }
+        const uint64_t tail = std::max(aligned_end, base);
+        if (end > tail) {
+          reqs.push_back({f.fd, tail, end - tail, at_base + (tail - base), what[s.file]});
+        }
+      } else {
+        reqs.push_back({f.fd, s.file_offset, s.length, buf + s.at, what[s.file]});
+      }
+    }
     for (const auto& q : reqs) st.bytes_read += q.length;
     WC_ASSIGN_OR_RETURN(uint64_t ticket, reads.Submit(std::move(reqs)));
-    filled.push_back({std::move(pieces), payload, ticket, k});
-    pieces.clear();
-    reqs.clear();
-    used = 0;
-    payload = 0;
-    // Queue the copies of the buffers whose reads are already done, without blocking.
-    while (!filled.empty() && reads.Done(filled.front().ticket)) WC_RETURN_IF_ERROR(copy_out());
-    k = (k + 1) % ring->count();
-    // Buffer k is next: when its reads are still in flight (the ring is full), finish them
-    // and queue its copies; then wait until those copies have landed.
-    while (filled.size() >= ring->count()) WC_RETURN_IF_ERROR(copy_out());
-    const auto t1 = Clock::now();
-    absl::Status free = ring->WaitFree(k);
-    st.wait_seconds += seconds_since(t1);
-    return free;
+    filled.push_back({i, ticket});
+    return absl::OkStatus();
   };
 
-  for (size_t ri = 0; ri < ranges.size(); ++ri) {
-    const auto& r = ranges[ri];
-    if (r.segment >= cuda.size()) {
-      return absl::InternalError(
-          absl::StrCat(r.what, ": segment ", r.segment, " of ", cuda.size()));
-    }
-    uint64_t skip = 0;
-    while (skip < r.n) {
-      const uint64_t at_file = r.file_offset + skip;
-      uint64_t at;  // where these bytes land in the buffer
-      if (span != nullptr && span->fd == r.fd && span_end == at_file && used < ring->bytes()) {
-        at = used;  // continues the open span
-      } else {
-        close_span();
-        const uint64_t lead = at_file % kAlign;
-        uint64_t start = (used + kAlign - 1) / kAlign * kAlign;
-        if (start + lead >= ring->bytes()) {
-          WC_RETURN_IF_ERROR(flush());
-          start = 0;
-        }
-        if (used == 0) file = r.file;
-        span_base = at_file - lead;
-        span_first = at_file;
-        span_end = at_file;
-        span_at = start;
-        at = start + lead;
-      }
-      span = &r;  // same file: later ranges continue it (fds, what)
-      uint64_t n = std::min<uint64_t>(r.n - skip, ring->bytes() - at);
-      const bool to_scratch = r.quant >= 0;
-      const bool finishes =
-          to_scratch && last_range[static_cast<size_t>(r.quant)] == ri && skip + n == r.n;
-      pieces.push_back({to_scratch ? nullptr : cuda[r.segment], r.segment_offset + skip, n, at,
-                        finishes ? r.quant : -1});
-      used = at + n;
-      payload += n;
-      span_end += n;
-      skip += n;
-      if (used == ring->bytes()) WC_RETURN_IF_ERROR(flush());
-    }
+  for (size_t i = 0; i < plan.buffers.size(); ++i) {
+    // Buffer slot i % nbuf is next: when the ring is full, finish the oldest reads and queue
+    // their copies; then wait until the slot's earlier copies have landed.
+    while (filled.size() >= nbuf) WC_RETURN_IF_ERROR(copy_out());
+    const auto t1 = Clock::now();
+    for (auto& lane : L) WC_RETURN_IF_ERROR(lane->WaitFree(i % nbuf));
+    st.wait_seconds += seconds_since(t1);
+    WC_RETURN_IF_ERROR(submit(i));
+    // Queue the copies of the buffers whose reads are already done, without blocking.
+    while (!filled.empty() && reads.Done(filled.front().ticket)) WC_RETURN_IF_ERROR(copy_out());
   }
-  WC_RETURN_IF_ERROR(flush());
   while (!filled.empty()) WC_RETURN_IF_ERROR(copy_out());
   const auto t0 = Clock::now();
-  absl::Status drained = ring->Drain();
+  for (auto& lane : L) WC_RETURN_IF_ERROR(lane->Drain());
   st.wait_seconds += seconds_since(t0);
-  return drained;
+  return absl::OkStatus();
 }
 
 }  // namespace weightcache::load::internal

@@ -4,9 +4,9 @@
 
 namespace weightcache::load::internal {
 
-absl::Status CopyThroughPinnedStaging(const std::vector<CopyRange>&, const std::vector<QuantJob>&,
-                                      const std::vector<memory::Segment*>&, const LoadOptions&,
-                                      LoadProgress*, LoadStats*) {
+absl::Status ScatterThroughPinnedStaging(const ScatterPlan&, const std::vector<ScatterFile>&,
+                                         const std::vector<std::vector<memory::Segment*>>&,
+                                         const LoadOptions&, LoadProgress*, LoadStats*) {
   return absl::UnimplementedError(
       "loading into GPU memory: this weightcache was built without CUDA");
 }

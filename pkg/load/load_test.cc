@@ -367,5 +367,93 @@ TEST(OpenModel, OnlineFp8ChangesTheFingerprint) {
   EXPECT_NE(diff.find("dtype: cached bf16, asked fp8_e4m3"), std::string::npos) << diff;
 }
 
+// ---- A tensor-parallel group read once (LoadRanks, scatter.h) ----
+
+std::vector<Plan> PlanGroup(const OpenedModel& m, int tp, uint64_t max_segment) {
+  std::vector<Plan> plans;
+  for (int r = 0; r < tp; ++r) {
+    auto p =
+        PlanRank(m, {tp, r, 1, 0},
+                 {.alignment = 256, .max_segment_bytes = max_segment, .loader_reads_pieces = true});
+    EXPECT_TRUE(p.ok()) << p.status();
+    plans.push_back(p.ok() ? *p : Plan{});
+  }
+  return plans;
+}
+
+TEST(LoadRanks, HostGroupReadsEachCheckpointByteOnceAndEqualsEachRanksOwnLoad) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {.shards = 3}).ok());
+  for (int tp : {2, 4}) {
+    SCOPED_TRACE(absl::StrCat("tp ", tp));
+    spec::ModelSpec s = SpecFor(dir.path());
+    s.tp_size = tp;
+    auto m = OpenModel(s);
+    ASSERT_TRUE(m.ok()) << m.status();
+    uint64_t file_bytes = 0;
+    for (const auto& t : (*m)->checkpoint.tensors()) file_bytes += t.nbytes;
+    auto backend = memory::MakeHostBackend();
+    LoadProgress progress;
+    LoadOptions o;
+    o.read_threads = 3;
+    o.staging_bytes = 2 << 20;  // several buffers: rows and tensors cut between them
+    auto group = LoadRanks(**m, PlanGroup(**m, tp, 4 << 20), *backend, std::vector<std::string>(tp),
+                           std::vector<std::string>(tp, "g"), o, &progress);
+    ASSERT_TRUE(group.ok()) << group.status();
+    ASSERT_EQ(group->size(), static_cast<size_t>(tp));
+    // Read once: the bytes of the checkpoint's tensors, not tp times the replicated ones.
+    EXPECT_EQ((*group)[0]->stats.bytes_read, file_bytes);
+    EXPECT_EQ(progress.done(), file_bytes);
+    uint64_t separate = 0;
+    for (int r = 0; r < tp; ++r) {
+      auto own = LoadRank(**m, PlanGroup(**m, tp, 4 << 20)[static_cast<size_t>(r)], *backend, "",
+                          "own", o, nullptr);
+      ASSERT_TRUE(own.ok()) << own.status();
+      separate += (*own)->stats.bytes_read;
+      const LoadedModel& g = *(*group)[static_cast<size_t>(r)];
+      for (const auto& s : g.segments) EXPECT_TRUE(s->sealed());
+      for (const auto& t : g.plan.tensors) {
+        std::string want(t.nbytes, '\0');
+        ASSERT_TRUE(
+            ReadPlannedTensor(t, (*m)->checkpoint.files()[t.file_index].fd(), want.data(), t.name)
+                .ok());
+        EXPECT_EQ(SegmentBytes(g, t), want) << t.name << " of rank " << r;
+        EXPECT_EQ(SegmentBytes(**own, t), want) << t.name << " of rank " << r << " alone";
+      }
+    }
+    EXPECT_GT(separate, file_bytes) << "rank by rank reads the replicated tensors tp times";
+  }
+}
+
+TEST(LoadRanks, OnlineFp8GroupEqualsTheCpuQuantizerOnEachShardOnBothHostRoutes) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {.shards = 2}).ok());
+  auto m = OpenModel(OnlineSpec(dir.path(), 2));
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto host = memory::MakeHostBackend();
+  NoHostPointerBackend staged;
+  for (memory::Backend* backend : {host.get(), static_cast<memory::Backend*>(&staged)}) {
+    LoadOptions o;
+    o.staging_bytes = 1 << 20;
+    auto group =
+        LoadRanks(**m, PlanGroup(**m, 2, 8 << 20), *backend, {"", ""}, {"q", "q"}, o, nullptr);
+    ASSERT_TRUE(group.ok()) << group.status();
+    for (const auto& rank : *group) EXPECT_EQ(ExpectOnlineBytes(**m, *rank), 2 * 7);
+  }
+}
+
+TEST(LoadRanks, MismatchedArgumentsAreNamed) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {}).ok());
+  spec::ModelSpec s = SpecFor(dir.path());
+  s.tp_size = 2;
+  auto m = OpenModel(s);
+  ASSERT_TRUE(m.ok());
+  auto backend = memory::MakeHostBackend();
+  auto r = LoadRanks(**m, PlanGroup(**m, 2, 4 << 20), *backend, {""}, {"a", "b"}, {}, nullptr);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("2 plans, 1 devices"), absl::string_view::npos);
+}
+
 }  // namespace
 }  // namespace weightcache::load

@@ -15,7 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "pkg/load/fp8_quant.h"
 #include "pkg/load/internal/cuda_load.h"
+#include "pkg/load/internal/host_quant.h"
 #include "pkg/load/pieces.h"
+#include "pkg/load/scatter.h"
 #include "pkg/memory/internal/cuda_segment.h"
 #include "pkg/util/log.h"
 #include "pkg/util/scoped_fd.h"
@@ -69,89 +71,17 @@ absl::Status ZeroPadding(const Plan& plan,
   return absl::OkStatus();
 }
 
-const PlannedTensor* FindPlanned(const Plan& plan, const std::string& name) {
-  auto it =
-      std::lower_bound(plan.tensors.begin(), plan.tensors.end(), name,
-                       [](const PlannedTensor& t, const std::string& n) { return t.name < n; });
-  if (it != plan.tensors.end() && it->name == name) return &*it;
-  for (const auto& t : plan.tensors) {  // not sorted after all: linear search
-    if (t.name == name) return &t;
-  }
-  return nullptr;
-}
-
-// The scale tensor an online-quantized tensor writes; INTERNAL if the plan lacks it.
-absl::StatusOr<const PlannedTensor*> ScaleOf(const Plan& plan, const PlannedTensor& t) {
-  const PlannedTensor* s = FindPlanned(plan, t.quant->scale);
-  if (s == nullptr || s->dtype != safetensors::DType::kF32 || s->shape.size() != 2 ||
-      t.shape.size() != 2 ||
-      s->shape[0] != (t.shape[0] + t.quant->block_rows - 1) / t.quant->block_rows ||
-      s->shape[1] != (t.shape[1] + t.quant->block_cols - 1) / t.quant->block_cols) {
-    return absl::InternalError(absl::StrCat("plan: tensor '", t.name, "' has no scale tensor '",
-                                            t.quant->scale, "' of its block grid"));
-  }
-  return s;
-}
-
-// Quantizes a row-major [rows, cols] BF16/F16 matrix on the CPU with up to `threads` threads,
-// each taking whole block rows (the result is the same as one QuantizeFp8Block call).
-absl::Status QuantizeParallel(const OnlineQuant& q, const uint8_t* src, int64_t rows, int64_t cols,
-                              unsigned threads, uint8_t* fp8, float* scale) {
-  const int64_t brows = (rows + q.block_rows - 1) / q.block_rows;
-  const int64_t bcols = (cols + q.block_cols - 1) / q.block_cols;
-  const int64_t n =
-      std::max<int64_t>(1, std::min<int64_t>({static_cast<int64_t>(std::max(1u, threads)), brows,
-                                              rows * cols / (1 << 20) + 1}));
-  std::vector<absl::Status> st(static_cast<size_t>(n));
-  std::vector<std::thread> pool;
-  for (int64_t k = 0; k < n; ++k) {
-    const int64_t b0 = brows * k / n, b1 = brows * (k + 1) / n;
-    const int64_t r0 = b0 * q.block_rows, r1 = std::min(rows, b1 * q.block_rows);
-    auto work = [&, k, b0, r0, r1] {
-      st[static_cast<size_t>(k)] =
-          QuantizeFp8Block(q.src_dtype, src + static_cast<uint64_t>(r0 * cols) * 2, r1 - r0, cols,
-                           q.block_rows, q.block_cols, fp8 + r0 * cols, scale + b0 * bcols);
-    };
-    if (k + 1 == n) {
-      work();
-    } else {
-      pool.emplace_back(work);
-    }
-  }
-  for (auto& t : pool) t.join();
-  for (auto& s : st) WC_RETURN_IF_ERROR(s);
-  return absl::OkStatus();
-}
-
 // Online fp8_block on the CPU (host and staging paths): reads the BF16/F16 shard of `t`
-// into `scratch`, quantizes it, and writes the fp8 codes and the scales into the segments
-// (straight into host-addressable ones, else through CopyIn).
+// into `scratch`, quantizes it, and writes the fp8 codes and the scales into the segments.
 absl::Status QuantizeOnHost(const Plan& plan, const PlannedTensor& t, int fd,
                             const std::string& what,
                             const std::vector<std::unique_ptr<memory::Segment>>& segments,
                             const safetensors::ReadOptions& ropts, std::vector<uint8_t>& scratch) {
-  WC_ASSIGN_OR_RETURN(const PlannedTensor* s, ScaleOf(plan, t));
+  WC_ASSIGN_OR_RETURN(const PlannedTensor* s, ScaleTensorOf(plan, t));
   scratch.resize(SourceBytes(t));
   WC_RETURN_IF_ERROR(ReadPlannedTensor(t, fd, scratch.data(), what, ropts));
-  memory::Segment& wseg = *segments[t.segment];
-  memory::Segment& sseg = *segments[s->segment];
-  std::vector<uint8_t> fp8_tmp;
-  std::vector<float> scale_tmp;
-  uint8_t* fp8 = wseg.host_data() != nullptr
-                     ? reinterpret_cast<uint8_t*>(wseg.host_data() + t.offset)
-                     : nullptr;
-  float* scale = nullptr;
-  if (sseg.host_data() != nullptr && (s->offset % alignof(float)) == 0) {
-    scale = reinterpret_cast<float*>(sseg.host_data() + s->offset);
-  }
-  if (fp8 == nullptr) fp8 = (fp8_tmp.resize(t.nbytes), fp8_tmp.data());
-  if (scale == nullptr) scale = (scale_tmp.resize(s->nbytes / sizeof(float)), scale_tmp.data());
-  absl::Status st =
-      QuantizeParallel(*t.quant, scratch.data(), t.shape[0], t.shape[1], ropts.threads, fp8, scale);
-  if (!st.ok()) return Annotate(st, what);
-  if (!fp8_tmp.empty()) WC_RETURN_IF_ERROR(wseg.CopyIn(t.offset, fp8_tmp.data(), t.nbytes));
-  if (!scale_tmp.empty()) WC_RETURN_IF_ERROR(sseg.CopyIn(s->offset, scale_tmp.data(), s->nbytes));
-  return absl::OkStatus();
+  return internal::QuantizeIntoSegments(t, *s, scratch.data(), *segments[t.segment],
+                                        *segments[s->segment], ropts.threads, what);
 }
 
 // Fraction of the file's pages in the page cache, from mincore() on up to 256 windows of 16
@@ -199,12 +129,69 @@ ScopedFd OpenDirect(const safetensors::File& file, DirectIo mode) {
   return fd;
 }
 
-}  // namespace
+// Staging buffer size for a load of `total` source bytes: staging_bytes split into
+// staging_buffers, but no larger than the model needs (a whole aligned buffer each).
+uint64_t StagingBufferBytes(const LoadOptions& o, uint64_t total) {
+  constexpr uint64_t kAlign = 4096;
+  const uint64_t nbuf = std::max<uint64_t>(2, o.staging_buffers);
+  uint64_t per = std::max<uint64_t>(1 << 20, o.staging_bytes / nbuf);
+  const uint64_t need = (total + nbuf - 1) / nbuf;
+  per = std::min<uint64_t>(per, (need + 2 * kAlign - 1) / kAlign * kAlign);
+  return (per + kAlign - 1) / kAlign * kAlign;
+}
 
-absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(
-    const OpenedModel& model, Plan plan, memory::Backend& backend, const std::string& device_uuid,
-    const std::string& label, const LoadOptions& options, LoadProgress* progress) {
-  const auto started = std::chrono::steady_clock::now();
+// Reads what the ranks' plans need from the files once and copies it to every rank
+// (scatter.h): through the pinned ring into cuda-vmm segments (`gpu`), or through host
+// buffers. The ranks' segments are allocated and not sealed.
+absl::Status ScatterInto(const OpenedModel& model, const std::vector<LoadedModel*>& ranks, bool gpu,
+                         const LoadOptions& options, LoadProgress* progress, LoadStats* stats) {
+  std::vector<const Plan*> plans;
+  uint64_t total = 0;
+  for (auto* r : ranks) {
+    plans.push_back(&r->plan);
+    for (const auto& t : r->plan.tensors) total += SourceBytes(t);
+  }
+  ScatterOptions sopts;
+  sopts.buffer_bytes = StagingBufferBytes(options, total);
+  WC_ASSIGN_OR_RETURN(ScatterPlan sp, PlanScatter(plans, sopts));
+  const auto& files = model.checkpoint.files();
+  std::vector<bool> read(files.size(), false);
+  for (const auto& b : sp.buffers) {
+    for (const auto& s : b.spans) read.at(s.file) = true;
+  }
+  std::vector<ScatterFile> sfiles(files.size());
+  std::vector<ScopedFd> direct_fds;  // outlive the reads
+  for (size_t f = 0; f < files.size(); ++f) {
+    sfiles[f] = {files[f].fd(), -1, files[f].info().size, files[f].info().name};
+    if (!read[f]) continue;
+    ++stats->files;
+    if (gpu) {
+      direct_fds.push_back(OpenDirect(files[f], options.direct_io));
+      sfiles[f].direct_fd = direct_fds.back().get();
+      if (sfiles[f].direct_fd >= 0) ++stats->direct_files;
+    }
+  }
+  std::vector<std::vector<memory::Segment*>> segs;
+  for (auto* r : ranks) {
+    segs.emplace_back();
+    for (auto& s : r->segments) segs.back().push_back(s.get());
+  }
+  if (gpu) {
+    WC_RETURN_IF_ERROR(
+        internal::ScatterThroughPinnedStaging(sp, sfiles, segs, options, progress, stats));
+    // GPU memory is not zeroed: write the vocabulary padding that no copy covers.
+    for (auto* r : ranks) WC_RETURN_IF_ERROR(ZeroPadding(r->plan, r->segments));
+  } else {
+    WC_RETURN_IF_ERROR(ScatterOnHost(sp, sfiles, segs, options, progress, stats));
+  }
+  return absl::OkStatus();
+}
+
+// A LoadedModel for `plan` with its segments allocated on `device_uuid`.
+absl::StatusOr<std::unique_ptr<LoadedModel>> AllocateRank(const OpenedModel& model, Plan plan,
+                                                          memory::Backend& backend,
+                                                          const std::string& device_uuid,
+                                                          const std::string& label) {
   auto out = std::make_unique<LoadedModel>();
   out->device_uuid = device_uuid;
   out->model_dir = model.spec.model_dir;
@@ -214,64 +201,88 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(
                                          absl::StrCat(label, "/", i)));
     out->segments.push_back(std::move(seg));
   }
+  if (out->device_uuid.empty() && !out->segments.empty()) {
+    out->device_uuid = out->segments[0]->device_uuid();
+  }
+  out->plan = std::move(plan);
+  return out;
+}
+
+bool AllCuda(const LoadedModel& m) {
+  return !m.segments.empty() && std::all_of(m.segments.begin(), m.segments.end(), [](auto& s) {
+    return memory::internal::AsCudaSegment(s.get()) != nullptr;
+  });
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::unique_ptr<LoadedModel>>> LoadRanks(
+    const OpenedModel& model, std::vector<Plan> plans, memory::Backend& backend,
+    const std::vector<std::string>& device_uuids, const std::vector<std::string>& labels,
+    const LoadOptions& options, LoadProgress* progress) {
+  if (device_uuids.size() != plans.size() || labels.size() != plans.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("LoadRanks: ", plans.size(), " plans, ",
+                                                   device_uuids.size(), " devices and ",
+                                                   labels.size(), " labels"));
+  }
+  if (plans.size() == 1) {
+    WC_ASSIGN_OR_RETURN(auto one, LoadRank(model, std::move(plans[0]), backend, device_uuids[0],
+                                           labels[0], options, progress));
+    std::vector<std::unique_ptr<LoadedModel>> out;
+    out.push_back(std::move(one));
+    return out;
+  }
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<std::unique_ptr<LoadedModel>> out;
+  std::vector<LoadedModel*> ranks;
+  bool gpu = true;
+  for (size_t r = 0; r < plans.size(); ++r) {
+    WC_ASSIGN_OR_RETURN(
+        auto m, AllocateRank(model, std::move(plans[r]), backend, device_uuids[r], labels[r]));
+    gpu = gpu && AllCuda(*m);
+    ranks.push_back(m.get());
+    out.push_back(std::move(m));
+  }
+  LoadStats stats;
+  stats.alloc_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  WC_RETURN_IF_ERROR(ScatterInto(model, ranks, gpu, options, progress, &stats));
+  for (auto& m : out) {
+    for (auto& s : m->segments) WC_RETURN_IF_ERROR(s->Seal());
+  }
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  for (auto& m : out) m->stats = stats;
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(const OpenedModel& model, Plan planned,
+                                                      memory::Backend& backend,
+                                                      const std::string& device_uuid,
+                                                      const std::string& label,
+                                                      const LoadOptions& options,
+                                                      LoadProgress* progress) {
+  const auto started = std::chrono::steady_clock::now();
+  WC_ASSIGN_OR_RETURN(auto out,
+                      AllocateRank(model, std::move(planned), backend, device_uuid, label));
+  const Plan& plan = out->plan;
   out->stats.alloc_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   // Progress counts source bytes read (a quantized weight's BF16/F16 shard, not its fp8).
   uint64_t read_total = 0;
   for (const auto& t : plan.tensors) read_total += SourceBytes(t);
   if (progress != nullptr) progress->SetTotal(read_total);
-  if (out->device_uuid.empty() && !out->segments.empty()) {
-    out->device_uuid = out->segments[0]->device_uuid();
-  }
 
   const auto& files = model.checkpoint.files();
   safetensors::ReadOptions ropts{options.read_threads, options.chunk_bytes,
                                  progress != nullptr ? progress->cancel_flag() : nullptr};
   bool direct = std::all_of(out->segments.begin(), out->segments.end(),
                             [](const auto& s) { return s->host_data() != nullptr; });
-  bool cuda = !out->segments.empty() &&
-              std::all_of(out->segments.begin(), out->segments.end(), [](const auto& s) {
-                return memory::internal::AsCudaSegment(s.get()) != nullptr;
-              });
+  const bool cuda = AllCuda(*out);
 
   if (cuda) {
-    // GPU: pinned staging ring, preads overlapping asynchronous copies (cuda_load.cc).
-    std::vector<internal::CopyRange> ranges;
-    std::vector<internal::QuantJob> jobs;
-    std::vector<ScopedFd> direct_fds;  // outlive the copies
-    ranges.reserve(plan.tensors.size());
-    for (const auto& [fi, tensors] : ByFile(plan)) {
-      const auto& file = files.at(fi);
-      direct_fds.push_back(OpenDirect(file, options.direct_io));
-      const int direct_fd = direct_fds.back().get();
-      ++out->stats.files;
-      if (direct_fd >= 0) ++out->stats.direct_files;
-      for (const auto* t : tensors) {
-        std::string what = absl::StrCat(file.info().name, ": tensor '", t->name, "'");
-        int32_t job = -1;
-        if (t->quant.has_value()) {
-          // Online fp8_block: the source shard lands in device scratch; the kernel then
-          // writes the fp8 codes and the scales into the segments (cuda_load.cc).
-          WC_ASSIGN_OR_RETURN(const PlannedTensor* sc, ScaleOf(plan, *t));
-          job = static_cast<int32_t>(jobs.size());
-          jobs.push_back({t->segment, t->offset, sc->segment, sc->offset, t->quant->src_dtype,
-                          t->shape[0], t->shape[1], t->quant->block_rows, t->quant->block_cols,
-                          SourceBytes(*t), what});
-        }
-        // Row-parallel shards are strided: one range per contiguous run.
-        ForEachRun(*t, [&](const Run& r) {
-          ranges.push_back({file.fd(), r.file_offset, r.length, t->segment,
-                            job >= 0 ? r.dst_offset : t->offset + r.dst_offset, what,
-                            file.info().name, job, direct_fd, file.info().size});
-        });
-      }
-    }
-    std::vector<memory::Segment*> segs;
-    for (auto& s : out->segments) segs.push_back(s.get());
+    // GPU: the scatter plan through the pinned staging ring (cuda_load.cc).
     WC_RETURN_IF_ERROR(
-        internal::CopyThroughPinnedStaging(ranges, jobs, segs, options, progress, &out->stats));
-    // GPU memory is not zeroed: write the vocabulary padding that no run covers.
-    WC_RETURN_IF_ERROR(ZeroPadding(plan, out->segments));
+        ScatterInto(model, {out.get()}, /*gpu=*/true, options, progress, &out->stats));
   } else {
     // Host-addressable segments: straight from the file; others: staging + CopyIn.
     std::vector<uint8_t> staging;
@@ -379,7 +390,6 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(
   if (!cuda) out->stats.bytes_read = read_total;
   out->stats.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  out->plan = std::move(plan);
   return out;
 }
 

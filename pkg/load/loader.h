@@ -1,7 +1,8 @@
 // Loads a planned model-rank into segments of a memory backend: parallel preads straight
-// into host-addressable segments (host backend); for cuda-vmm segments, through a ring of
-// pinned staging buffers whose asynchronous host->device copies overlap the next reads;
-// for any other backend, through a bounded staging buffer and CopyIn.
+// into host-addressable segments (host backend); for cuda-vmm segments, the scatter plan
+// (scatter.h) through a ring of pinned staging buffers whose asynchronous host->device
+// copies overlap the next reads; for any other backend, through a bounded staging buffer
+// and CopyIn. LoadRanks loads a tensor-parallel group reading each byte once.
 // Segments are sealed before Load returns. Progress is published through LoadProgress,
 // which other threads may read at any time.
 #pragma once
@@ -99,5 +100,16 @@ struct LoadOptions {
 absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(
     const OpenedModel& model, Plan plan, memory::Backend& backend, const std::string& device_uuid,
     const std::string& label, const LoadOptions& options, LoadProgress* progress);
+
+// Loads several ranks of one opened model (a tensor-parallel group, each plans[i] made by
+// PlanRank) in ONE pass over the files (scatter.h): every checkpoint byte the group needs
+// is read once and copied to each rank that needs it, row-parallel shards as 2-D copies.
+// plans[i] lands on device_uuids[i] ("" = the backend's default; ranks may share a device)
+// in segments labelled labels[i]. Results in plan order; every LoadedModel carries the
+// group's stats (bytes_read is the group's). One plan is LoadRank.
+absl::StatusOr<std::vector<std::unique_ptr<LoadedModel>>> LoadRanks(
+    const OpenedModel& model, std::vector<Plan> plans, memory::Backend& backend,
+    const std::vector<std::string>& device_uuids, const std::vector<std::string>& labels,
+    const LoadOptions& options, LoadProgress* progress);
 
 }  // namespace weightcache::load

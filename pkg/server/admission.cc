@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "pkg/load/loader.h"
 #include "pkg/load/plan.h"
+#include "pkg/server/internal/group_load.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 
@@ -119,57 +120,131 @@ absl::StatusOr<spec::Layout> Admission::LayoutFrom(const v1::Layout& l) const {
                       static_cast<int>(l.pp_rank())};
 }
 
-absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartLoad(
+absl::StatusOr<Admission::Prepared> Admission::Prepare(
     const std::shared_ptr<const load::OpenedModel>& model, const spec::Layout& layout,
     const spec::Environment& env, const std::string& device_uuid) {
+  Prepared p;
   auto inputs = model->Inputs(layout, env);
-  std::string fp = inputs.Digest();
-  const std::string device =
+  p.fingerprint = inputs.Digest();
+  p.device =
       device_uuid.empty() ? DefaultDeviceForRank(backend_->Devices(), layout.tp_rank) : device_uuid;
-  if (auto live = registry_.Find({fp, device});
+  if (auto live = registry_.Find({p.fingerprint, p.device});
       live && registry_.StateOf(live) != cache::State::kFailed) {
-    return live;  // joined: loading or ready already
+    p.live = live;  // joined: loading or ready already
+    return p;
   }
   // Admission from the plan (cheap: metadata only): the budget reserves this rank's bytes as
   // they will be allocated (each segment rounded up to the backend's granule), not the whole
   // checkpoint's; a plan that cannot be made fails here, before any entry exists.
-  memory::Backend* backend = backend_;
   load::PlanOptions popts;
-  popts.alignment = backend->tensor_alignment();
-  popts.max_segment_bytes = backend->max_segment_bytes();
-  popts.loader_reads_pieces = true;  // LoadRank reads strided shards and zeroes padding
-  WC_ASSIGN_OR_RETURN(load::Plan planned, load::PlanRank(*model, layout, popts));
-  const uint64_t granule = std::max<uint64_t>(1, backend->granularity());
+  popts.alignment = backend_->tensor_alignment();
+  popts.max_segment_bytes = backend_->max_segment_bytes();
+  popts.loader_reads_pieces = true;  // the loader reads strided shards and zeroes padding
+  WC_ASSIGN_OR_RETURN(p.plan, load::PlanRank(*model, layout, popts));
+  const uint64_t granule = std::max<uint64_t>(1, backend_->granularity());
   uint64_t reserve = 0;
-  for (uint64_t b : planned.segment_bytes) reserve += (b + granule - 1) / granule * granule;
-  auto plan = std::make_shared<load::Plan>(std::move(planned));
-  unsigned threads = options_.read_threads;
-  load::StagingPool* pool = staging_pool_;
-  auto load = [model, plan, backend, threads, pool, fp,
-               device](cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
-    load::LoadOptions lopts;
-    lopts.read_threads = threads;
-    lopts.staging_pool = pool;
+  for (uint64_t b : p.plan.segment_bytes) reserve += (b + granule - 1) / granule * granule;
+  p.label = absl::StrCat("weightcache/", model->spec.name, "/", p.fingerprint.substr(0, 12));
+  p.request.key = {p.fingerprint, p.device};
+  p.request.model = model->spec.name;
+  p.request.inputs = inputs;
+  p.request.files = model->files;
+  p.request.bytes = reserve;
+  return p;
+}
+
+load::LoadOptions Admission::LoadOptionsFor() const {
+  load::LoadOptions lopts;
+  lopts.read_threads = options_.read_threads;
+  lopts.staging_pool = staging_pool_;
+  return lopts;
+}
+
+// The bytes must be those of the versions the fingerprint names.
+static absl::Status FilesUnchanged(const load::OpenedModel& model) {
+  if (auto changed = model.ChangedFiles(); !changed.empty()) {
+    return absl::UnavailableError(absl::StrCat("model '", model.spec.name,
+                                               "': files changed while loading (",
+                                               absl::StrJoin(changed, "; "), "); load it again"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartLoad(
+    const std::shared_ptr<const load::OpenedModel>& model, const spec::Layout& layout,
+    const spec::Environment& env, const std::string& device_uuid) {
+  WC_ASSIGN_OR_RETURN(Prepared p, Prepare(model, layout, env, device_uuid));
+  if (p.live) return p.live;
+  auto plan = std::make_shared<load::Plan>(std::move(p.plan));
+  memory::Backend* backend = backend_;
+  const load::LoadOptions lopts = LoadOptionsFor();
+  auto load = [model, plan, backend, lopts, device = p.device, label = p.label](
+                  cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
     WC_ASSIGN_OR_RETURN(auto loaded, load::LoadRank(*model, std::move(*plan), *backend, device,
-                                                    absl::StrCat("weightcache/", model->spec.name,
-                                                                 "/", fp.substr(0, 12)),
-                                                    lopts, &e.progress));
-    // The bytes must be those of the versions the fingerprint names.
-    if (auto changed = model->ChangedFiles(); !changed.empty()) {
-      return absl::UnavailableError(absl::StrCat("model '", model->spec.name,
-                                                 "': files changed while loading (",
-                                                 absl::StrJoin(changed, "; "), "); load it again"));
-    }
+                                                    label, lopts, &e.progress));
+    WC_RETURN_IF_ERROR(FilesUnchanged(*model));
     return loaded;
   };
-  cache::LoadRequest req;
-  req.key = {fp, device};
-  req.model = model->spec.name;
-  req.inputs = inputs;
-  req.files = model->files;
-  req.bytes = reserve;
-  req.load = std::move(load);
-  return registry_.StartOrJoin(std::move(req));
+  p.request.load = std::move(load);
+  return registry_.StartOrJoin(std::move(p.request));
+}
+
+std::vector<absl::StatusOr<std::shared_ptr<cache::Entry>>> Admission::StartGroupLoad(
+    const std::shared_ptr<const load::OpenedModel>& model, const std::vector<GroupRank>& ranks) {
+  std::vector<absl::StatusOr<std::shared_ptr<cache::Entry>>> out;
+  if (ranks.size() == 1) {
+    out.push_back(StartLoad(model, ranks[0].layout, ranks[0].env, ranks[0].device_uuid));
+    return out;
+  }
+  // Plan every rank first; the group loads the ranks that have no live entry.
+  std::vector<Prepared> prepared;
+  for (const auto& r : ranks) {
+    auto p = Prepare(model, r.layout, r.env, r.device_uuid);
+    if (!p.ok()) {
+      out.emplace_back(p.status());
+      prepared.emplace_back();
+      continue;
+    }
+    out.emplace_back(p->live);  // null when it is to be loaded
+    prepared.push_back(std::move(*p));
+  }
+  auto plans = std::make_shared<std::vector<load::Plan>>(prepared.size());
+  std::vector<std::string> devices, labels;
+  for (size_t i = 0; i < prepared.size(); ++i) {
+    (*plans)[i] = std::move(prepared[i].plan);
+    devices.push_back(prepared[i].device);
+    labels.push_back(prepared[i].label);
+  }
+  memory::Backend* backend = backend_;
+  auto group = std::make_shared<GroupLoad>(
+      prepared.size(),
+      [model, plans, backend, devices, labels, lopts = LoadOptionsFor()](
+          const std::vector<size_t>& members, load::LoadProgress* progress)
+          -> absl::StatusOr<std::vector<std::unique_ptr<load::LoadedModel>>> {
+        std::vector<load::Plan> mine;
+        std::vector<std::string> dev, lab;
+        for (size_t i : members) {
+          mine.push_back(std::move((*plans)[i]));
+          dev.push_back(devices[i]);
+          lab.push_back(labels[i]);
+        }
+        return load::LoadRanks(*model, std::move(mine), *backend, dev, lab, lopts, progress);
+      });
+  std::vector<bool> members(prepared.size(), false);
+  for (size_t i = 0; i < prepared.size(); ++i) {
+    if (!out[i].ok() || *out[i] != nullptr) continue;
+    prepared[i].request.load =
+        [group, i, model](cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
+      WC_ASSIGN_OR_RETURN(auto loaded, group->Take(i, &e.progress));
+      WC_RETURN_IF_ERROR(FilesUnchanged(*model));
+      return loaded;
+    };
+    bool started = false;
+    out[i] = registry_.StartOrJoin(std::move(prepared[i].request), &started);
+    members[i] = started;
+  }
+  group->Settle(std::move(members));
+  return out;
 }
 
 absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartPeerCopy(

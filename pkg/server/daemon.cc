@@ -70,23 +70,28 @@ void Daemon::Impl::StartPreloads() {
     if (ranks.empty()) {
       for (int r = 0; r < s.tp_size; ++r) ranks.push_back(r);
     }
-    for (int r : ranks) {
-      if (!opened.ok()) {
-        WC_LOG_ERROR("preload %s: %s", s.name, std::string(opened.status().message()));
-        break;
+    if (!opened.ok()) {
+      WC_LOG_ERROR("preload %s: %s", s.name, std::string(opened.status().message()));
+    } else {
+      // The ranks of the spec load together: one pass over the files for all of them.
+      std::vector<Admission::GroupRank> group;
+      for (int r : ranks) {
+        const Admission::AskedEnv placed = admission_.Placed(r);
+        group.push_back({{s.tp_size, r, s.pp_size, s.pp_rank}, placed.env, placed.device_uuid});
       }
-      spec::Layout layout{s.tp_size, r, s.pp_size, s.pp_rank};
-      const Admission::AskedEnv placed = admission_.Placed(r);
-      const std::string& device = placed.device_uuid;
-      auto e = admission_.StartLoad(*opened, layout, placed.env, device);
-      if (!e.ok()) {
-        WC_LOG_ERROR("preload %s rank %d on %s: %s", s.name, r, device,
-                     std::string(e.status().message()));
-        continue;
+      auto started = admission_.StartGroupLoad(*opened, group);
+      for (size_t i = 0; i < group.size(); ++i) {
+        const int r = group[i].layout.tp_rank;
+        const std::string& device = group[i].device_uuid;
+        if (!started[i].ok()) {
+          WC_LOG_ERROR("preload %s rank %d on %s: %s", s.name, r, device,
+                       std::string(started[i].status().message()));
+          continue;
+        }
+        WC_LOG_INFO("preload %s rank %d/%d on %s", s.name, r, s.tp_size, device);
+        std::lock_guard<std::mutex> l(mu_);
+        preloads_.push_back((*started[i])->key);
       }
-      WC_LOG_INFO("preload %s rank %d/%d on %s", s.name, r, s.tp_size, device);
-      std::lock_guard<std::mutex> l(mu_);
-      preloads_.push_back((*e)->key);
     }
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -577,7 +582,7 @@ absl::Status Daemon::Impl::Load(const Caller& caller, const v1::LoadRequest& req
     for (int r : ranks) layouts.push_back({s.tp_size, r, s.pp_size, s.pp_rank});
   }
   WC_ASSIGN_OR_RETURN(auto asked, admission_.EnvFrom(req.env()));
-  std::vector<std::shared_ptr<cache::Entry>> entries;
+  std::vector<Admission::GroupRank> group;
   for (const auto& layout : layouts) {
     spec::Environment env = asked.env;
     // No device named: the placement rule (rank r on the r-th device), at its capability.
@@ -589,8 +594,13 @@ absl::Status Daemon::Impl::Load(const Caller& caller, const v1::LoadRequest& req
         if (d.uuid == device) env.compute_capability = d.compute_capability;
       }
     }
-    WC_ASSIGN_OR_RETURN(auto e, admission_.StartLoad(opened, layout, env, device));
-    entries.push_back(std::move(e));
+    group.push_back({layout, env, device});
+  }
+  // Several ranks load together: one pass over the files for all of them.
+  std::vector<std::shared_ptr<cache::Entry>> entries;
+  for (auto& e : admission_.StartGroupLoad(opened, group)) {
+    WC_RETURN_IF_ERROR(e.status());
+    entries.push_back(std::move(*e));
   }
   auto t0 = std::chrono::steady_clock::now();
   while (true) {
@@ -729,6 +739,7 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
     e->set_backend(memory::BackendName(backend_->kind()));
     e->set_device_uuid(s.device_uuid);
     e->set_load_seconds(s.load_seconds);
+    e->set_bytes_read(s.bytes_read);
     e->set_bytes_done(s.bytes_done);
     e->set_source(s.source);
     if (auto p = publishes_.PublisherOf({s.fingerprint, s.device_uuid});

@@ -29,14 +29,40 @@ struct Case {
   int tp_rank;
 };
 
-TEST(GpuLoad, StagingRingPathsLoadTheSameBytesAsTheHostPath) {
-  auto cuda = memory::MakeCudaBackend();
-  if (!cuda.ok()) GTEST_SKIP() << "no usable GPU: " << cuda.status().message();
-  // On disk (not tmpfs) so that O_DIRECT is really used; /var/tmp is usually the root disk.
+// Every tensor of `gpu` (mapped read-only, copied back) equals the same tensor of `host`.
+void ExpectSameBytes(const load::LoadedModel& gpu, const load::LoadedModel& host) {
+  std::vector<ScopedFd> fds;
+  std::vector<uint64_t> sizes;
+  for (const auto& seg : gpu.segments) {
+    fds.emplace_back(::dup(seg->fd()));
+    sizes.push_back(seg->size());
+  }
+  auto map =
+      memory::MapReadOnly(memory::BackendKind::kCudaVmm, std::move(fds), sizes, gpu.device_uuid);
+  ASSERT_TRUE(map.ok()) << map.status();
+  std::vector<uint8_t> got, expected;
+  size_t checked = 0;
+  for (const auto& t : gpu.plan.tensors) {
+    got.resize(t.nbytes);
+    expected.resize(t.nbytes);
+    ASSERT_TRUE(memory::CopyToHost(memory::BackendKind::kCudaVmm, gpu.device_uuid,
+                                   (*map)->base(t.segment) + t.offset, t.nbytes, got.data())
+                    .ok());
+    ASSERT_EQ(::pread(host.segments[t.segment]->fd(), expected.data(), t.nbytes,
+                      static_cast<off_t>(t.offset)),
+              static_cast<ssize_t>(t.nbytes));
+    ASSERT_EQ(std::memcmp(got.data(), expected.data(), t.nbytes), 0) << t.name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, host.plan.tensors.size());
+}
+
+// A Llama checkpoint on disk (not tmpfs) so that O_DIRECT is really used; /var/tmp is
+// usually the root disk. Headers of odd lengths: tensors start off 4 KiB boundaries.
+std::string WriteCheckpoint() {
   std::string base = ::access("/var/tmp", W_OK) == 0 ? "/var/tmp" : "/tmp";
   std::string tmpl = base + "/wc-gpuload.XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-  std::string dir = tmpl;
+  EXPECT_NE(::mkdtemp(tmpl.data()), nullptr);
   safetensors::LlamaShape shape;
   shape.layers = 3;
   shape.hidden = 1024;
@@ -44,8 +70,15 @@ TEST(GpuLoad, StagingRingPathsLoadTheSameBytesAsTheHostPath) {
   shape.heads = 8;
   shape.kv_heads = 4;
   shape.vocab = 4000;
-  shape.shards = 3;  // headers of odd lengths: tensors start off 4 KiB boundaries
-  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir, shape).ok());
+  shape.shards = 3;
+  EXPECT_TRUE(safetensors::WriteLlamaCheckpoint(tmpl, shape).ok());
+  return tmpl;
+}
+
+TEST(GpuLoad, StagingRingPathsLoadTheSameBytesAsTheHostPath) {
+  auto cuda = memory::MakeCudaBackend();
+  if (!cuda.ok()) GTEST_SKIP() << "no usable GPU: " << cuda.status().message();
+  const std::string dir = WriteCheckpoint();
   spec::ModelSpec s;
   s.name = "gpuload";
   s.model_dir = dir;
@@ -83,33 +116,69 @@ TEST(GpuLoad, StagingRingPathsLoadTheSameBytesAsTheHostPath) {
     auto want = load::LoadRank(**model, *plan, *host, "", "gpuload-host", {}, nullptr);
     ASSERT_TRUE(want.ok()) << want.status();
 
-    std::vector<ScopedFd> fds;
-    std::vector<uint64_t> sizes;
-    for (const auto& seg : (*gpu)->segments) {
-      fds.emplace_back(::dup(seg->fd()));
-      sizes.push_back(seg->size());
-    }
-    auto map = memory::MapReadOnly(memory::BackendKind::kCudaVmm, std::move(fds), sizes,
-                                   (*gpu)->device_uuid);
-    ASSERT_TRUE(map.ok()) << map.status();
-    std::vector<uint8_t> got, expected;
-    size_t checked = 0;
-    for (const auto& t : (*gpu)->plan.tensors) {
-      got.resize(t.nbytes);
-      expected.resize(t.nbytes);
-      ASSERT_TRUE(memory::CopyToHost(memory::BackendKind::kCudaVmm, (*gpu)->device_uuid,
-                                     (*map)->base(t.segment) + t.offset, t.nbytes, got.data())
-                      .ok());
-      ASSERT_EQ(::pread((*want)->segments[t.segment]->fd(), expected.data(), t.nbytes,
-                        static_cast<off_t>(t.offset)),
-                static_cast<ssize_t>(t.nbytes));
-      ASSERT_EQ(std::memcmp(got.data(), expected.data(), t.nbytes), 0) << t.name;
-      ++checked;
-    }
-    EXPECT_EQ(checked, plan->tensors.size());
+    ExpectSameBytes(**gpu, **want);
   }
   EXPECT_EQ(pool->counters().allocations, 4u);
   EXPECT_EQ(pool->counters().taken_bytes, 0u);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// A tensor-parallel group on one GPU read once (LoadRanks): every rank's bytes equal its
+// own host-path load, bf16 and online fp8 (the kernel equals the CPU quantizer bit for
+// bit), through O_DIRECT and the page cache, with a small ring so that buffer boundaries
+// cut the row-parallel shards' 2-D copies.
+TEST(GpuLoad, TensorParallelGroupOnOneGpuEqualsEachRanksHostLoad) {
+  auto cuda = memory::MakeCudaBackend();
+  if (!cuda.ok()) GTEST_SKIP() << "no usable GPU: " << cuda.status().message();
+  const std::string dir = WriteCheckpoint();
+  auto host = memory::MakeHostBackend();
+  for (const char* quant : {"none", "fp8_block"}) {
+    for (int tp : {2, 4}) {
+      for (load::DirectIo io : {load::DirectIo::kOn, load::DirectIo::kOff}) {
+        SCOPED_TRACE(::testing::Message()
+                     << quant << " tp " << tp << " direct_io " << static_cast<int>(io));
+        spec::ModelSpec s;
+        s.name = "gpugroup";
+        s.model_dir = dir;
+        s.tp_size = tp;
+        s.quantization = quant;
+        auto model = load::OpenModel(s);
+        ASSERT_TRUE(model.ok()) << model.status();
+        load::PlanOptions po;
+        po.loader_reads_pieces = true;
+        po.max_segment_bytes = 8 << 20;
+        std::vector<load::Plan> plans;
+        for (int r = 0; r < tp; ++r) {
+          auto plan = load::PlanRank(**model, {tp, r, 1, 0}, po);
+          ASSERT_TRUE(plan.ok()) << plan.status();
+          plans.push_back(*plan);
+        }
+        load::LoadOptions lo;
+        lo.direct_io = io;
+        lo.staging_bytes = 4 << 20;
+        auto group = load::LoadRanks(**model, plans, **cuda, std::vector<std::string>(tp),
+                                     std::vector<std::string>(tp, "gpugroup"), lo, nullptr);
+        ASSERT_TRUE(group.ok()) << group.status();
+        uint64_t file_bytes = 0;
+        for (const auto& t : (*model)->checkpoint.tensors()) file_bytes += t.nbytes;
+        // Read once (O_DIRECT rounds spans out to 4 KiB blocks).
+        EXPECT_GE((*group)[0]->stats.bytes_read, file_bytes);
+        EXPECT_LT((*group)[0]->stats.bytes_read, file_bytes + file_bytes / 8);
+        std::printf("%s tp %d direct_io %d: group %.3f s, read %llu of %llu bytes\n", quant, tp,
+                    static_cast<int>(io), (*group)[0]->stats.seconds,
+                    static_cast<unsigned long long>((*group)[0]->stats.bytes_read),
+                    static_cast<unsigned long long>(file_bytes));
+        for (int r = 0; r < tp; ++r) {
+          SCOPED_TRACE(::testing::Message() << "rank " << r);
+          auto want = load::LoadRank(**model, plans[static_cast<size_t>(r)], *host, "",
+                                     "gpugroup-host", {}, nullptr);
+          ASSERT_TRUE(want.ok()) << want.status();
+          ExpectSameBytes(*(*group)[static_cast<size_t>(r)], **want);
+        }
+      }
+    }
+  }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
 }

@@ -424,6 +424,10 @@ TEST_F(DaemonTest, TensorParallelRanksServeTheirShardsAndFusedViews) {
   auto st = client_->Status();
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->entries_size(), 2);  // one entry per rank, both preloaded
+  // The two ranks loaded together, reading each checkpoint byte once between them.
+  uint64_t file_bytes = 0;
+  for (const auto& t : ckpt->tensors()) file_bytes += t.nbytes;
+  for (const auto& e : st->entries()) EXPECT_EQ(e.bytes_read(), file_bytes);
 }
 
 TEST_F(DaemonTest, CtlVerifyChecksEveryServedByteOfAShardAndCatchesADifference) {

@@ -12,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "pkg/client/client.h"
+#include "pkg/safetensors/safetensors.h"
 #include "pkg/safetensors/writer.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/process.h"
@@ -108,6 +109,13 @@ TEST_F(MultiDeviceTest, RanksArePlacedOnePerDeviceAndStatusShowsResidency) {
   EXPECT_EQ(r0.begin()->first, "host-a");  // rank r on the r-th device
   EXPECT_EQ(r1.begin()->first, "host-b");
   EXPECT_EQ(r0.begin()->second.source(), "disk");
+  // Both ranks came from one pass over the files, on two devices: each byte read once.
+  auto ckpt = safetensors::Checkpoint::Open(dir_ / "tiny");
+  ASSERT_TRUE(ckpt.ok());
+  uint64_t file_bytes = 0;
+  for (const auto &t : ckpt->tensors()) file_bytes += t.nbytes;
+  EXPECT_EQ(r0.begin()->second.bytes_read(), file_bytes);
+  EXPECT_EQ(r1.begin()->second.bytes_read(), file_bytes);
   ASSERT_EQ(st.devices_size(), 2);
   EXPECT_EQ(st.devices(0).device_uuid(), "host-a");
   EXPECT_EQ(st.devices(0).entries(), 1u);

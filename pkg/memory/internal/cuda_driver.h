@@ -56,6 +56,7 @@ namespace weightcache::memory::internal {
   X(cuMemSetAccess, 10020)                 \
   X(cuMemcpyHtoD, 3020)                    \
   X(cuMemcpyHtoDAsync, 3020)               \
+  X(cuMemcpy2DAsync, 3020)                 \
   X(cuMemcpyDtoH, 3020)                    \
   X(cuMemcpyDtoD, 3020)                    \
   X(cuDeviceCanAccessPeer, 4000)           \

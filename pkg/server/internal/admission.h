@@ -8,9 +8,11 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "pkg/cache/registry.h"
+#include "pkg/load/loader.h"
 #include "pkg/load/model.h"
 #include "pkg/load/staging_pool.h"
 #include "pkg/memory/backend.h"
@@ -44,6 +46,17 @@ class Admission {
   absl::StatusOr<std::shared_ptr<cache::Entry>> StartLoad(
       const std::shared_ptr<const load::OpenedModel>& model, const spec::Layout& layout,
       const spec::Environment& env, const std::string& device_uuid);
+  // Several ranks of one model (a tensor-parallel group), loaded together (GroupLoad:
+  // load::LoadRanks reads each checkpoint byte once for all of them). Per rank, as
+  // StartLoad: its live entry, the new entry, or the error that kept it from starting (the
+  // other ranks still start). Ranks already live are joined, not loaded again.
+  struct GroupRank {
+    spec::Layout layout;
+    spec::Environment env;
+    std::string device_uuid;  // empty: the placement rule's
+  };
+  std::vector<absl::StatusOr<std::shared_ptr<cache::Entry>>> StartGroupLoad(
+      const std::shared_ptr<const load::OpenedModel>& model, const std::vector<GroupRank>& ranks);
   // A new entry on `device_uuid` filled by copying ready entry `src` (another device) per
   // the peer policy; single-flight like a load, timed, counted with source "peer".
   absl::StatusOr<std::shared_ptr<cache::Entry>> StartPeerCopy(
@@ -60,6 +73,20 @@ class Admission {
   const std::string& default_compute_capability() const { return daemon_cc_; }
 
  private:
+  // A rank planned for loading, or its live entry.
+  struct Prepared {
+    std::shared_ptr<cache::Entry> live;  // set: joined, nothing else is
+    std::string fingerprint;
+    std::string device;
+    std::string label;
+    load::Plan plan;
+    cache::LoadRequest request;  // everything but the load function
+  };
+  absl::StatusOr<Prepared> Prepare(const std::shared_ptr<const load::OpenedModel>& model,
+                                   const spec::Layout& layout, const spec::Environment& env,
+                                   const std::string& device_uuid);
+  load::LoadOptions LoadOptionsFor() const;
+
   const DaemonOptions& options_;
   memory::Backend* const backend_;
   cache::Registry& registry_;
