@@ -1,21 +1,22 @@
 // Acquire -> mapped time on the host backend, as an engine sees it: a daemon (in this
 // process, real sockets) serves a preloaded model; a client connects, acquires, receives the
 // segment FDs on the handle channel, maps them and builds its tensor views. Prints a table.
-//   acquire_bench [--reps=N] [--max_gib=4] [--tensors=N]
+//   acquire_bench [--reps=N] [--max_gib=4] [--tensors=N] [--json=FILE]
+// --json appends one line per row: {"bench":"acquire","backend":"host","size_gib","tensors",
+// "ms_p50","ms_min","ms_max","ms_p90","reps","segments"}.
 // Checkpoints are sparse files (zeros): the time measured does not depend on the values.
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "bench/sparse_checkpoint.h"
 #include "pkg/client/client.h"
 #include "pkg/memory/backend.h"
@@ -23,24 +24,18 @@
 #include "pkg/spec/spec.h"
 
 using namespace weightcache;
-
-namespace {
-
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(std::lround(p * (v.size() - 1))))];
-}
-
-}  // namespace
+using bench::Percentile;
 
 int main(int argc, char** argv) {
   int reps = 50;
   double max_gib = 4;
   int only_tensors = 0;  // --tensors=N: just the cases with N tensors
+  std::string json;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--reps=", 7) == 0) reps = std::atoi(argv[i] + 7);
     if (std::strncmp(argv[i], "--max_gib=", 10) == 0) max_gib = std::atof(argv[i] + 10);
     if (std::strncmp(argv[i], "--tensors=", 10) == 0) only_tensors = std::atoi(argv[i] + 10);
+    if (std::strncmp(argv[i], "--json=", 7) == 0) json = argv[i] + 7;
   }
   struct Case {
     int tensors;
@@ -99,6 +94,18 @@ int main(int argc, char** argv) {
                 c.bytes / 1048576.0, segments, Percentile(ms, 0.5), Percentile(ms, 0.9),
                 Percentile(ms, 1.0));
     std::fflush(stdout);
+    if (!bench::AppendJsonLine(json, {{"bench", "acquire"},
+                                      {"backend", "host"},
+                                      {"size_gib", c.bytes / static_cast<double>(1ull << 30)},
+                                      {"tensors", c.tensors},
+                                      {"ms_p50", Percentile(ms, 0.5)},
+                                      {"ms_min", Percentile(ms, 0.0)},
+                                      {"ms_max", Percentile(ms, 1.0)},
+                                      {"ms_p90", Percentile(ms, 0.9)},
+                                      {"reps", reps},
+                                      {"segments", segments}})) {
+      return 1;
+    }
     client->reset();
     daemon->reset();
     std::filesystem::remove_all(dir);

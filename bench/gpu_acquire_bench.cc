@@ -1,17 +1,20 @@
 // Acquire -> every tensor mapped, on the GPU, as an engine sees it: a daemon (a child
 // process, cuda-vmm backend) loads each checkpoint into GPU memory; this process (the
 // engine) connects, acquires, receives the FDs, imports and maps them read-only into one VA
-// range and builds its tensor views. Prints a Markdown table; the engine's own CUDA setup
-// (driver load + cuInit, primary context) is timed once, on its own row.
+// range and builds its tensor views (bench/engine.h, shared with concurrency_bench). Prints a
+// Markdown table; the engine's own CUDA setup (driver load + cuInit, primary context) is
+// timed once, on its own row. A size that does not fit in the GPU's free memory is skipped,
+// with the reason, and so is one above --max_gib.
 //   gpu_acquire_bench [--sizes_gib=1,8,64] [--tensors=100,1000,10000] [--reps=5]
-//                     [--max_gib=64] [--read_threads=16]
+//                     [--max_gib=120] [--read_threads=16] [--json=FILE]
+// --json appends one line per row: {"bench":"acquire","backend":"cuda","size_gib",
+// "tensors","ms_p50","ms_min","ms_max","reps","segments","load_s",...}, or with "skipped".
 // Checkpoints are sparse files (zeros): mapping time does not depend on the values.
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -19,47 +22,34 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
+#include "bench/engine.h"
 #include "bench/sparse_checkpoint.h"
 #include "pkg/client/client.h"
 #include "pkg/memory/cuda_backend.h"
-#include "pkg/memory/internal/cuda_driver.h"
 #include "pkg/server/daemon.h"
 #include "pkg/spec/spec.h"
+#include "weightcache/v1/weightcache.pb.h"
 
 using namespace weightcache;
-using Clock = std::chrono::steady_clock;
-
-namespace {
-
-double Ms(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
-std::vector<double> ParseList(const char* s) {
-  std::vector<double> v;
-  for (const char* p = s; *p != '\0';) {
-    v.push_back(std::atof(p));
-    const char* c = std::strchr(p, ',');
-    if (c == nullptr) break;
-    p = c + 1;
-  }
-  return v;
-}
-
-}  // namespace
+using bench::Clock;
+using bench::Ms;
+using bench::ParseList;
 
 int main(int argc, char** argv) {
   std::vector<double> sizes = {1, 8, 64};
   std::vector<double> counts = {100, 1000, 10000};
   int reps = 5;
-  double max_gib = 64;
+  double max_gib = 120;
   unsigned read_threads = 16;
+  std::string json;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--sizes_gib=", 12) == 0) sizes = ParseList(argv[i] + 12);
     if (std::strncmp(argv[i], "--tensors=", 10) == 0) counts = ParseList(argv[i] + 10);
     if (std::strncmp(argv[i], "--reps=", 7) == 0) reps = std::atoi(argv[i] + 7);
     if (std::strncmp(argv[i], "--max_gib=", 10) == 0) max_gib = std::atof(argv[i] + 10);
     if (std::strncmp(argv[i], "--read_threads=", 15) == 0) read_threads = std::atoi(argv[i] + 15);
+    if (std::strncmp(argv[i], "--json=", 7) == 0) json = argv[i] + 7;
   }
   char tmpl[] = "/tmp/wc-gpu-bench.XXXXXX";
   std::string root = ::mkdtemp(tmpl);
@@ -74,10 +64,19 @@ int main(int argc, char** argv) {
   o.preload = false;
   o.read_threads = read_threads;
   for (double g : sizes) {
-    if (g > max_gib) continue;
+    if (g > max_gib) {
+      std::printf("skipped: %g GiB (above --max_gib=%g)\n", g, max_gib);
+      for (double t : counts) {
+        bench::AppendJsonLine(json, {{"bench", "acquire"},
+                                     {"backend", "cuda"},
+                                     {"size_gib", g},
+                                     {"tensors", static_cast<int>(t)},
+                                     {"skipped", "above --max_gib"}});
+      }
+      continue;
+    }
     for (double t : counts) {
-      Case c{g, static_cast<int>(t),
-             "m" + std::to_string(static_cast<int>(g)) + "g" + std::to_string(static_cast<int>(t))};
+      Case c{g, static_cast<int>(t), "m" + std::to_string(cases.size())};
       bench::WriteSparseCheckpoint(root + "/" + c.name, c.tensors,
                                    static_cast<uint64_t>(g * (1ull << 30)));
       spec::ModelSpec s;
@@ -120,26 +119,19 @@ int main(int argc, char** argv) {
   }
 
   // The engine's own CUDA setup, on its own row.
-  auto t0 = Clock::now();
-  auto api = memory::internal::Driver();
-  auto t1 = Clock::now();
-  if (!api.ok()) {
-    std::fprintf(stderr, "%s\n", api.status().ToString().c_str());
+  auto gpu = bench::EngineGpu::Open();
+  if (!gpu.ok()) {
+    std::fprintf(stderr, "%s\n", gpu.status().ToString().c_str());
     return 2;
   }
-  auto devices = memory::internal::ListDevices(**api);
-  if (!devices.ok() || devices->empty()) return 2;
-  const auto& dev = devices->front();
-  auto t2 = Clock::now();
-  auto ctx = memory::internal::PrimaryContext::Retain(**api, dev.device);
-  auto t3 = Clock::now();
-  if (!ctx.ok()) return 2;
+  const std::string uuid = (*gpu)->uuid();
 
-  std::printf("GPU: %s %s\n\n", dev.name.c_str(), dev.uuid.c_str());
+  std::printf("GPU: %s %s\n\n", (*gpu)->name().c_str(), uuid.c_str());
   std::printf("| engine's own CUDA setup (not weightcache's) | ms |\n|---|---:|\n");
-  std::printf("| dlopen libcuda + cuGetProcAddress + cuInit | %.1f |\n", Ms(t0, t1));
-  std::printf("| device enumeration | %.1f |\n", Ms(t1, t2));
-  std::printf("| primary context creation (cuDevicePrimaryCtxRetain) | %.1f |\n\n", Ms(t2, t3));
+  std::printf("| dlopen libcuda + cuGetProcAddress + cuInit | %.1f |\n", (*gpu)->driver_ms());
+  std::printf("| device enumeration | %.1f |\n", (*gpu)->enumerate_ms());
+  std::printf("| primary context creation (cuDevicePrimaryCtxRetain) | %.1f |\n\n",
+              (*gpu)->context_ms());
 
   auto client = client::Client::Connect(o.socket_dir);
   if (!client.ok()) return 2;
@@ -150,6 +142,27 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   int rc = 0;
   for (const auto& c : cases) {
+    // Skip what cannot fit: the weights (plus 2% for granules and alignment) in free memory.
+    const double need = c.gib * (1ull << 30) * 1.02;
+    double free_bytes = -1;
+    if (auto st = (*client)->Status(); st.ok()) {
+      for (const auto& d : st->devices()) {
+        if (d.device_uuid() == uuid) free_bytes = static_cast<double>(d.free_bytes());
+      }
+    }
+    if (free_bytes >= 0 && need > free_bytes) {
+      char why[128];
+      std::snprintf(why, sizeof why, "needs %.1f GiB of GPU memory, %.1f GiB free",
+                    need / (1ull << 30), free_bytes / (1ull << 30));
+      std::printf("| %g GiB | %d | skipped: %s | | | | | | |\n", c.gib, c.tensors, why);
+      std::fflush(stdout);
+      bench::AppendJsonLine(json, {{"bench", "acquire"},
+                                   {"backend", "cuda"},
+                                   {"size_gib", c.gib},
+                                   {"tensors", c.tensors},
+                                   {"skipped", why}});
+      continue;
+    }
     auto l0 = Clock::now();
     auto s = (*client)->Load(c.name, "", nullptr);
     double load_s = Ms(l0, Clock::now()) / 1e3;
@@ -160,12 +173,12 @@ int main(int argc, char** argv) {
     }
     client::AcquireOptions ao;
     ao.model = c.name;
-    ao.device_uuid = dev.uuid;
+    ao.device_uuid = uuid;
     std::vector<double> ms, rel;
     size_t segments = 0;
     for (int r = 0; r < reps + 1; ++r) {  // the first is a warm-up (gRPC channel)
       auto a0 = Clock::now();
-      auto lease = (*client)->Acquire(ao);
+      auto lease = bench::AcquireMapped(**client, ao, c.tensors);
       auto a1 = Clock::now();
       if (!lease.ok()) {
         std::fprintf(stderr, "acquire %s: %s\n", c.name.c_str(), lease.status().ToString().c_str());
@@ -184,10 +197,23 @@ int main(int argc, char** argv) {
     if (!ms.empty()) {
       std::sort(ms.begin(), ms.end());
       std::sort(rel.begin(), rel.end());
-      std::printf("| %.0f GiB | %d | %zu | %.2f | %.1f | %.2f | %.2f | %.2f | %.2f |\n", c.gib,
+      std::printf("| %g GiB | %d | %zu | %.2f | %.1f | %.2f | %.2f | %.2f | %.2f |\n", c.gib,
                   c.tensors, segments, load_s, c.gib * (1ull << 30) / 1e9 / load_s,
                   ms[ms.size() / 2], ms.front(), ms.back(), rel[rel.size() / 2]);
       std::fflush(stdout);
+      if (!bench::AppendJsonLine(json, {{"bench", "acquire"},
+                                        {"backend", "cuda"},
+                                        {"size_gib", c.gib},
+                                        {"tensors", c.tensors},
+                                        {"ms_p50", ms[ms.size() / 2]},
+                                        {"ms_min", ms.front()},
+                                        {"ms_max", ms.back()},
+                                        {"reps", static_cast<int>(ms.size())},
+                                        {"segments", segments},
+                                        {"load_s", load_s},
+                                        {"release_ms", rel[rel.size() / 2]}})) {
+        rc = 1;
+      }
     }
     (void)(*client)->Evict(c.name, "");
   }

@@ -20,6 +20,8 @@ if [[ "${1:-}" == "--test" ]]; then
   # proves libweightcache.so lives beside grpcio's own gRPC in one process).
   packages+=(python3-venv python3-pip python3-setuptools python3-wheel python3-torch
              python3-numpy python3-pytest python3-grpcio)
+  # bench/plot_benchmarks.py (the plots of docs/benchmarks.md) and its test.
+  packages+=(python3-matplotlib)
   command -v npm >/dev/null || packages+=(npm)
 fi
 

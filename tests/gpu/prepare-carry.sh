@@ -12,10 +12,14 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build-cuda}
 carry=${WC_CARRY_DIR:-$root/.device-carry}
 # WC_CARRY_TARGETS (space-separated) carries only those binaries (and skips the libtorch
-# adapter material), e.g. "fp8_quant_gpu_test fp8_quant_bench" for run-fp8-on-device.sh.
+# adapter material), e.g. "fp8_quant_gpu_test fp8_quant_bench" for run-fp8-on-device.sh, or
+# "gpu_acquire_bench concurrency_bench load_bench" for bench/run-all (whose header says how).
+# The carry's `commit` file names the commit built (with -dirty for uncommitted changes):
+# bench/run-all records it in machine.json.
 default_targets=(cuda_vmm_test wc_gpu_helper memory_test gpu_map_bench stack_gpu_test
                  wc_gpu_client weightcached weightcachectl gpu_acquire_bench fp8_quant_gpu_test
-                 fp8_quant_bench gpu_load_test digest_bench weightcache-keeper)
+                 fp8_quant_bench gpu_load_test digest_bench weightcache-keeper
+                 concurrency_bench)
 read -r -a targets <<<"${WC_CARRY_TARGETS:-${default_targets[*]}}"
 
 if [[ ! -f $build/build.ninja ]]; then
@@ -30,6 +34,8 @@ for t in "${targets[@]}"; do
   [[ -n $f ]] || { echo "missing $t" >&2; exit 1; }
   strip --strip-debug -o "$carry/bin/$t" "$f"
 done
+{ git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown; } | tr -d '\n' >"$carry/commit"
+git -C "$root" diff --quiet HEAD 2>/dev/null || echo -n "-dirty" >>"$carry/commit"
 # Every resolved library except glibc's own and the C++ runtime (the GPU machine's are
 # newer); those two go to lib-fallback in case its image is older than ours.
 for b in "$carry"/bin/*; do
