@@ -530,13 +530,8 @@ absl::Status Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
   resp->set_model(name);
   resp->set_backend(memory::BackendName(backend_->kind()));
   resp->set_device_uuid(content->device_uuid);
-  // A slot connection's engine sees its slot's directory at the container socket dir.
-  const auto& nr = options_.namespace_rules;
-  resp->set_handle_socket(
-      caller.slot.empty()
-          ? handle_path()
-          : (nr.container_socket_dir.empty() ? options_.socket_dir : nr.container_socket_dir) +
-                "/" + kHandleSocketName);
+  resp->set_handle_socket(caller.slot.empty() ? handle_path()
+                                              : SlotHandleSocketInContainer(options_));
   resp->set_total_bytes(content->plan.total_bytes);
   resp->set_model_dir(model_dir);
   for (size_t i = 0; i < content->segments.size(); ++i) {

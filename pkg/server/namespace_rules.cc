@@ -65,6 +65,11 @@ absl::StatusOr<std::vector<SlotSockets>> PrepareSlotDirs(const std::string& sock
   return out;
 }
 
+std::string SlotHandleSocketInContainer(const DaemonOptions& options) {
+  const std::string& dir = options.namespace_rules.container_socket_dir;
+  return (dir.empty() ? options.socket_dir : dir) + "/" + kHandleSocketName;
+}
+
 absl::Status GroupSlotSockets(const std::vector<SlotSockets>& slots, int socket_gid) {
   if (socket_gid < 0) return absl::OkStatus();
   for (const auto& s : slots) {

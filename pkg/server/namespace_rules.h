@@ -94,6 +94,9 @@ struct SlotSockets {
 // and removes stale sockets in them (ALREADY_EXISTS when a live daemon answers there).
 absl::StatusOr<std::vector<SlotSockets>> PrepareSlotDirs(const std::string& socket_dir, int slots,
                                                          int socket_gid);
+// The handle socket as an engine on a slot sees it: its slot's directory is mounted at
+// --container_socket_dir (default: the socket dir's own path).
+std::string SlotHandleSocketInContainer(const DaemonOptions& options);
 // Gives the slots' sockets group `socket_gid` (after they were created).
 absl::Status GroupSlotSockets(const std::vector<SlotSockets>& slots, int socket_gid);
 

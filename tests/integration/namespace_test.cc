@@ -209,6 +209,13 @@ TEST_F(NamespaceRulesTest, PodsInAllowedNamespacesMapOthersAreDeniedAndCounted) 
         m.name() == "secret" ? std::vector<std::string>{"team-a"} : std::vector<std::string>{})
         << m.name();
   }
+  testing::ToolRun list =
+      testing::RunTool({WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "list"}, dir_ / "ctl.err");
+  EXPECT_EQ(list.rc, 0) << list.out;
+  EXPECT_THAT(list.out, HasSubstr("\n  namespaces: team-a (only pods there may map it)\n"));
+  testing::ToolRun status = testing::RunTool(
+      {WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "status"}, dir_ / "ctl.err");
+  EXPECT_THAT(status.out, HasSubstr(" 3 denied, "));
   const int port = MetricsPort();
   ASSERT_GT(port, 0) << testing::ReadFileOrEmpty(dir_ / "daemon.log");
   const std::string scrape = Scrape(port);
