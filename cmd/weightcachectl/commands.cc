@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "pkg/client/client.h"
 #include "pkg/load/loader.h"
@@ -111,13 +112,14 @@ int Status(client::Client& c) {
   }
   std::printf(
       "\nacquire: %lu hit, %lu peer copy, %lu miss, %lu mismatch, %lu stale, %lu rejected, "
-      "%lu error\n",
+      "%lu denied, %lu error\n",
       static_cast<unsigned long>(st->acquire_hits()),
       static_cast<unsigned long>(st->acquire_peer_copies()),
       static_cast<unsigned long>(st->acquire_misses()),
       static_cast<unsigned long>(st->acquire_mismatches()),
       static_cast<unsigned long>(st->acquire_stale()),
       static_cast<unsigned long>(st->acquire_rejected()),
+      static_cast<unsigned long>(st->acquire_denied()),
       static_cast<unsigned long>(st->acquire_errors()));
   std::printf("content digests: %s read to hash checkpoint files since start\n",
               FormatBytes(st->hashed_bytes()).c_str());
@@ -147,6 +149,10 @@ int List(client::Client& c) {
                 m.quantization().c_str(), m.layout().c_str(), ranks.empty() ? "-" : ranks.c_str(),
                 m.model_dir().c_str());
     if (!m.refused().empty()) std::printf("  refused: %s\n", m.refused().c_str());
+    if (!m.allowed_namespaces().empty()) {
+      std::printf("  namespaces: %s (only pods there may map it)\n",
+                  absl::StrJoin(m.allowed_namespaces(), ", ").c_str());
+    }
   }
   if (st->models().empty()) std::printf("(no known models)\n");
   return 0;

@@ -75,6 +75,18 @@ ABSL_FLAG(int, device_plugin_slots, 64, "How many engine pods may hold the resou
 ABSL_FLAG(std::string, device_plugin_resource, "weightcache.io/client", "Resource name");
 ABSL_FLAG(std::string, container_socket_dir, "",
           "Where the socket dir appears in engine containers (default: the same path)");
+ABSL_FLAG(bool, namespace_rules, false,
+          "Enforce the models' allowed_namespaces: serve one socket dir per device-plugin slot "
+          "(<socket_dir>/slots/weightcache-<i>/, --device_plugin_slots of them; with "
+          "--device_plugin, Allocate mounts the slot's dir) and ask the kubelet's PodResources "
+          "API which pod holds a connection's slot. Restricted models are refused when the pod "
+          "cannot be identified, and on the shared socket to all but admin peers "
+          "(docs/security.md)");
+ABSL_FLAG(std::string, pod_resources_socket, "/var/lib/kubelet/pod-resources/kubelet.sock",
+          "The kubelet's PodResources API socket (--namespace_rules)");
+ABSL_FLAG(double, pod_resources_cache, 2,
+          "Seconds a PodResources answer is reused for connections accepted before it was "
+          "asked (--namespace_rules); a connection made later always asks afresh; 0: never reused");
 ABSL_FLAG(std::string, peer_policy, "copy",
           "When an engine asks for a model-rank cached on another GPU of this node: copy "
           "(GPU peer copy into a new entry on the engine's GPU, host-staged when P2P is "
@@ -171,6 +183,31 @@ int Run() {
   opts.shutdown_grace =
       std::chrono::milliseconds(static_cast<int64_t>(std::min(1000.0, shutdown_timeout * 250)));
 
+  if (absl::GetFlag(FLAGS_namespace_rules)) {
+    auto& nr = opts.namespace_rules;
+    nr.enabled = true;
+    nr.slots = absl::GetFlag(FLAGS_device_plugin_slots);
+    nr.resource_name = absl::GetFlag(FLAGS_device_plugin_resource);
+    nr.pod_resources_socket = absl::GetFlag(FLAGS_pod_resources_socket);
+    nr.container_socket_dir = absl::GetFlag(FLAGS_container_socket_dir);
+    const double cache = absl::GetFlag(FLAGS_pod_resources_cache);
+    if (!(cache >= 0 && cache <= 3600)) {
+      return Fail(
+          absl::InvalidArgumentError("--pod_resources_cache: must be in [0, 3600] seconds"));
+    }
+    nr.cache_ttl = std::chrono::milliseconds(static_cast<int64_t>(cache * 1000));
+    if (nr.slots < 1 || nr.slots > 100000) {
+      return Fail(absl::InvalidArgumentError(
+          "--device_plugin_slots: must be in [1, 100000] (one socket dir per slot with "
+          "--namespace_rules)"));
+    }
+    if (!absl::GetFlag(FLAGS_device_plugin)) {
+      WC_LOG_WARN(
+          "--namespace_rules without --device_plugin: slot sockets are served, but nothing "
+          "here gives pods a slot");
+    }
+  }
+
   auto policy = server::ParsePeerPolicy(absl::GetFlag(FLAGS_peer_policy));
   if (!policy.ok()) return Fail(policy.status());
   opts.peer_policy = *policy;
@@ -224,6 +261,7 @@ int Run() {
     po.resource_name = absl::GetFlag(FLAGS_device_plugin_resource);
     po.host_socket_dir = opts.socket_dir;
     po.container_socket_dir = absl::GetFlag(FLAGS_container_socket_dir);
+    po.per_slot_dirs = opts.namespace_rules.enabled;
     std::string control = (*daemon)->control_socket();
     po.healthy = [control] { return ::access(control.c_str(), F_OK) == 0; };
     auto p = kube::DevicePlugin::Create(po);

@@ -145,6 +145,23 @@ void SetIdentity(const EngineIdentity& id, v1::Environment* env) {
   env->set_recipe(id.recipe);
 }
 
+// The handle socket to use: the daemon names it as the daemon sees it, which is not where
+// this process sees it when the socket directory is mounted elsewhere (a container's socket
+// dir, a device-plugin slot's own directory with --namespace_rules). The socket of that name
+// beside the control socket we connected to is the same daemon's; it wins when it exists.
+std::string HandleSocketFor(const std::string& control_socket, const std::string& answered) {
+  const size_t dir_end = control_socket.rfind('/');
+  const size_t name_at = answered.rfind('/');
+  if (dir_end == std::string::npos || name_at == std::string::npos) return answered;
+  std::string beside =
+      control_socket.substr(0, dir_end) + answered.substr(name_at);  // "<dir>/handle.sock"
+  struct stat st {};
+  if (beside != answered && ::stat(beside.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+    return beside;
+  }
+  return answered;
+}
+
 // The handle channel: connects, presents `token`, receives `want` descriptors; the
 // connection (the lease, or the publish) is left open in *conn.
 absl::StatusOr<std::vector<ScopedFd>> ClaimDescriptors(const std::string& socket,
@@ -258,7 +275,7 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) 
 
   WC_ASSIGN_OR_RETURN(
       std::vector<ScopedFd> fds,
-      ClaimDescriptors(resp.handle_socket(), resp.token(),
+      ClaimDescriptors(HandleSocketFor(socket_, resp.handle_socket()), resp.token(),
                        static_cast<size_t>(resp.segments_size()), &lease->handle_conn_));
   std::vector<uint64_t> sizes;
   for (const auto& s : resp.segments()) sizes.push_back(s.size());
@@ -315,7 +332,7 @@ absl::StatusOr<std::unique_ptr<Publish>> Client::BeginPublish(const PublishOptio
   // From here on, an error destroys `p`: its destructor aborts the publish in the daemon.
   WC_ASSIGN_OR_RETURN(
       std::vector<ScopedFd> fds,
-      ClaimDescriptors(resp.handle_socket(), resp.token(),
+      ClaimDescriptors(HandleSocketFor(socket_, resp.handle_socket()), resp.token(),
                        static_cast<size_t>(resp.segments_size()), &p->handle_conn_));
   std::vector<uint64_t> sizes;
   for (const auto& s : resp.segments()) sizes.push_back(s.size());

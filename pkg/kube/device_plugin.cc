@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "deviceplugin/v1beta1/api.grpc.pb.h"
 #include "deviceplugin/v1beta1/api.pb.h"
@@ -146,15 +147,24 @@ class DevicePluginService final : public ::v1beta1::DevicePlugin::Service {
         absl::Status s = CheckDeviceId(id);
         if (!s.ok()) return ToGrpc(s);
       }
+      if (o.per_slot_dirs && creq.devices_ids_size() != 1) {
+        return ToGrpc(absl::InvalidArgumentError(absl::StrCat(
+            "Allocate: with per-slot socket directories (--namespace_rules) a container takes "
+            "exactly one ",
+            o.resource_name, ", got ", creq.devices_ids_size(), " (",
+            absl::StrJoin(creq.devices_ids(), ", "), "); request ", o.resource_name, ": 1")));
+      }
       auto* cresp = resp->add_container_responses();
       ::v1beta1::Mount* m = cresp->add_mounts();
-      m->set_host_path(o.host_socket_dir);
+      m->set_host_path(o.per_slot_dirs ? SlotSocketDir(o.host_socket_dir, creq.devices_ids(0))
+                                       : o.host_socket_dir);
       m->set_container_path(o.container_socket_dir);
       m->set_read_only(false);  // connect(2) on a Unix socket needs write access
       (*cresp->mutable_envs())[kSocketEnv] = JoinPath(o.container_socket_dir, kControlSocketName);
     }
-    WC_LOG_INFO("device plugin: Allocate for %d container(s): %s -> %s",
-                req->container_requests_size(), o.host_socket_dir, o.container_socket_dir);
+    WC_LOG_INFO("device plugin: Allocate for %d container(s): %s%s -> %s",
+                req->container_requests_size(), o.host_socket_dir,
+                o.per_slot_dirs ? "/slots/<id>" : "", o.container_socket_dir);
     return grpc::Status::OK;
   }
 
@@ -179,6 +189,12 @@ class DevicePluginService final : public ::v1beta1::DevicePlugin::Service {
   DevicePlugin* const plugin_;
   const uint64_t epoch_;
 };
+
+std::string DeviceId(int index) { return absl::StrCat(kDeviceIdPrefix, index); }
+
+std::string SlotSocketDir(const std::string& socket_dir, const std::string& device_id) {
+  return JoinPath(JoinPath(socket_dir, kSlotsDirName), device_id);
+}
 
 absl::StatusOr<std::unique_ptr<DevicePlugin>> DevicePlugin::Create(Options o) {
   auto bad = [](const std::string& msg) {
@@ -211,6 +227,16 @@ absl::StatusOr<std::unique_ptr<DevicePlugin>> DevicePlugin::Create(Options o) {
     return bad("host_socket_dir must be an absolute path: \"" + o.host_socket_dir + "\"");
   }
   o.host_socket_dir = StripTrailingSlash(o.host_socket_dir);
+  if (o.per_slot_dirs) {
+    // The daemon listens there: the longest slot's socket must fit a Unix socket path.
+    const std::string longest =
+        JoinPath(SlotSocketDir(o.host_socket_dir, DeviceId(o.slots - 1)), kControlSocketName);
+    if (longest.size() > kMaxSocketPath) {
+      return bad(absl::StrCat("per-slot socket path ", longest, " is ", longest.size(),
+                              " bytes; Unix sockets allow ", kMaxSocketPath,
+                              " (a shorter host_socket_dir, or fewer slots)"));
+    }
+  }
   if (o.container_socket_dir.empty()) o.container_socket_dir = o.host_socket_dir;
   if (!IsAbsolute(o.container_socket_dir)) {
     return bad("container_socket_dir must be an absolute path: \"" + o.container_socket_dir + "\"");
@@ -237,7 +263,7 @@ std::string DevicePlugin::kubelet_socket_path() const {
 std::vector<std::string> DevicePlugin::DeviceIds() const {
   std::vector<std::string> ids;
   ids.reserve(options_.slots);
-  for (int i = 0; i < options_.slots; ++i) ids.push_back(absl::StrCat(kDeviceIdPrefix, i));
+  for (int i = 0; i < options_.slots; ++i) ids.push_back(DeviceId(i));
   return ids;
 }
 

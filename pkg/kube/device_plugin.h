@@ -7,6 +7,10 @@
 // (host_socket_dir -> container_socket_dir, writable so the client can connect) and the env
 // WEIGHTCACHE_SOCKET=<container_socket_dir>/control.sock. Mounts added by a device plugin are
 // not part of the pod spec, so this works under Pod Security "baseline", which forbids hostPath.
+// With `per_slot_dirs` (the daemon's --namespace_rules) each device id is a slot with its own
+// socket directory, <host_socket_dir>/slots/<id>, and Allocate mounts that one instead of the
+// shared directory: a container sees only its own slot's sockets, so the daemon knows the slot
+// of every connection, and the kubelet's PodResources API says which pod holds the slot.
 //
 // Life cycle:
 //   Start(): serves the DevicePlugin gRPC service on <kubelet_dir>/<endpoint> FIRST (the kubelet
@@ -59,6 +63,13 @@ inline constexpr char kHandleSocketName[] = "handle.sock";
 inline constexpr char kSocketEnv[] = "WEIGHTCACHE_SOCKET";
 inline constexpr char kHealthy[] = "Healthy";
 inline constexpr char kUnhealthy[] = "Unhealthy";
+// Per-slot socket directories live under <socket_dir>/<kSlotsDirName>/<device id>.
+inline constexpr char kSlotsDirName[] = "slots";
+
+// The device id of slot `index`: "weightcache-<index>" (contract: PodResources reports it).
+std::string DeviceId(int index);
+// A slot's own socket directory on the host: <socket_dir>/slots/<device_id>.
+std::string SlotSocketDir(const std::string& socket_dir, const std::string& device_id);
 
 class DevicePluginService;  // the gRPC service, defined in device_plugin.cc
 
@@ -76,6 +87,9 @@ class DevicePlugin {
     // handle.sock), and where Allocate mounts it in the container (empty: the same path).
     std::string host_socket_dir = "/run/weightcache";
     std::string container_socket_dir;
+    // Allocate mounts the slot's own directory, SlotSocketDir(host_socket_dir, id), at
+    // container_socket_dir; a container must then ask for exactly one device.
+    bool per_slot_dirs = false;
     // Whether the daemon can serve; null means always healthy.
     std::function<bool()> healthy;
     // How often health and the sockets are checked when no inotify event arrives.

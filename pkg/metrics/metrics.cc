@@ -26,7 +26,7 @@ namespace {
 constexpr AcquireResult kAllResults[] = {AcquireResult::kHit,      AcquireResult::kMiss,
                                          AcquireResult::kMismatch, AcquireResult::kRejected,
                                          AcquireResult::kError,    AcquireResult::kPeerCopy,
-                                         AcquireResult::kStale};
+                                         AcquireResult::kStale,    AcquireResult::kDenied};
 
 // The states weightcache_models reports, always all of them (0 when none). "gone" entries
 // are on their way out of the registry and are not reported. "stale": ready, but its files
@@ -175,6 +175,8 @@ const char* AcquireResultName(AcquireResult r) {
       return "peer_copy";
     case AcquireResult::kStale:
       return "stale";
+    case AcquireResult::kDenied:
+      return "denied";
   }
   ::weightcache::CheckFailed(__FILE__, __LINE__, "unknown AcquireResult");
 }
@@ -207,7 +209,7 @@ struct Metrics::Impl {
         refusals(prometheus::BuildCounter()
                      .Name("weightcache_refusals_total")
                      .Help("Control-plane requests refused, by rule (admin, lease_owner, "
-                           "model_roots, allowlist, connection_cap, publish).")
+                           "model_roots, allowlist, connection_cap, publish, namespace).")
                      .Register(registry)),
         keeper_up(prometheus::BuildGauge()
                       .Name("weightcache_keeper_up")

@@ -38,7 +38,9 @@ class Registry;
 namespace weightcache::metrics {
 
 // kStale: the asked model's files changed on disk after its entry was loaded.
-enum class AcquireResult { kHit, kMiss, kMismatch, kRejected, kError, kPeerCopy, kStale };
+// kDenied: the model's allowed_namespaces do not admit the calling pod, or the pod could not
+// be identified (--namespace_rules; fail closed).
+enum class AcquireResult { kHit, kMiss, kMismatch, kRejected, kError, kPeerCopy, kStale, kDenied };
 const char* AcquireResultName(AcquireResult r);  // "hit", "miss", ...
 
 struct EntrySnapshot {

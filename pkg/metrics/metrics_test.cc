@@ -86,6 +86,7 @@ TEST(AcquireResultNameTest, AllNames) {
   EXPECT_STREQ(AcquireResultName(AcquireResult::kRejected), "rejected");
   EXPECT_STREQ(AcquireResultName(AcquireResult::kError), "error");
   EXPECT_STREQ(AcquireResultName(AcquireResult::kPeerCopy), "peer_copy");
+  EXPECT_STREQ(AcquireResultName(AcquireResult::kDenied), "denied");
 }
 
 TEST(MetricsTest, EachAcquireResultMovesOnlyItsOwnSeriesByOne) {
@@ -95,9 +96,9 @@ TEST(MetricsTest, EachAcquireResultMovesOnlyItsOwnSeriesByOne) {
 
   const std::string kAcquire = "weightcache_acquire_total";
   const std::string kDuration = "weightcache_acquire_duration_seconds";
-  for (AcquireResult r :
-       {AcquireResult::kHit, AcquireResult::kMiss, AcquireResult::kMismatch,
-        AcquireResult::kRejected, AcquireResult::kError, AcquireResult::kPeerCopy}) {
+  for (AcquireResult r : {AcquireResult::kHit, AcquireResult::kMiss, AcquireResult::kMismatch,
+                          AcquireResult::kRejected, AcquireResult::kError, AcquireResult::kPeerCopy,
+                          AcquireResult::kDenied}) {
     SCOPED_TRACE(AcquireResultName(r));
     const Values before = Snapshot(registry);
     m.OnAcquire("m", r, 0.0003);
@@ -111,7 +112,7 @@ TEST(MetricsTest, EachAcquireResultMovesOnlyItsOwnSeriesByOne) {
   const Values end = Snapshot(registry);
   EXPECT_EQ(Value(end, kAcquire, {{"model", "m"}, {"result", "hit"}}), 2.0);
   EXPECT_EQ(Value(end, kAcquire, {{"model", "m"}, {"result", "rejected"}}), 1.0);
-  EXPECT_EQ(Value(end, kDuration, {}), 7.0);
+  EXPECT_EQ(Value(end, kDuration, {}), 8.0);
 }
 
 TEST(MetricsTest, FirstSightOfAModelCreatesAllResultSeriesAtZero) {
@@ -119,7 +120,7 @@ TEST(MetricsTest, FirstSightOfAModelCreatesAllResultSeriesAtZero) {
   Metrics m(registry, TestBuild());
   m.OnAcquire("a", AcquireResult::kMiss, 0.01);
   const Values v = Snapshot(registry);
-  for (const char* r : {"hit", "mismatch", "rejected", "error", "peer_copy"}) {
+  for (const char* r : {"hit", "mismatch", "rejected", "error", "peer_copy", "denied"}) {
     EXPECT_EQ(Value(v, "weightcache_acquire_total", {{"model", "a"}, {"result", r}}), 0.0) << r;
   }
   EXPECT_EQ(Value(v, "weightcache_acquire_total", {{"model", "a"}, {"result", "miss"}}), 1.0);

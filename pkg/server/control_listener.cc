@@ -35,25 +35,32 @@ uint64_t InodeOf(int fd) {
 
 absl::StatusOr<std::unique_ptr<ControlListener>> ControlListener::Start(Options options,
                                                                         grpc::Server* server) {
-  WC_ASSIGN_OR_RETURN(ScopedFd listen, ListenUnix(options.path, 0660, kBacklog));
-  // Non-blocking: the loop drains the backlog until EAGAIN.
-  const int flags = ::fcntl(listen.get(), F_GETFL);
-  if (flags < 0 || ::fcntl(listen.get(), F_SETFL, flags | O_NONBLOCK) != 0) {
-    return ErrnoStatus(errno, "fcntl O_NONBLOCK", options.path);
-  }
+  std::vector<Listening> listening;
+  auto listen = [&](const std::string& path, const std::string& slot) -> absl::Status {
+    WC_ASSIGN_OR_RETURN(ScopedFd fd, ListenUnix(path, 0660, kBacklog));
+    // Non-blocking: the loop drains the backlog until EAGAIN.
+    const int flags = ::fcntl(fd.get(), F_GETFL);
+    if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags | O_NONBLOCK) != 0) {
+      return ErrnoStatus(errno, "fcntl O_NONBLOCK", path);
+    }
+    listening.push_back({std::move(fd), slot});
+    return absl::OkStatus();
+  };
+  WC_RETURN_IF_ERROR(listen(options.path, ""));
+  for (const auto& s : options.slot_sockets) WC_RETURN_IF_ERROR(listen(s.path, s.slot));
   ScopedFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake) return ErrnoStatus(errno, "eventfd");
   ConnectionRelay::Options ro;
   ro.max_streams = options.max_streams_per_connection;
   WC_ASSIGN_OR_RETURN(auto relay, ConnectionRelay::Start(ro));
   return std::unique_ptr<ControlListener>(new ControlListener(
-      std::move(options), std::move(listen), std::move(wake), std::move(relay), server));
+      std::move(options), std::move(listening), std::move(wake), std::move(relay), server));
 }
 
-ControlListener::ControlListener(Options options, ScopedFd listen, ScopedFd wake,
+ControlListener::ControlListener(Options options, std::vector<Listening> listening, ScopedFd wake,
                                  std::unique_ptr<ConnectionRelay> relay, grpc::Server* server)
     : options_(std::move(options)),
-      listen_(std::move(listen)),
+      listening_(std::move(listening)),
       wake_(std::move(wake)),
       relay_(std::move(relay)),
       server_(server) {
@@ -66,6 +73,7 @@ ControlListener::~ControlListener() {
   (void)::write(wake_.get(), &one, sizeof one);
   thread_.join();
   ::unlink(options_.path.c_str());
+  for (const auto& s : options_.slot_sockets) ::unlink(s.path.c_str());
 }
 
 std::optional<ControlListener::Caller> ControlListener::PeerOf(const std::string& peer) const {
@@ -89,14 +97,17 @@ ControlListener::Counters ControlListener::counters() const {
 void ControlListener::Loop() {
   auto backoff_until = std::chrono::steady_clock::time_point{};
   auto next_reap = std::chrono::steady_clock::now();
+  std::vector<pollfd> fds;
   while (!stop_) {
     const auto now = std::chrono::steady_clock::now();
     const bool backing_off = now < backoff_until;
     // After a shortage, descriptors being back is what readiness needs to know, not whether
     // someone connected since.
     if (!backing_off && !healthy_.load()) ProbeDescriptors();
-    pollfd fds[2] = {{wake_.get(), POLLIN, 0}, {listen_.get(), POLLIN, 0}};
-    const int n = ::poll(fds, backing_off ? 1 : 2, backing_off ? kBackoffMs : kTickMs);
+    fds.assign(1, {wake_.get(), POLLIN, 0});
+    // While backing off, the listening sockets are left out (-1: poll ignores them).
+    for (const auto& l : listening_) fds.push_back({backing_off ? -1 : l.fd.get(), POLLIN, 0});
+    const int n = ::poll(fds.data(), fds.size(), backing_off ? kBackoffMs : kTickMs);
     if (n < 0 && errno != EINTR) {
       WC_LOG_ERROR("control listener: poll: %s", std::strerror(errno));
       std::this_thread::sleep_for(std::chrono::milliseconds(kBackoffMs));
@@ -106,64 +117,10 @@ void ControlListener::Loop() {
       (void)::read(wake_.get(), &v, sizeof v);
     }
     if (stop_) break;
-    if (!backing_off && (fds[1].revents & POLLIN)) {
-      // Drain the backlog; on EMFILE/ENFILE back off instead of spinning on a readable socket.
-      for (int i = 0; i < 64 && !stop_; ++i) {
-        ScopedFd conn(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-        if (!conn) {
-          const int err = errno;
-          if (err == EAGAIN || err == EINTR || err == ECONNABORTED) break;
-          std::lock_guard<std::mutex> l(mu_);
-          counters_.accept_errors++;
-          if (healthy_.exchange(false)) {
-            WC_LOG_ERROR(
-                "control socket: accept: %s; retrying every %d ms until descriptors "
-                "are free (raise the open-file limit?)",
-                std::strerror(err), kBackoffMs);
-          }
-          backoff_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(kBackoffMs);
-          break;
-        }
-        if (!healthy_.exchange(true)) WC_LOG_INFO("control socket: accepting again");
-        auto cred = GetPeerCred(conn.get());
-        std::lock_guard<std::mutex> l(mu_);
-        if (!cred.ok()) continue;  // the peer went away
-        const auto& allowed = options_.allowed_uids;
-        if (!allowed.empty() &&
-            std::find(allowed.begin(), allowed.end(), cred->uid) == allowed.end()) {
-          counters_.refused_uid++;
-          WC_LOG_WARN("control socket: uid %d (pid %d) is not in --allowed_uids; closed", cred->uid,
-                      cred->pid);
-          continue;
-        }
-        Reap();
-        if (conns_.size() >= options_.max_connections) {
-          counters_.refused_total++;
-          WC_LOG_WARN("control socket: %d connections open (--max_connections); uid %d closed",
-                      conns_.size(), cred->uid);
-          continue;
-        }
-        size_t& mine = per_uid_[cred->uid];
-        Conn c;
-        c.caller.cred = *cred;
-        c.caller.over_cap = mine >= options_.max_connections_per_uid;
-        auto fd = relay_->Add(std::move(conn), absl::StrCat("uid ", cred->uid, " pid ", cred->pid));
-        if (!fd.ok()) {  // out of descriptors for the socket pair: as for accept
-          counters_.accept_errors++;
-          if (healthy_.exchange(false)) {
-            WC_LOG_ERROR(
-                "control socket: %s; retrying every %d ms until descriptors are free (raise "
-                "the open-file limit?)",
-                std::string(fd.status().message()), kBackoffMs);
-          }
-          backoff_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(kBackoffMs);
-          break;
-        }
-        c.ino = InodeOf(*fd);
-        ++mine;
-        counters_.accepted++;
-        conns_[*fd] = c;  // gRPC owns the descriptor from here
-        grpc::AddInsecureChannelFromFd(server_, *fd);
+    for (size_t i = 0; i < listening_.size() && !backing_off && !stop_; ++i) {
+      if ((fds[i + 1].revents & POLLIN) != 0 && !AcceptFrom(listening_[i])) {
+        backoff_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(kBackoffMs);
+        break;
       }
     }
     if (std::chrono::steady_clock::now() >= next_reap) {
@@ -174,11 +131,74 @@ void ControlListener::Loop() {
   }
 }
 
+bool ControlListener::AcceptFrom(const Listening& from) {
+  // Drain the backlog; on EMFILE/ENFILE back off instead of spinning on a readable socket.
+  for (int i = 0; i < 64 && !stop_; ++i) {
+    ScopedFd conn(::accept4(from.fd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!conn) {
+      const int err = errno;
+      if (err == EAGAIN || err == EINTR || err == ECONNABORTED) return true;
+      std::lock_guard<std::mutex> l(mu_);
+      counters_.accept_errors++;
+      if (healthy_.exchange(false)) {
+        WC_LOG_ERROR(
+            "control socket: accept: %s; retrying every %d ms until descriptors "
+            "are free (raise the open-file limit?)",
+            std::strerror(err), kBackoffMs);
+      }
+      return false;
+    }
+    if (!healthy_.exchange(true)) WC_LOG_INFO("control socket: accepting again");
+    auto cred = GetPeerCred(conn.get());
+    std::lock_guard<std::mutex> l(mu_);
+    if (!cred.ok()) continue;  // the peer went away
+    const auto& allowed = options_.allowed_uids;
+    if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), cred->uid) == allowed.end()) {
+      counters_.refused_uid++;
+      WC_LOG_WARN("control socket: uid %d (pid %d) is not in --allowed_uids; closed", cred->uid,
+                  cred->pid);
+      continue;
+    }
+    Reap();
+    if (conns_.size() >= options_.max_connections) {
+      counters_.refused_total++;
+      WC_LOG_WARN("control socket: %d connections open (--max_connections); uid %d closed",
+                  conns_.size(), cred->uid);
+      continue;
+    }
+    size_t& mine = per_uid_[cred->uid];
+    Conn c;
+    c.caller.cred = *cred;
+    c.caller.over_cap = mine >= options_.max_connections_per_uid;
+    c.caller.slot = from.slot;
+    c.caller.accepted = std::chrono::steady_clock::now();
+    auto fd =
+        relay_->Add(std::move(conn), absl::StrCat("uid ", cred->uid, " pid ", cred->pid,
+                                                  from.slot.empty() ? "" : " slot " + from.slot));
+    if (!fd.ok()) {  // out of descriptors for the socket pair: as for accept
+      counters_.accept_errors++;
+      if (healthy_.exchange(false)) {
+        WC_LOG_ERROR(
+            "control socket: %s; retrying every %d ms until descriptors are free (raise "
+            "the open-file limit?)",
+            std::string(fd.status().message()), kBackoffMs);
+      }
+      return false;
+    }
+    c.ino = InodeOf(*fd);
+    ++mine;
+    counters_.accepted++;
+    conns_[*fd] = c;  // gRPC owns the descriptor from here
+    grpc::AddInsecureChannelFromFd(server_, *fd);
+  }
+  return true;
+}
+
 void ControlListener::ProbeDescriptors() {
   // A connection takes three: the accepted one and the relay's socket pair.
   ScopedFd probes[3];
   for (ScopedFd& p : probes) {
-    p = ScopedFd(::fcntl(listen_.get(), F_DUPFD_CLOEXEC, 0));
+    p = ScopedFd(::fcntl(listening_[0].fd.get(), F_DUPFD_CLOEXEC, 0));
     if (!p) return;
   }
   if (!healthy_.exchange(true)) WC_LOG_INFO("control socket: accepting again");

@@ -129,22 +129,29 @@ absl::Status Daemon::Impl::Start() {
   }
   WC_RETURN_IF_ERROR(RemoveStaleSocket(control_path()));
   WC_RETURN_IF_ERROR(RemoveStaleSocket(handle_path()));
+  if (const auto& nr = options_.namespace_rules; nr.enabled) {
+    WC_ASSIGN_OR_RETURN(rules_, NamespaceRules::Create(nr));
+    WC_ASSIGN_OR_RETURN(slots_,
+                        PrepareSlotDirs(options_.socket_dir, nr.slots, options_.socket_gid));
+  }
   HandleChannel::Options hopts;
   hopts.path = handle_path();
+  for (const auto& s : slots_) hopts.slot_sockets.push_back({s.slot, s.handle});
   hopts.allowed_uids = options_.allowed_uids;
-  WC_ASSIGN_OR_RETURN(handles_, HandleChannel::Start(
-                                    hopts,
-                                    [this](const std::string& t, const PeerCred& p) {
-                                      return publishes_.IsToken(t) ? publishes_.Claim(t, p)
-                                                                   : leases_.Claim(t, p);
-                                    },
-                                    [this](const std::string& id) {
-                                      if (!publishes_.OnClose(id)) registry_.RemoveLease(id);
-                                    },
-                                    [this] {
-                                      leases_.ExpireTokens();
-                                      publishes_.ExpireTokens();
-                                    }));
+  WC_ASSIGN_OR_RETURN(handles_,
+                      HandleChannel::Start(
+                          hopts,
+                          [this](const std::string& t, const PeerCred& p, const std::string& slot) {
+                            return publishes_.IsToken(t) ? publishes_.Claim(t, p)
+                                                         : leases_.Claim(t, p, slot);
+                          },
+                          [this](const std::string& id) {
+                            if (!publishes_.OnClose(id)) registry_.RemoveLease(id);
+                          },
+                          [this] {
+                            leases_.ExpireTokens();
+                            publishes_.ExpireTokens();
+                          }));
 
   // Preloads are opened (maybe hashed) on their own thread while the daemon serves; their
   // names are pending until their entries are registered, so a client never sees a daemon
@@ -175,6 +182,7 @@ absl::Status Daemon::Impl::Start() {
   if (!grpc_) return absl::UnavailableError("gRPC: the control server did not start");
   ControlListener::Options lo;
   lo.path = control_path();
+  for (const auto& s : slots_) lo.slot_sockets.push_back({s.slot, s.control});
   lo.allowed_uids = options_.allowed_uids;
   lo.max_connections = options_.max_connections;
   lo.max_connections_per_uid = options_.max_connections_per_uid;
@@ -188,11 +196,15 @@ absl::Status Daemon::Impl::Start() {
         return ErrnoStatus(errno, "chown to group " + std::to_string(options_.socket_gid), p);
       }
     }
+    WC_RETURN_IF_ERROR(GroupSlotSockets(slots_, options_.socket_gid));
   }
   if (options_.preload) preload_thread_ = std::thread([this] { StartPreloads(); });
-  WC_LOG_INFO("serving on %s (handles on %s), backend %s, peer policy %s", control_path(),
+  WC_LOG_INFO("serving on %s (handles on %s), backend %s, peer policy %s%s", control_path(),
               handle_path(), memory::BackendName(backend_->kind()),
-              PeerPolicyName(options_.peer_policy));
+              PeerPolicyName(options_.peer_policy),
+              rules_ ? absl::StrCat("; namespace rules on, ", slots_.size(), " slot sockets under ",
+                                    options_.socket_dir, "/slots")
+                     : "");
 
   return absl::OkStatus();
 }
@@ -282,6 +294,9 @@ void Daemon::Impl::Count(metrics::AcquireResult r) {
     case metrics::AcquireResult::kStale:
       stale_++;
       break;
+    case metrics::AcquireResult::kDenied:
+      denied_++;
+      break;
     default:
       errors_++;
       break;
@@ -325,8 +340,12 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
                     absl::NotFoundError(absl::StrCat("no cached entry has fingerprint ", fp)));
     }
     *model = all.front()->model;
+    for (const auto& e : all) {
+      if (auto s = MayMap(caller, e->model); !s.ok()) return finish(AcquireResult::kDenied, s);
+    }
   } else if (req.target_case() == v1::AcquireRequest::kModel) {
     *model = req.model();
+    if (auto s = MayMap(caller, req.model()); !s.ok()) return finish(AcquireResult::kDenied, s);
     if (auto s = AwaitPreload(req.model(), req.wait_ready() || req.load_on_miss(), deadline);
         !s.ok()) {
       return finish(AcquireResult::kMiss, s);
@@ -497,7 +516,7 @@ absl::Status Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
                                      const std::string& name, const Caller& caller,
                                      v1::AcquireResponse* resp) {
   WC_ASSIGN_OR_RETURN(LeaseManager::Issued issued,
-                      leases_.Issue(e, name, caller.cred, options_.before_lease_hook));
+                      leases_.Issue(e, name, caller.cred, caller.slot, options_.before_lease_hook));
   const std::shared_ptr<const load::LoadedModel>& content = issued.content;
   std::string model_dir = content->model_dir;
   // The asked spec: same content as the entry's (that is what the fingerprint says), and the
@@ -516,7 +535,8 @@ absl::Status Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
   resp->set_model(name);
   resp->set_backend(memory::BackendName(backend_->kind()));
   resp->set_device_uuid(content->device_uuid);
-  resp->set_handle_socket(handle_path());
+  resp->set_handle_socket(caller.slot.empty() ? handle_path()
+                                              : SlotHandleSocketInContainer(options_));
   resp->set_total_bytes(content->plan.total_bytes);
   resp->set_model_dir(model_dir);
   for (size_t i = 0; i < content->segments.size(); ++i) {
@@ -567,6 +587,7 @@ absl::Status Daemon::Impl::Load(const Caller& caller, const v1::LoadRequest& req
     models_.Define(specs[0]);
   }
   if (name.empty()) return absl::InvalidArgumentError("Load: set model or spec_yaml");
+  if (auto s = MayMap(caller, name); !s.ok()) return Refuse("namespace", std::string(s.message()));
   WC_ASSIGN_OR_RETURN(auto opened, models_.Open(name, /*refresh=*/true));
   // One rank when the request names it; else every rank of the spec.
   std::vector<spec::Layout> layouts;
@@ -773,6 +794,7 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
       m->set_layout(sp.layout.empty() ? "hf" : sp.layout);
       for (uint32_t r : ready_ranks[name]) m->add_cached_ranks(r);
       m->set_refused(refused);
+      for (const auto& ns : sp.allowed_namespaces) m->add_allowed_namespaces(ns);
     }
   }
   resp->set_acquire_hits(hits_);
@@ -782,6 +804,7 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
   resp->set_acquire_errors(errors_);
   resp->set_acquire_peer_copies(peer_copies_);
   resp->set_acquire_stale(stale_);
+  resp->set_acquire_denied(denied_);
   resp->set_hashed_bytes(models_.hashed_bytes());
   if (keeper_) keeper_->Fill(resp->mutable_keeper());
   if (const metrics::StagingSnapshot s = Staging(); s.present) {
@@ -815,6 +838,8 @@ absl::StatusOr<Daemon::Impl::Caller> Daemon::Impl::CallerOf(const std::string& g
 }
 
 bool Daemon::Impl::IsAdmin(const Caller& c) const {
+  // Slot sockets (--namespace_rules) serve engine pods: admin is a role of the shared socket.
+  if (!c.slot.empty()) return false;
   if (options_.admin_uids.empty() && options_.admin_gids.empty()) return c.cred.uid == ::geteuid();
   const auto& u = options_.admin_uids;
   const auto& g = options_.admin_gids;
@@ -830,6 +855,14 @@ absl::StatusOr<PublishManager*> Daemon::Impl::Publisher(const Caller& caller) {
                                           "own uid)"));
   }
   return &publishes_;
+}
+
+absl::Status Daemon::Impl::MayMap(const Caller& caller, const std::string& model) {
+  if (!rules_) return absl::OkStatus();
+  const std::optional<spec::ModelSpec> spec = models_.Spec(model);
+  if (!spec) return absl::OkStatus();
+  return rules_->MayMap({caller.slot, caller.accepted, IsAdmin(caller)}, model,
+                        spec->allowed_namespaces);
 }
 
 absl::Status Daemon::Impl::Refuse(const std::string& rule, const std::string& message) {

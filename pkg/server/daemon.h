@@ -46,6 +46,23 @@ absl::StatusOr<PeerPolicy> ParsePeerPolicy(const std::string& name);
 // tp_size N model on an N-GPU node gets one rank per GPU. Empty when there is no device.
 std::string DefaultDeviceForRank(const std::vector<memory::DeviceInfo>& devices, int rank);
 
+// Per-model namespace rules (docs/security.md, pkg/server/namespace_rules.h). With `enabled`,
+// the daemon also serves one socket directory per device-plugin slot,
+// <socket_dir>/slots/weightcache-<i>/ (control.sock, handle.sock), and asks the kubelet's
+// PodResources API which pod holds the slot of a connection before it maps a model that lists
+// allowed_namespaces.
+struct NamespaceRulesOptions {
+  bool enabled = false;
+  int slots = 64;  // the device plugin's slots (--device_plugin_slots)
+  std::string resource_name = "weightcache.io/client";
+  std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
+  // Where a slot's directory appears in engine containers (--container_socket_dir): the
+  // handle socket named in Acquire answers on slot connections. Empty: socket_dir.
+  std::string container_socket_dir;
+  std::chrono::milliseconds cache_ttl{2000};
+  std::chrono::milliseconds pod_resources_timeout{2000};
+};
+
 struct DaemonOptions {
   std::string socket_dir = kDefaultSocketDir;
   std::vector<spec::ModelSpec> specs;  // known models; preloaded when `preload`
@@ -95,6 +112,7 @@ struct DaemonOptions {
   // weightcache-keeper's socket: entries are deposited there before they are announced
   // ready, and adopted from there at start (no disk reads). Empty: no keeper.
   std::string keeper_socket;
+  NamespaceRulesOptions namespace_rules;
   metrics::Metrics* metrics = nullptr;  // optional
 };
 

@@ -65,6 +65,9 @@ class GrpcService final : public v1::WeightCache::Service {
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
     auto publisher = impl_->Publisher(*caller);
     if (!publisher.ok()) return ToGrpc(ctx, publisher.status());
+    // Published weights are served under the base model's name: its rule guards who may
+    // publish them too.
+    if (auto s = impl_->MayMap(*caller, req->model()); !s.ok()) return ToGrpc(ctx, s);
     return ToGrpc(ctx, (*publisher)->Begin(caller->cred, *req, resp));
   }
 

@@ -29,6 +29,7 @@ struct Conn {
   std::string lease_id;  // empty until the token is claimed
   std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
   uid_t uid = static_cast<uid_t>(-1);  // the peer's, read at accept
+  std::string slot;                    // of the socket it came in on; empty: the shared one
 };
 
 void SendError(int fd, const std::string& msg) { (void)WriteAll(fd, FormatErrorLine(msg)); }
@@ -38,19 +39,25 @@ void SendError(int fd, const std::string& msg) { (void)WriteAll(fd, FormatErrorL
 absl::StatusOr<std::unique_ptr<HandleChannel>> HandleChannel::Start(const Options& options,
                                                                     ClaimFn claim, CloseFn close,
                                                                     TickFn tick) {
-  auto listen = ListenUnix(options.path, options.mode);
-  if (!listen.ok()) return listen.status();
+  std::vector<ScopedFd> listening;
+  std::vector<std::string> paths = {options.path};
+  for (const auto& s : options.slot_sockets) paths.push_back(s.path);
+  for (const std::string& path : paths) {
+    auto listen = ListenUnix(path, options.mode);
+    if (!listen.ok()) return listen.status();
+    listening.push_back(std::move(listen).value());
+  }
   ScopedFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake) return ErrnoStatus(errno, "eventfd");
-  return std::unique_ptr<HandleChannel>(new HandleChannel(options, std::move(listen).value(),
+  return std::unique_ptr<HandleChannel>(new HandleChannel(options, std::move(listening),
                                                           std::move(wake), std::move(claim),
                                                           std::move(close), std::move(tick)));
 }
 
-HandleChannel::HandleChannel(Options options, ScopedFd listen, ScopedFd wake, ClaimFn claim,
-                             CloseFn close, TickFn tick)
+HandleChannel::HandleChannel(Options options, std::vector<ScopedFd> listening, ScopedFd wake,
+                             ClaimFn claim, CloseFn close, TickFn tick)
     : options_(std::move(options)),
-      listen_(std::move(listen)),
+      listening_(std::move(listening)),
       wake_(std::move(wake)),
       claim_(std::move(claim)),
       close_(std::move(close)),
@@ -67,6 +74,7 @@ HandleChannel::~HandleChannel() {
   (void)::write(wake_.get(), &one, sizeof one);
   thread_.join();
   ::unlink(options_.path.c_str());
+  for (const auto& s : options_.slot_sockets) ::unlink(s.path.c_str());
 }
 
 void HandleChannel::CloseLease(const std::string& lease_id) {
@@ -105,9 +113,10 @@ void HandleChannel::Loop() {
     }
     const bool backing_off = std::chrono::steady_clock::now() < backoff_until;
     std::vector<pollfd> fds;
-    // While backing off from EMFILE the listening socket is left out (-1: poll ignores it).
-    fds.push_back({backing_off ? -1 : listen_.get(), POLLIN, 0});
     fds.push_back({wake_.get(), POLLIN, 0});
+    // While backing off from EMFILE the listening sockets are left out (-1: poll ignores them).
+    for (const auto& l : listening_) fds.push_back({backing_off ? -1 : l.get(), POLLIN, 0});
+    const size_t first_conn = fds.size();
     for (const auto& [fd, c] : conns) fds.push_back({fd, POLLIN, 0});
     int n = ::poll(fds.data(), fds.size(), kTickMs);
     if (n < 0 && errno != EINTR) {
@@ -130,21 +139,25 @@ void HandleChannel::Loop() {
       it = next;
     }
     if (n <= 0) continue;
-    if (fds[1].revents & POLLIN) {
+    if (fds[0].revents & POLLIN) {
       uint64_t v;
       (void)::read(wake_.get(), &v, sizeof v);
     }
-    if (!backing_off && (fds[0].revents & POLLIN)) {
-      int cfd = ::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    for (size_t li = 0; li < listening_.size() && !backing_off; ++li) {
+      if ((fds[li + 1].revents & POLLIN) == 0) continue;
+      int cfd = ::accept4(listening_[li].get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (cfd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
         // Out of descriptors: the socket stays readable; poll without it for a while
         // instead of spinning.
         WC_LOG_WARN("handle channel: accept: %s; retrying in %d ms", std::strerror(errno),
                     kBackoffMs);
         backoff_until = now + std::chrono::milliseconds(kBackoffMs);
-      } else if (cfd >= 0) {
+        break;
+      }
+      if (cfd >= 0) {
         Conn c;
         c.fd.reset(cfd);
+        c.slot = li == 0 ? std::string() : options_.slot_sockets[li - 1].slot;
         auto cred = GetPeerCred(cfd);
         c.uid = cred.ok() ? cred->uid : static_cast<uid_t>(-1);
         size_t mine = 0;
@@ -160,7 +173,7 @@ void HandleChannel::Loop() {
         }
       }
     }
-    for (size_t i = 2; i < fds.size(); ++i) {
+    for (size_t i = first_conn; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       auto it = conns.find(fds[i].fd);
       if (it == conns.end()) continue;
@@ -197,7 +210,7 @@ void HandleChannel::Loop() {
         end_conn(it);
         continue;
       }
-      auto grant = claim_(handshake.token, *peer);
+      auto grant = claim_(handshake.token, *peer, c.slot);
       if (!grant.ok()) {
         // The code first, so the client can tell a refusal from an ended lease.
         SendError(c.fd.get(), absl::StrCat(absl::StatusCodeToString(grant.status().code()), ": ",

@@ -9,6 +9,10 @@
 //                      the lease went), or "ERR <message>" and close.
 //   afterwards the client keeps the connection open and sends nothing; EOF ends the lease.
 //
+// Besides `path` it may serve one socket per device-plugin slot (namespace rules): the claim
+// callback is told which socket the token came in on ("" for `path`), so a token issued on
+// one slot's control socket can be refused on another slot's handle socket.
+//
 // Thread-safety: one internal thread runs the poll loop and calls the callbacks; public
 // methods may be called from any thread. The destructor stops the thread and closes
 // every connection (which ends their leases through CloseFn).
@@ -39,9 +43,10 @@ class HandleChannel {
     std::vector<int> fds;  // borrowed; valid while `keepalive` lives
     std::shared_ptr<const void> keepalive;
   };
-  // Turns a token into the lease's descriptors; an error is sent back as "ERR ...".
-  using ClaimFn =
-      std::function<absl::StatusOr<Grant>(const std::string& token, const PeerCred& peer)>;
+  // Turns a token into the lease's descriptors; an error is sent back as "ERR ...". `slot`:
+  // the slot of the socket the connection came in on, empty for `path`.
+  using ClaimFn = std::function<absl::StatusOr<Grant>(
+      const std::string& token, const PeerCred& peer, const std::string& slot)>;
   // A lease's connection closed.
   using CloseFn = std::function<void(const std::string& lease_id)>;
   // Called about every 200 ms from the loop (token expiry and the like).
@@ -49,6 +54,13 @@ class HandleChannel {
 
   struct Options {
     std::string path;
+    // Further sockets served by the same loop, one per slot (created with `mode`, removed by
+    // the destructor like `path`).
+    struct SlotSocket {
+      std::string slot;
+      std::string path;
+    };
+    std::vector<SlotSocket> slot_sockets;
     mode_t mode = 0660;
     std::vector<uid_t> allowed_uids;  // empty: any peer that can reach the socket
     // Connections open at once, in all and per peer uid (leases included): past either cap a
@@ -69,13 +81,13 @@ class HandleChannel {
   void CloseLease(const std::string& lease_id);
 
  private:
-  HandleChannel(Options options, ScopedFd listen, ScopedFd wake, ClaimFn claim, CloseFn close,
-                TickFn tick);
+  HandleChannel(Options options, std::vector<ScopedFd> listening, ScopedFd wake, ClaimFn claim,
+                CloseFn close, TickFn tick);
   void Loop();
 
   const Options options_;
-  ScopedFd listen_;
-  ScopedFd wake_;  // eventfd: stop and CloseLease requests
+  std::vector<ScopedFd> listening_;  // [0]: `path`, then slot_sockets in order
+  ScopedFd wake_;                    // eventfd: stop and CloseLease requests
   ClaimFn claim_;
   CloseFn close_;
   TickFn tick_;

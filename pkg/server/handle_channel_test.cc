@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -59,11 +60,12 @@ class HandleChannelTest : public ::testing::Test {
     options.path = dir_ / "handle.sock";
     auto channel = HandleChannel::Start(
         options,
-        [this](const std::string& token,
-               const PeerCred& /*peer*/) -> absl::StatusOr<HandleChannel::Grant> {
+        [this](const std::string& token, const PeerCred& /*peer*/,
+               const std::string& slot) -> absl::StatusOr<HandleChannel::Grant> {
           if (token != "goodtoken") return absl::PermissionDeniedError("unknown or expired token");
           HandleChannel::Grant g;
-          g.lease_id = "lease-1";
+          // The lease names the slot the claim came in on, so tests see which socket it was.
+          g.lease_id = slot.empty() ? "lease-1" : "lease-1@" + slot;
           for (const auto& fd : *segment_fds_) g.fds.push_back(fd.get());
           g.keepalive = segment_fds_;
           return g;
@@ -73,8 +75,8 @@ class HandleChannelTest : public ::testing::Test {
     channel_ = *std::move(channel);
   }
 
-  ScopedFd Connect() {
-    auto fd = ConnectUnix(dir_ / "handle.sock");
+  ScopedFd Connect(const std::string& name = "handle.sock") {
+    auto fd = ConnectUnix(dir_ / name);
     EXPECT_TRUE(fd.ok()) << fd.status();
     return fd.ok() ? *std::move(fd) : ScopedFd();
   }
@@ -95,6 +97,29 @@ TEST_F(HandleChannelTest, GoodTokenGetsTheDescriptorsAndCloseEndsTheLease) {
   EXPECT_FALSE(recorder_.IsClosed("lease-1"));
   conn.reset();  // the client goes away: its lease ends
   EXPECT_TRUE(recorder_.WaitClosed("lease-1"));
+}
+
+TEST_F(HandleChannelTest, SlotSocketsTellTheClaimWhichSlotTheConnectionCameInOn) {
+  channel_.reset();
+  HandleChannel::Options o;
+  o.slot_sockets = {{"weightcache-0", dir_ / "h0.sock"}, {"weightcache-1", dir_ / "h1.sock"}};
+  Start(o);
+  for (const auto& [name, lease] :
+       {std::pair<std::string, std::string>{"h1.sock", "lease-1@weightcache-1"},
+        {"h0.sock", "lease-1@weightcache-0"},
+        {"handle.sock", "lease-1"}}) {
+    ScopedFd conn = Connect(name);
+    ASSERT_TRUE(WriteAll(conn.get(), "WCH1 goodtoken\n").ok());
+    auto got = RecvWithFds(conn.get(), 256);
+    ASSERT_TRUE(got.ok()) << name << ": " << got.status();
+    EXPECT_EQ(got->data, "FDS 2\n");
+    conn.reset();
+    EXPECT_TRUE(recorder_.WaitClosed(lease)) << name;
+  }
+  channel_.reset();  // removes every socket it made
+  for (const char* name : {"handle.sock", "h0.sock", "h1.sock"}) {
+    EXPECT_FALSE(std::filesystem::exists(dir_ / name)) << name;
+  }
 }
 
 TEST_F(HandleChannelTest, CloseLeaseFromAnotherThreadEndsTheConnection) {

@@ -27,7 +27,7 @@ std::string RandomHex(size_t bytes) {
 
 absl::StatusOr<LeaseManager::Issued> LeaseManager::Issue(
     const std::shared_ptr<cache::Entry>& e, const std::string& name, const PeerCred& owner,
-    const std::function<void(const std::string&)>& before_lease) {
+    const std::string& slot, const std::function<void(const std::string&)>& before_lease) {
   const std::string evicted =
       absl::StrCat("model '", name, "' was evicted between its lookup and its lease; ask again");
   auto content = registry_->Content(e);
@@ -38,17 +38,28 @@ absl::StatusOr<LeaseManager::Issued> LeaseManager::Issue(
                          std::chrono::steady_clock::now(), static_cast<int>(owner.uid)};
   if (!registry_->AddLease(e, rec).ok()) return absl::UnavailableError(evicted);
   std::lock_guard<std::mutex> l(mu_);
-  tokens_[out.token] = {out.lease_id, e, std::chrono::steady_clock::now() + token_ttl_};
+  tokens_[out.token] = {out.lease_id, e, std::chrono::steady_clock::now() + token_ttl_, slot};
   return out;
 }
 
 absl::StatusOr<HandleChannel::Grant> LeaseManager::Claim(const std::string& token,
-                                                         const PeerCred& peer) {
+                                                         const PeerCred& peer,
+                                                         const std::string& slot) {
   PendingToken pending;
   {
     std::lock_guard<std::mutex> l(mu_);
     auto it = tokens_.find(token);
     if (it == tokens_.end()) return absl::PermissionDeniedError("unknown or expired token");
+    if (it->second.slot != slot) {
+      auto where = [](const std::string& s) {
+        return s.empty() ? std::string("the shared socket") : "slot " + s + "'s socket";
+      };
+      WC_LOG_WARN("lease %s: token presented on %s, issued on %s; refused", it->second.lease_id,
+                  where(slot), where(it->second.slot));
+      return absl::PermissionDeniedError(absl::StrCat(
+          "this token was issued on ", where(it->second.slot),
+          " and is claimable only on the handle socket beside it, not on ", where(slot)));
+    }
     pending = it->second;
     tokens_.erase(it);
   }

@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <charconv>
+#include <functional>
 #include <limits>
 #include <map>
 #include <set>
@@ -27,9 +28,12 @@ constexpr int kMaxParallelSize = 1024;
 constexpr size_t kMaxNameLength = 63;
 
 // Keys of one spec, in the order ToYaml writes them.
-constexpr const char* kKeys[] = {"version",  "name",    "model_dir",    "architecture",
-                                 "revision", "tp_size", "tp_ranks",     "pp_size",
-                                 "pp_rank",  "dtype",   "quantization", "layout"};
+constexpr const char* kKeys[] = {
+    "version", "name",    "model_dir", "architecture", "revision", "tp_size",           "tp_ranks",
+    "pp_size", "pp_rank", "dtype",     "quantization", "layout",   "allowed_namespaces"};
+// Most entries of allowed_namespaces (a node shared by more teams than this lists none).
+constexpr size_t kMaxAllowedNamespaces = 256;
+constexpr size_t kMaxNamespaceLength = 63;
 constexpr const char* kDtypes[] = {"auto", "bf16", "fp16", "fp32"};
 constexpr const char* kQuantizations[] = {"auto", "none", "fp8_block"};
 constexpr const char* kLayouts[] = {"hf", "sglang", "vllm"};
@@ -176,24 +180,43 @@ RawScalar ToRaw(const YAML::Node& node) {
   return RawScalar{node.Scalar(), tag != "?" && tag != "tag:yaml.org,2002:int"};
 }
 
+// A YAML list of scalars under `key` (tp_ranks, allowed_namespaces): `add` takes each item
+// with its key "key[i]"; `list` and `item` describe the expected values in errors.
+absl::Status ForEachScalar(
+    const std::string& key, const YAML::Node& value, const char* list, const char* item,
+    const std::function<absl::Status(const std::string&, const YAML::Node&)>& add) {
+  if (!value.IsSequence()) {
+    return Invalid(key, absl::StrCat("must be ", list, ", got ", NodeKind(value)));
+  }
+  for (size_t i = 0; i < value.size(); ++i) {
+    const std::string item_key = absl::StrCat(key, "[", i, "]");
+    if (!value[i].IsScalar()) {
+      return Invalid(item_key, absl::StrCat("must be ", item, ", got ", NodeKind(value[i])));
+    }
+    WC_RETURN_IF_ERROR(add(item_key, value[i]));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SetFromNode(const std::string& key, const YAML::Node& value, ModelSpec* spec) {
   if (value.IsNull()) return absl::OkStatus();  // an explicit null keeps the default
+  if (key == "allowed_namespaces") {
+    spec->allowed_namespaces.clear();
+    return ForEachScalar(key, value, "a list of namespace names", "a namespace name",
+                         [&](const std::string&, const YAML::Node& item) {
+                           spec->allowed_namespaces.push_back(item.Scalar());
+                           return absl::OkStatus();
+                         });
+  }
   if (key == "tp_ranks") {
-    if (!value.IsSequence()) {
-      return Invalid(key, absl::StrCat("must be a list of integers, got ", NodeKind(value)));
-    }
     spec->tp_ranks.clear();
-    for (size_t i = 0; i < value.size(); ++i) {
-      const YAML::Node& item = value[i];
-      const std::string item_key = absl::StrCat(key, "[", i, "]");
-      if (!item.IsScalar()) {
-        return Invalid(item_key, absl::StrCat("must be an integer, got ", NodeKind(item)));
-      }
-      int rank = 0;
-      WC_RETURN_IF_ERROR(SetInt(item_key, ToRaw(item), &rank));
-      spec->tp_ranks.push_back(rank);
-    }
-    return absl::OkStatus();
+    return ForEachScalar(key, value, "a list of integers", "an integer",
+                         [&](const std::string& item_key, const YAML::Node& item) {
+                           int rank = 0;
+                           WC_RETURN_IF_ERROR(SetInt(item_key, ToRaw(item), &rank));
+                           spec->tp_ranks.push_back(rank);
+                           return absl::OkStatus();
+                         });
   }
   if (!value.IsScalar()) {
     bool is_int = key == "version" || key == "tp_size" || key == "pp_size" || key == "pp_rank";
@@ -318,6 +341,50 @@ absl::Status CheckSpecText(const std::string& text, const std::string& source) {
 
 }  // namespace
 
+bool IsNamespaceName(const std::string& name) {
+  if (name.empty() || name.size() > kMaxNamespaceLength) return false;
+  for (size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    const bool inner = i > 0 && i + 1 < name.size();
+    if (!alnum && !(inner && c == '-')) return false;
+  }
+  return true;
+}
+
+namespace {
+
+// allowed_namespaces: bounded, each a namespace name, no repeats; errors name the spec (the
+// list is an access rule, so an operator needs to see which model's rule is wrong).
+absl::Status ValidateNamespaces(const ModelSpec& spec) {
+  const auto& list = spec.allowed_namespaces;
+  if (list.size() > kMaxAllowedNamespaces) {
+    return Invalid("allowed_namespaces",
+                   absl::StrCat("model ", Quote(spec.name), " lists ", list.size(),
+                                " namespaces, more than ", kMaxAllowedNamespaces));
+  }
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string field = absl::StrCat("allowed_namespaces[", i, "]");
+    if (!IsNamespaceName(list[i])) {
+      return Invalid(field, absl::StrCat("model ", Quote(spec.name), ": ", Quote(list[i]),
+                                         " is not a Kubernetes namespace name (a DNS-1123 label: "
+                                         "lower-case letters, digits and '-', starting and "
+                                         "ending with a letter or digit, at most ",
+                                         kMaxNamespaceLength, " characters)"));
+    }
+    auto [it, inserted] = seen.emplace(list[i], i);
+    if (!inserted) {
+      return Invalid(
+          field, absl::StrCat("model ", Quote(spec.name), ": duplicate namespace ", Quote(list[i]),
+                              " (also allowed_namespaces[", it->second, "])"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status Validate(const ModelSpec& spec) {
   if (spec.version != kSpecVersion) {
     return Invalid("version", absl::StrCat("must be ", kSpecVersion, ", got ", spec.version));
@@ -379,7 +446,7 @@ absl::Status Validate(const ModelSpec& spec) {
     return Invalid("layout", absl::StrCat("must be one of ", absl::StrJoin(kLayouts, ", "),
                                           ", got ", Quote(spec.layout)));
   }
-  return absl::OkStatus();
+  return ValidateNamespaces(spec);
 }
 
 absl::StatusOr<std::vector<ModelSpec>> ParseSpecs(const std::string& text,
@@ -455,7 +522,11 @@ absl::StatusOr<ModelSpec> ParseSpecFlag(const std::string& flag) {
     start = comma + 1;
     const size_t eq = item.find('=');
     if (eq == std::string::npos) {
-      // "tp_ranks=0,1,2": a bare value after tp_ranks continues the list.
+      // "tp_ranks=0,1,2", "allowed_namespaces=a,b": a bare value continues the list.
+      if (last_key == "allowed_namespaces" && !item.empty()) {
+        spec.allowed_namespaces.push_back(item);
+        continue;
+      }
       if (last_key == "tp_ranks" && !item.empty()) {
         int rank = 0;
         WC_RETURN_IF_ERROR(InContext(
@@ -478,6 +549,11 @@ absl::StatusOr<ModelSpec> ParseSpecFlag(const std::string& flag) {
       return absl::InvalidArgumentError(absl::StrCat(source, ": duplicate key ", Quote(key)));
     }
     last_key = key;
+    if (key == "allowed_namespaces") {
+      spec.allowed_namespaces.clear();
+      if (!value.empty()) spec.allowed_namespaces.push_back(value);
+      continue;
+    }
     if (key == "tp_ranks") {
       spec.tp_ranks.clear();
       if (value.empty()) continue;  // "tp_ranks=": all ranks
@@ -511,6 +587,12 @@ std::string ToYaml(const ModelSpec& spec) {
   out << YAML::Key << "dtype" << YAML::Value << YAML::DoubleQuoted << spec.dtype;
   out << YAML::Key << "quantization" << YAML::Value << YAML::DoubleQuoted << spec.quantization;
   out << YAML::Key << "layout" << YAML::Value << YAML::DoubleQuoted << spec.layout;
+  // Only when set: the canonical YAML of an open model stays what it always was.
+  if (!spec.allowed_namespaces.empty()) {
+    out << YAML::Key << "allowed_namespaces" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (const auto& ns : spec.allowed_namespaces) out << YAML::DoubleQuoted << ns;
+    out << YAML::EndSeq;
+  }
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }

@@ -18,6 +18,8 @@
 //                                    # pack q/k/v and gate/up shards contiguously, add the
 //                                    # engine's fused views (qkv_proj, gate_up_proj...) and
 //                                    # pad the vocabulary to a multiple of 64 as they do
+//   allowed_namespaces: [team-a]     # optional: only pods of these Kubernetes namespaces may
+//                                    # map it (daemon --namespace_rules); empty: everyone
 #pragma once
 
 #include <cstddef>
@@ -53,7 +55,15 @@ struct ModelSpec {
   std::string dtype = "auto";         // auto | bf16 | fp16 | fp32
   std::string quantization = "auto";  // auto | none | fp8_block
   std::string layout = "hf";          // hf | sglang | vllm (see the example above)
+  // Who may map the weights (an access rule, not weights identity: it never enters the
+  // fingerprint). Kubernetes namespace names (DNS-1123 labels, unique); empty: everyone.
+  // Enforced by the daemon only with --namespace_rules (docs/security.md).
+  std::vector<std::string> allowed_namespaces;
 };
+
+// Whether `name` is a Kubernetes namespace name: a DNS-1123 label, [a-z0-9]([-a-z0-9]*[a-z0-9])?
+// of at most 63 characters.
+bool IsNamespaceName(const std::string& name);
 
 // Validates field ranges and names; INVALID_ARGUMENT naming the field otherwise. Free-text
 // fields (model_dir up to 4096 bytes, architecture and revision up to 256) must be UTF-8

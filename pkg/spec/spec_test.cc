@@ -192,7 +192,8 @@ TEST(SpecParse, UnknownKeyNamesKeyAndSource) {
 
   ExpectInvalid("name: a\nmodel_dir: /a\ntp: 2\n",
                 "specs.yaml: unknown key \"tp\" (known: version, name, model_dir, architecture, "
-                "revision, tp_size, tp_ranks, pp_size, pp_rank, dtype, quantization, layout)");
+                "revision, tp_size, tp_ranks, pp_size, pp_rank, dtype, quantization, layout, "
+                "allowed_namespaces)");
   ExpectInvalid("models:\n  - {name: a, model_dir: /a}\nname: b\n",
                 "specs.yaml: unknown key \"name\" beside `models:` (keys go in each model)");
 }
@@ -344,7 +345,8 @@ TEST(SpecFlag, Errors) {
   expect("name=a,model_dir=/a,tp=2",
          "flag: unknown key \"tp\" (known: version, name, model_dir, "
          "architecture, revision, tp_size, tp_ranks, pp_size, "
-         "pp_rank, dtype, quantization, layout)");
+         "pp_rank, dtype, quantization, layout, "
+         "allowed_namespaces)");
   expect("name=a,model_dir=/a,tp_size=x", "flag: tp_size: must be an integer, got \"x\"");
   expect("name=a,model_dir=/a,tp_size=0", "flag: tp_size: must be >= 1, got 0");
   expect("name=a,model_dir=/a,tp_size=2,tp_ranks=0,5",
@@ -518,6 +520,66 @@ TEST(SpecValidate, FreeTextIsBoundedUtf8WithoutControlCharacters) {
                 "specs.yaml: architecture: must be at most 256 bytes, got 257: \"" +
                     std::string(128, 'A') + "...\" (257 bytes)");
   EXPECT_EQ(ParseOne("name: x\nmodel_dir: /m/\u00e9t\u00e9\n").model_dir, "/m/\u00e9t\u00e9");
+}
+
+TEST(SpecNamespaces, AbsentMeansEveryone) {
+  EXPECT_TRUE(ParseOne("name: a\nmodel_dir: /a\n").allowed_namespaces.empty());
+  EXPECT_TRUE(
+      ParseOne("name: a\nmodel_dir: /a\nallowed_namespaces: []\n").allowed_namespaces.empty());
+}
+
+TEST(SpecNamespaces, YamlJsonAndFlagForms) {
+  EXPECT_EQ(ParseOne("name: a\nmodel_dir: /a\nallowed_namespaces: [team-a, t0, a-b-c9]\n")
+                .allowed_namespaces,
+            (std::vector<std::string>{"team-a", "t0", "a-b-c9"}));
+  EXPECT_EQ(ParseOne(R"({"name": "a", "model_dir": "/a", "allowed_namespaces": ["x"]})")
+                .allowed_namespaces,
+            (std::vector<std::string>{"x"}));
+  auto flag = ParseSpecFlag("name=a,model_dir=/a,allowed_namespaces=team-a,team-b,tp_size=1");
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  EXPECT_EQ(flag->allowed_namespaces, (std::vector<std::string>{"team-a", "team-b"}));
+  EXPECT_EQ(flag->tp_size, 1);
+  // 63 characters is the longest namespace name.
+  const std::string longest(63, 'n');
+  EXPECT_EQ(ParseOne("name: a\nmodel_dir: /a\nallowed_namespaces: [" + longest + "]\n")
+                .allowed_namespaces.front(),
+            longest);
+}
+
+TEST(SpecNamespaces, BadNamesNameTheSpecAndTheValue) {
+  const std::string dns =
+      " is not a Kubernetes namespace name (a DNS-1123 label: lower-case letters, digits and "
+      "'-', starting and ending with a letter or digit, at most 63 characters)";
+  for (const std::string& bad : std::vector<std::string>{"Team-A", "team_a", "-team", "team-",
+                                                         "te.am", "", std::string(64, 'n')}) {
+    ExpectInvalid(
+        "models:\n  - {name: llama, model_dir: /a, allowed_namespaces: [ok, \"" + bad + "\"]}\n",
+        "specs.yaml: models[0].allowed_namespaces[1]: model \"llama\": \"" + bad + "\"" + dns);
+  }
+  ExpectInvalid("name: llama\nmodel_dir: /a\nallowed_namespaces: [a, b, a]\n",
+                "specs.yaml: allowed_namespaces[2]: model \"llama\": duplicate namespace \"a\" "
+                "(also allowed_namespaces[0])");
+  ExpectInvalid(
+      "name: llama\nmodel_dir: /a\nallowed_namespaces: team-a\n",
+      "specs.yaml: allowed_namespaces: must be a list of namespace names, got \"team-a\"");
+  ExpectInvalid("name: llama\nmodel_dir: /a\nallowed_namespaces: [[a]]\n",
+                "specs.yaml: allowed_namespaces[0]: must be a namespace name, got a list");
+  auto flag = ParseSpecFlag("name=llama,model_dir=/a,allowed_namespaces=ok,Bad");
+  ASSERT_FALSE(flag.ok());
+  EXPECT_EQ(std::string(flag.status().message()),
+            "flag: allowed_namespaces[1]: model \"llama\": \"Bad\"" + dns);
+}
+
+TEST(SpecNamespaces, RoundTripAndOpenSpecsKeepTheirCanonicalText) {
+  ModelSpec s;
+  s.name = "llama";
+  s.model_dir = "/m";
+  const std::string open = ToYaml(s);
+  EXPECT_THAT(open, ::testing::Not(HasSubstr("allowed_namespaces")));
+  s.allowed_namespaces = {"team-b", "team-a"};
+  const std::string yaml = ToYaml(s);
+  EXPECT_THAT(yaml, HasSubstr("allowed_namespaces: [\"team-b\", \"team-a\"]"));
+  EXPECT_EQ(ParseOne(yaml).allowed_namespaces, s.allowed_namespaces);
 }
 
 }  // namespace

@@ -15,7 +15,8 @@ bool Same(const ModelSpec& a, const ModelSpec& b) {
   return a.version == b.version && a.name == b.name && a.model_dir == b.model_dir &&
          a.architecture == b.architecture && a.revision == b.revision && a.tp_size == b.tp_size &&
          a.tp_ranks == b.tp_ranks && a.pp_size == b.pp_size && a.pp_rank == b.pp_rank &&
-         a.dtype == b.dtype && a.quantization == b.quantization && a.layout == b.layout;
+         a.dtype == b.dtype && a.quantization == b.quantization && a.layout == b.layout &&
+         a.allowed_namespaces == b.allowed_namespaces;
 }
 
 void CheckRoundTrip(const ModelSpec& spec) {

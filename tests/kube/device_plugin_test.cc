@@ -402,6 +402,60 @@ TEST_F(DevicePluginTest, AllocateMountsSocketDirAndSetsEnv) {
   EXPECT_THAT(s.error_message(), HasSubstr("weightcache-4"));
 }
 
+TEST_F(DevicePluginTest, PerSlotDirsMountEachContainersOwnSlotDirectory) {
+  KubeletServer kubelet(dir_.path());
+  DevicePlugin::Options o = Opts();
+  o.per_slot_dirs = true;
+  auto plugin = StartPlugin(o);
+  ASSERT_NE(plugin, nullptr);
+  auto stub = v1beta1::DevicePlugin::NewStub(Dial(endpoint()));
+
+  v1beta1::AllocateRequest req;
+  req.add_container_requests()->add_devices_ids("weightcache-3");
+  req.add_container_requests()->add_devices_ids("weightcache-0");
+  v1beta1::AllocateResponse resp;
+  grpc::ClientContext ctx;
+  grpc::Status s = stub->Allocate(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(resp.container_responses_size(), 2);
+  const char* want[] = {"/run/wc-host/slots/weightcache-3", "/run/wc-host/slots/weightcache-0"};
+  for (int i = 0; i < 2; ++i) {
+    const auto& c = resp.container_responses(i);
+    ASSERT_EQ(c.mounts_size(), 1);
+    EXPECT_EQ(c.mounts(0).host_path(), want[i]);
+    // The slot's directory appears where the shared one did: the client needs no change.
+    EXPECT_EQ(c.mounts(0).container_path(), "/run/weightcache");
+    EXPECT_FALSE(c.mounts(0).read_only());
+    EXPECT_EQ(c.envs().at("WEIGHTCACHE_SOCKET"), "/run/weightcache/control.sock");
+  }
+  EXPECT_EQ(SlotSocketDir("/run/wc-host", DeviceId(3)), "/run/wc-host/slots/weightcache-3");
+
+  // Two slots for one container would need two mounts at one path: refused, saying why.
+  v1beta1::AllocateRequest two;
+  auto* creq = two.add_container_requests();
+  creq->add_devices_ids("weightcache-1");
+  creq->add_devices_ids("weightcache-2");
+  grpc::ClientContext ctx2;
+  s = stub->Allocate(&ctx2, two, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(),
+            "Allocate: with per-slot socket directories (--namespace_rules) a container takes "
+            "exactly one weightcache.io/client, got 2 (weightcache-1, weightcache-2); request "
+            "weightcache.io/client: 1");
+}
+
+TEST_F(DevicePluginTest, PerSlotDirsMustFitUnixSocketPaths) {
+  DevicePlugin::Options o = Opts();
+  o.per_slot_dirs = true;
+  o.host_socket_dir = "/" + std::string(75, 'd');
+  auto p = DevicePlugin::Create(o);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(std::string(p.status().message()),
+              HasSubstr("/slots/weightcache-3/control.sock is 109 bytes; Unix sockets allow 107"));
+  o.per_slot_dirs = false;  // the shared directory's sockets are shorter: fine
+  EXPECT_TRUE(DevicePlugin::Create(o).ok());
+}
+
 TEST_F(DevicePluginTest, ContainerSocketDirDefaultsToHostDir) {
   DevicePlugin::Options o = Opts();
   o.container_socket_dir.clear();

@@ -142,6 +142,22 @@ for helm in "${helms[@]}"; do
   expect "PodMonitor release label" after <(doc "$m" PodMonitor) '^  labels:' 8 'release: kube-prometheus-stack'
   expect "ServiceMonitor release label" after <(doc "$m" ServiceMonitor) '^  labels:' 8 'release: kube-prometheus-stack'
 
+  # Namespace rules: off by default (no flag, no pod-resources mount); on in values-all.
+  expect "namespace rules off by default" lacks "$d" 'namespace_rules|pod-resources'
+  expect "namespace rules flag" has "$ds" '^            - --namespace_rules$'
+  expect "pod resources socket flag" has "$ds" \
+    '^            - --pod_resources_socket=/var/lib/k0s/kubelet/pod-resources/kubelet\.sock$'
+  expect "pod resources cache flag" has "$ds" '^            - --pod_resources_cache=5$'
+  expect "pod resources mount read-only" after "$ds" 'mountPath: /var/lib/k0s/kubelet/pod-resources$' 1 'readOnly: true$'
+  expect "pod resources hostPath" after "$ds" 'name: pod-resources$' 2 'path: /var/lib/k0s/kubelet/pod-resources$'
+  expect "ConfigMap spec allowed_namespaces" after "$cm" 'allowed_namespaces:$' 2 '- team-b$'
+  expect_fail "namespace rules need the device plugin" 'needs devicePlugin.enabled' "$helm" template wc "$chart" \
+    --set namespaceRules.enabled=true,devicePlugin.enabled=false
+  expect_fail "schema: bad allowed namespace" 'allowed_namespaces|pattern' "$helm" template wc "$chart" \
+    --set 'models[0].name=x,models[0].model_dir=/m,models[0].allowed_namespaces[0]=Team_A'
+  expect_fail "schema: namespace rules cache negative" 'cacheSeconds' "$helm" template wc "$chart" \
+    --set namespaceRules.cacheSeconds=-1
+
   # Device plugin off: no flag, no kubelet hostPath.
   "$helm" template wc "$chart" --set devicePlugin.enabled=false >"$work/nodp.yaml"
   expect "device plugin off: no flag" lacks "$work/nodp.yaml" '--device_plugin'

@@ -5,6 +5,11 @@
 // bounds the HTTP/2 streams it may hold (connection_relay.h; grpc::AddInsecureChannelFromFd
 // on the relay's socket pair); RPC handlers then learn who calls through PeerOf().
 // On EMFILE/ENFILE it backs off (100 ms) and keeps accepting once descriptors are back.
+// Besides control.sock it may serve one socket per device-plugin slot (namespace rules): each
+// connection remembers the socket it came in on, and PeerOf() reports that slot. The tie is
+// the descriptor gRPC holds (its peer string "fd:N", the relay's end of the socket pair) and
+// that socket's inode, recorded before gRPC gets the descriptor: a reused descriptor number
+// has another inode and is never taken for the old connection.
 // Not a public header.
 //
 // Thread-safety: Start/destructor from one thread; PeerOf, counters and healthy from any.
@@ -15,6 +20,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -35,7 +41,14 @@ namespace weightcache::server {
 class ControlListener {
  public:
   struct Options {
-    std::string path;                 // control.sock (created; removed by the destructor)
+    std::string path;  // control.sock (created; removed by the destructor)
+    // Further sockets, one per slot (created 0660 like `path`, removed by the destructor);
+    // their connections carry the slot id.
+    struct SlotSocket {
+      std::string slot;
+      std::string path;
+    };
+    std::vector<SlotSocket> slot_sockets;
     std::vector<uid_t> allowed_uids;  // empty: anyone who can reach the socket
     // Connections open at once: past `max_connections` new ones are closed at once; a uid
     // past `max_connections_per_uid` is served only RESOURCE_EXHAUSTED answers (see
@@ -55,6 +68,8 @@ class ControlListener {
     PeerCred cred;
     bool over_cap = false;  // this uid held max_connections_per_uid already
     size_t uid_connections = 0;
+    std::string slot;  // the slot socket it came in on; empty: the shared control.sock
+    std::chrono::steady_clock::time_point accepted;
   };
   // The caller behind gRPC's peer string ("fd:N"); nullopt when unknown.
   std::optional<Caller> PeerOf(const std::string& grpc_peer) const;
@@ -72,9 +87,15 @@ class ControlListener {
   const Options& options() const { return options_; }
 
  private:
-  ControlListener(Options options, ScopedFd listen, ScopedFd wake,
+  struct Listening {
+    ScopedFd fd;
+    std::string slot;  // empty: the shared socket
+  };
+  ControlListener(Options options, std::vector<Listening> listening, ScopedFd wake,
                   std::unique_ptr<ConnectionRelay> relay, grpc::Server* server);
   void Loop();
+  // Accepts what is pending on `l`; false when accepting must back off (out of descriptors).
+  bool AcceptFrom(const Listening& l);
   // Marks the listener healthy again when a descriptor can be had (after EMFILE).
   void ProbeDescriptors();
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -85,7 +106,7 @@ class ControlListener {
   };
 
   const Options options_;
-  ScopedFd listen_;
+  std::vector<Listening> listening_;  // [0]: control.sock
   ScopedFd wake_;
   std::unique_ptr<ConnectionRelay> relay_;
   grpc::Server* const server_;

@@ -33,6 +33,7 @@
 #include "pkg/server/internal/lease_manager.h"
 #include "pkg/server/internal/model_catalog.h"
 #include "pkg/server/internal/publish_manager.h"
+#include "pkg/server/namespace_rules.h"
 #include "weightcache/v1/weightcache.pb.h"
 
 namespace weightcache::server {
@@ -73,6 +74,9 @@ class Daemon::Impl final : public metrics::StateSource {
   // The publish RPCs' unit (publish_manager.h), once the caller passed the publish rule
   // (--publish_uids/--publish_gids); PERMISSION_DENIED naming the rule otherwise (counted).
   absl::StatusOr<PublishManager*> Publisher(const Caller& caller);
+  // The namespace rule of `model` for `caller` (namespace_rules.h); OK when the rules are off
+  // or the model is unknown (its lookup says so later).
+  absl::Status MayMap(const Caller& caller, const std::string& model);
 
   // metrics::StateSource
   std::vector<metrics::EntrySnapshot> Entries() const override;
@@ -126,7 +130,11 @@ class Daemon::Impl final : public metrics::StateSource {
                             std::chrono::steady_clock::time_point deadline);
 
   std::atomic<uint64_t> hits_{0}, misses_{0}, mismatches_{0}, rejected_{0}, errors_{0},
-      peer_copies_{0}, stale_{0};
+      peer_copies_{0}, stale_{0}, denied_{0};
+
+  // --namespace_rules: null when off. The slots' sockets are served by handles_ and control_.
+  std::unique_ptr<NamespaceRules> rules_;
+  std::vector<SlotSockets> slots_;
 
   std::unique_ptr<HandleChannel> handles_;
   std::unique_ptr<ControlListener> control_;  // destroyed before grpc_ (Teardown)

@@ -41,12 +41,16 @@ class LeaseManager {
   // there is neither a lease nor a token. `before_lease` (tests) runs just before the lease
   // is recorded.
   // `owner` (the acquiring peer) may release the lease; recorded with its pid until the
-  // claim names the process that holds the descriptors.
+  // claim names the process that holds the descriptors. `slot`: the slot socket the Acquire
+  // came in on (empty: the shared one); the token is claimable on that slot's handle socket
+  // only.
   absl::StatusOr<Issued> Issue(const std::shared_ptr<cache::Entry>& e, const std::string& name,
-                               const PeerCred& owner,
+                               const PeerCred& owner, const std::string& slot,
                                const std::function<void(const std::string&)>& before_lease);
-  // The handle channel's claim: the token's own entry's descriptors, once.
-  absl::StatusOr<HandleChannel::Grant> Claim(const std::string& token, const PeerCred& peer);
+  // The handle channel's claim: the token's own entry's descriptors, once. PERMISSION_DENIED
+  // (the token stays claimable where it belongs) when `slot` is not the token's.
+  absl::StatusOr<HandleChannel::Grant> Claim(const std::string& token, const PeerCred& peer,
+                                             const std::string& slot);
   // Ends the leases whose tokens were not claimed in time (called on the channel's tick).
   void ExpireTokens();
   // Ends a lease (and its token if unclaimed); false when no such lease is active.
@@ -57,6 +61,7 @@ class LeaseManager {
     std::string lease_id;
     std::shared_ptr<cache::Entry> entry;
     std::chrono::steady_clock::time_point expires;
+    std::string slot;
   };
 
   cache::Registry* const registry_;

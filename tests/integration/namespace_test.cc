@@ -1,0 +1,299 @@
+// Per-model namespace rules end to end (issue 18): a real weightcached with --namespace_rules,
+// real clients connecting through per-slot socket directories, and a fake kubelet serving the
+// PodResources API (real gRPC on a Unix socket) that says which pod holds which slot.
+#include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <regex>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "pkg/client/client.h"
+#include "pkg/safetensors/writer.h"
+#include "pkg/util/scoped_fd.h"
+#include "pkg/util/unix_socket.h"
+#include "podresources/v1/api.grpc.pb.h"
+#include "tests/integration/daemon_harness.h"
+#include "tests/integration/process.h"
+#include "tests/testutil/temp_dir.h"
+#include "weightcache/v1/weightcache.grpc.pb.h"
+
+namespace weightcache {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+using testing::TempDir;
+
+// The kubelet's PodResources API as far as weightcached reads it: slot -> pod, changeable.
+class FakeKubelet final : public ::v1::PodResourcesLister::Service {
+ public:
+  explicit FakeKubelet(const std::string& socket) {
+    grpc::ServerBuilder b;
+    b.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
+    b.RegisterService(this);
+    server_ = b.BuildAndStart();
+  }
+  ~FakeKubelet() override { Stop(); }
+  bool serving() const { return server_ != nullptr; }
+  void Stop() {
+    if (server_) server_->Shutdown();
+    server_.reset();
+  }
+  // Slot (device id) -> {namespace, pod}; a slot absent is held by no pod.
+  void Assign(const std::string& slot, const std::string& ns, const std::string& pod) {
+    std::lock_guard<std::mutex> l(mu_);
+    holders_[slot] = {ns, pod};
+  }
+  int lists() {
+    std::lock_guard<std::mutex> l(mu_);
+    return lists_;
+  }
+
+  grpc::Status List(grpc::ServerContext*, const ::v1::ListPodResourcesRequest*,
+                    ::v1::ListPodResourcesResponse* resp) override {
+    std::lock_guard<std::mutex> l(mu_);
+    ++lists_;
+    // An unrelated pod with another resource, as on a real node.
+    auto* gpu = resp->add_pod_resources();
+    gpu->set_name("trainer");
+    gpu->set_namespace_("team-b");
+    auto* gc = gpu->add_containers();
+    gc->set_name("main");
+    auto* gd = gc->add_devices();
+    gd->set_resource_name("nvidia.com/gpu");
+    gd->add_device_ids("weightcache-1");  // same id, other resource: must not count
+    for (const auto& [slot, who] : holders_) {
+      auto* p = resp->add_pod_resources();
+      p->set_namespace_(who.first);
+      p->set_name(who.second);
+      auto* c = p->add_containers();
+      c->set_name("engine");
+      auto* d = c->add_devices();
+      d->set_resource_name("weightcache.io/client");
+      d->add_device_ids(slot);
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  std::unique_ptr<grpc::Server> server_;
+  std::mutex mu_;
+  std::map<std::string, std::pair<std::string, std::string>> holders_;
+  int lists_ = 0;
+};
+
+// GET http://127.0.0.1:<port>/metrics, the body.
+std::string Scrape(int port) {
+  ScopedFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return "";
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
+  if (!WriteAll(fd.get(), req).ok()) return "";
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd.get(), buf, sizeof buf)) > 0;) out.append(buf, n);
+  return out;
+}
+
+class NamespaceRulesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", testing::SmallLlama()).ok());
+    // Two names for one checkpoint: the rule is not weights identity, so both have one
+    // fingerprint.
+    std::ofstream(dir_ / "specs.yaml") << "models:\n"
+                                       << "  - {name: secret, model_dir: " << dir_ / "m"
+                                       << ", allowed_namespaces: [team-a]}\n"
+                                       << "  - {name: open, model_dir: " << dir_ / "m"
+                                       << "}\n";
+    kubelet_ = std::make_unique<FakeKubelet>(dir_ / "pr.sock");
+    ASSERT_TRUE(kubelet_->serving());
+    kubelet_->Assign("weightcache-1", "team-a", "engine-a");
+    kubelet_->Assign("weightcache-3", "team-b", "engine-0");
+    // --admin_uids names someone else: this test's own uid is an engine on the shared socket.
+    auto d =
+        testing::StartDaemon({WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir(), "--backend=host",
+                              "--metrics_address=127.0.0.1:0", "--spec_file=" + dir_ / "specs.yaml",
+                              "--namespace_rules", "--device_plugin_slots=4",
+                              "--pod_resources_socket=" + dir_ / "pr.sock", "--admin_uids=4242"},
+                             socket_dir(), dir_ / "daemon.log", [](const v1::StatusResponse& s) {
+                               return s.entries_size() == 1 && s.entries(0).state() == "ready";
+                             });
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = std::move(d->process);
+    shared_ = std::move(d->client);
+  }
+
+  std::string socket_dir() const { return dir_ / "s"; }
+  std::string slot_dir(int i) const {
+    return socket_dir() + "/slots/weightcache-" + std::to_string(i);
+  }
+  // A fresh connection on slot i's control socket, as an engine in the pod holding it.
+  std::unique_ptr<client::Client> OnSlot(int i) {
+    auto c = client::Client::Connect(slot_dir(i) + "/control.sock");
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+  static absl::StatusOr<std::unique_ptr<client::Lease>> Acquire(client::Client& c,
+                                                                const std::string& model) {
+    client::AcquireOptions o;
+    o.model = model;
+    return c.Acquire(o);
+  }
+  int MetricsPort() {
+    std::smatch m;
+    const std::string log = testing::ReadFileOrEmpty(dir_ / "daemon.log");
+    return std::regex_search(log, m, std::regex("\\(port ([0-9]+)\\)")) ? std::stoi(m[1]) : -1;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<FakeKubelet> kubelet_;
+  std::unique_ptr<testing::Process> daemon_;
+  std::unique_ptr<client::Client> shared_;
+};
+
+TEST_F(NamespaceRulesTest, PodsInAllowedNamespacesMapOthersAreDeniedAndCounted) {
+  // Each slot has its own directory with both sockets, 0750.
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(std::filesystem::is_socket(slot_dir(i) + "/control.sock")) << i;
+    EXPECT_TRUE(std::filesystem::is_socket(slot_dir(i) + "/handle.sock")) << i;
+    EXPECT_EQ(std::filesystem::status(slot_dir(i)).permissions() & std::filesystem::perms::all,
+              std::filesystem::perms(0750));
+  }
+  auto a = OnSlot(1);
+  auto b = OnSlot(3);
+  ASSERT_TRUE(a && b);
+  auto lease = Acquire(*a, "secret");
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_NE((*lease)->Find("lm_head.weight"), nullptr);
+  EXPECT_GT((*lease)->segment_count(), 0u);
+
+  auto denied = Acquire(*b, "secret");
+  ASSERT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied) << denied.status();
+  EXPECT_EQ(denied.status().message(),
+            "model 'secret' may be mapped from namespaces [team-a] only; this pod "
+            "(team-b/engine-0, slot weightcache-3) is in 'team-b'");
+  // The open name of the same weights is open to every slot, with the same fingerprint:
+  // allowed_namespaces is not part of the weights' identity.
+  auto open = Acquire(*b, "open");
+  ASSERT_TRUE(open.ok()) << open.status();
+  EXPECT_EQ((*open)->fingerprint(), (*lease)->fingerprint());
+  // By fingerprint: the entry's model is 'secret', so its rule applies.
+  client::AcquireOptions by_fp;
+  by_fp.fingerprint = (*lease)->fingerprint();
+  EXPECT_EQ(b->Acquire(by_fp).status().code(), absl::StatusCode::kPermissionDenied);
+  // Nor may team-b load it.
+  absl::Status load = b->Load("secret", "", {});
+  EXPECT_EQ(load.code(), absl::StatusCode::kPermissionDenied) << load;
+  // The shared socket identifies no pod: refused to non-admin peers.
+  auto shared = Acquire(*shared_, "secret");
+  EXPECT_EQ(shared.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(shared.status().message()), HasSubstr("came in on the shared socket"));
+
+  auto st = shared_->Status();
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->acquire_denied(), 3u);  // two Acquires on slot 3, one on the shared socket
+  for (const auto& m : st->models()) {
+    EXPECT_EQ(
+        std::vector<std::string>(m.allowed_namespaces().begin(), m.allowed_namespaces().end()),
+        m.name() == "secret" ? std::vector<std::string>{"team-a"} : std::vector<std::string>{})
+        << m.name();
+  }
+  testing::ToolRun list =
+      testing::RunTool({WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "list"}, dir_ / "ctl.err");
+  EXPECT_EQ(list.rc, 0) << list.out;
+  EXPECT_THAT(list.out, HasSubstr("\n  namespaces: team-a (only pods there may map it)\n"));
+  testing::ToolRun status = testing::RunTool(
+      {WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "status"}, dir_ / "ctl.err");
+  EXPECT_THAT(status.out, HasSubstr(" 3 denied, "));
+  const int port = MetricsPort();
+  ASSERT_GT(port, 0) << testing::ReadFileOrEmpty(dir_ / "daemon.log");
+  const std::string scrape = Scrape(port);
+  EXPECT_THAT(scrape, HasSubstr("weightcache_acquire_total{model=\"secret\",result=\"denied\"} 3"));
+  EXPECT_THAT(scrape, HasSubstr("weightcache_acquire_total{model=\"secret\",result=\"hit\"} 1"));
+  EXPECT_THAT(scrape, HasSubstr("weightcache_refusals_total{rule=\"namespace\"} 1"));
+}
+
+TEST_F(NamespaceRulesTest, AReassignedSlotIsAskedAboutAfresh) {
+  {
+    auto a = OnSlot(1);
+    ASSERT_TRUE(Acquire(*a, "secret").ok());  // team-a's answer is now cached for slot 1
+  }
+  // Slot 1 goes to a team-b pod and slot 3 to a team-a pod, well within the cache's 2 s.
+  kubelet_->Assign("weightcache-1", "team-b", "intruder");
+  kubelet_->Assign("weightcache-3", "team-a", "engine-new");
+  auto now_b = OnSlot(1);
+  auto denied = Acquire(*now_b, "secret");
+  EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied) << denied.status();
+  EXPECT_THAT(std::string(denied.status().message()),
+              HasSubstr("(team-b/intruder, slot weightcache-1)"));
+  auto now_a = OnSlot(3);
+  EXPECT_TRUE(Acquire(*now_a, "secret").ok());
+}
+
+TEST_F(NamespaceRulesTest, TokensAreClaimableOnlyOnTheirOwnSlotsHandleSocket) {
+  auto channel = grpc::CreateChannel("unix:" + slot_dir(1) + "/control.sock",
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::WeightCache::NewStub(channel);
+  v1::AcquireRequest req;
+  req.set_model("secret");
+  req.mutable_layout()->set_tp_size(1);
+  v1::AcquireResponse resp;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub->Acquire(&ctx, req, &resp).ok());
+  // The daemon names the handle socket as the engine's container sees its slot directory.
+  EXPECT_EQ(resp.handle_socket(), socket_dir() + "/handle.sock");
+  for (const std::string& other : {slot_dir(3) + "/handle.sock", socket_dir() + "/handle.sock"}) {
+    auto fd = ConnectUnix(other);
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    ASSERT_TRUE(WriteAll(fd->get(), "WCH1 " + resp.token() + "\n").ok());
+    auto got = RecvWithFds(fd->get(), 512);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_THAT(got->data, HasSubstr("ERR PERMISSION_DENIED: this token was issued on slot "
+                                     "weightcache-1's socket"));
+    EXPECT_TRUE(got->fds.empty());
+  }
+  auto fd = ConnectUnix(slot_dir(1) + "/handle.sock");
+  ASSERT_TRUE(fd.ok());
+  ASSERT_TRUE(WriteAll(fd->get(), "WCH1 " + resp.token() + "\n").ok());
+  auto got = RecvWithFds(fd->get(), 512);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->data.rfind("FDS ", 0), 0u) << got->data;
+  EXPECT_FALSE(got->fds.empty());
+}
+
+TEST_F(NamespaceRulesTest, UnreachablePodResourcesFailsClosed) {
+  kubelet_->Stop();
+  std::filesystem::remove(dir_ / "pr.sock");
+  auto a = OnSlot(1);  // team-a's slot, but nobody can say so now
+  auto denied = Acquire(*a, "secret");
+  ASSERT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied) << denied.status();
+  EXPECT_THAT(std::string(denied.status().message()),
+              HasSubstr("model 'secret' may be mapped from namespaces [team-a] only; the pod on "
+                        "slot weightcache-1 could not be identified, so it is refused (fail "
+                        "closed): kubelet PodResources API (" +
+                        dir_ / "pr.sock" + "): List: "));
+  // Open models do not depend on the kubelet.
+  EXPECT_TRUE(Acquire(*a, "open").ok());
+  // A slot no pod holds: denied, saying so.
+  auto nobody = OnSlot(2);
+  kubelet_ = std::make_unique<FakeKubelet>(dir_ / "pr.sock");
+  ASSERT_TRUE(kubelet_->serving());
+  auto unheld = Acquire(*nobody, "secret");
+  EXPECT_EQ(unheld.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(unheld.status().message()),
+              HasSubstr("the kubelet reports no pod holding slot weightcache-2"));
+}
+
+}  // namespace
+}  // namespace weightcache
