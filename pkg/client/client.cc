@@ -260,6 +260,10 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) 
   WC_RETURN_IF_ERROR(FromGrpc(ctx, rpc_->stub->Acquire(&ctx, req, &resp), "Acquire"));
 
   auto lease = std::unique_ptr<Lease>(new Lease());
+  auto ms_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+  };
+  lease->timings_.rpc_ms = ms_since(t0);
   lease->id_ = resp.lease_id();
   lease->model_ = resp.model();
   lease->fingerprint_ = resp.fingerprint();
@@ -273,19 +277,24 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) 
   lease->pp_size_ = static_cast<int>(std::max(1u, resp.layout().pp_size()));
   lease->pp_rank_ = static_cast<int>(resp.layout().pp_rank());
 
+  auto t1 = std::chrono::steady_clock::now();
   WC_ASSIGN_OR_RETURN(
       std::vector<ScopedFd> fds,
       ClaimDescriptors(HandleSocketFor(socket_, resp.handle_socket()), resp.token(),
                        static_cast<size_t>(resp.segments_size()), &lease->handle_conn_));
+  lease->timings_.claim_ms = ms_since(t1);
   std::vector<uint64_t> sizes;
   for (const auto& s : resp.segments()) sizes.push_back(s.size());
   memory::BackendKind kind =
       resp.backend() == "cuda-vmm" ? memory::BackendKind::kCudaVmm : memory::BackendKind::kHost;
-  WC_ASSIGN_OR_RETURN(lease->mapping_,
-                      memory::MapReadOnly(kind, std::move(fds), sizes, resp.device_uuid()));
+  WC_ASSIGN_OR_RETURN(
+      lease->mapping_,
+      memory::MapReadOnly(kind, std::move(fds), sizes, resp.device_uuid(), &lease->timings_.map));
   lease->segment_sizes_ = sizes;
 
+  t1 = std::chrono::steady_clock::now();
   WC_ASSIGN_OR_RETURN(lease->tensors_, Views(resp.tensors(), sizes, *lease->mapping_));
+  lease->timings_.views_ms = ms_since(t1);
   lease->map_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return lease;

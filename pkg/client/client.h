@@ -122,6 +122,14 @@ class Lease {
   const TensorView* Find(const std::string& name) const;
   // Seconds from sending Acquire to every segment mapped.
   double map_seconds() const { return map_seconds_; }
+  // Where those seconds went, for benchmarks and profiles.
+  struct Timings {
+    double rpc_ms = 0;    // the Acquire call, manifest decoded
+    double claim_ms = 0;  // the descriptors over the handle channel
+    memory::MapTimings map;
+    double views_ms = 0;  // the tensor views
+  };
+  const Timings& timings() const { return timings_; }
 
  private:
   friend class Client;
@@ -130,6 +138,7 @@ class Lease {
   int tp_size_ = 1, tp_rank_ = 0, pp_size_ = 1, pp_rank_ = 0;
   uint64_t total_bytes_ = 0;
   double map_seconds_ = 0;
+  Timings timings_;
   std::vector<TensorView> tensors_;
   std::vector<uint64_t> segment_sizes_;
   ScopedFd handle_conn_;  // the lease itself: closed after unmapping, on destruction

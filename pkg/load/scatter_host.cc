@@ -50,8 +50,8 @@ absl::Status QuantizeParallel(const OnlineQuant& q, const uint8_t* src, int64_t 
 }  // namespace
 
 absl::Status QuantizeIntoSegments(const PlannedTensor& t, const PlannedTensor& scale,
-                                  const uint8_t* src, memory::Segment& wseg,
-                                  memory::Segment& sseg, unsigned threads, std::string_view what) {
+                                  const uint8_t* src, memory::Segment& wseg, memory::Segment& sseg,
+                                  unsigned threads, std::string_view what) {
   std::vector<uint8_t> fp8_tmp;
   std::vector<float> scale_tmp;
   uint8_t* fp8 = wseg.host_data() != nullptr
@@ -77,8 +77,7 @@ absl::Status QuantizeIntoSegments(const PlannedTensor& t, const PlannedTensor& s
 namespace {
 
 // Rows of `width` bytes, `src_pitch` apart, packed at `dst`.
-void Copy2D(uint8_t* dst, const uint8_t* src, uint64_t width, uint64_t height,
-            uint64_t src_pitch) {
+void Copy2D(uint8_t* dst, const uint8_t* src, uint64_t width, uint64_t height, uint64_t src_pitch) {
   if (height == 1 || src_pitch == width) {
     std::memcpy(dst, src, width * height);
     return;

@@ -2,6 +2,8 @@
 // preset, tp 2/4/8 and engine layout, the host executor's bytes in every rank equal what the
 // per-rank host path reads (ReadPlannedTensor), each checkpoint byte is read once, and a
 // row-parallel shard is one copy per piece, not one per row.
+#include "pkg/load/scatter.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -14,7 +16,6 @@
 #include "pkg/load/model.h"
 #include "pkg/load/pieces.h"
 #include "pkg/load/plan.h"
-#include "pkg/load/scatter.h"
 #include "pkg/memory/backend.h"
 #include "pkg/safetensors/writer.h"
 #include "tests/testutil/temp_dir.h"
@@ -41,8 +42,9 @@ std::shared_ptr<const OpenedModel> Open(const std::string& dir, int tp, const st
 std::vector<Plan> PlanRanks(const OpenedModel& m, int tp, const std::vector<int>& ranks) {
   std::vector<Plan> out;
   for (int r : ranks) {
-    auto p = PlanRank(m, {tp, r, 1, 0},
-                      {.alignment = 256, .max_segment_bytes = 1 << 20, .loader_reads_pieces = true});
+    auto p =
+        PlanRank(m, {tp, r, 1, 0},
+                 {.alignment = 256, .max_segment_bytes = 1 << 20, .loader_reads_pieces = true});
     EXPECT_TRUE(p.ok()) << p.status();
     out.push_back(p.ok() ? *p : Plan{});
   }
@@ -201,8 +203,8 @@ TEST(PlanScatter, ASubsetOfRanksReadsOnlyWhatItNeeds) {
   const uint64_t read = ExpectScatterEqualsHostPath(*m, plans, {.buffer_bytes = 1 << 20}, false);
   EXPECT_LT(read, CheckpointBytes(*m));
   // Rows of 64 KiB or more are read one by one: only the needed bytes.
-  const uint64_t rows_read =
-      ExpectScatterEqualsHostPath(*m, plans, {.buffer_bytes = 1 << 20, .read_rows_above = 1}, false);
+  const uint64_t rows_read = ExpectScatterEqualsHostPath(
+      *m, plans, {.buffer_bytes = 1 << 20, .read_rows_above = 1}, false);
   EXPECT_LE(rows_read, read);
 }
 

@@ -3,11 +3,13 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "pkg/memory/internal/cuda_hooks.h"
+#include "pkg/memory/internal/cuda_segment.h"
 #include "pkg/util/errno_status.h"
 
 namespace weightcache::memory {
@@ -50,7 +52,8 @@ class HostMapping final : public SegmentMapping {
 
 absl::StatusOr<std::unique_ptr<SegmentMapping>> Map(BackendKind kind, std::vector<ScopedFd> fds,
                                                     const std::vector<uint64_t>& sizes,
-                                                    const std::string& device_uuid, bool writable) {
+                                                    const std::string& device_uuid, bool writable,
+                                                    MapTimings* timings) {
   if (fds.size() != sizes.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(writable ? "MapWritable: " : "MapReadOnly: ", fds.size(), " descriptors for ",
@@ -58,11 +61,17 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> Map(BackendKind kind, std::vecto
   }
   if (kind == BackendKind::kCudaVmm) {
     return writable ? internal::MapCudaWritable(std::move(fds), sizes, device_uuid)
-                    : internal::MapCudaReadOnly(std::move(fds), sizes, device_uuid);
+                    : internal::MapCudaReadOnlyTimed(std::move(fds), sizes, device_uuid, timings);
   }
+  const auto t0 = std::chrono::steady_clock::now();
   auto m = std::make_unique<HostMapping>(writable);
   for (size_t i = 0; i < fds.size(); ++i) {
     if (auto s = m->Add(fds[i].get(), sizes[i], i); !s.ok()) return s;
+  }
+  if (timings != nullptr) {
+    *timings = {};
+    timings->map_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
   return std::unique_ptr<SegmentMapping>(std::move(m));
 }
@@ -72,15 +81,16 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> Map(BackendKind kind, std::vecto
 absl::StatusOr<std::unique_ptr<SegmentMapping>> MapReadOnly(BackendKind kind,
                                                             std::vector<ScopedFd> fds,
                                                             const std::vector<uint64_t>& sizes,
-                                                            const std::string& device_uuid) {
-  return Map(kind, std::move(fds), sizes, device_uuid, /*writable=*/false);
+                                                            const std::string& device_uuid,
+                                                            MapTimings* timings) {
+  return Map(kind, std::move(fds), sizes, device_uuid, /*writable=*/false, timings);
 }
 
 absl::StatusOr<std::unique_ptr<SegmentMapping>> MapWritable(BackendKind kind,
                                                             std::vector<ScopedFd> fds,
                                                             const std::vector<uint64_t>& sizes,
                                                             const std::string& device_uuid) {
-  return Map(kind, std::move(fds), sizes, device_uuid, /*writable=*/true);
+  return Map(kind, std::move(fds), sizes, device_uuid, /*writable=*/true, nullptr);
 }
 
 absl::Status CopyToHost(BackendKind kind, const std::string& device_uuid, const void* src, size_t n,

@@ -30,13 +30,23 @@ class SegmentMapping {
   }
 };
 
+// Where the time of MapReadOnly goes (cuda-vmm; the host backend fills map_ms only).
+struct MapTimings {
+  double context_ms = 0;  // device lookup + primary-context retain
+  double import_ms = 0;   // cuMemImportFromShareableHandle for every FD
+  double reserve_ms = 0;  // one cuMemAddressReserve
+  double map_ms = 0;      // cuMemMap of every segment (host: every mmap)
+  double access_ms = 0;   // one cuMemSetAccess (read-only) over the whole range
+};
+
 // Maps `fds[i]` (size `sizes[i]`) read-only. For cuda-vmm, `device_uuid` names the GPU to
 // map on (must be visible to this process). Takes ownership of the FDs (host: closed
-// after mmap; CUDA: closed after import).
+// after mmap; CUDA: closed after import). `timings` (optional) receives the stages.
 absl::StatusOr<std::unique_ptr<SegmentMapping>> MapReadOnly(BackendKind kind,
                                                             std::vector<ScopedFd> fds,
                                                             const std::vector<uint64_t>& sizes,
-                                                            const std::string& device_uuid);
+                                                            const std::string& device_uuid,
+                                                            MapTimings* timings = nullptr);
 
 // Maps `fds[i]` read-write: only for a publisher's segments (the daemon hands writable
 // descriptors out for a publish only). Destroying the mapping waits for writes queued into

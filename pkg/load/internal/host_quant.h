@@ -17,7 +17,7 @@ namespace weightcache::load::internal {
 // codes at t.offset of `wseg` and the block scales at scale.offset of `sseg` (straight into
 // host-addressable segments, through CopyIn otherwise). Errors name `what`.
 absl::Status QuantizeIntoSegments(const PlannedTensor& t, const PlannedTensor& scale,
-                                  const uint8_t* src, memory::Segment& wseg,
-                                  memory::Segment& sseg, unsigned threads, std::string_view what);
+                                  const uint8_t* src, memory::Segment& wseg, memory::Segment& sseg,
+                                  unsigned threads, std::string_view what);
 
 }  // namespace weightcache::load::internal

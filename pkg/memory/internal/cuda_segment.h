@@ -43,14 +43,8 @@ CudaSegment* AsCudaSegment(Segment* s);
 // torch::Device "cuda:N" of a mapping, or for cudaSetDevice). NOT_FOUND when not visible.
 absl::StatusOr<int> CudaOrdinalOfUuid(const std::string& device_uuid);
 
-// Optional timings of MapCudaReadOnly, for the benchmark.
-struct CudaMapTimings {
-  double context_ms = 0;  // device lookup + primary-context retain
-  double import_ms = 0;   // cuMemImportFromShareableHandle for every FD
-  double reserve_ms = 0;  // one cuMemAddressReserve
-  double map_ms = 0;      // cuMemMap of every segment
-  double access_ms = 0;   // one cuMemSetAccess (read-only) over the whole range
-};
+// MapCudaReadOnly with its stages timed (mapping.h: MapTimings).
+using CudaMapTimings = MapTimings;
 absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnlyTimed(
     std::vector<ScopedFd> fds, const std::vector<uint64_t>& sizes, const std::string& device_uuid,
     CudaMapTimings* timings);
