@@ -158,7 +158,7 @@ class StackGpuTest : public ::testing::Test {
 
 TEST_F(StackGpuTest, TwoEnginesMapOneCopyWithTheCheckpointsBytes) {
   const uint64_t before = FreeBytes();  // this process's context exists from here on
-  StartDaemon(/*preload=*/false);
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(/*preload=*/false));
   ASSERT_TRUE(control_->Load("big", "", nullptr).ok());
   const uint64_t loaded = FreeBytes();
   // One copy: the model (rounded to 2 MiB segments) plus the daemon's own context.
@@ -189,7 +189,7 @@ TEST_F(StackGpuTest, TwoEnginesMapOneCopyWithTheCheckpointsBytes) {
 }
 
 TEST_F(StackGpuTest, KernelWriteFaultsInThatEngineOnlyAndOthersStillReadTheWeights) {
-  StartDaemon(/*preload=*/true);
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(/*preload=*/true));
   auto a = StartEngine();
   auto b = StartEngine();
   ASSERT_EQ(a.bytes, "BYTES OK");
@@ -205,7 +205,7 @@ TEST_F(StackGpuTest, KernelWriteFaultsInThatEngineOnlyAndOthersStillReadTheWeigh
 }
 
 TEST_F(StackGpuTest, EngineKeepsComputingOnCorrectWeightsAfterDaemonSigkill) {
-  StartDaemon(/*preload=*/true);
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(/*preload=*/true));
   auto a = StartEngine();
   ASSERT_EQ(a.bytes, "BYTES OK");
   control_.reset();
@@ -223,7 +223,7 @@ void StackGpuTest::CheckWrappedEngine(const std::vector<std::string>& wrapper,
   std::string probe;
   for (const auto& w : wrapper) probe += w + " ";
   if (std::system((probe + "true").c_str()) != 0) GTEST_SKIP() << "not usable here: " << probe;
-  StartDaemon(/*preload=*/true);
+  ASSERT_NO_FATAL_FAILURE(StartDaemon(/*preload=*/true));
   // The daemon makes its socket dir 0750 and sockets 0660 (root's); open them to the
   // engine's uid for this test (a deployment uses group ownership or --allowed_uids).
   ::chmod(socket_dir_.c_str(), 0755);
