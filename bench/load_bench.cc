@@ -15,7 +15,9 @@
 //   load_bench --dir=/var/tmp/wc-load-bench --sizes_gib=8,32
 //     --configs=8:256:4:off,16:1024:8:on --torch_script=bench/torch_load_baseline.py
 // With --tp=1,2,4,8 (issue 17) it runs the tensor-parallel sweep instead, with the loader's
-// defaults (16:256:4:auto) unless --configs is given: for each tp, every rank loaded
+// defaults (16:256:4:auto) unless --configs is given (cold rows: the first config; hot: each,
+// so "16:256:4:auto,16:256:4:auto:fp8" shows whether online fp8 stays hidden; --tp_states=hot
+// skips the cold rows and (c)): for each tp, every rank loaded
 // together onto the one GPU in one pass over the files (LoadRanks), cold and hot, and for
 // tp > 1 rank 0 alone (hot); (a) and (c) as above. --json=FILE appends one JSON line per row
 // (bench/run-all, bench/plot_benchmarks.py).
@@ -84,6 +86,7 @@ struct Args {
   std::string torch_script;
   double deadline_s = 1e9;  // skip what would start after this many seconds
   bool keep = false;
+  bool tp_cold = true;  // --tp_states=hot: the sweep's hot rows only
   // Non-empty: the tensor-parallel sweep instead of the config exploration (see main).
   std::vector<int> tp;
   bool configs_given = false;
@@ -124,6 +127,8 @@ Args Parse(int argc, char** argv) {
       a.json = v;
     } else if (s == "--keep") {
       a.keep = true;
+    } else if (auto v = val("--tp_states=")) {
+      a.tp_cold = std::string(v).find("cold") != std::string::npos;
     } else {
       Die("unknown flag " + s);
     }
@@ -512,13 +517,14 @@ struct GroupResult {
 // by content, so a cold measurement empties the page cache there (a daemon with a digest
 // store skips that pass for files it has identified before).
 GroupResult GroupLoad(wc::memory::Backend& backend, const std::string& dir,
-                      const wc::load::LoadOptions& opts, int tp, const std::vector<int>& ranks,
-                      const std::function<void()>& before_load) {
+                      const wc::load::LoadOptions& opts, bool fp8, int tp,
+                      const std::vector<int>& ranks, const std::function<void()>& before_load) {
   const auto t_open = Clock::now();
   wc::spec::ModelSpec s;
   s.name = "bench";
   s.model_dir = dir;
   s.tp_size = tp;
+  if (fp8) s.quantization = "fp8_block";
   auto model = wc::load::OpenModel(s);
   if (!model.ok()) Die(std::string(model.status().message()));
   wc::load::PlanOptions popts;
@@ -684,18 +690,19 @@ int main(int argc, char** argv) {
          c.file_bytes / kGB / raw_hot, absl::StrFormat("resident before: %.0f%%", 100 * resident)});
 
     if (!a.tp.empty()) {
-      const Config& cf = configs[0];
+      const Config* cfp = &configs[0];  // the config of the rows being measured
       const char* be = gpu ? "cuda" : "host";
       const int tensors = c.layers * 9 + 3;
       auto json_row = [&](int tp, const char* cache, const char* path, double seconds, double gbps,
                           double per_rank, uint64_t bytes_read, const char* extra) {
-        AppendJson(a.json,
-                   absl::StrFormat(
-                       R"({"bench":"load","backend":"%s","size_gib":%.2f,"tensors":%d,"tp":%d,)"
-                       R"("state":"%s","path":"%s","config":"%s","seconds":%.4f,"gbps":%.3f,)"
-                       R"("per_rank_gbps":%.3f,"bytes_read":%llu%s})",
-                       be, c.bytes / double(1ull << 30), tensors, tp, cache, path, cf.text, seconds,
-                       gbps, per_rank, static_cast<unsigned long long>(bytes_read), extra));
+        AppendJson(
+            a.json,
+            absl::StrFormat(
+                R"({"bench":"load","backend":"%s","size_gib":%.2f,"tensors":%d,"tp":%d,)"
+                R"("state":"%s","path":"%s","config":"%s","seconds":%.4f,"gbps":%.3f,)"
+                R"("per_rank_gbps":%.3f,"bytes_read":%llu%s})",
+                be, c.bytes / double(1ull << 30), tensors, tp, cache, path, cfp->text, seconds,
+                gbps, per_rank, static_cast<unsigned long long>(bytes_read), extra));
       };
       for (const auto& r : rows) {  // (a): the reads' ceiling, same thread count
         json_row(1, r.cache.c_str(), "raw_read", r.seconds, r.gbs, r.gbs,
@@ -707,14 +714,16 @@ int main(int argc, char** argv) {
         std::vector<int> ranks;
         for (int r = 0; r < (rank0_only ? 1 : tp); ++r) ranks.push_back(r);
         const bool cold = std::string(cache) == "cold";
-        GroupResult g = GroupLoad(**backend, dir, cf.opts, tp, ranks,
+        GroupResult g = GroupLoad(**backend, dir, cfp->opts, cfp->fp8, tp, ranks,
                                   cold ? std::function<void()>(drop) : std::function<void()>());
-        const double gbps = g.rank_bytes / kGB / g.seconds;
+        // Online fp8 lands fewer bytes than it reads: count the bf16 bytes read, as (b) does.
+        const double gbps =
+            (cfp->fp8 ? static_cast<double>(g.stats.bytes_read) : g.rank_bytes) / kGB / g.seconds;
         const double per_rank = g.rank0_bytes / kGB / g.seconds;
-        if (!rank0_only) group_gbps[{tp, cache}] = gbps;
+        if (!rank0_only) group_gbps[{tp, cfp == &configs[0] ? cache : cfp->text}] = gbps;
         const auto& st = g.stats;
         log({absl::StrFormat("(b) weightcache tp %d, %s %s", tp,
-                             rank0_only ? "rank 0 alone" : "all ranks, one pass,", cf.text),
+                             rank0_only ? "rank 0 alone" : "all ranks, one pass,", cfp->text),
              cache, gbps, g.seconds,
              absl::StrFormat("read %.2f GB (%.2fx the tensors), rank 0 %.2f GB/s, read-wait "
                              "%.2f s, copy-wait %.3f s, direct %u/%u files; before it open+plan "
@@ -730,10 +739,10 @@ int main(int argc, char** argv) {
                      .c_str());
       };
       for (int tp : a.tp) {
-        if (!fits(2.5)) break;
+        if (!a.tp_cold || !fits(2.5)) break;
         tp_row(tp, "cold", false);  // drops the page cache after opening
       }
-      if (!a.torch_script.empty() && fits(2.5)) {
+      if (!a.torch_script.empty() && a.tp_cold && fits(2.5)) {
         drop();
         const double tc = TorchLoad(a, c);
         if (tc > 0) {
@@ -748,11 +757,19 @@ int main(int argc, char** argv) {
                    "");
         }
       }
-      for (int tp : a.tp) {
-        if (!fits(0.5)) break;
-        RawRead(c.files, false, a.raw_threads, a.raw_chunk);  // all resident
-        tp_row(tp, "hot", false);
-        if (tp > 1 && fits(0.5)) tp_row(tp, "hot", true);
+      // Hot: every config given (e.g. the defaults and the same with :fp8, online
+      // quantization in the load), each tp; rank 0 alone for the first config.
+      for (const Config& cf : configs) {
+        cfp = &cf;
+        // Untimed: pins this config's staging ring (the cold rows did it for the first
+        // config unless --tp_states=hot), as a daemon's pool is pinned by its first load.
+        if (fits(1)) GroupLoad(**backend, dir, cf.opts, cf.fp8, 1, {0}, {});
+        for (int tp : a.tp) {
+          if (!fits(0.5)) break;
+          RawRead(c.files, false, a.raw_threads, a.raw_chunk);  // all resident
+          tp_row(tp, "hot", false);
+          if (tp > 1 && &cf == &configs[0] && fits(0.5)) tp_row(tp, "hot", true);
+        }
       }
       std::printf("\n### %.2f GiB (%.2f GB), tensor-parallel sweep, cold = %s\n\n",
                   c.bytes / double(1ull << 30), c.bytes / kGB, method.c_str());
@@ -775,6 +792,18 @@ int main(int argc, char** argv) {
               "goal hot tp %d (all ranks, one GPU) >= 90%% of tp 1: %.2f / %.2f = %.0f %% "
               "-> %s\n",
               tp, g, t1, 100 * g / t1, g >= 0.9 * t1 ? "MET" : "missed");
+        }
+        for (const Config& cf : configs) {  // the same loads with online fp8
+          if (!cf.fp8) continue;
+          for (int tp : a.tp) {
+            const auto q = group_gbps.find({tp, cf.text});
+            const auto plain = group_gbps.find({tp, "hot"});
+            if (q == group_gbps.end() || plain == group_gbps.end()) continue;
+            std::printf(
+                "online fp8 in the load, tp %d hot: %.2f GB/s read against %.2f without "
+                "(%.0f %%)\n",
+                tp, q->second, plain->second, 100 * q->second / plain->second);
+          }
         }
       }
       std::fflush(stdout);
