@@ -3,8 +3,21 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "pkg/load/pieces.h"
 
 namespace weightcache::server {
+namespace {
+
+// What an entry reports as loaded once the group is done: its own rank's source bytes, so
+// that the entries of a group add up to what the cache received (not N times the group's).
+void ReportOwnBytes(const load::LoadedModel& m, load::LoadProgress* progress) {
+  uint64_t bytes = 0;
+  for (const auto& t : m.plan.tensors) bytes += load::SourceBytes(t);
+  progress->SetTotal(bytes);
+  progress->SetDone(bytes);
+}
+
+}  // namespace
 
 GroupLoad::GroupLoad(size_t ranks, LoadFn load) : ranks_(ranks), load_(std::move(load)) {}
 
@@ -39,8 +52,7 @@ absl::StatusOr<std::unique_ptr<load::LoadedModel>> GroupLoad::Take(size_t index,
       if (results_[index] == nullptr) {
         return absl::InternalError(absl::StrCat("group load: rank ", index, " taken twice"));
       }
-      progress->SetTotal(results_[index]->stats.bytes_read);
-      progress->SetDone(results_[index]->stats.bytes_read);
+      ReportOwnBytes(*results_[index], progress);
       return std::move(results_[index]);
     }
     started_ = true;
@@ -64,6 +76,7 @@ absl::StatusOr<std::unique_ptr<load::LoadedModel>> GroupLoad::Take(size_t index,
   }
   cv_.NotifyAll();
   if (!status_.ok()) return status_;
+  ReportOwnBytes(*results_[index], progress);
   return std::move(results_[index]);
 }
 

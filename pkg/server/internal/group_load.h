@@ -11,6 +11,8 @@
 // Progress: the entry that runs the load passes its own progress to LoadRanks; the waiting
 // entries mirror it (bytes done of the group's total) and forward a cancellation to it, so
 // cancelling any rank's entry stops the group's load (every rank then fails CANCELLED).
+// Once done, each entry's progress shows its own rank's source bytes (what the daemon counts
+// as loaded for it), not the group's.
 //
 // Thread-safety: Settle and Take may be called from any thread.
 #pragma once
