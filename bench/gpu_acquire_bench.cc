@@ -6,7 +6,7 @@
 // timed once, on its own row. A size that does not fit in the GPU's free memory is skipped,
 // with the reason, and so is one above --max_gib.
 //   gpu_acquire_bench [--sizes_gib=1,8,64] [--tensors=100,1000,10000] [--reps=5]
-//                     [--max_gib=120] [--read_threads=16] [--json=FILE] [--map_threads=1,4]
+//                     [--max_gib=120] [--read_threads=16] [--json=FILE]
 // --json appends one line per row: {"bench":"acquire","backend":"cuda","size_gib",
 // "tensors","ms_p50","ms_min","ms_max","reps","segments","load_s",...}, or with "skipped".
 // Checkpoints are sparse files (zeros): mapping time does not depend on the values.
@@ -22,7 +22,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_split.h"
 #include "bench/bench_util.h"
 #include "bench/engine.h"
 #include "bench/sparse_checkpoint.h"
@@ -68,8 +67,6 @@ int main(int argc, char** argv) {
   std::vector<double> sizes = {1, 8, 64};
   std::vector<double> counts = {100, 1000, 10000};
   int reps = 5;
-  // WEIGHTCACHE_MAP_THREADS values to compare ("" = the client's default).
-  std::vector<std::string> map_threads = {""};
   double max_gib = 120;
   unsigned read_threads = 16;
   std::string json;
@@ -77,9 +74,6 @@ int main(int argc, char** argv) {
     if (std::strncmp(argv[i], "--sizes_gib=", 12) == 0) sizes = ParseList(argv[i] + 12);
     if (std::strncmp(argv[i], "--tensors=", 10) == 0) counts = ParseList(argv[i] + 10);
     if (std::strncmp(argv[i], "--reps=", 7) == 0) reps = std::atoi(argv[i] + 7);
-    if (std::strncmp(argv[i], "--map_threads=", 14) == 0) {
-      map_threads = absl::StrSplit(argv[i] + 14, ',');
-    }
     if (std::strncmp(argv[i], "--max_gib=", 10) == 0) max_gib = std::atof(argv[i] + 10);
     if (std::strncmp(argv[i], "--read_threads=", 15) == 0) read_threads = std::atoi(argv[i] + 15);
     if (std::strncmp(argv[i], "--json=", 7) == 0) json = argv[i] + 7;
@@ -207,75 +201,64 @@ int main(int argc, char** argv) {
     client::AcquireOptions ao;
     ao.model = c.name;
     ao.device_uuid = uuid;
-    // Each --map_threads value (WEIGHTCACHE_MAP_THREADS, read by every mapping) in turn.
-    for (const std::string& mt : map_threads) {
-      if (mt.empty()) {
-        ::unsetenv("WEIGHTCACHE_MAP_THREADS");
-      } else {
-        ::setenv("WEIGHTCACHE_MAP_THREADS", mt.c_str(), 1);
+    std::vector<double> ms, rel;
+    std::vector<std::pair<double, client::Lease::Timings>> stages;  // by total, for the median
+    size_t segments = 0;
+    for (int r = 0; r < reps + 1; ++r) {  // the first is a warm-up (gRPC channel)
+      auto a0 = Clock::now();
+      auto lease = bench::AcquireMapped(**client, ao, c.tensors);
+      auto a1 = Clock::now();
+      if (!lease.ok()) {
+        std::fprintf(stderr, "acquire %s: %s\n", c.name.c_str(), lease.status().ToString().c_str());
+        rc = 1;
+        break;
       }
-      const std::string label = mt.empty() ? "" : ", " + mt + " map threads";
-      std::vector<double> ms, rel;
-      std::vector<std::pair<double, client::Lease::Timings>> stages;  // by total, for the median
-      size_t segments = 0;
-      for (int r = 0; r < reps + 1; ++r) {  // the first is a warm-up (gRPC channel)
-        auto a0 = Clock::now();
-        auto lease = bench::AcquireMapped(**client, ao, c.tensors);
-        auto a1 = Clock::now();
-        if (!lease.ok()) {
-          std::fprintf(stderr, "acquire %s: %s\n", c.name.c_str(),
-                       lease.status().ToString().c_str());
-          rc = 1;
-          break;
-        }
-        segments = (*lease)->segment_count();
-        const client::Lease::Timings timings = (*lease)->timings();
-        if (r == 1) rc |= CheckStamps(**lease, uuid) ? 0 : 1;
-        auto r0 = Clock::now();
-        lease->reset();
-        auto r1 = Clock::now();
-        if (r > 0) {
-          ms.push_back(Ms(a0, a1));
-          rel.push_back(Ms(r0, r1));
-          stages.emplace_back(Ms(a0, a1), timings);
-        }
+      segments = (*lease)->segment_count();
+      const client::Lease::Timings timings = (*lease)->timings();
+      if (r == 1) rc |= CheckStamps(**lease, uuid) ? 0 : 1;
+      auto r0 = Clock::now();
+      lease->reset();
+      auto r1 = Clock::now();
+      if (r > 0) {
+        ms.push_back(Ms(a0, a1));
+        rel.push_back(Ms(r0, r1));
+        stages.emplace_back(Ms(a0, a1), timings);
       }
-      if (!ms.empty()) {
-        std::sort(ms.begin(), ms.end());
-        std::sort(rel.begin(), rel.end());
-        std::printf("| %g GiB%s | %d | %zu | %.2f | %.1f | %.2f | %.2f | %.2f | %.2f |\n", c.gib,
-                    label.c_str(), c.tensors, segments, load_s, c.gib * (1ull << 30) / 1e9 / load_s,
-                    ms[ms.size() / 2], ms.front(), ms.back(), rel[rel.size() / 2]);
-        // Where the median repetition's time went.
-        std::sort(stages.begin(), stages.end(),
-                  [](const auto& a, const auto& b) { return a.first < b.first; });
-        const auto& t = stages[stages.size() / 2].second;
-        std::printf(
-            "|  | stages of the median (ms) | rpc %.2f | claim fds %.2f | context %.2f | import "
-            "%.2f | reserve %.2f | map %.2f | access %.2f, views %.2f |\n",
-            t.rpc_ms, t.claim_ms, t.map.context_ms, t.map.import_ms, t.map.reserve_ms, t.map.map_ms,
-            t.map.access_ms, t.views_ms);
-        std::fflush(stdout);
-        if (!bench::AppendJsonLine(json, {{"bench", "acquire"},
-                                          {"backend", "cuda"},
-                                          {"size_gib", c.gib},
-                                          {"tensors", c.tensors},
-                                          {"ms_p50", ms[ms.size() / 2]},
-                                          {"ms_min", ms.front()},
-                                          {"ms_max", ms.back()},
-                                          {"reps", static_cast<int>(ms.size())},
-                                          {"segments", segments},
-                                          {"load_s", load_s},
-                                          {"release_ms", rel[rel.size() / 2]},
-                                          {"rpc_ms", t.rpc_ms},
-                                          {"claim_ms", t.claim_ms},
-                                          {"import_ms", t.map.import_ms},
-                                          {"map_ms", t.map.map_ms},
-                                          {"access_ms", t.map.access_ms},
-                                          {"views_ms", t.views_ms},
-                                          {"map_threads", mt.empty() ? "default" : mt}})) {
-          rc = 1;
-        }
+    }
+    if (!ms.empty()) {
+      std::sort(ms.begin(), ms.end());
+      std::sort(rel.begin(), rel.end());
+      std::printf("| %g GiB | %d | %zu | %.2f | %.1f | %.2f | %.2f | %.2f | %.2f |\n", c.gib,
+                  c.tensors, segments, load_s, c.gib * (1ull << 30) / 1e9 / load_s,
+                  ms[ms.size() / 2], ms.front(), ms.back(), rel[rel.size() / 2]);
+      // Where the median repetition's time went.
+      std::sort(stages.begin(), stages.end(),
+                [](const auto& a, const auto& b) { return a.first < b.first; });
+      const auto& t = stages[stages.size() / 2].second;
+      std::printf(
+          "|  | stages of the median (ms) | rpc %.2f | claim fds %.2f | context %.2f | import "
+          "%.2f | reserve %.2f | map %.2f | access %.2f, views %.2f |\n",
+          t.rpc_ms, t.claim_ms, t.map.context_ms, t.map.import_ms, t.map.reserve_ms, t.map.map_ms,
+          t.map.access_ms, t.views_ms);
+      std::fflush(stdout);
+      if (!bench::AppendJsonLine(json, {{"bench", "acquire"},
+                                        {"backend", "cuda"},
+                                        {"size_gib", c.gib},
+                                        {"tensors", c.tensors},
+                                        {"ms_p50", ms[ms.size() / 2]},
+                                        {"ms_min", ms.front()},
+                                        {"ms_max", ms.back()},
+                                        {"reps", static_cast<int>(ms.size())},
+                                        {"segments", segments},
+                                        {"load_s", load_s},
+                                        {"release_ms", rel[rel.size() / 2]},
+                                        {"rpc_ms", t.rpc_ms},
+                                        {"claim_ms", t.claim_ms},
+                                        {"import_ms", t.map.import_ms},
+                                        {"map_ms", t.map.map_ms},
+                                        {"access_ms", t.map.access_ms},
+                                        {"views_ms", t.views_ms}})) {
+        rc = 1;
       }
     }
     (void)(*client)->Evict(c.name, "");

@@ -104,7 +104,7 @@ struct Row {
   uint64_t total, seg, count;
   double alloc_ms;
   std::vector<double> map_ms, teardown_ms;
-  memory::internal::CudaMapTimings best;  // the breakdown of the fastest repetition
+  memory::MapTimings best;  // the breakdown of the fastest repetition
 };
 
 double Median(std::vector<double> v) {
@@ -178,7 +178,7 @@ int Run(const char* self, const std::vector<uint64_t>& totals_gib,
         std::vector<ScopedFd> fds;
         fds.reserve(got->fds.size());
         for (auto& f : got->fds) fds.push_back(std::move(f.Dup()).value());
-        memory::internal::CudaMapTimings t;
+        memory::MapTimings t;
         auto a = Clock::now();
         auto m = memory::internal::MapCudaReadOnlyTimed(std::move(fds), sizes, uuid, &t);
         auto b = Clock::now();

@@ -476,28 +476,41 @@ bool VerifySampled(const wc::load::LoadedModel& loaded,
   return true;
 }
 
-LoadResult OurLoad(wc::memory::Backend& backend, const std::string& dir,
-                   const wc::load::LoadOptions& opts, bool fp8) {
-  auto t0 = Clock::now();
+// The benchmark's model at `tp`, opened (OpenModel hashes every file: content identity);
+// dies on an error. BenchPlanOptions: what the daemon plans with on `backend`.
+std::shared_ptr<const wc::load::OpenedModel> OpenBenchModel(const std::string& dir, bool fp8,
+                                                            int tp) {
   wc::spec::ModelSpec s;
   s.name = "bench";
   s.model_dir = dir;
+  s.tp_size = tp;
   if (fp8) s.quantization = "fp8_block";
   auto model = wc::load::OpenModel(s);
   if (!model.ok()) Die(std::string(model.status().message()));
+  return *model;
+}
+
+wc::load::PlanOptions BenchPlanOptions(const wc::memory::Backend& backend) {
   wc::load::PlanOptions popts;
   popts.loader_reads_pieces = true;
   popts.alignment = backend.tensor_alignment();
   popts.max_segment_bytes = backend.max_segment_bytes();
-  auto plan = wc::load::PlanRank(**model, wc::spec::Layout{}, popts);
+  return popts;
+}
+
+LoadResult OurLoad(wc::memory::Backend& backend, const std::string& dir,
+                   const wc::load::LoadOptions& opts, bool fp8) {
+  auto t0 = Clock::now();
+  const auto model = OpenBenchModel(dir, fp8, 1);
+  auto plan = wc::load::PlanRank(*model, wc::spec::Layout{}, BenchPlanOptions(backend));
   if (!plan.ok()) Die(std::string(plan.status().message()));
   const double open_seconds = Since(t0);
-  auto loaded = wc::load::LoadRank(**model, *plan, backend, "", "bench", opts, nullptr);
+  auto loaded = wc::load::LoadRank(*model, *plan, backend, "", "bench", opts, nullptr);
   if (!loaded.ok()) Die(std::string(loaded.status().message()));
   LoadResult r{Since(t0), open_seconds, false, (*loaded)->stats};
   // Check the bytes (outside the timing), through a read-only mapping of the sealed
   // segments as an engine has it (the daemon's own device pointers are gone after Seal).
-  r.verified = VerifySampled(**loaded, (*model)->checkpoint.files());
+  r.verified = VerifySampled(**loaded, model->checkpoint.files());
   return r;  // the segments are freed here
 }
 
@@ -520,21 +533,12 @@ GroupResult GroupLoad(wc::memory::Backend& backend, const std::string& dir,
                       const wc::load::LoadOptions& opts, bool fp8, int tp,
                       const std::vector<int>& ranks, const std::function<void()>& before_load) {
   const auto t_open = Clock::now();
-  wc::spec::ModelSpec s;
-  s.name = "bench";
-  s.model_dir = dir;
-  s.tp_size = tp;
-  if (fp8) s.quantization = "fp8_block";
-  auto model = wc::load::OpenModel(s);
-  if (!model.ok()) Die(std::string(model.status().message()));
-  wc::load::PlanOptions popts;
-  popts.loader_reads_pieces = true;
-  popts.alignment = backend.tensor_alignment();
-  popts.max_segment_bytes = backend.max_segment_bytes();
+  const auto model = OpenBenchModel(dir, fp8, tp);
+  const wc::load::PlanOptions popts = BenchPlanOptions(backend);
   std::vector<wc::load::Plan> plans;
   GroupResult g;
   for (int r : ranks) {
-    auto plan = wc::load::PlanRank(**model, wc::spec::Layout{tp, r, 1, 0}, popts);
+    auto plan = wc::load::PlanRank(*model, wc::spec::Layout{tp, r, 1, 0}, popts);
     if (!plan.ok()) Die(std::string(plan.status().message()));
     g.rank_bytes += plan->total_bytes;
     if (r == ranks[0]) g.rank0_bytes = plan->total_bytes;
@@ -543,15 +547,15 @@ GroupResult GroupLoad(wc::memory::Backend& backend, const std::string& dir,
   g.open_seconds = Since(t_open);
   if (before_load) before_load();
   auto t0 = Clock::now();
-  auto loaded = wc::load::LoadRanks(**model, std::move(plans), backend,
-                                    std::vector<std::string>(ranks.size()),
-                                    std::vector<std::string>(ranks.size(), "bench"), opts, nullptr);
+  auto loaded =
+      wc::load::LoadRanks(*model, std::move(plans), backend, std::vector<std::string>(ranks.size()),
+                          std::vector<std::string>(ranks.size(), "bench"), opts, nullptr);
   if (!loaded.ok()) Die(std::string(loaded.status().message()));
   g.seconds = Since(t0);
   g.stats = (*loaded)[0]->stats;
   g.verified = true;
   for (const auto& rank : *loaded) {
-    g.verified = VerifySampled(*rank, (*model)->checkpoint.files()) && g.verified;
+    g.verified = VerifySampled(*rank, model->checkpoint.files()) && g.verified;
   }
   return g;
 }

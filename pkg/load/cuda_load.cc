@@ -130,15 +130,12 @@ class DeviceLane {
   CUstream stream() const { return stream_; }
   const std::string& uuid() const { return uuid_; }
 
-  // Device scratch of `bytes` for a rank's quantization source shards.
-  absl::StatusOr<void*> Scratch(uint32_t rank, uint64_t bytes) {
-    auto it = scratch_.find(rank);
-    if (it == scratch_.end()) {
-      WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(*api_, ctx_.get()));
-      WC_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(bytes));
-      it = scratch_.emplace(rank, std::move(b)).first;
-    }
-    return it->second.get();
+  // Device scratch of `bytes` (a rank's quantization source shards), freed with the lane.
+  absl::StatusOr<void*> AllocateScratch(uint64_t bytes) {
+    WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(*api_, ctx_.get()));
+    WC_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(bytes));
+    scratch_.push_back(std::move(b));
+    return scratch_.back().get();
   }
   // Blocks until the copies last queued from buffer i have landed.
   absl::Status WaitFree(size_t i) {
@@ -169,7 +166,7 @@ class DeviceLane {
   CUstream stream_ = nullptr;
   std::vector<CUevent> events_;
   std::vector<bool> recorded_;
-  std::map<uint32_t, DeviceBuffer> scratch_;
+  std::vector<DeviceBuffer> scratch_;
 };
 
 // O_DIRECT alignment of file offsets, lengths and buffer addresses (the logical block size
@@ -275,10 +272,12 @@ absl::Status ScatterThroughPinnedStaging(const ScatterPlan& plan,
   // Destroyed before `lease`: their destructors wait for the copies reading the buffers.
   std::vector<std::unique_ptr<DeviceLane>> lanes_in_use = std::move(lanes);
   auto& L = lanes_in_use;
+  // Each rank's quantization scratch, on its device, looked up once.
+  std::vector<uint8_t*> scratch_of(segments.size(), nullptr);
   for (size_t r = 0; r < segments.size(); ++r) {
     if (plan.scratch_bytes.size() > r && plan.scratch_bytes[r] > 0) {
-      WC_RETURN_IF_ERROR(
-          L[lane_of[r]]->Scratch(static_cast<uint32_t>(r), plan.scratch_bytes[r]).status());
+      WC_ASSIGN_OR_RETURN(void* p, L[lane_of[r]]->AllocateScratch(plan.scratch_bytes[r]));
+      scratch_of[r] = static_cast<uint8_t*>(p);
     }
   }
 
@@ -290,7 +289,7 @@ absl::Status ScatterThroughPinnedStaging(const ScatterPlan& plan,
     if (fp8 == nullptr || sc == nullptr) {
       return absl::InternalError(absl::StrCat(what, ": segment has no device mapping"));
     }
-    WC_ASSIGN_OR_RETURN(void* scratch, lane.Scratch(job.rank, 0));
+    uint8_t* scratch = scratch_of[job.rank];
     Fp8QuantArgs a;
     a.src_dtype = t.quant->src_dtype;
     a.src = scratch;
@@ -346,11 +345,10 @@ absl::Status ScatterThroughPinnedStaging(const ScatterPlan& plan,
       for (const ScatterCopy* c : by_lane[li]) {
         uint8_t* dst = nullptr;
         if (c->quant >= 0) {
-          WC_ASSIGN_OR_RETURN(void* scratch, lane.Scratch(c->rank, 0));
-          if (c->dst + c->bytes() > plan.scratch_bytes[c->rank]) {
+          if (scratch_of[c->rank] == nullptr || c->dst + c->bytes() > plan.scratch_bytes[c->rank]) {
             return absl::InternalError("pinned staging: copy past the quantization scratch");
           }
-          dst = static_cast<uint8_t*>(scratch) + c->dst;
+          dst = scratch_of[c->rank] + c->dst;
         } else {
           CudaSegment* seg = cuda[c->rank].at(c->segment);
           if (seg->device_ptr() == nullptr || c->dst + c->bytes() > seg->size()) {

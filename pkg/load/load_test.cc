@@ -397,7 +397,8 @@ TEST(LoadRanks, HostGroupReadsEachCheckpointByteOnceAndEqualsEachRanksOwnLoad) {
     LoadOptions o;
     o.read_threads = 3;
     o.staging_bytes = 2 << 20;  // several buffers: rows and tensors cut between them
-    auto group = LoadRanks(**m, PlanGroup(**m, tp, 4 << 20), *backend, std::vector<std::string>(tp),
+    const std::vector<Plan> plans = PlanGroup(**m, tp, 4 << 20);
+    auto group = LoadRanks(**m, plans, *backend, std::vector<std::string>(tp),
                            std::vector<std::string>(tp, "g"), o, &progress);
     ASSERT_TRUE(group.ok()) << group.status();
     ASSERT_EQ(group->size(), static_cast<size_t>(tp));
@@ -406,8 +407,7 @@ TEST(LoadRanks, HostGroupReadsEachCheckpointByteOnceAndEqualsEachRanksOwnLoad) {
     EXPECT_EQ(progress.done(), file_bytes);
     uint64_t separate = 0;
     for (int r = 0; r < tp; ++r) {
-      auto own = LoadRank(**m, PlanGroup(**m, tp, 4 << 20)[static_cast<size_t>(r)], *backend, "",
-                          "own", o, nullptr);
+      auto own = LoadRank(**m, plans[static_cast<size_t>(r)], *backend, "", "own", o, nullptr);
       ASSERT_TRUE(own.ok()) << own.status();
       separate += (*own)->stats.bytes_read;
       const LoadedModel& g = *(*group)[static_cast<size_t>(r)];

@@ -16,7 +16,7 @@ absl::StatusOr<int> CudaOrdinalOfUuid(const std::string& device_uuid) {
 absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnlyTimed(std::vector<ScopedFd>,
                                                                      const std::vector<uint64_t>&,
                                                                      const std::string&,
-                                                                     CudaMapTimings*) {
+                                                                     MapTimings*) {
   return absl::UnimplementedError(
       "cuda-vmm segments: this client was built without CUDA and cannot map GPU memory");
 }

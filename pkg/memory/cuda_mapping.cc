@@ -1,11 +1,8 @@
 // Client side of cuda-vmm: maps the segment FDs of a lease into one reserved VA range,
 // read-only, with a single cuMemSetAccess (it dominates mapping time; one call over the
 // contiguous range is far cheaper than one per segment).
-#include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <memory>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -53,15 +50,6 @@ class CudaMapping final : public SegmentMapping {
   std::vector<uint64_t> offsets_;
 };
 
-// Threads that set access over a lease's range: WEIGHTCACHE_MAP_THREADS (1..64), else 1.
-size_t MapThreads() {
-  if (const char* e = std::getenv("WEIGHTCACHE_MAP_THREADS"); e != nullptr && *e != '\0') {
-    const long v = std::strtol(e, nullptr, 10);
-    if (v >= 1 && v <= 64) return static_cast<size_t>(v);
-  }
-  return 1;
-}
-
 double MsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -69,8 +57,8 @@ double MsSince(std::chrono::steady_clock::time_point t0) {
 absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCuda(std::vector<ScopedFd> fds,
                                                         const std::vector<uint64_t>& sizes,
                                                         const std::string& device_uuid,
-                                                        CudaMapTimings* timings, bool writable) {
-  CudaMapTimings t;
+                                                        MapTimings* timings, bool writable) {
+  MapTimings t;
   if (fds.size() != sizes.size()) {
     return absl::InvalidArgumentError(absl::StrCat("MapCudaReadOnly: ", fds.size(),
                                                    " descriptors for ", sizes.size(), " segments"));
@@ -97,17 +85,8 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCuda(std::vector<ScopedFd> fd
   }
 
   t0 = std::chrono::steady_clock::now();
-  WC_ASSIGN_OR_RETURN(m->va_, VaReservation::Reserve(*api, total, dev.granularity));
-  t.reserve_ms = MsSince(t0);
-
-  // Import and map every segment on this thread (the driver serializes imports: spread over
-  // threads they took 5x as long on the H200), then set access: cuMemSetAccess costs time in
-  // proportion to the bytes (page-table entries), so WEIGHTCACHE_MAP_THREADS > 1 splits it
-  // into that many calls over contiguous ranges, one per thread (docs/benchmarks.md).
-  const size_t n = fds.size();
-  m->handles_.reserve(n);
-  t0 = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < n; ++i) {
+  m->handles_.reserve(fds.size());
+  for (size_t i = 0; i < fds.size(); ++i) {
     CUmemGenericAllocationHandle h = 0;
     CUresult r = api->cuMemImportFromShareableHandle(
         &h, reinterpret_cast<void*>(static_cast<uintptr_t>(fds[i].get())),
@@ -120,8 +99,12 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCuda(std::vector<ScopedFd> fd
   t.import_ms = MsSince(t0);
 
   t0 = std::chrono::steady_clock::now();
-  m->maps_.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
+  WC_ASSIGN_OR_RETURN(m->va_, VaReservation::Reserve(*api, total, dev.granularity));
+  t.reserve_ms = MsSince(t0);
+
+  t0 = std::chrono::steady_clock::now();
+  m->maps_.reserve(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
     auto mapped =
         MappedRange::Map(*api, m->va_.get() + m->offsets_[i], sizes[i], m->handles_[i].get());
     if (!mapped.ok()) return Annotate(mapped.status(), absl::StrCat("segment ", i));
@@ -130,37 +113,9 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCuda(std::vector<ScopedFd> fd
   t.map_ms = MsSince(t0);
 
   t0 = std::chrono::steady_clock::now();
-  const CUmemAccess_flags flags =
-      writable ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ;
-  const size_t groups = std::max<size_t>(1, std::min<size_t>(MapThreads(), n));
-  if (groups == 1) {
-    WC_RETURN_IF_ERROR(SetAccess(*api, m->va_.get(), total, dev.ordinal, flags));
-  } else {
-    // Contiguous runs of whole segments of about total / groups bytes each.
-    std::vector<size_t> first{0};
-    uint64_t at = 0;
-    for (size_t i = 0; i < n; ++i) {
-      if (at >= total / groups * first.size() && first.back() != i) first.push_back(i);
-      at += sizes[i];
-    }
-    first.push_back(n);
-    std::vector<absl::Status> status(first.size() - 1);
-    auto work = [&](size_t g) {
-      auto pushed = ScopedCurrentContext::Push(*api, m->ctx_.get());
-      if (!pushed.ok()) {
-        status[g] = pushed.status();
-        return;
-      }
-      const uint64_t begin = m->offsets_[first[g]];
-      const uint64_t end = first[g + 1] < n ? m->offsets_[first[g + 1]] : total;
-      status[g] = SetAccess(*api, m->va_.get() + begin, end - begin, dev.ordinal, flags);
-    };
-    std::vector<std::thread> threads;
-    for (size_t g = 1; g < status.size(); ++g) threads.emplace_back(work, g);
-    work(0);
-    for (auto& th : threads) th.join();
-    for (auto& st : status) WC_RETURN_IF_ERROR(st);
-  }
+  WC_RETURN_IF_ERROR(
+      SetAccess(*api, m->va_.get(), total, dev.ordinal,
+                writable ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ));
   t.access_ms = MsSince(t0);
   if (timings != nullptr) *timings = t;
   return std::unique_ptr<SegmentMapping>(std::move(m));
@@ -170,7 +125,7 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCuda(std::vector<ScopedFd> fd
 
 absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnlyTimed(
     std::vector<ScopedFd> fds, const std::vector<uint64_t>& sizes, const std::string& device_uuid,
-    CudaMapTimings* timings) {
+    MapTimings* timings) {
   return MapCuda(std::move(fds), sizes, device_uuid, timings, /*writable=*/false);
 }
 

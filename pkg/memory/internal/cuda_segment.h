@@ -44,9 +44,8 @@ CudaSegment* AsCudaSegment(Segment* s);
 absl::StatusOr<int> CudaOrdinalOfUuid(const std::string& device_uuid);
 
 // MapCudaReadOnly with its stages timed (mapping.h: MapTimings).
-using CudaMapTimings = MapTimings;
 absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnlyTimed(
     std::vector<ScopedFd> fds, const std::vector<uint64_t>& sizes, const std::string& device_uuid,
-    CudaMapTimings* timings);
+    MapTimings* timings);
 
 }  // namespace weightcache::memory::internal
