@@ -203,13 +203,15 @@ void Registry::RunLoad(uint64_t id, const std::shared_ptr<Entry>& e, const LoadF
     e->last_used = std::chrono::steady_clock::now();
     done = on_done_;
   }
-  cv_.notify_all();
+  // Logged before waiters wake, so the line precedes anything a woken Acquire causes
+  // (tests and operators read the log in that order).
   if (status.ok()) {
     WC_LOG_INFO("model %s ready (fingerprint %s on %s, from %s) in %.3f s", e->model,
                 e->fingerprint.substr(0, 12), e->device_uuid, e->source, secs);
   } else {
     WC_LOG_ERROR("model %s failed to load: %s", e->model, std::string(status.message()));
   }
+  cv_.notify_all();
   if (done) done(*e, status, secs);
   std::lock_guard<std::mutex> l(mu_);
   finished_loads_.push_back(id);  // the thread ends here; the next StartOrJoin joins it
