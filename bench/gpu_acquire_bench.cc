@@ -6,11 +6,14 @@
 // timed once, on its own row. A size that does not fit in the GPU's free memory is skipped,
 // with the reason, and so is one above --max_gib.
 //   gpu_acquire_bench [--sizes_gib=1,8,64] [--tensors=100,1000,10000] [--reps=5]
-//                     [--max_gib=120] [--read_threads=16] [--json=FILE]
+//                     [--max_gib=120] [--read_threads=16] [--json=FILE] [--segment_gib=2]
+// --segment_gib: the daemon backend's largest segment (CudaBackendOptions::max_segment_bytes).
 // --json appends one line per row: {"bench":"acquire","backend":"cuda","size_gib",
 // "tensors","ms_p50","ms_min","ms_max","reps","segments","load_s",...}, or with "skipped".
 // Checkpoints are sparse files (zeros): mapping time does not depend on the values.
 #include <fcntl.h>
+#include <google/protobuf/arena.h>
+#include <grpcpp/grpcpp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,6 +33,7 @@
 #include "pkg/memory/mapping.h"
 #include "pkg/server/daemon.h"
 #include "pkg/spec/spec.h"
+#include "weightcache/v1/weightcache.grpc.pb.h"
 #include "weightcache/v1/weightcache.pb.h"
 
 using namespace weightcache;
@@ -61,6 +65,38 @@ bool CheckStamps(const client::Lease& lease, const std::string& uuid) {
   return wrong == 0;
 }
 
+// The Acquire RPC alone (nothing claimed or mapped; the unclaimed leases expire), median ms
+// of `reps`: the manifest as `tensors` (built for each Acquire, what clients before the
+// packed manifest get) against the packed bytes serialized once per entry. Both decoded.
+std::pair<double, double> RawRpcMs(const std::string& socket_dir, const std::string& model,
+                                   const std::string& uuid, int reps) {
+  auto stub = v1::WeightCache::NewStub(grpc::CreateChannel("unix:" + socket_dir + "/control.sock",
+                                                           grpc::InsecureChannelCredentials()));
+  auto median = [&](bool packed) {
+    std::vector<double> ms;
+    for (int r = 0; r < reps + 1; ++r) {
+      v1::AcquireRequest req;
+      req.set_model(model);
+      req.mutable_layout()->set_tp_size(1);
+      req.mutable_env()->set_device_uuid(uuid);
+      req.set_packed_manifest(packed);
+      grpc::ClientContext ctx;
+      auto t0 = Clock::now();
+      {  // as the client decodes it: on an arena
+        google::protobuf::Arena arena;
+        auto* resp = google::protobuf::Arena::CreateMessage<v1::AcquireResponse>(&arena);
+        if (!stub->Acquire(&ctx, req, resp).ok()) return -1.0;
+        auto* m = google::protobuf::Arena::CreateMessage<v1::TensorManifest>(&arena);
+        if (packed && !m->ParseFromString(resp->tensor_manifest())) return -1.0;
+      }
+      if (r > 0) ms.push_back(Ms(t0, Clock::now()));
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  };
+  return {median(false), median(true)};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -69,6 +105,7 @@ int main(int argc, char** argv) {
   int reps = 5;
   double max_gib = 120;
   unsigned read_threads = 16;
+  double segment_gib = 2;
   std::string json;
   for (int i = 1; i < argc; ++i) {
     if (std::strncmp(argv[i], "--sizes_gib=", 12) == 0) sizes = ParseList(argv[i] + 12);
@@ -77,6 +114,7 @@ int main(int argc, char** argv) {
     if (std::strncmp(argv[i], "--max_gib=", 10) == 0) max_gib = std::atof(argv[i] + 10);
     if (std::strncmp(argv[i], "--read_threads=", 15) == 0) read_threads = std::atoi(argv[i] + 15);
     if (std::strncmp(argv[i], "--json=", 7) == 0) json = argv[i] + 7;
+    if (std::strncmp(argv[i], "--segment_gib=", 14) == 0) segment_gib = std::atof(argv[i] + 14);
   }
   char tmpl[] = "/tmp/wc-gpu-bench.XXXXXX";
   std::string root = ::mkdtemp(tmpl);
@@ -121,7 +159,9 @@ int main(int argc, char** argv) {
   if (daemon_pid == 0) {
     ::close(ready[0]);
     ::close(stop[1]);
-    auto backend = memory::MakeCudaBackend({});
+    memory::CudaBackendOptions bo;
+    bo.max_segment_bytes = static_cast<uint64_t>(segment_gib * (1ull << 30));
+    auto backend = memory::MakeCudaBackend(bo);
     if (!backend.ok()) {
       std::fprintf(stderr, "daemon: %s\n", backend.status().ToString().c_str());
       _exit(2);
@@ -240,6 +280,9 @@ int main(int argc, char** argv) {
           "%.2f | reserve %.2f | map %.2f | access %.2f, views %.2f |\n",
           t.rpc_ms, t.claim_ms, t.map.context_ms, t.map.import_ms, t.map.reserve_ms, t.map.map_ms,
           t.map.access_ms, t.views_ms);
+      const auto [rpc_tensors, rpc_packed] = RawRpcMs(o.socket_dir, c.name, uuid, reps);
+      std::printf("|  | Acquire RPC alone (ms) | as tensors %.2f | packed %.2f | | | | | |\n",
+                  rpc_tensors, rpc_packed);
       std::fflush(stdout);
       if (!bench::AppendJsonLine(json, {{"bench", "acquire"},
                                         {"backend", "cuda"},
@@ -257,7 +300,9 @@ int main(int argc, char** argv) {
                                         {"import_ms", t.map.import_ms},
                                         {"map_ms", t.map.map_ms},
                                         {"access_ms", t.map.access_ms},
-                                        {"views_ms", t.views_ms}})) {
+                                        {"views_ms", t.views_ms},
+                                        {"rpc_tensors_ms", rpc_tensors},
+                                        {"rpc_packed_ms", rpc_packed}})) {
         rc = 1;
       }
     }

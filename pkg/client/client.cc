@@ -251,6 +251,7 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) 
   req.set_quantization(o.quantization);
   req.set_wait_ready(o.wait_ready);
   req.set_load_on_miss(o.load_on_miss);
+  req.set_packed_manifest(true);
   SetIdentity(o.published, req.mutable_env());
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + o.timeout);
@@ -258,6 +259,18 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) 
   google::protobuf::Arena arena;
   auto& resp = *google::protobuf::Arena::CreateMessage<v1::AcquireResponse>(&arena);
   WC_RETURN_IF_ERROR(FromGrpc(ctx, rpc_->stub->Acquire(&ctx, req, &resp), "Acquire"));
+  // The packed manifest (what this client asks for); a daemon that predates it sends
+  // `tensors`.
+  const google::protobuf::RepeatedPtrField<v1::TensorEntry>* manifest = &resp.tensors();
+  if (!resp.tensor_manifest().empty()) {
+    auto* packed = google::protobuf::Arena::CreateMessage<v1::TensorManifest>(&arena);
+    if (!packed->ParseFromString(resp.tensor_manifest())) {
+      return absl::InternalError(absl::StrCat("Acquire of '", resp.model(), "': the daemon's ",
+                                              resp.tensor_manifest().size(),
+                                              "-byte tensor manifest does not decode"));
+    }
+    manifest = &packed->tensors();
+  }
 
   auto lease = std::unique_ptr<Lease>(new Lease());
   auto ms_since = [](std::chrono::steady_clock::time_point t) {
@@ -293,7 +306,7 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) 
   lease->segment_sizes_ = sizes;
 
   t1 = std::chrono::steady_clock::now();
-  WC_ASSIGN_OR_RETURN(lease->tensors_, Views(resp.tensors(), sizes, *lease->mapping_));
+  WC_ASSIGN_OR_RETURN(lease->tensors_, Views(*manifest, sizes, *lease->mapping_));
   lease->timings_.views_ms = ms_since(t1);
   lease->map_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

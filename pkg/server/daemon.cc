@@ -432,7 +432,7 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
       if (auto s = registry_.WaitReady(e, deadline); !s.ok()) {
         return finish(AcquireResult::kError, s);
       }
-      if (auto s = FillLease(e, *model, caller, resp); !s.ok())
+      if (auto s = FillLease(e, *model, caller, req.packed_manifest(), resp); !s.ok())
         return finish(AcquireResult::kError, s);
       return finish(AcquireResult::kPeerCopy, absl::OkStatus());
     }
@@ -455,7 +455,7 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
       e = *started;
       auto s = registry_.WaitReady(e, deadline);
       if (!s.ok()) return finish(AcquireResult::kError, s);
-      if (auto f = FillLease(e, *model, caller, resp); !f.ok())
+      if (auto f = FillLease(e, *model, caller, req.packed_manifest(), resp); !f.ok())
         return finish(AcquireResult::kError, f);
       return finish(AcquireResult::kMiss, absl::OkStatus());
     }
@@ -508,13 +508,14 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
     auto s = registry_.WaitReady(e, deadline);
     if (!s.ok()) return finish(AcquireResult::kError, s);
   }
-  if (auto s = FillLease(e, *model, caller, resp); !s.ok()) return finish(AcquireResult::kError, s);
+  if (auto s = FillLease(e, *model, caller, req.packed_manifest(), resp); !s.ok())
+    return finish(AcquireResult::kError, s);
   return finish(was_ready ? AcquireResult::kHit : AcquireResult::kMiss, absl::OkStatus());
 }
 
 absl::Status Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
                                      const std::string& name, const Caller& caller,
-                                     v1::AcquireResponse* resp) {
+                                     bool packed_manifest, v1::AcquireResponse* resp) {
   WC_ASSIGN_OR_RETURN(LeaseManager::Issued issued,
                       leases_.Issue(e, name, caller.cred, caller.slot, options_.before_lease_hook));
   const std::shared_ptr<const load::LoadedModel>& content = issued.content;
@@ -544,12 +545,12 @@ absl::Status Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
     s->set_index(static_cast<uint32_t>(i));
     s->set_size(content->segments[i]->size());
   }
-  const auto& plan = content->plan;
-  resp->mutable_tensors()->Reserve(static_cast<int>(plan.tensors.size() + plan.views.size()));
   // Tensors, then the fused views that alias them (engine layouts); the client sorts.
-  for (const auto* list : {&plan.tensors, &plan.views}) {
-    for (const auto& t : *list) ToTensorEntry(t, resp->add_tensors());
+  if (packed_manifest) {
+    resp->set_tensor_manifest(*manifests_.Get(content));
+    return absl::OkStatus();
   }
+  AddTensorEntries(*content, resp->mutable_tensors());
   return absl::OkStatus();
 }
 

@@ -145,6 +145,44 @@ TEST_F(DaemonInProcessTest, TokenOfAnEvictedEntryDoesNotClaimTheReloadedOne) {
   EXPECT_EQ(st->entries(0).leases_size(), 0);
 }
 
+// A client that asks for the packed manifest gets the entries an older client gets as
+// `tensors`, in the same order; after an evict and reload, the new entry's own.
+TEST_F(DaemonInProcessTest, PackedManifestHoldsTheSameEntriesAsTheTensorsField) {
+  Start({});
+  auto channel =
+      grpc::CreateChannel("unix:" + dir_ / "s/control.sock", grpc::InsecureChannelCredentials());
+  auto stub = v1::WeightCache::NewStub(channel);
+  auto acquire = [&](bool packed) {
+    v1::AcquireRequest req;
+    req.set_model("m");
+    req.set_wait_ready(true);
+    req.set_packed_manifest(packed);
+    v1::AcquireResponse resp;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(stub->Acquire(&ctx, req, &resp).ok());
+    return resp;
+  };
+  for (int round = 0; round < 2; ++round) {
+    v1::AcquireResponse plain = acquire(false);
+    v1::AcquireResponse packed = acquire(true);
+    EXPECT_TRUE(plain.tensor_manifest().empty());
+    EXPECT_EQ(packed.tensors_size(), 0);
+    ASSERT_GT(plain.tensors_size(), 0);
+    v1::TensorManifest m;
+    ASSERT_TRUE(m.ParseFromString(packed.tensor_manifest()));
+    ASSERT_EQ(m.tensors_size(), plain.tensors_size());
+    for (int i = 0; i < m.tensors_size(); ++i) {
+      EXPECT_EQ(m.tensors(i).SerializeAsString(), plain.tensors(i).SerializeAsString())
+          << m.tensors(i).name();
+    }
+    EXPECT_EQ(packed.segments_size(), plain.segments_size());
+    if (round == 0) {
+      ASSERT_TRUE(client_->EvictDetailed("m", "").ok());
+      ASSERT_TRUE(client_->Load("m", "", {}).ok());
+    }
+  }
+}
+
 TEST_F(DaemonInProcessTest, WaitReturnsOnlyAfterTheSocketsAreGone) {
   Start({});
   auto lease = Acquire();

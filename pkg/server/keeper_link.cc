@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "pkg/safetensors/safetensors.h"
+#include "pkg/server/internal/manifest.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 
@@ -46,16 +47,6 @@ absl::StatusOr<load::PlannedTensor> GetTensor(const v1::TensorEntry& m, const v1
 }
 
 }  // namespace
-
-void ToTensorEntry(const load::PlannedTensor& t, v1::TensorEntry* m) {
-  m->set_name(t.name);
-  m->set_dtype(std::string(safetensors::DTypeName(t.dtype)));
-  for (auto d : t.shape) m->add_shape(d);
-  for (auto d : t.strides) m->add_strides(d);
-  m->set_segment(t.segment);
-  m->set_offset(t.offset);
-  m->set_nbytes(t.nbytes);
-}
 
 std::string EncodeKeeperRecord(const cache::Entry& e, const load::LoadedModel& content,
                                const std::string& backend, const std::string& spec_yaml) {

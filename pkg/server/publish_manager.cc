@@ -13,6 +13,7 @@
 #include "pkg/load/loader.h"
 #include "pkg/metrics/metrics.h"
 #include "pkg/server/internal/lease_manager.h"
+#include "pkg/server/internal/manifest.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 
@@ -297,16 +298,7 @@ absl::Status PublishManager::Begin(const PeerCred& caller, const v1::BeginPublis
     seg->set_index(static_cast<uint32_t>(i));
     seg->set_size(segments[i]->size());
   }
-  for (const auto& t : plan.tensors) {
-    auto* m = resp->add_tensors();
-    m->set_name(t.name);
-    m->set_dtype(std::string(safetensors::DTypeName(t.dtype)));
-    m->mutable_shape()->Add(t.shape.begin(), t.shape.end());
-    m->mutable_strides()->Add(t.strides.begin(), t.strides.end());
-    m->set_segment(t.segment);
-    m->set_offset(t.offset);
-    m->set_nbytes(t.nbytes);
-  }
+  for (const auto& t : plan.tensors) ToTensorEntry(t, resp->add_tensors());
   s->plan = std::move(plan);
   {
     std::lock_guard<std::mutex> l(mu_);

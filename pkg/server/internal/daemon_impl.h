@@ -31,6 +31,7 @@
 #include "pkg/server/internal/control_listener.h"
 #include "pkg/server/internal/keeper_link.h"
 #include "pkg/server/internal/lease_manager.h"
+#include "pkg/server/internal/manifest.h"
 #include "pkg/server/internal/model_catalog.h"
 #include "pkg/server/internal/publish_manager.h"
 #include "pkg/server/namespace_rules.h"
@@ -90,9 +91,10 @@ class Daemon::Impl final : public metrics::StateSource {
  private:
   // Records the lease and its token and fills the response, labelled with `name` (the asked
   // spec name; the entry's own for fingerprint requests). UNAVAILABLE when the entry was
-  // evicted meanwhile (no lease, no token).
+  // evicted meanwhile (no lease, no token). `packed_manifest`: the tensors go as the entry's
+  // serialized manifest (built once, manifests_), else as `tensors`.
   absl::Status FillLease(const std::shared_ptr<cache::Entry>& e, const std::string& name,
-                         const Caller& caller, v1::AcquireResponse* resp);
+                         const Caller& caller, bool packed_manifest, v1::AcquireResponse* resp);
   // PERMISSION_DENIED naming `rule` and what it guards, counted in metrics.
   absl::Status Refuse(const std::string& rule, const std::string& message);
   // Stale check of an Acquire by name: the asked spec's files against the versions it was
@@ -113,6 +115,7 @@ class Daemon::Impl final : public metrics::StateSource {
   ModelCatalog models_;
   Admission admission_;
   LeaseManager leases_;
+  ManifestCache manifests_;
   // After the registry: destroyed first, so publishes in flight end before it joins them.
   PublishManager publishes_;
 

@@ -39,8 +39,6 @@ namespace weightcache::server {
 // pure functions. Decoding checks the format, that the fingerprint inputs reproduce the
 // fingerprint and that every tensor lies inside its segment; INVALID_ARGUMENT naming the
 // field otherwise.
-// One tensor of a manifest (the Acquire response's and the keeper record's).
-void ToTensorEntry(const load::PlannedTensor& t, v1::TensorEntry* m);
 std::string EncodeKeeperRecord(const cache::Entry& e, const load::LoadedModel& content,
                                const std::string& backend, const std::string& spec_yaml);
 struct AdoptableRecord {
