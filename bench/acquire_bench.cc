@@ -3,7 +3,8 @@
 // segment FDs on the handle channel, maps them and builds its tensor views. Prints a table.
 //   acquire_bench [--reps=N] [--max_gib=4] [--tensors=N] [--json=FILE]
 // --json appends one line per row: {"bench":"acquire","backend":"host","size_gib","tensors",
-// "ms_p50","ms_min","ms_max","ms_p90","reps","segments"}.
+// "ms_p50","ms_min","ms_max","ms_p90","reps","segments","rpc_tensors_ms","rpc_packed_ms"}:
+// the last two time the bare Acquire RPC with the manifest as `tensors` and packed.
 // Checkpoints are sparse files (zeros): the time measured does not depend on the values.
 #include <fcntl.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/raw_rpc.h"
 #include "bench/sparse_checkpoint.h"
 #include "pkg/client/client.h"
 #include "pkg/memory/backend.h"
@@ -51,8 +53,10 @@ int main(int argc, char** argv) {
       "Acquire -> mapped on the host backend (%d reps each; client and daemon on one "
       "machine, real Unix sockets)\n\n",
       reps);
-  std::printf("| tensors | weights  | segments | median ms | p90 ms | max ms |\n");
-  std::printf("|--------:|---------:|---------:|----------:|-------:|-------:|\n");
+  std::printf(
+      "| tensors | weights  | segments | median ms | p90 ms | max ms | RPC alone, as tensors ms "
+      "| RPC alone, packed ms |\n");
+  std::printf("|--------:|---------:|---------:|----------:|-------:|-------:|------:|------:|\n");
   for (const auto& c : cases) {
     if (c.bytes > max_gib * (1ull << 30)) continue;
     if (only_tensors != 0 && c.tensors != only_tensors) continue;
@@ -90,9 +94,11 @@ int main(int argc, char** argv) {
       segments = (*l)->segment_count();
       ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     }
-    std::printf("| %7d | %5.0f MiB | %8zu | %9.2f | %6.2f | %6.2f |\n", c.tensors,
+    // The bare RPC, the manifest built per Acquire (`tensors`) against the packed bytes.
+    const auto [rpc_tensors, rpc_packed] = bench::RawAcquireRpcMs(o.socket_dir, "bench", "", reps);
+    std::printf("| %7d | %5.0f MiB | %8zu | %9.2f | %6.2f | %6.2f | %5.2f | %5.2f |\n", c.tensors,
                 c.bytes / 1048576.0, segments, Percentile(ms, 0.5), Percentile(ms, 0.9),
-                Percentile(ms, 1.0));
+                Percentile(ms, 1.0), rpc_tensors, rpc_packed);
     std::fflush(stdout);
     if (!bench::AppendJsonLine(json, {{"bench", "acquire"},
                                       {"backend", "host"},
@@ -103,7 +109,9 @@ int main(int argc, char** argv) {
                                       {"ms_max", Percentile(ms, 1.0)},
                                       {"ms_p90", Percentile(ms, 0.9)},
                                       {"reps", reps},
-                                      {"segments", segments}})) {
+                                      {"segments", segments},
+                                      {"rpc_tensors_ms", rpc_tensors},
+                                      {"rpc_packed_ms", rpc_packed}})) {
       return 1;
     }
     client->reset();

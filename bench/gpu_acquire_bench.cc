@@ -12,8 +12,6 @@
 // "tensors","ms_p50","ms_min","ms_max","reps","segments","load_s",...}, or with "skipped".
 // Checkpoints are sparse files (zeros): mapping time does not depend on the values.
 #include <fcntl.h>
-#include <google/protobuf/arena.h>
-#include <grpcpp/grpcpp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,13 +25,13 @@
 
 #include "bench/bench_util.h"
 #include "bench/engine.h"
+#include "bench/raw_rpc.h"
 #include "bench/sparse_checkpoint.h"
 #include "pkg/client/client.h"
 #include "pkg/memory/cuda_backend.h"
 #include "pkg/memory/mapping.h"
 #include "pkg/server/daemon.h"
 #include "pkg/spec/spec.h"
-#include "weightcache/v1/weightcache.grpc.pb.h"
 #include "weightcache/v1/weightcache.pb.h"
 
 using namespace weightcache;
@@ -63,38 +61,6 @@ bool CheckStamps(const client::Lease& lease, const std::string& uuid) {
   std::printf("|  | bytes sampled through the engine's mapping | %llu stamps | %s | | | | | |\n",
               static_cast<unsigned long long>(checked), wrong == 0 ? "all equal" : "WRONG");
   return wrong == 0;
-}
-
-// The Acquire RPC alone (nothing claimed or mapped; the unclaimed leases expire), median ms
-// of `reps`: the manifest as `tensors` (built for each Acquire, what clients before the
-// packed manifest get) against the packed bytes serialized once per entry. Both decoded.
-std::pair<double, double> RawRpcMs(const std::string& socket_dir, const std::string& model,
-                                   const std::string& uuid, int reps) {
-  auto stub = v1::WeightCache::NewStub(grpc::CreateChannel("unix:" + socket_dir + "/control.sock",
-                                                           grpc::InsecureChannelCredentials()));
-  auto median = [&](bool packed) {
-    std::vector<double> ms;
-    for (int r = 0; r < reps + 1; ++r) {
-      v1::AcquireRequest req;
-      req.set_model(model);
-      req.mutable_layout()->set_tp_size(1);
-      req.mutable_env()->set_device_uuid(uuid);
-      req.set_packed_manifest(packed);
-      grpc::ClientContext ctx;
-      auto t0 = Clock::now();
-      {  // as the client decodes it: on an arena
-        google::protobuf::Arena arena;
-        auto* resp = google::protobuf::Arena::CreateMessage<v1::AcquireResponse>(&arena);
-        if (!stub->Acquire(&ctx, req, resp).ok()) return -1.0;
-        auto* m = google::protobuf::Arena::CreateMessage<v1::TensorManifest>(&arena);
-        if (packed && !m->ParseFromString(resp->tensor_manifest())) return -1.0;
-      }
-      if (r > 0) ms.push_back(Ms(t0, Clock::now()));
-    }
-    std::sort(ms.begin(), ms.end());
-    return ms[ms.size() / 2];
-  };
-  return {median(false), median(true)};
 }
 
 }  // namespace
@@ -280,7 +246,8 @@ int main(int argc, char** argv) {
           "%.2f | reserve %.2f | map %.2f | access %.2f, views %.2f |\n",
           t.rpc_ms, t.claim_ms, t.map.context_ms, t.map.import_ms, t.map.reserve_ms, t.map.map_ms,
           t.map.access_ms, t.views_ms);
-      const auto [rpc_tensors, rpc_packed] = RawRpcMs(o.socket_dir, c.name, uuid, reps);
+      const auto [rpc_tensors, rpc_packed] =
+          bench::RawAcquireRpcMs(o.socket_dir, c.name, uuid, reps);
       std::printf("|  | Acquire RPC alone (ms) | as tensors %.2f | packed %.2f | | | | | |\n",
                   rpc_tensors, rpc_packed);
       std::fflush(stdout);

@@ -16,7 +16,7 @@ the machine.json files run-all writes, then
 
 Rows (extra keys are allowed and ignored unless named here):
   {"bench": "acquire", "backend": "cuda"|"host", "size_gib", "tensors", "ms_p50", "ms_min",
-   "ms_max", "reps", ["segments"], ["skipped": reason]}
+   "ms_max", "reps", ["segments"], ["rpc_tensors_ms", "rpc_packed_ms"], ["skipped": reason]}
   {"bench": "concurrency", "backend", "size_gib", "tensors", "engines", "state": "cold"|"warm",
    "ms_p50", "ms_p99", "ms_max", "loads", ["load_s"], ["segments"]}
   {"bench": "load", "size_gib", "tp", "state": "hot"|"cold",
