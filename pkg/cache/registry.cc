@@ -337,13 +337,13 @@ bool Registry::RemoveLease(const std::string& lease_id) {
   return true;
 }
 
-std::optional<int> Registry::LeaseOwner(const std::string& lease_id) const {
+std::optional<LeaseRecord> Registry::FindLease(const std::string& lease_id) const {
   std::lock_guard<std::mutex> l(mu_);
   auto it = lease_to_entry_.find(lease_id);
   if (it == lease_to_entry_.end()) return std::nullopt;
   auto lease = it->second->leases.find(lease_id);
   if (lease == it->second->leases.end()) return std::nullopt;
-  return lease->second.owner_uid;
+  return lease->second;
 }
 
 bool Registry::HasLease(const std::shared_ptr<Entry>& e, const std::string& lease_id) const {

@@ -64,6 +64,7 @@ struct LeaseRecord {
   std::chrono::steady_clock::time_point since;
   int owner_uid = -1;    // who acquired it (control-plane peer): may release it
   bool claimed = false;  // its descriptors were handed out (SetLeasePeer)
+  std::string slot;      // the slot socket it was acquired on; empty: the shared one
 };
 
 // Immutable identity plus guarded state of one model-rank on one device. The identity and
@@ -205,8 +206,8 @@ class Registry {
   // false when unknown.
   bool RemoveLease(const std::string& lease_id);
   size_t LeaseCount(const Key& key) const;
-  // The uid that acquired an active lease; nullopt when no such lease.
-  std::optional<int> LeaseOwner(const std::string& lease_id) const;
+  // An active lease (who acquired it, on which socket); nullopt when no such lease.
+  std::optional<LeaseRecord> FindLease(const std::string& lease_id) const;
   // Whether `lease_id` is active on exactly this entry (not another entry of its key).
   bool HasLease(const std::shared_ptr<Entry>& e, const std::string& lease_id) const;
 

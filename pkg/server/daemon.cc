@@ -21,6 +21,14 @@
 #include "pkg/util/unix_socket.h"
 
 namespace weightcache::server {
+namespace {
+
+// "slot weightcache-1's socket" or "the shared socket".
+std::string SocketName(const std::string& slot) {
+  return slot.empty() ? std::string("the shared socket") : absl::StrCat("slot ", slot, "'s socket");
+}
+
+}  // namespace
 
 Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend)
     : options_(std::move(options)),
@@ -555,12 +563,23 @@ absl::Status Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
 }
 
 absl::Status Daemon::Impl::Release(const Caller& caller, const v1::ReleaseRequest& req) {
-  const std::optional<int> owner = registry_.LeaseOwner(req.lease_id());
-  if (owner && *owner != static_cast<int>(caller.cred.uid) && !IsAdmin(caller)) {
-    return Refuse("lease_owner",
-                  absl::StrCat("lease ", req.lease_id().substr(0, 12), " belongs to uid ", *owner,
-                               "; only its owner or an admin (--admin_uids/--admin_gids) may "
-                               "release it"));
+  const std::optional<cache::LeaseRecord> lease = registry_.FindLease(req.lease_id());
+  if (lease && lease->owner_uid != static_cast<int>(caller.cred.uid) && !IsAdmin(caller)) {
+    return Refuse(
+        "lease_owner",
+        absl::StrCat("lease ", req.lease_id().substr(0, 12), " belongs to uid ", lease->owner_uid,
+                     "; only its owner or an admin (--admin_uids/--admin_gids) may "
+                     "release it"));
+  }
+  // With --namespace_rules a uid says little (pods of many namespaces run as root): a lease
+  // is released only through the socket it was acquired on (its pod's slot).
+  if (lease && rules_ && lease->slot != caller.slot && !IsAdmin(caller)) {
+    return Refuse("namespace",
+                  absl::StrCat("lease ", req.lease_id().substr(0, 12), " was acquired on ",
+                               SocketName(lease->slot), " and this connection came in on ",
+                               SocketName(caller.slot),
+                               "; with --namespace_rules only the socket it was acquired on or "
+                               "an admin may release it"));
   }
   if (!leases_.End(req.lease_id())) {
     return absl::NotFoundError(absl::StrCat("lease ", req.lease_id(), " is not active"));
@@ -726,7 +745,18 @@ absl::Status Daemon::Impl::Evict(const Caller& caller, const v1::EvictRequest& r
   return absl::OkStatus();
 }
 
-void Daemon::Impl::Status(v1::StatusResponse* resp) const {
+void Daemon::Impl::Status(const Caller& caller, v1::StatusResponse* resp) {
+  // With --namespace_rules a peer sees the models it may map, the entries that serve them
+  // (under those names only) and, of their leases, those of its own socket; an admin sees
+  // everything. Counters and device rows stay whole (free memory shows the rest anyway).
+  const bool filtered = rules_ != nullptr && !IsAdmin(caller);
+  std::map<std::string, bool> may_map;  // one rule decision per name and Status
+  auto visible = [&](const std::string& name) {
+    if (!filtered) return true;
+    auto [it, fresh] = may_map.try_emplace(name, false);
+    if (fresh) it->second = MayMap(caller, name).ok();
+    return it->second;
+  };
   resp->set_version(kVersion);
   resp->set_backend(memory::BackendName(backend_->kind()));
   auto now = std::chrono::steady_clock::now();
@@ -744,8 +774,14 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
     auto& [count, bytes] = per_device[s.device_uuid];
     count++;
     bytes += s.bytes;
+    std::vector<std::string> names;
+    for (auto& n : models_.NamesOf(s)) {
+      if (visible(n)) names.push_back(std::move(n));
+    }
+    const bool model_visible = visible(s.model);
+    if (!model_visible && names.empty()) continue;
     auto* e = resp->add_entries();
-    e->set_model(s.model);
+    e->set_model(model_visible ? s.model : names.front());
     e->set_fingerprint(s.fingerprint);
     const bool stale = s.state == cache::State::kReady && !s.stale.empty();
     e->set_state(stale ? "stale" : cache::StateName(s.state));
@@ -768,13 +804,14 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
         p && s.source == "publish") {
       *e->mutable_publisher() = *p;
     }
-    for (const auto& n : models_.NamesOf(s)) {
+    for (const auto& n : names) {
       e->add_names(n);
       if (s.state == cache::State::kReady && !stale) {
         ready_ranks[n].insert(static_cast<uint32_t>(s.inputs.layout.tp_rank));
       }
     }
     for (const auto& l : s.leases) {
+      if (filtered && l.slot != caller.slot) continue;
       auto* li = e->add_leases();
       li->set_lease_id(l.id);
       li->set_pid(l.pid);
@@ -784,7 +821,7 @@ void Daemon::Impl::Status(v1::StatusResponse* resp) const {
   }
   for (const auto& [sp, refused] : models_.List()) {
     const std::string& name = sp.name;
-    {
+    if (visible(name)) {
       resp->add_known_models(name);
       auto* m = resp->add_models();
       m->set_name(name);

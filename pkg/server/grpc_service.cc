@@ -93,7 +93,7 @@ class GrpcService final : public v1::WeightCache::Service {
                       v1::StatusResponse* resp) override {
     auto caller = impl_->CallerOf(ctx->peer());
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
-    impl_->Status(resp);
+    impl_->Status(*caller, resp);
     return grpc::Status::OK;
   }
 

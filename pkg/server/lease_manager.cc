@@ -34,8 +34,13 @@ absl::StatusOr<LeaseManager::Issued> LeaseManager::Issue(
   if (!content.ok()) return absl::UnavailableError(evicted);
   if (before_lease) before_lease(name);
   Issued out{RandomHex(16), RandomHex(32), *std::move(content)};
-  cache::LeaseRecord rec{out.lease_id, static_cast<int>(owner.pid), static_cast<int>(owner.uid),
-                         std::chrono::steady_clock::now(), static_cast<int>(owner.uid)};
+  cache::LeaseRecord rec{out.lease_id,
+                         static_cast<int>(owner.pid),
+                         static_cast<int>(owner.uid),
+                         std::chrono::steady_clock::now(),
+                         static_cast<int>(owner.uid),
+                         /*claimed=*/false,
+                         slot};
   if (!registry_->AddLease(e, rec).ok()) return absl::UnavailableError(evicted);
   std::lock_guard<std::mutex> l(mu_);
   tokens_[out.token] = {out.lease_id, e, std::chrono::steady_clock::now() + token_ttl_, slot};

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -203,6 +204,10 @@ TEST_F(NamespaceRulesTest, PodsInAllowedNamespacesMapOthersAreDeniedAndCounted) 
   auto st = shared_->Status();
   ASSERT_TRUE(st.ok()) << st.status();
   EXPECT_EQ(st->acquire_denied(), 3u);  // two Acquires on slot 3, one on the shared socket
+  // A team-a pod's Status lists the restricted model with its rule.
+  st = a->Status();
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_EQ(st->models_size(), 2) << st->DebugString();
   for (const auto& m : st->models()) {
     EXPECT_EQ(
         std::vector<std::string>(m.allowed_namespaces().begin(), m.allowed_namespaces().end()),
@@ -210,7 +215,7 @@ TEST_F(NamespaceRulesTest, PodsInAllowedNamespacesMapOthersAreDeniedAndCounted) 
         << m.name();
   }
   testing::ToolRun list =
-      testing::RunTool({WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "list"}, dir_ / "ctl.err");
+      testing::RunTool({WEIGHTCACHECTL_PATH, "--socket=" + slot_dir(1), "list"}, dir_ / "ctl.err");
   EXPECT_EQ(list.rc, 0) << list.out;
   EXPECT_THAT(list.out, HasSubstr("\n  namespaces: team-a (only pods there may map it)\n"));
   testing::ToolRun status = testing::RunTool(
@@ -222,6 +227,66 @@ TEST_F(NamespaceRulesTest, PodsInAllowedNamespacesMapOthersAreDeniedAndCounted) 
   EXPECT_THAT(scrape, HasSubstr("weightcache_acquire_total{model=\"secret\",result=\"denied\"} 3"));
   EXPECT_THAT(scrape, HasSubstr("weightcache_acquire_total{model=\"secret\",result=\"hit\"} 1"));
   EXPECT_THAT(scrape, HasSubstr("weightcache_refusals_total{rule=\"namespace\"} 1"));
+}
+
+// Status answers what the caller may map: the restricted model, the names it gives an entry
+// and other sockets' leases are not shown to a pod of another namespace (nor to a non-admin
+// on the shared socket). A lease is released only on the socket it was acquired on: every
+// connection here has the same uid, which is what pods running as root look like.
+TEST_F(NamespaceRulesTest, StatusShowsWhatTheCallerMayMapAndLeasesAreReleasedOnTheirOwnSlot) {
+  auto a = OnSlot(1);
+  auto b = OnSlot(3);
+  ASSERT_TRUE(a && b);
+  auto secret = Acquire(*a, "secret");
+  ASSERT_TRUE(secret.ok()) << secret.status();
+  auto open = Acquire(*b, "open");
+  ASSERT_TRUE(open.ok()) << open.status();
+  auto names = [](const auto& list) {
+    std::vector<std::string> out(list.begin(), list.end());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  auto lease_ids = [](const v1::StatusResponse& st) {
+    std::vector<std::string> out;
+    for (const auto& e : st.entries()) {
+      for (const auto& l : e.leases()) out.push_back(l.lease_id());
+    }
+    return out;
+  };
+  using Names = std::vector<std::string>;
+  for (client::Client* c : {b.get(), shared_.get()}) {
+    auto st = c->Status();
+    ASSERT_TRUE(st.ok()) << st.status();
+    EXPECT_EQ(names(st->known_models()), Names{"open"});
+    ASSERT_EQ(st->models_size(), 1);
+    EXPECT_EQ(st->models(0).name(), "open");
+    ASSERT_EQ(st->entries_size(), 1) << st->DebugString();
+    EXPECT_EQ(st->entries(0).model(), "open");
+    EXPECT_EQ(names(st->entries(0).names()), Names{"open"});
+    EXPECT_EQ(lease_ids(*st), c == b.get() ? Names{(*open)->id()} : Names{});
+    EXPECT_EQ(st->devices(0).entries(), 1u);  // the device row counts every entry
+  }
+  auto st = a->Status();
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(names(st->known_models()), (Names{"open", "secret"}));
+  ASSERT_EQ(st->entries_size(), 1);
+  EXPECT_EQ(names(st->entries(0).names()), (Names{"open", "secret"}));
+  EXPECT_EQ(lease_ids(*st), Names{(*secret)->id()});
+
+  // Team-a's lease: not from team-b's slot, not from the shared socket; from its own, yes.
+  absl::Status from_b = b->Release((*secret)->id());
+  EXPECT_EQ(from_b.code(), absl::StatusCode::kPermissionDenied) << from_b;
+  EXPECT_THAT(std::string(from_b.message()),
+              HasSubstr("was acquired on slot weightcache-1's socket and this connection came in "
+                        "on slot weightcache-3's socket; with --namespace_rules only the socket it "
+                        "was acquired on or an admin may release it"));
+  absl::Status from_shared = shared_->Release((*secret)->id());
+  EXPECT_EQ(from_shared.code(), absl::StatusCode::kPermissionDenied) << from_shared;
+  EXPECT_THAT(std::string(from_shared.message()), HasSubstr("came in on the shared socket"));
+  EXPECT_TRUE(a->Release((*secret)->id()).ok());
+  st = a->Status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(lease_ids(*st), Names{});
 }
 
 TEST_F(NamespaceRulesTest, AReassignedSlotIsAskedAboutAfresh) {

@@ -70,7 +70,8 @@ class Daemon::Impl final : public metrics::StateSource {
   absl::Status Load(const Caller& caller, const v1::LoadRequest& req,
                     const std::function<bool(const v1::LoadProgress&)>& publish);
   absl::Status Evict(const Caller& caller, const v1::EvictRequest& req, v1::EvictResponse* resp);
-  void Status(v1::StatusResponse* resp) const;
+  // What `caller` may see: with --namespace_rules, the models it may map (daemon.cc).
+  void Status(const Caller& caller, v1::StatusResponse* resp);
   std::pair<bool, std::string> Readiness() const;
   // The publish RPCs' unit (publish_manager.h), once the caller passed the publish rule
   // (--publish_uids/--publish_gids); PERMISSION_DENIED naming the rule otherwise (counted).
