@@ -19,6 +19,9 @@ def test_status_table_and_json(daemon):
     r = cli("--socket", daemon.socket, "status")
     assert r.returncode == 0, r.stderr
     assert "known models:" in r.stdout and "tiny" in r.stdout
+    acquire = next(line for line in r.stdout.splitlines() if line.startswith("acquire: "))
+    assert [part.split(" ", 1)[1] for part in acquire[len("acquire: "):].split(", ")] == [
+        "hit", "peer copy", "miss", "mismatch", "stale", "rejected", "denied", "error"]
     assert any(line.split()[:3] == ["tiny", "0/1", "ready"] for line in r.stdout.splitlines())
     j = cli("--socket", daemon.socket, "status", "--json")
     st = json.loads(j.stdout)

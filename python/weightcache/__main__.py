@@ -32,9 +32,12 @@ def _status(args: argparse.Namespace) -> int:
         return 0
     print(f"weightcached {st.get('version', '')}, backend {st.get('backend', '')}; known models: "
           + (", ".join(st.get("known_models", [])) or "(none)"))
-    print(f"acquire: {st.get('acquire_hits', 0)} hits, {st.get('acquire_misses', 0)} misses, "
-          f"{st.get('acquire_mismatches', 0)} mismatches, {st.get('acquire_rejected', 0)} "
-          "rejected")
+    # The counters weightcachectl status prints, in its order (proto3 JSON drops zeros).
+    counters = [("hits", "hit"), ("peer_copies", "peer copy"), ("misses", "miss"),
+                ("mismatches", "mismatch"), ("stale", "stale"), ("rejected", "rejected"),
+                ("denied", "denied"), ("errors", "error")]
+    print("acquire: " + ", ".join(f"{int(st.get('acquire_' + key, 0))} {label}"
+                                  for key, label in counters))
     rows = [("MODEL", "TP", "STATE", "SIZE", "TENSORS", "LEASES", "DEVICE", "FINGERPRINT")]
     for e in st.get("entries", []):
         lay = e.get("layout", {})
