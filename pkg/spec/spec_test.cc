@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
 
 namespace weightcache::spec {
 namespace {
@@ -178,6 +181,27 @@ TEST(SpecParse, EmptyAndNonMappingRejected) {
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_TRUE(empty->empty());
   ExpectInvalid("models:\n  - 3\n", "specs.yaml: models[0]: a spec must be a mapping, got \"3\"");
+}
+
+// The Helm chart's values schema validates `models` (additionalProperties: false): a spec key
+// it lacks would be refused by `helm install` though the daemon takes it.
+TEST(SpecParse, TheChartSchemaKnowsExactlyTheSpecKeys) {
+  auto bad = ParseSpecs("name: a\nmodel_dir: /a\nzzz: 1\n", "x");
+  ASSERT_FALSE(bad.ok());
+  const std::string msg(bad.status().message());
+  const size_t at = msg.find("(known: ");
+  ASSERT_NE(at, std::string::npos) << msg;
+  std::vector<std::string> keys = absl::StrSplit(msg.substr(at + 8, msg.rfind(')') - at - 8), ", ");
+  std::ifstream in(WC_CHART_SCHEMA);
+  ASSERT_TRUE(in.good()) << WC_CHART_SCHEMA;
+  const auto schema = nlohmann::json::parse(in);
+  std::vector<std::string> chart;
+  for (const auto& [key, value] : schema["properties"]["models"]["items"]["properties"].items()) {
+    chart.push_back(key);
+  }
+  std::sort(keys.begin(), keys.end());
+  std::sort(chart.begin(), chart.end());
+  EXPECT_EQ(chart, keys);
 }
 
 TEST(SpecParse, UnknownKeyNamesKeyAndSource) {

@@ -130,6 +130,7 @@ for helm in "${helms[@]}"; do
   expect "ConfigMap spec tp_size" has "$cm" 'tp_size: 8$'
   expect "ConfigMap spec tp_ranks" after "$cm" 'tp_ranks:$' 8 '- 7$'
   expect "ConfigMap spec dtype" has "$cm" 'dtype: bf16$'
+  expect "ConfigMap spec layout" has "$cm" 'layout: sglang$'
   expect "ConfigMap spec version defaults to 1" test "$(grep -c 'version: 1$' "$cm")" -eq 2
   expect "checksum annotation changes with models" test \
     "$(grep checksum/models "$d")" != "$(grep checksum/models "$a")"
