@@ -43,29 +43,29 @@ Registry::~Registry() {
   Stop();  // loads in progress end at their next chunk
   std::map<uint64_t, std::thread> loads;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     loads.swap(loads_);
   }
   for (auto& [id, t] : loads) t.join();
 }
 
 size_t Registry::load_threads() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return loads_.size();
 }
 
 void Registry::SetLoadDoneCallback(LoadDoneFn fn) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   on_done_ = std::move(fn);
 }
 
 void Registry::SetEvictCallback(EvictFn fn) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   on_evict_ = std::move(fn);
 }
 
 void Registry::SetObserver(EntryObserver* observer) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   observer_ = observer;
 }
 
@@ -91,12 +91,12 @@ uint64_t Registry::UsedLocked(const std::string* device_uuid) const {
 }
 
 uint64_t Registry::used_bytes() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return UsedLocked(nullptr);
 }
 
 uint64_t Registry::used_bytes(const std::string& device_uuid) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return UsedLocked(&device_uuid);
 }
 
@@ -113,7 +113,7 @@ absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(LoadRequest req, bo
     for (auto& t : finished) t.join();
   };
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (stopping_) return absl::UnavailableError("registry is shutting down");
     for (uint64_t id : finished_loads_) {
       auto t = loads_.find(id);
@@ -181,7 +181,7 @@ void Registry::RunLoad(uint64_t id, const std::shared_ptr<Entry>& e, const LoadF
   auto result = load(*e);
   EntryObserver* observer = nullptr;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     observer = observer_;
   }
   if (result.ok() && observer != nullptr) observer->BeforeReady(*e, **result);
@@ -189,7 +189,7 @@ void Registry::RunLoad(uint64_t id, const std::shared_ptr<Entry>& e, const LoadF
   absl::Status status = result.ok() ? absl::OkStatus() : result.status();
   LoadDoneFn done;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     e->load_seconds = secs;
     if (result.ok()) {
       e->loaded = std::shared_ptr<const load::LoadedModel>(std::move(result).value());
@@ -211,32 +211,34 @@ void Registry::RunLoad(uint64_t id, const std::shared_ptr<Entry>& e, const LoadF
   } else {
     WC_LOG_ERROR("model %s failed to load: %s", e->model, std::string(status.message()));
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (done) done(*e, status, secs);
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   finished_loads_.push_back(id);  // the thread ends here; the next StartOrJoin joins it
 }
 
 State Registry::StateOf(const std::shared_ptr<Entry>& e) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return e->state;
 }
 
 void Registry::Stop() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     stopping_ = true;
     for (const auto& [key, e] : entries_) {
       if (e->state == State::kLoading) e->progress.Cancel();
     }
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 absl::Status Registry::WaitReady(const std::shared_ptr<Entry>& e,
                                  std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock<std::mutex> l(mu_);
-  cv_.wait_until(l, deadline, [&] { return e->state != State::kLoading || stopping_; });
+  MutexLock l(mu_);
+  while (e->state == State::kLoading && !stopping_) {
+    if (!cv_.WaitUntil(mu_, deadline)) break;
+  }
   if (e->state == State::kLoading && stopping_) {
     return absl::CancelledError(
         absl::StrCat("model '", e->model, "': the daemon is shutting down; its load stopped"));
@@ -259,13 +261,13 @@ absl::Status Registry::WaitReady(const std::shared_ptr<Entry>& e,
 }
 
 std::shared_ptr<Entry> Registry::Find(const Key& key) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = entries_.find(key);
   return it == entries_.end() ? nullptr : it->second;
 }
 
 std::vector<std::shared_ptr<Entry>> Registry::FindAll(const std::string& fingerprint) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   std::vector<std::shared_ptr<Entry>> out;
   for (auto it = entries_.lower_bound(Key{fingerprint, ""});
        it != entries_.end() && it->first.fingerprint == fingerprint; ++it) {
@@ -275,7 +277,7 @@ std::vector<std::shared_ptr<Entry>> Registry::FindAll(const std::string& fingerp
 }
 
 std::vector<std::shared_ptr<Entry>> Registry::FindByModel(const std::string& model) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   std::vector<std::shared_ptr<Entry>> out;
   for (const auto& [key, e] : entries_) {
     if (e->model == model) out.push_back(e);
@@ -285,7 +287,7 @@ std::vector<std::shared_ptr<Entry>> Registry::FindByModel(const std::string& mod
 
 absl::StatusOr<std::shared_ptr<const load::LoadedModel>> Registry::Content(
     const std::shared_ptr<Entry>& e) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (e->state != State::kReady) {
     return absl::FailedPreconditionError(
         absl::StrCat("model '", e->model, "' is ", StateName(e->state)));
@@ -294,7 +296,7 @@ absl::StatusOr<std::shared_ptr<const load::LoadedModel>> Registry::Content(
 }
 
 absl::Status Registry::AddLease(const std::shared_ptr<Entry>& e, const LeaseRecord& lease) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (e->state != State::kReady) {
     return absl::UnavailableError(
         absl::StrCat("model '", e->model, "' is ", StateName(e->state), ", not ready"));
@@ -306,7 +308,7 @@ absl::Status Registry::AddLease(const std::shared_ptr<Entry>& e, const LeaseReco
 }
 
 void Registry::SetLeasePeer(const std::string& lease_id, int pid, int uid) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = lease_to_entry_.find(lease_id);
   if (it == lease_to_entry_.end()) return;
   auto lease = it->second->leases.find(lease_id);
@@ -319,7 +321,7 @@ void Registry::SetLeasePeer(const std::string& lease_id, int pid, int uid) {
 bool Registry::RemoveLease(const std::string& lease_id) {
   std::shared_ptr<const load::LoadedModel> drop;  // a drained entry's memory, freed unlocked
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     auto it = lease_to_entry_.find(lease_id);
     if (it == lease_to_entry_.end()) return false;
     std::shared_ptr<Entry> e = it->second;
@@ -338,7 +340,7 @@ bool Registry::RemoveLease(const std::string& lease_id) {
 }
 
 std::optional<LeaseRecord> Registry::FindLease(const std::string& lease_id) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = lease_to_entry_.find(lease_id);
   if (it == lease_to_entry_.end()) return std::nullopt;
   auto lease = it->second->leases.find(lease_id);
@@ -347,19 +349,19 @@ std::optional<LeaseRecord> Registry::FindLease(const std::string& lease_id) cons
 }
 
 bool Registry::HasLease(const std::shared_ptr<Entry>& e, const std::string& lease_id) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = lease_to_entry_.find(lease_id);
   return it != lease_to_entry_.end() && it->second == e;
 }
 
 size_t Registry::LeaseCount(const Key& key) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = entries_.find(key);
   return it == entries_.end() ? 0 : it->second->leases.size();
 }
 
 bool Registry::Discard(const std::shared_ptr<Entry>& e) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = entries_.find(e->key);
   if (it == entries_.end() || it->second != e || e->state != State::kFailed) return false;
   entries_.erase(it);
@@ -368,7 +370,7 @@ bool Registry::Discard(const std::shared_ptr<Entry>& e) {
 }
 
 void Registry::MarkStale(const std::shared_ptr<Entry>& e, const std::string& what) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (e->state == State::kReady && e->stale.empty()) {
     WC_LOG_WARN("model %s (%s) is stale: %s", e->model, e->key.ToString(), what);
   }
@@ -417,19 +419,19 @@ Registry::Evicted Registry::Evict(const Key& key, const std::string& reason) {
   EntryObserver* observer = nullptr;
   Evicted result;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     result = EvictLocked(key, reason, &drop, &evicted);
     on_evict = on_evict_;
     observer = observer_;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   drop.clear();  // segments released here, outside the lock
   NotifyEvicted(evicted, reason, on_evict, observer);
   return result;
 }
 
 std::vector<EntrySnapshot> Registry::Snapshot() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   std::vector<EntrySnapshot> out;
   auto now = std::chrono::steady_clock::now();
   std::vector<const Entry*> all;

@@ -27,12 +27,10 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -43,6 +41,7 @@
 #include "pkg/load/loader.h"
 #include "pkg/load/model.h"
 #include "pkg/spec/fingerprint.h"
+#include "pkg/util/mutex.h"
 
 namespace weightcache::cache {
 
@@ -248,8 +247,8 @@ class Registry {
   void RunLoad(uint64_t id, const std::shared_ptr<Entry>& e, const LoadFn& load);
 
   const uint64_t budget_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable Mutex mu_;
+  CondVar cv_;
   std::map<Key, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
   // Evicted entries that clients still map, until their last lease ends.
   std::vector<std::shared_ptr<Entry>> draining_ ABSL_GUARDED_BY(mu_);

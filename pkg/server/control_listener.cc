@@ -79,7 +79,7 @@ ControlListener::~ControlListener() {
 std::optional<ControlListener::Caller> ControlListener::PeerOf(const std::string& peer) const {
   int fd = -1;
   if (peer.rfind("fd:", 0) != 0 || !absl::SimpleAtoi(peer.substr(3), &fd)) return std::nullopt;
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = conns_.find(fd);
   if (it == conns_.end()) return std::nullopt;
   Caller c = it->second.caller;
@@ -88,7 +88,7 @@ std::optional<ControlListener::Caller> ControlListener::PeerOf(const std::string
 }
 
 ControlListener::Counters ControlListener::counters() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   Counters c = counters_;
   c.open = conns_.size();
   return c;
@@ -124,7 +124,7 @@ void ControlListener::Loop() {
       }
     }
     if (std::chrono::steady_clock::now() >= next_reap) {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       Reap();
       next_reap = std::chrono::steady_clock::now() + std::chrono::milliseconds(kTickMs);
     }
@@ -138,7 +138,7 @@ bool ControlListener::AcceptFrom(const Listening& from) {
     if (!conn) {
       const int err = errno;
       if (err == EAGAIN || err == EINTR || err == ECONNABORTED) return true;
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       counters_.accept_errors++;
       if (healthy_.exchange(false)) {
         WC_LOG_ERROR(
@@ -150,7 +150,7 @@ bool ControlListener::AcceptFrom(const Listening& from) {
     }
     if (!healthy_.exchange(true)) WC_LOG_INFO("control socket: accepting again");
     auto cred = GetPeerCred(conn.get());
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (!cred.ok()) continue;  // the peer went away
     const auto& allowed = options_.allowed_uids;
     if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), cred->uid) == allowed.end()) {

@@ -97,25 +97,26 @@ void Daemon::Impl::StartPreloads() {
           continue;
         }
         WC_LOG_INFO("preload %s rank %d/%d on %s", s.name, r, s.tp_size, device);
-        std::lock_guard<std::mutex> l(mu_);
+        MutexLock l(mu_);
         preloads_.push_back((*started[i])->key);
       }
     }
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       pending_preloads_.erase(s.name);
     }
-    preload_cv_.notify_all();
+    preload_cv_.NotifyAll();
   }
 }
 
 absl::Status Daemon::Impl::AwaitPreload(const std::string& name, bool wait,
                                         std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (pending_preloads_.count(name) == 0) return absl::OkStatus();
   if (wait) {
-    preload_cv_.wait_until(l, deadline,
-                           [&] { return stopping_ || pending_preloads_.count(name) == 0; });
+    while (!stopping_ && pending_preloads_.count(name) != 0) {
+      if (!preload_cv_.WaitUntil(mu_, deadline)) break;
+    }
     if (pending_preloads_.count(name) == 0) return absl::OkStatus();
   }
   return absl::UnavailableError(absl::StrCat(
@@ -165,7 +166,7 @@ absl::Status Daemon::Impl::Start() {
   // names are pending until their entries are registered, so a client never sees a daemon
   // that knows a model but has no entry for it yet as a miss (it waits or hears why).
   if (options_.preload) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     for (const auto& s : options_.specs) pending_preloads_.insert(s.name);
   }
 
@@ -220,15 +221,15 @@ absl::Status Daemon::Impl::Start() {
 void Daemon::Impl::Shutdown() {
   // Only the request: any thread (the signal thread) may call it; the teardown itself runs
   // in Wait() (or the destructor), so whoever destroys the daemon has seen it finish.
-  std::lock_guard<std::mutex> l(wait_mu_);
+  MutexLock l(wait_mu_);
   shutdown_ = true;
-  wait_cv_.notify_all();  // under the lock: the caller touches nothing after it returns
+  wait_cv_.NotifyAll();  // under the lock: the caller touches nothing after it returns
 }
 
 void Daemon::Impl::Wait() {
   {
-    std::unique_lock<std::mutex> l(wait_mu_);
-    wait_cv_.wait(l, [&] { return shutdown_; });
+    MutexLock l(wait_mu_);
+    while (!shutdown_) wait_cv_.Wait(wait_mu_);
   }
   Teardown();
 }
@@ -245,10 +246,10 @@ void Daemon::Impl::Teardown() {
     // The keeper keeps what it holds: a daemon stopped for an upgrade re-adopts it.
     if (keeper_) keeper_->Stop();
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       stopping_ = true;
     }
-    preload_cv_.notify_all();
+    preload_cv_.NotifyAll();
     if (preload_thread_.joinable()) preload_thread_.join();
     WC_LOG_DEBUG("teardown: loads and waits cancelled");
     // 2. Stop accepting and drain the RPCs in flight, bounded; the server before the service
@@ -914,7 +915,7 @@ std::pair<bool, std::string> Daemon::Impl::Readiness() const {
     return {false, "the control socket cannot accept connections (out of descriptors?)"};
   }
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (!pending_preloads_.empty()) {
       return {false, absl::StrCat("opening ", absl::StrJoin(pending_preloads_, ", "),
                                   " for preload (reading and identifying files)")};
@@ -922,7 +923,7 @@ std::pair<bool, std::string> Daemon::Impl::Readiness() const {
   }
   std::vector<cache::Key> preloads;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     preloads = preloads_;
   }
   for (const auto& key : preloads) {

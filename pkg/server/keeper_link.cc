@@ -177,10 +177,10 @@ KeeperLink::~KeeperLink() { Stop(); }
 
 void KeeperLink::Stop() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (watcher_.joinable()) watcher_.join();
 }
 
@@ -242,7 +242,7 @@ absl::Status KeeperLink::DepositLocked(const cache::Entry& e, const load::Loaded
 }
 
 void KeeperLink::BeforeReady(const cache::Entry& e, const load::LoadedModel& content) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (e.source == "keeper") {  // adopted: the keeper holds it already
     deposited_[KeyOf(e.fingerprint, e.device_uuid)] = content.segments.size();
     Publish();
@@ -265,7 +265,7 @@ void KeeperLink::BeforeReady(const cache::Entry& e, const load::LoadedModel& con
 }
 
 void KeeperLink::Evicted(const cache::Entry& e) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   const std::string key = KeyOf(e.fingerprint, e.device_uuid);
   if (deposited_.erase(key) == 0 || !conn_) return;
   Publish();
@@ -339,7 +339,7 @@ size_t KeeperLink::AdoptAll(const std::function<void(const spec::ModelSpec&)>& d
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<std::vector<keeper::KeeperClient::Entry>> held;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (auto s = EnsureConnectedLocked(); !s.ok()) {
       last_error_ = std::string(s.message());
       WC_LOG_WARN(
@@ -361,7 +361,7 @@ size_t KeeperLink::AdoptAll(const std::function<void(const spec::ModelSpec&)>& d
   for (auto& h : *held) {
     const std::string key = h.key;
     const absl::Status s = AdoptOne(std::move(h), define);
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (s.ok()) {
       adopted++;
       adopted_++;
@@ -372,7 +372,7 @@ size_t KeeperLink::AdoptAll(const std::function<void(const spec::ModelSpec&)>& d
     WC_LOG_WARN("keeper: entry %s not adopted, dropped: %s", key, std::string(s.message()));
     drop.push_back(key);
   }
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   for (const auto& key : drop) {
     if (!conn_) break;
     if (auto s = conn_->Drop(key); !s.ok() && s.code() != absl::StatusCode::kNotFound) {
@@ -390,32 +390,33 @@ void KeeperLink::StartWatch() {
 }
 
 void KeeperLink::Watch() {
-  std::unique_lock<std::mutex> l(mu_);
+  mu_.Lock();
   while (!stopping_) {
     if (!conn_) {
       if (!EnsureConnectedLocked().ok()) {
-        cv_.wait_for(l, options_.retry);
+        cv_.WaitUntil(mu_, std::chrono::steady_clock::now() + options_.retry);
         continue;
       }
     }
     if (redeposit_) {
       redeposit_ = false;
-      l.unlock();
+      mu_.Unlock();
       RedepositAll();
-      l.lock();
+      mu_.Lock();
       continue;
     }
     // Idle: wait for the keeper's hang-up (requests on other threads may use the socket
     // meanwhile; POLLRDHUP alone does not consume anything).
     const int fd = conn_->fd();
-    l.unlock();
+    mu_.Unlock();
     pollfd p{fd, POLLRDHUP, 0};
     const int n = ::poll(&p, 1, static_cast<int>(options_.retry.count()));
-    l.lock();
+    mu_.Lock();
     if (n > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0 && conn_ && conn_->fd() == fd) {
       LostLocked(absl::UnavailableError("the keeper closed its connection (it exited?)"));
     }
   }
+  mu_.Unlock();
 }
 
 void KeeperLink::RedepositAll() {
@@ -426,7 +427,7 @@ void KeeperLink::RedepositAll() {
     if (!e) continue;
     auto content = registry_->Content(e);
     if (!content.ok()) continue;
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (stopping_ || !conn_) return;
     if (deposited_.count(KeyOf(e->fingerprint, e->device_uuid)) != 0) continue;
     if (DepositLocked(*e, **content).ok()) n++;
@@ -435,7 +436,7 @@ void KeeperLink::RedepositAll() {
 }
 
 void KeeperLink::Fill(v1::KeeperStatus* out) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   out->set_socket(options_.socket_path);
   out->set_up(conn_ != nullptr);
   out->set_adopted_entries(adopted_);

@@ -42,7 +42,7 @@ absl::StatusOr<LeaseManager::Issued> LeaseManager::Issue(
                          /*claimed=*/false,
                          slot};
   if (!registry_->AddLease(e, rec).ok()) return absl::UnavailableError(evicted);
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   tokens_[out.token] = {out.lease_id, e, std::chrono::steady_clock::now() + token_ttl_, slot};
   return out;
 }
@@ -52,7 +52,7 @@ absl::StatusOr<HandleChannel::Grant> LeaseManager::Claim(const std::string& toke
                                                          const std::string& slot) {
   PendingToken pending;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     auto it = tokens_.find(token);
     if (it == tokens_.end()) return absl::PermissionDeniedError("unknown or expired token");
     if (it->second.slot != slot) {
@@ -89,7 +89,7 @@ absl::StatusOr<HandleChannel::Grant> LeaseManager::Claim(const std::string& toke
 void LeaseManager::ExpireTokens() {
   std::vector<std::string> expired;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     auto now = std::chrono::steady_clock::now();
     for (auto it = tokens_.begin(); it != tokens_.end();) {
       if (it->second.expires <= now) {
@@ -108,7 +108,7 @@ void LeaseManager::ExpireTokens() {
 
 bool LeaseManager::End(const std::string& lease_id) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     for (auto it = tokens_.begin(); it != tokens_.end();) {
       it = it->second.lease_id == lease_id ? tokens_.erase(it) : std::next(it);
     }

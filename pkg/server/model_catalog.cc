@@ -67,19 +67,19 @@ absl::Status ModelCatalog::OpenDigestStore(const std::string& path) {
 
 void ModelCatalog::Define(const spec::ModelSpec& s) {
   std::string yaml = spec::ToYaml(s);
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   specs_[s.name] = s;
   yaml_[s.name] = std::move(yaml);
 }
 
 std::string ModelCatalog::SpecYaml(const std::string& name) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = yaml_.find(name);
   return it == yaml_.end() ? std::string() : it->second;
 }
 
 std::optional<spec::ModelSpec> ModelCatalog::Spec(const std::string& name) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = specs_.find(name);
   if (it == specs_.end()) return std::nullopt;
   return it->second;
@@ -89,7 +89,7 @@ absl::StatusOr<std::shared_ptr<const load::OpenedModel>> ModelCatalog::Open(cons
                                                                             bool refresh) {
   spec::ModelSpec s;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     auto it = specs_.find(name);
     if (it == specs_.end()) {
       std::vector<std::string> known;
@@ -111,7 +111,7 @@ absl::StatusOr<std::shared_ptr<const load::OpenedModel>> ModelCatalog::Open(cons
   oo.hash_threads = hash_threads_;
   oo.cancel = &stopping_;
   auto opened = load::OpenModel(s, oo);
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   if (!opened.ok()) {
     open_errors_[name] = std::string(opened.status().message());
     return opened.status();
@@ -122,7 +122,7 @@ absl::StatusOr<std::shared_ptr<const load::OpenedModel>> ModelCatalog::Open(cons
 }
 
 std::map<std::string, std::shared_ptr<const load::OpenedModel>> ModelCatalog::Opened() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return opened_;
 }
 
@@ -142,7 +142,7 @@ std::vector<std::string> ModelCatalog::NamesOf(const cache::EntrySnapshot& s) co
 }
 
 std::vector<ModelCatalog::Known> ModelCatalog::List() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   std::vector<Known> out;
   for (const auto& [name, s] : specs_) {
     auto err = open_errors_.find(name);
@@ -152,7 +152,7 @@ std::vector<ModelCatalog::Known> ModelCatalog::List() const {
 }
 
 std::vector<std::string> ModelCatalog::Names() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   std::vector<std::string> out;
   for (const auto& [name, _] : specs_) out.push_back(name);
   return out;

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <set>
 #include <utility>
 #include <vector>
@@ -141,32 +140,32 @@ struct PublishManager::Session {
   bool committing = false;  // a commit is sealing
   bool closed = false;      // the handle connection closed while committing
 
-  std::mutex m;
-  std::condition_variable cv;
+  Mutex m;
+  CondVar cv;
   bool decided ABSL_GUARDED_BY(m) = false;
   absl::StatusOr<std::unique_ptr<load::LoadedModel>> outcome ABSL_GUARDED_BY(m) =
       absl::UnknownError("undecided");
 
   void Decide(absl::StatusOr<std::unique_ptr<load::LoadedModel>> r) {
     {
-      std::lock_guard<std::mutex> l(m);
+      MutexLock l(m);
       if (decided) return;
       decided = true;
       outcome = std::move(r);
     }
-    cv.notify_all();
+    cv.NotifyAll();
   }
 
   // The registry's load function: the entry stays `loading` until the commit or the abort.
   cache::LoadFn WaitForOutcome() {
     return [this](cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
-      std::unique_lock<std::mutex> l(m);
+      MutexLock l(m);
       while (!decided) {
         if (e.progress.cancelled()) {
           return absl::CancelledError(
               absl::StrCat("publish of '", model, "': the daemon is shutting down"));
         }
-        cv.wait_for(l, std::chrono::milliseconds(100));
+        cv.WaitUntil(m, std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
       }
       return std::move(outcome);
     };
@@ -186,7 +185,7 @@ PublishManager::PublishManager(const DaemonOptions& options, memory::Backend* ba
 PublishManager::~PublishManager() {
   std::map<std::string, std::shared_ptr<Session>> sessions;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     sessions.swap(sessions_);
   }
   for (auto& [id, s] : sessions) s->Decide(absl::CancelledError("the daemon is shutting down"));
@@ -301,7 +300,7 @@ absl::Status PublishManager::Begin(const PeerCred& caller, const v1::BeginPublis
   for (const auto& t : plan.tensors) ToTensorEntry(t, resp->add_tensors());
   s->plan = std::move(plan);
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     s->segments = std::move(segments);
     sessions_[s->id] = s;
     tokens_[s->token] = s->id;
@@ -313,7 +312,7 @@ absl::Status PublishManager::Begin(const PeerCred& caller, const v1::BeginPublis
 }
 
 bool PublishManager::IsToken(const std::string& token) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   return tokens_.count(token) != 0;
 }
 
@@ -321,7 +320,7 @@ absl::StatusOr<HandleChannel::Grant> PublishManager::Claim(const std::string& to
                                                            const PeerCred& peer) {
   std::shared_ptr<Session> s;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     auto t = tokens_.find(token);
     if (t == tokens_.end()) return absl::PermissionDeniedError("unknown or expired token");
     auto it = sessions_.find(t->second);
@@ -349,7 +348,7 @@ bool PublishManager::OnClose(const std::string& id) {
   if (id.rfind(kIdPrefix, 0) != 0) return false;
   std::shared_ptr<Session> s;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     auto it = sessions_.find(id);
     if (it == sessions_.end()) return true;  // committed or aborted already
     s = it->second;
@@ -368,7 +367,7 @@ bool PublishManager::OnClose(const std::string& id) {
 void PublishManager::ExpireTokens() {
   std::vector<std::shared_ptr<Session>> expired;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     const auto now = std::chrono::steady_clock::now();
     for (const auto& [token, id] : tokens_) {
       auto it = sessions_.find(id);
@@ -387,7 +386,7 @@ void PublishManager::AbortSession(const std::shared_ptr<Session>& s, const std::
                                   const std::string& result) {
   std::vector<std::unique_ptr<memory::Segment>> segments;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (sessions_.erase(s->id) == 0) return;  // ended already
     tokens_.erase(s->token);
     segments = std::move(s->segments);
@@ -406,7 +405,7 @@ absl::StatusOr<std::shared_ptr<PublishManager::Session>> PublishManager::Owned(
     const PeerCred& caller, const std::string& id) {
   std::shared_ptr<Session> s;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     auto it = sessions_.find(id);
     if (it == sessions_.end()) {
       return absl::NotFoundError(absl::StrCat(
@@ -427,7 +426,7 @@ absl::Status PublishManager::Commit(const PeerCred& caller, const v1::CommitPubl
                                     v1::CommitPublishResponse* resp) {
   WC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, Owned(caller, req.publish_id()));
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (!s->claimed) {
       return absl::FailedPreconditionError(
           absl::StrCat("CommitPublish ", s->id,
@@ -459,7 +458,7 @@ absl::Status PublishManager::Commit(const PeerCred& caller, const v1::CommitPubl
   if (!sealed.ok()) {
     bool closed = false;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(mu_);
       s->committing = false;
       closed = s->closed;
     }
@@ -468,7 +467,7 @@ absl::Status PublishManager::Commit(const PeerCred& caller, const v1::CommitPubl
   }
   auto loaded = std::make_unique<load::LoadedModel>();
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     sessions_.erase(s->id);
     loaded->segments = std::move(s->segments);
   }
@@ -487,7 +486,7 @@ absl::Status PublishManager::Commit(const PeerCred& caller, const v1::CommitPubl
   s->info.set_published_unix_seconds(
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     for (auto it = published_.begin(); it != published_.end();) {
       it = registry_.Find(it->first) == nullptr ? published_.erase(it) : std::next(it);
     }
@@ -504,7 +503,7 @@ absl::Status PublishManager::Commit(const PeerCred& caller, const v1::CommitPubl
 absl::Status PublishManager::Abort(const PeerCred& caller, const v1::AbortPublishRequest& req) {
   WC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, Owned(caller, req.publish_id()));
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (s->committing) {
       return absl::FailedPreconditionError(
           absl::StrCat("AbortPublish ", s->id, ": a commit is in progress"));
@@ -515,7 +514,7 @@ absl::Status PublishManager::Abort(const PeerCred& caller, const v1::AbortPublis
 }
 
 std::optional<v1::PublisherInfo> PublishManager::PublisherOf(const cache::Key& key) const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(mu_);
   auto it = published_.find(key);
   if (it == published_.end()) return std::nullopt;
   return it->second;

@@ -24,7 +24,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -33,6 +32,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "pkg/server/internal/connection_relay.h"
+#include "pkg/util/mutex.h"
 #include "pkg/util/scoped_fd.h"
 #include "pkg/util/unix_socket.h"
 
@@ -112,7 +112,7 @@ class ControlListener {
   grpc::Server* const server_;
   std::atomic<bool> healthy_{true};
   std::atomic<bool> stop_{false};
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::map<int, Conn> conns_ ABSL_GUARDED_BY(mu_);  // by descriptor number (gRPC owns it)
   std::map<uid_t, size_t> per_uid_ ABSL_GUARDED_BY(mu_);
   Counters counters_ ABSL_GUARDED_BY(mu_);

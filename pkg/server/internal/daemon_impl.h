@@ -10,7 +10,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -35,6 +34,7 @@
 #include "pkg/server/internal/model_catalog.h"
 #include "pkg/server/internal/publish_manager.h"
 #include "pkg/server/namespace_rules.h"
+#include "pkg/util/mutex.h"
 #include "weightcache/v1/weightcache.pb.h"
 
 namespace weightcache::server {
@@ -120,12 +120,12 @@ class Daemon::Impl final : public metrics::StateSource {
   // After the registry: destroyed first, so publishes in flight end before it joins them.
   PublishManager publishes_;
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::vector<cache::Key> preloads_ ABSL_GUARDED_BY(mu_);
   // Specs whose preload has not registered its entries yet; Acquires by those names wait
   // (wait_ready / load_on_miss) or answer UNAVAILABLE instead of a spurious miss.
   std::set<std::string> pending_preloads_ ABSL_GUARDED_BY(mu_);
-  std::condition_variable preload_cv_;
+  CondVar preload_cv_;
   std::thread preload_thread_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // OK once `name` has no pending preload; UNAVAILABLE when `wait` is false (or at the
@@ -147,8 +147,8 @@ class Daemon::Impl final : public metrics::StateSource {
   // Cancels loads and waits, drains RPCs (bounded), closes the channels; once.
   void Teardown();
   std::once_flag teardown_once_;
-  std::mutex wait_mu_;
-  std::condition_variable wait_cv_;
+  Mutex wait_mu_;
+  CondVar wait_cv_;
   bool shutdown_ ABSL_GUARDED_BY(wait_mu_) = false;
 };
 

@@ -13,7 +13,6 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -30,6 +29,7 @@
 #include "pkg/memory/backend.h"
 #include "pkg/metrics/metrics.h"
 #include "pkg/spec/spec.h"
+#include "pkg/util/mutex.h"
 #include "weightcache/v1/keeper_record.pb.h"
 #include "weightcache/v1/weightcache.pb.h"
 
@@ -96,7 +96,7 @@ class KeeperLink final : public cache::EntryObserver {
   metrics::Metrics* const metrics_;
   const std::function<std::string(const std::string&)> spec_yaml_of_;
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::unique_ptr<keeper::KeeperClient> conn_ ABSL_GUARDED_BY(mu_);
   bool ever_connected_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, uint64_t> deposited_ ABSL_GUARDED_BY(mu_);  // key -> descriptors
@@ -107,7 +107,7 @@ class KeeperLink final : public cache::EntryObserver {
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool redeposit_ ABSL_GUARDED_BY(mu_) = false;  // a (re)connection needs every entry again
-  std::condition_variable cv_;
+  CondVar cv_;
   std::thread watcher_;
 };
 

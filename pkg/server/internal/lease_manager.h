@@ -13,13 +13,13 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "pkg/cache/registry.h"
 #include "pkg/server/handle_channel.h"
+#include "pkg/util/mutex.h"
 
 namespace weightcache::server {
 
@@ -66,7 +66,7 @@ class LeaseManager {
 
   cache::Registry* const registry_;
   const std::chrono::seconds token_ttl_;
-  std::mutex mu_;
+  Mutex mu_;
   std::map<std::string, PendingToken> tokens_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -11,7 +11,6 @@
 #include <atomic>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,6 +22,7 @@
 #include "pkg/load/model.h"
 #include "pkg/metrics/metrics.h"
 #include "pkg/spec/spec.h"
+#include "pkg/util/mutex.h"
 
 namespace weightcache::server {
 
@@ -74,7 +74,7 @@ class ModelCatalog {
   std::vector<std::string> roots_;  // resolved
   metrics::Metrics* const metrics_;
   std::unique_ptr<identity::DigestStore> digests_;  // set once by OpenDigestStore
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::map<std::string, spec::ModelSpec> specs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> yaml_ ABSL_GUARDED_BY(mu_);  // name -> canonical YAML
   std::map<std::string, std::shared_ptr<const load::OpenedModel>> opened_ ABSL_GUARDED_BY(mu_);

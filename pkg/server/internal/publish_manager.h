@@ -35,6 +35,7 @@
 #include "pkg/server/handle_channel.h"
 #include "pkg/server/internal/admission.h"
 #include "pkg/server/internal/model_catalog.h"
+#include "pkg/util/mutex.h"
 #include "pkg/util/unix_socket.h"
 #include "weightcache/v1/weightcache.pb.h"
 
@@ -93,7 +94,7 @@ class PublishManager {
   ModelCatalog& models_;
   const std::string handle_socket_;
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);  // by id
   std::map<std::string, std::string> tokens_ ABSL_GUARDED_BY(mu_);  // token -> id, unclaimed
   std::map<cache::Key, v1::PublisherInfo> published_ ABSL_GUARDED_BY(mu_);
