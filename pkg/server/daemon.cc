@@ -53,7 +53,8 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend)
   if (!options_.keeper_socket.empty()) {
     keeper_ = std::make_unique<KeeperLink>(
         KeeperLink::Options{options_.keeper_socket}, backend_, &registry_, options_.metrics,
-        [this](const std::string& model) { return models_.SpecYaml(model); });
+        [this](const std::string& model) { return models_.SpecYaml(model); },
+        [this](const cache::Key& key) { return publishes_.PublisherOf(key); });
     registry_.SetObserver(keeper_.get());
   }
 }
@@ -131,9 +132,13 @@ absl::Status Daemon::Impl::Start() {
   if (keeper_) {
     // Before serving and before the preloads: what the keeper holds is ready at once, and
     // the preloads join it (only entries that were loading at the crash load again).
-    keeper_->AdoptAll([this](const spec::ModelSpec& s) {
-      if (!models_.Spec(s.name)) models_.Define(s);
-    });
+    keeper_->AdoptAll(
+        [this](const spec::ModelSpec& s) {
+          if (!models_.Spec(s.name)) models_.Define(s);
+        },
+        [this](const cache::Key& key, const v1::PublisherInfo& who) {
+          publishes_.RecordPublisher(key, who);
+        });
     keeper_->StartWatch();
   }
   WC_RETURN_IF_ERROR(RemoveStaleSocket(control_path()));
@@ -801,8 +806,9 @@ void Daemon::Impl::Status(const Caller& caller, v1::StatusResponse* resp) {
     e->set_bytes_read(s.bytes_read);
     e->set_bytes_done(s.bytes_done);
     e->set_source(s.source);
+    // A published entry, or one adopted from the keeper whose record says who published it.
     if (auto p = publishes_.PublisherOf({s.fingerprint, s.device_uuid});
-        p && s.source == "publish") {
+        p && (s.source == "publish" || s.source == "keeper")) {
       *e->mutable_publisher() = *p;
     }
     for (const auto& n : names) {

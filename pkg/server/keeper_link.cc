@@ -49,8 +49,10 @@ absl::StatusOr<load::PlannedTensor> GetTensor(const v1::TensorEntry& m, const v1
 }  // namespace
 
 std::string EncodeKeeperRecord(const cache::Entry& e, const load::LoadedModel& content,
-                               const std::string& backend, const std::string& spec_yaml) {
+                               const std::string& backend, const std::string& spec_yaml,
+                               const v1::PublisherInfo* publisher) {
   v1::KeeperRecord r;
+  if (publisher != nullptr) *r.mutable_publisher() = *publisher;
   r.set_format(kRecordFormat);
   r.set_model(e.model);
   r.set_fingerprint(e.fingerprint);
@@ -164,12 +166,14 @@ absl::StatusOr<AdoptableRecord> DecodeKeeperRecord(const std::string& body) {
 
 KeeperLink::KeeperLink(Options options, memory::Backend* backend, cache::Registry* registry,
                        metrics::Metrics* metrics,
-                       std::function<std::string(const std::string&)> spec_yaml_of)
+                       std::function<std::string(const std::string&)> spec_yaml_of,
+                       PublisherOfFn publisher_of)
     : options_(std::move(options)),
       backend_(backend),
       registry_(registry),
       metrics_(metrics),
-      spec_yaml_of_(std::move(spec_yaml_of)) {
+      spec_yaml_of_(std::move(spec_yaml_of)),
+      publisher_of_(std::move(publisher_of)) {
   if (metrics_ != nullptr) metrics_->SetKeeperUp(false);
 }
 
@@ -223,10 +227,15 @@ absl::Status KeeperLink::DepositLocked(const cache::Entry& e, const load::Loaded
   fds.reserve(content.segments.size());
   for (const auto& s : content.segments) fds.push_back(s->fd());
   const std::string key = KeyOf(e.fingerprint, e.device_uuid);
+  // Only a published entry has a publisher (and only while its publish is known: asked for
+  // source "publish" alone, so never after the publish unit is gone at teardown).
+  std::optional<v1::PublisherInfo> publisher;
+  if (publisher_of_ && e.source == "publish") publisher = publisher_of_(e.key);
   absl::Status s =
       conn_->Deposit(key,
                      EncodeKeeperRecord(e, content, memory::BackendName(backend_->kind()),
-                                        spec_yaml_of_ ? spec_yaml_of_(e.model) : ""),
+                                        spec_yaml_of_ ? spec_yaml_of_(e.model) : "",
+                                        publisher ? &*publisher : nullptr),
                      fds);
   if (s.ok()) {
     deposited_[key] = fds.size();
@@ -275,7 +284,8 @@ void KeeperLink::Evicted(const cache::Entry& e) {
 }
 
 absl::Status KeeperLink::AdoptOne(keeper::KeeperClient::Entry held,
-                                  const std::function<void(const spec::ModelSpec&)>& define) {
+                                  const std::function<void(const spec::ModelSpec&)>& define,
+                                  const PublishedFn& published) {
   WC_ASSIGN_OR_RETURN(AdoptableRecord a, DecodeKeeperRecord(held.body));
   const v1::KeeperRecord& r = a.record;
   if (KeyOf(r.fingerprint(), r.device_uuid()) != held.key) {
@@ -309,6 +319,7 @@ absl::Status KeeperLink::AdoptOne(keeper::KeeperClient::Entry held,
     auto specs = spec::ParseSpecs(r.spec_yaml(), "keeper record of " + r.model());
     if (specs.ok() && specs->size() == 1) define(specs->front());
   }
+  if (published && r.has_publisher()) published({r.fingerprint(), r.device_uuid()}, r.publisher());
   cache::LoadRequest req;
   req.key = {r.fingerprint(), r.device_uuid()};
   req.model = r.model();
@@ -335,7 +346,8 @@ absl::Status KeeperLink::AdoptOne(keeper::KeeperClient::Entry held,
   return absl::OkStatus();
 }
 
-size_t KeeperLink::AdoptAll(const std::function<void(const spec::ModelSpec&)>& define) {
+size_t KeeperLink::AdoptAll(const std::function<void(const spec::ModelSpec&)>& define,
+                            const PublishedFn& published) {
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<std::vector<keeper::KeeperClient::Entry>> held;
   {
@@ -360,7 +372,7 @@ size_t KeeperLink::AdoptAll(const std::function<void(const spec::ModelSpec&)>& d
   std::vector<std::string> drop;
   for (auto& h : *held) {
     const std::string key = h.key;
-    const absl::Status s = AdoptOne(std::move(h), define);
+    const absl::Status s = AdoptOne(std::move(h), define, published);
     MutexLock l(mu_);
     if (s.ok()) {
       adopted++;

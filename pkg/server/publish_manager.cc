@@ -476,21 +476,20 @@ absl::Status PublishManager::Commit(const PeerCred& caller, const v1::CommitPubl
   loaded->model_dir = s->model_dir;
   const uint64_t resident = loaded->resident_bytes();
   s->entry->progress.SetDone(s->plan.total_bytes);
+  // Known before the entry turns ready: the keeper deposit (on the way to ready) records it.
+  s->info.set_published_unix_seconds(
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+  RecordPublisher(s->entry->key, s->info);
   s->Decide(std::move(loaded));
   if (absl::Status st =
           registry_.WaitReady(s->entry, std::chrono::steady_clock::now() + options_.acquire_wait);
       !st.ok()) {
+    {
+      MutexLock l(mu_);
+      published_.erase(s->entry->key);
+    }
     Count(s->model, "error");
     return st;
-  }
-  s->info.set_published_unix_seconds(
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
-  {
-    MutexLock l(mu_);
-    for (auto it = published_.begin(); it != published_.end();) {
-      it = registry_.Find(it->first) == nullptr ? published_.erase(it) : std::next(it);
-    }
-    published_[s->entry->key] = s->info;
   }
   resp->set_fingerprint(s->entry->fingerprint);
   resp->set_bytes(resident);
@@ -511,6 +510,14 @@ absl::Status PublishManager::Abort(const PeerCred& caller, const v1::AbortPublis
   }
   AbortSession(s, "aborted by its publisher", "aborted");
   return absl::OkStatus();
+}
+
+void PublishManager::RecordPublisher(const cache::Key& key, const v1::PublisherInfo& who) {
+  MutexLock l(mu_);
+  for (auto it = published_.begin(); it != published_.end();) {
+    it = registry_.Find(it->first) == nullptr ? published_.erase(it) : std::next(it);
+  }
+  published_[key] = who;
 }
 
 std::optional<v1::PublisherInfo> PublishManager::PublisherOf(const cache::Key& key) const {

@@ -355,6 +355,12 @@ TEST_F(KeeperTest, APublishedEntryOutlivesADaemonRestart) {
                                 << testing::ReadFileOrEmpty(dir_ / "daemon.log");
   EXPECT_EQ(published->source(), "keeper");
   EXPECT_EQ(published->state(), "ready");
+  // Who published it came back with it (the keeper's record holds it).
+  EXPECT_EQ(published->publisher().engine(), "testengine");
+  EXPECT_EQ(published->publisher().engine_version(), "1.0");
+  EXPECT_EQ(published->publisher().recipe(), "scaled-v1");
+  EXPECT_GT(published->publisher().pid(), 0);
+  EXPECT_GT(published->publisher().published_unix_seconds(), 1.7e9);
   EXPECT_EQ(st->keeper().adopted_entries(), 2u);  // the loaded m and the published one
 
   Process again(argv, dir_ / "again.log");

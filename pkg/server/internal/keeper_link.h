@@ -39,8 +39,10 @@ namespace weightcache::server {
 // pure functions. Decoding checks the format, that the fingerprint inputs reproduce the
 // fingerprint and that every tensor lies inside its segment; INVALID_ARGUMENT naming the
 // field otherwise.
+// `publisher`: who published a published entry (null for a loaded one).
 std::string EncodeKeeperRecord(const cache::Entry& e, const load::LoadedModel& content,
-                               const std::string& backend, const std::string& spec_yaml);
+                               const std::string& backend, const std::string& spec_yaml,
+                               const v1::PublisherInfo* publisher = nullptr);
 struct AdoptableRecord {
   v1::KeeperRecord record;
   spec::FingerprintInputs inputs;
@@ -55,10 +57,12 @@ class KeeperLink final : public cache::EntryObserver {
     std::string socket_path;
     std::chrono::milliseconds retry{250};  // reconnect interval while the keeper is away
   };
-  // `spec_yaml_of(model)`: the spec recorded with a deposit (empty when unknown).
+  // `spec_yaml_of(model)`: the spec recorded with a deposit (empty when unknown);
+  // `publisher_of(key)`: who published an entry of source "publish" (recorded with it).
+  using PublisherOfFn = std::function<std::optional<v1::PublisherInfo>(const cache::Key&)>;
   KeeperLink(Options options, memory::Backend* backend, cache::Registry* registry,
-             metrics::Metrics* metrics,
-             std::function<std::string(const std::string&)> spec_yaml_of);
+             metrics::Metrics* metrics, std::function<std::string(const std::string&)> spec_yaml_of,
+             PublisherOfFn publisher_of = nullptr);
   ~KeeperLink() override;
   KeeperLink(const KeeperLink&) = delete;
   KeeperLink& operator=(const KeeperLink&) = delete;
@@ -67,7 +71,10 @@ class KeeperLink final : public cache::EntryObserver {
   // until each is ready in the registry. `define` is called with the spec of each adopted
   // entry (a model defined inline before the restart stays known). Returns the count
   // adopted. No keeper: logged, 0.
-  size_t AdoptAll(const std::function<void(const spec::ModelSpec&)>& define);
+  // `published` is called with the publisher of each adopted published entry.
+  using PublishedFn = std::function<void(const cache::Key&, const v1::PublisherInfo&)>;
+  size_t AdoptAll(const std::function<void(const spec::ModelSpec&)>& define,
+                  const PublishedFn& published = nullptr);
   // Starts the watcher thread (hang-up, reconnect, re-deposit).
   void StartWatch();
   void Stop();
@@ -85,7 +92,8 @@ class KeeperLink final : public cache::EntryObserver {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adopts one entry; the reason when it cannot be (the caller drops it from the keeper).
   absl::Status AdoptOne(keeper::KeeperClient::Entry held,
-                        const std::function<void(const spec::ModelSpec&)>& define);
+                        const std::function<void(const spec::ModelSpec&)>& define,
+                        const PublishedFn& published);
   void Watch();
   void RedepositAll();
   void Publish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -95,6 +103,7 @@ class KeeperLink final : public cache::EntryObserver {
   cache::Registry* const registry_;
   metrics::Metrics* const metrics_;
   const std::function<std::string(const std::string&)> spec_yaml_of_;
+  const PublisherOfFn publisher_of_;
 
   mutable Mutex mu_;
   std::unique_ptr<keeper::KeeperClient> conn_ ABSL_GUARDED_BY(mu_);

@@ -76,8 +76,12 @@ class PublishManager {
   // Aborts the publishes whose tokens were not claimed in time.
   void ExpireTokens();
 
-  // Who published the entry at `key` (source "publish"); nullopt when unknown.
+  // Who published the entry at `key` (source "publish", or adopted from the keeper with its
+  // publisher); nullopt when unknown.
   std::optional<v1::PublisherInfo> PublisherOf(const cache::Key& key) const;
+  // Remembers who published `key` (at a commit; at adoption, from the keeper's record).
+  // Forgets the publishers of keys no longer in the registry.
+  void RecordPublisher(const cache::Key& key, const v1::PublisherInfo& who);
 
  private:
   struct Session;
