@@ -21,15 +21,6 @@
 #include "pkg/util/unix_socket.h"
 
 namespace weightcache::server {
-namespace {
-
-// "slot weightcache-1's socket" or "the shared socket".
-std::string SocketName(const std::string& slot) {
-  return slot.empty() ? std::string("the shared socket") : absl::StrCat("slot ", slot, "'s socket");
-}
-
-}  // namespace
-
 Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend)
     : options_(std::move(options)),
       backend_(backend),
@@ -156,7 +147,7 @@ absl::Status Daemon::Impl::Start() {
                       HandleChannel::Start(
                           hopts,
                           [this](const std::string& t, const PeerCred& p, const std::string& slot) {
-                            return publishes_.IsToken(t) ? publishes_.Claim(t, p)
+                            return publishes_.IsToken(t) ? publishes_.Claim(t, p, slot)
                                                          : leases_.Claim(t, p, slot);
                           },
                           [this](const std::string& id) {
@@ -582,8 +573,8 @@ absl::Status Daemon::Impl::Release(const Caller& caller, const v1::ReleaseReques
   if (lease && rules_ && lease->slot != caller.slot && !IsAdmin(caller)) {
     return Refuse("namespace",
                   absl::StrCat("lease ", req.lease_id().substr(0, 12), " was acquired on ",
-                               SocketName(lease->slot), " and this connection came in on ",
-                               SocketName(caller.slot),
+                               SocketOfSlot(lease->slot), " and this connection came in on ",
+                               SocketOfSlot(caller.slot),
                                "; with --namespace_rules only the socket it was acquired on or "
                                "an admin may release it"));
   }

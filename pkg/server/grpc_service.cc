@@ -68,7 +68,7 @@ class GrpcService final : public v1::WeightCache::Service {
     // Published weights are served under the base model's name: its rule guards who may
     // publish them too.
     if (auto s = impl_->MayMap(*caller, req->model()); !s.ok()) return ToGrpc(ctx, s);
-    return ToGrpc(ctx, (*publisher)->Begin(caller->cred, *req, resp));
+    return ToGrpc(ctx, (*publisher)->Begin(caller->cred, caller->slot, *req, resp));
   }
 
   grpc::Status CommitPublish(grpc::ServerContext* ctx, const v1::CommitPublishRequest* req,
@@ -77,7 +77,7 @@ class GrpcService final : public v1::WeightCache::Service {
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
     auto publisher = impl_->Publisher(*caller);
     if (!publisher.ok()) return ToGrpc(ctx, publisher.status());
-    return ToGrpc(ctx, (*publisher)->Commit(caller->cred, *req, resp));
+    return ToGrpc(ctx, (*publisher)->Commit(caller->cred, caller->slot, *req, resp));
   }
 
   grpc::Status AbortPublish(grpc::ServerContext* ctx, const v1::AbortPublishRequest* req,
@@ -86,7 +86,7 @@ class GrpcService final : public v1::WeightCache::Service {
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
     auto publisher = impl_->Publisher(*caller);
     if (!publisher.ok()) return ToGrpc(ctx, publisher.status());
-    return ToGrpc(ctx, (*publisher)->Abort(caller->cred, *req));
+    return ToGrpc(ctx, (*publisher)->Abort(caller->cred, caller->slot, *req));
   }
 
   grpc::Status Status(grpc::ServerContext* ctx, const v1::StatusRequest*,

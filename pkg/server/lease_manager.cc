@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "pkg/server/namespace_rules.h"
 #include "pkg/util/log.h"
 
 namespace weightcache::server {
@@ -56,14 +57,11 @@ absl::StatusOr<HandleChannel::Grant> LeaseManager::Claim(const std::string& toke
     auto it = tokens_.find(token);
     if (it == tokens_.end()) return absl::PermissionDeniedError("unknown or expired token");
     if (it->second.slot != slot) {
-      auto where = [](const std::string& s) {
-        return s.empty() ? std::string("the shared socket") : "slot " + s + "'s socket";
-      };
       WC_LOG_WARN("lease %s: token presented on %s, issued on %s; refused", it->second.lease_id,
-                  where(slot), where(it->second.slot));
+                  SocketOfSlot(slot), SocketOfSlot(it->second.slot));
       return absl::PermissionDeniedError(absl::StrCat(
-          "this token was issued on ", where(it->second.slot),
-          " and is claimable only on the handle socket beside it, not on ", where(slot)));
+          "this token was issued on ", SocketOfSlot(it->second.slot),
+          " and is claimable only on the handle socket beside it, not on ", SocketOfSlot(slot)));
     }
     pending = it->second;
     tokens_.erase(it);

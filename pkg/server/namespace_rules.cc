@@ -65,6 +65,10 @@ absl::StatusOr<std::vector<SlotSockets>> PrepareSlotDirs(const std::string& sock
   return out;
 }
 
+std::string SocketOfSlot(const std::string& slot) {
+  return slot.empty() ? std::string("the shared socket") : absl::StrCat("slot ", slot, "'s socket");
+}
+
 std::string SlotHandleSocketInContainer(const DaemonOptions& options) {
   const std::string& dir = options.namespace_rules.container_socket_dir;
   return (dir.empty() ? options.socket_dir : dir) + "/" + kHandleSocketName;

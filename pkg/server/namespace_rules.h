@@ -97,6 +97,9 @@ absl::StatusOr<std::vector<SlotSockets>> PrepareSlotDirs(const std::string& sock
 // The handle socket as an engine on a slot sees it: its slot's directory is mounted at
 // --container_socket_dir (default: the socket dir's own path).
 std::string SlotHandleSocketInContainer(const DaemonOptions& options);
+// How messages name the socket a connection came in on: "slot weightcache-1's socket", or
+// "the shared socket" for an empty slot.
+std::string SocketOfSlot(const std::string& slot);
 // Gives the slots' sockets group `socket_gid` (after they were created).
 absl::Status GroupSlotSockets(const std::vector<SlotSockets>& slots, int socket_gid);
 

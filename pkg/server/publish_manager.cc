@@ -13,6 +13,7 @@
 #include "pkg/metrics/metrics.h"
 #include "pkg/server/internal/lease_manager.h"
 #include "pkg/server/internal/manifest.h"
+#include "pkg/server/namespace_rules.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 
@@ -130,6 +131,7 @@ absl::StatusOr<load::Plan> PlanPublished(
 struct PublishManager::Session {
   std::string id, token, model, device_uuid, model_dir;
   PeerCred owner;
+  std::string slot;  // the socket it was begun on (empty: the shared one)
   google::protobuf::RepeatedPtrField<v1::PublishTensor> begun;
   load::Plan plan;
   v1::PublisherInfo info;
@@ -203,7 +205,8 @@ void PublishManager::Count(const std::string& model, const std::string& result) 
   if (options_.metrics != nullptr) options_.metrics->OnPublish(model, result);
 }
 
-absl::Status PublishManager::Begin(const PeerCred& caller, const v1::BeginPublishRequest& req,
+absl::Status PublishManager::Begin(const PeerCred& caller, const std::string& slot,
+                                   const v1::BeginPublishRequest& req,
                                    v1::BeginPublishResponse* resp) {
   if (req.model().empty()) {
     return absl::InvalidArgumentError("BeginPublish: model (the base checkpoint's spec) is empty");
@@ -232,6 +235,7 @@ absl::Status PublishManager::Begin(const PeerCred& caller, const v1::BeginPublis
   auto s = std::make_shared<Session>();
   s->model = req.model();
   s->owner = caller;
+  s->slot = slot;
   s->begun = req.tensors();
   s->device_uuid = device;
   s->model_dir = opened->spec.model_dir;
@@ -317,13 +321,20 @@ bool PublishManager::IsToken(const std::string& token) const {
 }
 
 absl::StatusOr<HandleChannel::Grant> PublishManager::Claim(const std::string& token,
-                                                           const PeerCred& peer) {
+                                                           const PeerCred& peer,
+                                                           const std::string& slot) {
   std::shared_ptr<Session> s;
   {
     MutexLock l(mu_);
     auto t = tokens_.find(token);
     if (t == tokens_.end()) return absl::PermissionDeniedError("unknown or expired token");
     auto it = sessions_.find(t->second);
+    if (it != sessions_.end() && it->second->slot != slot) {
+      if (options_.metrics != nullptr) options_.metrics->OnRefused("namespace");
+      return absl::PermissionDeniedError(absl::StrCat(
+          "this publish token was issued on ", SocketOfSlot(it->second->slot),
+          " and is claimable only on the handle socket beside it, not on ", SocketOfSlot(slot)));
+    }
     tokens_.erase(t);
     if (it == sessions_.end()) return absl::UnavailableError("the publish ended");
     s = it->second;
@@ -402,7 +413,7 @@ void PublishManager::AbortSession(const std::shared_ptr<Session>& s, const std::
 }
 
 absl::StatusOr<std::shared_ptr<PublishManager::Session>> PublishManager::Owned(
-    const PeerCred& caller, const std::string& id) {
+    const PeerCred& caller, const std::string& slot, const std::string& id) {
   std::shared_ptr<Session> s;
   {
     MutexLock l(mu_);
@@ -419,12 +430,19 @@ absl::StatusOr<std::shared_ptr<PublishManager::Session>> PublishManager::Owned(
                                                     s->owner.uid, "; uid ", caller.uid,
                                                     " may not commit or abort it"));
   }
+  if (s->slot != slot) {
+    if (options_.metrics != nullptr) options_.metrics->OnRefused("namespace");
+    return absl::PermissionDeniedError(
+        absl::StrCat("publish ", id, " was begun on ", SocketOfSlot(s->slot),
+                     "; it may be committed or aborted there only, not on ", SocketOfSlot(slot)));
+  }
   return s;
 }
 
-absl::Status PublishManager::Commit(const PeerCred& caller, const v1::CommitPublishRequest& req,
+absl::Status PublishManager::Commit(const PeerCred& caller, const std::string& slot,
+                                    const v1::CommitPublishRequest& req,
                                     v1::CommitPublishResponse* resp) {
-  WC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, Owned(caller, req.publish_id()));
+  WC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, Owned(caller, slot, req.publish_id()));
   {
     MutexLock l(mu_);
     if (!s->claimed) {
@@ -499,8 +517,9 @@ absl::Status PublishManager::Commit(const PeerCred& caller, const v1::CommitPubl
   return absl::OkStatus();
 }
 
-absl::Status PublishManager::Abort(const PeerCred& caller, const v1::AbortPublishRequest& req) {
-  WC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, Owned(caller, req.publish_id()));
+absl::Status PublishManager::Abort(const PeerCred& caller, const std::string& slot,
+                                   const v1::AbortPublishRequest& req) {
+  WC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, Owned(caller, slot, req.publish_id()));
   {
     MutexLock l(mu_);
     if (s->committing) {

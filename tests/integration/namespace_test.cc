@@ -337,6 +337,81 @@ TEST_F(NamespaceRulesTest, TokensAreClaimableOnlyOnTheirOwnSlotsHandleSocket) {
   EXPECT_FALSE(got->fds.empty());
 }
 
+// A publish belongs to the socket it was begun on: its writable descriptors are claimable
+// on that slot's handle socket only, and only that socket commits or aborts it (one uid for
+// every connection here, as pods running as root look).
+TEST_F(NamespaceRulesTest, APublishIsBoundToTheSlotItWasBegunOn) {
+  auto stub_on = [&](int slot) {
+    return v1::WeightCache::NewStub(grpc::CreateChannel("unix:" + slot_dir(slot) + "/control.sock",
+                                                        grpc::InsecureChannelCredentials()));
+  };
+  auto a = stub_on(1);
+  auto b = stub_on(3);
+  v1::BeginPublishRequest begin;
+  begin.set_model("open");
+  begin.mutable_layout()->set_tp_size(1);
+  begin.mutable_env()->set_engine("testengine");
+  begin.mutable_env()->set_recipe("slot-bound");
+  auto* t = begin.add_tensors();
+  t->set_name("w");
+  t->set_dtype("F32");
+  t->add_shape(256);
+  t->set_nbytes(1024);
+  v1::BeginPublishResponse begun;
+  {
+    grpc::ClientContext ctx;
+    grpc::Status s = a->BeginPublish(&ctx, begin, &begun);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  ASSERT_FALSE(begun.token().empty());
+  auto claim = [&](const std::string& handle_socket) {
+    auto fd = ConnectUnix(handle_socket);
+    EXPECT_TRUE(fd.ok()) << fd.status();
+    if (!fd.ok()) return std::string();
+    EXPECT_TRUE(WriteAll(fd->get(), "WCH1 " + begun.token() + "\n").ok());
+    auto got = RecvWithFds(fd->get(), 512);
+    EXPECT_TRUE(got.ok()) << got.status();
+    return got.ok() ? got->data : std::string();
+  };
+  EXPECT_THAT(claim(slot_dir(3) + "/handle.sock"),
+              HasSubstr("ERR PERMISSION_DENIED: this publish token was issued on slot "
+                        "weightcache-1's socket"));
+  v1::CommitPublishRequest commit;
+  commit.set_publish_id(begun.publish_id());
+  *commit.mutable_tensors() = begin.tensors();
+  v1::CommitPublishResponse committed;
+  {
+    grpc::ClientContext ctx;
+    grpc::Status s = b->CommitPublish(&ctx, commit, &committed);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_THAT(s.error_message(),
+                HasSubstr("was begun on slot weightcache-1's socket; it may be committed or "
+                          "aborted there only, not on slot weightcache-3's socket"));
+  }
+  v1::AbortPublishRequest abort;
+  abort.set_publish_id(begun.publish_id());
+  v1::AbortPublishResponse aborted;
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(b->AbortPublish(&ctx, abort, &aborted).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+  // The token stayed valid where it belongs (the connection held: closing it would abort
+  // the publish), and the publish ends on its own slot.
+  auto own = ConnectUnix(slot_dir(1) + "/handle.sock");
+  ASSERT_TRUE(own.ok()) << own.status();
+  ASSERT_TRUE(WriteAll(own->get(), "WCH1 " + begun.token() + "\n").ok());
+  auto fds = RecvWithFds(own->get(), 512);
+  ASSERT_TRUE(fds.ok()) << fds.status();
+  EXPECT_EQ(fds->data.rfind("FDS ", 0), 0u) << fds->data;
+  EXPECT_FALSE(fds->fds.empty());
+  {
+    grpc::ClientContext ctx;
+    grpc::Status s = a->AbortPublish(&ctx, abort, &aborted);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  }
+}
+
 TEST_F(NamespaceRulesTest, UnreachablePodResourcesFailsClosed) {
   kubelet_->Stop();
   std::filesystem::remove(dir_ / "pr.sock");

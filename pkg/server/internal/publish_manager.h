@@ -60,17 +60,22 @@ class PublishManager {
   // Whether `peer` may publish (--publish_uids/--publish_gids; both empty: the daemon's uid).
   bool MayPublish(const PeerCred& peer) const;
 
-  // The RPCs; the caller has checked MayPublish. Commit and abort only by the uid that began.
-  absl::Status Begin(const PeerCred& caller, const v1::BeginPublishRequest& req,
-                     v1::BeginPublishResponse* resp);
-  absl::Status Commit(const PeerCred& caller, const v1::CommitPublishRequest& req,
-                      v1::CommitPublishResponse* resp);
-  absl::Status Abort(const PeerCred& caller, const v1::AbortPublishRequest& req);
+  // The RPCs; the caller has checked MayPublish. `slot`: the socket the call came in on
+  // (empty: the shared one). Commit and abort only by the uid that began, on the socket it
+  // began on; the token is claimable only on the handle socket beside that one.
+  absl::Status Begin(const PeerCred& caller, const std::string& slot,
+                     const v1::BeginPublishRequest& req, v1::BeginPublishResponse* resp);
+  absl::Status Commit(const PeerCred& caller, const std::string& slot,
+                      const v1::CommitPublishRequest& req, v1::CommitPublishResponse* resp);
+  absl::Status Abort(const PeerCred& caller, const std::string& slot,
+                     const v1::AbortPublishRequest& req);
 
   // Handle channel. Whether `token` is a publish token (else it is a lease's).
   bool IsToken(const std::string& token) const;
-  // The writable descriptors of the token's publish, once, to the uid that began it.
-  absl::StatusOr<HandleChannel::Grant> Claim(const std::string& token, const PeerCred& peer);
+  // The writable descriptors of the token's publish, once, to the uid that began it, on the
+  // handle socket of `slot` (another slot's: PERMISSION_DENIED, the token stays valid).
+  absl::StatusOr<HandleChannel::Grant> Claim(const std::string& token, const PeerCred& peer,
+                                             const std::string& slot);
   // A handle connection closed; true when it was a publish's (aborted unless committed).
   bool OnClose(const std::string& id);
   // Aborts the publishes whose tokens were not claimed in time.
@@ -88,7 +93,8 @@ class PublishManager {
   // Ends `s` without serving it (its segments freed, its entry removed) and counts it.
   void AbortSession(const std::shared_ptr<Session>& s, const std::string& why,
                     const std::string& result);
-  absl::StatusOr<std::shared_ptr<Session>> Owned(const PeerCred& caller, const std::string& id);
+  absl::StatusOr<std::shared_ptr<Session>> Owned(const PeerCred& caller, const std::string& slot,
+                                                 const std::string& id);
   void Count(const std::string& model, const std::string& result);
 
   const DaemonOptions& options_;
