@@ -12,13 +12,4 @@ absl::StatusOr<int> CudaOrdinalOfUuid(const std::string& device_uuid) {
                                   ": this weightcache was built without CUDA");
 }
 
-// NOLINTNEXTLINE(performance-unnecessary-value-param): the signature takes the FDs over
-absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnlyTimed(std::vector<ScopedFd>,
-                                                                     const std::vector<uint64_t>&,
-                                                                     const std::string&,
-                                                                     MapTimings*) {
-  return absl::UnimplementedError(
-      "cuda-vmm segments: this client was built without CUDA and cannot map GPU memory");
-}
-
 }  // namespace weightcache::memory::internal

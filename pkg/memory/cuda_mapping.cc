@@ -123,9 +123,10 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCuda(std::vector<ScopedFd> fd
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnlyTimed(
-    std::vector<ScopedFd> fds, const std::vector<uint64_t>& sizes, const std::string& device_uuid,
-    MapTimings* timings) {
+absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnly(std::vector<ScopedFd> fds,
+                                                                const std::vector<uint64_t>& sizes,
+                                                                const std::string& device_uuid,
+                                                                MapTimings* timings) {
   return MapCuda(std::move(fds), sizes, device_uuid, timings, /*writable=*/false);
 }
 
@@ -133,12 +134,6 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaWritable(std::vector<Scop
                                                                 const std::vector<uint64_t>& sizes,
                                                                 const std::string& device_uuid) {
   return MapCuda(std::move(fds), sizes, device_uuid, nullptr, /*writable=*/true);
-}
-
-absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnly(std::vector<ScopedFd> fds,
-                                                                const std::vector<uint64_t>& sizes,
-                                                                const std::string& device_uuid) {
-  return MapCudaReadOnlyTimed(std::move(fds), sizes, device_uuid, nullptr);
 }
 
 absl::Status CopyCudaToHost(const std::string& device_uuid, const void* src, size_t n, void* dst) {

@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "pkg/memory/internal/cuda_hooks.h"
-#include "pkg/memory/internal/cuda_segment.h"
 #include "pkg/util/errno_status.h"
 
 namespace weightcache::memory {
@@ -61,7 +60,7 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> Map(BackendKind kind, std::vecto
   }
   if (kind == BackendKind::kCudaVmm) {
     return writable ? internal::MapCudaWritable(std::move(fds), sizes, device_uuid)
-                    : internal::MapCudaReadOnlyTimed(std::move(fds), sizes, device_uuid, timings);
+                    : internal::MapCudaReadOnly(std::move(fds), sizes, device_uuid, timings);
   }
   const auto t0 = std::chrono::steady_clock::now();
   auto m = std::make_unique<HostMapping>(writable);

@@ -17,7 +17,7 @@ namespace internal {
 // NOLINTNEXTLINE(performance-unnecessary-value-param): the signature takes the FDs over
 absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnly(std::vector<ScopedFd>,
                                                                 const std::vector<uint64_t>&,
-                                                                const std::string&) {
+                                                                const std::string&, MapTimings*) {
   return absl::UnimplementedError(
       "cuda-vmm segments: this client was built without CUDA and cannot map GPU memory");
 }

@@ -13,9 +13,11 @@
 
 namespace weightcache::memory::internal {
 
+// `timings` (optional) receives the stages (mapping.h: MapTimings).
 absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnly(std::vector<ScopedFd> fds,
                                                                 const std::vector<uint64_t>& sizes,
-                                                                const std::string& device_uuid);
+                                                                const std::string& device_uuid,
+                                                                MapTimings* timings = nullptr);
 
 // The same mapping with read-write access (a publisher's segments); its destructor
 // synchronizes the context before unmapping.

@@ -43,9 +43,4 @@ CudaSegment* AsCudaSegment(Segment* s);
 // torch::Device "cuda:N" of a mapping, or for cudaSetDevice). NOT_FOUND when not visible.
 absl::StatusOr<int> CudaOrdinalOfUuid(const std::string& device_uuid);
 
-// MapCudaReadOnly with its stages timed (mapping.h: MapTimings).
-absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCudaReadOnlyTimed(
-    std::vector<ScopedFd> fds, const std::vector<uint64_t>& sizes, const std::string& device_uuid,
-    MapTimings* timings);
-
 }  // namespace weightcache::memory::internal
