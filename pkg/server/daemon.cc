@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -15,7 +14,6 @@
 #include "pkg/load/loader.h"
 #include "pkg/load/plan.h"
 #include "pkg/server/internal/daemon_impl.h"
-#include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 #include "pkg/util/unix_socket.h"
@@ -196,10 +194,7 @@ absl::Status Daemon::Impl::Start() {
     // Engines running as other uids reach the sockets through this group (dir 0750,
     // sockets 0660); the handle channel's uid allowlist still applies.
     for (const std::string& p : {options_.socket_dir, control_path(), handle_path()}) {
-      if (::chown(p.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(options_.socket_gid)) !=
-          0) {
-        return ErrnoStatus(errno, "chown to group " + std::to_string(options_.socket_gid), p);
-      }
+      WC_RETURN_IF_ERROR(ChangeGroup(p, options_.socket_gid));
     }
     WC_RETURN_IF_ERROR(GroupSlotSockets(slots_, options_.socket_gid));
   }

@@ -1,31 +1,15 @@
 #include "pkg/server/namespace_rules.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "pkg/kube/device_plugin.h"
-#include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 #include "pkg/util/unix_socket.h"
 
 namespace weightcache::server {
-
-namespace {
-
-absl::Status Chgrp(const std::string& path, int gid) {
-  if (::chown(path.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(gid)) != 0) {
-    return ErrnoStatus(errno, "chown to group " + std::to_string(gid), path);
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 NamespaceRules::NamespaceRules(Options options, Lookup lookup)
     : options_(std::move(options)), lookup_(std::move(lookup)) {}
@@ -48,7 +32,7 @@ absl::StatusOr<std::vector<SlotSockets>> PrepareSlotDirs(const std::string& sock
                                                          int socket_gid) {
   const std::string root = socket_dir + "/" + kube::kSlotsDirName;
   WC_RETURN_IF_ERROR(PrepareSocketDir(root, 0750));
-  if (socket_gid >= 0) WC_RETURN_IF_ERROR(Chgrp(root, socket_gid));
+  if (socket_gid >= 0) WC_RETURN_IF_ERROR(ChangeGroup(root, socket_gid));
   std::vector<SlotSockets> out;
   for (int i = 0; i < slots; ++i) {
     SlotSockets s;
@@ -57,7 +41,7 @@ absl::StatusOr<std::vector<SlotSockets>> PrepareSlotDirs(const std::string& sock
     s.control = s.dir + "/" + kube::kControlSocketName;
     s.handle = s.dir + "/" + kube::kHandleSocketName;
     WC_RETURN_IF_ERROR(PrepareSocketDir(s.dir, 0750));
-    if (socket_gid >= 0) WC_RETURN_IF_ERROR(Chgrp(s.dir, socket_gid));
+    if (socket_gid >= 0) WC_RETURN_IF_ERROR(ChangeGroup(s.dir, socket_gid));
     WC_RETURN_IF_ERROR(RemoveStaleSocket(s.control));
     WC_RETURN_IF_ERROR(RemoveStaleSocket(s.handle));
     out.push_back(std::move(s));
@@ -77,8 +61,8 @@ std::string SlotHandleSocketInContainer(const DaemonOptions& options) {
 absl::Status GroupSlotSockets(const std::vector<SlotSockets>& slots, int socket_gid) {
   if (socket_gid < 0) return absl::OkStatus();
   for (const auto& s : slots) {
-    WC_RETURN_IF_ERROR(Chgrp(s.control, socket_gid));
-    WC_RETURN_IF_ERROR(Chgrp(s.handle, socket_gid));
+    WC_RETURN_IF_ERROR(ChangeGroup(s.control, socket_gid));
+    WC_RETURN_IF_ERROR(ChangeGroup(s.handle, socket_gid));
   }
   return absl::OkStatus();
 }

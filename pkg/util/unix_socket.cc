@@ -30,6 +30,13 @@ absl::StatusOr<sockaddr_un> Address(const std::string& path) {
 
 }  // namespace
 
+absl::Status ChangeGroup(const std::string& path, int gid) {
+  if (::chown(path.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(gid)) != 0) {
+    return ErrnoStatus(errno, "chown to group " + std::to_string(gid), path);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PrepareSocketDir(const std::string& dir, mode_t mode) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);

@@ -21,6 +21,10 @@ inline constexpr size_t kMaxFdsPerMessage = 64;
 // (not a symlink) owned by this user and tightens its mode to `mode`.
 absl::Status PrepareSocketDir(const std::string& dir, mode_t mode);
 
+// Gives `path` (a socket or its directory) group `gid`, so that processes of that group reach
+// it; the error names the path and the group.
+absl::Status ChangeGroup(const std::string& path, int gid);
+
 // Removes a stale socket file at `path`: refuses when something else than a socket is
 // there, or when a live server still answers on it (ALREADY_EXISTS). `type` is the socket
 // type the server would listen with (a live SOCK_SEQPACKET server refuses a stream connect).
