@@ -278,8 +278,12 @@ def render_block(rows: list[Row], machines: list[Row], plots: bool) -> str:
                   table(["GiB", "state", "path", "tp", "config", "s", "GB/s", "per rank GB/s",
                          "vs safetensors"], "rlllrrrrr", body)]
     if plots:
-        parts += ["", f"![Acquire -> mapped vs size](plots/{MAP_PNG})", "",
-                  f"![Load GB/s vs size](plots/{LOAD_PNG})"]
+        # The PNGs are generated artifacts, not committed (docs/plots/ is ignored): the block
+        # names them and how to draw them from the same results.
+        parts += ["", f"Plots: `docs/plots/{MAP_PNG}` (Acquire -> mapped vs size) and "
+                  f"`docs/plots/{LOAD_PNG}` (load GB/s vs size), drawn from these results by "
+                  "`python3 bench/plot_benchmarks.py --results=... --machine=...` "
+                  "(generated, not kept in the repository)."]
     parts += ["", END]
     return "\n".join(parts) + "\n"
 
