@@ -113,7 +113,7 @@ int main(int argc, char **argv) {
             return 1;
           }
           auto t0 = std::chrono::steady_clock::now();
-          auto s = b.CopySegment(**src, dst->get(), route);
+          auto s = b.CopySegment(**src, dst->get(), route, {});
           secs.push_back(
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
           if (!s.ok()) {

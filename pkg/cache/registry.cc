@@ -41,12 +41,24 @@ bool Registry::Pinned(const Entry& e) const {
 
 Registry::~Registry() {
   Stop();  // loads in progress end at their next chunk
+  JoinLoads();
+}
+
+std::vector<std::string> Registry::JoinLoads() {
   std::map<uint64_t, std::thread> loads;
+  std::vector<std::string> running;
   {
     MutexLock l(mu_);
     loads.swap(loads_);
+    finished_loads_.clear();
+    for (const auto& [key, e] : entries_) {
+      if (e->state != State::kLoading) continue;
+      running.push_back(absl::StrCat(e->model, " ", key.ToString(), " from ", e->source, " (",
+                                     e->progress.done(), " of ", e->progress.total(), " bytes)"));
+    }
   }
   for (auto& [id, t] : loads) t.join();
+  return running;
 }
 
 size_t Registry::load_threads() const {

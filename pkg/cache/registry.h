@@ -184,6 +184,11 @@ class Registry {
   // Shutdown, first step: no new load starts, every load in progress is cancelled (it ends
   // at its next chunk), and every WaitReady returns CANCELLED at once. Idempotent.
   void Stop();
+  // Shutdown, after Stop(): joins every load thread (each ends at its next chunk) and
+  // returns what was still loading when it was called, one "model fingerprint@device from
+  // source (done of total bytes)" each, so a slow teardown can say what it waited on.
+  // The owner calls it before anything a load calls into is destroyed. Idempotent.
+  std::vector<std::string> JoinLoads();
 
   std::shared_ptr<Entry> Find(const Key& key) const;
   // Live entries with this fingerprint, on every device (ordered by device UUID).

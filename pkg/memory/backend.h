@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,13 @@ enum class CopyRoute {
 };
 // "peer" | "host"
 const char* CopyRouteName(CopyRoute route);
+
+// Backend::CopySegment's cancellation point and progress report: called on the copying
+// thread before each chunk with the bytes copied so far (0 first); returning false stops the
+// copy there (CANCELLED). Empty: the copy runs to the end. A chunk is at most
+// kCopyChunkBytes, so a cancelled copy ends within one chunk's time.
+using CopyTick = std::function<bool(uint64_t copied)>;
+inline constexpr uint64_t kCopyChunkBytes = 32ull << 20;
 
 struct DeviceInfo {
   std::string uuid;                // "GPU-..." for CUDA; "host" for the host backend
@@ -112,10 +120,12 @@ class Backend {
   // 0, synchronously: when it returns OK the bytes are in `dst` (still to be Seal()ed).
   // kPeer when !CanAccessPeer: FAILED_PRECONDITION naming both devices. Both segments
   // must come from this backend (INVALID_ARGUMENT otherwise). Any thread; `src` may be
-  // read by other copies at the same time.
+  // read by other copies at the same time. `tick` (may be empty): see CopyTick; when it
+  // stops the copy, CANCELLED and `dst` holds a prefix of the bytes.
   // This default (backends that cannot copy between devices): UNIMPLEMENTED.
-  virtual absl::Status CopySegment(Segment& src, Segment* dst, CopyRoute route) {
-    (void)src, (void)dst, (void)route;
+  virtual absl::Status CopySegment(Segment& src, Segment* dst, CopyRoute route,
+                                   const CopyTick& tick) {
+    (void)src, (void)dst, (void)route, (void)tick;
     return absl::UnimplementedError("this memory backend cannot copy between devices");
   }
 };

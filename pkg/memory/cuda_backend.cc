@@ -290,8 +290,10 @@ class CudaBackend final : public Backend {
   // into a temporary VA range; kPeer grants the destination GPU read access to it
   // (cuMemSetAccess is how VMM memory gets peer access) and copies with cuMemcpyDtoD in the
   // destination's context (its copy engines pull over NVLink/PCIe); kHostStaged goes
-  // device -> pinned buffer -> device in 64 MiB chunks.
-  absl::Status CopySegment(Segment& src_seg, Segment* dst_seg, CopyRoute route) override {
+  // device -> pinned buffer -> device. Both in kCopyChunkBytes chunks, `tick` before each
+  // (peer chunks are queued without a wait between them: NVLink keeps its bandwidth).
+  absl::Status CopySegment(Segment& src_seg, Segment* dst_seg, CopyRoute route,
+                           const CopyTick& tick) override {
     auto* src = dynamic_cast<CudaSegmentImpl*>(&src_seg);
     auto* dst = dynamic_cast<CudaSegmentImpl*>(dst_seg);
     if (src == nullptr || dst == nullptr) {
@@ -334,18 +336,34 @@ class CudaBackend final : public Backend {
             SetAccess(*api_, mapped.get(), n, ddev->ordinal, CU_MEM_ACCESS_FLAGS_PROT_READ));
       }
     }
+    auto stopped = [&](uint64_t off) {
+      return absl::CancelledError(
+          absl::StrCat("cuda-vmm backend: ", what, ": stopped after ", off, " bytes"));
+    };
     auto copy = [&]() -> absl::Status {
       if (route == CopyRoute::kPeer) {
         WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(*api_, dst->context()));
-        WC_RETURN_IF_ERROR(CuStatus(*api_, api_->cuMemcpyDtoD(dst->writable(), mapped.get(), n),
-                                    "cuMemcpyDtoD", what));
-        return CuStatus(*api_, api_->cuCtxSynchronize(), "cuCtxSynchronize", what);
+        absl::Status queued = absl::OkStatus();
+        for (uint64_t off = 0; off < n && queued.ok(); off += kCopyChunkBytes) {
+          if (tick && !tick(off)) {
+            queued = stopped(off);
+            break;
+          }
+          const size_t chunk = std::min<uint64_t>(kCopyChunkBytes, n - off);
+          queued =
+              CuStatus(*api_, api_->cuMemcpyDtoD(dst->writable() + off, mapped.get() + off, chunk),
+                       "cuMemcpyDtoD", what);
+        }
+        // Whatever was queued completes before the source mapping goes.
+        absl::Status synced = CuStatus(*api_, api_->cuCtxSynchronize(), "cuCtxSynchronize", what);
+        return queued.ok() ? synced : queued;
       }
       // The source context stays current for the pinned buffer's whole life (alloc and free).
       WC_ASSIGN_OR_RETURN(auto src_current, ScopedCurrentContext::Push(*api_, src->context()));
       WC_ASSIGN_OR_RETURN(auto pinned,
-                          PinnedBuffer::Alloc(*api_, std::min<uint64_t>(n, 64ull << 20)));
+                          PinnedBuffer::Alloc(*api_, std::min<uint64_t>(n, kCopyChunkBytes)));
       for (uint64_t off = 0; off < n; off += pinned.size()) {
+        if (tick && !tick(off)) return stopped(off);
         const size_t chunk = std::min<uint64_t>(pinned.size(), n - off);
         WC_RETURN_IF_ERROR(CuStatus(*api_,
                                     api_->cuMemcpyDtoH(pinned.get(), mapped.get() + off, chunk),

@@ -89,20 +89,60 @@ TEST(HostBackend, FakeDevicesPlaceSegmentsAndCopyBetweenThem) {
     auto dst = b->Allocate("host-b", 5000, "dst");
     ASSERT_TRUE(dst.ok());
     EXPECT_EQ((*dst)->device_uuid(), "host-b");
-    ASSERT_TRUE(b->CopySegment(**src, dst->get(), route).ok()) << CopyRouteName(route);
+    ASSERT_TRUE(b->CopySegment(**src, dst->get(), route, {}).ok()) << CopyRouteName(route);
     EXPECT_EQ(std::memcmp((*dst)->host_data(), data.data(), data.size()), 0)
         << CopyRouteName(route);
     ASSERT_TRUE((*dst)->Seal().ok());
     // Into a sealed segment: refused.
-    EXPECT_EQ(b->CopySegment(**src, dst->get(), route).code(),
+    EXPECT_EQ(b->CopySegment(**src, dst->get(), route, {}).code(),
               absl::StatusCode::kFailedPrecondition);
   }
   // Into a smaller segment: refused.
   auto small = b->Allocate("host-b", 100, "small");
   auto big = b->Allocate("host-a", 3 << 20, "big");
   ASSERT_TRUE(small.ok() && big.ok());
-  EXPECT_EQ(b->CopySegment(**big, small->get(), CopyRoute::kPeer).code(),
+  EXPECT_EQ(b->CopySegment(**big, small->get(), CopyRoute::kPeer, {}).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A copy is cancellable per chunk (a daemon shutdown during a peer copy of a large segment
+// waited for the whole segment): the tick sees each chunk's start, and a false stops the
+// copy there with CANCELLED, the destination holding exactly the chunks before it.
+TEST(HostBackend, CopyStopsAtTheChunkWhereTheTickSaysStop) {
+  HostBackendOptions o;
+  o.device_uuids = {"host-a", "host-b"};
+  auto b = MakeHostBackend(o);
+  const uint64_t size = 3 * kCopyChunkBytes + 4096;
+  auto src = FilledSegment(*b, size);  // byte i is i mod 256
+  ASSERT_TRUE(src->Seal().ok());
+  std::vector<uint8_t> want(size);
+  std::iota(want.begin(), want.end(), 0);
+  for (CopyRoute route : {CopyRoute::kPeer, CopyRoute::kHostStaged}) {
+    auto dst = b->Allocate("host-b", size, "dst");
+    ASSERT_TRUE(dst.ok());
+    std::vector<uint64_t> seen;
+    const CopyTick all = [&seen](uint64_t copied) {
+      seen.push_back(copied);
+      return true;
+    };
+    ASSERT_TRUE(b->CopySegment(*src, dst->get(), route, all).ok());
+    EXPECT_EQ(seen,
+              (std::vector<uint64_t>{0, kCopyChunkBytes, 2 * kCopyChunkBytes, 3 * kCopyChunkBytes}))
+        << CopyRouteName(route);
+    EXPECT_EQ(std::memcmp((*dst)->host_data(), want.data(), size), 0);
+
+    auto part = b->Allocate("host-b", size, "part");
+    ASSERT_TRUE(part.ok());
+    const CopyTick two = [](uint64_t copied) { return copied < 2 * kCopyChunkBytes; };
+    auto s = b->CopySegment(*src, part->get(), route, two);
+    EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << CopyRouteName(route) << ": " << s;
+    EXPECT_NE(s.message().find("host-b"), absl::string_view::npos) << s;
+    EXPECT_EQ(std::memcmp((*part)->host_data(), want.data(), 2 * kCopyChunkBytes), 0);
+    // Not one byte of the third chunk (the source's bytes there are not zero).
+    const std::vector<std::byte> zeros(kCopyChunkBytes);
+    EXPECT_EQ(
+        std::memcmp((*part)->host_data() + 2 * kCopyChunkBytes, zeros.data(), kCopyChunkBytes), 0);
+  }
 }
 
 TEST(HostBackend, WithoutPeerAccessOnlyHostStagedCopiesRun) {
@@ -116,10 +156,10 @@ TEST(HostBackend, WithoutPeerAccessOnlyHostStagedCopiesRun) {
   ASSERT_TRUE(src->Seal().ok());
   auto dst = b->Allocate("host-b", 4096, "dst");
   ASSERT_TRUE(dst.ok());
-  auto peer = b->CopySegment(*src, dst->get(), CopyRoute::kPeer);
+  auto peer = b->CopySegment(*src, dst->get(), CopyRoute::kPeer, {});
   EXPECT_EQ(peer.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(peer.message().find("host-a"), absl::string_view::npos) << peer;
-  ASSERT_TRUE(b->CopySegment(*src, dst->get(), CopyRoute::kHostStaged).ok());
+  ASSERT_TRUE(b->CopySegment(*src, dst->get(), CopyRoute::kHostStaged, {}).ok());
   EXPECT_EQ(static_cast<uint8_t>((*dst)->host_data()[4095]), static_cast<uint8_t>(4095));
 }
 

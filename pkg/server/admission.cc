@@ -276,12 +276,21 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartPeerCopy(
       memory::Segment& from = *content->segments[i];
       WC_ASSIGN_OR_RETURN(auto to,
                           backend->Allocate(device_uuid, from.size(), absl::StrCat(label, "/", i)));
-      absl::Status s = backend->CopySegment(from, to.get(), used);
+      // Progress and cancellation per chunk, not per segment (a segment is up to 1 GiB).
+      const memory::CopyTick tick = [&e, done](uint64_t copied) {
+        e.progress.SetDone(done + copied);
+        return !e.progress.cancelled();
+      };
+      absl::Status s = backend->CopySegment(from, to.get(), used, tick);
+      if (s.code() == absl::StatusCode::kCancelled) {
+        return absl::CancelledError(
+            absl::StrCat("peer copy to ", device_uuid, " stopped: ", s.message()));
+      }
       if (!s.ok() && used == memory::CopyRoute::kPeer) {
         WC_LOG_WARN("peer copy %s -> %s failed (%s); staging through host memory instead",
                     src_device, device_uuid, std::string(s.message()));
         used = memory::CopyRoute::kHostStaged;
-        s = backend->CopySegment(from, to.get(), used);
+        s = backend->CopySegment(from, to.get(), used, tick);
       }
       WC_RETURN_IF_ERROR(s);
       WC_RETURN_IF_ERROR(to->Seal());

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "pkg/load/loader.h"
 #include "pkg/load/plan.h"
@@ -227,21 +228,33 @@ void Daemon::Impl::Wait() {
 
 void Daemon::Impl::Teardown() {
   std::call_once(teardown_once_, [this] {
+    // Each step is timed: a teardown longer than a second logs which steps it waited on
+    // (and which loads were still running), so a slow shutdown explains itself.
     const auto t0 = std::chrono::steady_clock::now();
+    auto mark = t0;
+    std::vector<std::pair<std::string, double>> steps;
+    auto step = [&](std::string what) {
+      const auto now = std::chrono::steady_clock::now();
+      steps.emplace_back(std::move(what), std::chrono::duration<double>(now - mark).count());
+      mark = now;
+    };
     // 1. Cancel: no new load starts, loads stop at their next chunk, waits in Acquire and
     //    Load return CANCELLED now (an Acquire waiting for a load would hold gRPC for up to
     //    --acquire_wait otherwise).
     control_.reset();  // stops accepting and removes control.sock
+    step("control listener");
     registry_.Stop();
     models_.Stop();  // hashing stops
     // The keeper keeps what it holds: a daemon stopped for an upgrade re-adopts it.
     if (keeper_) keeper_->Stop();
+    step("keeper link");
     {
       MutexLock l(mu_);
       stopping_ = true;
     }
     preload_cv_.NotifyAll();
     if (preload_thread_.joinable()) preload_thread_.join();
+    step("preload thread");
     WC_LOG_DEBUG("teardown: loads and waits cancelled");
     // 2. Stop accepting and drain the RPCs in flight, bounded; the server before the service
     //    it calls into (gRPC requires the service to outlive the server).
@@ -252,12 +265,27 @@ void Daemon::Impl::Teardown() {
       grpc_.reset();
     }
     service_.reset();
+    step("gRPC drain");
     // 3. Close the handle channel (it removes handle.sock); leases end, and engines keep
     //    what they mapped.
     handles_.reset();
-    // 4. Entries are released when the registry goes (after its load threads, all ending).
-    WC_LOG_INFO("shut down in %.3f s",
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    step("handle channel");
+    // 4. The load threads (cancelled in 1, each ends at its next chunk), joined while
+    //    everything they call into is alive. Entries are released when the registry goes.
+    const std::vector<std::string> loads = registry_.JoinLoads();
+    step(loads.empty() ? "load threads"
+                       : absl::StrCat("load threads (", absl::StrJoin(loads, "; "), ")"));
+    const double total = std::chrono::duration<double>(mark - t0).count();
+    if (total > 1.0) {
+      std::vector<std::string> waited;
+      for (const auto& [what, secs] : steps) {
+        if (secs >= 0.1) waited.push_back(absl::StrFormat("%s %.3f s", what, secs));
+      }
+      WC_LOG_WARN("shut down in %.3f s, longer than a second; it waited on: %s", total,
+                  waited.empty() ? "no single step over 0.1 s" : absl::StrJoin(waited, ", "));
+    } else {
+      WC_LOG_INFO("shut down in %.3f s", total);
+    }
   });
 }
 
