@@ -63,6 +63,16 @@ ToolRun RunTool(const std::vector<std::string>& argv, const std::string& err_pat
   return r;
 }
 
+bool WaitForLogLine(const std::string& path, const std::string& line,
+                    std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (ReadFileOrEmpty(path).find(line) == std::string::npos) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // a bounded poll
+  }
+  return true;
+}
+
 std::string ReadFileOrEmpty(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;

@@ -46,6 +46,11 @@ ToolRun RunTool(const std::vector<std::string>& argv, const std::string& err_pat
 // The whole file, or "" when it cannot be read.
 std::string ReadFileOrEmpty(const std::string& path);
 
+// Polls the file (a daemon's log) until it holds `line`, bounded by `timeout` (a limit for
+// the failure case, not a measure of speed). True when found.
+bool WaitForLogLine(const std::string& path, const std::string& line,
+                    std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
 // A small Llama (2 layers, hidden 256, 4 heads, 2 kv heads, vocab 1024): fast to write and
 // load, real tensor names, divisible for tp 2.
 safetensors::LlamaShape SmallLlama();
