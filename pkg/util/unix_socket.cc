@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "pkg/util/errno_status.h"
+#include "pkg/util/log.h"
 
 namespace weightcache {
 namespace {
@@ -64,8 +65,20 @@ absl::Status RemoveStaleSocket(const std::string& path, int type) {
     return ErrnoStatus(errno, "lstat", path);
   }
   if (!S_ISSOCK(st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, " exists and is not a socket; refusing to remove it"));
+    const char* what = S_ISREG(st.st_mode)    ? "a regular file"
+                       : S_ISDIR(st.st_mode)  ? "a directory"
+                       : S_ISLNK(st.st_mode)  ? "a symlink"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                              : "not a socket";
+    if (S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, " is ", what, " owned by uid ", st.st_uid, ", not a socket; refusing to remove it",
+          S_ISDIR(st.st_mode) ? "" : " (only what this daemon's own uid owns is replaced)"));
+    }
+    if (::unlink(path.c_str()) != 0) return ErrnoStatus(errno, "unlink", path);
+    WC_LOG_WARN("%s was %s, not a socket; removed it (this uid owns it) to listen there", path,
+                what);
+    return absl::OkStatus();
   }
   auto live = ConnectUnix(path, type);
   if (live.ok()) {

@@ -25,8 +25,11 @@ absl::Status PrepareSocketDir(const std::string& dir, mode_t mode);
 // it; the error names the path and the group.
 absl::Status ChangeGroup(const std::string& path, int gid);
 
-// Removes a stale socket file at `path`: refuses when something else than a socket is
-// there, or when a live server still answers on it (ALREADY_EXISTS). `type` is the socket
+// Removes a stale socket file at `path`, or a file that is not a socket (a regular file, a
+// FIFO, a symlink: what an engine with write access could have put there to keep the daemon
+// from starting) when this process's uid owns it; refuses (FAILED_PRECONDITION naming the
+// type and owner) a directory or a non-socket of another uid, and a socket a live server
+// still answers on (ALREADY_EXISTS). `type` is the socket
 // type the server would listen with (a live SOCK_SEQPACKET server refuses a stream connect).
 absl::Status RemoveStaleSocket(const std::string& path, int type = SOCK_STREAM);
 
