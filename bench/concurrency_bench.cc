@@ -498,6 +498,7 @@ int RunBench(const Options& opt) {
   const std::string root = tmpl;
   server::DaemonOptions o;
   o.socket_dir = root + "/s";
+  o.admin_socket_dir = root + "/s-admin";  // the bench's evictions go there
   o.preload = false;
   o.read_threads = opt.read_threads;
   std::vector<std::string> names;
@@ -519,7 +520,8 @@ int RunBench(const Options& opt) {
     std::filesystem::remove_all(root);
     return 2;
   }
-  auto admin = client::Client::Connect(o.socket_dir);
+  // Evict is the operator's: the admin socket beside the engine one (<socket_dir>-admin).
+  auto admin = client::Client::Connect(o.socket_dir + "-admin");
   if (!admin.ok()) return 2;
 
   std::printf(

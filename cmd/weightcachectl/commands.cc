@@ -29,7 +29,11 @@
 namespace weightcache::ctl {
 namespace {
 
+// The code of the last error printed (the caller adds which socket refused).
+absl::StatusCode last_error_code = absl::StatusCode::kOk;
+
 int Error(const absl::Status& s) {
+  last_error_code = s.code();
   std::fprintf(stderr, "weightcachectl: %s: %s\n", absl::StatusCodeToString(s.code()).c_str(),
                std::string(s.message()).c_str());
   return 2;
@@ -362,17 +366,39 @@ int DemoCheckpoint(const std::vector<std::string>& args) {
   return 0;
 }
 
-int Run(const std::string& command, const std::vector<std::string>& args, const Context& ctx) {
-  if (command == "demo-checkpoint") return DemoCheckpoint(args);
-  auto c = client::Client::Connect(ctx.socket);
-  if (!c.ok()) return Error(c.status());
-  if (command == "status") return Status(**c);
-  if (command == "list") return List(**c);
-  if (command == "load") return Load(**c, args, ctx);
-  if (command == "evict") return Evict(**c, args, ctx);
-  if (command == "verify") return Verify(**c, args, ctx);
+namespace {
+
+int RunCommand(const std::string& command, const std::vector<std::string>& args, const Context& ctx,
+               client::Client& client) {
+  auto* c = &client;
+  if (command == "status") return Status(*c);
+  if (command == "list") return List(*c);
+  if (command == "load") return Load(*c, args, ctx);
+  if (command == "evict") return Evict(*c, args, ctx);
+  if (command == "verify") return Verify(*c, args, ctx);
   return Error(absl::InvalidArgumentError(
       absl::StrCat("unknown command '", command, "' (status, list, load, evict, verify)")));
+}
+
+}  // namespace
+
+int Run(const std::string& command, const std::vector<std::string>& args, const Context& ctx) {
+  if (command == "demo-checkpoint") return DemoCheckpoint(args);
+  // No socket named (neither --socket nor $WEIGHTCACHE_SOCKET, which engine pods get): the
+  // admin socket when this machine has one (the host, or the daemon's pod), else the engine
+  // socket, where admin operations are refused unless --admin_uids grants them.
+  std::string socket = ctx.socket;
+  if (socket.empty() && std::getenv(client::kSocketEnv) == nullptr &&
+      ::access(client::kDefaultAdminSocket, F_OK) == 0) {
+    socket = client::kDefaultAdminSocket;
+  }
+  auto c = client::Client::Connect(socket);
+  if (!c.ok()) return Error(c.status());
+  const int rc = RunCommand(command, args, ctx, **c);
+  if (rc != 0 && last_error_code == absl::StatusCode::kPermissionDenied) {
+    std::fprintf(stderr, "weightcachectl: refused on %s\n", (*c)->socket_path().c_str());
+  }
+  return rc;
 }
 
 }  // namespace weightcache::ctl

@@ -43,15 +43,22 @@ ABSL_FLAG(std::string, memory_budget, "0",
 ABSL_FLAG(std::vector<std::string>, allowed_uids, {},
           "Uids allowed to connect to the control and handle sockets; empty: anyone who can "
           "reach the sockets");
+ABSL_FLAG(std::string, admin_socket_dir, "",
+          "Directory of the admin socket (created 0700, control.sock in it): every peer there "
+          "is admin and publisher. Never a directory engine pods mount. Default: "
+          "<socket_dir>-admin; none: no admin socket");
 ABSL_FLAG(std::vector<std::string>, admin_uids, {},
-          "Admin uids: may define or load inline specs, evict, and end other peers' leases "
-          "(default, with --admin_gids empty: the daemon's own uid)");
+          "Admin uids on the engine socket: may define inline specs, evict, and end other "
+          "peers' leases. Default: nobody (use the admin socket)");
 ABSL_FLAG(std::vector<std::string>, admin_gids, {}, "Admin gids (see --admin_uids)");
 ABSL_FLAG(std::vector<std::string>, publish_uids, {},
-          "Uids that may publish weights they processed themselves (BeginPublish); default, "
-          "with --publish_gids empty: the daemon's own uid only");
+          "Uids that may publish weights they processed themselves (BeginPublish) on the "
+          "engine socket. Default: nobody (the admin socket may)");
 ABSL_FLAG(std::vector<std::string>, publish_gids, {},
           "Gids that may publish (a peer's primary gid; see --publish_uids)");
+ABSL_FLAG(std::vector<std::string>, publish_namespaces, {},
+          "With --namespace_rules: pods of these namespaces may publish through their slot "
+          "socket. Default: none");
 ABSL_FLAG(std::vector<std::string>, model_roots, {},
           "Directories model_dir must resolve under (symlinks followed), comma-separated; "
           "empty: anywhere");
@@ -97,8 +104,9 @@ ABSL_FLAG(std::vector<std::string>, host_devices, {},
           "default one device, 'host'");
 ABSL_FLAG(std::string, digest_store, "",
           "File remembering the content digest of each checkpoint file version, so a restart "
-          "does not hash the files again (default <socket_dir>/state/digests.json, in a 0700 "
-          "dir; 'none' keeps digests in memory only)");
+          "does not hash the files again (default <socket_dir>-state/digests.json, in a 0700 "
+          "dir beside the socket dir, never in it: engines mount that one; 'none' keeps "
+          "digests in memory only)");
 ABSL_FLAG(double, shutdown_timeout, 10,
           "Seconds from SIGTERM/SIGINT to exit, at most: loads and waits are cancelled at once, "
           "RPCs in flight get min(1 s, a quarter of it) to finish; past it the process exits "
@@ -122,8 +130,15 @@ int Run() {
   server::DaemonOptions opts;
   opts.socket_dir = absl::GetFlag(FLAGS_socket_dir);
   opts.digest_store = absl::GetFlag(FLAGS_digest_store);
-  if (opts.digest_store.empty()) opts.digest_store = opts.socket_dir + "/state/digests.json";
+  // Daemon state lives beside the engines' socket directory, never in it (they mount it).
+  std::string beside = opts.socket_dir;
+  while (beside.size() > 1 && beside.back() == '/') beside.pop_back();
+  if (opts.digest_store.empty()) opts.digest_store = beside + "-state/digests.json";
   if (opts.digest_store == "none") opts.digest_store.clear();
+  opts.admin_socket_dir = absl::GetFlag(FLAGS_admin_socket_dir);
+  if (opts.admin_socket_dir.empty()) opts.admin_socket_dir = beside + "-admin";
+  if (opts.admin_socket_dir == "none") opts.admin_socket_dir.clear();
+  opts.publish_namespaces = absl::GetFlag(FLAGS_publish_namespaces);
   opts.preload = absl::GetFlag(FLAGS_preload);
   opts.keeper_socket = absl::GetFlag(FLAGS_keeper_socket);
   if (opts.keeper_socket == "off") opts.keeper_socket.clear();
@@ -277,8 +292,8 @@ int Run() {
   std::condition_variable done_cv;
   bool done = false;
   std::atomic<bool> signalled{false};
-  const std::vector<std::string> sockets = {(*daemon)->control_socket(),
-                                            (*daemon)->handle_socket()};
+  const std::vector<std::string> sockets = {(*daemon)->control_socket(), (*daemon)->handle_socket(),
+                                            (*daemon)->admin_socket()};
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&sigs, &sig);

@@ -45,6 +45,9 @@ struct Rpc;  // the gRPC channel and stub (client.cc)
 }  // namespace internal
 
 inline constexpr const char* kSocketEnv = "WEIGHTCACHE_SOCKET";
+// The admin socket of a daemon with the default --socket_dir (weightcached's default
+// --admin_socket_dir is <socket_dir>-admin): operators' tools use it when it is there.
+inline constexpr const char* kDefaultAdminSocket = "/run/weightcache-admin/control.sock";
 inline constexpr const char* kModelEnv = "WEIGHTCACHE_MODEL";
 inline constexpr const char* kFingerprintEnv = "WEIGHTCACHE_FINGERPRINT";
 inline constexpr const char* kDefaultControlSocket = "/run/weightcache/control.sock";

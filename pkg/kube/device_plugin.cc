@@ -159,7 +159,10 @@ class DevicePluginService final : public ::v1beta1::DevicePlugin::Service {
       m->set_host_path(o.per_slot_dirs ? SlotSocketDir(o.host_socket_dir, creq.devices_ids(0))
                                        : o.host_socket_dir);
       m->set_container_path(o.container_socket_dir);
-      m->set_read_only(false);  // connect(2) on a Unix socket needs write access
+      // Read-only: connect(2) needs write permission on the socket inode, which a read-only
+      // bind mount keeps; what it takes away is unlinking or replacing the daemon's sockets
+      // (a root engine keeps CAP_DAC_OVERRIDE; tests/security proves both).
+      m->set_read_only(true);
       (*cresp->mutable_envs())[kSocketEnv] = JoinPath(o.container_socket_dir, kControlSocketName);
     }
     WC_LOG_INFO("device plugin: Allocate for %d container(s): %s%s -> %s",

@@ -36,18 +36,25 @@ uint64_t InodeOf(int fd) {
 absl::StatusOr<std::unique_ptr<ControlListener>> ControlListener::Start(Options options,
                                                                         grpc::Server* server) {
   std::vector<Listening> listening;
-  auto listen = [&](const std::string& path, const std::string& slot) -> absl::Status {
-    WC_ASSIGN_OR_RETURN(ScopedFd fd, ListenUnix(path, 0660, kBacklog));
+  auto listen = [&](const std::string& path, const std::string& slot,
+                    SocketKind kind) -> absl::Status {
+    WC_ASSIGN_OR_RETURN(ScopedFd fd,
+                        ListenUnix(path, kind == SocketKind::kAdmin ? 0600 : 0660, kBacklog));
     // Non-blocking: the loop drains the backlog until EAGAIN.
     const int flags = ::fcntl(fd.get(), F_GETFL);
     if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags | O_NONBLOCK) != 0) {
       return ErrnoStatus(errno, "fcntl O_NONBLOCK", path);
     }
-    listening.push_back({std::move(fd), slot});
+    listening.push_back({std::move(fd), slot, kind});
     return absl::OkStatus();
   };
-  WC_RETURN_IF_ERROR(listen(options.path, ""));
-  for (const auto& s : options.slot_sockets) WC_RETURN_IF_ERROR(listen(s.path, s.slot));
+  WC_RETURN_IF_ERROR(listen(options.path, "", SocketKind::kEngine));
+  for (const auto& s : options.slot_sockets) {
+    WC_RETURN_IF_ERROR(listen(s.path, s.slot, SocketKind::kSlot));
+  }
+  if (!options.admin_path.empty()) {
+    WC_RETURN_IF_ERROR(listen(options.admin_path, "", SocketKind::kAdmin));
+  }
   ScopedFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake) return ErrnoStatus(errno, "eventfd");
   ConnectionRelay::Options ro;
@@ -74,6 +81,7 @@ ControlListener::~ControlListener() {
   thread_.join();
   ::unlink(options_.path.c_str());
   for (const auto& s : options_.slot_sockets) ::unlink(s.path.c_str());
+  if (!options_.admin_path.empty()) ::unlink(options_.admin_path.c_str());
 }
 
 std::optional<ControlListener::Caller> ControlListener::PeerOf(const std::string& peer) const {
@@ -171,6 +179,7 @@ bool ControlListener::AcceptFrom(const Listening& from) {
     c.caller.cred = *cred;
     c.caller.over_cap = mine >= options_.max_connections_per_uid;
     c.caller.slot = from.slot;
+    c.caller.socket = from.kind;
     c.caller.accepted = std::chrono::steady_clock::now();
     auto fd =
         relay_->Add(std::move(conn), absl::StrCat("uid ", cred->uid, " pid ", cred->pid,

@@ -57,6 +57,10 @@ Daemon::Impl::~Impl() {
 std::string Daemon::Impl::control_path() const {
   return options_.socket_dir + "/" + kControlSocketName;
 }
+std::string Daemon::Impl::admin_path() const {
+  return options_.admin_socket_dir.empty() ? std::string()
+                                           : options_.admin_socket_dir + "/" + kControlSocketName;
+}
 std::string Daemon::Impl::handle_path() const {
   return options_.socket_dir + "/" + kHandleSocketName;
 }
@@ -138,6 +142,19 @@ absl::Status Daemon::Impl::Start() {
     WC_ASSIGN_OR_RETURN(slots_,
                         PrepareSlotDirs(options_.socket_dir, nr.slots, options_.socket_gid));
   }
+  if (!options_.admin_socket_dir.empty()) {
+    // The daemon's alone: 0700, never given the engines' group.
+    WC_RETURN_IF_ERROR(PrepareSocketDir(options_.admin_socket_dir, 0700));
+    WC_RETURN_IF_ERROR(RemoveStaleSocket(admin_path()));
+  }
+  PolicyOptions po;
+  po.admin_uids = options_.admin_uids;
+  po.admin_gids = options_.admin_gids;
+  po.publish_uids = options_.publish_uids;
+  po.publish_gids = options_.publish_gids;
+  po.publish_namespaces = options_.publish_namespaces;
+  po.admin_socket = admin_path();
+  policy_ = std::make_unique<Policy>(std::move(po), rules_.get());
   HandleChannel::Options hopts;
   hopts.path = handle_path();
   for (const auto& s : slots_) hopts.slot_sockets.push_back({s.slot, s.handle});
@@ -187,6 +204,7 @@ absl::Status Daemon::Impl::Start() {
   ControlListener::Options lo;
   lo.path = control_path();
   for (const auto& s : slots_) lo.slot_sockets.push_back({s.slot, s.control});
+  lo.admin_path = admin_path();
   lo.allowed_uids = options_.allowed_uids;
   lo.max_connections = options_.max_connections;
   lo.max_connections_per_uid = options_.max_connections_per_uid;
@@ -200,9 +218,10 @@ absl::Status Daemon::Impl::Start() {
     WC_RETURN_IF_ERROR(GroupSlotSockets(slots_, options_.socket_gid));
   }
   if (options_.preload) preload_thread_ = std::thread([this] { StartPreloads(); });
-  WC_LOG_INFO("serving on %s (handles on %s), backend %s, peer policy %s%s", control_path(),
-              handle_path(), memory::BackendName(backend_->kind()),
-              PeerPolicyName(options_.peer_policy),
+  WC_LOG_INFO("serving on %s (handles on %s%s), backend %s, peer policy %s%s", control_path(),
+              handle_path(),
+              admin_path().empty() ? "; no admin socket" : "; admin socket " + admin_path(),
+              memory::BackendName(backend_->kind()), PeerPolicyName(options_.peer_policy),
               rules_ ? absl::StrCat("; namespace rules on, ", slots_.size(), " slot sockets under ",
                                     options_.socket_dir, "/slots")
                      : "");
@@ -276,15 +295,19 @@ void Daemon::Impl::Teardown() {
     step(loads.empty() ? "load threads"
                        : absl::StrCat("load threads (", absl::StrJoin(loads, "; "), ")"));
     const double total = std::chrono::duration<double>(mark - t0).count();
+    const double joined = steps.back().second;  // how long cancelled loads took to stop
     if (total > 1.0) {
       std::vector<std::string> waited;
       for (const auto& [what, secs] : steps) {
         if (secs >= 0.1) waited.push_back(absl::StrFormat("%s %.3f s", what, secs));
       }
-      WC_LOG_WARN("shut down in %.3f s, longer than a second; it waited on: %s", total,
-                  waited.empty() ? "no single step over 0.1 s" : absl::StrJoin(waited, ", "));
+      WC_LOG_WARN(
+          "shut down in %.3f s (load threads joined in %.3f s), longer than a second; it waited "
+          "on: %s",
+          total, joined,
+          waited.empty() ? "no single step over 0.1 s" : absl::StrJoin(waited, ", "));
     } else {
-      WC_LOG_INFO("shut down in %.3f s", total);
+      WC_LOG_INFO("shut down in %.3f s (load threads joined in %.3f s)", total, joined);
     }
   });
 }
@@ -369,11 +392,15 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
     }
     *model = all.front()->model;
     for (const auto& e : all) {
-      if (auto s = MayMap(caller, e->model); !s.ok()) return finish(AcquireResult::kDenied, s);
+      if (auto s = Check(caller, Verb::kAcquire, ModelObject(e->model)); !s.ok()) {
+        return finish(AcquireResult::kDenied, s);
+      }
     }
   } else if (req.target_case() == v1::AcquireRequest::kModel) {
     *model = req.model();
-    if (auto s = MayMap(caller, req.model()); !s.ok()) return finish(AcquireResult::kDenied, s);
+    if (auto s = Check(caller, Verb::kAcquire, ModelObject(req.model())); !s.ok()) {
+      return finish(AcquireResult::kDenied, s);
+    }
     if (auto s = AwaitPreload(req.model(), req.wait_ready() || req.load_on_miss(), deadline);
         !s.ok()) {
       return finish(AcquireResult::kMiss, s);
@@ -584,22 +611,12 @@ absl::Status Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
 
 absl::Status Daemon::Impl::Release(const Caller& caller, const v1::ReleaseRequest& req) {
   const std::optional<cache::LeaseRecord> lease = registry_.FindLease(req.lease_id());
-  if (lease && lease->owner_uid != static_cast<int>(caller.cred.uid) && !IsAdmin(caller)) {
-    return Refuse(
-        "lease_owner",
-        absl::StrCat("lease ", req.lease_id().substr(0, 12), " belongs to uid ", lease->owner_uid,
-                     "; only its owner or an admin (--admin_uids/--admin_gids) may "
-                     "release it"));
-  }
-  // With --namespace_rules a uid says little (pods of many namespaces run as root): a lease
-  // is released only through the socket it was acquired on (its pod's slot).
-  if (lease && rules_ && lease->slot != caller.slot && !IsAdmin(caller)) {
-    return Refuse("namespace",
-                  absl::StrCat("lease ", req.lease_id().substr(0, 12), " was acquired on ",
-                               SocketOfSlot(lease->slot), " and this connection came in on ",
-                               SocketOfSlot(caller.slot),
-                               "; with --namespace_rules only the socket it was acquired on or "
-                               "an admin may release it"));
+  if (lease) {
+    Object o;
+    o.lease = req.lease_id();
+    o.owner_uid = static_cast<uid_t>(lease->owner_uid);
+    o.owner_slot = lease->slot;
+    WC_RETURN_IF_ERROR(Authorize(caller, Verb::kRelease, o));
   }
   if (!leases_.End(req.lease_id())) {
     return absl::NotFoundError(absl::StrCat("lease ", req.lease_id(), " is not active"));
@@ -612,12 +629,7 @@ absl::Status Daemon::Impl::Load(const Caller& caller, const v1::LoadRequest& req
                                 const std::function<bool(const v1::LoadProgress&)>& publish) {
   std::string name = req.model();
   if (!req.spec_yaml().empty()) {
-    if (!IsAdmin(caller)) {
-      return Refuse("admin",
-                    absl::StrCat("uid ", caller.cred.uid,
-                                 " may not define models (an inline spec): that needs an admin "
-                                 "peer (--admin_uids/--admin_gids); load a known model by name"));
-    }
+    WC_RETURN_IF_ERROR(Authorize(caller, Verb::kDefine, {}));
     WC_ASSIGN_OR_RETURN(auto specs, spec::ParseSpecs(req.spec_yaml(), "LoadRequest.spec_yaml"));
     if (specs.size() != 1) {
       return absl::InvalidArgumentError(
@@ -627,7 +639,7 @@ absl::Status Daemon::Impl::Load(const Caller& caller, const v1::LoadRequest& req
     models_.Define(specs[0]);
   }
   if (name.empty()) return absl::InvalidArgumentError("Load: set model or spec_yaml");
-  if (auto s = MayMap(caller, name); !s.ok()) return Refuse("namespace", std::string(s.message()));
+  WC_RETURN_IF_ERROR(Authorize(caller, Verb::kLoad, ModelObject(name)));
   WC_ASSIGN_OR_RETURN(auto opened, models_.Open(name, /*refresh=*/true));
   // One rank when the request names it; else every rank of the spec.
   std::vector<spec::Layout> layouts;
@@ -714,11 +726,7 @@ absl::Status Daemon::Impl::Load(const Caller& caller, const v1::LoadRequest& req
 
 absl::Status Daemon::Impl::Evict(const Caller& caller, const v1::EvictRequest& req,
                                  v1::EvictResponse* resp) {
-  if (!IsAdmin(caller)) {
-    return Refuse("admin", absl::StrCat("uid ", caller.cred.uid,
-                                        " may not evict: that needs an admin peer "
-                                        "(--admin_uids/--admin_gids)"));
-  }
+  WC_RETURN_IF_ERROR(Authorize(caller, Verb::kEvict, {}));
   // The entries to evict: every device's entry of the fingerprint, or of the spec.
   std::vector<cache::Key> keys;
   std::set<std::string> other_names;
@@ -774,7 +782,7 @@ void Daemon::Impl::Status(const Caller& caller, v1::StatusResponse* resp) {
   auto visible = [&](const std::string& name) {
     if (!filtered) return true;
     auto [it, fresh] = may_map.try_emplace(name, false);
-    if (fresh) it->second = MayMap(caller, name).ok();
+    if (fresh) it->second = policy_->Decide(caller, Verb::kStatus, ModelObject(name)).allowed;
     return it->second;
   };
   resp->set_version(kVersion);
@@ -881,7 +889,7 @@ void Daemon::Impl::Status(const Caller& caller, v1::StatusResponse* resp) {
   }
 }
 
-absl::StatusOr<Daemon::Impl::Caller> Daemon::Impl::CallerOf(const std::string& grpc_peer) {
+absl::StatusOr<Caller> Daemon::Impl::CallerOf(const std::string& grpc_peer) {
   std::optional<Caller> c = control_ ? control_->PeerOf(grpc_peer) : std::nullopt;
   if (!c) {
     return absl::PermissionDeniedError("control connection of an unknown peer (" + grpc_peer + ")");
@@ -896,32 +904,32 @@ absl::StatusOr<Daemon::Impl::Caller> Daemon::Impl::CallerOf(const std::string& g
   return *c;
 }
 
-bool Daemon::Impl::IsAdmin(const Caller& c) const {
-  // Slot sockets (--namespace_rules) serve engine pods: admin is a role of the shared socket.
-  if (!c.slot.empty()) return false;
-  if (options_.admin_uids.empty() && options_.admin_gids.empty()) return c.cred.uid == ::geteuid();
-  const auto& u = options_.admin_uids;
-  const auto& g = options_.admin_gids;
-  return std::find(u.begin(), u.end(), c.cred.uid) != u.end() ||
-         std::find(g.begin(), g.end(), c.cred.gid) != g.end();
-}
-
-absl::StatusOr<PublishManager*> Daemon::Impl::Publisher(const Caller& caller) {
-  if (!publishes_.MayPublish(caller.cred)) {
-    return Refuse("publish", absl::StrCat("uid ", caller.cred.uid, " (gid ", caller.cred.gid,
-                                          ") may not publish weights: that needs a peer in "
-                                          "--publish_uids/--publish_gids (default: the daemon's "
-                                          "own uid)"));
-  }
+absl::StatusOr<PublishManager*> Daemon::Impl::Publisher(const Caller& caller,
+                                                        const std::string& model) {
+  Object o = model.empty() ? Object{} : ModelObject(model);
+  o.model = model;
+  WC_RETURN_IF_ERROR(Authorize(caller, Verb::kPublish, o));
   return &publishes_;
 }
 
-absl::Status Daemon::Impl::MayMap(const Caller& caller, const std::string& model) {
-  if (!rules_) return absl::OkStatus();
-  const std::optional<spec::ModelSpec> spec = models_.Spec(model);
-  if (!spec) return absl::OkStatus();
-  return rules_->MayMap({caller.slot, caller.accepted, IsAdmin(caller)}, model,
-                        spec->allowed_namespaces);
+Object Daemon::Impl::ModelObject(const std::string& name) const {
+  Object o;
+  o.model = name;
+  if (const std::optional<spec::ModelSpec> spec = models_.Spec(name)) {
+    o.allowed_namespaces = spec->allowed_namespaces;
+  }
+  return o;
+}
+
+absl::Status Daemon::Impl::Check(const Caller& caller, Verb verb, const Object& object) const {
+  const Decision d = policy_->Decide(caller, verb, object);
+  return d.allowed ? absl::OkStatus() : absl::PermissionDeniedError(d.reason);
+}
+
+absl::Status Daemon::Impl::Authorize(const Caller& caller, Verb verb, const Object& object) {
+  const Decision d = policy_->Decide(caller, verb, object);
+  if (d.allowed) return absl::OkStatus();
+  return Refuse(d.rule, d.reason);
 }
 
 absl::Status Daemon::Impl::Refuse(const std::string& rule, const std::string& message) {
@@ -995,6 +1003,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
 Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Daemon::~Daemon() = default;
 std::string Daemon::control_socket() const { return impl_->control_path(); }
+std::string Daemon::admin_socket() const { return impl_->admin_path(); }
 std::string Daemon::handle_socket() const { return impl_->handle_path(); }
 std::pair<bool, std::string> Daemon::Readiness() const { return impl_->Readiness(); }
 const metrics::StateSource* Daemon::state_source() const { return impl_.get(); }

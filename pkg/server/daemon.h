@@ -74,15 +74,20 @@ struct DaemonOptions {
   // Who may connect (control and handle sockets, SO_PEERCRED); empty: anyone who can reach
   // the sockets (their modes and --socket_gid decide).
   std::vector<uid_t> allowed_uids;
-  // Admin peers: define or load inline specs, evict, end other peers' leases. Engines (any
-  // allowed peer) acquire, release their own leases, load known specs and read status.
-  // Both empty: the daemon's own uid only.
+  // Roles are granted, never implied (policy.h has the table). Admin: define inline specs,
+  // evict, end other peers' leases; publisher: BeginPublish. Engines (any allowed peer)
+  // acquire, release their own leases, load known specs and read status.
+  // The admin socket's directory (created 0700; control.sock in it): every peer there is
+  // admin and publisher. It must be a directory that no engine pod mounts. Empty: none.
+  std::string admin_socket_dir;
+  // On the engine socket (<socket_dir>/control.sock) only: admins and publishers by uid or
+  // primary gid. All empty: nobody (the daemon's own uid and root included).
   std::vector<uid_t> admin_uids;
   std::vector<gid_t> admin_gids;
-  // Who may publish weights (BeginPublish): these uids, or peers whose primary gid is one
-  // of these gids. Both empty: the daemon's own uid only.
   std::vector<uid_t> publish_uids;
   std::vector<gid_t> publish_gids;
+  // Namespace rules on: pods of these namespaces may publish through their slot socket.
+  std::vector<std::string> publish_namespaces;
   // Model directories must resolve (symlinks followed) under one of these; empty: anywhere.
   std::vector<std::string> model_roots;
   // Control connections open at once, in all and per peer uid (see ControlListener).
@@ -127,6 +132,7 @@ class Daemon {
   Daemon& operator=(const Daemon&) = delete;
 
   std::string control_socket() const;
+  std::string admin_socket() const;  // "" without one
   std::string handle_socket() const;
   // Ready when every preloaded model is ready or failed for good; the reason otherwise.
   std::pair<bool, std::string> Readiness() const;

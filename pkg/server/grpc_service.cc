@@ -63,11 +63,10 @@ class GrpcService final : public v1::WeightCache::Service {
                             v1::BeginPublishResponse* resp) override {
     auto caller = impl_->CallerOf(ctx->peer());
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
-    auto publisher = impl_->Publisher(*caller);
+    // The publish rule, and the base model's map rule (published weights are served under
+    // its name).
+    auto publisher = impl_->Publisher(*caller, req->model());
     if (!publisher.ok()) return ToGrpc(ctx, publisher.status());
-    // Published weights are served under the base model's name: its rule guards who may
-    // publish them too.
-    if (auto s = impl_->MayMap(*caller, req->model()); !s.ok()) return ToGrpc(ctx, s);
     return ToGrpc(ctx, (*publisher)->Begin(caller->cred, caller->slot, *req, resp));
   }
 
@@ -75,7 +74,7 @@ class GrpcService final : public v1::WeightCache::Service {
                              v1::CommitPublishResponse* resp) override {
     auto caller = impl_->CallerOf(ctx->peer());
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
-    auto publisher = impl_->Publisher(*caller);
+    auto publisher = impl_->Publisher(*caller, "");
     if (!publisher.ok()) return ToGrpc(ctx, publisher.status());
     return ToGrpc(ctx, (*publisher)->Commit(caller->cred, caller->slot, *req, resp));
   }
@@ -84,7 +83,7 @@ class GrpcService final : public v1::WeightCache::Service {
                             v1::AbortPublishResponse*) override {
     auto caller = impl_->CallerOf(ctx->peer());
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
-    auto publisher = impl_->Publisher(*caller);
+    auto publisher = impl_->Publisher(*caller, "");
     if (!publisher.ok()) return ToGrpc(ctx, publisher.status());
     return ToGrpc(ctx, (*publisher)->Abort(caller->cred, caller->slot, *req));
   }

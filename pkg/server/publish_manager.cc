@@ -193,14 +193,6 @@ PublishManager::~PublishManager() {
   for (auto& [id, s] : sessions) s->Decide(absl::CancelledError("the daemon is shutting down"));
 }
 
-bool PublishManager::MayPublish(const PeerCred& peer) const {
-  const auto& u = options_.publish_uids;
-  const auto& g = options_.publish_gids;
-  if (u.empty() && g.empty()) return peer.uid == ::geteuid();
-  return std::find(u.begin(), u.end(), peer.uid) != u.end() ||
-         std::find(g.begin(), g.end(), peer.gid) != g.end();
-}
-
 void PublishManager::Count(const std::string& model, const std::string& result) {
   if (options_.metrics != nullptr) options_.metrics->OnPublish(model, result);
 }

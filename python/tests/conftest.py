@@ -101,11 +101,15 @@ class Daemon:
         self.log = root / "weightcached.log"
         spec = root / "models.json"
         spec.write_text(json.dumps({"models": [dict(version=1, **m) for m in models]}))
+        # Roles are granted, never implied: this uid may publish on the engine socket; admin
+        # operations go through the admin socket (<socket_dir>-admin).
         argv = [str(WEIGHTCACHED), f"--socket_dir={self.socket}/s", "--backend=host",
-                "--metrics_address=off", f"--spec_file={spec}", *extra]
+                "--metrics_address=off", f"--spec_file={spec}", f"--publish_uids={os.getuid()}",
+                *extra]
         self.argv = argv
         self.proc = subprocess.Popen(argv, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)
         self.socket += "/s"
+        self.admin_socket = self.socket + "-admin"
 
     def restart(self) -> None:
         """Stops this daemon (SIGTERM) and starts it again on the same socket dir."""

@@ -38,7 +38,7 @@ def test_load_verify_evict(daemon):
     v = cli("--socket", daemon.socket, "verify", "other", "--tp-size", "2")
     assert v.returncode == 0, v.stdout + v.stderr
     assert "every tensor equals the checkpoint" in v.stdout
-    e = cli("--socket", daemon.socket, "evict", "other")
+    e = cli("--socket", daemon.admin_socket, "evict", "other")  # the operator's socket
     assert e.returncode == 0 and e.stdout.startswith("evicted "), e.stderr
     assert int(e.stdout.split()[1]) >= 1
 

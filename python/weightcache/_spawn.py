@@ -91,7 +91,11 @@ def ensure_daemon(timeout: float) -> str:
         log_path = d / "weightcached.log"
         with open(log_path, "ab") as logf:
             proc = subprocess.Popen(
-                [binary, f"--socket_dir={sock}", "--backend=auto", "--metrics_address=off"],
+                # A private daemon in the caller's own directory: the caller is its admin
+                # (inline specs) and publisher; no admin socket beside it.
+                [binary, f"--socket_dir={sock}", "--backend=auto", "--metrics_address=off",
+                 f"--admin_uids={os.getuid()}", f"--publish_uids={os.getuid()}",
+                 "--admin_socket_dir=none"],
                 stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)
         (d / "weightcached.pid").write_text(f"{proc.pid}\n")
         deadline = time.monotonic() + min(timeout, 60)

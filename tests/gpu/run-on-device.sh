@@ -63,6 +63,7 @@ tdir=$(mktemp -d /tmp/wc-torch.XXXXXX)
 if step build_torch_test 300 bash "$root/tests/gpu/build-torch-test.sh" "$tdir/wc_torch_gpu_test"; then
   "$carry/bin/weightcachectl" demo-checkpoint "$tdir/demo" >/dev/null
   "$carry/bin/weightcached" --socket_dir="$tdir/s" --backend=cuda --metrics_address=off \
+    --admin_uids="$(id -u)" \
     --model="name=demo,model_dir=$tdir/demo" >"$tdir/daemon.log" 2>&1 &
   dpid=$!
   for _ in $(seq 200); do [[ -S $tdir/s/control.sock ]] && break; sleep 0.1; done

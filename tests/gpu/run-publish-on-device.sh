@@ -30,6 +30,7 @@ timeout 600 "$PY" "$root/tests/gpu/python_parity.py" make "$work/models" || exit
 section "weightcached (cuda)"
 LD_LIBRARY_PATH=$carry/lib "$carry/bin/weightcached" --socket_dir="$work/s" --backend=cuda \
   --metrics_address=off --preload=false --spec_file="$work/models/specs.json" \
+  --publish_uids="$(id -u)" \
   >"$OUT/weightcached.log" 2>&1 &
 daemon=$!
 trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null' EXIT

@@ -36,6 +36,12 @@ absl::StatusOr<StartedDaemon> StartDaemon(
                                      ReadFileOrEmpty(log_path));
 }
 
+std::unique_ptr<client::Client> AdminClient(const std::string& socket_dir) {
+  auto c = client::Client::Connect(socket_dir + "-admin/control.sock");
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
 v1::StatusResponse WaitForStatus(client::Client& c,
                                  const std::function<bool(const v1::StatusResponse&)>& pred,
                                  std::chrono::milliseconds timeout) {

@@ -29,6 +29,10 @@ absl::StatusOr<StartedDaemon> StartDaemon(
     const std::string& log_path, const std::function<bool(const v1::StatusResponse&)>& ready = {},
     std::chrono::milliseconds timeout = std::chrono::seconds(20));
 
+// A client on the admin socket of the daemon serving `socket_dir` (weightcached's default
+// --admin_socket_dir, <socket_dir>-admin): the operator, who may evict and define specs.
+std::unique_ptr<client::Client> AdminClient(const std::string& socket_dir);
+
 // Polls `c`'s Status until `pred` holds (bounded by `timeout`); the last status either way,
 // with a test failure added when the condition was not reached.
 v1::StatusResponse WaitForStatus(client::Client& c,

@@ -265,13 +265,16 @@ TEST_F(DaemonTest, TwoNamesOverOneCheckpointShareAnEntryAndEitherNameEvictsIt) {
       WaitStatus([](const auto& s) { return s.entries_size() == 1 && Leases(s, "tiny") == 0; }, 5s);
   EXPECT_EQ(st.entries(0).model(), "tiny");
   EXPECT_FALSE(st.has_staging());  // host backend: no pinned staging memory to report
-  // Evicting by the second name drops the shared entry (it used to find nothing).
-  auto n = client_->Evict("alias", "");
+  // Evicting by the second name drops the shared entry (it used to find nothing). Evict is
+  // the operator's, on the admin socket.
+  auto admin = testing::AdminClient(socket_dir_);
+  ASSERT_TRUE(admin);
+  auto n = admin->Evict("alias", "");
   ASSERT_TRUE(n.ok()) << n.status();
   EXPECT_EQ(*n, 1u);
   WaitStatus([](const auto& s) { return s.entries_size() == 0; }, 5s);
   // An unknown name is an error naming the known ones, not "nothing to evict".
-  auto unknown = client_->Evict("nope", "");
+  auto unknown = admin->Evict("nope", "");
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(unknown.status().message().find("known: alias, tiny"), absl::string_view::npos)
       << unknown.status();

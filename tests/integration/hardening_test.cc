@@ -99,7 +99,7 @@ TEST_F(HardeningTest, AnotherUidCannotRedefineEvictOrEndOthersLeases) {
   ASSERT_EQ(st->entries_size(), 1);
   EXPECT_EQ(st->entries(0).leases_size(), 1);  // still root's
   EXPECT_EQ(st->entries(0).model(), "m");
-  // Root (the admin by default) may.
+  // Root, its owner, may.
   EXPECT_TRUE(client_->Release((*lease)->id()).ok());
 }
 
@@ -111,8 +111,10 @@ TEST_F(HardeningTest, ModelDirectoriesMustLieUnderTheRoots) {
   o.model = "m";
   o.load_on_miss = true;
   EXPECT_TRUE(client_->Acquire(o).ok());
-  // A spec whose dir is a link out of the roots: refused, naming the rule and the target.
-  auto s = client_->Load("", "name: escape\nmodel_dir: " + dir_ / "models/link\n", {});
+  // A spec whose dir is a link out of the roots, even from the operator (admin socket):
+  // refused, naming the rule and the target.
+  auto s = testing::AdminClient(socket_dir())
+               ->Load("", "name: escape\nmodel_dir: " + dir_ / "models/link\n", {});
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   EXPECT_THAT(std::string(s.message()), HasSubstr("is not under the daemon's --model_roots"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("resolves to " + dir_ / "elsewhere"));

@@ -217,7 +217,9 @@ TEST_F(IdentityTest, IdentitySurvivesARestartWithoutHashingAgain) {
   EXPECT_EQ(st.hashed_bytes(), size);
   const std::string fp = st.entries(0).fingerprint();
   struct stat store {};
-  ASSERT_EQ(::stat((socket_dir() + "/state/digests.json").c_str(), &store), 0);
+  // Beside the socket dir that engines mount, never in it.
+  ASSERT_EQ(::stat((socket_dir() + "-state/digests.json").c_str(), &store), 0);
+  EXPECT_FALSE(std::filesystem::exists(socket_dir() + "/state"));
   EXPECT_EQ(store.st_mode & 0777, 0600u);
   Stop();
   Start("models:\n" + Spec("m", "a"));
@@ -279,8 +281,11 @@ TEST_F(IdentityTest, NamesSharingAnEntryAndEvictionByExactSpec) {
   EXPECT_EQ((*by_alias)->model(), "alias");
   by_alias->reset();
 
-  // evict llama-tp2: its two ranks only, never the tp 1 entry.
-  auto tp2 = client_->EvictDetailed("llama-tp2", "");
+  // evict llama-tp2 (the operator, on the admin socket): its two ranks only, never the tp 1
+  // entry.
+  auto admin = testing::AdminClient(socket_dir());
+  ASSERT_TRUE(admin);
+  auto tp2 = admin->EvictDetailed("llama-tp2", "");
   ASSERT_TRUE(tp2.ok()) << tp2.status();
   EXPECT_EQ(tp2->evicted(), 2u);
   EXPECT_EQ(tp2->other_names_size(), 0);
@@ -290,7 +295,7 @@ TEST_F(IdentityTest, NamesSharingAnEntryAndEvictionByExactSpec) {
   // drains (visible, with its lease and bytes) until the lease ends.
   auto held = Acquire("llama");
   ASSERT_TRUE(held.ok());
-  auto ev = client_->EvictDetailed("alias", "");
+  auto ev = admin->EvictDetailed("alias", "");
   ASSERT_TRUE(ev.ok()) << ev.status();
   EXPECT_EQ(ev->evicted(), 1u);
   EXPECT_EQ(ev->draining(), 1u);

@@ -80,7 +80,8 @@ class KeeperTest : public ::testing::Test {
             "--backend=host",
             "--metrics_address=off",
             "--keeper_socket=" + keeper_sock(),
-            "--model=name=m,model_dir=" + dir_ / "m"};
+            "--model=name=m,model_dir=" + dir_ / "m",
+            "--publish_uids=" + std::to_string(::geteuid())};  // a publisher of one test
   }
 
   // Starts weightcached; returns once `m` is ready.

@@ -181,7 +181,7 @@ TEST_F(MultiDeviceTest, CopyPolicyServesAnotherDevicesRankByAPeerCopy) {
   on_a->reset();
   on_b->reset();
   again->reset();
-  ASSERT_TRUE(client_->Evict("tiny", "").ok());
+  ASSERT_TRUE(testing::AdminClient(socket_dir_)->Evict("tiny", "").ok());  // the operator
   // Entries whose leases the daemon has not yet seen end are draining until it does.
   testing::WaitForStatus(
       *client_, [](const v1::StatusResponse &s) { return s.entries_size() == 0; },

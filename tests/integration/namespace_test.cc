@@ -122,14 +122,14 @@ class NamespaceRulesTest : public ::testing::Test {
     kubelet_->Assign("weightcache-1", "team-a", "engine-a");
     kubelet_->Assign("weightcache-3", "team-b", "engine-0");
     // --admin_uids names someone else: this test's own uid is an engine on the shared socket.
-    auto d =
-        testing::StartDaemon({WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir(), "--backend=host",
-                              "--metrics_address=127.0.0.1:0", "--spec_file=" + dir_ / "specs.yaml",
-                              "--namespace_rules", "--device_plugin_slots=4",
-                              "--pod_resources_socket=" + dir_ / "pr.sock", "--admin_uids=4242"},
-                             socket_dir(), dir_ / "daemon.log", [](const v1::StatusResponse& s) {
-                               return s.entries_size() == 1 && s.entries(0).state() == "ready";
-                             });
+    auto d = testing::StartDaemon(
+        {WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir(), "--backend=host",
+         "--metrics_address=127.0.0.1:0", "--spec_file=" + dir_ / "specs.yaml", "--namespace_rules",
+         "--device_plugin_slots=4", "--pod_resources_socket=" + dir_ / "pr.sock",
+         "--admin_uids=4242", "--publish_namespaces=team-a,team-b"},
+        socket_dir(), dir_ / "daemon.log", [](const v1::StatusResponse& s) {
+          return s.entries_size() == 1 && s.entries(0).state() == "ready";
+        });
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = std::move(d->process);
     shared_ = std::move(d->client);
@@ -409,6 +409,37 @@ TEST_F(NamespaceRulesTest, APublishIsBoundToTheSlotItWasBegunOn) {
     grpc::ClientContext ctx;
     grpc::Status s = a->AbortPublish(&ctx, abort, &aborted);
     EXPECT_TRUE(s.ok()) << s.error_message();
+  }
+}
+
+// Attack (issue 25): with the namespace rules on, a root pod on any slot could BeginPublish
+// bytes of its choice for an open model, and every other tenant's acquire_or_publish of
+// that recipe then mapped them. Answer: publishing is granted per namespace
+// (--publish_namespaces: team-a and team-b here); a pod of another namespace is refused,
+// and so is a slot no pod holds.
+TEST_F(NamespaceRulesTest, OnlyPodsOfGrantedNamespacesPublish) {
+  kubelet_->Assign("weightcache-2", "team-c", "intruder");
+  v1::BeginPublishRequest begin;
+  begin.set_model("open");
+  begin.mutable_layout()->set_tp_size(1);
+  begin.mutable_env()->set_engine("testengine");
+  begin.mutable_env()->set_recipe("poisoned");
+  auto* t = begin.add_tensors();
+  t->set_name("w");
+  t->set_dtype("F32");
+  t->add_shape(256);
+  t->set_nbytes(1024);
+  for (int slot : {2, 0}) {
+    auto stub = v1::WeightCache::NewStub(grpc::CreateChannel(
+        "unix:" + slot_dir(slot) + "/control.sock", grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::BeginPublishResponse begun;
+    grpc::Status s = stub->BeginPublish(&ctx, begin, &begun);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << "slot " << slot;
+    EXPECT_THAT(s.error_message(), HasSubstr("may not publish weights")) << slot;
+    EXPECT_THAT(s.error_message(), HasSubstr(slot == 2 ? "(team-c/intruder) is in 'team-c'"
+                                                       : "could not be identified"));
+    EXPECT_TRUE(begun.token().empty());
   }
 }
 

@@ -32,10 +32,15 @@ class PublishTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", testing::SmallLlama()).ok());
   }
+  // The publish role is granted, never implied: this test's uid gets it on the engine socket.
   void Start(std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv{WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir(),
-                                  "--backend=host",  "--metrics_address=off",
-                                  "--preload=false", "--model=name=m,model_dir=" + dir_ / "m"};
+    std::vector<std::string> argv{WEIGHTCACHED_PATH,
+                                  "--socket_dir=" + socket_dir(),
+                                  "--backend=host",
+                                  "--metrics_address=off",
+                                  "--preload=false",
+                                  "--model=name=m,model_dir=" + dir_ / "m",
+                                  "--publish_uids=" + std::to_string(::geteuid())};
     argv.insert(argv.end(), extra.begin(), extra.end());
     auto d = testing::StartDaemon(argv, socket_dir(), dir_ / "daemon.log");
     ASSERT_TRUE(d.ok()) << d.status();
@@ -194,7 +199,8 @@ TEST_F(PublishTest, AnotherUidMayNotPublishUnlessAllowed) {
   auto pub = Publisher("r1", 8, "commit", nobody);
   auto line = pub->WaitFor("ERROR", 20s).value_or("");
   EXPECT_THAT(line, StartsWith("ERROR PERMISSION_DENIED"));
-  EXPECT_THAT(line, HasSubstr("uid 65534 (gid 65534) may not publish weights"));
+  EXPECT_THAT(line,
+              HasSubstr("uid 65534 (gid 65534) on the engine socket may not publish weights"));
   EXPECT_THAT(line, HasSubstr("--publish_uids/--publish_gids"));
   EXPECT_EQ(WaitForEntries(0).entries_size(), 0);
 }

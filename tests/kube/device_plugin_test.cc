@@ -388,7 +388,7 @@ TEST_F(DevicePluginTest, AllocateMountsSocketDirAndSetsEnv) {
     ASSERT_EQ(c.mounts_size(), 1);
     EXPECT_EQ(c.mounts(0).host_path(), "/run/wc-host");
     EXPECT_EQ(c.mounts(0).container_path(), "/run/weightcache");
-    EXPECT_FALSE(c.mounts(0).read_only());
+    EXPECT_TRUE(c.mounts(0).read_only());  // engines cannot replace the sockets
     ASSERT_EQ(c.envs().count("WEIGHTCACHE_SOCKET"), 1u);
     EXPECT_EQ(c.envs().at("WEIGHTCACHE_SOCKET"), "/run/weightcache/control.sock");
     EXPECT_EQ(c.devices_size(), 0);
@@ -425,7 +425,7 @@ TEST_F(DevicePluginTest, PerSlotDirsMountEachContainersOwnSlotDirectory) {
     EXPECT_EQ(c.mounts(0).host_path(), want[i]);
     // The slot's directory appears where the shared one did: the client needs no change.
     EXPECT_EQ(c.mounts(0).container_path(), "/run/weightcache");
-    EXPECT_FALSE(c.mounts(0).read_only());
+    EXPECT_TRUE(c.mounts(0).read_only());  // engines cannot replace the sockets
     EXPECT_EQ(c.envs().at("WEIGHTCACHE_SOCKET"), "/run/weightcache/control.sock");
   }
   EXPECT_EQ(SlotSocketDir("/run/wc-host", DeviceId(3)), "/run/wc-host/slots/weightcache-3");

@@ -85,7 +85,12 @@ for helm in "${helms[@]}"; do
     expect "flag $flag" has "$ds" "^            - ${flag}\$"
   done
   expect "no --memory_budget by default" lacks "$ds" 'memory-budget'
-  expect "no admin uids by default (the daemon's own)" lacks "$ds" 'admin_'
+  # Roles are granted, never implied: no role flag for the engine socket by default, the
+  # admin socket in the daemon's own emptyDir, daemon state outside the engines' socket dir.
+  expect "no admin or publish uids by default" lacks "$ds" '_uids=|_gids=|publish_namespaces'
+  expect "admin socket in the daemon's own directory" has "$ds" '^            - --admin_socket_dir=/run/weightcache-admin$'
+  expect "admin socket dir is an emptyDir" after "$ds" '- name: admin-socket$' 1 'emptyDir: \{\}'
+  expect "digest store outside the socket dir" has "$ds" '^            - --digest_store=/var/lib/weightcache/digests.json$'
   expect "no keeper by default" has "$ds" '^            - --keeper_socket=off$'
   expect "metrics port" has "$ds" 'containerPort: 9464$'
   expect "liveness /healthz" after "$ds" 'livenessProbe:' 4 'path: /healthz'
@@ -112,6 +117,11 @@ for helm in "${helms[@]}"; do
   expect "model roots" has "$ds" '^            - --model_roots=/models,/scratch/models$'
   expect "admin uids" has "$ds" '^            - --admin_uids=0,1000$'
   expect "admin gids" has "$ds" '^            - --admin_gids=2000$'
+  expect "publish uids" has "$ds" '^            - --publish_uids=1000$'
+  expect "publish gids" has "$ds" '^            - --publish_gids=3000$'
+  expect "publish namespaces" has "$ds" '^            - --publish_namespaces=team-a$'
+  expect "admin socket dir" has "$ds" '^            - --admin_socket_dir=/run/wc-admin$'
+  expect "state dir" has "$ds" '^            - --digest_store=/var/lib/wc-state/digests.json$'
   expect "models PVC" after "$ds" 'persistentVolumeClaim:$' 1 'claimName: model-store$'
   expect "custom kubelet dir" after "$ds" 'hostPath:$' 1 'path: /var/lib/k0s/kubelet/device-plugins$'
   expect "slots flag" has "$ds" '- --device_plugin_slots=16$'

@@ -31,6 +31,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "pkg/server/caller.h"
 #include "pkg/server/internal/connection_relay.h"
 #include "pkg/util/mutex.h"
 #include "pkg/util/scoped_fd.h"
@@ -49,6 +50,9 @@ class ControlListener {
       std::string path;
     };
     std::vector<SlotSocket> slot_sockets;
+    // The admin socket (created 0600; removed by the destructor); empty: none. Its
+    // connections are SocketKind::kAdmin (policy.h).
+    std::string admin_path;
     std::vector<uid_t> allowed_uids;  // empty: anyone who can reach the socket
     // Connections open at once: past `max_connections` new ones are closed at once; a uid
     // past `max_connections_per_uid` is served only RESOURCE_EXHAUSTED answers (see
@@ -64,13 +68,7 @@ class ControlListener {
   ControlListener(const ControlListener&) = delete;
   ControlListener& operator=(const ControlListener&) = delete;
 
-  struct Caller {
-    PeerCred cred;
-    bool over_cap = false;  // this uid held max_connections_per_uid already
-    size_t uid_connections = 0;
-    std::string slot;  // the slot socket it came in on; empty: the shared control.sock
-    std::chrono::steady_clock::time_point accepted;
-  };
+  using Caller = server::Caller;
   // The caller behind gRPC's peer string ("fd:N"); nullopt when unknown.
   std::optional<Caller> PeerOf(const std::string& grpc_peer) const;
 
@@ -90,6 +88,7 @@ class ControlListener {
   struct Listening {
     ScopedFd fd;
     std::string slot;  // empty: the shared socket
+    SocketKind kind = SocketKind::kEngine;
   };
   ControlListener(Options options, std::vector<Listening> listening, ScopedFd wake,
                   std::unique_ptr<ConnectionRelay> relay, grpc::Server* server);

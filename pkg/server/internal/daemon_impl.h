@@ -34,6 +34,7 @@
 #include "pkg/server/internal/model_catalog.h"
 #include "pkg/server/internal/publish_manager.h"
 #include "pkg/server/namespace_rules.h"
+#include "pkg/server/policy.h"
 #include "pkg/util/mutex.h"
 #include "weightcache/v1/weightcache.pb.h"
 
@@ -58,9 +59,16 @@ class Daemon::Impl final : public metrics::StateSource {
   // Who calls: the control connection's peer (gRPC's peer string "fd:N"). PERMISSION_DENIED
   // for an unknown connection, RESOURCE_EXHAUSTED (counted) for a uid over its connection
   // cap. Every RPC starts here.
-  using Caller = ControlListener::Caller;
   absl::StatusOr<Caller> CallerOf(const std::string& grpc_peer);
-  bool IsAdmin(const Caller& c) const;
+
+  // Every RPC's authorization: the policy's decision (policy.h), refused as
+  // PERMISSION_DENIED naming the rule (counted in metrics, logged).
+  absl::Status Authorize(const Caller& caller, Verb verb, const Object& object);
+  // The same decision, not counted as a refusal: for Acquire, whose result metric counts it.
+  absl::Status Check(const Caller& caller, Verb verb, const Object& object) const;
+  // The object of a verb on model `name`: its spec's namespace list when known.
+  Object ModelObject(const std::string& name) const;
+  bool IsAdmin(const Caller& c) const { return policy_->IsAdmin(c); }
 
   absl::Status Acquire(const Caller& caller, const v1::AcquireRequest& req,
                        v1::AcquireResponse* resp, std::string* model,
@@ -73,12 +81,10 @@ class Daemon::Impl final : public metrics::StateSource {
   // What `caller` may see: with --namespace_rules, the models it may map (daemon.cc).
   void Status(const Caller& caller, v1::StatusResponse* resp);
   std::pair<bool, std::string> Readiness() const;
-  // The publish RPCs' unit (publish_manager.h), once the caller passed the publish rule
-  // (--publish_uids/--publish_gids); PERMISSION_DENIED naming the rule otherwise (counted).
-  absl::StatusOr<PublishManager*> Publisher(const Caller& caller);
-  // The namespace rule of `model` for `caller` (namespace_rules.h); OK when the rules are off
-  // or the model is unknown (its lookup says so later).
-  absl::Status MayMap(const Caller& caller, const std::string& model);
+  // The publish RPCs' unit (publish_manager.h), once the caller passed the publish rule for
+  // `model` (empty: commit and abort, which the session's owner checks bind); PERMISSION_DENIED
+  // naming the rule otherwise (counted).
+  absl::StatusOr<PublishManager*> Publisher(const Caller& caller, const std::string& model);
 
   // metrics::StateSource
   std::vector<metrics::EntrySnapshot> Entries() const override;
@@ -87,6 +93,7 @@ class Daemon::Impl final : public metrics::StateSource {
 
   const DaemonOptions& options() const { return options_; }
   std::string control_path() const;
+  std::string admin_path() const;  // "" without an admin socket
   std::string handle_path() const;
 
  private:
@@ -139,6 +146,8 @@ class Daemon::Impl final : public metrics::StateSource {
   // --namespace_rules: null when off. The slots' sockets are served by handles_ and control_.
   std::unique_ptr<NamespaceRules> rules_;
   std::vector<SlotSockets> slots_;
+  // Who may do what (policy.h); made in Start(), once the namespace rules exist.
+  std::unique_ptr<Policy> policy_;
 
   std::unique_ptr<HandleChannel> handles_;
   std::unique_ptr<ControlListener> control_;  // destroyed before grpc_ (Teardown)

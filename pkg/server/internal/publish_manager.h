@@ -57,12 +57,9 @@ class PublishManager {
   PublishManager(const PublishManager&) = delete;
   PublishManager& operator=(const PublishManager&) = delete;
 
-  // Whether `peer` may publish (--publish_uids/--publish_gids; both empty: the daemon's uid).
-  bool MayPublish(const PeerCred& peer) const;
-
-  // The RPCs; the caller has checked MayPublish. `slot`: the socket the call came in on
-  // (empty: the shared one). Commit and abort only by the uid that began, on the socket it
-  // began on; the token is claimable only on the handle socket beside that one.
+  // The RPCs; the caller has passed the policy's publish rule (policy.h). `slot`: the socket the
+  // call came in on (empty: the shared one). Commit and abort only by the uid that began, on the
+  // socket it began on; the token is claimable only on the handle socket beside that one.
   absl::Status Begin(const PeerCred& caller, const std::string& slot,
                      const v1::BeginPublishRequest& req, v1::BeginPublishResponse* resp);
   absl::Status Commit(const PeerCred& caller, const std::string& slot,

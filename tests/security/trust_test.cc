@@ -1,0 +1,141 @@
+// The node's trust boundary, one attack per test (issue 25). The attacker is an engine pod
+// running as root (the common case) with the mount the device plugin gives it; the daemon
+// runs with the Helm chart's default flags. Each test states the attack, then the answer.
+// The pure rule table is pkg/server/policy_test.cc; slot publishing by namespace is
+// tests/integration/namespace_test.cc.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "pkg/safetensors/writer.h"
+#include "tests/integration/daemon_harness.h"
+#include "tests/integration/process.h"
+#include "tests/testutil/temp_dir.h"
+
+namespace weightcache {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+using testing::Process;
+using testing::TempDir;
+
+class TrustTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", testing::SmallLlama()).ok());
+  }
+  // The chart's defaults as flags: no role flag at all.
+  void Start() {
+    auto d = testing::StartDaemon(
+        {WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir(), "--backend=host",
+         "--metrics_address=off", "--model=name=m,model_dir=" + dir_ / "m"},
+        socket_dir(), dir_ / "daemon.log",
+        [](const auto& s) { return s.entries_size() == 1 && s.entries(0).state() == "ready"; });
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = std::move(d->process);
+    client_ = std::move(d->client);
+  }
+  testing::ToolRun Ctl(const std::string& socket, std::vector<std::string> args) {
+    args.insert(args.begin(), {WEIGHTCACHECTL_PATH, "--socket=" + socket});
+    return testing::RunTool(args, dir_ / "ctl.err");
+  }
+  std::string socket_dir() const { return dir_ / "s"; }
+
+  TempDir dir_;
+  std::unique_ptr<Process> daemon_;
+  std::unique_ptr<client::Client> client_;
+};
+
+// Attack: a root engine on the shared engine socket evicts everyone's weights, redefines a
+// model to point at its own directory, and publishes bytes of its choice for the others to
+// map (before: root was admin and publisher by default, as the daemon's own uid).
+// Answer: no role is implied; the operator's admin socket lies outside the engines' mount.
+TEST_F(TrustTest, ARootEngineIsNeitherAdminNorPublisherByDefault) {
+  if (::geteuid() != 0) GTEST_SKIP() << "the attacker is root: run as root";
+  Start();
+  const std::string engine = socket_dir() + "/control.sock";
+  testing::ToolRun evict = Ctl(engine, {"evict", "m"});
+  EXPECT_EQ(evict.rc, 2) << evict.out;
+  EXPECT_THAT(evict.out, HasSubstr("uid 0 (gid 0) on the engine socket may not evict"));
+  EXPECT_THAT(evict.out, HasSubstr("refused on " + engine));
+  std::filesystem::create_directories(dir_ / "evil");
+  std::ofstream(dir_ / "evil.yaml") << "name: m\nmodel_dir: " << dir_ / "evil"
+                                    << "\n";
+  testing::ToolRun redefine = Ctl(engine, {"--spec=" + dir_ / "evil.yaml", "load"});
+  EXPECT_EQ(redefine.rc, 2) << redefine.out;
+  EXPECT_THAT(redefine.out, HasSubstr("may not define models"));
+  Process publisher({PUBLISH_CLIENT_PATH, socket_dir(), "m", "poisoned", "3", "commit"},
+                    dir_ / "publisher.err");
+  const std::string line = publisher.WaitFor("ERROR", 20s).value_or("");
+  EXPECT_THAT(line, HasSubstr("PERMISSION_DENIED"));
+  EXPECT_THAT(line, HasSubstr("may not publish weights"));
+  publisher.CloseStdin();
+  publisher.Wait();
+  // Nothing changed: one entry, the disk's, still served.
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->entries_size(), 1);
+  EXPECT_EQ(st->entries(0).source(), "disk");
+  EXPECT_EQ(st->entries(0).state(), "ready");
+
+  // The operator's socket: beside the engines' directory (never inside what they mount),
+  // the daemon's alone, and admin there.
+  const std::string admin_dir = socket_dir() + "-admin";
+  struct stat ds {};
+  ASSERT_EQ(::stat(admin_dir.c_str(), &ds), 0);
+  EXPECT_EQ(ds.st_mode & 0777, 0700u);
+  EXPECT_EQ(ds.st_uid, ::geteuid());
+  testing::ToolRun admin = Ctl(admin_dir, {"evict", "m"});
+  EXPECT_EQ(admin.rc, 0) << admin.out;
+}
+
+// Attack: with the socket directory mounted read-write, a root engine (it keeps
+// CAP_DAC_OVERRIDE) unlinks control.sock and binds its own: later engines map its weights.
+// Answer: the device plugin mounts the directory read-only (device_plugin_test checks the
+// mount it hands out); through such a mount connect(2) works and unlink fails.
+TEST_F(TrustTest, ThroughAReadOnlyMountEnginesConnectButCannotReplaceTheSockets) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root for a mount namespace";
+  Start();
+  const std::string mnt = dir_ / "engine-view";
+  std::filesystem::create_directories(mnt);
+  // An engine's view: a private mount namespace with the socket dir bound read-only.
+  const std::string script =
+      "set -u; mount --bind '" + socket_dir() + "' '" + mnt + "' && mount -o remount,bind,ro '" +
+      mnt + "' || { echo MOUNT-FAILED; exit 0; }; '" + WEIGHTCACHECTL_PATH + "' --socket='" + mnt +
+      "' status >/dev/null 2>&1; echo status=$?; rm -f '" + mnt +
+      "/control.sock' 2>&1; echo rm=$?; touch '" + mnt + "/handle.sock.new' 2>&1; echo touch=$?";
+  testing::ToolRun r =
+      testing::RunTool({"/usr/bin/unshare", "-m", "/bin/sh", "-c", script}, dir_ / "unshare.err");
+  if (r.out.find("MOUNT-FAILED") != std::string::npos) {
+    GTEST_SKIP() << "no mount namespace here: " << r.out;
+  }
+  EXPECT_THAT(r.out, HasSubstr("status=0"));
+  EXPECT_THAT(r.out, HasSubstr("Read-only file system"));
+  EXPECT_THAT(r.out, HasSubstr("rm=1"));
+  EXPECT_THAT(r.out, HasSubstr("touch=1"));
+  struct stat st {};
+  ASSERT_EQ(::lstat((socket_dir() + "/control.sock").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_TRUE(client_->Status().ok());
+}
+
+// Attack: the digest store lived in <socket_dir>/state/, which every engine mounted: an
+// engine could assign any digest to any file version. Answer: the engines' directory holds
+// the sockets and nothing else; daemon state lives beside it.
+TEST_F(TrustTest, TheEnginesDirectoryHoldsOnlySockets) {
+  Start();
+  for (const auto& f : std::filesystem::recursive_directory_iterator(socket_dir())) {
+    EXPECT_TRUE(f.is_socket() || f.is_directory()) << f.path() << " is in the engines' mount";
+  }
+  EXPECT_TRUE(std::filesystem::exists(socket_dir() + "-state/digests.json"));
+}
+
+}  // namespace
+}  // namespace weightcache
