@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -41,17 +42,32 @@ ModelCatalog::ModelCatalog(const std::vector<spec::ModelSpec>& specs, unsigned h
   for (const auto& r : model_roots) roots_.push_back(Resolved(r));
 }
 
-absl::Status ModelCatalog::CheckRoots(const spec::ModelSpec& s) const {
-  if (roots_.empty()) return absl::OkStatus();
-  const std::string real = Resolved(s.model_dir);
+absl::Status ModelCatalog::CheckPath(const spec::ModelSpec& s, const std::string& what,
+                                     const std::string& path) const {
+  const std::string real = Resolved(path);
   for (const auto& root : roots_) {
     if (Under(real, root)) return absl::OkStatus();
   }
   if (metrics_ != nullptr) metrics_->OnRefused("model_roots");
   return absl::PermissionDeniedError(
-      absl::StrCat("model '", s.name, "': model_dir ", s.model_dir,
-                   real == s.model_dir ? "" : absl::StrCat(" (resolves to ", real, ")"),
+      absl::StrCat("model '", s.name, "': ", what, " ", path,
+                   real == path ? "" : absl::StrCat(" (resolves to ", real, ")"),
                    " is not under the daemon's --model_roots (", absl::StrJoin(roots_, ", "), ")"));
+}
+
+absl::Status ModelCatalog::CheckRoots(const spec::ModelSpec& s) const {
+  if (roots_.empty()) return absl::OkStatus();
+  WC_RETURN_IF_ERROR(CheckPath(s, "model_dir", s.model_dir));
+  // Every file the loader may read in it too (*.json, *.safetensors), before anything is
+  // read: a shard or config.json linked out of the roots would otherwise be served under
+  // this spec (issue 25).
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator(s.model_dir, ec)) {
+    const std::string ext = f.path().extension().string();
+    if (ext != ".json" && ext != ".safetensors") continue;
+    WC_RETURN_IF_ERROR(CheckPath(s, "file", f.path().string()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ModelCatalog::OpenDigestStore(const std::string& path) {
@@ -111,6 +127,13 @@ absl::StatusOr<std::shared_ptr<const load::OpenedModel>> ModelCatalog::Open(cons
   oo.hash_threads = hash_threads_;
   oo.cancel = &stopping_;
   auto opened = load::OpenModel(s, oo);
+  if (opened.ok() && !roots_.empty()) {
+    // And what was opened (a link swapped after the check above is caught here).
+    for (const auto& f : (*opened)->files) {
+      if (absl::Status in = CheckPath(s, "file", f.path); !in.ok()) opened = in;
+      if (!opened.ok()) break;
+    }
+  }
   MutexLock l(mu_);
   if (!opened.ok()) {
     open_errors_[name] = std::string(opened.status().message());

@@ -137,5 +137,49 @@ TEST_F(TrustTest, TheEnginesDirectoryHoldsOnlySockets) {
   EXPECT_TRUE(std::filesystem::exists(socket_dir() + "-state/digests.json"));
 }
 
+// Attack: --model_roots checked the model directory only; a shard symlink inside it was
+// followed anywhere, so a tenant who may write a model directory under the roots had a file
+// of another team's (outside the roots) served under its own spec. The same for a linked
+// config.json. Answer: every file the loader may read resolves under the roots, or the
+// model is refused naming the file and where it leads.
+TEST_F(TrustTest, AFileLinkedOutOfTheModelRootsIsRefused) {
+  const std::string roots = dir_ / "roots";
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "other-team", testing::SmallLlama()).ok());
+  for (const std::string leak : {"model.safetensors", "config.json"}) {
+    const std::string mine = roots + "/mine-" + leak;
+    std::filesystem::create_directories(mine);
+    for (const std::string f : {"model.safetensors", "config.json"}) {
+      if (f == leak) {
+        std::filesystem::create_symlink(dir_ / ("other-team/" + f), mine + "/" + f);
+      } else {
+        std::filesystem::copy_file(dir_ / ("other-team/" + f), mine + "/" + f);
+      }
+    }
+  }
+  std::ofstream(dir_ / "specs.yaml")
+      << "models:\n  - {name: a, model_dir: " << roots
+      << "/mine-model.safetensors}\n  - {name: b, model_dir: " << roots << "/mine-config.json}\n";
+  auto d = testing::StartDaemon(
+      {WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir(), "--backend=host", "--metrics_address=off",
+       "--preload=false", "--spec_file=" + dir_ / "specs.yaml", "--model_roots=" + roots},
+      socket_dir(), dir_ / "daemon.log");
+  ASSERT_TRUE(d.ok()) << d.status();
+  for (const std::string name : {"a", "b"}) {
+    client::AcquireOptions o;
+    o.model = name;
+    o.load_on_miss = true;
+    auto got = d->client->Acquire(o);
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kPermissionDenied) << name << got.status();
+    EXPECT_THAT(std::string(got.status().message()),
+                HasSubstr("(resolves to " + dir_ / "other-team/"))
+        << name;
+    EXPECT_THAT(std::string(got.status().message()),
+                HasSubstr("is not under the daemon's --model_roots"));
+  }
+  auto st = d->client->Status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->entries_size(), 0);  // nothing was read
+}
+
 }  // namespace
 }  // namespace weightcache

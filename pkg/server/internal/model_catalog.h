@@ -67,7 +67,11 @@ class ModelCatalog {
   void Stop() { stopping_ = true; }
 
  private:
+  // --model_roots: the model dir and every file the loader may read in it resolve under a
+  // root; PERMISSION_DENIED naming the path, what it resolves to and the roots otherwise.
   absl::Status CheckRoots(const spec::ModelSpec& s) const;
+  absl::Status CheckPath(const spec::ModelSpec& s, const std::string& what,
+                         const std::string& path) const;
 
   const unsigned hash_threads_;
   std::atomic<bool> stopping_{false};
