@@ -99,7 +99,9 @@ void MutateContainer(const json& c, const std::string& base, const std::vector<j
   for (const auto& [side, other] : {std::pair{"requests", "limits"}, {"limits", "requests"}}) {
     if (quantity(side) != nullptr) continue;
     const json* o = quantity(other);
-    const json q = o != nullptr && o->is_string() ? *o : json("1");
+    // The other side's quantity as written (a string "2" or a number 2): a request and a
+    // limit that differ make the API server refuse the pod.
+    const json q = o != nullptr && (o->is_string() || o->is_number()) ? *o : json("1");
     const json* s = Member(*resources, side);
     if (s == nullptr) {
       out.patch.push_back(AddOp(absl::StrCat(base, "/resources/", side), {{kResourceName, q}}));

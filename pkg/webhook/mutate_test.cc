@@ -134,6 +134,18 @@ TEST(Mutate, LimitsOnlyGetRequestsOfTheSameQuantity) {
   EXPECT_EQ(a.patched, want);
 }
 
+// Finding (issue 25): a limit written as a number (2, not "2") got a request of "1", and the
+// API server refused the pod (an extended resource's request must equal its limit).
+TEST(Mutate, ANumericLimitIsCopiedAsWritten) {
+  const json pod = Pod({{"weightcache.io/model", "m"}}, json::parse(R"([{"name": "engine",
+      "env": [{"name": "WEIGHTCACHE_MODEL", "value": "m"}],
+      "resources": {"limits": {"weightcache.io/client": 2}}}])"));
+  Answer a = Ask(pod);
+  json want = pod;
+  want["spec"]["containers"][0]["resources"]["requests"] = {{"weightcache.io/client", 2}};
+  EXPECT_EQ(a.patched, want);
+}
+
 TEST(Mutate, EveryContainerButNeverInitContainers) {
   const json pod = Pod({{"weightcache.io/model", "m"}},
                        json::parse(R"([{"name": "a"}, {"name": "b", "env": [{"name": "Y"}]}])"),

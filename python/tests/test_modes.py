@@ -110,3 +110,27 @@ def test_spawn_mode_without_a_binary_says_where_it_looked(tmp_path):
                     "WEIGHTCACHE_SOCKET": "", "PATH": "/usr/bin:/bin"})
     assert r.returncode != 0
     assert "WEIGHTCACHED=/nope" in r.stderr and "DaemonUnavailable" in r.stderr
+
+
+def test_spawn_mode_refuses_a_directory_that_is_not_its_own(tmp_path):
+    # Attack (issue 25): /tmp/weightcache-<uid> is guessable; another user pre-creates it with
+    # a live control.sock or a pid file of its choosing. The spawner refuses, naming why.
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    cases = [(shared, "has mode 0755; it must be 0700"), (link, "is not a directory")]
+    if os.getuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+        cases.append((theirs, "is owned by uid 65534"))
+    for d, why in cases:
+        r = run_python("import weightcache; weightcache.acquire('/nonexistent', mode='spawn')",
+                       {"WEIGHTCACHE_SPAWN_DIR": str(d), "WEIGHTCACHED": str(WEIGHTCACHED),
+                        "WEIGHTCACHE_SOCKET": ""})
+        assert r.returncode != 0, d
+        assert "DaemonUnavailable" in r.stderr and why in r.stderr, r.stderr
+        assert not (d / "weightcached.pid").exists()

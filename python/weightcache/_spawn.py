@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -36,6 +37,26 @@ def spawn_dir() -> Path:
     if xdg and Path(xdg).is_dir():
         return Path(xdg) / "weightcache"
     return Path(f"/tmp/weightcache-{os.getuid()}")
+
+
+def check_private_dir(d: Path) -> None:
+    """Refuses a spawn directory that is not the caller's own: another user could have made
+    it first (``/tmp/weightcache-<uid>`` is guessable) with a live control.sock or a pid file
+    of its choosing. It must be a directory (not a symlink), owned by this uid, mode 0700."""
+    try:
+        st = os.lstat(d)
+    except OSError as e:
+        raise DaemonUnavailable(f"spawn mode: {d}: {e.strerror}") from e
+    problem = None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        problem = "is not a directory (a symlink or a file is refused)"
+    elif st.st_uid != os.getuid():
+        problem = f"is owned by uid {st.st_uid}, not by this process (uid {os.getuid()})"
+    elif st.st_mode & 0o077:
+        problem = f"has mode {stat.S_IMODE(st.st_mode):04o}; it must be 0700"
+    if problem:
+        raise DaemonUnavailable(f"spawn mode: the daemon directory {d} {problem}; remove it or "
+                                f"set {SPAWN_DIR_ENV} to a directory of your own")
 
 
 def socket_dir() -> Path:
@@ -82,6 +103,7 @@ def ensure_daemon(timeout: float) -> str:
     """The control socket dir of a running per-user daemon, started now if none answers."""
     d = spawn_dir()
     d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_private_dir(d)
     sock = socket_dir()
     with open(d / "spawn.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one spawner at a time; the others then find it
