@@ -1,6 +1,6 @@
 // What content identity costs (docs/benchmarks.md, "Weights identity"):
 //  - hashing a checkpoint file the first time a version is seen (pkg/identity HashFile:
-//    parallel preads + XXH3-128 per 64 MiB chunk) against plain parallel preads of the same
+//    parallel preads + SHA-256 per 64 MiB chunk) against plain parallel preads of the same
 //    file with the same threads, page cache hot — the CPU cost of the hash on top of a read;
 //  - the stale check of the Acquire path: stat() of a model's files (identity::StatPath +
 //    DescribeChange, as OpenedModel::ChangedFiles does it).
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   ReadAll(fd.get(), size, 4);  // page cache hot from here on
   const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
   std::printf("Content digest of a %.1f GiB file, page cache hot (%u CPUs)\n\n", gib, cpus);
-  std::printf("| threads | pread GB/s | hash (pread + XXH3) GB/s | hash / pread |\n");
+  std::printf("| threads | pread GB/s | hash (pread + SHA-256) GB/s | hash / pread |\n");
   std::printf("|--------:|-----------:|-------------------------:|-------------:|\n");
   for (unsigned t : {1u, 2u, 4u, 8u, 16u}) {
     if (t > 2 * cpus) break;

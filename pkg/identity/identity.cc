@@ -1,10 +1,12 @@
 #include "pkg/identity/identity.h"
 
 #include <fcntl.h>
+#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -22,10 +24,6 @@
 #include "pkg/util/log.h"
 #include "pkg/util/scoped_fd.h"
 #include "pkg/util/status_macros.h"
-
-// Header-only use of libxxhash: nothing to carry to machines without the library.
-#define XXH_INLINE_ALL
-#include <xxhash.h>
 
 namespace weightcache::identity {
 namespace {
@@ -56,16 +54,57 @@ std::string FormatTime(int64_t ns) {
   return absl::StrFormat("%s.%09dZ", buf, static_cast<int>(ns % 1000000000));
 }
 
-std::string Hex(const XXH128_hash_t& h) {
-  XXH128_canonical_t c;
-  XXH128_canonicalFromHash(&c, h);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char b : c.digest) {
-    out.push_back(kHex[b >> 4]);
-    out.push_back(kHex[b & 15]);
+std::string Hex(const unsigned char* d, size_t n) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(2 * n, '0');
+  for (size_t i = 0; i < n; ++i) {
+    out[2 * i] = kDigits[d[i] >> 4];
+    out[2 * i + 1] = kDigits[d[i] & 0xf];
   }
   return out;
+}
+
+// One SHA-256 (OpenSSL's EVP: SHA-NI where the CPU has it, ~1.7 GB/s a core here).
+class Sha256 {
+ public:
+  Sha256() : ctx_(EVP_MD_CTX_new()) { Reset(); }
+  ~Sha256() { EVP_MD_CTX_free(ctx_); }
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  void Reset() { WC_CHECK(ctx_ != nullptr && EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) == 1); }
+  void Update(const void* p, size_t n) { WC_CHECK(EVP_DigestUpdate(ctx_, p, n) == 1); }
+  std::array<unsigned char, 32> Final() {
+    std::array<unsigned char, 32> d{};
+    unsigned int n = 0;
+    WC_CHECK(EVP_DigestFinal_ex(ctx_, d.data(), &n) == 1 && n == d.size());
+    return d;
+  }
+
+ private:
+  EVP_MD_CTX* ctx_;
+};
+
+// Reads [begin, end) of `fd` in kReadBytes preads into `h`; CANCELLED when `cancel` turns
+// true, DATA_LOSS when the file ends early.
+absl::Status ReadInto(int fd, uint64_t begin, uint64_t end, std::vector<unsigned char>& buf,
+                      Sha256& h, uint64_t size, const std::string& what,
+                      const std::atomic<bool>* cancel) {
+  for (uint64_t off = begin; off < end;) {
+    if (cancel != nullptr && cancel->load()) {
+      return absl::CancelledError(what + ": hashing stopped (the daemon is stopping)");
+    }
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(kReadBytes, end - off));
+    const ssize_t n = ::pread(fd, buf.data(), want, static_cast<off_t>(off));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return n < 0 ? ErrnoStatus(errno, "pread", what)
+                   : absl::DataLossError(
+                         absl::StrCat(what, ": ends at byte ", off, ", expected ", size, " bytes"));
+    }
+    h.Update(buf.data(), static_cast<size_t>(n));
+    off += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
 }
 
 bool IsHex64(const std::string& s) {
@@ -127,37 +166,20 @@ std::optional<std::string> HuggingFaceBlobDigest(const std::string& path) {
 absl::StatusOr<std::string> HashFile(int fd, uint64_t size, unsigned threads,
                                      const std::string& what, const std::atomic<bool>* cancel) {
   const uint64_t chunks = std::max<uint64_t>(1, (size + kChunkBytes - 1) / kChunkBytes);
-  std::vector<XXH128_hash_t> digests(chunks);
+  std::vector<std::array<unsigned char, 32>> digests(chunks);
   std::vector<absl::Status> errors(chunks);
   std::atomic<uint64_t> next{0};
   auto worker = [&] {
     std::vector<unsigned char> buf(kReadBytes);
-    XXH3_state_t* state = XXH3_createState();
-    WC_CHECK(state != nullptr);
+    Sha256 h;
     for (uint64_t c = next++; c < chunks; c = next++) {
-      XXH3_128bits_reset(state);
+      h.Reset();
       const uint64_t begin = c * kChunkBytes;
-      const uint64_t end = std::min(size, begin + kChunkBytes);
-      for (uint64_t off = begin; off < end;) {
-        if (cancel != nullptr && cancel->load()) {
-          errors[c] = absl::CancelledError(what + ": hashing stopped (the daemon is stopping)");
-          break;
-        }
-        const size_t want = static_cast<size_t>(std::min<uint64_t>(kReadBytes, end - off));
-        const ssize_t n = ::pread(fd, buf.data(), want, static_cast<off_t>(off));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) {
-          errors[c] = n < 0 ? ErrnoStatus(errno, "pread", what)
-                            : absl::DataLossError(absl::StrCat(what, ": ends at byte ", off,
-                                                               ", expected ", size, " bytes"));
-          break;
-        }
-        XXH3_128bits_update(state, buf.data(), static_cast<size_t>(n));
-        off += static_cast<uint64_t>(n);
-      }
-      digests[c] = XXH3_128bits_digest(state);
+      errors[c] =
+          ReadInto(fd, begin, std::min(size, begin + kChunkBytes), buf, h, size, what, cancel);
+      if (!errors[c].ok()) break;
+      digests[c] = h.Final();
     }
-    XXH3_freeState(state);
   };
   const unsigned n = static_cast<unsigned>(std::clamp<uint64_t>(threads, 1, chunks));
   std::vector<std::thread> pool;
@@ -165,15 +187,23 @@ absl::StatusOr<std::string> HashFile(int fd, uint64_t size, unsigned threads,
   worker();
   for (auto& t : pool) t.join();
   for (const auto& e : errors) WC_RETURN_IF_ERROR(e);
-  // Top level: the size (little endian) and every chunk's canonical digest, in order.
-  std::string top(8, '\0');
-  for (int i = 0; i < 8; ++i) top[i] = static_cast<char>((size >> (8 * i)) & 0xff);
-  for (const auto& d : digests) {
-    XXH128_canonical_t c;
-    XXH128_canonicalFromHash(&c, d);
-    top.append(reinterpret_cast<const char*>(c.digest), sizeof(c.digest));
-  }
-  return "xxh3c:" + Hex(XXH3_128bits(top.data(), top.size()));
+  // Top level: the size (little endian) and every chunk's digest, in order.
+  Sha256 top;
+  unsigned char le[8];
+  for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>((size >> (8 * i)) & 0xff);
+  top.Update(le, sizeof le);
+  for (const auto& d : digests) top.Update(d.data(), d.size());
+  const auto d = top.Final();
+  return "sha256c:" + Hex(d.data(), d.size());
+}
+
+absl::StatusOr<std::string> Sha256File(int fd, uint64_t size, const std::string& what,
+                                       const std::atomic<bool>* cancel) {
+  std::vector<unsigned char> buf(kReadBytes);
+  Sha256 h;
+  WC_RETURN_IF_ERROR(ReadInto(fd, 0, size, buf, h, size, what, cancel));
+  const auto d = h.Final();
+  return Hex(d.data(), d.size());
 }
 
 const char* DigestSourceName(DigestSource s) {
@@ -289,29 +319,56 @@ void DigestStore::SaveLocked() const {
   }
 }
 
+namespace {
+
+bool IsCryptographic(const std::string& digest) {
+  return digest.rfind("sha256:", 0) == 0 || digest.rfind("sha256c:", 0) == 0;
+}
+
+// UNAVAILABLE when the file is no longer the version `before` (written while hashed).
+absl::Status Unchanged(int fd, const std::string& path, const FileStat& before) {
+  WC_ASSIGN_OR_RETURN(FileStat after, StatFd(fd, path));
+  if (after == before) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("content digest of ", path,
+                                             " not taken: ", DescribeChange(path, before, after),
+                                             " while it was hashed; try again once it is written"));
+}
+
+}  // namespace
+
 absl::StatusOr<ResolvedDigest> DigestStore::Resolve(const std::string& path, int fd,
                                                     unsigned threads,
                                                     const std::atomic<bool>* cancel) {
   ResolvedDigest r;
   WC_ASSIGN_OR_RETURN(r.stat, StatFd(fd, path));
-  if (auto blob = HuggingFaceBlobDigest(path)) {
-    r.digest = *blob;
-    r.source = DigestSource::kBlobName;
-    return r;
-  }
-  if (auto known = Lookup(r.stat)) {
+  // The store first: it holds only digests this daemon computed from the bytes (a blob
+  // name it verified included). Digests of an earlier, non-cryptographic kind are hashed
+  // again.
+  if (auto known = Lookup(r.stat); known && IsCryptographic(*known)) {
     r.digest = *known;
     r.source = DigestSource::kStore;
     return r;
   }
+  // A Hugging Face blob's name is a hint, never proof: whoever writes a model directory can
+  // name any bytes after another model's blob (issue 25). Its SHA-256 is verified here, once
+  // per file version (the store remembers it).
+  if (auto blob = HuggingFaceBlobDigest(path)) {
+    WC_ASSIGN_OR_RETURN(const std::string sha, Sha256File(fd, r.stat.size, path, cancel));
+    hashed_bytes_ += r.stat.size;
+    if ("sha256:" + sha != *blob) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": its Hugging Face blob name says ", *blob, " but its contents hash to sha256:",
+          sha, "; refused (a blob whose name does not match its bytes is not that blob)"));
+    }
+    WC_RETURN_IF_ERROR(Unchanged(fd, path, r.stat));
+    r.digest = *blob;
+    r.source = DigestSource::kBlobName;
+    Record(r.stat, r.digest);
+    return r;
+  }
   WC_ASSIGN_OR_RETURN(r.digest, HashFile(fd, r.stat.size, threads, path, cancel));
   hashed_bytes_ += r.stat.size;
-  WC_ASSIGN_OR_RETURN(FileStat after, StatFd(fd, path));
-  if (!(after == r.stat)) {
-    return absl::UnavailableError(absl::StrCat(
-        "content digest of ", path, " not taken: ", DescribeChange(path, r.stat, after),
-        " while it was hashed; try again once it is written"));
-  }
+  WC_RETURN_IF_ERROR(Unchanged(fd, path, r.stat));
   r.source = DigestSource::kHashed;
   Record(r.stat, r.digest);
   return r;

@@ -1,13 +1,16 @@
 // Weights identity by content. A checkpoint file is identified by a digest of its bytes,
 // never by its name, header or size alone (a base model and its fine-tune have identical
 // headers). The digest comes, cheapest first, from:
-//   1. a Hugging Face cache blob: snapshot files are links to blobs/<sha256 of the contents>,
-//      so the link target's name is the digest ("sha256:<64 hex>");
-//   2. the DigestStore: digests computed earlier, keyed by the file version they were
-//      computed from (device, inode, size, mtime_ns, ctime_ns), kept in a small state file
-//      so a daemon restart does not hash again;
-//   3. hashing the file (XXH3-128 over 64 MiB chunks in parallel, then over the chunk
-//      digests and the size: "xxh3c:<32 hex>").
+//   1. the DigestStore: digests this daemon computed earlier from the bytes, keyed by the
+//      file version they were computed from (device, inode, size, mtime_ns, ctime_ns), kept
+//      in a small state file so a daemon restart does not hash again;
+//   2. a Hugging Face cache blob: snapshot files are links to blobs/<sha256 of the contents>,
+//      so the link target's name is the digest ("sha256:<64 hex>") -- a claim that whoever
+//      wrote the file chose, so it is verified (SHA-256 of the file) before it is used;
+//   3. hashing the file (SHA-256 over 64 MiB chunks in parallel, then over the size and the
+//      chunk digests: "sha256c:<64 hex>").
+// Every digest is cryptographic: the identity is shared across tenants, and a writer of a
+// file must not be able to give it another file's digest.
 // A FileStat taken when the digest was resolved tells later whether the file changed
 // (replaced, rewritten in place, truncated, deleted): a few stat() calls, no reads.
 //
@@ -55,13 +58,18 @@ std::string DescribeChange(const std::string& name, const FileStat& before,
 std::optional<std::string> HuggingFaceBlobDigest(const std::string& path);
 
 // Hashes `size` bytes of `fd` from offset 0 with up to `threads` parallel preads:
-// "xxh3c:<32 hex>". `what` names the file in errors. When `cancel` is set and becomes true,
+// "sha256c:<64 hex>". `what` names the file in errors. When `cancel` is set and becomes true,
 // stops within one 4 MiB read with CANCELLED.
 absl::StatusOr<std::string> HashFile(int fd, uint64_t size, unsigned threads,
                                      const std::string& what,
                                      const std::atomic<bool>* cancel = nullptr);
 
-enum class DigestSource { kBlobName, kStore, kHashed };
+// The plain SHA-256 of `size` bytes of `fd` (one thread, sequential): "<64 hex>", what a
+// Hugging Face blob is named by. Errors and `cancel` as for HashFile.
+absl::StatusOr<std::string> Sha256File(int fd, uint64_t size, const std::string& what,
+                                       const std::atomic<bool>* cancel = nullptr);
+
+enum class DigestSource { kBlobName, kStore, kHashed };  // kBlobName: verified
 const char* DigestSourceName(DigestSource s);
 
 struct ResolvedDigest {
@@ -84,8 +92,9 @@ class DigestStore {
   // logged, not returned: the digest is still right, only a restart would hash again.
   void Record(const FileStat& st, const std::string& digest);
 
-  // The content digest of the open file `fd` (at `path`): blob name, store, or hashing.
-  // UNAVAILABLE when the file changed while it was hashed.
+  // The content digest of the open file `fd` (at `path`): store, verified blob name, or
+  // hashing. UNAVAILABLE when the file changed while it was hashed; DATA_LOSS when a blob's
+  // name does not match its bytes.
   absl::StatusOr<ResolvedDigest> Resolve(const std::string& path, int fd, unsigned threads,
                                          const std::atomic<bool>* cancel = nullptr);
 

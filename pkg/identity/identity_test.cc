@@ -51,8 +51,8 @@ TEST(HashFileTest, ContentDecidesAndThreadsDoNot) {
   data[(100u << 20) + 7] ^= 1;  // one bit in the second chunk
   Write(dir / "b", data);
   const std::string a1 = Digest(dir / "a", 1);
-  EXPECT_THAT(a1, StartsWith("xxh3c:"));
-  EXPECT_EQ(a1.size(), 6u + 32u);
+  EXPECT_THAT(a1, StartsWith("sha256c:"));  // cryptographic: the identity spans tenants
+  EXPECT_EQ(a1.size(), 8u + 64u);
   EXPECT_EQ(a1, Digest(dir / "a", 8));
   EXPECT_NE(a1, Digest(dir / "b", 8));
 }
@@ -169,6 +169,71 @@ TEST(DigestStoreTest, ResolveHashesOnceAndSurvivesARestart) {
   ASSERT_TRUE(r2.ok());
   EXPECT_EQ(r2->source, DigestSource::kHashed);
   EXPECT_EQ(r2->digest, first);
+}
+
+TEST(Sha256FileTest, IsThePlainSha256OfTheBytes) {
+  TempDir dir;
+  Write(dir / "abc", "abc");
+  ScopedFd fd(::open((dir / "abc").c_str(), O_RDONLY | O_CLOEXEC));
+  auto d = Sha256File(fd.get(), 3, "abc");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(*d, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");  // FIPS 180-2
+}
+
+// Finding (issue 25): a file whose link target was named blobs/<64 hex> got the digest
+// sha256:<that name> without a byte read, so anyone writing a model directory could name
+// poisoned bytes after another team's public model. The name is now verified.
+TEST(DigestStoreTest, ABlobNameIsVerifiedAgainstItsBytes) {
+  TempDir dir;
+  std::filesystem::create_directories(dir / "blobs");
+  std::filesystem::create_directories(dir / "snapshots/rev");
+  const std::string real = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+  Write(dir / ("blobs/" + real), "abc");
+  std::filesystem::create_symlink("../../blobs/" + real, dir / "snapshots/rev/good.safetensors");
+  const std::string forged(64, 'b');
+  Write(dir / ("blobs/" + forged), "poisoned bytes");
+  std::filesystem::create_symlink("../../blobs/" + forged, dir / "snapshots/rev/bad.safetensors");
+  auto store = DigestStore::Open("");
+  ASSERT_TRUE(store.ok());
+  const std::string good = dir / "snapshots/rev/good.safetensors";
+  ScopedFd g(::open(good.c_str(), O_RDONLY | O_CLOEXEC));
+  auto r = (*store)->Resolve(good, g.get(), 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->digest, "sha256:" + real);
+  EXPECT_EQ(r->source, DigestSource::kBlobName);
+  EXPECT_EQ((*store)->hashed_bytes(), 3u);           // verified by reading it
+  auto again = (*store)->Resolve(good, g.get(), 2);  // once per file version
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->source, DigestSource::kStore);
+  const std::string bad = dir / "snapshots/rev/bad.safetensors";
+  ScopedFd b(::open(bad.c_str(), O_RDONLY | O_CLOEXEC));
+  auto forgery = (*store)->Resolve(bad, b.get(), 2);
+  EXPECT_EQ(forgery.status().code(), absl::StatusCode::kDataLoss) << forgery.status();
+  EXPECT_THAT(std::string(forgery.status().message()),
+              HasSubstr("bad.safetensors: its Hugging Face blob name says sha256:bbbb"));
+  EXPECT_THAT(std::string(forgery.status().message()), HasSubstr("refused"));
+}
+
+// A store written by an earlier daemon holds non-cryptographic digests (xxh3c:): they are
+// not trusted as identity, the file is hashed again.
+TEST(DigestStoreTest, NonCryptographicDigestsOfAnOldStoreAreHashedAgain) {
+  TempDir dir;
+  const std::string p = dir / "model.safetensors";
+  Write(p, Bytes(4096, 3));
+  auto st = StatPath(p);
+  ASSERT_TRUE(st.ok());
+  {
+    auto store = DigestStore::Open(dir / "digests.json");
+    ASSERT_TRUE(store.ok());
+    (*store)->Record(*st, "xxh3c:00112233445566778899aabbccddeeff");
+  }
+  auto store = DigestStore::Open(dir / "digests.json");
+  ASSERT_TRUE(store.ok());
+  ScopedFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+  auto r = (*store)->Resolve(p, fd.get(), 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->source, DigestSource::kHashed);
+  EXPECT_THAT(r->digest, StartsWith("sha256c:"));
 }
 
 TEST(DigestStoreTest, UnreadableStateIsSetAsideNotFatal) {

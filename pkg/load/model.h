@@ -25,7 +25,7 @@ struct SourceFile {
   std::string name;  // basename
   std::string path;
   identity::FileStat stat;  // the version `digest` describes
-  std::string digest;       // "sha256:..." / "xxh3c:..."; empty when digests were not asked
+  std::string digest;       // "sha256:..." / "sha256c:..."; empty when digests were not asked
   identity::DigestSource digest_source = identity::DigestSource::kHashed;
 };
 

@@ -17,9 +17,10 @@ inline constexpr int kLoaderFormatVersion = 2;
 struct FileDigest {
   std::string name;  // basename: a moved checkpoint still matches, a changed one does not
   uint64_t size = 0;
-  // Digest of the file's whole contents (pkg/identity): "sha256:<hex>" from a Hugging Face
-  // blob name or "xxh3c:<hex>" hashed by the daemon. Two files that differ in any byte differ
-  // here; the header alone does not tell a fine-tune from its base model.
+  // Digest of the file's whole contents (pkg/identity), always cryptographic: "sha256:<hex>"
+  // (a Hugging Face blob, its name verified) or "sha256c:<hex>" hashed by the daemon. Two files
+  // that differ in any byte differ here; the header alone does not tell a fine-tune from its base
+  // model.
   std::string content;
 };
 

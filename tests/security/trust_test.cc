@@ -3,6 +3,7 @@
 // runs with the Helm chart's default flags. Each test states the attack, then the answer.
 // The pure rule table is pkg/server/policy_test.cc; slot publishing by namespace is
 // tests/integration/namespace_test.cc.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,7 +14,9 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "pkg/identity/identity.h"
 #include "pkg/safetensors/writer.h"
+#include "pkg/util/scoped_fd.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/process.h"
 #include "tests/testutil/temp_dir.h"
@@ -179,6 +182,62 @@ TEST_F(TrustTest, AFileLinkedOutOfTheModelRootsIsRefused) {
   auto st = d->client->Status();
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->entries_size(), 0);  // nothing was read
+}
+
+// Attack: a file whose link target is named blobs/<64 hex> was given the digest
+// sha256:<that name> without a byte read. A tenant who writes a model directory names its
+// poisoned bytes after another team's public model (same file names and sizes, same
+// config.json): the other team's Acquire computes the same fingerprint and hits the
+// poisoned entry. Answer: the name is verified against the bytes (SHA-256), and a blob whose
+// name lies is refused, naming it.
+TEST_F(TrustTest, ABlobNamedAfterAnotherModelsBytesIsRefused) {
+  // The public model, as the Hugging Face hub cache lays it out.
+  const std::string pub = dir_ / "hub/models--org--m";
+  std::filesystem::create_directories(pub + "/blobs");
+  std::filesystem::create_directories(pub + "/snapshots/rev");
+  ScopedFd real(::open((dir_ / "m/model.safetensors").c_str(), O_RDONLY | O_CLOEXEC));
+  auto sha = identity::Sha256File(
+      real.get(), std::filesystem::file_size(dir_ / "m/model.safetensors"), "model.safetensors");
+  ASSERT_TRUE(sha.ok()) << sha.status();
+  std::filesystem::copy_file(dir_ / "m/model.safetensors", pub + "/blobs/" + *sha);
+  std::filesystem::create_symlink("../../blobs/" + *sha, pub + "/snapshots/rev/model.safetensors");
+  std::filesystem::copy_file(dir_ / "m/config.json", pub + "/snapshots/rev/config.json");
+  // The attacker's copy: same names, same header and size, other weights, under the same
+  // blob name.
+  safetensors::LlamaShape other = testing::SmallLlama();
+  other.seed = 99;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "poison", other).ok());
+  const std::string evil = dir_ / "hub/models--evil--m";
+  std::filesystem::create_directories(evil + "/blobs");
+  std::filesystem::create_directories(evil + "/snapshots/rev");
+  std::filesystem::copy_file(dir_ / "poison/model.safetensors", evil + "/blobs/" + *sha);
+  std::filesystem::create_symlink("../../blobs/" + *sha, evil + "/snapshots/rev/model.safetensors");
+  std::filesystem::copy_file(dir_ / "m/config.json", evil + "/snapshots/rev/config.json");
+  ASSERT_EQ(std::filesystem::file_size(evil + "/blobs/" + *sha),
+            std::filesystem::file_size(pub + "/blobs/" + *sha));
+
+  std::ofstream(dir_ / "specs.yaml")
+      << "models:\n  - {name: evil, model_dir: " << evil
+      << "/snapshots/rev}\n  - {name: public, model_dir: " << pub << "/snapshots/rev}\n";
+  auto d = testing::StartDaemon(
+      {WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir(), "--backend=host", "--metrics_address=off",
+       "--preload=false", "--spec_file=" + dir_ / "specs.yaml"},
+      socket_dir(), dir_ / "daemon.log");
+  ASSERT_TRUE(d.ok()) << d.status();
+  client::AcquireOptions o;
+  o.model = "evil";  // the attacker loads first
+  o.load_on_miss = true;
+  auto poisoned = d->client->Acquire(o);
+  EXPECT_EQ(poisoned.status().code(), absl::StatusCode::kDataLoss) << poisoned.status();
+  EXPECT_THAT(std::string(poisoned.status().message()),
+              HasSubstr("its Hugging Face blob name says sha256:" + *sha));
+  o.model = "public";
+  auto served = d->client->Acquire(o);
+  ASSERT_TRUE(served.ok()) << served.status();
+  auto st = d->client->Status();
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->entries_size(), 1);
+  EXPECT_EQ(st->entries(0).model(), "public");
 }
 
 }  // namespace
