@@ -1,7 +1,10 @@
 #include "pkg/identity/identity.h"
 
 #include <fcntl.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -30,7 +33,10 @@ namespace {
 
 constexpr uint64_t kChunkBytes = 64ull << 20;  // one unit of parallel hashing
 constexpr uint64_t kReadBytes = 4ull << 20;    // one pread
-constexpr int kStoreVersion = 1;
+// 2: the entries carry an HMAC-SHA256 under the daemon's key (issue 25); a version 1 store
+// has none and is discarded like a tampered one.
+constexpr int kStoreVersion = 2;
+constexpr size_t kKeyBytes = 32;
 // A node holds a few hundred checkpoint files at most; the store forgets the oldest
 // versions past this many so the state file stays small.
 constexpr size_t kMaxStoreEntries = 100000;
@@ -222,9 +228,65 @@ DigestStore::Key DigestStore::KeyOf(const FileStat& st) {
   return {st.dev, st.ino, st.size, st.mtime_ns, st.ctime_ns};
 }
 
+namespace {
+
+// The store's key, `<store>.key`: 32 random bytes, mode 0600, owned by this uid. Created
+// when missing; a key that another uid owns or may read is no secret and is replaced (the
+// store it signed is then discarded: its entries cannot be told from forgeries).
+absl::StatusOr<std::string> StoreKey(const std::string& store_path) {
+  const std::string path = store_path + ".key";
+  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (fd.valid()) {
+    struct stat st {};
+    std::string key(kKeyBytes, '\0');
+    ssize_t n = -1;
+    if (::fstat(fd.get(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
+        (st.st_mode & 077) == 0) {
+      n = ::pread(fd.get(), key.data(), key.size(), 0);
+    }
+    if (n == static_cast<ssize_t>(kKeyBytes) && st.st_size == static_cast<off_t>(kKeyBytes)) {
+      return key;
+    }
+    WC_LOG_WARN(
+        "digest store key %s is not a %zu-byte file private to uid %d (mode %o, owner %d); "
+        "replacing it",
+        path, kKeyBytes, static_cast<int>(::geteuid()), st.st_mode & 07777,
+        static_cast<int>(st.st_uid));
+    if (::unlink(path.c_str()) != 0) return ErrnoStatus(errno, "replace digest store key", path);
+  } else if (errno != ENOENT) {
+    return ErrnoStatus(errno, "open digest store key", path);
+  }
+  std::string key(kKeyBytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(key.data()), static_cast<int>(key.size())) != 1) {
+    return absl::InternalError("digest store key: RAND_bytes failed");
+  }
+  ScopedFd out(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!out.valid()) return ErrnoStatus(errno, "create digest store key", path);
+  if (::write(out.get(), key.data(), key.size()) != static_cast<ssize_t>(key.size()) ||
+      ::fsync(out.get()) != 0) {
+    return ErrnoStatus(errno, "write digest store key", path);
+  }
+  return key;
+}
+
+std::string Hmac(const std::string& key, const std::string& text) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+       reinterpret_cast<const unsigned char*>(text.data()), text.size(), md, &len);
+  return Hex(md, len);
+}
+
+bool SameMac(const std::string& a, const std::string& b) {
+  return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<DigestStore>> DigestStore::Open(const std::string& path) {
-  std::unique_ptr<DigestStore> store(new DigestStore(path));
-  if (path.empty()) return store;
+  if (path.empty()) return std::unique_ptr<DigestStore>(new DigestStore(path, ""));
+  WC_ASSIGN_OR_RETURN(std::string key, StoreKey(path));
+  std::unique_ptr<DigestStore> store(new DigestStore(path, std::move(key)));
   std::ifstream in(path);
   if (!in) {
     if (errno == ENOENT) return store;
@@ -235,10 +297,17 @@ absl::StatusOr<std::unique_ptr<DigestStore>> DigestStore::Open(const std::string
   try {
     auto j = nlohmann::json::parse(ss.str());
     if (j.at("version").get<int>() != kStoreVersion) {
-      throw std::runtime_error("version " + j.at("version").dump());
+      throw std::runtime_error("version " + j.at("version").dump() + ", not " +
+                               std::to_string(kStoreVersion));
+    }
+    const auto& entries = j.at("entries");
+    if (!j.contains("hmac") ||
+        !SameMac(j.at("hmac").get<std::string>(), Hmac(store->key_, entries.dump()))) {
+      throw std::runtime_error(
+          "its HMAC does not match this daemon's key: tampered, or written with another key");
     }
     MutexLock l(store->mu_);
-    for (const auto& e : j.at("entries")) {
+    for (const auto& e : entries) {
       FileStat st;
       st.dev = e.at("dev").get<uint64_t>();
       st.ino = e.at("ino").get<uint64_t>();
@@ -248,8 +317,10 @@ absl::StatusOr<std::unique_ptr<DigestStore>> DigestStore::Open(const std::string
       store->digests_[KeyOf(st)] = e.at("digest").get<std::string>();
     }
   } catch (const std::exception& ex) {
-    WC_LOG_WARN("digest store %s cannot be read (%s); set aside as %s.bad, starting empty", path,
-                ex.what(), path);
+    WC_LOG_WARN(
+        "digest store %s discarded (%s); set aside as %s.bad, starting empty: files are hashed "
+        "again",
+        path, ex.what(), path);
     ::rename(path.c_str(), (path + ".bad").c_str());
     MutexLock l(store->mu_);
     store->digests_.clear();
@@ -293,8 +364,10 @@ void DigestStore::SaveLocked() const {
                        {"ctime_ns", std::get<4>(k)},
                        {"digest", digest}});
   }
+  const std::string mac = Hmac(key_, entries.dump());
   const std::string text =
-      nlohmann::json{{"version", kStoreVersion}, {"entries", entries}}.dump(1) + "\n";
+      nlohmann::json{{"version", kStoreVersion}, {"entries", entries}, {"hmac", mac}}.dump(1) +
+      "\n";
   const std::string tmp = path_ + ".tmp";
   {
     // 0600: inode numbers and digests are nobody else's business.

@@ -81,8 +81,11 @@ struct ResolvedDigest {
 // Digests remembered per file version, persisted as JSON in `path` (empty: memory only).
 class DigestStore {
  public:
-  // Reads `path` when it exists. A file that cannot be parsed is set aside as
-  // `<path>.bad` and the store starts empty (it is a cache: nothing is lost but time).
+  // Reads `path` when it exists. The entries are authenticated with an HMAC-SHA256 under a
+  // key only this daemon's uid can read (`<path>.key`, 0600, made on first use): whoever can
+  // write the store but not read the key cannot assign a digest to a file version. A file
+  // that cannot be parsed or fails the HMAC is set aside as `<path>.bad` with a warning and
+  // the store starts empty (it is a cache: nothing is lost but time).
   static absl::StatusOr<std::unique_ptr<DigestStore>> Open(const std::string& path);
   DigestStore(const DigestStore&) = delete;
   DigestStore& operator=(const DigestStore&) = delete;
@@ -106,10 +109,11 @@ class DigestStore {
  private:
   using Key = std::tuple<uint64_t, uint64_t, uint64_t, int64_t, int64_t>;
   static Key KeyOf(const FileStat& st);
-  explicit DigestStore(std::string path) : path_(std::move(path)) {}
+  DigestStore(std::string path, std::string key) : path_(std::move(path)), key_(std::move(key)) {}
   void SaveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
+  const std::string key_;  // HMAC key; empty for a memory-only store
   mutable Mutex mu_;
   std::map<Key, std::string> digests_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> hashed_bytes_{0};

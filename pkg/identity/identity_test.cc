@@ -11,6 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "pkg/util/scoped_fd.h"
 #include "tests/testutil/temp_dir.h"
 
@@ -26,6 +27,11 @@ std::string Bytes(size_t n, uint32_t seed) {
   std::string s(n, '\0');
   for (auto& c : s) c = static_cast<char>(rng());
   return s;
+}
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 void Write(const std::string& path, const std::string& data) {
@@ -234,6 +240,66 @@ TEST(DigestStoreTest, NonCryptographicDigestsOfAnOldStoreAreHashedAgain) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->source, DigestSource::kHashed);
   EXPECT_THAT(r->digest, StartsWith("sha256c:"));
+}
+
+// Writes a 4 KiB file at `p` and records its digest in a store persisted at `state`.
+void StoreOneDigest(const std::string& p, const std::string& state) {
+  Write(p, Bytes(4096, 5));
+  auto store = DigestStore::Open(state);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ScopedFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE((*store)->Resolve(p, fd.get(), 1).ok());
+}
+
+// Finding (issue 25): the digest store was trusted at start with no integrity check, so
+// whoever could write it assigned any digest to any file version (a poisoned file then
+// took another model's identity without a byte read). Its entries now carry an HMAC under
+// a key only the daemon's uid reads; an edited store is discarded and the file hashed.
+TEST(DigestStoreTest, ATamperedStoreIsDiscardedAndTheFileHashedAgain) {
+  TempDir dir;
+  const std::string p = dir / "model.safetensors";
+  const std::string state = dir / "digests.json";
+  ASSERT_NO_FATAL_FAILURE(StoreOneDigest(p, state));
+  struct stat key {};
+  ASSERT_EQ(::stat((state + ".key").c_str(), &key), 0);
+  EXPECT_EQ(key.st_mode & 0777, 0600u);
+  // The attacker's edit: this file version now claims another model's digest.
+  const std::string forged = "sha256c:" + std::string(64, 'a');
+  auto j = nlohmann::json::parse(Read(state));
+  j["entries"][0]["digest"] = forged;
+  Write(state, j.dump());
+  ::testing::internal::CaptureStderr();
+  auto store = DigestStore::Open(state);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->size(), 0u);
+  EXPECT_THAT(log, HasSubstr("HMAC does not match"));
+  EXPECT_TRUE(std::filesystem::exists(state + ".bad"));
+  ScopedFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+  auto r = (*store)->Resolve(p, fd.get(), 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->source, DigestSource::kHashed);
+  EXPECT_NE(r->digest, forged);
+}
+
+// A key others may read is no secret: replaced, and what it signed is discarded.
+TEST(DigestStoreTest, AKeyOthersCanReadIsReplaced) {
+  TempDir dir;
+  const std::string p = dir / "model.safetensors";
+  const std::string state = dir / "digests.json";
+  ASSERT_NO_FATAL_FAILURE(StoreOneDigest(p, state));
+  const std::string old_key = Read(state + ".key");
+  ASSERT_EQ(::chmod((state + ".key").c_str(), 0644), 0);
+  ::testing::internal::CaptureStderr();
+  auto store = DigestStore::Open(state);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_THAT(log, HasSubstr("replacing it"));
+  EXPECT_EQ((*store)->size(), 0u);
+  EXPECT_NE(Read(state + ".key"), old_key);
+  struct stat key {};
+  ASSERT_EQ(::stat((state + ".key").c_str(), &key), 0);
+  EXPECT_EQ(key.st_mode & 0777, 0600u);
 }
 
 TEST(DigestStoreTest, UnreadableStateIsSetAsideNotFatal) {
