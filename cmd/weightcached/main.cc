@@ -18,6 +18,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "pkg/kube/device_plugin.h"
 #include "pkg/memory/cuda_backend.h"
@@ -39,7 +40,8 @@ ABSL_FLAG(std::string, model, "",
 ABSL_FLAG(bool, preload, true, "Load every known model at start");
 ABSL_FLAG(std::string, backend, "auto", "Memory backend: auto | host | cuda");
 ABSL_FLAG(std::string, memory_budget, "0",
-          "Most bytes the cache may hold, e.g. 120GiB; 0 means unlimited");
+          "Most bytes the cache may hold per device, e.g. 120GiB, or a share of the smallest "
+          "device's memory, e.g. 80%; 0 means unlimited");
 ABSL_FLAG(std::vector<std::string>, allowed_uids, {},
           "Uids allowed to connect to the control and handle sockets; empty: anyone who can "
           "reach the sockets");
@@ -62,6 +64,9 @@ ABSL_FLAG(std::vector<std::string>, publish_namespaces, {},
 ABSL_FLAG(std::vector<std::string>, model_roots, {},
           "Directories model_dir must resolve under (symlinks followed), comma-separated; "
           "empty: anywhere");
+ABSL_FLAG(double, refresh_interval, 10,
+          "Seconds: a non-admin Load re-reads a model's files (and hashes what changed) at "
+          "most this often; in between it loads the identity read last. Admins: every Load");
 ABSL_FLAG(int, max_connections, 2048, "Control connections open at once; more are closed");
 ABSL_FLAG(int, max_connections_per_uid, 256,
           "Control connections per peer uid; past it that uid's requests are answered "
@@ -154,9 +159,6 @@ int Run() {
     if (!s.ok()) return Fail(s.status());
     opts.specs.push_back(*s);
   }
-  auto budget = ParseByteSize(absl::GetFlag(FLAGS_memory_budget), "--memory_budget");
-  if (!budget.ok()) return Fail(budget.status());
-  opts.memory_budget_bytes = *budget;
   auto keep = ParseByteSize(absl::GetFlag(FLAGS_staging_keep), "--staging_keep");
   if (!keep.ok()) return Fail(keep.status());
   opts.staging_keep_bytes = *keep;
@@ -176,6 +178,12 @@ int Run() {
     }
   }
   opts.model_roots = absl::GetFlag(FLAGS_model_roots);
+  if (const double r = absl::GetFlag(FLAGS_refresh_interval); !(r >= 0 && r <= 86400)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--refresh_interval: ", r, " is not in [0, 86400] seconds")));
+  }
+  opts.refresh_interval =
+      std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_refresh_interval) * 1000));
   if (absl::GetFlag(FLAGS_max_connections) < 1 ||
       absl::GetFlag(FLAGS_max_connections_per_uid) < 1) {
     return Fail(
@@ -239,6 +247,18 @@ int Run() {
     backend = memory::MakeBackend(absl::GetFlag(FLAGS_backend));
   }
   if (!backend.ok()) return Fail(backend.status());
+  uint64_t smallest = 0;
+  for (const auto& d : (*backend)->Devices()) {
+    if (smallest == 0 || d.total_bytes < smallest) smallest = d.total_bytes;
+  }
+  auto budget =
+      ParseByteSizeOrShare(absl::GetFlag(FLAGS_memory_budget), smallest, "--memory_budget");
+  if (!budget.ok()) return Fail(budget.status());
+  opts.memory_budget_bytes = *budget;
+  if (absl::GetFlag(FLAGS_memory_budget).find('%') != std::string::npos) {
+    WC_LOG_INFO("memory budget %s: %s per device (of %s)", absl::GetFlag(FLAGS_memory_budget),
+                FormatBytes(*budget), FormatBytes(smallest));
+  }
 
   // Signals go to a dedicated thread (blocked here before any other thread starts).
   sigset_t sigs;

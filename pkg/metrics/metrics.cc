@@ -206,11 +206,12 @@ struct Metrics::Impl {
                       .Name("weightcache_evictions_total")
                       .Help("Cache entries evicted by model and reason (api, budget).")
                       .Register(registry)),
-        refusals(prometheus::BuildCounter()
-                     .Name("weightcache_refusals_total")
-                     .Help("Control-plane requests refused, by rule (admin, lease_owner, "
-                           "model_roots, allowlist, connection_cap, publish, namespace).")
-                     .Register(registry)),
+        refusals(
+            prometheus::BuildCounter()
+                .Name("weightcache_refusals_total")
+                .Help("Control-plane requests refused, by rule (admin, lease_owner, "
+                      "model_roots, allowlist, connection_cap, publish, namespace, placement).")
+                .Register(registry)),
         keeper_up(prometheus::BuildGauge()
                       .Name("weightcache_keeper_up")
                       .Help("1 while the daemon is connected to its keeper, else 0.")

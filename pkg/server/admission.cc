@@ -101,6 +101,43 @@ absl::StatusOr<Admission::AskedEnv> Admission::EnvFrom(const v1::Environment& en
   return asked;
 }
 
+std::string Admission::UndeclaredPlacement(const spec::ModelSpec& s, const spec::Layout& l,
+                                           const spec::Environment& env,
+                                           const std::string& device_uuid) const {
+  std::vector<std::string> why;
+  if (l.tp_size != s.tp_size || l.pp_size != s.pp_size || l.pp_rank != s.pp_rank) {
+    why.push_back(absl::StrCat("layout tp ", l.tp_rank, "/", l.tp_size, " pp ", l.pp_rank, "/",
+                               l.pp_size, " is not its spec's (tp_size ", s.tp_size, ", pp ",
+                               s.pp_rank, "/", s.pp_size, ")"));
+  } else if (!s.tp_ranks.empty() &&
+             std::find(s.tp_ranks.begin(), s.tp_ranks.end(), l.tp_rank) == s.tp_ranks.end()) {
+    std::vector<std::string> ranks;
+    for (int r : s.tp_ranks) ranks.push_back(std::to_string(r));
+    why.push_back(absl::StrCat("tp rank ", l.tp_rank, " is not among its spec's tp_ranks (",
+                               Join(ranks), ")"));
+  }
+  const std::string device =
+      device_uuid.empty() ? DefaultDeviceForRank(backend_->Devices(), l.tp_rank) : device_uuid;
+  for (const auto& d : backend_->Devices()) {
+    if (d.uuid == device && d.compute_capability != env.compute_capability) {
+      why.push_back(absl::StrCat("compute_capability ", env.compute_capability,
+                                 " is not that of device ", device, " (", d.compute_capability,
+                                 ")"));
+    }
+  }
+  if (env.loader_format_version != spec::kLoaderFormatVersion) {
+    why.push_back(absl::StrCat("loader_format_version ", env.loader_format_version,
+                               " is not this loader's (", spec::kLoaderFormatVersion, ")"));
+  }
+  if (!env.engine.empty() || !env.engine_version.empty() || !env.framework_version.empty() ||
+      !env.recipe.empty()) {
+    why.emplace_back(
+        "engine, engine_version, framework_version and recipe name published "
+        "weights, not a load");
+  }
+  return absl::StrJoin(why, "; ");
+}
+
 absl::StatusOr<spec::Layout> Admission::LayoutFrom(const v1::Layout& l) const {
   uint32_t tp = l.tp_size() == 0 ? 1 : l.tp_size();
   uint32_t pp = l.pp_size() == 0 ? 1 : l.pp_size();

@@ -43,7 +43,9 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend)
   if (!options_.keeper_socket.empty()) {
     keeper_ = std::make_unique<KeeperLink>(
         KeeperLink::Options{options_.keeper_socket}, backend_, &registry_, options_.metrics,
-        [this](const std::string& model) { return models_.SpecYaml(model); },
+        [this](const std::string& model) {
+          return RecordedSpec{models_.SpecYaml(model), models_.DefinedInline(model)};
+        },
         [this](const cache::Key& key) { return publishes_.PublisherOf(key); });
     registry_.SetObserver(keeper_.get());
   }
@@ -104,6 +106,35 @@ void Daemon::Impl::StartPreloads() {
   }
 }
 
+absl::Status Daemon::Impl::AdmitAdopted(const v1::KeeperRecord& r) {
+  const std::string& name = r.model();
+  if (auto current = models_.Spec(name)) {
+    // Still configured: its current spec, with its current access rules, serves it. Only
+    // if it still reads the directory the bytes came from.
+    if (current->model_dir != r.model_dir()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("model '", name, "' is now configured with model_dir ", current->model_dir,
+                       ", not ", r.model_dir(), " its cached copy came from"));
+    }
+    return absl::OkStatus();
+  }
+  if (r.defined_inline() && !r.spec_yaml().empty()) {
+    // An admin's inline spec stays defined across a restart, as the admin wrote it.
+    auto specs = spec::ParseSpecs(r.spec_yaml(), "keeper record of " + name);
+    if (!specs.ok()) return specs.status();
+    if (specs->size() != 1 || specs->front().name != name) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("keeper record of '", name, "': its spec_yaml is not that model's spec"));
+    }
+    models_.Define(specs->front());
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "model '", name,
+      "' is no longer configured (not in the spec file, and not an admin's inline spec): "
+      "revoked, its cached copy is not served again"));
+}
+
 absl::Status Daemon::Impl::AwaitPreload(const std::string& name, bool wait,
                                         std::chrono::steady_clock::time_point deadline) {
   MutexLock l(mu_);
@@ -126,13 +157,10 @@ absl::Status Daemon::Impl::Start() {
   if (keeper_) {
     // Before serving and before the preloads: what the keeper holds is ready at once, and
     // the preloads join it (only entries that were loading at the crash load again).
-    keeper_->AdoptAll(
-        [this](const spec::ModelSpec& s) {
-          if (!models_.Spec(s.name)) models_.Define(s);
-        },
-        [this](const cache::Key& key, const v1::PublisherInfo& who) {
-          publishes_.RecordPublisher(key, who);
-        });
+    keeper_->AdoptAll([this](const v1::KeeperRecord& r) { return AdmitAdopted(r); },
+                      [this](const cache::Key& key, const v1::PublisherInfo& who) {
+                        publishes_.RecordPublisher(key, who);
+                      });
     keeper_->StartWatch();
   }
   WC_RETURN_IF_ERROR(RemoveStaleSocket(control_path()));
@@ -505,6 +533,12 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
     bool servable = asked.dtype == opened->dtype &&
                     asked.quant_method == opened->quantization.method && env.recipe.empty();
     if (req.load_on_miss() && servable) {
+      Object object = ModelObject(*model);
+      object.undeclared_placement =
+          admission_.UndeclaredPlacement(opened->spec, *layout, env, device);
+      if (auto s = Check(caller, Verb::kLoad, object); !s.ok()) {
+        return finish(AcquireResult::kDenied, s);
+      }
       auto started = admission_.StartLoad(opened, *layout, env, device);
       if (!started.ok()) return finish(AcquireResult::kError, started.status());
       e = *started;
@@ -639,8 +673,15 @@ absl::Status Daemon::Impl::Load(const Caller& caller, const v1::LoadRequest& req
     models_.Define(specs[0]);
   }
   if (name.empty()) return absl::InvalidArgumentError("Load: set model or spec_yaml");
-  WC_RETURN_IF_ERROR(Authorize(caller, Verb::kLoad, ModelObject(name)));
-  WC_ASSIGN_OR_RETURN(auto opened, models_.Open(name, /*refresh=*/true));
+  Object object = ModelObject(name);
+  WC_RETURN_IF_ERROR(Authorize(caller, Verb::kLoad, object));
+  // Load re-reads the files (and hashes what changed): an admin's always, an engine's at most
+  // once per --refresh_interval per model; in between it loads the identity read last, whose
+  // open files are the versions it describes (issue 25: every Load re-stat'ed and could
+  // re-hash).
+  const bool refresh =
+      policy_->IsAdmin(caller) || models_.TakeRefresh(name, options_.refresh_interval);
+  WC_ASSIGN_OR_RETURN(auto opened, models_.Open(name, refresh));
   // One rank when the request names it; else every rank of the spec.
   std::vector<spec::Layout> layouts;
   if (req.has_layout()) {
@@ -668,6 +709,15 @@ absl::Status Daemon::Impl::Load(const Caller& caller, const v1::LoadRequest& req
       }
     }
     group.push_back({layout, env, device});
+  }
+  std::vector<std::string> undeclared;
+  for (const auto& g : group) {
+    std::string why = admission_.UndeclaredPlacement(opened->spec, g.layout, g.env, g.device_uuid);
+    if (!why.empty()) undeclared.push_back(std::move(why));
+  }
+  if (!undeclared.empty()) {
+    object.undeclared_placement = absl::StrJoin(undeclared, "; ");
+    WC_RETURN_IF_ERROR(Authorize(caller, Verb::kLoad, object));
   }
   // Several ranks load together: one pass over the files for all of them.
   std::vector<std::shared_ptr<cache::Entry>> entries;

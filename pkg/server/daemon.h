@@ -99,6 +99,8 @@ struct DaemonOptions {
   int socket_gid = -1;  // >= 0: group owning the socket dir and sockets (engines' group)
   std::chrono::seconds token_ttl{10};      // an unclaimed token ends its lease after this
   std::chrono::seconds acquire_wait{600};  // wait_ready / load_on_miss bound
+  // A non-admin Load re-reads a model's files at most this often (admins: every Load).
+  std::chrono::milliseconds refresh_interval{10000};
   // Shutdown: after loads and waits are cancelled, RPCs in flight get this long to finish
   // before they are cancelled too.
   std::chrono::milliseconds shutdown_grace{1000};

@@ -49,7 +49,7 @@ absl::StatusOr<load::PlannedTensor> GetTensor(const v1::TensorEntry& m, const v1
 }  // namespace
 
 std::string EncodeKeeperRecord(const cache::Entry& e, const load::LoadedModel& content,
-                               const std::string& backend, const std::string& spec_yaml,
+                               const std::string& backend, const RecordedSpec& spec,
                                const v1::PublisherInfo* publisher) {
   v1::KeeperRecord r;
   if (publisher != nullptr) *r.mutable_publisher() = *publisher;
@@ -59,7 +59,8 @@ std::string EncodeKeeperRecord(const cache::Entry& e, const load::LoadedModel& c
   r.set_device_uuid(e.device_uuid);
   r.set_backend(backend);
   r.set_source(e.source);
-  r.set_spec_yaml(spec_yaml);
+  r.set_spec_yaml(spec.yaml);
+  r.set_defined_inline(spec.defined_inline);
   r.set_model_dir(content.model_dir);
   const spec::FingerprintInputs& in = e.inputs;
   r.set_architecture(in.architecture);
@@ -166,13 +167,13 @@ absl::StatusOr<AdoptableRecord> DecodeKeeperRecord(const std::string& body) {
 
 KeeperLink::KeeperLink(Options options, memory::Backend* backend, cache::Registry* registry,
                        metrics::Metrics* metrics,
-                       std::function<std::string(const std::string&)> spec_yaml_of,
+                       std::function<RecordedSpec(const std::string&)> spec_of,
                        PublisherOfFn publisher_of)
     : options_(std::move(options)),
       backend_(backend),
       registry_(registry),
       metrics_(metrics),
-      spec_yaml_of_(std::move(spec_yaml_of)),
+      spec_of_(std::move(spec_of)),
       publisher_of_(std::move(publisher_of)) {
   if (metrics_ != nullptr) metrics_->SetKeeperUp(false);
 }
@@ -234,7 +235,7 @@ absl::Status KeeperLink::DepositLocked(const cache::Entry& e, const load::Loaded
   absl::Status s =
       conn_->Deposit(key,
                      EncodeKeeperRecord(e, content, memory::BackendName(backend_->kind()),
-                                        spec_yaml_of_ ? spec_yaml_of_(e.model) : "",
+                                        spec_of_ ? spec_of_(e.model) : RecordedSpec{},
                                         publisher ? &*publisher : nullptr),
                      fds);
   if (s.ok()) {
@@ -283,8 +284,7 @@ void KeeperLink::Evicted(const cache::Entry& e) {
   }
 }
 
-absl::Status KeeperLink::AdoptOne(keeper::KeeperClient::Entry held,
-                                  const std::function<void(const spec::ModelSpec&)>& define,
+absl::Status KeeperLink::AdoptOne(keeper::KeeperClient::Entry held, const AdmitFn& admit,
                                   const PublishedFn& published) {
   WC_ASSIGN_OR_RETURN(AdoptableRecord a, DecodeKeeperRecord(held.body));
   const v1::KeeperRecord& r = a.record;
@@ -301,6 +301,7 @@ absl::Status KeeperLink::AdoptOne(keeper::KeeperClient::Entry held,
     return absl::InvalidArgumentError(
         absl::StrCat(held.fds.size(), " descriptors for ", r.segment_sizes_size(), " segments"));
   }
+  if (admit) WC_RETURN_IF_ERROR(admit(r));
   // The stale check: the files the bytes came from must be those versions still.
   if (auto changed = load::ChangedFiles(a.files); !changed.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("stale: ", absl::StrJoin(changed, "; ")));
@@ -315,10 +316,6 @@ absl::Status KeeperLink::AdoptOne(keeper::KeeperClient::Entry held,
   content->plan = std::move(a.plan);
   content->device_uuid = r.device_uuid();
   content->model_dir = r.model_dir();
-  if (!r.spec_yaml().empty()) {
-    auto specs = spec::ParseSpecs(r.spec_yaml(), "keeper record of " + r.model());
-    if (specs.ok() && specs->size() == 1) define(specs->front());
-  }
   if (published && r.has_publisher()) published({r.fingerprint(), r.device_uuid()}, r.publisher());
   cache::LoadRequest req;
   req.key = {r.fingerprint(), r.device_uuid()};
@@ -346,8 +343,7 @@ absl::Status KeeperLink::AdoptOne(keeper::KeeperClient::Entry held,
   return absl::OkStatus();
 }
 
-size_t KeeperLink::AdoptAll(const std::function<void(const spec::ModelSpec&)>& define,
-                            const PublishedFn& published) {
+size_t KeeperLink::AdoptAll(const AdmitFn& admit, const PublishedFn& published) {
   const auto t0 = std::chrono::steady_clock::now();
   absl::StatusOr<std::vector<keeper::KeeperClient::Entry>> held;
   {
@@ -372,7 +368,7 @@ size_t KeeperLink::AdoptAll(const std::function<void(const spec::ModelSpec&)>& d
   std::vector<std::string> drop;
   for (auto& h : *held) {
     const std::string key = h.key;
-    const absl::Status s = AdoptOne(std::move(h), define, published);
+    const absl::Status s = AdoptOne(std::move(h), admit, published);
     MutexLock l(mu_);
     if (s.ok()) {
       adopted++;

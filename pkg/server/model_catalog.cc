@@ -86,6 +86,22 @@ void ModelCatalog::Define(const spec::ModelSpec& s) {
   MutexLock l(mu_);
   specs_[s.name] = s;
   yaml_[s.name] = std::move(yaml);
+  inline_.insert(s.name);
+}
+
+bool ModelCatalog::TakeRefresh(const std::string& name, std::chrono::milliseconds interval) {
+  const auto now = std::chrono::steady_clock::now();
+  MutexLock l(mu_);
+  auto [it, first] = refreshed_.try_emplace(name, now);
+  if (first) return true;
+  if (now - it->second < interval) return false;
+  it->second = now;
+  return true;
+}
+
+bool ModelCatalog::DefinedInline(const std::string& name) const {
+  MutexLock l(mu_);
+  return inline_.count(name) != 0;
 }
 
 std::string ModelCatalog::SpecYaml(const std::string& name) const {

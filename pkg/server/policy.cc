@@ -107,9 +107,18 @@ Decision Policy::Decide(const Caller& caller, Verb verb, const Object& object) c
                          ", or --admin_uids/--admin_gids on the engine socket)");
   switch (verb) {
     case Verb::kAcquire:
-    case Verb::kLoad:
     case Verb::kStatus:
       return MapRule(caller, object);
+    case Verb::kLoad: {
+      Decision d = MapRule(caller, object);
+      if (!d.allowed || object.undeclared_placement.empty() || IsAdmin(caller)) return d;
+      return Deny("placement",
+                  absl::StrCat(Who(caller), " may not load model '", object.model,
+                               "' so: ", object.undeclared_placement,
+                               "; engines load the layouts the spec declares, on this daemon's "
+                               "devices at their own environment, and an admin",
+                               admin_hint, " anything else"));
+    }
     case Verb::kDefine:
     case Verb::kEvict:
       if (IsAdmin(caller)) return Decision::Allow();

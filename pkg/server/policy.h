@@ -4,7 +4,8 @@
 //
 //   verb      needs                         then
 //   acquire   -                             the model's namespace rule (map rule)
-//   load      -                             map rule (an inline spec is `define`)
+//   load      -                             map rule (an inline spec is `define`); a
+//                                           placement the spec does not declare: admin
 //   status    -                             map rule per model shown (admins see all)
 //   define    admin                         -
 //   evict     admin                         -
@@ -63,6 +64,10 @@ struct Object {
   std::optional<uid_t> owner_uid;
   std::string owner_slot;
   std::string lease;  // for messages
+  // load: why the asked placement (layout, device, environment) is not one the model's
+  // spec declares, as Admission::UndeclaredPlacement says; empty: declared. Issue 25: any
+  // engine loaded any layout on any GPU, each a new entry, until the GPUs were full.
+  std::string undeclared_placement;
 };
 
 struct Decision {

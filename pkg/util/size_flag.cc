@@ -48,6 +48,20 @@ absl::StatusOr<uint64_t> ParseByteSize(const std::string& text, const std::strin
   return static_cast<uint64_t>(std::llround(bytes));
 }
 
+absl::StatusOr<uint64_t> ParseByteSizeOrShare(const std::string& text, uint64_t whole,
+                                              const std::string& what) {
+  std::string t(absl::StripAsciiWhitespace(text));
+  if (t.empty() || t.back() != '%') return ParseByteSize(text, what);
+  t.pop_back();
+  char* end = nullptr;
+  const double pct = std::strtod(t.c_str(), &end);
+  if (t.empty() || end != t.c_str() + t.size() || !std::isfinite(pct) || pct <= 0 || pct > 100) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": '", text, "' is not a percentage in (0, 100] (use e.g. 90%) nor a size"));
+  }
+  return static_cast<uint64_t>(static_cast<double>(whole) * pct / 100.0);
+}
+
 std::string FormatBytes(uint64_t bytes) {
   static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(bytes);

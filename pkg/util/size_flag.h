@@ -11,6 +11,9 @@ namespace weightcache {
 
 // `what` names the input in errors ("--memory_budget: '12XB' is not a size ...").
 absl::StatusOr<uint64_t> ParseByteSize(const std::string& text, const std::string& what);
+// As ParseByteSize, or a share of `whole` written as a percentage ("90%", in (0, 100]).
+absl::StatusOr<uint64_t> ParseByteSizeOrShare(const std::string& text, uint64_t whole,
+                                              const std::string& what);
 // "1.50 GiB" style, for tables.
 std::string FormatBytes(uint64_t bytes);
 

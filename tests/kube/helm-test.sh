@@ -178,7 +178,11 @@ for helm in "${helms[@]}"; do
   expect_fail "schema: slots not an integer" 'slots' "$helm" template wc "$chart" --set devicePlugin.slots=x
   expect_fail "schema: slots 0" 'slots' "$helm" template wc "$chart" --set devicePlugin.slots=0
   expect_fail "schema: port out of range" 'port' "$helm" template wc "$chart" --set metrics.port=70000
-  expect_fail "schema: bad memory budget" "memoryBudget" "$helm" template wc "$chart" --set daemon.memoryBudget=90%
+  expect_fail "schema: bad memory budget" "memoryBudget" "$helm" template wc "$chart" --set daemon.memoryBudget=90XB
+  expect_fail "schema: memory budget share over 100%" "memoryBudget" "$helm" template wc "$chart" --set daemon.memoryBudget=120%
+  # No budget, no render: one engine pod could fill every GPU (issue 25).
+  expect_fail "memory budget required" "daemon.memoryBudget is empty" "$helm" template wc "$chart" --set daemon.memoryBudget=''
+  expect "memory budget by default: a share" has "$d" '^            - --memory_budget=80%$'
   expect_fail "schema: bad backend" 'backend' "$helm" template wc "$chart" --set daemon.backend=gpu
   expect_fail "schema: bad volume type" 'type' "$helm" template wc "$chart" --set modelsVolume.type=nfs
   expect_fail "schema: bad model name" 'name' "$helm" template wc "$chart" \

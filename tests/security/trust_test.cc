@@ -10,16 +10,20 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pkg/identity/identity.h"
+#include "pkg/keeper/client.h"
 #include "pkg/safetensors/writer.h"
 #include "pkg/util/scoped_fd.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/process.h"
 #include "tests/testutil/temp_dir.h"
+#include "weightcache/v1/weightcache.pb.h"
 
 namespace weightcache {
 namespace {
@@ -238,6 +242,117 @@ TEST_F(TrustTest, ABlobNamedAfterAnotherModelsBytesIsRefused) {
   ASSERT_TRUE(st.ok());
   ASSERT_EQ(st->entries_size(), 1);
   EXPECT_EQ(st->entries(0).model(), "public");
+}
+
+// Attack: with the default budget any engine loaded a known model in any layout (tp_size,
+// rank) and environment (a compute capability of its choice) on any GPU, each a new entry
+// never evicted, until the GPUs were full for everyone. Answer: engines load only what the
+// spec declares, at the device's own environment; the rest needs an admin.
+TEST_F(TrustTest, AnEngineCannotFloodTheNodeWithLayoutsTheSpecDoesNotDeclare) {
+  Start();  // m: tp_size 1, already loaded
+  const std::string who = "on the engine socket may not load model 'm' so: ";
+  for (int tp = 2; tp <= 8; tp *= 2) {
+    v1::Layout layout;
+    layout.set_tp_size(tp);
+    layout.set_tp_rank(tp - 1);
+    absl::Status s = client_->Load(
+        "m", "", [](const v1::LoadProgress&) {}, &layout);
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(who));
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr(absl::StrCat("layout tp ", tp - 1, "/", tp,
+                                       " pp 0/1 is not its spec's (tp_size 1, pp 0/1)")));
+  }
+  for (const std::string cc : {"sm_80", "sm_90", "sm_100"}) {  // the device is "cpu"
+    client::AcquireOptions o;
+    o.model = "m";
+    o.compute_capability = cc;
+    o.load_on_miss = true;
+    auto got = client_->Acquire(o);
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kPermissionDenied) << got.status();
+    EXPECT_THAT(std::string(got.status().message()),
+                HasSubstr("compute_capability " + cc + " is not that of device host (cpu)"));
+  }
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->entries_size(), 1);  // nothing was placed
+  // What the spec declares still loads for an engine; an admin may place anything else.
+  EXPECT_TRUE(client_->Load("m", "", [](const v1::LoadProgress&) {}).ok());
+  auto admin = testing::AdminClient(socket_dir());
+  v1::Layout two;
+  two.set_tp_size(2);
+  absl::Status placed = admin->Load(
+      "m", "", [](const v1::LoadProgress&) {}, &two);
+  EXPECT_TRUE(placed.ok()) << placed;
+  st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->entries_size(), 2);
+}
+
+// Attack: the operator revokes a model by removing it from the spec file; the daemon
+// restarts (an upgrade, a crash) and the keeper still holds its bytes. Before, adoption
+// brought every record back, and defined the model again from the spec recorded with it,
+// with the access rules it had then. Answer: only models still in the spec file come back
+// (under the file's current spec and rules), and inline specs an admin defined; the rest
+// is dropped from the keeper, with the reason in Status.
+TEST_F(TrustTest, ARevokedModelDoesNotComeBackFromTheKeeper) {
+  safetensors::LlamaShape other = testing::SmallLlama();
+  other.seed = 7;  // other bytes: its own entry
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "r", other).ok());
+  const std::string keeper_sock = dir_ / "k/keeper.sock";
+  Process keeper({KEEPER_PATH, "--socket=" + keeper_sock}, dir_ / "keeper.log");
+  for (int i = 0; i < 1000 && !keeper::KeeperClient::Connect(keeper_sock).ok(); ++i) {
+    std::this_thread::sleep_for(10ms);  // polling a condition with a deadline
+  }
+  auto write_specs = [&](bool with_revoked) {
+    std::ofstream(dir_ / "specs.yaml")
+        << "models:\n  - {name: m, model_dir: " << dir_ / "m"
+        << "}\n"
+        << (with_revoked ? "  - {name: r, model_dir: " + dir_ / "r" + "}\n" : "");
+  };
+  const std::vector<std::string> argv = {WEIGHTCACHED_PATH,
+                                         "--socket_dir=" + socket_dir(),
+                                         "--backend=host",
+                                         "--metrics_address=off",
+                                         "--spec_file=" + dir_ / "specs.yaml",
+                                         "--keeper_socket=" + keeper_sock};
+  auto ready = [](int n) {
+    return [n](const v1::StatusResponse& s) {
+      int ready = 0;
+      for (const auto& e : s.entries()) ready += e.state() == "ready";
+      return ready == n;
+    };
+  };
+  write_specs(true);
+  auto d = testing::StartDaemon(argv, socket_dir(), dir_ / "daemon.log", ready(2));
+  ASSERT_TRUE(d.ok()) << d.status();
+  // And an admin's inline spec, which is not in the file: it stays.
+  std::ofstream(dir_ / "inline.yaml") << "name: x\nmodel_dir: " << dir_ / "m"
+                                      << "\ntp_size: 2\n";
+  testing::ToolRun define =
+      Ctl(socket_dir() + "-admin", {"--spec=" + dir_ / "inline.yaml", "load"});
+  ASSERT_EQ(define.rc, 0) << define.out;
+  d->process->Kill(SIGKILL);
+  d->process->Wait();
+
+  write_specs(false);  // r revoked
+  auto again = testing::StartDaemon(argv, socket_dir(), dir_ / "daemon2.log", ready(3));
+  ASSERT_TRUE(again.ok()) << again.status() << testing::ReadFileOrEmpty(dir_ / "daemon2.log");
+  auto st = again->client->Status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->keeper().adopted_entries(), 3u);  // m, and x's two ranks
+  EXPECT_EQ(st->keeper().dropped_entries(), 1u);
+  EXPECT_THAT(st->keeper().last_error(), HasSubstr("model 'r' is no longer configured"));
+  for (const auto& e : st->entries()) {
+    EXPECT_NE(e.model(), "r");
+    EXPECT_EQ(e.source(), "keeper") << e.model();
+  }
+  client::AcquireOptions o;
+  o.model = "r";
+  auto revoked = again->client->Acquire(o);
+  EXPECT_EQ(revoked.status().code(), absl::StatusCode::kNotFound) << revoked.status();
+  auto stats = keeper::KeeperClient::Connect(keeper_sock).value()->Stats();
+  EXPECT_THAT(stats.value_or(""), HasSubstr("entries=3 "));
 }
 
 }  // namespace

@@ -36,6 +36,13 @@ class Admission {
   absl::StatusOr<AskedEnv> EnvFrom(const v1::Environment& env) const;
   // INVALID_ARGUMENT for ranks not below their sizes or sizes above 4096.
   absl::StatusOr<spec::Layout> LayoutFrom(const v1::Layout& layout) const;
+  // Why loading `model` for `layout` in `env` on `device_uuid` (empty: the placement
+  // rule's) is not a placement its spec declares: a layout other than its tp_size,
+  // tp_ranks, pp_size and pp_rank; an environment other than the device's own (its compute
+  // capability, this loader's format, no published-weights fields). Empty when declared.
+  std::string UndeclaredPlacement(const spec::ModelSpec& model, const spec::Layout& layout,
+                                  const spec::Environment& env,
+                                  const std::string& device_uuid) const;
   // The environment of `rank` placed by the default rule (the compute capability of its
   // device) and that device.
   AskedEnv Placed(int rank) const;

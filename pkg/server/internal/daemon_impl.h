@@ -139,6 +139,10 @@ class Daemon::Impl final : public metrics::StateSource {
   // deadline, or at shutdown).
   absl::Status AwaitPreload(const std::string& name, bool wait,
                             std::chrono::steady_clock::time_point deadline);
+  // Keeper adoption: whether an entry the keeper holds may come back under the current
+  // configuration (issue 25: a model removed from the spec file was revoked, and came back
+  // at restart, possibly without the access rules the file would now give it).
+  absl::Status AdmitAdopted(const v1::KeeperRecord& r);
 
   std::atomic<uint64_t> hits_{0}, misses_{0}, mismatches_{0}, rejected_{0}, errors_{0},
       peer_copies_{0}, stale_{0}, denied_{0};

@@ -40,8 +40,13 @@ namespace weightcache::server {
 // fingerprint and that every tensor lies inside its segment; INVALID_ARGUMENT naming the
 // field otherwise.
 // `publisher`: who published a published entry (null for a loaded one).
+// The spec an entry was loaded under, as recorded with its deposit.
+struct RecordedSpec {
+  std::string yaml;             // canonical YAML; empty when unknown
+  bool defined_inline = false;  // an admin's inline spec, not the spec file's
+};
 std::string EncodeKeeperRecord(const cache::Entry& e, const load::LoadedModel& content,
-                               const std::string& backend, const std::string& spec_yaml,
+                               const std::string& backend, const RecordedSpec& spec,
                                const v1::PublisherInfo* publisher = nullptr);
 struct AdoptableRecord {
   v1::KeeperRecord record;
@@ -57,24 +62,26 @@ class KeeperLink final : public cache::EntryObserver {
     std::string socket_path;
     std::chrono::milliseconds retry{250};  // reconnect interval while the keeper is away
   };
-  // `spec_yaml_of(model)`: the spec recorded with a deposit (empty when unknown);
+  // `spec_of(model)`: the spec recorded with a deposit;
   // `publisher_of(key)`: who published an entry of source "publish" (recorded with it).
   using PublisherOfFn = std::function<std::optional<v1::PublisherInfo>(const cache::Key&)>;
   KeeperLink(Options options, memory::Backend* backend, cache::Registry* registry,
-             metrics::Metrics* metrics, std::function<std::string(const std::string&)> spec_yaml_of,
+             metrics::Metrics* metrics, std::function<RecordedSpec(const std::string&)> spec_of,
              PublisherOfFn publisher_of = nullptr);
   ~KeeperLink() override;
   KeeperLink(const KeeperLink&) = delete;
   KeeperLink& operator=(const KeeperLink&) = delete;
 
   // At start, before serving: connects and adopts every entry the keeper holds, waiting
-  // until each is ready in the registry. `define` is called with the spec of each adopted
-  // entry (a model defined inline before the restart stays known). Returns the count
-  // adopted. No keeper: logged, 0.
+  // until each is ready in the registry. `admit` decides, before anything is mapped, whether
+  // an entry of model `record.model()` may come back under the current configuration (the
+  // daemon: only models still configured, or inline specs an admin defined, which it then
+  // defines again); its refusal drops the entry from the keeper with that reason. Returns
+  // the count adopted. No keeper: logged, 0.
   // `published` is called with the publisher of each adopted published entry.
+  using AdmitFn = std::function<absl::Status(const v1::KeeperRecord& record)>;
   using PublishedFn = std::function<void(const cache::Key&, const v1::PublisherInfo&)>;
-  size_t AdoptAll(const std::function<void(const spec::ModelSpec&)>& define,
-                  const PublishedFn& published = nullptr);
+  size_t AdoptAll(const AdmitFn& admit, const PublishedFn& published = nullptr);
   // Starts the watcher thread (hang-up, reconnect, re-deposit).
   void StartWatch();
   void Stop();
@@ -91,8 +98,7 @@ class KeeperLink final : public cache::EntryObserver {
   absl::Status DepositLocked(const cache::Entry& e, const load::LoadedModel& content)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adopts one entry; the reason when it cannot be (the caller drops it from the keeper).
-  absl::Status AdoptOne(keeper::KeeperClient::Entry held,
-                        const std::function<void(const spec::ModelSpec&)>& define,
+  absl::Status AdoptOne(keeper::KeeperClient::Entry held, const AdmitFn& admit,
                         const PublishedFn& published);
   void Watch();
   void RedepositAll();
@@ -102,7 +108,7 @@ class KeeperLink final : public cache::EntryObserver {
   memory::Backend* const backend_;
   cache::Registry* const registry_;
   metrics::Metrics* const metrics_;
-  const std::function<std::string(const std::string&)> spec_yaml_of_;
+  const std::function<RecordedSpec(const std::string&)> spec_of_;
   const PublisherOfFn publisher_of_;
 
   mutable Mutex mu_;

@@ -9,9 +9,11 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,8 +39,10 @@ class ModelCatalog {
   // The digest store (persisted at `path`; empty: memory only). Call once, before Open.
   absl::Status OpenDigestStore(const std::string& path);
 
-  // Adds or replaces a spec (an inline spec of a Load request).
+  // Adds or replaces a spec (an inline spec of a Load request: an admin's).
   void Define(const spec::ModelSpec& s);
+  // Whether `name`'s spec is an inline one (Define), not the spec file's.
+  bool DefinedInline(const std::string& name) const;
   std::optional<spec::ModelSpec> Spec(const std::string& name) const;
   // Its canonical YAML (spec::ToYaml, made once when defined: yaml-cpp's emitter costs tens of
   // microseconds, too much for every Acquire); empty when unknown.
@@ -48,6 +52,9 @@ class ModelCatalog {
   // re-hashes only file versions the store does not know). NOT_FOUND naming the known specs.
   absl::StatusOr<std::shared_ptr<const load::OpenedModel>> Open(const std::string& name,
                                                                 bool refresh);
+  // Whether a refresh of `name` is due: true (and the time taken) when none was taken in the
+  // last `interval`; a rate limit for callers that may not re-read the files at will.
+  bool TakeRefresh(const std::string& name, std::chrono::milliseconds interval);
   // Every opened spec, by name (a copy).
   std::map<std::string, std::shared_ptr<const load::OpenedModel>> Opened() const;
 
@@ -81,6 +88,8 @@ class ModelCatalog {
   mutable Mutex mu_;
   std::map<std::string, spec::ModelSpec> specs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> yaml_ ABSL_GUARDED_BY(mu_);  // name -> canonical YAML
+  std::set<std::string> inline_ ABSL_GUARDED_BY(mu_);             // names Define()d
+  std::map<std::string, std::chrono::steady_clock::time_point> refreshed_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<const load::OpenedModel>> opened_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> open_errors_ ABSL_GUARDED_BY(mu_);
 };
