@@ -76,6 +76,11 @@ void Registry::SetEvictCallback(EvictFn fn) {
   on_evict_ = std::move(fn);
 }
 
+void Registry::SetLingeringSource(LingeringFn fn) {
+  MutexLock l(mu_);
+  lingering_ = std::move(fn);
+}
+
 void Registry::SetObserver(EntryObserver* observer) {
   MutexLock l(mu_);
   observer_ = observer;
@@ -138,26 +143,31 @@ absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(LoadRequest req, bo
     if (it != entries_.end() && it->second->state != State::kFailed) return it->second;
     if (it != entries_.end()) entries_.erase(it);  // a failed entry is retried
     if (budget_ != 0) {
-      // What eviction cannot free (loading, leased, draining): a request that cannot fit even
-      // after evicting everything else fails before anything is evicted.
-      uint64_t pinned = UsedLocked(&device);
+      // What eviction cannot free (loading, leased, draining, and memory dropped that other
+      // processes still hold): a request that cannot fit even after evicting everything else
+      // fails before anything is evicted.
+      const uint64_t lingering = lingering_ ? lingering_(device) : 0;
+      uint64_t pinned = UsedLocked(&device) + lingering;
       for (const auto& [key, c] : entries_) {
         if (key.device_uuid == device && c->state == State::kReady && !Pinned(*c)) {
           pinned -= c->reserved_bytes;
         }
       }
       if (pinned + req.bytes > budget_) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("model '", req.model, "' needs ", req.bytes, " bytes on ", device,
-                         "; its memory budget of ", budget_,
-                         " bytes cannot hold it even after evicting every "
-                         "unleased entry (",
-                         pinned,
-                         " bytes are loading, leased or draining); nothing was "
-                         "evicted"));
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "model '", req.model, "' needs ", req.bytes, " bytes on ", device,
+            "; its memory budget of ", budget_,
+            " bytes cannot hold it even after evicting every "
+            "unleased entry (",
+            pinned, " bytes are loading, leased or draining",
+            lingering == 0 ? std::string()
+                           : absl::StrCat(", of which ", lingering,
+                                          " bytes are evicted copies other processes still "
+                                          "map or hold"),
+            "); nothing was evicted"));
       }
       // LRU eviction of ready, unleased entries of the same device until the new one fits.
-      while (UsedLocked(&device) + req.bytes > budget_) {
+      while (UsedLocked(&device) + lingering + req.bytes > budget_) {
         std::shared_ptr<Entry> victim;
         for (const auto& [key, c] : entries_) {
           if (key.device_uuid == device && c->state == State::kReady && !Pinned(*c) &&
@@ -168,10 +178,10 @@ absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(LoadRequest req, bo
         if (!victim) break;
         EvictLocked(victim->key, "budget", &drop, &evicted);
       }
-      if (UsedLocked(&device) + req.bytes > budget_) {
+      if (UsedLocked(&device) + lingering + req.bytes > budget_) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "model '", req.model, "' needs ", req.bytes, " bytes on ", device, "; memory budget ",
-            budget_, " bytes has ", budget_ - std::min(budget_, UsedLocked(&device)),
+            budget_, " bytes has ", budget_ - std::min(budget_, UsedLocked(&device) + lingering),
             " free after evicting every unleased entry of that device"));
       }
     }

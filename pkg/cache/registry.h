@@ -236,6 +236,12 @@ class Registry {
   void SetEvictCallback(EvictFn fn);
   // One observer (or null); it must outlive the registry's loads and evictions.
   void SetObserver(EntryObserver* observer);
+  // Bytes on a device that the registry dropped and other processes still hold
+  // (memory::Backend::LingeringBytes): counted against the budget like draining entries,
+  // since eviction cannot free them. Called under the registry's lock: it must not call
+  // back into the registry.
+  using LingeringFn = std::function<uint64_t(const std::string& device_uuid)>;
+  void SetLingeringSource(LingeringFn fn);
 
  private:
   Evicted EvictLocked(const Key& key, const std::string& reason,
@@ -266,6 +272,7 @@ class Registry {
   uint64_t next_load_id_ ABSL_GUARDED_BY(mu_) = 0;
   LoadDoneFn on_done_ ABSL_GUARDED_BY(mu_);
   EvictFn on_evict_ ABSL_GUARDED_BY(mu_);
+  LingeringFn lingering_ ABSL_GUARDED_BY(mu_);
   EntryObserver* observer_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };

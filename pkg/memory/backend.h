@@ -115,6 +115,15 @@ class Backend {
   virtual bool CanAccessPeer(const std::string& src_uuid, const std::string& dst_uuid) const {
     return src_uuid == dst_uuid;
   }
+  // Bytes of segments on `device_uuid` that this backend dropped (their Segment destroyed)
+  // and that another process still holds: descriptors or mappings an engine kept after its
+  // lease ended. The budget counts them until they are really gone (issue 25).
+  // This default (cuda-vmm: the driver does not say when an exported allocation's last
+  // importer lets go): 0.
+  virtual uint64_t LingeringBytes(const std::string& device_uuid) {
+    (void)device_uuid;
+    return 0;
+  }
   // Copies the first src.size() bytes of `src` (sealed or not, on any device of this
   // backend) into `dst` (unsealed, at least as large, usually on another device) at offset
   // 0, synchronously: when it returns OK the bytes are in `dst` (still to be Seal()ed).

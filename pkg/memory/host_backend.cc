@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "pkg/memory/backend.h"
+#include "pkg/memory/internal/release_watch.h"
 #include "pkg/util/errno_status.h"
 #include "pkg/util/scoped_fd.h"
 
@@ -30,7 +31,8 @@ class HostSegment final : public Segment {
  public:
   static absl::StatusOr<std::unique_ptr<HostSegment>> Create(uint64_t size,
                                                              const std::string& label,
-                                                             const std::string& device) {
+                                                             const std::string& device,
+                                                             std::shared_ptr<ReleaseWatch> watch) {
     ScopedFd fd(::memfd_create(label.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
     if (!fd) return ErrnoStatus(errno, "memfd_create", label);
     if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
@@ -38,15 +40,16 @@ class HostSegment final : public Segment {
     }
     void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     if (p == MAP_FAILED) return ErrnoStatus(errno, "mmap memfd", label);
-    return std::unique_ptr<HostSegment>(
-        new HostSegment(std::move(fd), size, label, device, static_cast<std::byte*>(p)));
+    return std::unique_ptr<HostSegment>(new HostSegment(
+        std::move(fd), size, label, device, static_cast<std::byte*>(p), std::move(watch)));
   }
 
   // A sealed memfd an earlier daemon created (Backend::Adopt): `fd` is its read-only
   // descriptor, checked to be what Seal() leaves.
   static absl::StatusOr<std::unique_ptr<HostSegment>> Adopt(ScopedFd fd, uint64_t size,
                                                             const std::string& label,
-                                                            const std::string& device) {
+                                                            const std::string& device,
+                                                            std::shared_ptr<ReleaseWatch> watch) {
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat adopted segment", label);
     if (static_cast<uint64_t>(st.st_size) != size) {
@@ -63,14 +66,19 @@ class HostSegment final : public Segment {
       return absl::InvalidArgumentError(
           absl::StrCat(label, ": adopted descriptor is writable; a sealed segment's is read-only"));
     }
-    auto seg =
-        std::unique_ptr<HostSegment>(new HostSegment(ScopedFd(), size, label, device, nullptr));
+    auto seg = std::unique_ptr<HostSegment>(
+        new HostSegment(ScopedFd(), size, label, device, nullptr, std::move(watch)));
     seg->ro_fd_ = std::move(fd);
     seg->sealed_ = true;
     return seg;
   }
 
-  ~HostSegment() override { Unmap(); }
+  ~HostSegment() override {
+    Unmap();
+    // Whoever else holds the memfd (an engine, the keeper) keeps the memory: counted
+    // against the budget until the last of them lets go.
+    if (watch_) watch_->Track(fd(), device_, size_, label_);
+  }
 
   uint64_t size() const override { return size_; }
   std::byte* host_data() override { return sealed_ ? nullptr : data_; }
@@ -107,12 +115,14 @@ class HostSegment final : public Segment {
   const std::string& device_uuid() const override { return device_; }
 
  private:
-  HostSegment(ScopedFd fd, uint64_t size, std::string label, std::string device, std::byte* data)
+  HostSegment(ScopedFd fd, uint64_t size, std::string label, std::string device, std::byte* data,
+              std::shared_ptr<ReleaseWatch> watch)
       : fd_(std::move(fd)),
         size_(size),
         label_(std::move(label)),
         data_(data),
-        device_(std::move(device)) {}
+        device_(std::move(device)),
+        watch_(std::move(watch)) {}
 
   void Unmap() {
     if (data_ != nullptr) ::munmap(data_, size_);
@@ -126,11 +136,13 @@ class HostSegment final : public Segment {
   std::byte* data_;
   bool sealed_ = false;
   std::string device_;
+  std::shared_ptr<ReleaseWatch> watch_;
 };
 
 class HostBackend final : public Backend {
  public:
-  explicit HostBackend(const HostBackendOptions& o) : options_(o) {}
+  explicit HostBackend(const HostBackendOptions& o)
+      : options_(o), watch_(std::make_shared<ReleaseWatch>()) {}
 
   BackendKind kind() const override { return BackendKind::kHost; }
   uint64_t granularity() const override { return kHostGranularity; }
@@ -162,7 +174,7 @@ class HostBackend final : public Backend {
           "' is not available (devices: ", absl::StrJoin(options_.device_uuids, ", "), ")"));
     }
     if (size == 0) return absl::InvalidArgumentError(absl::StrCat(label, ": empty segment"));
-    auto seg = HostSegment::Create(RoundUp(size, kHostGranularity), label, device);
+    auto seg = HostSegment::Create(RoundUp(size, kHostGranularity), label, device, watch_);
     if (!seg.ok()) return seg.status();
     return std::unique_ptr<Segment>(std::move(seg).value());
   }
@@ -174,7 +186,7 @@ class HostBackend final : public Backend {
           label, ": adopted on device '", device_uuid, "', which this host backend does not have (",
           absl::StrJoin(options_.device_uuids, ", "), ")"));
     }
-    auto seg = HostSegment::Adopt(std::move(fd), size, label, device_uuid);
+    auto seg = HostSegment::Adopt(std::move(fd), size, label, device_uuid, watch_);
     if (!seg.ok()) return seg.status();
     return std::unique_ptr<Segment>(std::move(seg).value());
   }
@@ -240,7 +252,12 @@ class HostBackend final : public Backend {
            options_.device_uuids.end();
   }
 
+  uint64_t LingeringBytes(const std::string& device_uuid) override {
+    return watch_->Lingering(device_uuid);
+  }
+
   HostBackendOptions options_;
+  std::shared_ptr<ReleaseWatch> watch_;
 };
 
 }  // namespace

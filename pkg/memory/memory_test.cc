@@ -12,6 +12,7 @@
 #include "pkg/memory/backend.h"
 #include "pkg/memory/cuda_backend.h"
 #include "pkg/memory/mapping.h"
+#include "pkg/util/scoped_fd.h"
 
 namespace weightcache::memory {
 namespace {
@@ -45,6 +46,52 @@ TEST(HostBackend, AllocatesRoundedSealsAndSharesReadOnly) {
   EXPECT_EQ(::pwrite(seg->fd(), &x, 1, 0), -1);
   // After sealing, writes through the backend are refused too.
   EXPECT_EQ(seg->CopyIn(0, &x, 1).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Finding (issue 25): memory a client kept after its lease ended was not counted, so one
+// pod multiplied real use past the budget by evict-and-reload (Status 124 MiB, shared
+// memory 884 MiB, budget 150 MiB). A dropped segment now counts until its last holder (a
+// descriptor, a mapping, a re-open through /proc) lets go.
+TEST(HostBackend, ADroppedSegmentCountsUntilItsLastHolderLetsGo) {
+  auto b = MakeHostBackend();
+  for (const std::string hold : {"descriptor", "mapping", "reopen"}) {
+    SCOPED_TRACE(hold);
+    auto seg = FilledSegment(*b, 5000);
+    ASSERT_TRUE(seg->Seal().ok());
+    const uint64_t size = seg->size();
+    ScopedFd kept(::dup(seg->fd()));  // what a client received over the handle channel
+    void* map = nullptr;
+    ScopedFd reopened;
+    if (hold == "mapping") {
+      map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, kept.get(), 0);
+      ASSERT_NE(map, MAP_FAILED);
+      kept.reset();  // the mapping alone holds it
+    } else if (hold == "reopen") {
+      const std::string self = "/proc/self/fd/" + std::to_string(kept.get());
+      reopened = ScopedFd(::open(self.c_str(), O_RDONLY | O_CLOEXEC));
+      ASSERT_TRUE(reopened.valid());
+    }
+    EXPECT_EQ(b->LingeringBytes("host"), 0u);  // the daemon still holds it: not lingering
+    seg.reset();                               // evicted: the daemon lets go
+    EXPECT_EQ(b->LingeringBytes("host"), size);
+    EXPECT_EQ(b->LingeringBytes("other"), 0u);
+    if (hold == "reopen") {
+      kept.reset();  // the received descriptor closed; the re-opened one still holds it
+      EXPECT_EQ(b->LingeringBytes("host"), size);
+      reopened.reset();
+    }
+    kept.reset();
+    if (map != nullptr) {
+      EXPECT_EQ(b->LingeringBytes("host"), size);
+      ::munmap(map, size);
+    }
+    EXPECT_EQ(b->LingeringBytes("host"), 0u);
+  }
+  // Nobody else held it: not lingering at all.
+  auto alone = FilledSegment(*b, 5000);
+  ASSERT_TRUE(alone->Seal().ok());
+  alone.reset();
+  EXPECT_EQ(b->LingeringBytes("host"), 0u);
 }
 
 TEST(HostBackend, CopyOutsideSegmentIsRefused) {

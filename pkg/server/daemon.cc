@@ -37,6 +37,8 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend)
           options_.metrics->OnLoad(e.model, e.source, seconds, e.progress.total());
         }
       });
+  registry_.SetLingeringSource(
+      [this](const std::string& device) { return backend_->LingeringBytes(device); });
   registry_.SetEvictCallback([this](const std::string& model, const std::string& reason) {
     if (options_.metrics != nullptr) options_.metrics->OnEviction(model, reason);
   });

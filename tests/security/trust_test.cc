@@ -4,9 +4,11 @@
 // The pure rule table is pkg/server/policy_test.cc; slot publishing by namespace is
 // tests/integration/namespace_test.cc.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -287,6 +289,72 @@ TEST_F(TrustTest, AnEngineCannotFloodTheNodeWithLayoutsTheSpecDoesNotDeclare) {
   st = client_->Status();
   ASSERT_TRUE(st.ok());
   EXPECT_EQ(st->entries_size(), 2);
+}
+
+// Attack: an engine ends its lease but keeps the memory (a duplicate of the mapping, as good
+// as keeping the descriptors); the entry is evicted and loaded again, and again: each round
+// leaves a copy the budget no longer counts (tried before: Status 124 MiB, shared memory
+// 884 MiB, budget 150 MiB). Answer: an evicted copy counts against the budget until its last
+// holder lets go (host backend: the kernel says when, through inotify).
+TEST_F(TrustTest, MemoryKeptAfterALeaseStaysCountedAgainstTheBudget) {
+  Start();  // to learn the entry's size
+  auto first = client_->Status();
+  ASSERT_TRUE(first.ok());
+  const uint64_t size = first->entries(0).bytes();
+  client_.reset();
+  daemon_->Kill(SIGTERM);
+  ASSERT_EQ(daemon_->Wait(), 0);
+  // Room for two copies and a half.
+  auto d = testing::StartDaemon(
+      {WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir(), "--backend=host", "--metrics_address=off",
+       "--model=name=m,model_dir=" + dir_ / "m", "--memory_budget=" + std::to_string(size * 5 / 2)},
+      socket_dir(), dir_ / "daemon2.log",
+      [](const auto& s) { return s.entries_size() == 1 && s.entries(0).state() == "ready"; });
+  ASSERT_TRUE(d.ok()) << d.status();
+  auto admin = testing::AdminClient(socket_dir());
+  client::AcquireOptions o;
+  o.model = "m";
+  o.load_on_miss = true;
+  std::vector<std::pair<void*, size_t>> kept;
+  // Acquire, keep a mapping of every segment, end the lease; the admin evicts the entry.
+  auto keep_and_evict = [&] {
+    auto lease = d->client->Acquire(o);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    for (size_t i = 0; i < (*lease)->segment_count(); ++i) {
+      auto* base = const_cast<std::byte*>((*lease)->segment_base(i));
+      const size_t n = (*lease)->segment_size(i);
+      void* dup = ::mremap(base, 0, n, MREMAP_MAYMOVE);  // a second mapping, same pages
+      ASSERT_NE(dup, MAP_FAILED) << std::strerror(errno);
+      kept.emplace_back(dup, n);
+    }
+    lease->reset();  // unmapped and the handle connection closed: the lease ends
+    testing::WaitForStatus(
+        *admin,
+        [](const v1::StatusResponse& s) {
+          return s.entries_size() == 1 && s.entries(0).leases_size() == 0;
+        },
+        10s);
+    auto evicted = admin->Evict("m", "");
+    ASSERT_TRUE(evicted.ok()) << evicted.status();
+    EXPECT_EQ(*evicted, 1u);
+    auto st = admin->Status();
+    ASSERT_TRUE(st.ok());
+    EXPECT_EQ(st->entries_size(), 0);  // gone from the registry: only the kept copy is left
+  };
+  keep_and_evict();
+  auto again = d->client->Acquire(o);  // 1 kept + 1 loaded fit in 2.5
+  ASSERT_TRUE(again.ok()) << again.status();
+  again->reset();
+  keep_and_evict();
+  auto refused = d->client->Acquire(o);  // 2 kept + 1 do not
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr(absl::StrCat(2 * size,
+                                     " bytes are evicted copies other processes still "
+                                     "map or hold")));
+  for (auto [p, n] : kept) ::munmap(p, n);  // really gone now
+  auto after = d->client->Acquire(o);
+  EXPECT_TRUE(after.ok()) << after.status();
 }
 
 // Attack: the operator revokes a model by removing it from the spec file; the daemon
