@@ -531,7 +531,12 @@ TEST_F(DevicePluginTest, StopReportsUnhealthyEndsStreamsAndRemovesSocket) {
   EXPECT_TRUE(watch.WaitFor(AllHealth(4, "Unhealthy")).has_value());
   grpc::Status status;
   EXPECT_TRUE(watch.WaitDone(kWait, &status));
-  EXPECT_TRUE(status.ok()) << status.error_message();
+  // The handler ends the stream with OK, but the server is torn down right after: on a busy
+  // machine its transport can close before the trailers are flushed (seen once in ~150
+  // runs beside a full build: UNAVAILABLE "Broken pipe", the Unhealthy list received). The
+  // kubelet treats both alike: the list said Unhealthy and the stream ended.
+  EXPECT_TRUE(status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE)
+      << status.error_code() << " " << status.error_message();
   EXPECT_FALSE(Exists(endpoint()));
   EXPECT_FALSE(plugin->registered());
   plugin->Stop();  // idempotent
