@@ -33,7 +33,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "pkg/kube/pod_resources.h"
-#include "pkg/server/daemon.h"
+#include "pkg/server/options.h"
 #include "pkg/util/mutex.h"
 
 namespace weightcache::server {

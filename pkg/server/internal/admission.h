@@ -16,7 +16,7 @@
 #include "pkg/load/model.h"
 #include "pkg/load/staging_pool.h"
 #include "pkg/memory/backend.h"
-#include "pkg/server/daemon.h"
+#include "pkg/server/options.h"
 #include "weightcache/v1/weightcache.pb.h"
 
 namespace weightcache::server {

@@ -1,5 +1,10 @@
-// Daemon internals shared by daemon.cc (lifecycle and the serving policy of each RPC) and
-// grpc_service.cc (the gRPC adapter). The parts it composes have a unit each: ModelCatalog
+// Daemon internals, defined across the files of its seams:
+//   daemon.cc        lifecycle (start, preloads, keeper adoption, teardown), Load, Evict,
+//                    Release, and the door to the policy (Authorize/Check, CallerOf)
+//   acquire.cc       the Acquire policy: stale check, hit, peer copy, load on miss,
+//                    mismatch diagnosis, and the lease it ends in
+//   status_view.cc   the Status view, readiness and the metrics' scrape-time snapshots
+//   grpc_service.cc  the gRPC adapter. The parts it composes have a unit each: ModelCatalog
 // (specs, opened models, identity), Admission (placement, budget, loads and peer copies),
 // LeaseManager (leases and tokens bound to entries), cache::Registry (entries).
 // Not a public header.

@@ -31,7 +31,7 @@
 #include "pkg/cache/registry.h"
 #include "pkg/load/plan.h"
 #include "pkg/memory/backend.h"
-#include "pkg/server/daemon.h"
+#include "pkg/server/options.h"
 #include "pkg/server/handle_channel.h"
 #include "pkg/server/internal/admission.h"
 #include "pkg/server/internal/model_catalog.h"

@@ -1,0 +1,124 @@
+// The daemon's vocabulary: its options, socket names and placement rule. The parts of
+// pkg/server (admission, publishing, namespace rules) and the daemon that assembles them
+// depend on this header, not on each other's, so arrows run one way.
+//
+// Thread-safety: plain values. Lifetimes: DaemonOptions' pointers (metrics) and hooks
+// outlive the daemon built from them.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "pkg/memory/backend.h"
+#include "pkg/spec/spec.h"
+
+namespace weightcache::metrics {
+class Metrics;
+}  // namespace weightcache::metrics
+
+namespace weightcache::server {
+
+inline constexpr const char* kDefaultSocketDir = "/run/weightcache";
+inline constexpr const char* kControlSocketName = "control.sock";
+inline constexpr const char* kHandleSocketName = "handle.sock";
+inline constexpr const char* kVersion = "0.1.0";
+
+// What Acquire does when the asked device does not hold the model-rank but another device
+// of this daemon does (--peer_policy):
+//   copy: device-to-device copy into a new entry on the asked device (GPU peer access;
+//         host-staged when the GPUs cannot reach each other);
+//   host: the same, always staged through pinned host memory;
+//   miss: NOT_FOUND naming the device that holds it.
+enum class PeerPolicy { kCopy, kHost, kMiss };
+const char* PeerPolicyName(PeerPolicy p);
+absl::StatusOr<PeerPolicy> ParsePeerPolicy(const std::string& name);
+
+// Placement: the device of `rank` when nothing names one (preloads, Load without
+// env.device_uuid): the (rank mod n)-th of the backend's devices, in ordinal order, so a
+// tp_size N model on an N-GPU node gets one rank per GPU. Empty when there is no device.
+std::string DefaultDeviceForRank(const std::vector<memory::DeviceInfo>& devices, int rank);
+
+// Per-model namespace rules (docs/security.md, pkg/server/namespace_rules.h). With `enabled`,
+// the daemon also serves one socket directory per device-plugin slot,
+// <socket_dir>/slots/weightcache-<i>/ (control.sock, handle.sock), and asks the kubelet's
+// PodResources API which pod holds the slot of a connection before it maps a model that lists
+// allowed_namespaces.
+struct NamespaceRulesOptions {
+  bool enabled = false;
+  int slots = 64;  // the device plugin's slots (--device_plugin_slots)
+  std::string resource_name = "weightcache.io/client";
+  std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
+  // Where a slot's directory appears in engine containers (--container_socket_dir): the
+  // handle socket named in Acquire answers on slot connections. Empty: socket_dir.
+  std::string container_socket_dir;
+  std::chrono::milliseconds cache_ttl{2000};
+  std::chrono::milliseconds pod_resources_timeout{2000};
+};
+
+struct DaemonOptions {
+  std::string socket_dir = kDefaultSocketDir;
+  std::vector<spec::ModelSpec> specs;  // known models; preloaded when `preload`
+  bool preload = true;
+  uint64_t memory_budget_bytes = 0;  // 0: unlimited
+  // Content digests per checkpoint file version (pkg/identity), persisted here so a restart
+  // does not hash again; its directory is created 0700. Empty: memory only.
+  std::string digest_store;
+  // Who may connect (control and handle sockets, SO_PEERCRED); empty: anyone who can reach
+  // the sockets (their modes and --socket_gid decide).
+  std::vector<uid_t> allowed_uids;
+  // Roles are granted, never implied (policy.h has the table). Admin: define inline specs,
+  // evict, end other peers' leases; publisher: BeginPublish. Engines (any allowed peer)
+  // acquire, release their own leases, load known specs and read status.
+  // The admin socket's directory (created 0700; control.sock in it): every peer there is
+  // admin and publisher. It must be a directory that no engine pod mounts. Empty: none.
+  std::string admin_socket_dir;
+  // On the engine socket (<socket_dir>/control.sock) only: admins and publishers by uid or
+  // primary gid. All empty: nobody (the daemon's own uid and root included).
+  std::vector<uid_t> admin_uids;
+  std::vector<gid_t> admin_gids;
+  std::vector<uid_t> publish_uids;
+  std::vector<gid_t> publish_gids;
+  // Namespace rules on: pods of these namespaces may publish through their slot socket.
+  std::vector<std::string> publish_namespaces;
+  // Model directories must resolve (symlinks followed) under one of these; empty: anywhere.
+  std::vector<std::string> model_roots;
+  // Control connections open at once, in all and per peer uid (see ControlListener).
+  size_t max_connections = 2048;
+  size_t max_connections_per_uid = 256;
+  // Memory gRPC may use for the control plane (requests, streams, buffers) and its threads.
+  uint64_t grpc_memory_bytes = 256ull << 20;
+  int grpc_max_threads = 128;
+  int socket_gid = -1;  // >= 0: group owning the socket dir and sockets (engines' group)
+  std::chrono::seconds token_ttl{10};      // an unclaimed token ends its lease after this
+  std::chrono::seconds acquire_wait{600};  // wait_ready / load_on_miss bound
+  // A non-admin Load re-reads a model's files at most this often (admins: every Load).
+  std::chrono::milliseconds refresh_interval{10000};
+  // Shutdown: after loads and waits are cancelled, RPCs in flight get this long to finish
+  // before they are cancelled too.
+  std::chrono::milliseconds shutdown_grace{1000};
+  // Tests only: called by Acquire after it found a ready entry and before it records the
+  // lease (to race an eviction deterministically). Null in production.
+  std::function<void(const std::string& model)> before_lease_hook;
+  // Tests only: called on the preload thread before each preloaded model is opened (to hold
+  // a preload in its opening, as slow hashing of a large checkpoint does). Null in production.
+  std::function<void(const std::string& model)> before_preload_hook;
+  unsigned read_threads = 16;
+  // GPU loads: page-locked staging memory kept pinned between loads (one ring: pinning it
+  // again costs ~0.1 s per load, a third of a page-cache-hot 8 GiB load); 0 frees it after
+  // every load.
+  uint64_t staging_keep_bytes = 256ull << 20;
+  PeerPolicy peer_policy = PeerPolicy::kCopy;
+  // weightcache-keeper's socket: entries are deposited there before they are announced
+  // ready, and adopted from there at start (no disk reads). Empty: no keeper.
+  std::string keeper_socket;
+  NamespaceRulesOptions namespace_rules;
+  metrics::Metrics* metrics = nullptr;  // optional
+};
+
+}  // namespace weightcache::server

@@ -1,0 +1,193 @@
+// The daemon's view of itself: the Status RPC (entries, leases, known models, devices,
+// what each peer may see under the namespace rules), readiness, and the snapshots the
+// scrape-time metrics read. Part of Daemon::Impl (daemon_impl.h).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <set>
+#include <thread>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "pkg/load/loader.h"
+#include "pkg/load/plan.h"
+#include "pkg/server/internal/daemon_impl.h"
+#include "pkg/util/log.h"
+#include "pkg/util/status_macros.h"
+
+namespace weightcache::server {
+
+void Daemon::Impl::Status(const Caller& caller, v1::StatusResponse* resp) {
+  // With --namespace_rules a peer sees the models it may map, the entries that serve them
+  // (under those names only) and, of their leases, those of its own socket; an admin sees
+  // everything. Counters and device rows stay whole (free memory shows the rest anyway).
+  const bool filtered = rules_ != nullptr && !IsAdmin(caller);
+  std::map<std::string, bool> may_map;  // one rule decision per name and Status
+  auto visible = [&](const std::string& name) {
+    if (!filtered) return true;
+    auto [it, fresh] = may_map.try_emplace(name, false);
+    if (fresh) it->second = policy_->Decide(caller, Verb::kStatus, ModelObject(name)).allowed;
+    return it->second;
+  };
+  resp->set_version(kVersion);
+  resp->set_backend(memory::BackendName(backend_->kind()));
+  auto now = std::chrono::steady_clock::now();
+  std::map<std::string, std::pair<uint32_t, uint64_t>> per_device;  // entries, bytes
+  auto snapshot = registry_.Snapshot();
+  // Sorted by model, rank, device: a stable order for people and scripts.
+  std::sort(snapshot.begin(), snapshot.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.model, a.inputs.layout.pp_rank, a.inputs.layout.tp_rank, a.device_uuid,
+                    a.fingerprint) < std::tie(b.model, b.inputs.layout.pp_rank,
+                                              b.inputs.layout.tp_rank, b.device_uuid,
+                                              b.fingerprint);
+  });
+  std::map<std::string, std::set<uint32_t>> ready_ranks;  // spec name -> tp ranks
+  for (const auto& s : snapshot) {
+    auto& [count, bytes] = per_device[s.device_uuid];
+    count++;
+    bytes += s.bytes;
+    std::vector<std::string> names;
+    for (auto& n : models_.NamesOf(s)) {
+      if (visible(n)) names.push_back(std::move(n));
+    }
+    const bool model_visible = visible(s.model);
+    if (!model_visible && names.empty()) continue;
+    auto* e = resp->add_entries();
+    e->set_model(model_visible ? s.model : names.front());
+    e->set_fingerprint(s.fingerprint);
+    const bool stale = s.state == cache::State::kReady && !s.stale.empty();
+    e->set_state(stale ? "stale" : cache::StateName(s.state));
+    e->set_error(stale ? s.stale : s.error);
+    e->set_bytes(s.bytes);
+    e->set_tensor_bytes(s.tensor_bytes);
+    e->set_tensors(static_cast<uint32_t>(s.tensors));
+    e->set_segments(static_cast<uint32_t>(s.segments));
+    e->mutable_layout()->set_tp_size(s.inputs.layout.tp_size);
+    e->mutable_layout()->set_tp_rank(s.inputs.layout.tp_rank);
+    e->mutable_layout()->set_pp_size(s.inputs.layout.pp_size);
+    e->mutable_layout()->set_pp_rank(s.inputs.layout.pp_rank);
+    e->set_backend(memory::BackendName(backend_->kind()));
+    e->set_device_uuid(s.device_uuid);
+    e->set_load_seconds(s.load_seconds);
+    e->set_bytes_read(s.bytes_read);
+    e->set_bytes_done(s.bytes_done);
+    e->set_source(s.source);
+    // A published entry, or one adopted from the keeper whose record says who published it.
+    if (auto p = publishes_.PublisherOf({s.fingerprint, s.device_uuid});
+        p && (s.source == "publish" || s.source == "keeper")) {
+      *e->mutable_publisher() = *p;
+    }
+    for (const auto& n : names) {
+      e->add_names(n);
+      if (s.state == cache::State::kReady && !stale) {
+        ready_ranks[n].insert(static_cast<uint32_t>(s.inputs.layout.tp_rank));
+      }
+    }
+    for (const auto& l : s.leases) {
+      if (filtered && l.slot != caller.slot) continue;
+      auto* li = e->add_leases();
+      li->set_lease_id(l.id);
+      li->set_pid(l.pid);
+      li->set_uid(l.uid);
+      li->set_age_seconds(std::chrono::duration<double>(now - l.since).count());
+    }
+  }
+  for (const auto& [sp, refused] : models_.List()) {
+    const std::string& name = sp.name;
+    if (visible(name)) {
+      resp->add_known_models(name);
+      auto* m = resp->add_models();
+      m->set_name(name);
+      m->set_model_dir(sp.model_dir);
+      m->set_tp_size(static_cast<uint32_t>(sp.tp_size));
+      m->set_pp_size(static_cast<uint32_t>(sp.pp_size));
+      m->set_quantization(sp.quantization);
+      m->set_layout(sp.layout.empty() ? "hf" : sp.layout);
+      for (uint32_t r : ready_ranks[name]) m->add_cached_ranks(r);
+      m->set_refused(refused);
+      for (const auto& ns : sp.allowed_namespaces) m->add_allowed_namespaces(ns);
+    }
+  }
+  resp->set_acquire_hits(hits_);
+  resp->set_acquire_misses(misses_);
+  resp->set_acquire_mismatches(mismatches_);
+  resp->set_acquire_rejected(rejected_);
+  resp->set_acquire_errors(errors_);
+  resp->set_acquire_peer_copies(peer_copies_);
+  resp->set_acquire_stale(stale_);
+  resp->set_acquire_denied(denied_);
+  resp->set_hashed_bytes(models_.hashed_bytes());
+  if (keeper_) keeper_->Fill(resp->mutable_keeper());
+  if (const metrics::StagingSnapshot s = Staging(); s.present) {
+    resp->mutable_staging()->set_idle_bytes(s.idle_bytes);
+    resp->mutable_staging()->set_in_use_bytes(s.in_use_bytes);
+  }
+  for (const auto& d : backend_->Devices()) {
+    auto* u = resp->add_devices();
+    u->set_device_uuid(d.uuid);
+    u->set_name(d.name);
+    u->set_total_bytes(d.total_bytes);
+    u->set_free_bytes(d.free_bytes);
+    u->set_entries(per_device[d.uuid].first);
+    u->set_cache_bytes(per_device[d.uuid].second);
+  }
+}
+
+std::pair<bool, std::string> Daemon::Impl::Readiness() const {
+  if (control_ && !control_->healthy()) {
+    return {false, "the control socket cannot accept connections (out of descriptors?)"};
+  }
+  {
+    MutexLock l(mu_);
+    if (!pending_preloads_.empty()) {
+      return {false, absl::StrCat("opening ", absl::StrJoin(pending_preloads_, ", "),
+                                  " for preload (reading and identifying files)")};
+    }
+  }
+  std::vector<cache::Key> preloads;
+  {
+    MutexLock l(mu_);
+    preloads = preloads_;
+  }
+  for (const auto& key : preloads) {
+    auto e = registry_.Find(key);
+    if (e && registry_.StateOf(e) == cache::State::kLoading) {
+      return {false, absl::StrCat("loading ", e->model, " (", e->progress.done(), " of ",
+                                  e->progress.total(), " bytes)")};
+    }
+  }
+  return {true, "ready"};
+}
+
+std::vector<metrics::EntrySnapshot> Daemon::Impl::Entries() const {
+  std::vector<metrics::EntrySnapshot> out;
+  for (const auto& s : registry_.Snapshot()) {
+    const bool stale = s.state == cache::State::kReady && !s.stale.empty();
+    out.push_back({s.model, stale ? "stale" : cache::StateName(s.state),
+                   s.device_uuid.empty() ? "host" : s.device_uuid, s.bytes, s.leases.size()});
+  }
+  return out;
+}
+
+metrics::StagingSnapshot Daemon::Impl::Staging() const {
+  if (staging_pool_ == nullptr) return {};
+  const auto c = staging_pool_->counters();
+  return {true, c.idle_bytes, c.taken_bytes};
+}
+
+std::vector<metrics::DeviceSnapshot> Daemon::Impl::Devices() const {
+  std::map<std::string, uint64_t> used;
+  for (const auto& s : registry_.Snapshot())
+    used[s.device_uuid.empty() ? "host" : s.device_uuid] += s.bytes;
+  std::vector<metrics::DeviceSnapshot> out;
+  for (const auto& d : backend_->Devices()) {
+    out.push_back({d.uuid, d.total_bytes, d.free_bytes, used[d.uuid]});
+  }
+  return out;
+}
+
+}  // namespace weightcache::server
