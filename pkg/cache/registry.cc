@@ -256,10 +256,21 @@ void Registry::Stop() {
 }
 
 absl::Status Registry::WaitReady(const std::shared_ptr<Entry>& e,
-                                 std::chrono::steady_clock::time_point deadline) {
+                                 std::chrono::steady_clock::time_point deadline,
+                                 const std::function<bool()>& gone) {
   MutexLock l(mu_);
   while (e->state == State::kLoading && !stopping_) {
-    if (!cv_.WaitUntil(mu_, deadline)) break;
+    if (!gone) {
+      if (!cv_.WaitUntil(mu_, deadline)) break;
+      continue;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) break;
+    cv_.WaitUntil(mu_, std::min(deadline, now + kGoneCheck));
+    if (e->state == State::kLoading && gone()) {
+      return absl::CancelledError(
+          absl::StrCat("model '", e->model, "': the caller went away while it was loading"));
+    }
   }
   if (e->state == State::kLoading && stopping_) {
     return absl::CancelledError(

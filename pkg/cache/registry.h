@@ -173,11 +173,15 @@ class Registry {
   // starts. `started` tells whether this call started it.
   absl::StatusOr<std::shared_ptr<Entry>> StartOrJoin(LoadRequest req, bool* started = nullptr);
 
-  // Waits until the entry is not loading, the deadline passes or the registry is stopped.
-  // Returns OK when ready, the load's error when failed, DEADLINE_EXCEEDED while loading,
-  // CANCELLED once Stop() was called, UNAVAILABLE when evicted.
+  // Waits until the entry is not loading, the deadline passes, the registry is stopped or
+  // `gone` (may be empty; asked every kGoneCheck while waiting) says the waiter's caller
+  // left. Returns OK when ready, the load's error when failed, DEADLINE_EXCEEDED while
+  // loading, CANCELLED once Stop() was called or the caller is gone, UNAVAILABLE when
+  // evicted.
+  static constexpr std::chrono::milliseconds kGoneCheck{100};
   absl::Status WaitReady(const std::shared_ptr<Entry>& e,
-                         std::chrono::steady_clock::time_point deadline);
+                         std::chrono::steady_clock::time_point deadline,
+                         const std::function<bool()>& gone = nullptr);
   // The entry's state, read under the lock (the entry may change right after).
   State StateOf(const std::shared_ptr<Entry>& e) const;
 

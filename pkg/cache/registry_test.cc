@@ -69,6 +69,26 @@ TEST(Registry, ConcurrentRequestsShareOneLoad) {
   EXPECT_EQ(ready.load(), 32);
 }
 
+// A waiter whose caller left stops waiting at its next check, not at its deadline (issue 26).
+TEST(Registry, AWaitEndsWhenItsCallerIsGone) {
+  Registry r;
+  std::promise<void> open;
+  auto e = r.StartOrJoin(Req("fp", "m", 0, SegmentLoad(4096, nullptr, open.get_future().share())));
+  ASSERT_TRUE(e.ok());
+  std::atomic<bool> gone{false};
+  std::thread leave([&] {
+    std::this_thread::sleep_for(50ms);
+    gone = true;
+  });
+  // CANCELLED, not DEADLINE_EXCEEDED: it ended because the caller left.
+  absl::Status s = r.WaitReady(*e, Far(), [&] { return gone.load(); });
+  leave.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("the caller went away"));
+  open.set_value();
+  EXPECT_TRUE(r.WaitReady(*e, Far(), [] { return false; }).ok());
+}
+
 TEST(Registry, FinishedLoadThreadsAreJoinedNotKept) {
   Registry r;
   constexpr int kLoads = 40;

@@ -82,7 +82,7 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
   // The registry is keyed by (fingerprint, device): an empty asked device takes the entry
   // on any device; a named one takes that device's entry, or a peer copy of another's.
   const std::string& device = asked_env->device_uuid;
-  auto deadline = std::chrono::steady_clock::now() + options_.acquire_wait;
+  const auto deadline = caller.DeadlineOr(options_.acquire_wait);
 
   std::string fp;
   std::shared_ptr<const load::OpenedModel> opened;  // model target only
@@ -111,7 +111,8 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
     if (auto s = Check(caller, Verb::kAcquire, ModelObject(req.model())); !s.ok()) {
       return finish(AcquireResult::kDenied, s);
     }
-    if (auto s = AwaitPreload(req.model(), req.wait_ready() || req.load_on_miss(), deadline);
+    if (auto s = AwaitPreload(req.model(), req.wait_ready() || req.load_on_miss(), deadline,
+                              caller.gone);
         !s.ok()) {
       return finish(AcquireResult::kMiss, s);
     }
@@ -187,14 +188,14 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
                             "model '", *model, "' is still loading on ", src->device_uuid,
                             "; ask with wait_ready to wait for it and a copy to ", device)));
         }
-        if (auto s = registry_.WaitReady(src, deadline); !s.ok()) {
+        if (auto s = registry_.WaitReady(src, deadline, caller.gone); !s.ok()) {
           return finish(AcquireResult::kError, s);
         }
       }
       auto copy = admission_.StartPeerCopy(src, device);
       if (!copy.ok()) return finish(AcquireResult::kError, copy.status());
       e = *copy;
-      if (auto s = registry_.WaitReady(e, deadline); !s.ok()) {
+      if (auto s = registry_.WaitReady(e, deadline, caller.gone); !s.ok()) {
         return finish(AcquireResult::kError, s);
       }
       if (auto s = FillLease(e, *model, caller, req.packed_manifest(), resp); !s.ok())
@@ -224,7 +225,7 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
       auto started = admission_.StartLoad(opened, *layout, env, device);
       if (!started.ok()) return finish(AcquireResult::kError, started.status());
       e = *started;
-      auto s = registry_.WaitReady(e, deadline);
+      auto s = registry_.WaitReady(e, deadline, caller.gone);
       if (!s.ok()) return finish(AcquireResult::kError, s);
       if (auto f = FillLease(e, *model, caller, req.packed_manifest(), resp); !f.ok())
         return finish(AcquireResult::kError, f);
@@ -276,7 +277,7 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
                         "model '", *model, "' is still loading (", e->progress.done(), " of ",
                         e->progress.total(), " bytes); ask with wait_ready to wait")));
     }
-    auto s = registry_.WaitReady(e, deadline);
+    auto s = registry_.WaitReady(e, deadline, caller.gone);
     if (!s.ok()) return finish(AcquireResult::kError, s);
   }
   if (auto s = FillLease(e, *model, caller, req.packed_manifest(), resp); !s.ok())

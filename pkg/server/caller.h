@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <string>
 
 #include "pkg/util/unix_socket.h"
@@ -31,6 +32,16 @@ struct Caller {
   std::chrono::steady_clock::time_point accepted;
   bool over_cap = false;  // this uid held max_connections_per_uid already
   size_t uid_connections = 0;
+  // The call (set by the gRPC adapter): whether its client gave up (cancelled, or its
+  // deadline passed), and that deadline. Every wait ends at the earlier of it and the
+  // daemon's own bound (issue 26: Acquires waiting on a load held a gRPC thread each for
+  // --acquire_wait after their clients had left, until no thread served anyone).
+  std::function<bool()> gone;
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  std::chrono::steady_clock::time_point DeadlineOr(std::chrono::steady_clock::duration d) const {
+    const auto own = std::chrono::steady_clock::now() + d;
+    return deadline < own ? deadline : own;
+  }
 };
 
 }  // namespace weightcache::server

@@ -138,12 +138,16 @@ absl::Status Daemon::Impl::AdmitAdopted(const v1::KeeperRecord& r) {
 }
 
 absl::Status Daemon::Impl::AwaitPreload(const std::string& name, bool wait,
-                                        std::chrono::steady_clock::time_point deadline) {
+                                        std::chrono::steady_clock::time_point deadline,
+                                        const std::function<bool()>& gone) {
   MutexLock l(mu_);
   if (pending_preloads_.count(name) == 0) return absl::OkStatus();
   if (wait) {
     while (!stopping_ && pending_preloads_.count(name) != 0) {
-      if (!preload_cv_.WaitUntil(mu_, deadline)) break;
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) break;
+      preload_cv_.WaitUntil(mu_, std::min(deadline, now + cache::Registry::kGoneCheck));
+      if (gone && gone()) return absl::CancelledError("the caller went away");
     }
     if (pending_preloads_.count(name) == 0) return absl::OkStatus();
   }

@@ -21,10 +21,23 @@ class GrpcService final : public v1::WeightCache::Service {
  public:
   explicit GrpcService(Daemon::Impl* impl) : impl_(impl) {}
 
+  // Who calls, bound to this call: waits end when its client gives up or at its deadline.
+  absl::StatusOr<Caller> CallerOf(grpc::ServerContext* ctx) {
+    auto caller = impl_->CallerOf(ctx->peer());
+    if (!caller.ok()) return caller;
+    caller->gone = [ctx] { return ctx->IsCancelled(); };
+    if (const auto d = ctx->deadline(); d != std::chrono::system_clock::time_point::max()) {
+      caller->deadline = std::chrono::steady_clock::now() +
+                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                             d - std::chrono::system_clock::now());
+    }
+    return caller;
+  }
+
   grpc::Status Acquire(grpc::ServerContext* ctx, const v1::AcquireRequest* req,
                        v1::AcquireResponse* resp) override {
     auto t0 = std::chrono::steady_clock::now();
-    auto caller = impl_->CallerOf(ctx->peer());
+    auto caller = CallerOf(ctx);
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
     std::string model;
     metrics::AcquireResult result;
@@ -38,14 +51,14 @@ class GrpcService final : public v1::WeightCache::Service {
 
   grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,
                        v1::ReleaseResponse*) override {
-    auto caller = impl_->CallerOf(ctx->peer());
+    auto caller = CallerOf(ctx);
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
     return ToGrpc(ctx, impl_->Release(*caller, *req));
   }
 
   grpc::Status Load(grpc::ServerContext* ctx, const v1::LoadRequest* req,
                     grpc::ServerWriter<v1::LoadProgress>* writer) override {
-    auto caller = impl_->CallerOf(ctx->peer());
+    auto caller = CallerOf(ctx);
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
     return ToGrpc(ctx, impl_->Load(*caller, *req, [&](const v1::LoadProgress& p) {
       return !ctx->IsCancelled() && writer->Write(p);
@@ -54,14 +67,14 @@ class GrpcService final : public v1::WeightCache::Service {
 
   grpc::Status Evict(grpc::ServerContext* ctx, const v1::EvictRequest* req,
                      v1::EvictResponse* resp) override {
-    auto caller = impl_->CallerOf(ctx->peer());
+    auto caller = CallerOf(ctx);
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
     return ToGrpc(ctx, impl_->Evict(*caller, *req, resp));
   }
 
   grpc::Status BeginPublish(grpc::ServerContext* ctx, const v1::BeginPublishRequest* req,
                             v1::BeginPublishResponse* resp) override {
-    auto caller = impl_->CallerOf(ctx->peer());
+    auto caller = CallerOf(ctx);
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
     // The publish rule, and the base model's map rule (published weights are served under
     // its name).
@@ -72,7 +85,7 @@ class GrpcService final : public v1::WeightCache::Service {
 
   grpc::Status CommitPublish(grpc::ServerContext* ctx, const v1::CommitPublishRequest* req,
                              v1::CommitPublishResponse* resp) override {
-    auto caller = impl_->CallerOf(ctx->peer());
+    auto caller = CallerOf(ctx);
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
     auto publisher = impl_->Publisher(*caller, "");
     if (!publisher.ok()) return ToGrpc(ctx, publisher.status());
@@ -81,7 +94,7 @@ class GrpcService final : public v1::WeightCache::Service {
 
   grpc::Status AbortPublish(grpc::ServerContext* ctx, const v1::AbortPublishRequest* req,
                             v1::AbortPublishResponse*) override {
-    auto caller = impl_->CallerOf(ctx->peer());
+    auto caller = CallerOf(ctx);
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
     auto publisher = impl_->Publisher(*caller, "");
     if (!publisher.ok()) return ToGrpc(ctx, publisher.status());
@@ -90,7 +103,7 @@ class GrpcService final : public v1::WeightCache::Service {
 
   grpc::Status Status(grpc::ServerContext* ctx, const v1::StatusRequest*,
                       v1::StatusResponse* resp) override {
-    auto caller = impl_->CallerOf(ctx->peer());
+    auto caller = CallerOf(ctx);
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
     impl_->Status(*caller, resp);
     return grpc::Status::OK;

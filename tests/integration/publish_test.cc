@@ -5,8 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <filesystem>
+#include <thread>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -218,6 +221,52 @@ TEST_F(PublishTest, AnAllowedGidMayPublish) {
   ASSERT_TRUE(st.ok());
   ASSERT_EQ(st->entries_size(), 1);
   EXPECT_EQ(st->entries(0).publisher().uid(), 65534);
+}
+
+// Finding (issue 26): Acquires waiting on a publish that was begun and not committed ignored
+// their clients' deadlines and held a gRPC thread each for --acquire_wait (600 s): with 150
+// of them (1 s client deadline), 141 daemon threads stayed blocked and every other client's
+// Status failed ("Server Threadpool Exhausted") until the publisher went away (this test on
+// the old code: 143 threads, Status RESOURCE_EXHAUSTED). A wait now
+// ends when its client gives up (checked every Registry::kGoneCheck), so the threads are
+// back within that of the deadline.
+TEST_F(PublishTest, WaitersWhoseClientsLeftGiveTheirThreadsBack) {
+  Start();
+  auto pub = Publisher("r1", 1, "step");  // stops after MAPPED: begun, never committed
+  ASSERT_TRUE(pub->WaitFor("MAPPED", 20s).has_value())
+      << testing::ReadFileOrEmpty(dir_ / "publisher-r1.err");
+  // Waves of waiters, more in all than the daemon's 128 gRPC threads.
+  constexpr int kWaves = 4, kWaiters = 100;
+  std::atomic<int> deadline_exceeded{0};
+  for (int wave = 0; wave < kWaves; ++wave) {
+    std::vector<std::thread> waiters;
+    for (int i = 0; i < kWaiters; ++i) {
+      waiters.emplace_back([&] {
+        auto c = client::Client::Connect(socket_dir() + "/control.sock");
+        if (!c.ok()) return;
+        client::AcquireOptions a = Published("r1");
+        a.wait_ready = true;
+        a.timeout = 1s;
+        auto got = (*c)->Acquire(a);
+        if (got.status().code() == absl::StatusCode::kDeadlineExceeded) deadline_exceeded++;
+      });
+    }
+    for (auto& t : waiters) t.join();
+  }
+  EXPECT_GT(deadline_exceeded.load(), 0);
+  // Every waiter's client has given up. Within a second (ten checks of the waits) another
+  // tenant is served again.
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status last;
+  while (std::chrono::steady_clock::now() - t0 < 1s) {
+    auto st = client_->Status();
+    last = st.status();
+    if (st.ok()) break;
+    std::this_thread::sleep_for(20ms);  // polling a condition with a deadline
+  }
+  EXPECT_TRUE(last.ok()) << last;
+  pub->Kill(SIGKILL);
+  pub->Wait();
 }
 
 }  // namespace

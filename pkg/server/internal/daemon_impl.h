@@ -143,7 +143,8 @@ class Daemon::Impl final : public metrics::StateSource {
   // OK once `name` has no pending preload; UNAVAILABLE when `wait` is false (or at the
   // deadline, or at shutdown).
   absl::Status AwaitPreload(const std::string& name, bool wait,
-                            std::chrono::steady_clock::time_point deadline);
+                            std::chrono::steady_clock::time_point deadline,
+                            const std::function<bool()>& gone);
   // Keeper adoption: whether an entry the keeper holds may come back under the current
   // configuration (issue 25: a model removed from the spec file was revoked, and came back
   // at restart, possibly without the access rules the file would now give it).
