@@ -1,8 +1,8 @@
 #include "pkg/server/internal/lease_manager.h"
 
-#include <fcntl.h>
-#include <unistd.h>
+#include <sys/random.h>
 
+#include <cerrno>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -13,10 +13,15 @@ namespace weightcache::server {
 
 std::string RandomHex(size_t bytes) {
   std::string raw(bytes, '\0');
-  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  WC_CHECK(fd >= 0);
-  WC_CHECK(::read(fd, raw.data(), bytes) == static_cast<ssize_t>(bytes));
-  ::close(fd);
+  // getrandom(2), not /dev/urandom: opening a file fails with EMFILE when the daemon's
+  // descriptors run out (a connection flood), and that aborted the daemon (issue 26).
+  // Reads of up to 256 bytes from the initialized pool are never short nor interrupted.
+  WC_CHECK(bytes <= 256);
+  ssize_t n;
+  do {
+    n = ::getrandom(raw.data(), bytes, 0);
+  } while (n < 0 && errno == EINTR);
+  WC_CHECK(n == static_cast<ssize_t>(bytes));
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
   for (unsigned char c : raw) {
