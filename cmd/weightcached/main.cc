@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -147,8 +148,31 @@ int Run() {
   opts.preload = absl::GetFlag(FLAGS_preload);
   opts.keeper_socket = absl::GetFlag(FLAGS_keeper_socket);
   if (opts.keeper_socket == "off") opts.keeper_socket.clear();
+  // Values that make no sense stop the daemon naming the flag, rather than being bent into
+  // something else (issue 26: -7 as a gid, 0 read threads, a device named twice).
   opts.socket_gid = absl::GetFlag(FLAGS_socket_gid);
-  opts.read_threads = static_cast<unsigned>(std::max(1, absl::GetFlag(FLAGS_read_threads)));
+  if (opts.socket_gid < -1) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--socket_gid: ", opts.socket_gid, " is not a group id (-1 keeps the daemon's group)")));
+  }
+  if (const int t = absl::GetFlag(FLAGS_read_threads); t < 1 || t > 1024) {
+    return Fail(
+        absl::InvalidArgumentError(absl::StrCat("--read_threads: ", t, " is not in [1, 1024]")));
+  }
+  opts.read_threads = static_cast<unsigned>(absl::GetFlag(FLAGS_read_threads));
+  if (const int n = absl::GetFlag(FLAGS_device_plugin_slots); n < 1 || n > 100000) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--device_plugin_slots: ", n, " is not in [1, 100000]")));
+  }
+  {
+    std::set<std::string> seen;
+    for (const auto& d : absl::GetFlag(FLAGS_host_devices)) {
+      if (d.empty() || !seen.insert(d).second) {
+        return Fail(absl::InvalidArgumentError(
+            absl::StrCat("--host_devices: '", d, "' is ", d.empty() ? "empty" : "named twice")));
+      }
+    }
+  }
   for (const auto& f : absl::GetFlag(FLAGS_spec_file)) {
     auto specs = spec::LoadSpecFile(f);
     if (!specs.ok()) return Fail(specs.status());
@@ -358,6 +382,20 @@ int main(int argc, char** argv) {
       "Runs until SIGTERM or SIGINT; control with weightcachectl.";
   weightcache::HandleHelpFlag(argc, argv, usage, {"cmd/weightcached/"});
   absl::SetProgramUsageMessage(usage);
+  // A flag given twice keeps only its last value; for --model (one spec each) that silently
+  // drops models, so it is refused.
+  int models = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    models += a == "--model" || a.rfind("--model=", 0) == 0;
+  }
+  if (models > 1) {
+    std::fprintf(stderr,
+                 "weightcached: --model given %d times; it holds one spec, and only the last "
+                 "would be read: put several models in a --spec_file\n",
+                 models);
+    return 2;
+  }
   absl::ParseCommandLine(argc, argv);
   return weightcache::Run();
 }

@@ -10,7 +10,9 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "pkg/client/client.h"
 #include "pkg/safetensors/writer.h"
@@ -489,11 +491,17 @@ TEST_F(DaemonTest, SecondDaemonOnTheSameSocketDirIsRefused) {
   EXPECT_TRUE(client_->Status().ok());  // the first one still serves
 }
 
-TEST_F(DaemonTest, BadSizeFlagsStopTheDaemonNamingTheFlag) {
-  for (const std::string flag : {"--staging_keep=lots", "--memory_budget=12XB"}) {
-    Process p({WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_, "--backend=host",
-               "--metrics_address=off", flag},
-              dir_ / "bad.log");
+// Issue 26: -7 as a gid, 0 read threads and a device named twice were accepted (bent into
+// something else), and a second --model silently replaced the first.
+TEST_F(DaemonTest, BadFlagsStopTheDaemonNamingTheFlag) {
+  for (const std::string flag :
+       {"--staging_keep=lots", "--memory_budget=12XB", "--memory_budget=0%", "--socket_gid=-7",
+        "--read_threads=0", "--host_devices=a,a", "--device_plugin_slots=0",
+        "--model=name=a,model_dir=/x --model=name=b,model_dir=/y"}) {
+    std::vector<std::string> argv{WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_,
+                                  "--backend=host", "--metrics_address=off"};
+    for (const auto& part : absl::StrSplit(flag, ' ')) argv.emplace_back(part);
+    Process p(argv, dir_ / "bad.log");
     int status = p.Wait();
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << flag;
     const std::string log = testing::ReadFileOrEmpty(dir_ / "bad.log");
