@@ -1,8 +1,22 @@
 // The node's trust boundary, one attack per test (issue 25). The attacker is an engine pod
 // running as root (the common case) with the mount the device plugin gives it; the daemon
 // runs with the Helm chart's default flags. Each test states the attack, then the answer.
-// The pure rule table is pkg/server/policy_test.cc; slot publishing by namespace is
-// tests/integration/namespace_test.cc.
+//
+// The whole list, here and where a unit owns the answer:
+//   root engine is admin/publisher by default     ARootEngineIsNeitherAdminNorPublisherByDefault
+//   replace the sockets through the mount         ThroughAReadOnlyMountEnginesConnectButCannot...
+//   rewrite the digest store in the mount         TheEnginesDirectoryHoldsOnlySockets
+//   forge the digest store's entries              pkg/identity DigestStoreTest.ATamperedStore...
+//   shard or config.json linked out of the roots  AFileLinkedOutOfTheModelRootsIsRefused
+//   blob named after another model's bytes        ABlobNamedAfterAnotherModelsBytesIsRefused
+//   placement flood (layouts, environments)       AnEngineCannotFloodTheNodeWithLayouts...
+//   keep memory after a lease, evict, reload      MemoryKeptAfterALeaseStaysCountedAgainst...
+//   revoked model back from the keeper            ARevokedModelDoesNotComeBackFromTheKeeper
+//   squat spawn mode's directory                  python/tests/test_modes.py
+//                                                 test_spawn_mode_refuses_a_directory_that_...
+//   numeric webhook limit makes pods unschedulable  pkg/webhook Mutate.ANumericLimitIsCopied...
+//   publish through a slot of another namespace   tests/integration/namespace_test.cc
+//   the rule table (roles granted, never implied) pkg/server/policy_test.cc
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
