@@ -134,6 +134,10 @@ int Status(client::Client& c) {
                 static_cast<unsigned long>(k.adopted_entries()),
                 static_cast<unsigned long>(k.dropped_entries()),
                 static_cast<unsigned long>(k.descriptors()));
+    if (k.pending_entries() > 0) {
+      std::printf("  %lu entries not in step with the keeper yet (deposits or drops to do)\n",
+                  static_cast<unsigned long>(k.pending_entries()));
+    }
     if (!k.last_error().empty()) std::printf("  last keeper error: %s\n", k.last_error().c_str());
   }
   return 0;

@@ -229,6 +229,9 @@ int Run() {
   // in flight notice the server's GOAWAY only at their next poll, up to 5 s later).
   opts.shutdown_grace =
       std::chrono::milliseconds(static_cast<int64_t>(std::min(1000.0, shutdown_timeout * 250)));
+  // A daemon that owns the keeper and is exiting lets go within its own --shutdown_timeout
+  // (the same flag, the same value across a DaemonSet's pods).
+  opts.keeper_claim_wait = std::chrono::milliseconds(static_cast<int64_t>(shutdown_timeout * 1000));
 
   if (absl::GetFlag(FLAGS_namespace_rules)) {
     auto& nr = opts.namespace_rules;

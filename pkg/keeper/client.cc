@@ -29,7 +29,8 @@ absl::StatusOr<Message> Expect(int sock, Op want, const std::string& what) {
 
 absl::StatusOr<std::unique_ptr<KeeperClient>> KeeperClient::Connect(
     const std::string& path, std::chrono::milliseconds timeout) {
-  auto sock = ConnectUnix(path, SOCK_SEQPACKET);
+  // A keeper that stopped accepting (frozen) fills its backlog: refused at once, not waited.
+  auto sock = ConnectUnixNoWait(path, SOCK_SEQPACKET);
   if (!sock.ok()) {
     return absl::UnavailableError(
         absl::StrCat("no keeper at ", path, ": ", sock.status().message()));

@@ -1,6 +1,6 @@
 // The daemon's side of the keeper protocol (server.h): one connection, one request at a
-// time, bounded by a timeout so a hung keeper never holds the daemon.
-// Thread-safety: none; the owner serialises calls (the daemon's KeeperLink holds a mutex).
+// time, bounded by a timeout so a hung keeper never holds its caller longer than that.
+// Thread-safety: none; one thread uses a client (the daemon's KeeperLink: its worker).
 // Lifetimes: descriptors passed to Deposit stay the caller's (the kernel dups them); those
 // Adopt returns are the caller's.
 #pragma once
@@ -17,7 +17,8 @@ namespace weightcache::keeper {
 
 class KeeperClient {
  public:
-  // UNAVAILABLE (naming the path) when no keeper listens there.
+  // UNAVAILABLE (naming the path) when no keeper listens there or its backlog is full;
+  // every later request (the greeting included) waits at most `timeout` per message.
   static absl::StatusOr<std::unique_ptr<KeeperClient>> Connect(
       const std::string& path, std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
@@ -37,7 +38,8 @@ class KeeperClient {
   // "entries=N fds=N max_fds=N"
   absl::StatusOr<std::string> Stats();
 
-  // The socket, to poll for the keeper's hang-up (POLLRDHUP) while idle.
+  // The socket, to poll for the keeper's hang-up (POLLRDHUP) while idle, or to shut down
+  // from another thread to end a request in flight.
   int fd() const { return sock_.get(); }
 
  private:

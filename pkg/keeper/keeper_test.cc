@@ -2,8 +2,10 @@
 // (several SCM_RIGHTS batches) and large bodies (several datagrams) come back intact from
 // Adopt; drop, replace, the descriptor limit and the uid check answer with named errors.
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -11,6 +13,7 @@
 #include "pkg/keeper/client.h"
 #include "pkg/keeper/server.h"
 #include "pkg/keeper/wire.h"
+#include "pkg/util/unix_socket.h"
 #include "tests/testutil/temp_dir.h"
 
 namespace weightcache::keeper {
@@ -71,6 +74,7 @@ TEST_F(KeeperTest, DepositThenAdoptReturnsEveryDescriptorAndTheBody) {
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(*stats, "entries=2 fds=301 max_fds=4096");
 
+  c.reset();                 // the daemon goes (the keeper serves one at a time)
   auto adopter = Connect();  // a restarted daemon: a new connection
   auto all = adopter->Adopt();
   ASSERT_TRUE(all.ok()) << all.status();
@@ -129,6 +133,64 @@ TEST_F(KeeperTest, RefusesAPeerOfAnotherUid) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kPermissionDenied) << s.status();
   EXPECT_NE(s.status().message().find("may not use the keeper"), std::string::npos) << s.status();
+}
+
+// One daemon at a time: while the first connection that deposited is open, another may ask
+// for stats but neither adopt, deposit nor drop (a second daemon, started for debugging with
+// the default socket, would drop the first one's entries); once the first goes, it may.
+TEST_F(KeeperTest, ServesOneDaemonAtATime) {
+  auto k = Start();
+  auto first = Connect();
+  ScopedFd f = Memfd("x");
+  ASSERT_TRUE(first->Deposit("a@host", "a", {f.get()}).ok());
+  auto second = Connect();
+  for (const absl::Status& s : {second->Adopt().status(), second->Drop("a@host"),
+                                second->Deposit("b@host", "b", {f.get()})}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find("it serves the daemon pid " + std::to_string(::getpid())),
+              std::string::npos)
+        << s;
+  }
+  EXPECT_EQ(*second->Stats(), "entries=1 fds=1 max_fds=4096");  // nothing was taken
+  EXPECT_TRUE(first->Deposit("c@host", "c", {f.get()}).ok());   // the owner goes on
+  first.reset();
+  // The owner's hang-up may reach the keeper after the next request: it sees it is gone.
+  auto all = second->Adopt();
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->size(), 2u);
+}
+
+// A keeper that stopped accepting (frozen: its backlog full) is refused at once, not waited
+// for; one that accepted but never greets costs the client its timeout, no more.
+TEST(KeeperClientTest, AFrozenKeeperCostsAtMostTheTimeout) {
+  TempDir dir;
+  const std::string path = dir / "keeper.sock";
+  auto listener = ListenUnix(path, 0600, /*backlog=*/1, SOCK_SEQPACKET);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  std::vector<ScopedFd> queued;  // connections the "keeper" never accepts
+  absl::Status full;
+  for (int i = 0; i < 8 && full.ok(); ++i) {
+    auto c = ConnectUnixNoWait(path, SOCK_SEQPACKET);
+    if (c.ok()) {
+      queued.push_back(std::move(c).value());
+    } else {
+      full = c.status();
+    }
+  }
+  EXPECT_EQ(full.code(), absl::StatusCode::kUnavailable) << full;
+  EXPECT_NE(full.message().find("backlog is full"), std::string::npos) << full;
+  auto t0 = std::chrono::steady_clock::now();
+  auto refused = KeeperClient::Connect(path, std::chrono::milliseconds(200));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(200));
+  queued.clear();  // room again: the connection is queued, the greeting never comes
+  ScopedFd drain(::accept4(listener->get(), nullptr, nullptr, SOCK_CLOEXEC));  // one freed
+  t0 = std::chrono::steady_clock::now();
+  auto silent = KeeperClient::Connect(path, std::chrono::milliseconds(200));
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_FALSE(silent.ok());
+  EXPECT_GE(waited, std::chrono::milliseconds(200));
+  EXPECT_LT(waited, std::chrono::seconds(5)) << "the timeout bounds the greeting";
 }
 
 TEST(KeeperWire, HeaderBoundsAreChecked) {

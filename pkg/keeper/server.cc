@@ -159,11 +159,46 @@ void Keeper::Serve(int fd) {
   }
   WC_LOG_INFO("keeper: peer disconnected");
   MutexLock l(mu_);  // closed under the lock: Stop() shuts down live ones
+  if (owner_fd_ == fd) {
+    WC_LOG_INFO("keeper: the daemon pid %d let go; the next one to connect owns it",
+                static_cast<int>(owner_pid_));
+    owner_fd_ = -1;
+    owner_pid_ = 0;
+  }
   ::close(fd);
   finished_.push_back(fd);
 }
 
+absl::Status Keeper::Claim(int fd) {
+  auto cred = GetPeerCred(fd);
+  const pid_t pid = cred.ok() ? cred->pid : 0;
+  MutexLock l(mu_);
+  if (owner_fd_ == fd) return absl::OkStatus();
+  if (owner_fd_ >= 0) {
+    // An owner that hung up (killed) lets go now, not when its thread next runs: a daemon
+    // restarted at once must not be refused by its own predecessor.
+    pollfd p{owner_fd_, POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+      owner_fd_ = -1;
+    }
+  }
+  if (owner_fd_ < 0) {
+    owner_fd_ = fd;
+    owner_pid_ = pid;
+    WC_LOG_INFO("keeper: owned by the daemon pid %d", static_cast<int>(pid));
+    return absl::OkStatus();
+  }
+  WC_LOG_WARN("keeper: refused pid %d: it serves the daemon pid %d", static_cast<int>(pid),
+              static_cast<int>(owner_pid_));
+  return absl::FailedPreconditionError(absl::StrCat(
+      "it serves the daemon pid ", owner_pid_,
+      ", one daemon at a time (stop that one, or give this one its own --keeper_socket)"));
+}
+
 absl::Status Keeper::Handle(int fd, Message m) {
+  if (m.op == Op::kDeposit || m.op == Op::kDrop || m.op == Op::kAdopt) {
+    if (absl::Status owner = Claim(fd); !owner.ok()) return SendMessage(fd, ErrorMessage(owner));
+  }
   switch (m.op) {
     case Op::kDeposit:
       return Deposit(fd, std::move(m));

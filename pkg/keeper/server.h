@@ -16,6 +16,11 @@
 //   kStats                    -> kOk{"entries=N fds=N max_fds=N"}
 // Peers: SO_PEERCRED uid must be allowed (default: the keeper's own uid, i.e. the daemon
 // runs as the same user); others get kError PERMISSION_DENIED and are disconnected.
+// One owner at a time: the first connection that deposits, drops or adopts owns the keeper
+// until it closes; another connection's deposit, drop or adopt is answered kError
+// FAILED_PRECONDITION naming the owner's pid (a second daemon, started for debugging with
+// the default keeper socket, can neither take nor drop the first one's entries). kStats is
+// answered to any allowed peer.
 //
 // Thread-safety: Start/Stop/stats from any thread; one thread accepts, one per connection
 // serves. Lifetimes: the descriptors live until dropped, replaced, or the Keeper goes.
@@ -82,6 +87,8 @@ class Keeper {
   absl::Status Handle(int fd, Message m);
   absl::Status Deposit(int fd, Message m);
   absl::Status Adopt(int fd);
+  // OK when `fd` owns the keeper (taking it when nobody does); the refusal to send otherwise.
+  absl::Status Claim(int fd);
 
   KeeperOptions options_;
   ScopedFd listener_;
@@ -93,6 +100,8 @@ class Keeper {
   uint64_t fds_ ABSL_GUARDED_BY(mu_) = 0;  // held, plus reserved by deposits in flight
   std::map<int, std::thread> connections_ ABSL_GUARDED_BY(mu_);
   std::vector<int> finished_ ABSL_GUARDED_BY(mu_);
+  int owner_fd_ ABSL_GUARDED_BY(mu_) = -1;  // the owning connection; -1: none
+  pid_t owner_pid_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -44,7 +44,9 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend)
   });
   if (!options_.keeper_socket.empty()) {
     keeper_ = std::make_unique<KeeperLink>(
-        KeeperLink::Options{options_.keeper_socket}, backend_, &registry_, options_.metrics,
+        KeeperLink::Options{.socket_path = options_.keeper_socket,
+                            .claim_wait = options_.keeper_claim_wait},
+        backend_, &registry_, options_.metrics,
         [this](const std::string& model) {
           return RecordedSpec{models_.SpecYaml(model), models_.DefinedInline(model)};
         },

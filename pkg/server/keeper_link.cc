@@ -1,169 +1,27 @@
 #include "pkg/server/internal/keeper_link.h"
 
 #include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "pkg/safetensors/safetensors.h"
-#include "pkg/server/internal/manifest.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 
 namespace weightcache::server {
 namespace {
 
-// KeeperRecord.format: bump when a field's meaning changes; an older record is then dropped
-// (and reloaded from disk) instead of being misread.
-constexpr uint32_t kRecordFormat = 1;
-
-std::string KeyOf(const std::string& fingerprint, const std::string& device) {
-  return fingerprint + "@" + device;
-}
-
-absl::StatusOr<load::PlannedTensor> GetTensor(const v1::TensorEntry& m, const v1::KeeperRecord& r) {
-  load::PlannedTensor t;
-  t.name = m.name();
-  auto dtype = safetensors::ParseDType(m.dtype());
-  if (!dtype.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor ", m.name(), ": dtype '", m.dtype(), "' is unknown"));
-  }
-  t.dtype = *dtype;
-  t.shape.assign(m.shape().begin(), m.shape().end());
-  t.strides.assign(m.strides().begin(), m.strides().end());
-  t.segment = m.segment();
-  t.offset = m.offset();
-  t.nbytes = m.nbytes();
-  if (t.segment >= static_cast<uint32_t>(r.segment_sizes_size()) ||
-      t.offset > r.segment_sizes(static_cast<int>(t.segment)) ||
-      t.nbytes > r.segment_sizes(static_cast<int>(t.segment)) - t.offset) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor ", m.name(), ": [", t.offset, ", +", t.nbytes, ") of segment ", t.segment,
-        " lies outside the record's ", r.segment_sizes_size(), " segments"));
-  }
-  return t;
+// A keeper error that leaves the connection usable: its descriptor limit.
+bool KeepsTheConnection(const absl::Status& s) {
+  return s.ok() || s.code() == absl::StatusCode::kResourceExhausted;
 }
 
 }  // namespace
-
-std::string EncodeKeeperRecord(const cache::Entry& e, const load::LoadedModel& content,
-                               const std::string& backend, const RecordedSpec& spec,
-                               const v1::PublisherInfo* publisher) {
-  v1::KeeperRecord r;
-  if (publisher != nullptr) *r.mutable_publisher() = *publisher;
-  r.set_format(kRecordFormat);
-  r.set_model(e.model);
-  r.set_fingerprint(e.fingerprint);
-  r.set_device_uuid(e.device_uuid);
-  r.set_backend(backend);
-  r.set_source(e.source);
-  r.set_spec_yaml(spec.yaml);
-  r.set_defined_inline(spec.defined_inline);
-  r.set_model_dir(content.model_dir);
-  const spec::FingerprintInputs& in = e.inputs;
-  r.set_architecture(in.architecture);
-  r.set_revision(in.revision);
-  for (const auto& f : in.files) {
-    auto* d = r.add_digests();
-    d->set_name(f.name);
-    d->set_size(f.size);
-    d->set_content(f.content);
-  }
-  r.mutable_layout()->set_tp_size(in.layout.tp_size);
-  r.mutable_layout()->set_tp_rank(in.layout.tp_rank);
-  r.mutable_layout()->set_pp_size(in.layout.pp_size);
-  r.mutable_layout()->set_pp_rank(in.layout.pp_rank);
-  r.set_tensor_layout(in.tensor_layout);
-  r.set_quant_method(in.quant_method);
-  r.set_quant_config_sha256(in.quant_config_sha256);
-  r.set_dtype(in.dtype);
-  r.set_compute_capability(in.env.compute_capability);
-  r.set_loader_format_version(in.env.loader_format_version);
-  r.set_engine(in.env.engine);
-  r.set_engine_version(in.env.engine_version);
-  r.set_framework_version(in.env.framework_version);
-  r.set_recipe(in.env.recipe);
-  for (const auto& f : e.files) {
-    auto* s = r.add_files();
-    s->set_name(f.name);
-    s->set_path(f.path);
-    s->set_dev(f.stat.dev);
-    s->set_ino(f.stat.ino);
-    s->set_size(f.stat.size);
-    s->set_mtime_ns(f.stat.mtime_ns);
-    s->set_ctime_ns(f.stat.ctime_ns);
-    s->set_digest(f.digest);
-    s->set_digest_source(static_cast<uint32_t>(f.digest_source));
-  }
-  for (const auto& s : content.segments) r.add_segment_sizes(s->size());
-  for (auto b : content.plan.segment_bytes) r.add_segment_used(b);
-  r.set_total_bytes(content.plan.total_bytes);
-  for (const auto& t : content.plan.tensors) ToTensorEntry(t, r.add_tensors());
-  for (const auto& t : content.plan.views) ToTensorEntry(t, r.add_views());
-  return r.SerializeAsString();
-}
-
-absl::StatusOr<AdoptableRecord> DecodeKeeperRecord(const std::string& body) {
-  AdoptableRecord out;
-  v1::KeeperRecord& r = out.record;
-  if (!r.ParseFromString(body)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("keeper record of ", body.size(), " bytes does not parse"));
-  }
-  if (r.format() != kRecordFormat) {
-    return absl::InvalidArgumentError(absl::StrCat("keeper record format ", r.format(),
-                                                   "; this daemon reads format ", kRecordFormat));
-  }
-  spec::FingerprintInputs& in = out.inputs;
-  in.architecture = r.architecture();
-  in.revision = r.revision();
-  for (const auto& d : r.digests()) in.files.push_back({d.name(), d.size(), d.content()});
-  in.layout = {static_cast<int>(r.layout().tp_size()), static_cast<int>(r.layout().tp_rank()),
-               static_cast<int>(r.layout().pp_size()), static_cast<int>(r.layout().pp_rank())};
-  in.tensor_layout = r.tensor_layout();
-  in.quant_method = r.quant_method();
-  in.quant_config_sha256 = r.quant_config_sha256();
-  in.dtype = r.dtype();
-  in.env.compute_capability = r.compute_capability();
-  in.env.loader_format_version = r.loader_format_version();
-  in.env.engine = r.engine();
-  in.env.engine_version = r.engine_version();
-  in.env.framework_version = r.framework_version();
-  in.env.recipe = r.recipe();
-  if (const std::string fp = in.Digest(); fp != r.fingerprint()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("keeper record of model '", r.model(), "': its fingerprint inputs give ",
-                     fp.substr(0, 12), ", not the recorded ", r.fingerprint().substr(0, 12)));
-  }
-  for (const auto& f : r.files()) {
-    load::SourceFile s;
-    s.name = f.name();
-    s.path = f.path();
-    s.stat = {f.dev(), f.ino(), f.size(), f.mtime_ns(), f.ctime_ns()};
-    s.digest = f.digest();
-    s.digest_source = static_cast<identity::DigestSource>(std::min<uint32_t>(
-        f.digest_source(), static_cast<uint32_t>(identity::DigestSource::kHashed)));
-    out.files.push_back(std::move(s));
-  }
-  if (r.segment_sizes().empty() || r.segment_used_size() != r.segment_sizes_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("keeper record of model '", r.model(),
-                                                   "': ", r.segment_sizes_size(), " segments and ",
-                                                   r.segment_used_size(), " used sizes"));
-  }
-  out.plan.segment_bytes.assign(r.segment_used().begin(), r.segment_used().end());
-  out.plan.total_bytes = r.total_bytes();
-  for (const auto& t : r.tensors()) {
-    WC_ASSIGN_OR_RETURN(auto pt, GetTensor(t, r));
-    out.plan.tensors.push_back(std::move(pt));
-  }
-  for (const auto& t : r.views()) {
-    WC_ASSIGN_OR_RETURN(auto pt, GetTensor(t, r));
-    out.plan.views.push_back(std::move(pt));
-  }
-  return out;
-}
 
 KeeperLink::KeeperLink(Options options, memory::Backend* backend, cache::Registry* registry,
                        metrics::Metrics* metrics,
@@ -174,7 +32,8 @@ KeeperLink::KeeperLink(Options options, memory::Backend* backend, cache::Registr
       registry_(registry),
       metrics_(metrics),
       spec_of_(std::move(spec_of)),
-      publisher_of_(std::move(publisher_of)) {
+      publisher_of_(std::move(publisher_of)),
+      wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
   if (metrics_ != nullptr) metrics_->SetKeeperUp(false);
 }
 
@@ -184,113 +43,206 @@ void KeeperLink::Stop() {
   {
     MutexLock l(mu_);
     stopping_ = true;
+    // A request in flight (a frozen keeper) ends now rather than at its timeout.
+    if (io_fd_ >= 0) ::shutdown(io_fd_, SHUT_RDWR);
   }
-  cv_.NotifyAll();
-  if (watcher_.joinable()) watcher_.join();
+  Wake();
+  if (worker_.joinable()) worker_.join();
 }
 
-absl::Status KeeperLink::EnsureConnectedLocked() {
-  if (conn_) return absl::OkStatus();
-  auto c = keeper::KeeperClient::Connect(options_.socket_path);
+bool KeeperLink::stopping() const {
+  MutexLock l(mu_);
+  return stopping_;
+}
+
+void KeeperLink::Wake() {
+  const uint64_t one = 1;
+  (void)!::write(wake_.get(), &one, sizeof one);
+}
+
+absl::Status KeeperLink::Connect() {
+  auto c = keeper::KeeperClient::Connect(options_.socket_path, options_.io_timeout);
   if (!c.ok()) return c.status();
   conn_ = std::move(c).value();
-  WC_LOG_INFO("keeper: connected on %s%s", options_.socket_path,
-              ever_connected_ ? " again; depositing every ready entry" : "");
-  redeposit_ = true;  // whatever is ready and not held yet
-  ever_connected_ = true;
-  Publish();
+  reconciled_ = false;
+  MutexLock l(mu_);
+  if (stopping_) {
+    conn_.reset();
+    return absl::CancelledError("stopping");
+  }
+  io_fd_ = conn_->fd();
   return absl::OkStatus();
 }
 
-void KeeperLink::LostLocked(const absl::Status& why) {
+void KeeperLink::Lost(const absl::Status& why) {
   if (!conn_) return;
+  bool was_up = false;
+  {
+    MutexLock l(mu_);
+    io_fd_ = -1;  // before the close: Stop() never shuts down a reused number
+    was_up = up_;
+    up_ = false;
+    last_error_ = std::string(why.message());
+    Publish();
+  }
   conn_.reset();
-  deposited_.clear();  // a keeper that went away took its descriptors with it
-  last_error_ = std::string(why.message());
-  WC_LOG_ERROR(
-      "keeper: lost (%s); the cache no longer outlives a daemon restart until a keeper is back "
-      "(engines keep what they mapped; serving goes on)",
-      last_error_);
-  Publish();
+  reconciled_ = false;
+  if (why.code() == absl::StatusCode::kFailedPrecondition) {
+    if (!refused_logged_) {
+      WC_LOG_WARN("keeper: %s; serving without it, asking again every %d ms",
+                  std::string(why.message()), static_cast<int>(options_.retry.count()));
+    }
+    refused_logged_ = true;
+    return;
+  }
+  if (was_up) {
+    WC_LOG_ERROR(
+        "keeper: lost (%s); the cache no longer outlives a daemon restart until a keeper is "
+        "back (engines keep what they mapped; serving goes on)",
+        std::string(why.message()));
+  }
 }
 
 void KeeperLink::Publish() {
   if (metrics_ == nullptr) return;
   uint64_t fds = 0;
-  for (const auto& [k, n] : deposited_) fds += n;
-  metrics_->SetKeeperUp(conn_ != nullptr);
+  if (up_) {
+    for (const auto& [k, d] : deposited_) fds += d.fds;
+  }
+  metrics_->SetKeeperUp(up_);
   metrics_->SetKeeperDescriptors(fds);
 }
 
-absl::Status KeeperLink::DepositLocked(const cache::Entry& e, const load::LoadedModel& content) {
-  WC_RETURN_IF_ERROR(EnsureConnectedLocked());
+absl::Status KeeperLink::Deposit(const cache::Entry& e,
+                                 const std::shared_ptr<const load::LoadedModel>& content) {
   std::vector<int> fds;
-  fds.reserve(content.segments.size());
-  for (const auto& s : content.segments) fds.push_back(s->fd());
-  const std::string key = KeyOf(e.fingerprint, e.device_uuid);
+  fds.reserve(content->segments.size());
+  for (const auto& s : content->segments) fds.push_back(s->fd());
+  const std::string key = KeeperKey(e.fingerprint, e.device_uuid);
   // Only a published entry has a publisher (and only while its publish is known: asked for
   // source "publish" alone, so never after the publish unit is gone at teardown).
   std::optional<v1::PublisherInfo> publisher;
   if (publisher_of_ && e.source == "publish") publisher = publisher_of_(e.key);
   absl::Status s =
       conn_->Deposit(key,
-                     EncodeKeeperRecord(e, content, memory::BackendName(backend_->kind()),
+                     EncodeKeeperRecord(e, *content, memory::BackendName(backend_->kind()),
                                         spec_of_ ? spec_of_(e.model) : RecordedSpec{},
                                         publisher ? &*publisher : nullptr),
                      fds);
+  MutexLock l(mu_);
   if (s.ok()) {
-    deposited_[key] = fds.size();
+    deposited_[key] = Deposited{content, fds.size()};
     deposits_++;
     Publish();
     return s;
   }
   failures_++;
   last_error_ = std::string(s.message());
-  // A refusal (the keeper's descriptor limit) keeps the connection; anything else lost it.
-  if (s.code() != absl::StatusCode::kResourceExhausted) LostLocked(s);
+  if (s.code() == absl::StatusCode::kResourceExhausted) {
+    WC_LOG_WARN("keeper: %s (%s) not deposited, served anyway: %s", e.model, e.key.ToString(),
+                last_error_);
+  }
   return s;
 }
 
-void KeeperLink::BeforeReady(const cache::Entry& e, const load::LoadedModel& content) {
-  MutexLock l(mu_);
-  if (e.source == "keeper") {  // adopted: the keeper holds it already
-    deposited_[KeyOf(e.fingerprint, e.device_uuid)] = content.segments.size();
-    Publish();
-    return;
+absl::Status KeeperLink::Sync(const Mark& mark) {
+  const cache::Key& key = mark.key;
+  const std::string k = KeeperKey(key.fingerprint, key.device_uuid);
+  std::shared_ptr<cache::Entry> e = registry_->Find(key);
+  // A ready mark is made just before the entry turns ready: wait for that (bounded, ends at
+  // Stop). An eviction's mark waits for nothing: a load of the same key is another entry.
+  if (e && mark.readied) {
+    (void)registry_->WaitReady(e, std::chrono::steady_clock::now() + options_.io_timeout,
+                               [this] { return stopping(); });
   }
-  const bool had_keeper = conn_ != nullptr;
-  if (const absl::Status s = DepositLocked(e, content); !s.ok()) {
-    // Without a keeper (none deployed, e.g. outside Kubernetes) this is how it runs: said
-    // once at start; a keeper that refuses or goes away is worth a warning.
-    if (had_keeper) {
-      WC_LOG_WARN("keeper: %s (%s) not deposited, served anyway: %s", e.model, e.key.ToString(),
-                  std::string(s.message()));
-    } else {
-      WC_LOG_INFO(
-          "keeper: %s (%s) not deposited (no keeper connected): it will not outlive "
-          "this daemon",
-          e.model, e.key.ToString());
+  std::shared_ptr<const load::LoadedModel> content;
+  if (e && registry_->StateOf(e) == cache::State::kReady) {
+    auto c = registry_->Content(e);
+    if (c.ok()) content = *c;
+  }
+  bool held = false;
+  {
+    MutexLock l(mu_);
+    auto it = deposited_.find(k);
+    if (it != deposited_.end()) {
+      if (content && it->second.content.lock() == content) return absl::OkStatus();
+      held = true;
     }
   }
+  if (content) {
+    const absl::Status s = Deposit(*e, content);  // replaces what the keeper held
+    return KeepsTheConnection(s) ? absl::OkStatus() : s;
+  }
+  if (!held) return absl::OkStatus();
+  absl::Status s = conn_->Drop(k);
+  if (!s.ok() && s.code() != absl::StatusCode::kNotFound) return s;
+  MutexLock l(mu_);
+  deposited_.erase(k);
+  Publish();
+  return absl::OkStatus();
 }
 
-void KeeperLink::Evicted(const cache::Entry& e) {
-  MutexLock l(mu_);
-  const std::string key = KeyOf(e.fingerprint, e.device_uuid);
-  if (deposited_.erase(key) == 0 || !conn_) return;
-  Publish();
-  if (const absl::Status s = conn_->Drop(key); !s.ok() && s.code() != absl::StatusCode::kNotFound) {
-    LostLocked(s);
+absl::Status KeeperLink::Reconcile() {
+  WC_ASSIGN_OR_RETURN(auto held_entries, conn_->Adopt());  // the keys (descriptors closed)
+  std::set<std::string> held;
+  for (const auto& h : held_entries) held.insert(h.key);
+  held_entries.clear();
+  std::set<std::string> kept;
+  size_t deposited = 0, dropped = 0;
+  for (const auto& s : registry_->Snapshot()) {
+    if (s.state != cache::State::kReady) continue;
+    auto e = registry_->Find({s.fingerprint, s.device_uuid});
+    if (!e) continue;
+    auto content = registry_->Content(e);
+    if (!content.ok()) continue;
+    const std::string k = KeeperKey(e->fingerprint, e->device_uuid);
+    {
+      MutexLock l(mu_);
+      auto it = deposited_.find(k);
+      if (held.count(k) != 0 && it != deposited_.end() && it->second.content.lock() == *content) {
+        kept.insert(k);
+        continue;
+      }
+    }
+    absl::Status d = Deposit(*e, *content);
+    if (!KeepsTheConnection(d)) return d;
+    if (d.ok()) {
+      kept.insert(k);
+      deposited++;
+    }
   }
+  for (const auto& k : held) {
+    if (kept.count(k) != 0) continue;
+    absl::Status d = conn_->Drop(k);
+    if (!d.ok() && d.code() != absl::StatusCode::kNotFound) return d;
+    dropped++;
+  }
+  {
+    MutexLock l(mu_);
+    for (auto it = deposited_.begin(); it != deposited_.end();) {
+      it = kept.count(it->first) != 0 ? std::next(it) : deposited_.erase(it);
+    }
+    up_ = true;
+    last_error_.clear();
+    Publish();
+    WC_LOG_INFO("keeper: connected on %s%s; it held %d entries: %d kept, %d deposited, %d dropped",
+                options_.socket_path, ever_connected_ ? " again" : "",
+                static_cast<int>(held.size()), static_cast<int>(kept.size() - deposited),
+                static_cast<int>(deposited), static_cast<int>(dropped));
+    ever_connected_ = true;
+  }
+  refused_logged_ = false;
+  reconciled_ = true;
+  return absl::OkStatus();
 }
 
 absl::Status KeeperLink::AdoptOne(keeper::KeeperClient::Entry held, const AdmitFn& admit,
                                   const PublishedFn& published) {
   WC_ASSIGN_OR_RETURN(AdoptableRecord a, DecodeKeeperRecord(held.body));
   const v1::KeeperRecord& r = a.record;
-  if (KeyOf(r.fingerprint(), r.device_uuid()) != held.key) {
+  if (KeeperKey(r.fingerprint(), r.device_uuid()) != held.key) {
     return absl::InvalidArgumentError(
-        absl::StrCat("its record is of ", KeyOf(r.fingerprint(), r.device_uuid())));
+        absl::StrCat("its record is of ", KeeperKey(r.fingerprint(), r.device_uuid())));
   }
   if (r.backend() != memory::BackendName(backend_->kind())) {
     return absl::FailedPreconditionError(absl::StrCat("exported by the ", r.backend(),
@@ -345,10 +297,11 @@ absl::Status KeeperLink::AdoptOne(keeper::KeeperClient::Entry held, const AdmitF
 
 size_t KeeperLink::AdoptAll(const AdmitFn& admit, const PublishedFn& published) {
   const auto t0 = std::chrono::steady_clock::now();
+  const auto deadline = t0 + options_.claim_wait;
   absl::StatusOr<std::vector<keeper::KeeperClient::Entry>> held;
-  {
-    MutexLock l(mu_);
-    if (auto s = EnsureConnectedLocked(); !s.ok()) {
+  while (true) {
+    if (absl::Status s = Connect(); !s.ok()) {
+      MutexLock l(mu_);
       last_error_ = std::string(s.message());
       WC_LOG_WARN(
           "keeper: %s; nothing to adopt, every model loads from disk (will deposit once "
@@ -357,12 +310,33 @@ size_t KeeperLink::AdoptAll(const AdmitFn& admit, const PublishedFn& published) 
       return 0;
     }
     held = conn_->Adopt();
-    if (!held.ok()) {
+    if (held.ok()) break;
+    // Another daemon owns it: one that is exiting lets go within its shutdown timeout.
+    const bool owned = held.status().code() == absl::StatusCode::kFailedPrecondition;
+    if (owned && std::chrono::steady_clock::now() < deadline && !stopping()) {
+      if (!refused_logged_) {
+        WC_LOG_WARN("keeper: %s; waiting up to %.1f s for it to let go",
+                    std::string(held.status().message()),
+                    std::chrono::duration<double>(options_.claim_wait).count());
+        refused_logged_ = true;
+      }
+      Lost(held.status());
+      Idle(options_.retry);
+      continue;
+    }
+    if (!owned) {
       WC_LOG_ERROR("keeper: adopt failed: %s; loading from disk",
                    std::string(held.status().message()));
-      LostLocked(held.status());
-      return 0;
     }
+    refused_logged_ = false;
+    Lost(held.status());
+    return 0;
+  }
+  {
+    MutexLock l(mu_);
+    up_ = true;
+    ever_connected_ = true;
+    Publish();
   }
   size_t adopted = 0;
   std::vector<std::string> drop;
@@ -380,13 +354,14 @@ size_t KeeperLink::AdoptAll(const AdmitFn& admit, const PublishedFn& published) 
     WC_LOG_WARN("keeper: entry %s not adopted, dropped: %s", key, std::string(s.message()));
     drop.push_back(key);
   }
-  MutexLock l(mu_);
   for (const auto& key : drop) {
-    if (!conn_) break;
     if (auto s = conn_->Drop(key); !s.ok() && s.code() != absl::StatusCode::kNotFound) {
-      LostLocked(s);
+      Lost(s);
+      break;
     }
   }
+  // In step: the keeper holds the adopted entries (recorded by BeforeReady) and nothing else.
+  reconciled_ = conn_ != nullptr;
   WC_LOG_INFO("keeper: adopted %d of %d entries in %.3f s (no disk reads)",
               static_cast<int>(adopted), static_cast<int>(held->size()),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -394,67 +369,143 @@ size_t KeeperLink::AdoptAll(const AdmitFn& admit, const PublishedFn& published) 
 }
 
 void KeeperLink::StartWatch() {
-  watcher_ = std::thread([this] { Watch(); });
+  worker_ = std::thread([this] { Run(); });
 }
 
-void KeeperLink::Watch() {
-  mu_.Lock();
-  while (!stopping_) {
+void KeeperLink::MarkLocked(const cache::Entry& e, bool readied) {
+  const std::string k = KeeperKey(e.fingerprint, e.device_uuid);
+  auto it = pending_.find(k);
+  if (it != pending_.end()) {
+    it->second.readied = it->second.readied || readied;
+    it->second.seq = ++mark_seq_;
+  } else if (pending_.size() < options_.max_pending) {
+    pending_.emplace(k, Mark{e.key, readied, ++mark_seq_});
+  } else {
+    pending_.clear();  // the worker reconciles every entry instead
+    overflow_ = true;
+  }
+}
+
+void KeeperLink::BeforeReady(const cache::Entry& e, const load::LoadedModel& /*content*/) {
+  {
+    MutexLock l(mu_);
+    if (e.source == "keeper") {  // adopted: the keeper holds it already
+      adopted_keys_[KeeperKey(e.fingerprint, e.device_uuid)] = e.key;
+    } else {
+      MarkLocked(e, /*readied=*/true);
+    }
+  }
+  Wake();
+}
+
+void KeeperLink::Evicted(const cache::Entry& e) {
+  {
+    MutexLock l(mu_);
+    MarkLocked(e, /*readied=*/false);
+  }
+  Wake();
+}
+
+void KeeperLink::Run() {
+  while (!stopping()) {
+    // Adopted entries: recorded without a request (their content, for the reconcile).
+    std::map<std::string, cache::Key> adopted;
+    {
+      MutexLock l(mu_);
+      adopted.swap(adopted_keys_);
+    }
+    for (const auto& [k, key] : adopted) {
+      auto e = registry_->Find(key);
+      if (!e) continue;
+      if (!registry_->WaitReady(e, std::chrono::steady_clock::now() + options_.io_timeout).ok()) {
+        continue;
+      }
+      auto content = registry_->Content(e);
+      if (!content.ok()) continue;
+      MutexLock l(mu_);
+      deposited_[k] = Deposited{*content, (*content)->segments.size()};
+      Publish();
+    }
     if (!conn_) {
-      if (!EnsureConnectedLocked().ok()) {
-        cv_.WaitUntil(mu_, std::chrono::steady_clock::now() + options_.retry);
+      if (!Connect().ok()) {
+        Idle(options_.retry);
         continue;
       }
     }
-    if (redeposit_) {
-      redeposit_ = false;
-      mu_.Unlock();
-      RedepositAll();
-      mu_.Lock();
-      continue;
+    bool reconcile = !reconciled_;
+    {
+      MutexLock l(mu_);
+      reconcile = reconcile || overflow_;
+      overflow_ = false;
     }
-    // Idle: wait for the keeper's hang-up (requests on other threads may use the socket
-    // meanwhile; POLLRDHUP alone does not consume anything).
-    const int fd = conn_->fd();
-    mu_.Unlock();
-    pollfd p{fd, POLLRDHUP, 0};
-    const int n = ::poll(&p, 1, static_cast<int>(options_.retry.count()));
-    mu_.Lock();
-    if (n > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0 && conn_ && conn_->fd() == fd) {
-      LostLocked(absl::UnavailableError("the keeper closed its connection (it exited?)"));
+    if (reconcile) {
+      if (absl::Status s = Reconcile(); !s.ok()) {
+        Lost(s);
+        // Another daemon owns the keeper: ask less often (each try is a connection).
+        Idle(s.code() == absl::StatusCode::kFailedPrecondition ? 8 * options_.retry
+                                                               : options_.retry);
+        continue;
+      }
     }
+    // Each mark stays pending (and counted in Status) until the keeper is in step with it;
+    // one made again meanwhile (a newer seq) is done again.
+    std::map<std::string, Mark> pending;
+    {
+      MutexLock l(mu_);
+      pending = pending_;
+    }
+    bool lost = false;
+    for (const auto& [k, mark] : pending) {
+      if (absl::Status s = Sync(mark); !s.ok()) {
+        Lost(s);
+        lost = true;
+        break;
+      }
+      MutexLock l(mu_);
+      auto it = pending_.find(k);
+      if (it != pending_.end() && it->second.seq == mark.seq) pending_.erase(it);
+    }
+    if (lost || !pending.empty()) continue;  // more may have come meanwhile
+    Idle(options_.retry);
   }
-  mu_.Unlock();
+  // Stopping: the keeper keeps what it holds (a daemon stopped for an upgrade adopts it).
+  {
+    MutexLock l(mu_);
+    io_fd_ = -1;
+    up_ = false;
+    Publish();
+  }
+  conn_.reset();
 }
 
-void KeeperLink::RedepositAll() {
-  size_t n = 0;
-  for (const auto& s : registry_->Snapshot()) {
-    if (s.state != cache::State::kReady) continue;
-    auto e = registry_->Find({s.fingerprint, s.device_uuid});
-    if (!e) continue;
-    auto content = registry_->Content(e);
-    if (!content.ok()) continue;
-    MutexLock l(mu_);
-    if (stopping_ || !conn_) return;
-    if (deposited_.count(KeyOf(e->fingerprint, e->device_uuid)) != 0) continue;
-    if (DepositLocked(*e, **content).ok()) n++;
+void KeeperLink::Idle(std::chrono::milliseconds timeout) {
+  pollfd p[2] = {{wake_.get(), POLLIN, 0}, {conn_ ? conn_->fd() : -1, POLLRDHUP, 0}};
+  const int n = ::poll(p, conn_ ? 2 : 1, static_cast<int>(timeout.count()));
+  if (n <= 0) return;
+  if ((p[0].revents & POLLIN) != 0) {
+    uint64_t v;
+    (void)!::read(wake_.get(), &v, sizeof v);
   }
-  if (n > 0) WC_LOG_INFO("keeper: deposited %d ready entries again", static_cast<int>(n));
+  if (conn_ && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+    Lost(absl::UnavailableError("the keeper closed its connection (it exited?)"));
+  }
 }
 
 void KeeperLink::Fill(v1::KeeperStatus* out) const {
   MutexLock l(mu_);
   out->set_socket(options_.socket_path);
-  out->set_up(conn_ != nullptr);
+  out->set_up(up_);
   out->set_adopted_entries(adopted_);
   out->set_dropped_entries(dropped_);
   uint64_t fds = 0;
-  for (const auto& [k, n] : deposited_) fds += n;
+  if (up_) {
+    for (const auto& [k, d] : deposited_) fds += d.fds;
+  }
   out->set_descriptors(fds);
   out->set_deposits(deposits_);
   out->set_deposit_failures(failures_);
   out->set_last_error(last_error_);
+  out->set_pending_entries(pending_.size() + adopted_keys_.size() + (overflow_ ? 1 : 0));
 }
 
 }  // namespace weightcache::server

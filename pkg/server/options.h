@@ -114,9 +114,12 @@ struct DaemonOptions {
   // every load.
   uint64_t staging_keep_bytes = 256ull << 20;
   PeerPolicy peer_policy = PeerPolicy::kCopy;
-  // weightcache-keeper's socket: entries are deposited there before they are announced
-  // ready, and adopted from there at start (no disk reads). Empty: no keeper.
+  // weightcache-keeper's socket: entries are deposited there once they are ready, and
+  // adopted from there at start (no disk reads). Empty: no keeper.
   std::string keeper_socket;
+  // At start, how long to wait for another daemon that owns the keeper to let go (an exiting
+  // one does within its --shutdown_timeout).
+  std::chrono::milliseconds keeper_claim_wait{10000};
   NamespaceRulesOptions namespace_rules;
   metrics::Metrics* metrics = nullptr;  // optional
 };

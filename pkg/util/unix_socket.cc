@@ -115,6 +115,27 @@ absl::StatusOr<ScopedFd> ConnectUnix(const std::string& path, int type) {
   return fd;
 }
 
+absl::StatusOr<ScopedFd> ConnectUnixNoWait(const std::string& path, int type) {
+  auto addr = Address(path);
+  if (!addr.ok()) return addr.status();
+  ScopedFd fd(::socket(AF_UNIX, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd) return ErrnoStatus(errno, "socket");
+  int rc;
+  do {
+    rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&*addr), sizeof(*addr));
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0 && errno == EAGAIN) {
+    return absl::UnavailableError(
+        absl::StrCat("connect ", path, ": the server's backlog is full (it stopped accepting)"));
+  }
+  if (rc != 0) return ErrnoStatus(errno, "connect", path);
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    return ErrnoStatus(errno, "fcntl", path);
+  }
+  return fd;
+}
+
 absl::StatusOr<PeerCred> GetPeerCred(int fd) {
   struct ucred cred;
   socklen_t len = sizeof cred;

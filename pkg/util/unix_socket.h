@@ -38,6 +38,10 @@ absl::Status RemoveStaleSocket(const std::string& path, int type = SOCK_STREAM);
 absl::StatusOr<ScopedFd> ListenUnix(const std::string& path, mode_t mode, int backlog = 128,
                                     int type = SOCK_STREAM);
 absl::StatusOr<ScopedFd> ConnectUnix(const std::string& path, int type = SOCK_STREAM);
+// As ConnectUnix, without waiting for room in the listener's backlog: UNAVAILABLE at once
+// when it is full (a server that stopped accepting, e.g. frozen). The socket it returns
+// blocks.
+absl::StatusOr<ScopedFd> ConnectUnixNoWait(const std::string& path, int type = SOCK_STREAM);
 
 struct PeerCred {
   pid_t pid = 0;

@@ -84,12 +84,16 @@ class KeeperTest : public ::testing::Test {
             "--publish_uids=" + std::to_string(::geteuid())};  // a publisher of one test
   }
 
-  // Starts weightcached; returns once `m` is ready.
-  std::unique_ptr<Process> StartDaemon() {
-    auto d = testing::StartDaemon(DaemonArgv(), socket_dir(), dir_ / "daemon.log",
+  // Starts weightcached; returns once `m` is ready and the keeper holds it (deposits
+  // follow readiness).
+  std::unique_ptr<Process> StartDaemon(const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> argv = DaemonArgv();
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto d = testing::StartDaemon(argv, socket_dir(), dir_ / "daemon.log",
                                   [](const v1::StatusResponse& st) {
                                     const auto* e = Entry(st, "m");
-                                    return e != nullptr && e->state() == "ready";
+                                    return e != nullptr && e->state() == "ready" &&
+                                           st.keeper().up() && st.keeper().pending_entries() == 0;
                                   });
     EXPECT_TRUE(d.ok()) << d.status();
     if (!d.ok()) return nullptr;
@@ -104,6 +108,23 @@ class KeeperTest : public ::testing::Test {
     auto ok = c->WaitFor("BYTES", 20s);
     EXPECT_EQ(ok.value_or("none"), "BYTES OK") << testing::ReadFileOrEmpty(dir_ / "daemon.log");
     return c;
+  }
+
+  // Until the keeper holds what the daemon has ready (and nothing else).
+  v1::StatusResponse WaitInStep(std::chrono::seconds within = 20s) {
+    return testing::WaitForStatus(
+        *client_,
+        [](const v1::StatusResponse& s) {
+          return s.keeper().up() && s.keeper().pending_entries() == 0;
+        },
+        within);
+  }
+
+  std::string KeeperStats() {
+    auto c = keeper::KeeperClient::Connect(keeper_sock());
+    if (!c.ok()) return std::string(c.status().message());
+    auto s = (*c)->Stats();
+    return s.ok() ? *s : std::string(s.status().message());
   }
 
   TempDir dir_;
@@ -336,6 +357,7 @@ TEST_F(KeeperTest, APublishedEntryOutlivesADaemonRestart) {
   Process publisher(argv, dir_ / "publisher.log");
   auto committed = publisher.WaitFor("COMMITTED", 20s);
   ASSERT_TRUE(committed.has_value()) << testing::ReadFileOrEmpty(dir_ / "publisher.log");
+  WaitInStep();
   const std::string fingerprint = committed->substr(committed->find(' ') + 1);
   EXPECT_EQ(publisher.WaitFor("BYTES", 20s).value_or("none"), "BYTES OK");
   publisher.CloseStdin();
@@ -371,6 +393,148 @@ TEST_F(KeeperTest, APublishedEntryOutlivesADaemonRestart) {
   EXPECT_EQ(again.WaitFor("BYTES", 20s).value_or("none"), "BYTES OK");
   again.CloseStdin();
   EXPECT_EQ(again.Wait(), 0);
+}
+
+// A frozen keeper (SIGSTOP: it accepts nothing and answers nothing) costs the daemon's
+// clients nothing: Status, an Acquire of a ready model, an Evict and a Load each answer
+// well before the link's 5 s keeper timeout (what a call that waited on the keeper once
+// would take; before, they took 18 to 32 s), and so does a publish's commit. Once the keeper
+// runs again the link reconciles: the evicted entry is dropped from it, the newly loaded and
+// the published ones deposited. A SIGTERM while it
+// is frozen exits 0 by itself.
+TEST_F(KeeperTest, AFrozenKeeperNeverStopsTheDaemonFromServing) {
+  safetensors::LlamaShape other = shape_;
+  other.seed = 9;  // other bytes: its own entry
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m2", other).ok());
+  auto keeper = StartKeeper();
+  std::ofstream(dir_ / "specs.yaml") << "models:\n  - {name: m, model_dir: " << dir_ / "m"
+                                     << "}\n  - {name: m2, model_dir: " << dir_ / "m2"
+                                     << "}\n";
+  std::vector<std::string> argv;
+  for (const auto& a : DaemonArgv()) {
+    if (a.rfind("--model=", 0) != 0) argv.push_back(a);
+  }
+  argv.push_back("--spec_file=" + dir_ / "specs.yaml");
+  argv.emplace_back("--preload=false");  // both loaded by this test, m before the freeze
+  auto d = testing::StartDaemon(argv, socket_dir(), dir_ / "daemon.log");
+  ASSERT_TRUE(d.ok()) << d.status();
+  client_ = std::move(d->client);
+  auto daemon = std::move(d->process);
+  ASSERT_EQ(client_->Load("m", "", {}), absl::OkStatus());
+  WaitInStep();
+  keeper->Kill(SIGSTOP);
+  constexpr double kKeeperTimeout = 5.0;  // KeeperLink::Options::io_timeout
+  double slowest = 0;
+  auto timed = [&](const char* what, auto&& call) {
+    const auto t0 = std::chrono::steady_clock::now();
+    call();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    slowest = std::max(slowest, secs);
+    EXPECT_LT(secs, kKeeperTimeout / 2) << what;
+  };
+  for (int i = 0; i < 3; ++i) {
+    timed("status", [&] { EXPECT_TRUE(client_->Status().ok()); });
+    timed("acquire", [&] {
+      client::AcquireOptions o;
+      o.model = "m";
+      auto lease = client_->Acquire(o);
+      EXPECT_TRUE(lease.ok()) << lease.status();
+    });
+  }
+  auto admin = testing::AdminClient(socket_dir());
+  ASSERT_TRUE(admin);
+  timed("evict", [&] { EXPECT_EQ(admin->Evict("m", "").value_or(0), 1u); });
+  timed("load", [&] { EXPECT_EQ(client_->Load("m2", "", {}), absl::OkStatus()); });
+  timed("publish", [&] {  // a commit waits for its entry to turn ready: not for the keeper
+    Process publisher(
+        {PUBLISH_CLIENT_PATH, socket_dir() + "/control.sock", "m", "scaled-v1", "7", "commit"},
+        dir_ / "publisher.log");
+    EXPECT_TRUE(publisher.WaitFor("COMMITTED", 20s).has_value())
+        << testing::ReadFileOrEmpty(dir_ / "publisher.log");
+    publisher.CloseStdin();
+    publisher.Wait();
+  });
+  // Frozen past the link's timeout: the link gives the connection up and keeps trying.
+  const auto frozen_until = std::chrono::steady_clock::now() + 1.5 * kKeeperTimeout * 1s;
+  int calls = 0;
+  while (std::chrono::steady_clock::now() < frozen_until) {
+    timed("status", [&] { EXPECT_TRUE(client_->Status().ok()); });
+    ++calls;
+    std::this_thread::sleep_for(50ms);  // a client's pace, not a poll for a condition
+  }
+  auto lost = client_->Status();
+  ASSERT_TRUE(lost.ok());
+  EXPECT_FALSE(lost->keeper().up()) << lost->keeper().last_error();
+  std::printf("keeper frozen %.1f s: %d calls, the slowest took %.3f s\n", 1.5 * kKeeperTimeout,
+              calls + 9, slowest);
+
+  keeper->Kill(SIGCONT);
+  auto st = WaitInStep(30s);
+  for (const auto& e : st.entries()) {
+    EXPECT_FALSE(e.model() == "m" && e.source() == "disk") << "m was evicted";
+  }
+  ASSERT_NE(Entry(st, "m2"), nullptr);
+  EXPECT_EQ(KeeperStats().substr(0, 10), "entries=2 ") << "the keeper holds m2 and the published";
+  EXPECT_THAT(testing::ReadFileOrEmpty(dir_ / "daemon.log"),
+              ::testing::HasSubstr("keeper: connected on " + keeper_sock() + " again"));
+
+  keeper->Kill(SIGSTOP);  // and a SIGTERM while it is frozen
+  const auto t0 = std::chrono::steady_clock::now();
+  daemon->Kill(SIGTERM);
+  const int status = daemon->Wait();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  EXPECT_THAT(testing::ReadFileOrEmpty(dir_ / "daemon.log"),
+              ::testing::Not(::testing::HasSubstr("longer than --shutdown_timeout")));
+  keeper->Kill(SIGCONT);
+}
+
+// A second daemon on the same keeper (started for debugging with another socket dir and the
+// default keeper socket, here on other devices so it can adopt nothing) neither adopts nor
+// drops the first one's entries: the keeper serves one daemon at a time. It serves from
+// disk meanwhile; once the first daemon is gone it takes the keeper over and reconciles
+// (drops what it does not hold, deposits its own).
+TEST_F(KeeperTest, ASecondDaemonNeitherAdoptsNorDropsTheFirstOnesEntries) {
+  auto keeper = StartKeeper();
+  auto first = StartDaemon();
+  ASSERT_TRUE(first);
+  const std::string held = KeeperStats();
+  ASSERT_EQ(held.substr(0, 10), "entries=1 ");
+  const std::string second_dir = dir_ / "s2";
+  auto second = testing::StartDaemon(
+      {WEIGHTCACHED_PATH, "--socket_dir=" + second_dir, "--backend=host", "--metrics_address=off",
+       "--keeper_socket=" + keeper_sock(), "--model=name=m,model_dir=" + dir_ / "m",
+       "--host_devices=other", "--shutdown_timeout=1"},
+      second_dir, dir_ / "second.log", [](const v1::StatusResponse& st) {
+        const auto* e = Entry(st, "m");
+        return e != nullptr && e->state() == "ready";
+      });
+  ASSERT_TRUE(second.ok()) << second.status() << testing::ReadFileOrEmpty(dir_ / "second.log");
+  auto st = second->client->Status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(Entry(*st, "m")->source(), "disk");
+  EXPECT_FALSE(st->keeper().up());
+  EXPECT_THAT(st->keeper().last_error(),
+              ::testing::HasSubstr("it serves the daemon pid " + std::to_string(first->pid())));
+  EXPECT_EQ(st->keeper().dropped_entries(), 0u);
+  EXPECT_EQ(KeeperStats(), held) << "the second daemon changed the first one's keeper";
+  // The first one goes on with its keeper: a restart adopts its entry.
+  first->Kill(SIGKILL);
+  first->Wait();
+  client_.reset();
+  // ... unless the second takes the keeper over first: it asks every 2 s. Whichever owns
+  // it, the keeper holds exactly its owner's entries.
+  auto taken = testing::WaitForStatus(
+      *second->client,
+      [](const v1::StatusResponse& s) {
+        return s.keeper().up() && s.keeper().pending_entries() == 0;
+      },
+      20s);
+  EXPECT_TRUE(taken.keeper().up());
+  EXPECT_EQ(KeeperStats().substr(0, 10), "entries=1 ");
+  second->process->Kill(SIGTERM);
+  EXPECT_EQ(second->process->Wait(), 0);
 }
 
 }  // namespace

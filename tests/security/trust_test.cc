@@ -414,6 +414,13 @@ TEST_F(TrustTest, ARevokedModelDoesNotComeBackFromTheKeeper) {
   testing::ToolRun define =
       Ctl(socket_dir() + "-admin", {"--spec=" + dir_ / "inline.yaml", "load"});
   ASSERT_EQ(define.rc, 0) << define.out;
+  // Deposits follow readiness: wait until the keeper holds all four.
+  testing::WaitForStatus(
+      *d->client,
+      [](const v1::StatusResponse& s) {
+        return s.keeper().up() && s.keeper().pending_entries() == 0;
+      },
+      20s);
   d->process->Kill(SIGKILL);
   d->process->Wait();
 

@@ -1,0 +1,111 @@
+// The keeper record codec (keeper_record.h): what a daemon deposits decodes back to the same
+// identity, manifest and files; a record whose fingerprint inputs do not give its
+// fingerprint, a tensor outside its segments, another format or bytes that do not parse are
+// refused naming what is wrong (the adopting daemon then drops the entry and loads again).
+#include "pkg/server/internal/keeper_record.h"
+
+#include <memory>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "pkg/memory/backend.h"
+
+namespace weightcache::server {
+namespace {
+
+struct Fixture {
+  std::unique_ptr<memory::Backend> backend = memory::MakeHostBackend();
+  std::unique_ptr<cache::Entry> entry;
+  load::LoadedModel content;
+
+  Fixture() {
+    spec::FingerprintInputs in;
+    in.architecture = "LlamaForCausalLM";
+    in.files.push_back({"model.safetensors", 4096, "sha256:abc"});
+    in.layout = {2, 1, 1, 0};
+    in.dtype = "bf16";
+    in.env.compute_capability = "9.0";
+    load::SourceFile f;
+    f.name = "model.safetensors";
+    f.path = "/models/m/model.safetensors";
+    f.stat = {1, 2, 4096, 3, 4};
+    f.digest = "sha256:abc";
+    entry = std::make_unique<cache::Entry>(cache::Key{in.Digest(), "host"}, "m", in, "disk",
+                                           std::vector<load::SourceFile>{f});
+    auto seg = backend->Allocate("", 1 << 20, "record test");
+    EXPECT_TRUE(seg.ok()) << seg.status();
+    content.segments.push_back(std::move(seg).value());
+    content.model_dir = "/models/m";
+    content.device_uuid = "host";
+    content.plan.segment_bytes = {8192};
+    content.plan.total_bytes = 8192;
+    load::PlannedTensor t;
+    t.name = "model.norm.weight";
+    t.dtype = safetensors::DType::kBF16;
+    t.shape = {4096};
+    t.strides = {1};
+    t.segment = 0;
+    t.offset = 0;
+    t.nbytes = 8192;
+    content.plan.tensors.push_back(t);
+  }
+  std::string Encode() const {
+    return EncodeKeeperRecord(*entry, content, "host", RecordedSpec{"name: m\n", true});
+  }
+};
+
+TEST(KeeperRecordTest, WhatIsDepositedDecodesToTheSameEntry) {
+  Fixture f;
+  auto a = DecodeKeeperRecord(f.Encode());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->record.model(), "m");
+  EXPECT_EQ(a->record.fingerprint(), f.entry->fingerprint);
+  EXPECT_EQ(a->inputs.Digest(), f.entry->fingerprint);
+  EXPECT_EQ(a->record.spec_yaml(), "name: m\n");
+  EXPECT_TRUE(a->record.defined_inline());
+  ASSERT_EQ(a->files.size(), 1u);
+  EXPECT_EQ(a->files[0].path, "/models/m/model.safetensors");
+  EXPECT_EQ(a->files[0].stat.ino, 2u);
+  ASSERT_EQ(a->plan.tensors.size(), 1u);
+  EXPECT_EQ(a->plan.tensors[0].name, "model.norm.weight");
+  EXPECT_EQ(a->plan.tensors[0].nbytes, 8192u);
+  EXPECT_EQ(a->record.segment_sizes_size(), 1);
+  EXPECT_EQ(KeeperKey(f.entry->fingerprint, "host"), f.entry->fingerprint + "@host");
+}
+
+TEST(KeeperRecordTest, ARecordWhoseInputsDoNotGiveItsFingerprintIsRefused) {
+  Fixture f;
+  v1::KeeperRecord r;
+  ASSERT_TRUE(r.ParseFromString(f.Encode()));
+  r.set_dtype("fp8");  // the bytes claim another identity than the fingerprint says
+  auto a = DecodeKeeperRecord(r.SerializeAsString());
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(a.status().message().find("fingerprint inputs give"), std::string::npos) << a.status();
+}
+
+TEST(KeeperRecordTest, ATensorOutsideItsSegmentsIsRefused) {
+  Fixture f;
+  // Runs past the end of its segment.
+  f.content.plan.tensors[0].offset = f.content.segments[0]->size() - 100;
+  auto a = DecodeKeeperRecord(f.Encode());
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.status().message().find("tensor model.norm.weight"), std::string::npos) << a.status();
+  EXPECT_NE(a.status().message().find("lies outside"), std::string::npos) << a.status();
+}
+
+TEST(KeeperRecordTest, AnotherFormatOrBytesThatDoNotParseAreRefused) {
+  Fixture f;
+  v1::KeeperRecord r;
+  ASSERT_TRUE(r.ParseFromString(f.Encode()));
+  r.set_format(99);
+  auto other = DecodeKeeperRecord(r.SerializeAsString());
+  EXPECT_NE(other.status().message().find("keeper record format 99"), std::string::npos)
+      << other.status();
+  auto junk = DecodeKeeperRecord(std::string("\xff\xff\xff\xff junk", 9));
+  EXPECT_EQ(junk.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(junk.status().message().find("does not parse"), std::string::npos) << junk.status();
+}
+
+}  // namespace
+}  // namespace weightcache::server
