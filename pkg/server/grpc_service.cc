@@ -89,7 +89,7 @@ class GrpcService final : public v1::WeightCache::Service {
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
     auto publisher = impl_->Publisher(*caller, "");
     if (!publisher.ok()) return ToGrpc(ctx, publisher.status());
-    return ToGrpc(ctx, (*publisher)->Commit(caller->cred, caller->slot, *req, resp));
+    return ToGrpc(ctx, (*publisher)->Commit(*caller, *req, resp));
   }
 
   grpc::Status AbortPublish(grpc::ServerContext* ctx, const v1::AbortPublishRequest* req,

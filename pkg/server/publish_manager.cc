@@ -431,10 +431,10 @@ absl::StatusOr<std::shared_ptr<PublishManager::Session>> PublishManager::Owned(
   return s;
 }
 
-absl::Status PublishManager::Commit(const PeerCred& caller, const std::string& slot,
-                                    const v1::CommitPublishRequest& req,
+absl::Status PublishManager::Commit(const Caller& caller, const v1::CommitPublishRequest& req,
                                     v1::CommitPublishResponse* resp) {
-  WC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s, Owned(caller, slot, req.publish_id()));
+  WC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s,
+                      Owned(caller.cred, caller.slot, req.publish_id()));
   {
     MutexLock l(mu_);
     if (!s->claimed) {
@@ -492,7 +492,7 @@ absl::Status PublishManager::Commit(const PeerCred& caller, const std::string& s
   RecordPublisher(s->entry->key, s->info);
   s->Decide(std::move(loaded));
   if (absl::Status st =
-          registry_.WaitReady(s->entry, std::chrono::steady_clock::now() + options_.acquire_wait);
+          registry_.WaitReady(s->entry, caller.DeadlineOr(options_.acquire_wait), caller.gone);
       !st.ok()) {
     {
       MutexLock l(mu_);

@@ -31,6 +31,7 @@
 #include "pkg/cache/registry.h"
 #include "pkg/load/plan.h"
 #include "pkg/memory/backend.h"
+#include "pkg/server/caller.h"
 #include "pkg/server/handle_channel.h"
 #include "pkg/server/internal/admission.h"
 #include "pkg/server/internal/model_catalog.h"
@@ -62,8 +63,9 @@ class PublishManager {
   // socket it began on; the token is claimable only on the handle socket beside that one.
   absl::Status Begin(const PeerCred& caller, const std::string& slot,
                      const v1::BeginPublishRequest& req, v1::BeginPublishResponse* resp);
-  absl::Status Commit(const PeerCred& caller, const std::string& slot,
-                      const v1::CommitPublishRequest& req, v1::CommitPublishResponse* resp);
+  // Its wait for the entry to turn ready ends when the caller is gone or at its deadline.
+  absl::Status Commit(const Caller& caller, const v1::CommitPublishRequest& req,
+                      v1::CommitPublishResponse* resp);
   absl::Status Abort(const PeerCred& caller, const std::string& slot,
                      const v1::AbortPublishRequest& req);
 
