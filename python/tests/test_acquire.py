@@ -73,7 +73,10 @@ print(status('RssAnon:') - a0, status('RssShmem:') - s0)
     assert r.returncode == 0, r.stderr
     anon_growth, shmem_growth = (int(x) for x in r.stdout.split())
     assert shmem_growth > total * 0.9, (shmem_growth, total)  # the weights: shared memory
-    assert anon_growth < total * 0.1, (anon_growth, total)  # no private copy of them
+    # No private copy of them: one would add every page just read (more than 90% of the
+    # weights), while the client's own memory (its gRPC threads, the manifest) is a few
+    # hundred KiB to about 1 MiB whatever the model; half the weights tells them apart.
+    assert anon_growth < total * 0.5, (anon_growth, total)
 
 
 def test_writing_through_a_tensor_faults_and_the_cache_stays_intact(daemon, tiny_tensors):

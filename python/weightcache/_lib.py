@@ -257,23 +257,31 @@ def enc(s: Optional[str]) -> Optional[bytes]:
 
 class _Owned:
     """One owned library handle, freed by the named library function exactly once: on
-    close() or when garbage-collected."""
+    close() or when garbage-collected, by the process that made it. Closing is atomic (two
+    threads closing at once free it once). A forked child (vLLM forks its workers) inherits
+    the object but not the right to free it: the handle is the parent's (a gRPC channel does
+    not survive fork, and a lease's release would end the parent's lease), so in the child
+    close() only forgets it."""
 
     _free = ""  # the wc_ function that frees the handle
     _what = ""
 
     def __init__(self, handle: c_void_p) -> None:
         self._handle: Optional[c_void_p] = handle
+        self._pid = os.getpid()
+        self._close_lock = threading.Lock()
 
     @property
     def handle(self) -> c_void_p:
-        if self._handle is None:
+        h = self._handle
+        if h is None:
             raise WeightcacheError(f"{self._what} is closed")
-        return self._handle
+        return h
 
     def close(self) -> None:
-        h, self._handle = self._handle, None
-        if h is not None:
+        with self._close_lock:
+            h, self._handle = self._handle, None
+        if h is not None and self._pid == os.getpid():
             getattr(lib(), self._free)(h)
 
     def __del__(self) -> None:
@@ -359,12 +367,13 @@ def shared_client(socket: Optional[str]) -> Client:
 
 
 def drop_shared_client(client: Client) -> None:
-    """Forgets (and closes) a kept connection, e.g. after the daemon it reached went away."""
+    """Forgets a kept connection, e.g. after the daemon it reached went away. It is not
+    closed here: other threads may be inside calls on it (ctypes releases the GIL during a
+    call); it is freed when the last of them lets go of it."""
     with _shared_lock:
         for k, c in list(_shared_clients.items()):
             if c is client:
                 del _shared_clients[k]
-    client.close()
 
 
 class Publish(_Owned):

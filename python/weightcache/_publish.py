@@ -89,6 +89,10 @@ def publish(model: str, tensors: Mapping[str, Any], *, engine: str, recipe: str,
                 target.index if target.index is not None else torch.cuda.current_device())
             from ._dlpack import byte_tensor
 
+            # Every device a copy runs on is synchronised before the commit seals the bytes:
+            # the destination's, and each CUDA source's (a copy from a GPU to a host
+            # destination runs on the source's stream).
+            busy = {ordinal} if ordinal >= 0 else set()
             for name, t in items:
                 ptr, n, err = c_void_p(), c_uint64(), c_void_p()
                 _lib.check(_lib.lib().wc_publish_data(p.handle, name.encode(), ctypes.byref(ptr),
@@ -96,9 +100,11 @@ def publish(model: str, tensors: Mapping[str, Any], *, engine: str, recipe: str,
                            err, "publish")
                 dst = byte_tensor(ptr.value, n.value, ordinal, p)
                 src = t.detach().contiguous().reshape(-1).view(torch.uint8)
-                dst.copy_(src.to(dst.device, non_blocking=True))
-            if ordinal >= 0:
-                torch.cuda.synchronize(ordinal)
+                if src.is_cuda:
+                    busy.add(src.device.index)
+                dst.copy_(src, non_blocking=True)
+            for d in sorted(busy):
+                torch.cuda.synchronize(d)
             err = c_void_p()
             _lib.check(_lib.lib().wc_publish_commit(p.handle, ctypes.byref(err)), err, "publish")
             return fingerprint
