@@ -99,6 +99,8 @@ check "engine before the kill: correct bytes" wait_line "$OUT/before.out" "^BYTE
 echo "cold load + first engine (with its CPU reference checksums): $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.3f", b - a}') s"
 loaded=$(used_mib)
 echo "GPU memory used: $base MiB before, $loaded MiB loaded"
+# Deposits follow readiness (the link's worker): the keeper says when it holds the entry.
+check "keeper holds the entry" wait_line "$OUT/keeper-process.log" "keeper: holds " 30
 
 echo "== SIGKILL weightcached, restart"
 RETRY=60 GO=1 engine after  # its CUDA context made, it acquires on "GO": from the new daemon
