@@ -16,6 +16,10 @@
 namespace weightcache::server {
 namespace {
 
+// While another daemon owns the keeper, the link asks this many retry intervals apart (each
+// try is a connection the keeper logs).
+constexpr int kRefusedRetries = 8;
+
 // A keeper error that leaves the connection usable: its descriptor limit.
 bool KeepsTheConnection(const absl::Status& s) {
   return s.ok() || s.code() == absl::StatusCode::kResourceExhausted;
@@ -90,7 +94,8 @@ void KeeperLink::Lost(const absl::Status& why) {
   if (why.code() == absl::StatusCode::kFailedPrecondition) {
     if (!refused_logged_) {
       WC_LOG_WARN("keeper: %s; serving without it, asking again every %d ms",
-                  std::string(why.message()), static_cast<int>(options_.retry.count()));
+                  std::string(why.message()),
+                  static_cast<int>(kRefusedRetries * options_.retry.count()));
     }
     refused_logged_ = true;
     return;
@@ -442,7 +447,7 @@ void KeeperLink::Run() {
       if (absl::Status s = Reconcile(); !s.ok()) {
         Lost(s);
         // Another daemon owns the keeper: ask less often (each try is a connection).
-        Idle(s.code() == absl::StatusCode::kFailedPrecondition ? 8 * options_.retry
+        Idle(s.code() == absl::StatusCode::kFailedPrecondition ? kRefusedRetries * options_.retry
                                                                : options_.retry);
         continue;
       }
