@@ -366,17 +366,24 @@ absl::Status Daemon::Impl::Release(const Caller& caller, const v1::ReleaseReques
 
 absl::Status Daemon::Impl::Load(const Caller& caller, const v1::LoadRequest& req,
                                 const std::function<bool(const v1::LoadProgress&)>& publish) {
-  std::string name = req.model();
-  if (!req.spec_yaml().empty()) {
-    WC_RETURN_IF_ERROR(Authorize(caller, Verb::kDefine, {}));
-    WC_ASSIGN_OR_RETURN(auto specs, spec::ParseSpecs(req.spec_yaml(), "LoadRequest.spec_yaml"));
-    if (specs.size() != 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("LoadRequest.spec_yaml: holds ", specs.size(), " specs; send exactly one"));
-    }
-    name = specs[0].name;
-    models_.Define(specs[0]);
+  if (req.spec_yaml().empty()) return LoadDefined(caller, req.model(), req, publish);
+  WC_RETURN_IF_ERROR(Authorize(caller, Verb::kDefine, {}));
+  WC_ASSIGN_OR_RETURN(auto specs, spec::ParseSpecs(req.spec_yaml(), "LoadRequest.spec_yaml"));
+  if (specs.size() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoadRequest.spec_yaml: holds ", specs.size(), " specs; send exactly one"));
   }
+  // An inline spec is defined by a Load that succeeds: a refused or failed one leaves the
+  // name as it was (undefined, or the spec file's or an earlier inline spec).
+  const ModelCatalog::Previous previous = models_.Define(specs[0]);
+  absl::Status s = LoadDefined(caller, specs[0].name, req, publish);
+  if (!s.ok()) models_.Restore(previous);
+  return s;
+}
+
+absl::Status Daemon::Impl::LoadDefined(
+    const Caller& caller, const std::string& name, const v1::LoadRequest& req,
+    const std::function<bool(const v1::LoadProgress&)>& publish) {
   if (name.empty()) return absl::InvalidArgumentError("Load: set model or spec_yaml");
   Object object = ModelObject(name);
   WC_RETURN_IF_ERROR(Authorize(caller, Verb::kLoad, object));

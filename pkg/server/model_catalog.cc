@@ -81,12 +81,41 @@ absl::Status ModelCatalog::OpenDigestStore(const std::string& path) {
   return absl::OkStatus();
 }
 
-void ModelCatalog::Define(const spec::ModelSpec& s) {
+ModelCatalog::Previous ModelCatalog::Define(const spec::ModelSpec& s) {
   std::string yaml = spec::ToYaml(s);
   MutexLock l(mu_);
+  Previous previous{s.name, std::nullopt, inline_.count(s.name) != 0};
+  if (auto it = specs_.find(s.name); it != specs_.end()) previous.spec = it->second;
   specs_[s.name] = s;
   yaml_[s.name] = std::move(yaml);
   inline_.insert(s.name);
+  ForgetOpenedLocked(s.name);
+  return previous;
+}
+
+void ModelCatalog::Restore(const Previous& previous) {
+  const std::string& name = previous.name;
+  std::string yaml = previous.spec ? spec::ToYaml(*previous.spec) : std::string();
+  MutexLock l(mu_);
+  if (previous.spec) {
+    specs_[name] = *previous.spec;
+    yaml_[name] = std::move(yaml);
+  } else {
+    specs_.erase(name);
+    yaml_.erase(name);
+  }
+  if (previous.defined_inline) {
+    inline_.insert(name);
+  } else {
+    inline_.erase(name);
+  }
+  ForgetOpenedLocked(name);
+}
+
+void ModelCatalog::ForgetOpenedLocked(const std::string& name) {
+  opened_.erase(name);
+  open_errors_.erase(name);
+  refreshed_.erase(name);
 }
 
 bool ModelCatalog::TakeRefresh(const std::string& name, std::chrono::milliseconds interval) {

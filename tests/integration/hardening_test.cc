@@ -120,6 +120,36 @@ TEST_F(HardeningTest, ModelDirectoriesMustLieUnderTheRoots) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("resolves to " + dir_ / "elsewhere"));
 }
 
+// A refused inline spec leaves nothing behind (issue 26): its name stays unknown, and a
+// configured model it tried to replace keeps its own spec (before, the refused spec stayed
+// defined, and engines' later Loads and Acquires of the name used it).
+TEST_F(HardeningTest, ARefusedInlineSpecLeavesTheNameAsItWas) {
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "elsewhere", testing::SmallLlama()).ok());
+  std::filesystem::create_directory_symlink(dir_ / "elsewhere", dir_ / "models/link");
+  Start({"--model_roots=" + dir_ / "models", "--preload=false"});
+  client::AcquireOptions o;
+  o.model = "m";
+  o.load_on_miss = true;
+  auto before = client_->Acquire(o);
+  ASSERT_TRUE(before.ok()) << before.status();
+  const std::string fingerprint = (*before)->fingerprint();
+  before->reset();
+  auto admin = testing::AdminClient(socket_dir());
+  for (const std::string name : {"escape", "m"}) {
+    auto s = admin->Load("", "name: " + name + "\nmodel_dir: " + dir_ / "models/link\n", {});
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << name << ": " << s;
+  }
+  o.model = "escape";
+  auto unknown = client_->Acquire(o);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound) << unknown.status();
+  EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("not known"));
+  o.model = "m";
+  auto after = client_->Acquire(o);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ((*after)->fingerprint(), fingerprint) << "m is served under its own spec";
+  EXPECT_TRUE(client_->Load("m", "", {}).ok());  // and an engine's Load of it reads its files
+}
+
 // Raw connections to the control socket (no HTTP/2): they hold descriptors and count.
 ScopedFd RawConnect(const std::string& path) {
   ScopedFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));

@@ -82,6 +82,10 @@ class Daemon::Impl final : public metrics::StateSource {
   // Starts (or joins) a load; `publish` is called with progress until it ends.
   absl::Status Load(const Caller& caller, const v1::LoadRequest& req,
                     const std::function<bool(const v1::LoadProgress&)>& publish);
+  // Load of a model defined already (by the spec file, or by `req`'s inline spec just now).
+  absl::Status LoadDefined(const Caller& caller, const std::string& name,
+                           const v1::LoadRequest& req,
+                           const std::function<bool(const v1::LoadProgress&)>& publish);
   absl::Status Evict(const Caller& caller, const v1::EvictRequest& req, v1::EvictResponse* resp);
   // What `caller` may see: with --namespace_rules, the models it may map (daemon.cc).
   void Status(const Caller& caller, v1::StatusResponse* resp);

@@ -39,8 +39,17 @@ class ModelCatalog {
   // The digest store (persisted at `path`; empty: memory only). Call once, before Open.
   absl::Status OpenDigestStore(const std::string& path);
 
-  // Adds or replaces a spec (an inline spec of a Load request: an admin's).
-  void Define(const spec::ModelSpec& s);
+  // What a Define replaced: given back to Restore when the new spec is refused.
+  struct Previous {
+    std::string name;
+    std::optional<spec::ModelSpec> spec;  // none: the name was not defined
+    bool defined_inline = false;
+  };
+  // Adds or replaces a spec (an inline spec of a Load request: an admin's). What was opened
+  // under the name before is forgotten: the next Open reads the new spec's files.
+  Previous Define(const spec::ModelSpec& s);
+  // Puts back what a Define replaced (a refused inline spec leaves nothing behind).
+  void Restore(const Previous& previous);
   // Whether `name`'s spec is an inline one (Define), not the spec file's.
   bool DefinedInline(const std::string& name) const;
   std::optional<spec::ModelSpec> Spec(const std::string& name) const;
@@ -86,6 +95,8 @@ class ModelCatalog {
   metrics::Metrics* const metrics_;
   std::unique_ptr<identity::DigestStore> digests_;  // set once by OpenDigestStore
   mutable Mutex mu_;
+  void ForgetOpenedLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   std::map<std::string, spec::ModelSpec> specs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> yaml_ ABSL_GUARDED_BY(mu_);  // name -> canonical YAML
   std::set<std::string> inline_ ABSL_GUARDED_BY(mu_);             // names Define()d
