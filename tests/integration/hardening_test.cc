@@ -103,14 +103,22 @@ TEST_F(HardeningTest, AnotherUidCannotRedefineEvictOrEndOthersLeases) {
   EXPECT_TRUE(client_->Release((*lease)->id()).ok());
 }
 
-TEST_F(HardeningTest, ModelDirectoriesMustLieUnderTheRoots) {
-  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "elsewhere", testing::SmallLlama()).ok());
-  std::filesystem::create_directory_symlink(dir_ / "elsewhere", dir_ / "models/link");
-  Start({"--model_roots=" + dir_ / "models", "--preload=false"});
-  client::AcquireOptions o;
-  o.model = "m";
-  o.load_on_miss = true;
-  EXPECT_TRUE(client_->Acquire(o).ok());
+// A daemon whose --model_roots hold m and models/link, a link to a checkpoint outside them.
+class RootsTest : public HardeningTest {
+ protected:
+  void SetUp() override {
+    HardeningTest::SetUp();
+    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "elsewhere", testing::SmallLlama()).ok());
+    std::filesystem::create_directory_symlink(dir_ / "elsewhere", dir_ / "models/link");
+    Start({"--model_roots=" + dir_ / "models", "--preload=false"});
+    o_.model = "m";
+    o_.load_on_miss = true;
+  }
+  client::AcquireOptions o_;
+};
+
+TEST_F(RootsTest, ModelDirectoriesMustLieUnderTheRoots) {
+  EXPECT_TRUE(client_->Acquire(o_).ok());
   // A spec whose dir is a link out of the roots, even from the operator (admin socket):
   // refused, naming the rule and the target.
   auto s = testing::AdminClient(socket_dir())
@@ -123,13 +131,8 @@ TEST_F(HardeningTest, ModelDirectoriesMustLieUnderTheRoots) {
 // A refused inline spec leaves nothing behind (issue 26): its name stays unknown, and a
 // configured model it tried to replace keeps its own spec (before, the refused spec stayed
 // defined, and engines' later Loads and Acquires of the name used it).
-TEST_F(HardeningTest, ARefusedInlineSpecLeavesTheNameAsItWas) {
-  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "elsewhere", testing::SmallLlama()).ok());
-  std::filesystem::create_directory_symlink(dir_ / "elsewhere", dir_ / "models/link");
-  Start({"--model_roots=" + dir_ / "models", "--preload=false"});
-  client::AcquireOptions o;
-  o.model = "m";
-  o.load_on_miss = true;
+TEST_F(RootsTest, ARefusedInlineSpecLeavesTheNameAsItWas) {
+  client::AcquireOptions o = o_;
   auto before = client_->Acquire(o);
   ASSERT_TRUE(before.ok()) << before.status();
   const std::string fingerprint = (*before)->fingerprint();
