@@ -108,14 +108,18 @@ void KeeperLink::Lost(const absl::Status& why) {
   }
 }
 
-void KeeperLink::Publish() {
-  if (metrics_ == nullptr) return;
+uint64_t KeeperLink::HeldFdsLocked() const {
   uint64_t fds = 0;
   if (up_) {
     for (const auto& [k, d] : deposited_) fds += d.fds;
   }
+  return fds;
+}
+
+void KeeperLink::Publish() {
+  if (metrics_ == nullptr) return;
   metrics_->SetKeeperUp(up_);
-  metrics_->SetKeeperDescriptors(fds);
+  metrics_->SetKeeperDescriptors(HeldFdsLocked());
 }
 
 absl::Status KeeperLink::Deposit(const cache::Entry& e,
@@ -161,10 +165,7 @@ absl::Status KeeperLink::Sync(const Mark& mark) {
                                [this] { return stopping(); });
   }
   std::shared_ptr<const load::LoadedModel> content;
-  if (e && registry_->StateOf(e) == cache::State::kReady) {
-    auto c = registry_->Content(e);
-    if (c.ok()) content = *c;
-  }
+  if (e) content = registry_->Content(e).value_or(nullptr);  // null unless ready
   bool held = false;
   {
     MutexLock l(mu_);
@@ -422,7 +423,10 @@ void KeeperLink::Run() {
     for (const auto& [k, key] : adopted) {
       auto e = registry_->Find(key);
       if (!e) continue;
-      if (!registry_->WaitReady(e, std::chrono::steady_clock::now() + options_.io_timeout).ok()) {
+      if (!registry_
+               ->WaitReady(e, std::chrono::steady_clock::now() + options_.io_timeout,
+                           [this] { return stopping(); })
+               .ok()) {
         continue;
       }
       auto content = registry_->Content(e);
@@ -502,11 +506,7 @@ void KeeperLink::Fill(v1::KeeperStatus* out) const {
   out->set_up(up_);
   out->set_adopted_entries(adopted_);
   out->set_dropped_entries(dropped_);
-  uint64_t fds = 0;
-  if (up_) {
-    for (const auto& [k, d] : deposited_) fds += d.fds;
-  }
-  out->set_descriptors(fds);
+  out->set_descriptors(HeldFdsLocked());
   out->set_deposits(deposits_);
   out->set_deposit_failures(failures_);
   out->set_last_error(last_error_);

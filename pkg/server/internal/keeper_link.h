@@ -119,6 +119,8 @@ class KeeperLink final : public cache::EntryObserver {
   void Idle(std::chrono::milliseconds timeout);
   void Wake();
   void Publish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Descriptors the keeper holds for this daemon (0 while it is not connected).
+  uint64_t HeldFdsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkLocked(const cache::Entry& e, bool readied) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool stopping() const;
 
