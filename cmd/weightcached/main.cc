@@ -120,6 +120,9 @@ ABSL_FLAG(double, shutdown_timeout, 10,
 ABSL_FLAG(std::string, keeper_socket, "/run/weightcache-keeper/keeper.sock",
           "weightcache-keeper's socket: ready entries are deposited there and adopted back at "
           "start, so the cache outlives a daemon crash or upgrade; 'off': no keeper");
+ABSL_FLAG(double, keeper_timeout, 5,
+          "Seconds one message to the keeper may take (connect, greeting, each reply) before the "
+          "daemon gives that connection up and connects again; clients never wait on it");
 ABSL_FLAG(bool, verbose, false, "Debug logging");
 
 namespace weightcache {
@@ -232,6 +235,12 @@ int Run() {
   // A daemon that owns the keeper and is exiting lets go within its own --shutdown_timeout
   // (the same flag, the same value across a DaemonSet's pods).
   opts.keeper_claim_wait = std::chrono::milliseconds(static_cast<int64_t>(shutdown_timeout * 1000));
+  const double keeper_timeout = absl::GetFlag(FLAGS_keeper_timeout);
+  if (!(keeper_timeout >= 0.01 && keeper_timeout <= 3600)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--keeper_timeout: ", keeper_timeout, " is not in [0.01, 3600] seconds")));
+  }
+  opts.keeper_timeout = std::chrono::milliseconds(static_cast<int64_t>(keeper_timeout * 1000));
 
   if (absl::GetFlag(FLAGS_namespace_rules)) {
     auto& nr = opts.namespace_rules;

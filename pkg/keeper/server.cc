@@ -115,7 +115,10 @@ void Keeper::AcceptLoop() {
       (void)SendMessage(c.get(), ErrorMessage(absl::PermissionDeniedError(why)));
       continue;
     }
+    // Threads of connections that ended are joined on every path: a std::thread destroyed
+    // joinable ends the keeper (and with it every entry it holds).
     std::vector<std::thread> done;
+    bool stop = false;
     {
       MutexLock l(mu_);
       for (int fd : finished_) {
@@ -125,24 +128,29 @@ void Keeper::AcceptLoop() {
         connections_.erase(it);
       }
       finished_.clear();
-      if (stopping_) return;
-      if (connections_.size() >= options_.max_connections) {
-        (void)SendMessage(
-            c.get(),
-            ErrorMessage(absl::ResourceExhaustedError(absl::StrCat("keeper: ", connections_.size(),
-                                                                   " connections open, the "
-                                                                   "most it serves at once"))));
-        continue;
-      }
-      // The greeting: a connecting client learns at once whether it is served.
-      Message hello{Op::kOk};
-      hello.body = kGreeting;
-      if (!SendMessage(c.get(), hello).ok()) continue;
-      const int fd = c.release();
-      connections_.emplace(fd, std::thread([this, fd] { Serve(fd); }));
+      stop = stopping_;
+      if (!stop) AdmitLocked(std::move(c));
     }
     for (auto& t : done) t.join();
+    if (stop) return;
   }
+}
+
+void Keeper::AdmitLocked(ScopedFd c) {
+  if (connections_.size() >= options_.max_connections) {
+    (void)SendMessage(
+        c.get(),
+        ErrorMessage(absl::ResourceExhaustedError(absl::StrCat(
+            "keeper: ", connections_.size(), " connections open, the most it serves at once"))));
+    return;
+  }
+  // The greeting: a connecting client learns at once whether it is served. A peer that
+  // gave up waiting (its connection queued while the keeper was stopped) is closed here.
+  Message hello{Op::kOk};
+  hello.body = kGreeting;
+  if (!SendMessage(c.get(), hello).ok()) return;
+  const int fd = c.release();
+  connections_.emplace(fd, std::thread([this, fd] { Serve(fd); }));
 }
 
 void Keeper::Serve(int fd) {

@@ -82,6 +82,8 @@ class Keeper {
 
   Keeper(KeeperOptions options, ScopedFd listener, ScopedFd wake_read, ScopedFd wake_write);
   void AcceptLoop();
+  // Greets an accepted peer and starts its thread, or tells it why not.
+  void AdmitLocked(ScopedFd c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Serve(int fd);
   // One request; false ends the connection.
   absl::Status Handle(int fd, Message m);

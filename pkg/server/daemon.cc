@@ -45,6 +45,7 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend)
   if (!options_.keeper_socket.empty()) {
     keeper_ = std::make_unique<KeeperLink>(
         KeeperLink::Options{.socket_path = options_.keeper_socket,
+                            .io_timeout = options_.keeper_timeout,
                             .claim_wait = options_.keeper_claim_wait},
         backend_, &registry_, options_.metrics,
         [this](const std::string& model) {

@@ -120,6 +120,9 @@ struct DaemonOptions {
   // At start, how long to wait for another daemon that owns the keeper to let go (an exiting
   // one does within its --shutdown_timeout).
   std::chrono::milliseconds keeper_claim_wait{10000};
+  // The most one keeper message may take (connect, greeting, each reply) before the link
+  // gives the connection up and connects again. Only the link's worker ever waits on it.
+  std::chrono::milliseconds keeper_timeout{5000};
   NamespaceRulesOptions namespace_rules;
   metrics::Metrics* metrics = nullptr;  // optional
 };
