@@ -206,12 +206,13 @@ struct Metrics::Impl {
                       .Name("weightcache_evictions_total")
                       .Help("Cache entries evicted by model and reason (api, budget).")
                       .Register(registry)),
-        refusals(
-            prometheus::BuildCounter()
-                .Name("weightcache_refusals_total")
-                .Help("Control-plane requests refused, by rule (admin, lease_owner, "
-                      "model_roots, allowlist, connection_cap, publish, namespace, placement).")
-                .Register(registry)),
+        refusals(prometheus::BuildCounter()
+                     .Name("weightcache_refusals_total")
+                     .Help("Control-plane requests refused, by rule (admin, lease_owner, "
+                           "model_roots, allowlist, connection_cap, publish, namespace, placement; "
+                           "http2_streams, http2_header_block, http2_resets: a control connection "
+                           "closed for an HTTP/2 limit).")
+                     .Register(registry)),
         keeper_up(prometheus::BuildGauge()
                       .Name("weightcache_keeper_up")
                       .Help("1 while the daemon is connected to its keeper, else 0.")

@@ -5,7 +5,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <map>
 
@@ -58,8 +60,18 @@ struct ConnectionRelay::Conn {
   Http2StreamTracker streams;
   bool server_done = false;  // gRPC closed its end: flush `down`, then close
   bool inner_watched = false;
-  bool over_streams = false;
+  const char* closed_for = nullptr;  // the limit the client broke
+  // Resets the client may still send now (a token bucket, refilled per second).
+  double reset_tokens = 0;
+  uint64_t resets_counted = 0;
+  std::chrono::steady_clock::time_point refilled = std::chrono::steady_clock::now();
 };
+
+namespace {
+constexpr char kOverStreams[] = "streams";
+constexpr char kOverHeaderBlock[] = "header_block";
+constexpr char kOverResets[] = "resets";
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<ConnectionRelay>> ConnectionRelay::Start(Options options) {
   ScopedFd epoll(::epoll_create1(EPOLL_CLOEXEC));
@@ -73,11 +85,11 @@ absl::StatusOr<std::unique_ptr<ConnectionRelay>> ConnectionRelay::Start(Options 
     return ErrnoStatus(errno, "epoll_ctl");
   }
   return std::unique_ptr<ConnectionRelay>(
-      new ConnectionRelay(options, std::move(epoll), std::move(wake)));
+      new ConnectionRelay(std::move(options), std::move(epoll), std::move(wake)));
 }
 
 ConnectionRelay::ConnectionRelay(Options options, ScopedFd epoll, ScopedFd wake)
-    : options_(options), epoll_(std::move(epoll)), wake_(std::move(wake)) {
+    : options_(std::move(options)), epoll_(std::move(epoll)), wake_(std::move(wake)) {
   thread_ = std::thread(&ConnectionRelay::Loop, this);
 }
 
@@ -97,6 +109,7 @@ absl::StatusOr<int> ConnectionRelay::Add(ScopedFd client, std::string label) {
   c->label = std::move(label);
   c->client = std::move(client);
   c->inner = ScopedFd(pair[0]);
+  c->reset_tokens = options_.reset_burst;
   {
     MutexLock l(mu_);
     incoming_.push_back(std::move(c));
@@ -146,10 +159,8 @@ bool ConnectionRelay::Pump(Conn& c) {
       if (r == 0 || (r < 0 && r != -EAGAIN && r != -EINTR)) return false;  // client gone
       if (r > 0) {
         c.streams.FromClient(c.up.buf.get() + before, static_cast<size_t>(r));
-        if (c.streams.open() > options_.max_streams) {
-          c.over_streams = true;
-          return false;
-        }
+        c.closed_for = OverLimit(c);
+        if (c.closed_for != nullptr) return false;  // what broke it is never passed on
         moved = true;
       }
     }
@@ -168,6 +179,23 @@ bool ConnectionRelay::Pump(Conn& c) {
     if (!c.down.empty() && !c.down.WriteTo(c.client.get())) return false;
   }
   return !(c.server_done && c.down.empty());
+}
+
+const char* ConnectionRelay::OverLimit(Conn& c) const {
+  if (c.streams.open() > options_.max_streams) return kOverStreams;
+  if (c.streams.header_block_bytes() > options_.max_header_block) return kOverHeaderBlock;
+  const uint64_t resets = c.streams.client_resets();
+  if (resets != c.resets_counted) {
+    const auto now = std::chrono::steady_clock::now();
+    const double secs = std::chrono::duration<double>(now - c.refilled).count();
+    c.reset_tokens =
+        std::min(options_.reset_burst, c.reset_tokens + secs * options_.resets_per_second);
+    c.refilled = now;
+    c.reset_tokens -= static_cast<double>(resets - c.resets_counted);
+    c.resets_counted = resets;
+    if (c.reset_tokens < 0) return kOverResets;
+  }
+  return nullptr;
 }
 
 void ConnectionRelay::Loop() {
@@ -211,14 +239,29 @@ void ConnectionRelay::Loop() {
         Watch(c, /*add=*/false);
         continue;
       }
-      if (c.over_streams) {
+      if (c.closed_for == kOverStreams) {
         WC_LOG_WARN(
             "control connection of %s: more than %d HTTP/2 streams open at once; closed "
             "(a gRPC client keeps within the server's 16)",
             c.label, options_.max_streams);
         MutexLock l(mu_);
         counters_.closed_over_streams++;
+      } else if (c.closed_for == kOverHeaderBlock) {
+        WC_LOG_WARN(
+            "control connection of %s: an HTTP/2 header block longer than %d bytes "
+            "(HEADERS and CONTINUATION frames); closed",
+            c.label, options_.max_header_block);
+        MutexLock l(mu_);
+        counters_.closed_over_header_block++;
+      } else if (c.closed_for == kOverResets) {
+        WC_LOG_WARN(
+            "control connection of %s: %d streams reset, faster than %.0f at once and %.0f a "
+            "second; closed (rapid reset)",
+            c.label, c.streams.client_resets(), options_.reset_burst, options_.resets_per_second);
+        MutexLock l(mu_);
+        counters_.closed_over_resets++;
       }
+      if (c.closed_for != nullptr && options_.on_closed) options_.on_closed(c.closed_for);
       conns.erase(it);  // closes both descriptors: gRPC sees its end close
     }
   }

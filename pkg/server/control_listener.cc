@@ -59,7 +59,8 @@ absl::StatusOr<std::unique_ptr<ControlListener>> ControlListener::Start(Options 
   if (!wake) return ErrnoStatus(errno, "eventfd");
   ConnectionRelay::Options ro;
   ro.max_streams = options.max_streams_per_connection;
-  WC_ASSIGN_OR_RETURN(auto relay, ConnectionRelay::Start(ro));
+  ro.on_closed = options.on_relay_closed;
+  WC_ASSIGN_OR_RETURN(auto relay, ConnectionRelay::Start(std::move(ro)));
   return std::unique_ptr<ControlListener>(new ControlListener(
       std::move(options), std::move(listening), std::move(wake), std::move(relay), server));
 }

@@ -245,6 +245,11 @@ absl::Status Daemon::Impl::Start() {
   lo.allowed_uids = options_.allowed_uids;
   lo.max_connections = options_.max_connections;
   lo.max_connections_per_uid = options_.max_connections_per_uid;
+  if (options_.metrics != nullptr) {
+    lo.on_relay_closed = [m = options_.metrics](const std::string& limit) {
+      m->OnRefused("http2_" + limit);
+    };
+  }
   WC_ASSIGN_OR_RETURN(control_, ControlListener::Start(lo, grpc_.get()));
   if (options_.socket_gid >= 0) {
     // Engines running as other uids reach the sockets through this group (dir 0750,

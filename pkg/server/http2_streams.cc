@@ -8,7 +8,11 @@ namespace {
 constexpr uint8_t kData = 0x0;
 constexpr uint8_t kHeaders = 0x1;
 constexpr uint8_t kRstStream = 0x3;
+constexpr uint8_t kPushPromise = 0x5;
+constexpr uint8_t kContinuation = 0x9;
 constexpr uint8_t kEndStream = 0x1;
+constexpr uint8_t kEndHeaders = 0x4;
+constexpr uint64_t kFrameHeaderBytes = 9;
 
 }  // namespace
 
@@ -32,19 +36,32 @@ void Http2StreamTracker::Reader::Feed(const char* data, size_t n, F&& on_frame) 
     skip = (size_t{header[0]} << 16) | (size_t{header[1]} << 8) | header[2];
     const uint32_t stream = ((uint32_t{header[5]} & 0x7f) << 24) | (uint32_t{header[6]} << 16) |
                             (uint32_t{header[7]} << 8) | header[8];
-    on_frame(header[3], header[4], stream);
+    on_frame(header[3], header[4], stream, skip);
   }
 }
 
 void Http2StreamTracker::FromClient(const char* data, size_t n) {
-  client_.Feed(data, n, [this](uint8_t t, uint8_t f, uint32_t s) { OnClientFrame(t, f, s); });
+  client_.Feed(data, n, [this](uint8_t t, uint8_t f, uint32_t s, size_t len) {
+    OnClientFrame(t, f, s, len);
+  });
 }
 
 void Http2StreamTracker::FromServer(const char* data, size_t n) {
-  server_.Feed(data, n, [this](uint8_t t, uint8_t f, uint32_t s) { OnServerFrame(t, f, s); });
+  server_.Feed(data, n, [this](uint8_t t, uint8_t f, uint32_t s, size_t /*len*/) {
+    OnServerFrame(t, f, s);
+  });
 }
 
-void Http2StreamTracker::OnClientFrame(uint8_t type, uint8_t /*flags*/, uint32_t stream) {
+void Http2StreamTracker::OnClientFrame(uint8_t type, uint8_t flags, uint32_t stream,
+                                       size_t length) {
+  // A header block: HEADERS or PUSH_PROMISE, then CONTINUATION frames up to END_HEADERS.
+  if (type == kHeaders || type == kPushPromise || (type == kContinuation && in_block_)) {
+    if (type != kContinuation) header_block_ = 0;
+    header_block_ += length + kFrameHeaderBytes;
+    in_block_ = (flags & kEndHeaders) == 0;
+    if (!in_block_) header_block_ = 0;
+  }
+  if (type == kRstStream) ++client_resets_;
   if (stream == 0) return;
   if (type == kHeaders && stream > last_opened_) {
     // A new stream (client ids only grow; a lower one is trailers or a protocol error that

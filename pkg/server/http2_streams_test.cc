@@ -65,5 +65,47 @@ TEST(Http2StreamTrackerTest, PayloadsAreSkippedNotParsed) {
   EXPECT_EQ(t.open(), 0u);
 }
 
+TEST(Http2StreamTrackerTest, AHeaderBlockCountsUntilEndHeadersEmptyFramesToo) {
+  Http2StreamTracker t;
+  std::string out = kHttp2Preface;
+  AppendHttp2Frame(out, kHttp2Headers, 0, 1, std::string(100, 'h'));  // no END_HEADERS
+  t.FromClient(out.data(), out.size());
+  EXPECT_EQ(t.header_block_bytes(), 109u);
+  out.clear();
+  for (int i = 0; i < 10; ++i) AppendHttp2Frame(out, kHttp2Continuation, 0, 1, "");
+  AppendHttp2Frame(out, kHttp2Continuation, 0, 1, std::string(50, 'c'));
+  // Counted from the frame header, before its payload has passed.
+  t.FromClient(out.data(), out.size() - 50);
+  EXPECT_EQ(t.header_block_bytes(), 109u + 10 * 9 + 59);
+  t.FromClient(out.data() + out.size() - 50, 50);
+  out.clear();
+  AppendHttp2Frame(out, kHttp2Continuation, kHttp2EndHeaders, 1, "e");
+  t.FromClient(out.data(), out.size());
+  EXPECT_EQ(t.header_block_bytes(), 0u);  // ended
+  // A CONTINUATION outside a block (a protocol error gRPC answers) counts nothing.
+  out.clear();
+  AppendHttp2Frame(out, kHttp2Continuation, 0, 1, std::string(10, 'x'));
+  t.FromClient(out.data(), out.size());
+  EXPECT_EQ(t.header_block_bytes(), 0u);
+  EXPECT_EQ(t.open(), 1u);
+}
+
+TEST(Http2StreamTrackerTest, CountsTheResetsTheClientSends) {
+  Http2StreamTracker t;
+  std::string out = Opening(0);
+  for (uint32_t s = 1; s < 200; s += 2) {
+    AppendHttp2Frame(out, kHttp2Headers, kHttp2EndHeaders, s,
+                     GrpcRequestHeaderBlock("/weightcache.v1.Weightcache/Status"));
+    AppendHttp2Frame(out, kHttp2RstStream, 0, s, std::string(4, '\0'));
+  }
+  t.FromClient(out.data(), out.size());
+  EXPECT_EQ(t.client_resets(), 100u);
+  EXPECT_EQ(t.open(), 0u);  // never more than one open: the stream cap alone misses it
+  std::string server;
+  AppendHttp2Frame(server, kHttp2RstStream, 0, 201, std::string(4, '\0'));
+  t.FromServer(server.data(), server.size());
+  EXPECT_EQ(t.client_resets(), 100u);  // the server's resets are not the client's
+}
+
 }  // namespace
 }  // namespace weightcache::server

@@ -77,7 +77,8 @@ class IdleStreamFlood {
     return true;
   }
 
- private:
+  // Sends `bytes` as they are, reading what the server answers meanwhile. False when the
+  // server closed the connection.
   bool WriteAll(const std::string& data) {
     size_t off = 0;
     while (off < data.size()) {
@@ -95,6 +96,20 @@ class IdleStreamFlood {
     Drain();
     return true;
   }
+  // Waits up to 10 s for the server to close the connection.
+  bool ClosedByServer() {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd_.get(), POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      char buf[65536];
+      const ssize_t n = ::recv(fd_.get(), buf, sizeof buf, MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return true;
+    }
+    return false;
+  }
+
+ private:
   void Drain() {
     char buf[65536];
     while (::recv(fd_.get(), buf, sizeof buf, MSG_DONTWAIT) > 0) {
@@ -184,6 +199,65 @@ TEST_F(FloodTest, DeeplyNestedSpecsAreRefusedUnparsedWithBoundedMemory) {
   std::printf("spec flood: RSS %ld -> peak %ld MiB\n", base, peak);
   EXPECT_LT(peak - base, 64);
   ExpectServing();
+}
+
+// Finding (issue 26): 3.2 MB of CONTINUATION frames on one connection took RSS from 24 to
+// 96 MB; 16 connections (56 MB sent) took it to 1.45 GB, 0.99 GB still held 10 s later. The
+// relay closes a connection whose header block passes 64 KiB, before gRPC buffers more.
+TEST_F(FloodTest, AHeaderBlockThatNeverEndsIsClosedWithBoundedMemory) {
+  const long base = RssMiB(daemon_->pid());
+  long peak = base;
+  int closed = 0;
+  for (int conn = 0; conn < 16; ++conn) {
+    IdleStreamFlood flood(socket_dir() + "/control.sock");
+    ASSERT_TRUE(flood.connected());
+    std::string out = testing::kHttp2Preface;
+    testing::AppendHttp2Frame(out, testing::kHttp2Settings, 0, 0, "");
+    testing::AppendHttp2Frame(
+        out, testing::kHttp2Headers, 0, 1,
+        testing::GrpcRequestHeaderBlock("/weightcache.v1.Weightcache/Status"));
+    const std::string chunk(16 * 1024 - 1, 'a');  // the default most a frame may carry
+    for (int i = 0; i < 220; ++i) {               // 3.5 MB, never END_HEADERS
+      testing::AppendHttp2Frame(out, testing::kHttp2Continuation, 0, 1, chunk);
+    }
+    flood.WriteAll(out);  // the daemon may close part way: that is the point
+    if (flood.ClosedByServer()) ++closed;
+    peak = std::max(peak, RssMiB(daemon_->pid()));
+  }
+  std::printf("CONTINUATION flood, 16 connections of 3.5 MB: RSS %ld -> peak %ld MiB\n", base,
+              peak);
+  EXPECT_EQ(closed, 16);
+  EXPECT_LT(peak - base, 64) << "the flood grew the daemon by " << peak - base << " MiB";
+  EXPECT_THAT(testing::ReadFileOrEmpty(dir_ / "daemon.log"),
+              HasSubstr("an HTTP/2 header block longer than 65536 bytes"));
+  ExpectServing();
+}
+
+// Finding (issue 26): rapid reset (CVE-2023-44487), 20,000 HEADERS+RST_STREAM pairs on one
+// connection: +300 MB and 3.7 s of daemon CPU per connection, 1.29 GB over four, all kept;
+// other clients got "Server Threadpool Exhausted". Only one stream is open at a time, so the
+// stream cap never fired; the relay's reset budget closes the connection.
+TEST_F(FloodTest, RapidResetIsClosedWithBoundedMemoryWhileOthersAreServed) {
+  const long base = RssMiB(daemon_->pid());
+  long peak = base;
+  const std::string headers = testing::GrpcRequestHeaderBlock("/weightcache.v1.Weightcache/Status");
+  for (int conn = 0; conn < 4; ++conn) {
+    IdleStreamFlood flood(socket_dir() + "/control.sock");
+    ASSERT_TRUE(flood.connected());
+    std::string out = testing::kHttp2Preface;
+    testing::AppendHttp2Frame(out, testing::kHttp2Settings, 0, 0, "");
+    for (uint32_t s = 1; s < 40'000; s += 2) {
+      testing::AppendHttp2Frame(out, testing::kHttp2Headers, testing::kHttp2EndHeaders, s, headers);
+      testing::AppendHttp2Frame(out, testing::kHttp2RstStream, 0, s, std::string(4, '\0'));
+    }
+    flood.WriteAll(out);
+    EXPECT_TRUE(flood.ClosedByServer());
+    ExpectServing();
+    peak = std::max(peak, RssMiB(daemon_->pid()));
+  }
+  std::printf("rapid reset, 4 connections of 20,000 pairs: RSS %ld -> peak %ld MiB\n", base, peak);
+  EXPECT_LT(peak - base, 64) << "the flood grew the daemon by " << peak - base << " MiB";
+  EXPECT_THAT(testing::ReadFileOrEmpty(dir_ / "daemon.log"), HasSubstr("(rapid reset)"));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@ inline constexpr char kHttp2Preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 inline constexpr uint8_t kHttp2Headers = 0x1;
 inline constexpr uint8_t kHttp2RstStream = 0x3;
 inline constexpr uint8_t kHttp2Settings = 0x4;
+inline constexpr uint8_t kHttp2Continuation = 0x9;
 inline constexpr uint8_t kHttp2EndStream = 0x1;
 inline constexpr uint8_t kHttp2EndHeaders = 0x4;
 

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -61,6 +62,8 @@ class ControlListener {
     size_t max_connections_per_uid = 256;
     // HTTP/2 streams one connection may hold open (connection_relay.h): past it, closed.
     size_t max_streams_per_connection = 64;
+    // Told of each connection the relay closed for a limit (ConnectionRelay::Options).
+    std::function<void(const std::string& limit)> on_relay_closed;
   };
   static absl::StatusOr<std::unique_ptr<ControlListener>> Start(Options options,
                                                                 grpc::Server* server);
