@@ -54,6 +54,40 @@ prometheus::ClientMetric GaugeMetric(std::vector<prometheus::ClientMetric::Label
   return m;
 }
 
+prometheus::ClientMetric CounterMetric(std::vector<prometheus::ClientMetric::Label> labels,
+                                       double value) {
+  prometheus::ClientMetric m;
+  m.label = std::move(labels);
+  m.counter.value = value;
+  return m;
+}
+
+void AddControl(const ControlSnapshot& c, std::vector<prometheus::MetricFamily>* out) {
+  auto family = [out](const char* name, const char* help, prometheus::MetricType type) {
+    out->push_back(prometheus::MetricFamily{name, help, type, {}});
+    return &out->back().metric;
+  };
+  family("weightcache_control_connections", "Control connections open now.",
+         prometheus::MetricType::Gauge)
+      ->push_back(GaugeMetric({}, static_cast<double>(c.open)));
+  family("weightcache_control_connections_accepted_total",
+         "Control connections accepted and served since start.", prometheus::MetricType::Counter)
+      ->push_back(CounterMetric({}, static_cast<double>(c.accepted)));
+  auto* closed = family("weightcache_control_connections_closed_at_accept_total",
+                        "Control connections closed at accept, by the rule that closed them.",
+                        prometheus::MetricType::Counter);
+  closed->push_back(
+      CounterMetric({{"reason", "allowlist"}}, static_cast<double>(c.closed_allowlist)));
+  closed->push_back(
+      CounterMetric({{"reason", "max_connections"}}, static_cast<double>(c.closed_total)));
+  closed->push_back(CounterMetric({{"reason", "max_connections_per_uid"}},
+                                  static_cast<double>(c.closed_uid_cap)));
+  family("weightcache_control_accept_errors_total",
+         "accept(2) failures on the control sockets (out of descriptors: backed off, retried).",
+         prometheus::MetricType::Counter)
+      ->push_back(CounterMetric({}, static_cast<double>(c.accept_errors)));
+}
+
 // Scrape-time gauges computed from a StateSource.
 class StateCollector final : public prometheus::Collectable {
  public:
@@ -70,6 +104,7 @@ class StateCollector final : public prometheus::Collectable {
     const std::vector<EntrySnapshot> entries = source_->Entries();
     const std::vector<DeviceSnapshot> devices = source_->Devices();
     const StagingSnapshot staging = source_->Staging();
+    const ControlSnapshot control = source_->Control();
 
     std::map<std::pair<std::string, std::string>, uint64_t> resident;  // (model, device)
     std::map<std::string, uint64_t> leases;                            // model
@@ -149,6 +184,7 @@ class StateCollector final : public prometheus::Collectable {
           GaugeMetric({{"state", "in_use"}}, static_cast<double>(staging.in_use_bytes)));
       out.push_back(std::move(f));
     }
+    if (control.present) AddControl(control, &out);
     return out;
   }
 

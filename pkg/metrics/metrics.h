@@ -64,6 +64,18 @@ struct StagingSnapshot {
   uint64_t in_use_bytes = 0;  // leased by loads in progress
 };
 
+// The control socket's listener: connections open now, and since start the ones accepted,
+// the ones closed at accept (by reason), and accept(2) failures (out of descriptors).
+struct ControlSnapshot {
+  bool present = false;  // false: no listener (yet): no series
+  uint64_t open = 0;
+  uint64_t accepted = 0;
+  uint64_t closed_allowlist = 0;  // uid not in --allowed_uids
+  uint64_t closed_total = 0;      // --max_connections reached
+  uint64_t closed_uid_cap = 0;    // --max_connections_per_uid reached, and its told connections
+  uint64_t accept_errors = 0;
+};
+
 // What the scrape-time gauges read. Implemented by the registry owner (the server).
 class StateSource {
  public:
@@ -71,6 +83,7 @@ class StateSource {
   virtual std::vector<EntrySnapshot> Entries() const = 0;
   virtual std::vector<DeviceSnapshot> Devices() const = 0;
   virtual StagingSnapshot Staging() const { return {}; }
+  virtual ControlSnapshot Control() const { return {}; }
 };
 
 struct BuildInfo {

@@ -224,10 +224,38 @@ class FakeState : public StateSource {
   std::vector<EntrySnapshot> Entries() const override { return entries; }
   std::vector<DeviceSnapshot> Devices() const override { return devices; }
   StagingSnapshot Staging() const override { return staging; }
+  ControlSnapshot Control() const override { return control; }
   std::vector<EntrySnapshot> entries;
   std::vector<DeviceSnapshot> devices;
   StagingSnapshot staging;
+  ControlSnapshot control;
 };
+
+// Issue 26: the listener's counters (open, accepted, closed at accept by rule, accept
+// errors) were only in its memory; an operator could not see a uid hitting its cap.
+TEST(MetricsTest, TheControlListenersCountersAreExported) {
+  prometheus::Registry registry;
+  Metrics m(registry, TestBuild());
+  FakeState state;
+  m.SetStateSource(&state);
+  auto collectable = m.collectable();
+  EXPECT_EQ(Value(Snapshot(*collectable), "weightcache_control_connections", {}), std::nullopt);
+  state.control.present = true;
+  state.control.open = 7;
+  state.control.accepted = 40;
+  state.control.closed_allowlist = 1;
+  state.control.closed_total = 2;
+  state.control.closed_uid_cap = 3;
+  state.control.accept_errors = 4;
+  Values v = Snapshot(*collectable);
+  EXPECT_EQ(Value(v, "weightcache_control_connections", {}), 7.0);
+  EXPECT_EQ(Value(v, "weightcache_control_connections_accepted_total", {}), 40.0);
+  const char* closed = "weightcache_control_connections_closed_at_accept_total";
+  EXPECT_EQ(Value(v, closed, {{"reason", "allowlist"}}), 1.0);
+  EXPECT_EQ(Value(v, closed, {{"reason", "max_connections"}}), 2.0);
+  EXPECT_EQ(Value(v, closed, {{"reason", "max_connections_per_uid"}}), 3.0);
+  EXPECT_EQ(Value(v, "weightcache_control_accept_errors_total", {}), 4.0);
+}
 
 TEST(MetricsTest, StagingMemoryIsReportedOnlyWhereThereIsAPool) {
   prometheus::Registry registry;

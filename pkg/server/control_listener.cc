@@ -71,11 +71,23 @@ ControlListener::ControlListener(Options options, std::vector<Listening> listeni
       listening_(std::move(listening)),
       wake_(std::move(wake)),
       relay_(std::move(relay)),
-      server_(server) {
+      server_(server),
+      conns_(ConnectionTable::Limits{options_.max_connections, options_.max_connections_per_uid,
+                                     options_.over_cap_held}) {
   thread_ = std::thread(&ControlListener::Loop, this);
 }
 
-ControlListener::~ControlListener() {
+ControlListener::~ControlListener() { CloseConnections(); }
+
+void ControlListener::CloseConnections() {
+  StopAccepting();
+  relay_.reset();
+  MutexLock l(mu_);
+  conns_.Clear();
+}
+
+void ControlListener::StopAccepting() {
+  if (!thread_.joinable()) return;
   stop_ = true;
   uint64_t one = 1;
   (void)::write(wake_.get(), &one, sizeof one);
@@ -89,11 +101,9 @@ std::optional<ControlListener::Caller> ControlListener::PeerOf(const std::string
   int fd = -1;
   if (peer.rfind("fd:", 0) != 0 || !absl::SimpleAtoi(peer.substr(3), &fd)) return std::nullopt;
   MutexLock l(mu_);
-  auto it = conns_.find(fd);
-  if (it == conns_.end()) return std::nullopt;
-  Caller c = it->second.caller;
-  c.uid_connections = per_uid_.count(c.cred.uid) ? per_uid_.at(c.cred.uid) : 0;
-  return c;
+  // The inode is read under the lock: the number cannot be recorded for another connection
+  // meanwhile (Insert also runs under it).
+  return conns_.Find(fd, InodeOf(fd));
 }
 
 ControlListener::Counters ControlListener::counters() const {
@@ -169,19 +179,30 @@ bool ControlListener::AcceptFrom(const Listening& from) {
       continue;
     }
     Reap();
-    if (conns_.size() >= options_.max_connections) {
+    const ConnectionTable::Admission admit = conns_.Admit(cred->uid);
+    if (admit == ConnectionTable::Admission::kCloseTotal) {
       counters_.refused_total++;
       WC_LOG_WARN("control socket: %d connections open (--max_connections); uid %d closed",
                   conns_.size(), cred->uid);
       continue;
     }
-    size_t& mine = per_uid_[cred->uid];
-    Conn c;
-    c.caller.cred = *cred;
-    c.caller.over_cap = mine >= options_.max_connections_per_uid;
-    c.caller.slot = from.slot;
-    c.caller.socket = from.kind;
-    c.caller.accepted = std::chrono::steady_clock::now();
+    if (admit == ConnectionTable::Admission::kCloseUidCap) {
+      // Logged once per burst: the uid already holds connections that tell it why.
+      if (counters_.refused_uid_cap++ % 1024 == 0) {
+        WC_LOG_WARN(
+            "control socket: uid %d holds %d connections, past --max_connections_per_uid=%d "
+            "and %d more that are answered RESOURCE_EXHAUSTED; closed at accept",
+            cred->uid, conns_.OfUid(cred->uid), options_.max_connections_per_uid,
+            options_.over_cap_held);
+      }
+      continue;
+    }
+    Caller caller;
+    caller.cred = *cred;
+    caller.over_cap = admit == ConnectionTable::Admission::kServeOverCap;
+    caller.slot = from.slot;
+    caller.socket = from.kind;
+    caller.accepted = std::chrono::steady_clock::now();
     auto fd =
         relay_->Add(std::move(conn), absl::StrCat("uid ", cred->uid, " pid ", cred->pid,
                                                   from.slot.empty() ? "" : " slot " + from.slot));
@@ -195,10 +216,8 @@ bool ControlListener::AcceptFrom(const Listening& from) {
       }
       return false;
     }
-    c.ino = InodeOf(*fd);
-    ++mine;
     counters_.accepted++;
-    conns_[*fd] = c;  // gRPC owns the descriptor from here
+    conns_.Insert(*fd, InodeOf(*fd), std::move(caller));  // gRPC owns the descriptor from here
     grpc::AddInsecureChannelFromFd(server_, *fd);
   }
   return true;
@@ -217,15 +236,7 @@ void ControlListener::ProbeDescriptors() {
 void ControlListener::Reap() {
   // gRPC closes connections without telling: a descriptor whose inode changed (or that is
   // closed) is a connection gone.
-  for (auto it = conns_.begin(); it != conns_.end();) {
-    if (InodeOf(it->first) != it->second.ino) {
-      auto u = per_uid_.find(it->second.caller.cred.uid);
-      if (u != per_uid_.end() && --u->second == 0) per_uid_.erase(u);
-      it = conns_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  conns_.Reap(InodeOf);
 }
 
 }  // namespace weightcache::server

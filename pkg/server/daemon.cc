@@ -154,6 +154,12 @@ absl::Status Daemon::Impl::AwaitPreload(const std::string& name, bool wait,
     }
     if (pending_preloads_.count(name) == 0) return absl::OkStatus();
   }
+  if (stopping_) {
+    return absl::UnavailableError(
+        absl::StrCat("model '", name,
+                     "' was still being opened for its preload when the daemon began "
+                     "shutting down; ask again once it is back"));
+  }
   return absl::UnavailableError(absl::StrCat(
       "model '", name,
       "' is being opened for its preload (its files are read and identified); ask with "
@@ -302,7 +308,9 @@ void Daemon::Impl::Teardown() {
     // 1. Cancel: no new load starts, loads stop at their next chunk, waits in Acquire and
     //    Load return CANCELLED now (an Acquire waiting for a load would hold gRPC for up to
     //    --acquire_wait otherwise).
-    control_.reset();  // stops accepting and removes control.sock
+    // The listener stops accepting and removes control.sock; the connections it accepted
+    // stay relayed until gRPC has drained, so the calls in flight get their answers.
+    if (control_) control_->StopAccepting();
     step("control listener");
     registry_.Stop();
     models_.Stop();  // hashing stops
@@ -323,8 +331,11 @@ void Daemon::Impl::Teardown() {
       grpc_->Shutdown(std::chrono::system_clock::now() + options_.shutdown_grace);
       WC_LOG_DEBUG("teardown: gRPC stopped accepting, calls drained");
       grpc_->Wait();
-      grpc_.reset();
     }
+    // No handler runs now: the connections close (the listener object stays until the
+    // daemon goes, for the readiness and metrics readers that may still ask it).
+    if (control_) control_->CloseConnections();
+    grpc_.reset();
     service_.reset();
     step("gRPC drain");
     // 3. Close the handle channel (it removes handle.sock); leases end, and engines keep
@@ -562,6 +573,10 @@ absl::StatusOr<PublishManager*> Daemon::Impl::Publisher(const Caller& caller,
   o.model = model;
   WC_RETURN_IF_ERROR(Authorize(caller, Verb::kPublish, o));
   return &publishes_;
+}
+
+std::string Daemon::Impl::MetricModel(const std::string& name) const {
+  return !name.empty() && models_.Spec(name).has_value() ? name : std::string();
 }
 
 Object Daemon::Impl::ModelObject(const std::string& name) const {

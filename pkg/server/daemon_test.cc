@@ -26,6 +26,7 @@ namespace weightcache::server {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using weightcache::testing::TempDir;
 
 safetensors::LlamaShape Small() {
@@ -190,7 +191,10 @@ TEST_F(DaemonInProcessTest, WaitReturnsOnlyAfterTheSocketsAreGone) {
   Start({});
   auto lease = Acquire();
   ASSERT_TRUE(lease.ok());
-  std::thread stopper([this] { daemon_->Shutdown(); });
+  std::thread stopper([this] {
+    daemon_->Shutdown();
+    daemon_->Wait();  // the teardown
+  });
   daemon_->Wait();
   stopper.join();
   EXPECT_NE(::access((dir_ / "s/control.sock").c_str(), F_OK), 0);
@@ -286,6 +290,38 @@ TEST_F(DaemonInProcessTest, ASlowTeardownLogsWhatItWaitedOn) {
   daemon_.reset();  // Shutdown and the teardown
   const std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_THAT(log, HasSubstr("longer than a second; it waited on: preload thread")) << log;
+}
+
+// Finding (issue 26): the teardown closed the control connections (the relay) before gRPC
+// drained, so a call in flight at SIGTERM got "Socket closed" instead of its answer. The
+// listener now only stops accepting first; the connections close after the drain.
+TEST_F(DaemonInProcessTest, ACallInFlightAtShutdownGetsItsAnswer) {
+  std::promise<void> entered;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  DaemonOptions o;
+  o.before_preload_hook = [&entered, released](const std::string&) {
+    entered.set_value();
+    released.wait_for(std::chrono::seconds(20));  // bounded: the test releases it
+  };
+  Start(std::move(o));
+  entered.get_future().wait();
+  auto waiter = std::async(std::launch::async, [this] { return Acquire(); });
+  // Bounded: the waiter is in flight once the daemon has accepted its call; give it time to
+  // get there (a call that arrives after the shutdown began is refused, also an answer).
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::thread stopper([this] {
+    daemon_->Shutdown();
+    daemon_->Wait();  // the teardown
+  });
+  auto lease = waiter.get();
+  release.set_value();
+  stopper.join();
+  daemon_.reset();
+  ASSERT_FALSE(lease.ok());
+  EXPECT_EQ(lease.status().code(), absl::StatusCode::kUnavailable) << lease.status();
+  EXPECT_THAT(std::string(lease.status().message()), HasSubstr("shutting down")) << lease.status();
+  EXPECT_THAT(std::string(lease.status().message()), Not(HasSubstr("Socket closed")));
 }
 
 // A publish whose token is never presented on the handle channel (the publisher never came

@@ -23,6 +23,9 @@ class GrpcService final : public v1::WeightCache::Service {
 
   // Who calls, bound to this call: waits end when its client gives up or at its deadline.
   absl::StatusOr<Caller> CallerOf(grpc::ServerContext* ctx) {
+    // A call whose connection is gone is never run: its descriptor number may already
+    // name another connection (the table checks the socket too; this is the cheap half).
+    if (ctx->IsCancelled()) return absl::CancelledError("the caller went away before its call ran");
     auto caller = impl_->CallerOf(ctx->peer());
     if (!caller.ok()) return caller;
     caller->gone = [ctx] { return ctx->IsCancelled(); };
@@ -43,7 +46,7 @@ class GrpcService final : public v1::WeightCache::Service {
     metrics::AcquireResult result;
     absl::Status s = impl_->Acquire(*caller, *req, resp, &model, &result);
     if (auto* m = impl_->options().metrics; m != nullptr) {
-      m->OnAcquire(model, result,
+      m->OnAcquire(impl_->MetricModel(model), result,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     return ToGrpc(ctx, s);

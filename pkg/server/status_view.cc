@@ -179,6 +179,20 @@ metrics::StagingSnapshot Daemon::Impl::Staging() const {
   return {true, c.idle_bytes, c.taken_bytes};
 }
 
+metrics::ControlSnapshot Daemon::Impl::Control() const {
+  if (control_ == nullptr) return {};
+  const ControlListener::Counters c = control_->counters();
+  metrics::ControlSnapshot s;
+  s.present = true;
+  s.open = c.open;
+  s.accepted = c.accepted;
+  s.closed_allowlist = c.refused_uid;
+  s.closed_total = c.refused_total;
+  s.closed_uid_cap = c.refused_uid_cap;
+  s.accept_errors = c.accept_errors;
+  return s;
+}
+
 std::vector<metrics::DeviceSnapshot> Daemon::Impl::Devices() const {
   std::map<std::string, uint64_t> used;
   for (const auto& s : registry_.Snapshot())

@@ -1,13 +1,18 @@
 #include "tests/integration/daemon_harness.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "pkg/util/scoped_fd.h"
+#include "pkg/util/unix_socket.h"
 
 namespace weightcache::testing {
 
@@ -95,6 +100,27 @@ safetensors::LlamaShape SmallLlama() {
   s.kv_heads = 2;
   s.vocab = 1024;
   return s;
+}
+
+int MetricsPort(const std::string& log_path) {
+  std::smatch m;
+  const std::string log = ReadFileOrEmpty(log_path);
+  return std::regex_search(log, m, std::regex("\\(port ([0-9]+)\\)")) ? std::stoi(m[1]) : -1;
+}
+
+std::string Scrape(int port) {
+  ScopedFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return "";
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
+  if (!WriteAll(fd.get(), req).ok()) return "";
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fd.get(), buf, sizeof buf)) > 0;) out.append(buf, n);
+  return out;
 }
 
 }  // namespace weightcache::testing

@@ -55,6 +55,12 @@ std::string ReadFileOrEmpty(const std::string& path);
 bool WaitForLogLine(const std::string& path, const std::string& line,
                     std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
+// The daemon's metrics port, from the log line of a daemon started with
+// --metrics_address=127.0.0.1:0; -1 when not (yet) logged.
+int MetricsPort(const std::string& log_path);
+// One GET /metrics on 127.0.0.1:`port`: the whole HTTP answer, "" when it cannot connect.
+std::string Scrape(int port);
+
 // A small Llama (2 layers, hidden 256, 4 heads, 2 kv heads, vocab 1024): fast to write and
 // load, real tensor names, divisible for tp 2.
 safetensors::LlamaShape SmallLlama();

@@ -27,6 +27,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::Process;
 using testing::TempDir;
 
@@ -189,6 +190,29 @@ TEST_F(HardeningTest, AUidOverItsConnectionCapIsToldSo) {
     std::this_thread::sleep_for(50ms);
   }
   EXPECT_EQ(again.rc, 0) << again.out;
+}
+
+// Finding (issue 26): every name a peer asked for became a metric label until the 256 slots
+// were full, so any client could push the real models' series into "_other". Names that no
+// spec defines are now counted as "_unknown".
+TEST_F(HardeningTest, UnknownModelNamesDoNotTakeTheMetricLabelSlots) {
+  Start({"--metrics_address=127.0.0.1:0"});
+  client::AcquireOptions o;
+  for (int i = 0; i < 300; ++i) {
+    o.model = "nosuch-" + std::to_string(i);
+    EXPECT_EQ(client_->Acquire(o).status().code(), absl::StatusCode::kNotFound) << o.model;
+  }
+  o.model = "m";
+  o.load_on_miss = true;
+  o.wait_ready = true;
+  ASSERT_TRUE(client_->Acquire(o).ok());
+  const int port = testing::MetricsPort(dir_ / "daemon.log");
+  ASSERT_GT(port, 0) << testing::ReadFileOrEmpty(dir_ / "daemon.log");
+  const std::string scrape = testing::Scrape(port);
+  EXPECT_THAT(scrape,
+              HasSubstr("weightcache_acquire_total{model=\"_unknown\",result=\"miss\"} 300"));
+  EXPECT_THAT(scrape, HasSubstr("weightcache_acquire_total{model=\"m\",result=\""));  // hit or miss
+  EXPECT_THAT(scrape, Not(HasSubstr("nosuch-")));
 }
 
 // Out of descriptors (a low RLIMIT_NOFILE and idle connections holding them all): the daemon

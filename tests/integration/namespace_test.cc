@@ -2,7 +2,6 @@
 // real clients connecting through per-slot socket directories, and a fake kubelet serving the
 // PodResources API (real gRPC on a Unix socket) that says which pod holds which slot.
 #include <grpcpp/grpcpp.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -11,7 +10,6 @@
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <regex>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -90,22 +88,6 @@ class FakeKubelet final : public ::v1::PodResourcesLister::Service {
   int lists_ = 0;
 };
 
-// GET http://127.0.0.1:<port>/metrics, the body.
-std::string Scrape(int port) {
-  ScopedFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return "";
-  const std::string req = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
-  if (!WriteAll(fd.get(), req).ok()) return "";
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = ::read(fd.get(), buf, sizeof buf)) > 0;) out.append(buf, n);
-  return out;
-}
-
 class NamespaceRulesTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -151,11 +133,7 @@ class NamespaceRulesTest : public ::testing::Test {
     o.model = model;
     return c.Acquire(o);
   }
-  int MetricsPort() {
-    std::smatch m;
-    const std::string log = testing::ReadFileOrEmpty(dir_ / "daemon.log");
-    return std::regex_search(log, m, std::regex("\\(port ([0-9]+)\\)")) ? std::stoi(m[1]) : -1;
-  }
+  int MetricsPort() { return testing::MetricsPort(dir_ / "daemon.log"); }
 
   TempDir dir_;
   std::unique_ptr<FakeKubelet> kubelet_;
@@ -223,7 +201,7 @@ TEST_F(NamespaceRulesTest, PodsInAllowedNamespacesMapOthersAreDeniedAndCounted) 
   EXPECT_THAT(status.out, HasSubstr(" 3 denied, "));
   const int port = MetricsPort();
   ASSERT_GT(port, 0) << testing::ReadFileOrEmpty(dir_ / "daemon.log");
-  const std::string scrape = Scrape(port);
+  const std::string scrape = testing::Scrape(port);
   EXPECT_THAT(scrape, HasSubstr("weightcache_acquire_total{model=\"secret\",result=\"denied\"} 3"));
   EXPECT_THAT(scrape, HasSubstr("weightcache_acquire_total{model=\"secret\",result=\"hit\"} 1"));
   EXPECT_THAT(scrape, HasSubstr("weightcache_refusals_total{rule=\"namespace\"} 1"));

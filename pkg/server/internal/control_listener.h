@@ -9,11 +9,15 @@
 // connection remembers the socket it came in on, and PeerOf() reports that slot. The tie is
 // the descriptor gRPC holds (its peer string "fd:N", the relay's end of the socket pair) and
 // that socket's inode, recorded before gRPC gets the descriptor: a reused descriptor number
-// has another inode and is never taken for the old connection.
+// has another inode and is never taken for the old connection (connection_table.h).
 // Not a public header.
 //
-// Thread-safety: Start/destructor from one thread; PeerOf, counters and healthy from any.
-// Lifetimes: the grpc::Server outlives the listener (destroy the listener first).
+// Thread-safety: Start/StopAccepting/destructor from one thread; PeerOf, counters and
+// healthy from any, until the destructor.
+// Lifetimes: the grpc::Server outlives the accepting (StopAccepting or destroy the listener
+// first). Shutting down: StopAccepting, then drain gRPC (its calls still learn their callers
+// and their answers still reach the clients through the relay), then destroy the listener,
+// which closes the connections.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -23,7 +27,6 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "pkg/server/caller.h"
 #include "pkg/server/internal/connection_relay.h"
+#include "pkg/server/internal/connection_table.h"
 #include "pkg/util/mutex.h"
 #include "pkg/util/scoped_fd.h"
 #include "pkg/util/unix_socket.h"
@@ -57,9 +61,11 @@ class ControlListener {
     std::vector<uid_t> allowed_uids;  // empty: anyone who can reach the socket
     // Connections open at once: past `max_connections` new ones are closed at once; a uid
     // past `max_connections_per_uid` is served only RESOURCE_EXHAUSTED answers (see
-    // Caller::over_cap) so it learns why.
+    // Caller::over_cap) on up to `over_cap_held` connections so it learns why, and past
+    // those its new connections are closed at accept.
     size_t max_connections = 2048;
     size_t max_connections_per_uid = 256;
+    size_t over_cap_held = 4;
     // HTTP/2 streams one connection may hold open (connection_relay.h): past it, closed.
     size_t max_streams_per_connection = 64;
     // Told of each connection the relay closed for a limit (ConnectionRelay::Options).
@@ -68,6 +74,11 @@ class ControlListener {
   static absl::StatusOr<std::unique_ptr<ControlListener>> Start(Options options,
                                                                 grpc::Server* server);
   ~ControlListener();
+  // Stops accepting and removes the sockets; the connections already accepted are still
+  // relayed and PeerOf still answers for them. Idempotent.
+  void StopAccepting();
+  // StopAccepting, and closes every connection (the relay). PeerOf answers nothing after.
+  void CloseConnections();
   ControlListener(const ControlListener&) = delete;
   ControlListener& operator=(const ControlListener&) = delete;
 
@@ -77,9 +88,10 @@ class ControlListener {
 
   struct Counters {
     uint64_t accepted = 0;
-    uint64_t refused_uid = 0;    // not in the allowlist: closed
-    uint64_t refused_total = 0;  // past max_connections: closed
-    uint64_t accept_errors = 0;  // EMFILE and the like (backed off, retried)
+    uint64_t refused_uid = 0;      // not in the allowlist: closed
+    uint64_t refused_total = 0;    // past max_connections: closed
+    uint64_t refused_uid_cap = 0;  // past a uid's cap and its over-cap connections: closed
+    uint64_t accept_errors = 0;    // EMFILE and the like (backed off, retried)
     size_t open = 0;
   };
   Counters counters() const;
@@ -102,11 +114,6 @@ class ControlListener {
   void ProbeDescriptors();
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  struct Conn {
-    Caller caller;
-    uint64_t ino = 0;  // the socket's inode: a closed, reused descriptor has another
-  };
-
   const Options options_;
   std::vector<Listening> listening_;  // [0]: control.sock
   ScopedFd wake_;
@@ -115,8 +122,7 @@ class ControlListener {
   std::atomic<bool> healthy_{true};
   std::atomic<bool> stop_{false};
   mutable Mutex mu_;
-  std::map<int, Conn> conns_ ABSL_GUARDED_BY(mu_);  // by descriptor number (gRPC owns it)
-  std::map<uid_t, size_t> per_uid_ ABSL_GUARDED_BY(mu_);
+  ConnectionTable conns_ ABSL_GUARDED_BY(mu_);  // by descriptor number (gRPC owns it)
   Counters counters_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };

@@ -73,6 +73,9 @@ class Daemon::Impl final : public metrics::StateSource {
   absl::Status Check(const Caller& caller, Verb verb, const Object& object) const;
   // The object of a verb on model `name`: its spec's namespace list when known.
   Object ModelObject(const std::string& name) const;
+  // `name` when it is a defined model, "" otherwise: the metric label for a request naming
+  // it (unknown names from any peer would fill the bounded label slots, issue 26).
+  std::string MetricModel(const std::string& name) const;
   bool IsAdmin(const Caller& c) const { return policy_->IsAdmin(c); }
 
   absl::Status Acquire(const Caller& caller, const v1::AcquireRequest& req,
@@ -99,6 +102,7 @@ class Daemon::Impl final : public metrics::StateSource {
   std::vector<metrics::EntrySnapshot> Entries() const override;
   std::vector<metrics::DeviceSnapshot> Devices() const override;
   metrics::StagingSnapshot Staging() const override;
+  metrics::ControlSnapshot Control() const override;
 
   const DaemonOptions& options() const { return options_; }
   std::string control_path() const;
@@ -164,7 +168,7 @@ class Daemon::Impl final : public metrics::StateSource {
   std::unique_ptr<Policy> policy_;
 
   std::unique_ptr<HandleChannel> handles_;
-  std::unique_ptr<ControlListener> control_;  // destroyed before grpc_ (Teardown)
+  std::unique_ptr<ControlListener> control_;  // stops accepting before grpc_ drains (Teardown)
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<grpc::Service> service_;
   // Cancels loads and waits, drains RPCs (bounded), closes the channels; once.
