@@ -298,7 +298,9 @@ WC_API const char* wc_publish_fingerprint(const wc_publish* publish);
 WC_API wc_status wc_publish_data(const wc_publish* publish, const char* name, void** data,
                                  uint64_t* nbytes, char** error);
 /* Waits for queued writes, unmaps the writable views and commits: the daemon seals the
- * segments and serves them. On failure the publish is aborted. */
+ * segments and serves them. On WC_FAILED_PRECONDITION (a writable mapping of the memory
+ * remains elsewhere: unmap it), WC_UNAVAILABLE or WC_DEADLINE_EXCEEDED the publish stays
+ * open and may be committed again or freed; any other failure has ended it. */
 WC_API wc_status wc_publish_commit(wc_publish* publish, char** error);
 /* Aborts the publish unless committed, and frees it. NULL is a no-op. */
 WC_API void wc_publish_free(wc_publish* publish);

@@ -396,7 +396,15 @@ absl::Status Publish::Commit() {
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
   absl::Status s = FromGrpc(ctx, rpc_->stub->CommitPublish(&ctx, req, &resp), "CommitPublish");
   if (!s.ok()) {
-    Abort();
+    // A commit that may succeed when asked again leaves the publish open (issue 26: it was
+    // always aborted here, so the documented "unmap and commit again" could not be done):
+    // a writable mapping that remains elsewhere (FAILED_PRECONDITION), or a daemon that did
+    // not answer in time. Anything else has ended the publish in the daemon, or will.
+    const absl::StatusCode c = s.code();
+    if (c != absl::StatusCode::kFailedPrecondition && c != absl::StatusCode::kUnavailable &&
+        c != absl::StatusCode::kDeadlineExceeded) {
+      Abort();
+    }
     return s;
   }
   committed_ = true;

@@ -193,8 +193,10 @@ class Publish {
   // Writable address of `view` (one of tensors()); null once committed or when joined.
   void* Data(const TensorView& view) const;
   // Waits for queued writes (cuda-vmm), unmaps the writable views, then commits: the daemon
-  // seals the segments and serves them. On failure (other than a mismatch, which aborts in
-  // the daemon) the publish is aborted here too. Once only.
+  // seals the segments and serves them. On FAILED_PRECONDITION (a writable mapping of the
+  // memory remains elsewhere, e.g. a duplicate or a forked child's: unmap it), UNAVAILABLE or
+  // DEADLINE_EXCEEDED the publish stays open and Commit may be called again (the views are
+  // unmapped already) or Abort; any other failure has ended it. Succeeds once.
   absl::Status Commit();
   // Ends the publish without serving it (also what the destructor does).
   void Abort();

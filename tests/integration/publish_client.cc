@@ -4,7 +4,8 @@
 //   wc_publish_client SOCKET MODEL RECIPE SEED MODE
 // MODE: commit (no stops) | step (waits for a stdin line after "MAPPED", "HALF" and "WRITTEN")
 //       | mismatch (commits a different tensor list) | mapped (commits once while a second
-//       writable mapping remains, then unmaps and commits again)
+//       writable mapping remains, then unmaps and commits again) | mapped-lib (the same
+//       through the client library's Publish::Commit both times)
 // Output lines: "JOINED <fingerprint> <state>", "MAPPED <publish id> <fingerprint>", "HALF",
 // "WRITTEN", "COMMIT1 <code> <message>" (mapped), "COMMITTED <fingerprint>",
 // "ERROR <code> <message>" (exit 2), then "READ-ONLY OK|BAD", "BYTES OK|BAD <name>" after
@@ -72,6 +73,15 @@ int main(int argc, char** argv) {
     }
     std::printf("WRITTEN\n");
     if (mode == "step") WaitForLine();
+    if (mode == "mapped-lib") {
+      const client::TensorView& first = views.front();
+      auto* base = static_cast<std::byte*>((*p)->Data(first)) - first.offset;
+      void* dup = ::mremap(base, 0, 2u << 20, MREMAP_MAYMOVE);  // see "mapped" below
+      if (dup == MAP_FAILED) return Fail(absl::InternalError("mremap duplicate failed"));
+      const absl::Status s = (*p)->Commit();
+      std::printf("COMMIT1 %d %s\n", static_cast<int>(s.code()), std::string(s.message()).c_str());
+      ::munmap(dup, 2u << 20);
+    }
     if (mode == "mismatch" || mode == "mapped") {
       // Raw CommitPublish: the client library would always send the begun list.
       void* dup = nullptr;

@@ -184,6 +184,18 @@ TEST_F(PublishTest, TheSealFailsWhileAWritableMappingRemains) {
   EXPECT_EQ(pub->WaitFor("BYTES", 20s).value_or(""), "BYTES OK");
 }
 
+// Finding (issue 26): the client library's Publish::Commit aborted the publish on any
+// failure, so after a refused seal the documented "unmap and commit again" was impossible.
+TEST_F(PublishTest, TheLibrarysCommitCanBeAskedAgainAfterTheMappingIsGone) {
+  Start();
+  auto pub = Publisher("r1", 7, "mapped-lib");
+  auto line = pub->WaitFor("COMMIT1", 20s).value_or("");
+  EXPECT_THAT(line, StartsWith("COMMIT1 9 "));  // FAILED_PRECONDITION
+  EXPECT_THAT(line, HasSubstr("a writable mapping of it remains"));
+  EXPECT_THAT(pub->WaitFor("COMMITTED", 20s).value_or(""), StartsWith("COMMITTED"));
+  EXPECT_EQ(pub->WaitFor("BYTES", 20s).value_or(""), "BYTES OK");
+}
+
 TEST_F(PublishTest, PublishingCountsAgainstTheBudget) {
   Start({"--memory_budget=4MiB"});
   auto pub = Publisher("r1", 6, "commit");
