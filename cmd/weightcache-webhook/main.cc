@@ -23,7 +23,10 @@ ABSL_FLAG(absl::Duration, reload_interval, absl::Seconds(5),
           "How often the certificate files are checked for a change");
 ABSL_FLAG(uint64_t, max_body_bytes, 4 << 20, "Largest request body accepted (413 past it)");
 ABSL_FLAG(int, request_timeout_ms, 10000, "A request must arrive within this");
-ABSL_FLAG(int, threads, 8, "Request threads");
+ABSL_FLAG(int, connection_deadline_ms, 3000,
+          "A connection is shut down this long after its TLS handshake began, whatever it does "
+          "(a slow client holds a request thread at most this long)");
+ABSL_FLAG(int, threads, 32, "Request threads (one per open connection)");
 ABSL_FLAG(bool, verbose, false, "Debug logging");
 
 namespace weightcache {
@@ -39,6 +42,7 @@ int Run() {
   o.max_body_bytes = absl::GetFlag(FLAGS_max_body_bytes);
   o.request_timeout_ms = absl::GetFlag(FLAGS_request_timeout_ms);
   o.num_threads = absl::GetFlag(FLAGS_threads);
+  o.connection_deadline_ms = absl::GetFlag(FLAGS_connection_deadline_ms);
   if (o.reload_interval <= absl::ZeroDuration()) {
     std::fprintf(stderr, "weightcache-webhook: --reload_interval must be positive\n");
     return 2;

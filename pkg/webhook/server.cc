@@ -6,6 +6,7 @@
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <cstring>
@@ -123,6 +124,11 @@ absl::StatusOr<std::pair<std::string, int>> ParseAddress(const std::string& addr
 
 constexpr const char* kText = "text/plain; charset=utf-8";
 
+uint64_t InodeOf(int fd) {
+  struct stat st {};
+  return fd >= 0 && ::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) ? st.st_ino : 0;
+}
+
 }  // namespace
 
 Server::Server(ServerOptions options) : options_(std::move(options)) {}
@@ -130,8 +136,10 @@ Server::Server(ServerOptions options) : options_(std::move(options)) {}
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   absl::StatusOr<std::pair<std::string, int>> address = ParseAddress(options.address);
   if (!address.ok()) return address.status();
-  if (options.num_threads < 1 || options.request_timeout_ms < 1) {
-    return absl::InvalidArgumentError("webhook: num_threads and request_timeout_ms must be >= 1");
+  if (options.num_threads < 1 || options.request_timeout_ms < 1 ||
+      options.connection_deadline_ms < 1) {
+    return absl::InvalidArgumentError(
+        "webhook: num_threads, request_timeout_ms and connection_deadline_ms must be >= 1");
   }
   std::unique_ptr<Server> server(new Server(std::move(options)));
   const ServerOptions& o = server->options_;
@@ -148,6 +156,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   server->http_ = std::make_unique<httplib::SSLServer>([self](SSL_CTX& ctx) {
     SSL_CTX_set_min_proto_version(&ctx, TLS1_2_VERSION);
     SSL_CTX_set_cert_cb(&ctx, &Server::CertCallback, self);
+    SSL_CTX_set_app_data(&ctx, self);
+    SSL_CTX_set_info_callback(&ctx, &Server::InfoCallback);
     return true;
   });
   httplib::SSLServer& http = *server->http_;
@@ -210,6 +220,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     self->listener_done_.Notify();
   });
   server->watcher_ = std::thread([self] { self->Watch(); });
+  server->reaper_ = std::thread([self] {
+    while (!self->stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100))) self->Reap();
+  });
   WC_LOG_INFO("webhook: serving HTTPS /mutate /healthz on %s (port %d), certificate %s", o.address,
               server->port_, o.cert_file);
   return server;
@@ -218,12 +231,50 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
 Server::~Server() {
   stop_.Notify();
   if (watcher_.joinable()) watcher_.join();
+  if (reaper_.joinable()) reaper_.join();
   if (listener_.joinable()) {
     // stop() is a no-op until the listener has started: repeat it until the listener returns.
     do {
       http_->stop();
     } while (!listener_done_.WaitForNotificationWithTimeout(absl::Milliseconds(20)));
     listener_.join();
+  }
+}
+
+void Server::InfoCallback(const ssl_st* ssl, int where, int /*ret*/) {
+  if ((where & SSL_CB_HANDSHAKE_START) == 0) return;
+  auto* self = static_cast<Server*>(SSL_CTX_get_app_data(SSL_get_SSL_CTX(ssl)));
+  const int fd = SSL_get_fd(ssl);
+  const uint64_t inode = InodeOf(fd);
+  if (self == nullptr || inode == 0) return;
+  absl::MutexLock lock(&self->deadlines_mu_);
+  Deadline& d = self->deadlines_[fd];
+  if (d.inode == inode) return;  // a renegotiation: the first handshake's deadline stands
+  d.inode = inode;
+  d.at = std::chrono::steady_clock::now() +
+         std::chrono::milliseconds(self->options_.connection_deadline_ms);
+}
+
+void Server::Reap() {
+  const auto now = std::chrono::steady_clock::now();
+  absl::MutexLock lock(&deadlines_mu_);
+  for (auto it = deadlines_.begin(); it != deadlines_.end();) {
+    if (InodeOf(it->first) != it->second.inode) {
+      it = deadlines_.erase(it);  // closed (and perhaps taken again by another socket)
+    } else if (now >= it->second.at) {
+      // Checked just before: the number still names this connection's socket. shutdown(2)
+      // ends its blocked read or write; the worker then closes it.
+      ::shutdown(it->first, SHUT_RDWR);
+      if (cut_++ % 100 == 0) {  // a flood of slow clients is logged, not echoed
+        WC_LOG_WARN(
+            "webhook: a connection was still open %d ms after its handshake began: shut down "
+            "(--connection_deadline_ms; %d so far)",
+            options_.connection_deadline_ms, cut_);
+      }
+      it = deadlines_.erase(it);
+    } else {
+      ++it;
+    }
   }
 }
 

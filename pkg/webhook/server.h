@@ -14,7 +14,13 @@
 // flight are not touched.
 //
 // Bounds: request bodies over `max_body_bytes` are answered 413 without being read; a socket
-// read or write that stalls for `request_timeout_ms` ends the connection.
+// read or write that stalls for `request_timeout_ms` ends the connection; and every
+// connection is shut down `connection_deadline_ms` after its TLS handshake began, whatever
+// it is doing. Each connection holds one of `num_threads` workers while it lives: without the
+// deadline, clients trickling a byte a second held every worker for as long as they liked
+// and the API server's reviews waited past its timeout (issue 26: 23 s with 16 of them).
+// With it, a slow client holds a worker at most the deadline, and a review waits at most
+// about ceil(slow clients / num_threads) deadlines.
 //
 // Thread-safety: Start, the destructor and reloads() are for any one thread; handlers run on
 // the library's worker threads. The server stops (joining every thread) in its destructor.
@@ -22,7 +28,9 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -49,7 +57,8 @@ struct ServerOptions {
   absl::Duration reload_interval = absl::Seconds(5);
   uint64_t max_body_bytes = 4 << 20;  // an AdmissionReview of the largest Pod is ~3 MiB
   int request_timeout_ms = 10000;
-  int num_threads = 8;
+  int connection_deadline_ms = 3000;
+  int num_threads = 32;
 };
 
 struct KeyPair;  // parsed certificate chain and key (server.cc)
@@ -75,6 +84,15 @@ class Server {
   std::shared_ptr<const KeyPair> current() const;
 
   static int CertCallback(ssl_st* ssl, void* self);
+  // SSL_CB_HANDSHAKE_START: the connection's deadline starts (ssl's SSL_CTX app data: this).
+  static void InfoCallback(const ssl_st* ssl, int where, int ret);
+  // Shuts down the connections past their deadline (reaper thread, every 100 ms).
+  void Reap();
+
+  struct Deadline {
+    uint64_t inode = 0;  // the socket's: a closed number taken again has another
+    std::chrono::steady_clock::time_point at;
+  };
 
   const ServerOptions options_;
   std::unique_ptr<httplib::SSLServer> http_;
@@ -87,6 +105,10 @@ class Server {
   int reloads_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Notification stop_;
   std::thread watcher_;
+  absl::Mutex deadlines_mu_;
+  std::map<int, Deadline> deadlines_ ABSL_GUARDED_BY(deadlines_mu_);  // by socket descriptor
+  uint64_t cut_ ABSL_GUARDED_BY(deadlines_mu_) = 0;
+  std::thread reaper_;
 };
 
 }  // namespace weightcache::webhook
