@@ -25,8 +25,10 @@ class CudaMapping final : public SegmentMapping {
     // Order: unmap every segment, release the imported handles, free the VA reservation;
     // the primary-context reference goes last (member order).
     auto current = ScopedCurrentContext::Push(*api_, ctx_.get());
-    // A publisher's writes (copies queued on any stream of the context) land before unmapping.
-    if (writable_ && current.ok()) (void)api_->cuCtxSynchronize();
+    // Work queued on any stream of the context ends before unmapping: a publisher's copies
+    // land, and an engine's kernels still reading the weights never read an unmapped range
+    // (issue 26). It waits for the context's other work too; releases are rare.
+    if (current.ok()) (void)api_->cuCtxSynchronize();
     maps_.clear();
     handles_.clear();
     va_.reset();

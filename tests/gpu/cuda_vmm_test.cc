@@ -324,6 +324,33 @@ TEST(CudaCrossProcess, KernelWriteToReadOnlyMappingFaultsOnlyInTheChild) {
   EXPECT_FALSE(backend.Devices().empty());
 }
 
+// Finding (issue 26): releasing a read-only cuda-vmm mapping unmapped it at once, while this
+// process's kernels could still be reading it (an engine freeing a lease with work queued).
+// The release now waits for the context's work first, so the kernel below, whose reads start
+// 300 ms after its launch, reads the weights and not an unmapped range.
+TEST(CudaMapping, ReleasingAMappingWaitsForKernelsStillReadingIt) {
+  REQUIRE_GPU();
+  const std::string uuid = backend.Devices().front().uuid;
+  const std::vector<uint64_t> sizes = {32 * kMiB};
+  auto segs = MakeSealed(backend, uuid, sizes, 21);
+  ASSERT_EQ(segs.size(), 1u);
+  std::vector<ScopedFd> fds;
+  fds.emplace_back(::dup(segs[0]->fd()));
+  auto m = memory::MapReadOnly(BackendKind::kCudaVmm, std::move(fds), sizes, uuid);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto ordinal = memory::internal::CudaOrdinalOfUuid(uuid);
+  ASSERT_TRUE(ordinal.ok());
+  std::vector<unsigned char> host(sizes[0]);
+  FillPattern(host.data(), host.size(), 21, 0);
+  const uint64_t want = HostChecksum(host.data(), host.size());
+  unsigned long long* result = nullptr;
+  ASSERT_EQ(StartDelayedChecksum((*m)->base(0), sizes[0], *ordinal, 300, &result), "");
+  m->reset();  // the lease's mapping released while the kernel has not read yet
+  uint64_t sum = 0;
+  EXPECT_EQ(FinishChecksum(*ordinal, result, &sum), "");
+  EXPECT_EQ(sum, want);
+}
+
 TEST(CudaCrossProcess, ImporterMappingSurvivesExporterSigkill) {
   REQUIRE_GPU();
   const std::vector<uint64_t> sizes = {8 * kMiB, 2 * kMiB};

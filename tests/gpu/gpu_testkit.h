@@ -54,6 +54,11 @@ inline uint64_t HostChecksum(const void* p, size_t n) {
   for (size_t i = 0; i < n; ++i) s += static_cast<uint64_t>(b[i]) * (i % 251 + 1);
   return s;
 }
+// DeviceChecksum in two halves: the kernel is launched (asynchronously) and starts reading
+// only `delay_ms` after it begins; FinishChecksum waits for it and frees `result`.
+std::string StartDelayedChecksum(const void* p, size_t n, int ordinal, double delay_ms,
+                                 unsigned long long** result);
+std::string FinishChecksum(int ordinal, unsigned long long* result, uint64_t* sum);
 // cudaMemGetInfo on `ordinal` (creates this process's context if needed).
 std::string MemInfo(int ordinal, uint64_t* free_bytes, uint64_t* total_bytes);
 
