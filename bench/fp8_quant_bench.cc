@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "pkg/load/fp8_quant.h"
 #include "pkg/load/internal/fp8_quant_cuda.h"
+#include "pkg/load/internal/fp8_quant_cuda_testing.h"
 
 namespace {
 

@@ -4,14 +4,13 @@
 #include "pkg/load/internal/fp8_quant_cuda.h"
 
 namespace weightcache::load::internal {
-namespace {
 
-absl::Status CudaStatus(int rc, const char* call) {
+absl::Status Fp8CudaStatus(int rc, const char* call) {
   if (rc == 0) return absl::OkStatus();
   return absl::InternalError(absl::StrCat(call, ": ", kernel::ErrorName(rc)));
 }
 
-absl::Status CheckArgs(safetensors::DType dtype, int64_t rows, int64_t cols, int br, int bc) {
+absl::Status CheckFp8Args(safetensors::DType dtype, int64_t rows, int64_t cols, int br, int bc) {
   if (dtype != safetensors::DType::kBF16 && dtype != safetensors::DType::kF16) {
     return absl::InvalidArgumentError(
         absl::StrCat("fp8 block quantization on the GPU: source dtype ",
@@ -24,20 +23,18 @@ absl::Status CheckArgs(safetensors::DType dtype, int64_t rows, int64_t cols, int
   return absl::OkStatus();
 }
 
-}  // namespace
-
 absl::Status LaunchFp8BlockQuant(const Fp8QuantArgs& a, void* stream) {
-  if (auto st = CheckArgs(a.src_dtype, a.rows, a.cols, a.block_rows, a.block_cols); !st.ok()) {
+  if (auto st = CheckFp8Args(a.src_dtype, a.rows, a.cols, a.block_rows, a.block_cols); !st.ok()) {
     return st;
   }
-  return CudaStatus(
+  return Fp8CudaStatus(
       kernel::LaunchFp8BlockQuant(a.src_dtype == safetensors::DType::kBF16, a.src, a.rows, a.cols,
                                   a.block_rows, a.block_cols, a.out_fp8, a.out_scale_inv, stream),
       "fp8 block quantization kernel launch");
 }
 
 absl::Status CopyToDeviceAsync(void* dst, const void* src, uint64_t n, void* stream) {
-  return CudaStatus(kernel::CopyToDeviceAsync(dst, src, n, stream), "cudaMemcpyAsync");
+  return Fp8CudaStatus(kernel::CopyToDeviceAsync(dst, src, n, stream), "cudaMemcpyAsync");
 }
 
 absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(uint64_t bytes) {
@@ -60,34 +57,6 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 
 DeviceBuffer::~DeviceBuffer() {
   if (p_ != nullptr) kernel::DeviceFree(p_);
-}
-
-int GpuCount() {
-  int n = 0;
-  kernel::DeviceCount(&n);
-  return n;
-}
-
-absl::Status QuantizeFp8BlockOnGpu(int ordinal, safetensors::DType src_dtype, const void* src,
-                                   int64_t rows, int64_t cols, int block_rows, int block_cols,
-                                   uint8_t* out_fp8, float* out_scale_inv, Fp8Variant variant) {
-  if (auto st = CheckArgs(src_dtype, rows, cols, block_rows, block_cols); !st.ok()) return st;
-  if (rows == 0 || cols == 0) return absl::OkStatus();
-  return CudaStatus(
-      kernel::QuantizeOnDevice(variant, ordinal, src_dtype == safetensors::DType::kBF16, src, rows,
-                               cols, block_rows, block_cols, out_fp8, out_scale_inv),
-      "fp8 block quantization on the GPU");
-}
-
-absl::StatusOr<double> TimeFp8BlockQuantOnGpu(int ordinal, safetensors::DType src_dtype,
-                                              int64_t rows, int64_t cols, int iters,
-                                              Fp8Variant variant) {
-  if (auto st = CheckArgs(src_dtype, rows, cols, 128, 128); !st.ok()) return st;
-  double s = 0;
-  const int rc = kernel::TimeOnDevice(variant, ordinal, src_dtype == safetensors::DType::kBF16,
-                                      rows, cols, iters, &s);
-  if (rc != 0) return CudaStatus(rc, "fp8 quantization benchmark");
-  return s;
 }
 
 }  // namespace weightcache::load::internal

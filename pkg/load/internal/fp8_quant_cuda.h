@@ -5,7 +5,8 @@
 // the per-element maths of internal/fp8_math.h.
 //
 // Every call runs in the CUDA context current on the calling thread (the loader pushes the
-// device's primary context; the test helpers below select the device themselves).
+// device's primary context; the test helpers of fp8_quant_cuda_testing.h select the device
+// themselves).
 // Thread-safety: functions are safe from any thread; a DeviceBuffer is owned by one thread.
 #pragma once
 
@@ -54,19 +55,9 @@ class DeviceBuffer {
   void* p_ = nullptr;
 };
 
-// For tests and benchmarks.
-using Fp8Variant = kernel::Fp8Variant;
-// Number of CUDA devices (0 when there is no driver or GPU).
-int GpuCount();
-// Host in, GPU kernel on device `ordinal`, host out (same contract as QuantizeFp8Block).
-absl::Status QuantizeFp8BlockOnGpu(int ordinal, safetensors::DType src_dtype, const void* src,
-                                   int64_t rows, int64_t cols, int block_rows, int block_cols,
-                                   uint8_t* out_fp8, float* out_scale_inv,
-                                   Fp8Variant variant = kernel::kProductionVariant);
-// Seconds per quantization of a [rows, cols] matrix of seeded random data already on the
-// device (median of `iters` timed launches, after a warm-up, L2 flushed before each).
-absl::StatusOr<double> TimeFp8BlockQuantOnGpu(int ordinal, safetensors::DType src_dtype,
-                                              int64_t rows, int64_t cols, int iters,
-                                              Fp8Variant variant = kernel::kProductionVariant);
+// The CUDA error `rc` of `call` as a status (OK for 0); the argument check of the entry
+// points (INVALID_ARGUMENT naming the dtype or shape).
+absl::Status Fp8CudaStatus(int rc, const char* call);
+absl::Status CheckFp8Args(safetensors::DType dtype, int64_t rows, int64_t cols, int br, int bc);
 
 }  // namespace weightcache::load::internal
