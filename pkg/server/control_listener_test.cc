@@ -7,11 +7,9 @@
 #include <grpcpp/grpcpp.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <thread>
@@ -19,6 +17,7 @@
 
 #include "gtest/gtest.h"
 #include "pkg/util/scoped_fd.h"
+#include "pkg/util/unix_socket.h"
 #include "tests/testutil/temp_dir.h"
 #include "weightcache/v1/weightcache.grpc.pb.h"
 
@@ -28,12 +27,8 @@ namespace {
 using weightcache::testing::TempDir;
 
 ScopedFd Connect(const std::string& path) {
-  ScopedFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return {};
-  return fd;
+  auto fd = ConnectUnix(path);
+  return fd.ok() ? std::move(fd).value() : ScopedFd();
 }
 
 // Whether the listener's side closed `fd` (EOF or hang-up) within `ms`. What gRPC sent

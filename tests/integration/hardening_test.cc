@@ -3,7 +3,6 @@
 // model roots, the per-uid connection cap, and a descriptor flood the daemon survives.
 #include <signal.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -16,6 +15,7 @@
 #include "pkg/client/client.h"
 #include "pkg/safetensors/writer.h"
 #include "pkg/util/scoped_fd.h"
+#include "pkg/util/unix_socket.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/process.h"
 #include "tests/testutil/fifo.h"
@@ -156,12 +156,8 @@ TEST_F(RootsTest, ARefusedInlineSpecLeavesTheNameAsItWas) {
 
 // Raw connections to the control socket (no HTTP/2): they hold descriptors and count.
 ScopedFd RawConnect(const std::string& path) {
-  ScopedFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return {};
-  return fd;
+  auto fd = ConnectUnix(path);
+  return fd.ok() ? std::move(fd).value() : ScopedFd();
 }
 
 TEST_F(HardeningTest, AUidOverItsConnectionCapIsToldSo) {
