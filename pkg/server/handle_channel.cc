@@ -21,7 +21,8 @@ namespace {
 
 constexpr size_t kMaxLine = kMaxHandshakeLine;
 constexpr int kTickMs = 200;
-constexpr int kBackoffMs = 100;  // after EMFILE on accept
+constexpr int kBackoffMs = 100;         // after EMFILE on accept
+constexpr int kSendTimeoutSeconds = 2;  // one descriptor batch to a peer that does not read
 
 struct Conn {
   ScopedFd fd;
@@ -218,9 +219,13 @@ void HandleChannel::Loop() {
         end_conn(it);
         continue;
       }
-      // Blocking sends for the descriptor batches: they are tiny.
+      // Blocking sends for the descriptor batches: they are tiny, but a peer that never reads
+      // could still stop this one thread once its socket buffer is full (issue 26), so each
+      // send is bounded: past kSendTimeout the connection ends.
       int flags = ::fcntl(c.fd.get(), F_GETFL);
       ::fcntl(c.fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+      const timeval send_timeout{kSendTimeoutSeconds, 0};
+      ::setsockopt(c.fd.get(), SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
       absl::Status sent = absl::OkStatus();
       for (size_t at = 0; at < grant->fds.size() && sent.ok(); at += kMaxFdsPerMessage) {
         size_t k = std::min(kMaxFdsPerMessage, grant->fds.size() - at);

@@ -4,6 +4,8 @@
 #include "pkg/server/handle_channel.h"
 
 #include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -62,8 +64,14 @@ class HandleChannelTest : public ::testing::Test {
         options,
         [this](const std::string& token, const PeerCred& /*peer*/,
                const std::string& slot) -> absl::StatusOr<HandleChannel::Grant> {
-          if (token != "goodtoken") return absl::PermissionDeniedError("unknown or expired token");
           HandleChannel::Grant g;
+          if (token == "hugetoken") {  // far more descriptor batches than a socket buffer holds
+            g.lease_id = "lease-huge";
+            g.fds.assign(200000, (*segment_fds_)[0].get());
+            g.keepalive = segment_fds_;
+            return g;
+          }
+          if (token != "goodtoken") return absl::PermissionDeniedError("unknown or expired token");
           // The lease names the slot the claim came in on, so tests see which socket it was.
           g.lease_id = slot.empty() ? "lease-1" : "lease-1@" + slot;
           for (const auto& fd : *segment_fds_) g.fds.push_back(fd.get());
@@ -130,6 +138,24 @@ TEST_F(HandleChannelTest, CloseLeaseFromAnotherThreadEndsTheConnection) {
   EXPECT_TRUE(recorder_.WaitClosed("lease-1"));
   auto eof = RecvWithFds(conn.get(), 256);
   EXPECT_EQ(eof.status().code(), absl::StatusCode::kUnavailable) << eof.status();
+}
+
+// Finding (issue 26): descriptors went out with blocking sends on the channel's one thread, so
+// a peer that never read stopped every other claim once its socket buffer was full. Each send
+// is now bounded (2 s): that connection ends, and the next client is served.
+TEST_F(HandleChannelTest, APeerThatNeverReadsDoesNotStopTheChannel) {
+  ScopedFd stuck = Connect();
+  ASSERT_TRUE(WriteAll(stuck.get(), "WCH1 hugetoken\n").ok());  // and never reads
+  ScopedFd next = Connect();
+  // Bounded: past the send bound (2 s) with room for a busy machine; without the bound this
+  // client is never answered while the stuck one stays.
+  const timeval wait{20, 0};
+  ASSERT_EQ(::setsockopt(next.get(), SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait), 0);
+  ASSERT_TRUE(WriteAll(next.get(), "WCH1 goodtoken\n").ok());
+  auto got = RecvWithFds(next.get(), 256);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->data, "FDS 2\n");
+  EXPECT_TRUE(recorder_.WaitClosed("lease-huge"));
 }
 
 TEST_F(HandleChannelTest, RefusalsSayWhy) {
