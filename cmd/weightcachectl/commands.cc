@@ -259,7 +259,32 @@ int Evict(client::Client& c, const std::vector<std::string>& args, const Context
   return 0;
 }
 
+// verify --resident: one line per entry; exit 1 when any is corrupt or could not be checked.
+int VerifyResident(client::Client& c, const std::vector<std::string>& args) {
+  if (args.size() != 1) {
+    return Error(absl::InvalidArgumentError("verify --resident: give one MODEL name"));
+  }
+  auto r = c.VerifyResident(args[0]);
+  if (!r.ok()) return Error(r.status());
+  int bad = 0;
+  for (const auto& e : r->entries()) {
+    std::printf("%-7s %s tp %u/%u on %s: %u segments, %s in %.3f s%s%s\n", e.result().c_str(),
+                args[0].c_str(), e.layout().tp_rank(), e.layout().tp_size(),
+                e.device_uuid().c_str(), e.segments(), FormatBytes(e.bytes()).c_str(), e.seconds(),
+                e.detail().empty() ? "" : ": ", e.detail().c_str());
+    if (e.result() != "clean") ++bad;
+  }
+  if (bad > 0) {
+    std::printf("verify --resident FAILED: %d of %d entries not clean%s\n", bad, r->entries_size(),
+                " (a corrupt entry is out of service; a clean copy is loading)");
+    return 1;
+  }
+  std::printf("verify --resident OK: %d entries match their digests\n", r->entries_size());
+  return 0;
+}
+
 int Verify(client::Client& c, const std::vector<std::string>& args, const Context& ctx) {
+  if (ctx.resident) return VerifyResident(c, args);
   client::AcquireOptions o;
   if (!ctx.fingerprint.empty()) {
     o.fingerprint = ctx.fingerprint;

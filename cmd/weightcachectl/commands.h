@@ -15,6 +15,7 @@ struct Context {
   int tp_size = 1;
   int tp_rank = -1;  // load: -1 every rank; verify: -1 means 0
   bool load_on_miss = false;
+  bool resident = false;  // verify: the daemon checks its resident copy against its digests
   bool tty = false;
 };
 

@@ -4,6 +4,7 @@
 //   weightcachectl load MODEL [--spec FILE]    load (every rank) with a progress bar
 //   weightcachectl evict MODEL|--fingerprint=FP
 //   weightcachectl verify MODEL                acquire, map, compare every byte with disk
+//   weightcachectl verify --resident MODEL     the daemon re-digests its resident copy
 #include <unistd.h>
 
 #include <cstdio>
@@ -27,6 +28,9 @@ ABSL_FLAG(int, tp_rank, -1,
           "load: only this tensor-parallel rank (default: every rank of the spec); verify: the "
           "rank asked (default 0)");
 ABSL_FLAG(bool, load_on_miss, false, "verify: ask the daemon to load on a miss");
+ABSL_FLAG(bool, resident, false,
+          "verify: the daemon digests its resident entries of MODEL again and compares them with "
+          "their digests from when they were filled (admin; nothing is mapped here)");
 
 int main(int argc, char** argv) {
   const std::string usage =
@@ -40,6 +44,8 @@ int main(int argc, char** argv) {
       "  weightcachectl evict MODEL | --fingerprint=FP\n"
       "  weightcachectl verify MODEL | --fingerprint=FP\n"
       "                                           map and compare every byte with the files\n"
+      "  weightcachectl verify --resident MODEL   the daemon checks its resident copy against\n"
+      "                                           the digests taken when it was filled\n"
       "  weightcachectl demo-checkpoint DIR       write a small Llama-shaped checkpoint";
   weightcache::HandleHelpFlag(argc, argv, usage, {"cmd/weightcachectl/"});
   absl::SetProgramUsageMessage(usage);
@@ -56,6 +62,7 @@ int main(int argc, char** argv) {
   ctx.tp_size = absl::GetFlag(FLAGS_tp_size);
   ctx.tp_rank = absl::GetFlag(FLAGS_tp_rank);
   ctx.load_on_miss = absl::GetFlag(FLAGS_load_on_miss);
+  ctx.resident = absl::GetFlag(FLAGS_resident);
   ctx.tty = ::isatty(STDOUT_FILENO) != 0;
   std::string cmd = args[1];
   std::vector<std::string> rest(args.begin() + 2, args.end());

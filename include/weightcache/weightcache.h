@@ -202,6 +202,16 @@ WC_API wc_status wc_lease_columns(const wc_lease* lease, wc_tensor_columns* out)
 WC_API wc_status wc_lease_find(const wc_lease* lease, const char* name, wc_tensor* out,
                                char** error);
 
+/* Whether the lease's memory is still what the daemon sealed. The daemon scrubs resident
+ * weights (docs/integrity.md); when it finds they changed after sealing (a process wrote
+ * through a writable import, a stray kernel, a memory error) it stops serving them, loads a
+ * clean copy for new acquires and tells every lease holder. WC_OK, or WC_DATA_LOSS once the
+ * daemon reported this lease's memory corrupt (*error names the segment and bytes), on this
+ * and every later call. Waits up to `timeout_ms` for news (0: only looks; one system call).
+ * On WC_DATA_LOSS stop using the weights: acquire again (the clean copy) or restart. Any
+ * thread. */
+WC_API wc_status wc_lease_check(const wc_lease* lease, int timeout_ms, char** error);
+
 /* Ends a lease by id through the control API (the daemon's Release). Closing the wc_lease is
  * the usual way; this serves tools that end other processes' leases. */
 WC_API wc_status wc_release(wc_client* client, const char* lease_id, char** error);

@@ -202,9 +202,21 @@ void Registry::RunLoad(uint64_t id, const std::shared_ptr<Entry>& e, const LoadF
   auto t0 = std::chrono::steady_clock::now();
   auto result = load(*e);
   EntryObserver* observer = nullptr;
+  DigestFn digester;
   {
     MutexLock l(mu_);
     observer = observer_;
+    digester = digester_;
+  }
+  std::shared_ptr<const std::vector<integrity::SegmentDigest>> digests;
+  if (result.ok() && digester) {
+    auto d = digester(*e, **result);
+    if (d.ok()) {
+      digests = std::make_shared<const std::vector<integrity::SegmentDigest>>(std::move(d).value());
+    } else {
+      result = absl::Status(d.status().code(),
+                            absl::StrCat("digest of the loaded segments: ", d.status().message()));
+    }
   }
   if (result.ok() && observer != nullptr) observer->BeforeReady(*e, **result);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -216,6 +228,8 @@ void Registry::RunLoad(uint64_t id, const std::shared_ptr<Entry>& e, const LoadF
     if (result.ok()) {
       e->loaded = std::shared_ptr<const load::LoadedModel>(std::move(result).value());
       e->reserved_bytes = e->loaded->resident_bytes();
+      e->digests = std::move(digests);
+      e->verified_at = std::chrono::steady_clock::now();
       e->state = State::kReady;
     } else {
       e->state = State::kFailed;
@@ -480,6 +494,10 @@ std::vector<EntrySnapshot> Registry::Snapshot() const {
     s.state = e->state;
     s.error = std::string(e->error.message());
     s.stale = e->stale;
+    s.corrupt = e->corrupt;
+    if (e->digests) {
+      s.verified_seconds_ago = std::chrono::duration<double>(now - e->verified_at).count();
+    }
     s.bytes_done = e->progress.done();
     s.bytes_total = e->progress.total();
     s.current_file = e->progress.file();
@@ -498,6 +516,60 @@ std::vector<EntrySnapshot> Registry::Snapshot() const {
     out.push_back(std::move(s));
   }
   return out;
+}
+
+void Registry::SetDigester(DigestFn fn) {
+  MutexLock l(mu_);
+  digester_ = std::move(fn);
+}
+
+std::vector<std::shared_ptr<Entry>> Registry::ReadyEntries() const {
+  MutexLock l(mu_);
+  std::vector<std::shared_ptr<Entry>> out;
+  for (const auto& [key, e] : entries_) {
+    if (e->state == State::kReady) out.push_back(e);
+  }
+  return out;
+}
+
+std::shared_ptr<const std::vector<integrity::SegmentDigest>> Registry::Digests(
+    const std::shared_ptr<Entry>& e) const {
+  MutexLock l(mu_);
+  return e->digests;
+}
+
+std::vector<std::string> Registry::LeaseIds(const std::shared_ptr<Entry>& e) const {
+  MutexLock l(mu_);
+  std::vector<std::string> out;
+  for (const auto& [id, lease] : e->leases) out.push_back(id);
+  return out;
+}
+
+void Registry::MarkVerified(const std::shared_ptr<Entry>& e) {
+  MutexLock l(mu_);
+  e->verified_at = std::chrono::steady_clock::now();
+}
+
+Registry::Evicted Registry::MarkCorrupt(const std::shared_ptr<Entry>& e, const std::string& what) {
+  std::vector<std::shared_ptr<const load::LoadedModel>> drop;
+  std::vector<std::shared_ptr<Entry>> evicted;
+  EvictFn on_evict;
+  EntryObserver* observer = nullptr;
+  Evicted result = Evicted::kNone;
+  {
+    MutexLock l(mu_);
+    e->corrupt = what;
+    auto it = entries_.find(e->key);
+    if (it != entries_.end() && it->second == e) {
+      result = EvictLocked(e->key, "corrupt", &drop, &evicted);
+    }
+    on_evict = on_evict_;
+    observer = observer_;
+  }
+  cv_.NotifyAll();
+  drop.clear();
+  NotifyEvicted(evicted, "corrupt", on_evict, observer);
+  return result;
 }
 
 }  // namespace weightcache::cache

@@ -12,7 +12,9 @@
 // An entry evicted while clients hold leases on it is `draining`: out of the lookup maps (a
 // new load of the same key may start), the registry's reference to its memory dropped (it is
 // freed when the last client unmaps it), but still listed by Snapshot() with its leases and
-// bytes and still counted against its device's budget, until its last lease ends. A ready entry may
+// bytes and still counted against its device's budget, until its last lease ends. An entry
+// whose memory changed after it was sealed (integrity, issue 27) is evicted the same way and
+// marked corrupt: never served again, freed when its last lease ends. A ready entry may
 // also be marked stale (its files changed on disk): it keeps serving only callers whose own files
 // still match (the daemon decides).
 //
@@ -38,6 +40,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "pkg/integrity/digest.h"
 #include "pkg/load/loader.h"
 #include "pkg/load/model.h"
 #include "pkg/spec/fingerprint.h"
@@ -103,6 +106,10 @@ class Entry {
   uint64_t reserved_bytes = 0;  // counted against the budget while loading/ready/draining
   std::chrono::steady_clock::time_point last_used = std::chrono::steady_clock::now();
   std::string stale;  // non-empty: what changed on disk since it was loaded
+  // One digest per segment of `loaded`, taken before it became ready (SetDigester).
+  std::shared_ptr<const std::vector<integrity::SegmentDigest>> digests;
+  std::chrono::steady_clock::time_point verified_at;  // digest taken or last matched
+  std::string corrupt;  // non-empty: what changed in memory after it was sealed
 };
 
 struct EntrySnapshot {
@@ -112,7 +119,10 @@ struct EntrySnapshot {
   spec::FingerprintInputs inputs;
   State state;
   std::string error;
-  std::string stale;          // what changed on disk; empty when the files are as loaded
+  std::string stale;    // what changed on disk; empty when the files are as loaded
+  std::string corrupt;  // what changed in memory; empty unless marked corrupt
+  // Seconds since its digests were taken or last matched in full; -1 without digests.
+  double verified_seconds_ago = -1;
   uint64_t bytes = 0;         // resident (allocated)
   uint64_t tensor_bytes = 0;  // the tensors' own bytes
   uint64_t bytes_done = 0;
@@ -128,6 +138,10 @@ struct EntrySnapshot {
 
 // What a load produces; run on a registry thread. May call Entry::progress.
 using LoadFn = std::function<absl::StatusOr<std::unique_ptr<load::LoadedModel>>(Entry&)>;
+// The digests of a load's sealed segments, one per segment in order; run on the load's
+// thread before the entry becomes ready (an error fails the load).
+using DigestFn = std::function<absl::StatusOr<std::vector<integrity::SegmentDigest>>(
+    const Entry&, const load::LoadedModel&)>;
 // Called when a load ends (ready or failed), outside the lock.
 using LoadDoneFn = std::function<void(const Entry&, const absl::Status&, double seconds)>;
 
@@ -165,6 +179,8 @@ class Registry {
   Registry& operator=(const Registry&) = delete;
 
   void SetLoadDoneCallback(LoadDoneFn fn);
+  // Every load's content is digested before it becomes ready (empty: no digests).
+  void SetDigester(DigestFn fn);
 
   // Returns the live entry for `req.key` (loading, ready) or starts `req.load` for it.
   // A failed entry is replaced by a new load. `req.bytes` reserves budget on the key's
@@ -229,6 +245,21 @@ class Registry {
   // Marks a live entry stale with what changed (status shows it); a no-op when it is gone.
   void MarkStale(const std::shared_ptr<Entry>& e, const std::string& what);
 
+  // Integrity. Ready entries in key order (what a scrub pass visits).
+  std::vector<std::shared_ptr<Entry>> ReadyEntries() const;
+  // The digests taken when `e` was filled; null when none were taken.
+  std::shared_ptr<const std::vector<integrity::SegmentDigest>> Digests(
+      const std::shared_ptr<Entry>& e) const;
+  // The ids of the leases on `e` (claimed or not).
+  std::vector<std::string> LeaseIds(const std::shared_ptr<Entry>& e) const;
+  // Every segment of `e` matched its digest just now.
+  void MarkVerified(const std::shared_ptr<Entry>& e);
+  // `e`'s memory changed after it was sealed: it is marked corrupt with `what` and evicted
+  // (reason "corrupt"): never found or served again, draining while leases map it. The
+  // result of the eviction (kNone when it was no longer the live entry of its key; it is
+  // marked all the same).
+  Evicted MarkCorrupt(const std::shared_ptr<Entry>& e, const std::string& what);
+
   std::vector<EntrySnapshot> Snapshot() const;
   uint64_t budget_bytes() const { return budget_; }
   uint64_t used_bytes() const;                                // all devices
@@ -275,6 +306,7 @@ class Registry {
   std::vector<uint64_t> finished_loads_ ABSL_GUARDED_BY(mu_);
   uint64_t next_load_id_ ABSL_GUARDED_BY(mu_) = 0;
   LoadDoneFn on_done_ ABSL_GUARDED_BY(mu_);
+  DigestFn digester_ ABSL_GUARDED_BY(mu_);
   EvictFn on_evict_ ABSL_GUARDED_BY(mu_);
   LingeringFn lingering_ ABSL_GUARDED_BY(mu_);
   EntryObserver* observer_ ABSL_GUARDED_BY(mu_) = nullptr;

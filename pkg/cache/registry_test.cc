@@ -326,5 +326,71 @@ TEST(Registry, UnclaimedLeasesDoNotPinTheirEntry) {
   EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
 }
 
+// Integrity (issue 27): every load is digested before it is ready; a failed digest fails it.
+TEST(Registry, ALoadIsDigestedBeforeItIsReadyAndAFailedDigestFailsIt) {
+  Registry r;
+  std::atomic<int> digested{0};
+  r.SetDigester([&](const Entry& e, const load::LoadedModel& m)
+                    -> absl::StatusOr<std::vector<integrity::SegmentDigest>> {
+    digested++;
+    if (e.model == "bad") return absl::InternalError("the GPU said no");
+    return std::vector<integrity::SegmentDigest>(m.segments.size(), integrity::SegmentDigest{{42}});
+  });
+  auto e = r.StartOrJoin(Req("fp", "m", 0, SegmentLoad(4096)));
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE(r.WaitReady(*e, Far()).ok());
+  auto d = r.Digests(*e);
+  ASSERT_NE(d, nullptr);
+  ASSERT_EQ(d->size(), 1u);
+  EXPECT_EQ((*d)[0].chunks[0], 42u);
+  EXPECT_GE(r.Snapshot()[0].verified_seconds_ago, 0);
+  auto bad = r.StartOrJoin(Req("fp2", "bad", 0, SegmentLoad(4096)));
+  ASSERT_TRUE(bad.ok());
+  const absl::Status st = r.WaitReady(*bad, Far());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("digest of the loaded segments"));
+  EXPECT_EQ(digested.load(), 2);
+}
+
+// A corrupt entry is never found again; while a lease maps it, it drains (shown corrupt)
+// and goes with the last lease; a new load of its key starts clean.
+TEST(Registry, ACorruptEntryLeavesTheLookupAndDrainsWithItsLeases) {
+  Registry r;
+  std::vector<std::string> evictions;
+  r.SetEvictCallback([&](const std::string& model, const std::string& reason) {
+    evictions.push_back(model + ":" + reason);
+  });
+  auto e = r.StartOrJoin(Req("fp", "m", 0, SegmentLoad(4096)));
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE(r.WaitReady(*e, Far()).ok());
+  ASSERT_EQ(r.ReadyEntries().size(), 1u);
+  LeaseRecord lease;
+  lease.id = "L1";
+  ASSERT_TRUE(r.AddLease(*e, lease).ok());
+  r.SetLeasePeer("L1", 1, 0);
+  EXPECT_EQ(r.MarkCorrupt(*e, "segment 0 bytes [0, 4096) changed"), Registry::Evicted::kDraining);
+  EXPECT_EQ(r.Find(K("fp")), nullptr);
+  EXPECT_TRUE(r.ReadyEntries().empty());
+  EXPECT_EQ(r.Content(*e).status().code(), absl::StatusCode::kFailedPrecondition);
+  auto snap = r.Snapshot();
+  ASSERT_EQ(snap.size(), 1u);
+  EXPECT_EQ(snap[0].corrupt, "segment 0 bytes [0, 4096) changed");
+  EXPECT_EQ(snap[0].state, State::kDraining);
+  EXPECT_EQ(evictions, std::vector<std::string>{"m:corrupt"});
+  bool started = false;
+  auto again = r.StartOrJoin(Req("fp", "m", 0, SegmentLoad(4096)), &started);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(started);
+  EXPECT_NE(*again, *e);
+  ASSERT_TRUE(r.WaitReady(*again, Far()).ok());
+  EXPECT_TRUE(r.RemoveLease("L1"));
+  snap = r.Snapshot();
+  ASSERT_EQ(snap.size(), 1u);  // the corrupt one went with its last lease
+  EXPECT_TRUE(snap[0].corrupt.empty());
+  // Marking an entry that is no longer its key's live one evicts nothing else.
+  EXPECT_EQ(r.MarkCorrupt(*e, "again"), Registry::Evicted::kNone);
+  EXPECT_EQ(r.Find(K("fp")), *again);
+}
+
 }  // namespace
 }  // namespace weightcache::cache

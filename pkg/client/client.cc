@@ -2,6 +2,7 @@
 
 #include <google/protobuf/arena.h>
 #include <grpcpp/grpcpp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -76,6 +77,34 @@ Lease::~Lease() {
   // daemon never counts memory as unleased while this process still maps it.
   mapping_.reset();
   handle_conn_.reset();
+}
+
+absl::Status Lease::Check(std::chrono::milliseconds timeout) const {
+  MutexLock l(check_mu_);
+  if (corrupt_.empty() && !daemon_closed_ && handle_conn_) {
+    pollfd p{handle_conn_.get(), POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(timeout.count())) > 0) {
+      char buf[512];
+      const ssize_t n = ::recv(handle_conn_.get(), buf, sizeof buf, MSG_DONTWAIT);
+      if (n == 0) {
+        daemon_closed_ = true;  // the daemon ended (or restarted): no more news comes here
+      } else if (n > 0) {
+        events_.append(buf, static_cast<size_t>(n));
+      }
+      for (size_t nl; corrupt_.empty() && (nl = events_.find('\n')) != std::string::npos;) {
+        const std::string line = events_.substr(0, nl);
+        events_.erase(0, nl + 1);
+        constexpr std::string_view kCorrupt = "EVENT corrupt ";
+        if (line.rfind(kCorrupt, 0) == 0) corrupt_ = line.substr(kCorrupt.size());
+      }
+      if (events_.size() > 4096) events_.clear();  // not a line the protocol sends
+    }
+  }
+  if (!corrupt_.empty()) {
+    return absl::DataLossError(absl::StrCat("lease ", id_, " of model ", model_,
+                                            ": the daemon found its memory corrupt: ", corrupt_));
+  }
+  return absl::OkStatus();
 }
 
 const TensorView* Lease::Find(const std::string& name) const {
@@ -465,6 +494,15 @@ absl::Status Client::Load(const std::string& model, const std::string& spec_yaml
 absl::StatusOr<uint32_t> Client::Evict(const std::string& model, const std::string& fingerprint) {
   WC_ASSIGN_OR_RETURN(v1::EvictResponse resp, EvictDetailed(model, fingerprint));
   return resp.evicted();
+}
+
+absl::StatusOr<v1::VerifyResidentResponse> Client::VerifyResident(const std::string& model) {
+  v1::VerifyResidentRequest req;
+  req.set_model(model);
+  v1::VerifyResidentResponse resp;
+  grpc::ClientContext ctx;
+  WC_RETURN_IF_ERROR(FromGrpc(ctx, rpc_->stub->VerifyResident(&ctx, req, &resp), "VerifyResident"));
+  return resp;
 }
 
 absl::StatusOr<v1::EvictResponse> Client::EvictDetailed(const std::string& model,

@@ -26,15 +26,18 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "pkg/memory/mapping.h"
 #include "pkg/safetensors/safetensors.h"
+#include "pkg/util/mutex.h"
 #include "pkg/util/scoped_fd.h"
 
 namespace weightcache::v1 {
 class StatusResponse;
 class LoadProgress;
 class EvictResponse;
+class VerifyResidentResponse;
 class Layout;
 }  // namespace weightcache::v1
 
@@ -134,6 +137,16 @@ class Lease {
   };
   const Timings& timings() const { return timings_; }
 
+  // Whether the memory is still the sealed content the daemon served. The daemon scrubs
+  // resident weights (docs/integrity.md); when it finds that they changed -- a process wrote
+  // through a writable import, a stray kernel, a memory error -- it stops serving them, loads
+  // a clean copy for new Acquires and tells every lease holder on its handle connection.
+  // Returns DATA_LOSS with the daemon's message (segment and byte range) once told, on this
+  // and every later call, else OK. Waits up to `timeout` for news (0: only looks; a poll
+  // costs one system call). An engine that sees DATA_LOSS should stop using these weights:
+  // re-acquire (it gets the clean copy) or restart. Any thread.
+  absl::Status Check(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) const;
+
  private:
   friend class Client;
   Lease() = default;
@@ -146,6 +159,11 @@ class Lease {
   std::vector<uint64_t> segment_sizes_;
   ScopedFd handle_conn_;  // the lease itself: closed after unmapping, on destruction
   std::unique_ptr<memory::SegmentMapping> mapping_;
+  // What Check() read from handle_conn_ so far.
+  mutable Mutex check_mu_;
+  mutable std::string events_ ABSL_GUARDED_BY(check_mu_);   // an incomplete line
+  mutable std::string corrupt_ ABSL_GUARDED_BY(check_mu_);  // the daemon's message
+  mutable bool daemon_closed_ ABSL_GUARDED_BY(check_mu_) = false;
 };
 
 // One tensor a publisher will write.
@@ -235,6 +253,9 @@ class Client {
   absl::StatusOr<std::unique_ptr<Publish>> BeginPublish(const PublishOptions& options);
   // How many entries were evicted.
   absl::StatusOr<uint32_t> Evict(const std::string& model, const std::string& fingerprint);
+  // Integrity: the daemon digests every ready entry of `model` again now and compares them
+  // with their digests from when they were filled (no mapping here). Admin only.
+  absl::StatusOr<v1::VerifyResidentResponse> VerifyResident(const std::string& model);
   // The same, with the draining count and the other spec names that lost the entries.
   absl::StatusOr<v1::EvictResponse> EvictDetailed(const std::string& model,
                                                   const std::string& fingerprint);

@@ -31,8 +31,9 @@ constexpr AcquireResult kAllResults[] = {AcquireResult::kHit,      AcquireResult
 // The states weightcache_models reports, always all of them (0 when none). "gone" entries
 // are on their way out of the registry and are not reported. "stale": ready, but its files
 // changed on disk; "draining": evicted while clients still map it (until the last lease ends).
-constexpr const char* kReportedStates[] = {"loading",  "ready",    "stale",
-                                           "draining", "evicting", "failed"};
+// "corrupt": its memory changed after sealing; out of service, until its last lease ends.
+constexpr const char* kReportedStates[] = {"loading",  "ready",  "stale",  "draining",
+                                           "evicting", "failed", "corrupt"};
 
 // An acquire is a map of FDs on a hit (sub-millisecond) and can be a full load on a miss
 // that the policy turns into a load: 100 µs .. 10 s.
@@ -148,7 +149,7 @@ class StateCollector final : public prometheus::Collectable {
       prometheus::MetricFamily f{
           "weightcache_models",
           "Cache entries by state (loading, ready, stale, draining, evicting, "
-          "failed).",
+          "failed, corrupt).",
           prometheus::MetricType::Gauge,
           {}};
       for (const char* s : kReportedStates) {
@@ -169,6 +170,21 @@ class StateCollector final : public prometheus::Collectable {
                                        static_cast<double>(d.free_bytes)));
         f.metric.push_back(GaugeMetric({{"device", d.device}, {"kind", "used"}},
                                        static_cast<double>(d.cache_bytes)));
+      }
+      out.push_back(std::move(f));
+    }
+    {
+      prometheus::MetricFamily f{
+          "weightcache_integrity_verified_age_seconds",
+          "Seconds since every segment of a resident entry last matched its digest (taken when "
+          "it was filled, checked by the scrubber), per model, rank and device.",
+          prometheus::MetricType::Gauge,
+          {}};
+      for (const EntrySnapshot& e : entries) {
+        if (e.verified_seconds_ago < 0) continue;
+        f.metric.push_back(GaugeMetric(
+            {{"device", e.device}, {"model", e.model}, {"rank", std::to_string(e.tp_rank)}},
+            e.verified_seconds_ago));
       }
       out.push_back(std::move(f));
     }
@@ -265,6 +281,17 @@ struct Metrics::Impl {
                     .Help("Cache entries re-adopted from the keeper at start (served without "
                           "reading the disk), by model.")
                     .Register(registry)),
+        integrity_checks(prometheus::BuildCounter()
+                             .Name("weightcache_integrity_checks_total")
+                             .Help("Resident entries whose every segment was digested again and "
+                                   "compared (scrub passes and verify --resident).")
+                             .Register(registry)
+                             .Add({})),
+        integrity_failures(prometheus::BuildCounter()
+                               .Name("weightcache_integrity_failures_total")
+                               .Help("Resident entries found changed after sealing (marked "
+                                     "corrupt), by model.")
+                               .Register(registry)),
         publishes(prometheus::BuildCounter()
                       .Name("weightcache_publish_total")
                       .Help("Publishes by model and result (published, joined, aborted, "
@@ -315,6 +342,8 @@ struct Metrics::Impl {
   prometheus::Gauge& keeper_up;
   prometheus::Gauge& keeper_fds;
   prometheus::Family<prometheus::Counter>& adopted;
+  prometheus::Counter& integrity_checks;
+  prometheus::Family<prometheus::Counter>& integrity_failures;
   prometheus::Family<prometheus::Counter>& publishes;
   const std::shared_ptr<StateCollector> collector = std::make_shared<StateCollector>();
 
@@ -361,6 +390,12 @@ void Metrics::OnPublish(const std::string& model, const std::string& result) {
 
 void Metrics::OnRefused(const std::string& rule) {
   impl_->refusals.Add({{"rule", rule}}).Increment();
+}
+
+void Metrics::OnIntegrityCheck() { impl_->integrity_checks.Increment(); }
+
+void Metrics::OnIntegrityFailure(const std::string& model) {
+  impl_->integrity_failures.Add({{"model", impl_->ModelLabel(model)}}).Increment();
 }
 
 void Metrics::SetKeeperUp(bool up) { impl_->keeper_up.Set(up ? 1 : 0); }

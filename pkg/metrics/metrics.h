@@ -49,6 +49,10 @@ struct EntrySnapshot {
   std::string device;  // GPU UUID or "host"
   uint64_t bytes = 0;
   uint64_t leases = 0;
+  int tp_rank = 0;
+  // Seconds since every segment last matched its digest (integrity scrubbing); -1: the
+  // entry has no digests (not ready, or corrupt).
+  double verified_seconds_ago = -1;
 };
 struct DeviceSnapshot {
   std::string device;  // GPU UUID or "host"
@@ -128,6 +132,10 @@ class Metrics {
   // A control-plane request refused by an authorization rule or a connection cap.
   // `rule`: admin | lease_owner | model_roots | allowlist | connection_cap | publish.
   void OnRefused(const std::string& rule);
+  // Integrity: a resident entry's digests were checked (scrub pass or verify), and when a
+  // check found changed memory (the entry became corrupt).
+  void OnIntegrityCheck();
+  void OnIntegrityFailure(const std::string& model);
   // The keeper link: whether a keeper is connected (weightcache_keeper_up), the descriptors
   // deposited with it (weightcache_keeper_descriptors), and each entry re-adopted from it at
   // start (weightcache_adopted_entries_total).

@@ -272,6 +272,36 @@ TEST(MetricsTest, StagingMemoryIsReportedOnlyWhereThereIsAPool) {
   EXPECT_EQ(Value(v, "weightcache_staging_pinned_bytes", {{"state", "in_use"}}), 67108864.0);
 }
 
+// Issue 27: corrupt entries are counted by state; ready entries report how long ago their
+// digests last matched; checks and failures are counters.
+TEST(MetricsTest, IntegrityIsReported) {
+  prometheus::Registry registry;
+  Metrics m(registry, TestBuild());
+  FakeState state;
+  m.SetStateSource(&state);
+  auto collectable = m.collectable();
+  EntrySnapshot ready{"llama", "ready", "GPU-a", 100, 1};
+  ready.tp_rank = 3;
+  ready.verified_seconds_ago = 12.5;
+  state.entries = {
+      ready, {"llama", "corrupt", "GPU-a", 100, 1}, {"qwen", "loading", "GPU-a", 0, 0}};
+  m.OnIntegrityCheck();
+  m.OnIntegrityCheck();
+  m.OnIntegrityFailure("llama");
+  Values v = Snapshot(*collectable);
+  EXPECT_EQ(Value(v, "weightcache_models", {{"state", "corrupt"}}), 1.0);
+  EXPECT_EQ(Value(v, "weightcache_integrity_verified_age_seconds",
+                  {{"model", "llama"}, {"rank", "3"}, {"device", "GPU-a"}}),
+            12.5);
+  EXPECT_EQ(Value(v, "weightcache_integrity_verified_age_seconds",
+                  {{"model", "qwen"}, {"rank", "0"}, {"device", "GPU-a"}}),
+            std::nullopt);  // no digests: no series
+  EXPECT_EQ(Value(Snapshot(registry.Collect()), "weightcache_integrity_checks_total", {}), 2.0);
+  EXPECT_EQ(Value(Snapshot(registry.Collect()), "weightcache_integrity_failures_total",
+                  {{"model", "llama"}}),
+            1.0);
+}
+
 TEST(MetricsTest, ScrapeTimeGaugesReflectTheStateSource) {
   prometheus::Registry registry;
   Metrics m(registry, TestBuild());
@@ -281,10 +311,10 @@ TEST(MetricsTest, ScrapeTimeGaugesReflectTheStateSource) {
 
   // Empty source: every state reported at 0, no per-model series.
   Values v = Snapshot(*collectable);
-  for (const char* s : {"loading", "ready", "stale", "draining", "evicting", "failed"}) {
+  for (const char* s : {"loading", "ready", "stale", "draining", "evicting", "failed", "corrupt"}) {
     EXPECT_EQ(Value(v, "weightcache_models", {{"state", s}}), 0.0) << s;
   }
-  EXPECT_EQ(v.size(), 6u);
+  EXPECT_EQ(v.size(), 7u);
 
   state.entries = {
       {"llama", "ready", "GPU-a", 100, 2},

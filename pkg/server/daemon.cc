@@ -54,6 +54,7 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend)
         [this](const cache::Key& key) { return publishes_.PublisherOf(key); });
     registry_.SetObserver(keeper_.get());
   }
+  SetUpIntegrity();
 }
 
 Daemon::Impl::~Impl() {
@@ -265,6 +266,7 @@ absl::Status Daemon::Impl::Start() {
     }
     WC_RETURN_IF_ERROR(GroupSlotSockets(slots_, options_.socket_gid));
   }
+  scrubber_->Start();
   if (options_.preload) preload_thread_ = std::thread([this] { StartPreloads(); });
   WC_LOG_INFO("serving on %s (handles on %s%s), backend %s, peer policy %s%s", control_path(),
               handle_path(),
@@ -312,6 +314,8 @@ void Daemon::Impl::Teardown() {
     // stay relayed until gRPC has drained, so the calls in flight get their answers.
     if (control_) control_->StopAccepting();
     step("control listener");
+    scrubber_->Stop();  // a digest in progress ends at its next piece
+    step("scrubber");
     registry_.Stop();
     models_.Stop();  // hashing stops
     // The keeper keeps what it holds: a daemon stopped for an upgrade re-adopts it.

@@ -104,6 +104,13 @@ class GrpcService final : public v1::WeightCache::Service {
     return ToGrpc(ctx, (*publisher)->Abort(caller->cred, caller->slot, *req));
   }
 
+  grpc::Status VerifyResident(grpc::ServerContext* ctx, const v1::VerifyResidentRequest* req,
+                              v1::VerifyResidentResponse* resp) override {
+    auto caller = CallerOf(ctx);
+    if (!caller.ok()) return ToGrpc(ctx, caller.status());
+    return ToGrpc(ctx, impl_->VerifyResident(*caller, *req, resp));
+  }
+
   grpc::Status Status(grpc::ServerContext* ctx, const v1::StatusRequest*,
                       v1::StatusResponse* resp) override {
     auto caller = CallerOf(ctx);

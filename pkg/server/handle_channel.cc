@@ -87,6 +87,15 @@ void HandleChannel::CloseLease(const std::string& lease_id) {
   (void)::write(wake_.get(), &one, sizeof one);
 }
 
+void HandleChannel::Notify(const std::string& lease_id, std::string line) {
+  {
+    MutexLock l(mu_);
+    to_notify_.emplace(lease_id, std::move(line));
+  }
+  uint64_t one = 1;
+  (void)::write(wake_.get(), &one, sizeof one);
+}
+
 void HandleChannel::Loop() {
   std::map<int, Conn> conns;
   auto end_conn = [&](std::map<int, Conn>::iterator it) {
@@ -98,10 +107,24 @@ void HandleChannel::Loop() {
   auto backoff_until = std::chrono::steady_clock::time_point{};
   while (true) {
     std::set<std::string> closing;
+    std::multimap<std::string, std::string> notifying;
     {
       MutexLock l(mu_);
       if (stop_) break;
       closing.swap(to_close_);
+      notifying.swap(to_notify_);
+    }
+    for (auto& [fd, c] : conns) {
+      if (c.lease_id.empty()) continue;
+      auto [first, last] = notifying.equal_range(c.lease_id);
+      for (auto n = first; n != last; ++n) {
+        // A line of a few hundred bytes into a socket the client does not read from: only a
+        // full buffer (a client that ignored earlier events) drops it, never a wait here.
+        if (::send(fd, n->second.data(), n->second.size(), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+          WC_LOG_WARN("handle channel: event for lease %s not sent: %s", c.lease_id,
+                      std::string(::strerror(errno)));
+        }
+      }
     }
     for (auto it = conns.begin(); it != conns.end();) {
       if (!it->second.lease_id.empty() && closing.count(it->second.lease_id)) {

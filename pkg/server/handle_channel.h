@@ -8,6 +8,9 @@
 //   daemon -> client   "FDS <k>" carrying k descriptors (repeated until every segment of
 //                      the lease went), or "ERR <message>" and close.
 //   afterwards the client keeps the connection open and sends nothing; EOF ends the lease.
+//   daemon -> client   "EVENT <kind> <message>" at any later time (handle_message.h): the
+//                      lease's memory is corrupt (integrity scrubbing); the client reads it
+//                      when it checks its lease.
 //
 // Besides `path` it may serve one socket per device-plugin slot (namespace rules): the claim
 // callback is told which socket the token came in on ("" for `path`), so a token issued on
@@ -22,6 +25,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -79,6 +83,9 @@ class HandleChannel {
 
   // Ends a lease from the daemon side (Release RPC): closes its connection if any.
   void CloseLease(const std::string& lease_id);
+  // Sends `line` (FormatEventLine) on the lease's connection, without blocking the loop; a
+  // lease with no connection (yet, or any longer) is skipped.
+  void Notify(const std::string& lease_id, std::string line);
 
  private:
   HandleChannel(Options options, std::vector<ScopedFd> listening, ScopedFd wake, ClaimFn claim,
@@ -94,6 +101,7 @@ class HandleChannel {
   Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::set<std::string> to_close_ ABSL_GUARDED_BY(mu_);
+  std::multimap<std::string, std::string> to_notify_ ABSL_GUARDED_BY(mu_);  // lease -> line
   std::thread thread_;
 };
 

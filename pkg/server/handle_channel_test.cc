@@ -18,6 +18,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "pkg/server/handle_message.h"
 #include "pkg/util/unix_socket.h"
 #include "tests/testutil/temp_dir.h"
 
@@ -138,6 +139,20 @@ TEST_F(HandleChannelTest, CloseLeaseFromAnotherThreadEndsTheConnection) {
   EXPECT_TRUE(recorder_.WaitClosed("lease-1"));
   auto eof = RecvWithFds(conn.get(), 256);
   EXPECT_EQ(eof.status().code(), absl::StatusCode::kUnavailable) << eof.status();
+}
+
+// Issue 27: an event for a lease reaches its connection after the descriptors, and only
+// that one; an event for a lease with no connection goes nowhere.
+TEST_F(HandleChannelTest, AnEventReachesOnlyItsLeasesConnection) {
+  ScopedFd conn = Connect();
+  ASSERT_TRUE(WriteAll(conn.get(), "WCH1 goodtoken\n").ok());
+  ASSERT_TRUE(RecvWithFds(conn.get(), 256).ok());
+  channel_->Notify("lease-nobody", FormatEventLine(kEventCorrupt, "not for you"));
+  channel_->Notify("lease-1", FormatEventLine(kEventCorrupt, "m: segment 0 changed"));
+  auto line = ReadLine(conn.get(), 512);
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_EQ(*line, "EVENT corrupt m: segment 0 changed");
+  EXPECT_FALSE(recorder_.IsClosed("lease-1"));  // an event does not end the lease
 }
 
 // Finding (issue 26): descriptors went out with blocking sends on the channel's one thread, so

@@ -52,4 +52,16 @@ std::string FormatErrorLine(std::string_view message) {
   return line;
 }
 
+std::string FormatEventLine(std::string_view kind, std::string_view message) {
+  std::string line = "EVENT ";
+  line.append(kind);
+  line.push_back(' ');
+  line.append(message.substr(0, kMaxHandshakeLine - std::min(line.size() + 1, kMaxHandshakeLine)));
+  std::replace_if(
+      line.begin(), line.end(),
+      [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7F; }, ' ');
+  line.push_back('\n');
+  return line;
+}
+
 }  // namespace weightcache::server

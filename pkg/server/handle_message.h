@@ -35,4 +35,10 @@ Handshake ParseHandshake(std::string_view received);
 inline constexpr size_t kMaxErrorLine = 4000;
 std::string FormatErrorLine(std::string_view message);
 
+// "EVENT <kind> <message>\n", sent on a lease's connection after its descriptors (the
+// client reads it when it checks its lease): one line of at most kMaxHandshakeLine bytes,
+// control characters in `message` made spaces. Kinds:
+inline constexpr std::string_view kEventCorrupt = "corrupt";  // the memory changed after sealing
+std::string FormatEventLine(std::string_view kind, std::string_view message);
+
 }  // namespace weightcache::server

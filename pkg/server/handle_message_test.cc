@@ -45,6 +45,14 @@ TEST(ParseHandshakeTest, BadMagicOrTokenIsRefused) {
   }
 }
 
+TEST(FormatEventLineTest, OneBoundedLine) {
+  EXPECT_EQ(FormatEventLine(kEventCorrupt, "m: bytes [0, 4096)\nchanged"),
+            "EVENT corrupt m: bytes [0, 4096) changed\n");
+  const std::string long_line = FormatEventLine(kEventCorrupt, std::string(10000, 'x'));
+  EXPECT_EQ(long_line.size(), kMaxHandshakeLine);
+  EXPECT_EQ(long_line.back(), '\n');
+}
+
 TEST(FormatErrorLineTest, OneBoundedLine) {
   EXPECT_EQ(FormatErrorLine("unknown or expired token"), "ERR unknown or expired token\n");
   EXPECT_EQ(FormatErrorLine(std::string("a\nb\0c\x7f", 6)), "ERR a b c \n");

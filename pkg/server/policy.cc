@@ -48,6 +48,8 @@ const char* VerbName(Verb verb) {
       return "release";
     case Verb::kPublish:
       return "publish";
+    case Verb::kVerify:
+      return "verify";
   }
   return "call";
 }
@@ -121,10 +123,13 @@ Decision Policy::Decide(const Caller& caller, Verb verb, const Object& object) c
     }
     case Verb::kDefine:
     case Verb::kEvict:
+    case Verb::kVerify:
       if (IsAdmin(caller)) return Decision::Allow();
       return Deny("admin",
                   absl::StrCat(Who(caller), " may not ",
-                               verb == Verb::kEvict ? "evict" : "define models (an inline spec)",
+                               verb == Verb::kEvict    ? "evict"
+                               : verb == Verb::kVerify ? "verify resident weights"
+                                                       : "define models (an inline spec)",
                                ": that needs an admin peer", admin_hint,
                                verb == Verb::kDefine ? "; load a known model by name" : ""));
     case Verb::kRelease: {

@@ -9,6 +9,7 @@
 //   status    -                             map rule per model shown (admins see all)
 //   define    admin                         -
 //   evict     admin                         -
+//   verify    admin                         - (a resident check spends device bandwidth)
 //   release   the lease's owner, or admin   with namespace rules: the lease's own socket
 //   publish   publisher                     map rule of the base model
 //
@@ -50,7 +51,7 @@ struct PolicyOptions {
   std::string admin_socket;
 };
 
-enum class Verb { kAcquire, kLoad, kStatus, kDefine, kEvict, kRelease, kPublish };
+enum class Verb { kAcquire, kLoad, kStatus, kDefine, kEvict, kRelease, kPublish, kVerify };
 // "acquire" | "load" | ...
 const char* VerbName(Verb verb);
 

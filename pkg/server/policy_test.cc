@@ -46,7 +46,7 @@ TEST(Policy, RootOnTheEngineSocketHoldsNoRoleByDefault) {
   Policy p({}, nullptr);
   const Caller root = On(SocketKind::kEngine);
   EXPECT_FALSE(p.IsAdmin(root));
-  for (Verb v : {Verb::kDefine, Verb::kEvict}) {
+  for (Verb v : {Verb::kDefine, Verb::kEvict, Verb::kVerify}) {
     const Decision d = p.Decide(root, v, {});
     EXPECT_FALSE(d.allowed) << VerbName(v);
     EXPECT_EQ(d.rule, "admin") << VerbName(v);
@@ -73,7 +73,9 @@ TEST(Policy, TheAdminSocketIsAdminAndPublisher) {
   Policy p(o, nullptr);
   const Caller op = On(SocketKind::kAdmin, 1234, 1234);
   EXPECT_TRUE(p.IsAdmin(op));
-  for (Verb v : {Verb::kDefine, Verb::kEvict}) EXPECT_TRUE(p.Decide(op, v, {}).allowed);
+  for (Verb v : {Verb::kDefine, Verb::kEvict, Verb::kVerify}) {
+    EXPECT_TRUE(p.Decide(op, v, {}).allowed);
+  }
   EXPECT_TRUE(p.Decide(op, Verb::kPublish, Model("m")).allowed);
   EXPECT_TRUE(p.Decide(op, Verb::kRelease, LeaseOf(0)).allowed);
   // A refusal elsewhere says where admin operations go.

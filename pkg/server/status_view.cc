@@ -20,6 +20,17 @@
 #include "pkg/util/status_macros.h"
 
 namespace weightcache::server {
+namespace {
+
+// The state an operator sees and its explanation: "corrupt" (out of service: its memory
+// changed after sealing) and "stale" (ready, its files changed on disk) refine the registry's.
+std::pair<std::string, std::string> ShownState(const cache::EntrySnapshot& s) {
+  if (!s.corrupt.empty()) return {"corrupt", s.corrupt};
+  if (s.state == cache::State::kReady && !s.stale.empty()) return {"stale", s.stale};
+  return {cache::StateName(s.state), s.error};
+}
+
+}  // namespace
 
 void Daemon::Impl::Status(const Caller& caller, v1::StatusResponse* resp) {
   // With --namespace_rules a peer sees the models it may map, the entries that serve them
@@ -59,9 +70,10 @@ void Daemon::Impl::Status(const Caller& caller, v1::StatusResponse* resp) {
     auto* e = resp->add_entries();
     e->set_model(model_visible ? s.model : names.front());
     e->set_fingerprint(s.fingerprint);
-    const bool stale = s.state == cache::State::kReady && !s.stale.empty();
-    e->set_state(stale ? "stale" : cache::StateName(s.state));
-    e->set_error(stale ? s.stale : s.error);
+    const auto [state, error] = ShownState(s);
+    e->set_state(state);
+    e->set_error(error);
+    e->set_verified_seconds_ago(s.verified_seconds_ago);
     e->set_bytes(s.bytes);
     e->set_tensor_bytes(s.tensor_bytes);
     e->set_tensors(static_cast<uint32_t>(s.tensors));
@@ -83,7 +95,7 @@ void Daemon::Impl::Status(const Caller& caller, v1::StatusResponse* resp) {
     }
     for (const auto& n : names) {
       e->add_names(n);
-      if (s.state == cache::State::kReady && !stale) {
+      if (s.state == cache::State::kReady && state != "stale") {
         ready_ranks[n].insert(static_cast<uint32_t>(s.inputs.layout.tp_rank));
       }
     }
@@ -166,9 +178,15 @@ std::pair<bool, std::string> Daemon::Impl::Readiness() const {
 std::vector<metrics::EntrySnapshot> Daemon::Impl::Entries() const {
   std::vector<metrics::EntrySnapshot> out;
   for (const auto& s : registry_.Snapshot()) {
-    const bool stale = s.state == cache::State::kReady && !s.stale.empty();
-    out.push_back({s.model, stale ? "stale" : cache::StateName(s.state),
-                   s.device_uuid.empty() ? "host" : s.device_uuid, s.bytes, s.leases.size()});
+    metrics::EntrySnapshot m;
+    m.model = s.model;
+    m.state = ShownState(s).first;
+    m.device = s.device_uuid.empty() ? "host" : s.device_uuid;
+    m.bytes = s.bytes;
+    m.leases = s.leases.size();
+    m.tp_rank = s.inputs.layout.tp_rank;
+    m.verified_seconds_ago = s.state == cache::State::kReady ? s.verified_seconds_ago : -1;
+    out.push_back(std::move(m));
   }
   return out;
 }

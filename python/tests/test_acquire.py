@@ -122,6 +122,19 @@ def test_closed_weights_refuse_access(daemon):
         w["model.norm.weight"]
 
 
+def test_check_is_quiet_while_the_daemon_reports_nothing(daemon):
+    # Issue 27: check() polls the lease's connection for the daemon's "corrupt" event (the
+    # event itself is tested in C++: pkg/server/integrity_test.cc, tests/gpu/stack_gpu_test.cc).
+    w = weightcache.acquire("tiny", socket=daemon.socket)
+    assert w.check() is None
+    assert w.check(timeout=0.05) is None
+    with pytest.raises(ValueError, match="timeout must be >= 0"):
+        w.check(timeout=-1)
+    w.close()
+    with pytest.raises(weightcache.WeightcacheError, match="closed"):
+        w.check()
+
+
 def test_unknown_tensor_is_a_key_error_naming_it(daemon):
     with weightcache.acquire("tiny", socket=daemon.socket) as w:
         with pytest.raises(KeyError, match="no.such"):

@@ -14,6 +14,13 @@ from weightcache._errors import error_from_status, parse_diff
 from conftest import run_python
 
 
+def test_a_corrupt_lease_is_corrupt_weights():
+    e = error_from_status(15, "DATA_LOSS", "lease 1a2b of model m: the daemon found its memory "
+                          "corrupt: m: segment 0 of 1 (4096 bytes on host): bytes [0, 4096) changed")
+    assert isinstance(e, weightcache.CorruptWeights) and e.code == "DATA_LOSS"
+    assert "segment 0" in e.message
+
+
 def test_uncached_rank_is_a_cache_miss(daemon):
     # No test loads rank 1 of "other".
     with pytest.raises(weightcache.CacheMiss) as e:

@@ -21,6 +21,7 @@ from ._bind import BindResult, bind
 from ._errors import (
     BindError,
     CacheMiss,
+    CorruptWeights,
     DaemonUnavailable,
     FieldDiff,
     FingerprintMismatch,
@@ -38,6 +39,7 @@ __all__ = [
     "BindError",
     "BindResult",
     "CacheMiss",
+    "CorruptWeights",
     "DaemonUnavailable",
     "FieldDiff",
     "FingerprintMismatch",

@@ -55,6 +55,13 @@ class StaleWeights(WeightcacheError):
     are no longer what the files hold. Reload (``weightcachectl load``) or read the disk."""
 
 
+class CorruptWeights(WeightcacheError):
+    """The daemon found that this lease's memory changed after it was sealed (integrity
+    scrubbing): a process wrote through a writable import, a stray kernel, a memory error.
+    The message names the segment and bytes. Stop using the weights: acquire again (the daemon
+    is loading a clean copy) or restart."""
+
+
 class BindError(WeightcacheError):
     """``bind(strict=True)`` found names that do not fit; every one is listed."""
 
@@ -93,6 +100,8 @@ def error_from_status(code: int, name: str, message: str) -> WeightcacheError:
         if _DIFF_MARK in message and diff:
             return FingerprintMismatch(message, name, diff)
         return WeightcacheError(message, name)
+    if code == 15 and "corrupt" in message:  # DATA_LOSS from a lease check
+        return CorruptWeights(message, name)
     if code == 12 and "quantization" in message:  # UNIMPLEMENTED
         return UnsupportedQuantization(message, name)
     if code == 14 and ("daemon unreachable" in message or "does not exist" in message):

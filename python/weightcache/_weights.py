@@ -138,6 +138,20 @@ class Weights(Mapping[str, Any]):
     def closed(self) -> bool:
         return self._tensors is None
 
+    def check(self, timeout: float = 0.0) -> None:
+        """Raises :class:`CorruptWeights` once the daemon has reported that this lease's
+        memory changed after it was sealed (integrity scrubbing; the message names the segment
+        and bytes); returns None while it has not. Waits up to ``timeout`` seconds for news
+        (0: only looks, one system call: cheap enough to call every step). On the exception,
+        stop using these weights: acquire again (the daemon loads a clean copy) or restart."""
+        if self._lease is None:
+            raise WeightcacheError(f"Weights of '{self.model}' are closed")
+        if timeout < 0:
+            raise ValueError(f"check: timeout must be >= 0 seconds, not {timeout}")
+        err = ctypes.c_void_p()
+        _lib.check(_lib.lib().wc_lease_check(self._lease.handle, int(timeout * 1000),
+                                             ctypes.byref(err)), err, "lease check")
+
     def close(self) -> None:
         """Drops this object's hold on the lease. Tensors taken from it stay valid (they hold
         the lease themselves); the lease ends when the last of them is freed."""

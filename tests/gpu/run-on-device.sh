@@ -55,6 +55,12 @@ section "stack_gpu_test (label gpu): daemon + engine processes"
 step stack_gpu_test 300 "$carry/bin/stack_gpu_test" --gtest_output="xml:$OUT/stack_gpu_test.xml"
 section "gpu_load_test (label gpu): the loader's staging ring, cancellation-aware reads"
 step gpu_load_test 300 "$carry/bin/gpu_load_test" --gtest_output="xml:$OUT/gpu_load_test.xml"
+section "integrity_gpu_test (label gpu): the digest kernel equals the CPU's, finds a changed byte"
+step integrity_gpu_test 120 "$carry/bin/integrity_gpu_test" --gtest_output="xml:$OUT/integrity_gpu_test.xml"
+section "fp8_quant_gpu_test (label gpu): the quantization kernel equals the CPU bit for bit"
+step fp8_quant_gpu_test 300 "$carry/bin/fp8_quant_gpu_test"
+section "scrub_bench (integrity: digest GB/s, a co-located kernel's slowdown per budget)"
+step scrub_bench 300 "$carry/bin/scrub_bench" --gib=32
 section "memory_test (host backend and auto selection, which finds the GPU here)"
 step memory_test 120 "$carry/bin/memory_test"
 

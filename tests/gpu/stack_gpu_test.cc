@@ -1,6 +1,7 @@
 // The whole stack on a GPU (ctest label `gpu`): weightcached with the cuda-vmm backend and
 // engine processes (wc_gpu_client) that map its memory read-only through the client library.
 // Skipped, with the reason, where no usable GPU is present.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -89,12 +90,16 @@ class StackGpuTest : public ::testing::Test {
     daemon_.reset();
   }
 
-  void StartDaemon(bool preload) {
+  void StartDaemon(bool preload, const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> argv{DaemonPath(),
+                                  "--socket_dir=" + socket_dir_,
+                                  "--backend=cuda",
+                                  "--metrics_address=off",
+                                  "--model=name=big,model_dir=" + *dir_ / "big",
+                                  std::string("--preload=") + (preload ? "true" : "false")};
+    argv.insert(argv.end(), extra.begin(), extra.end());
     auto d = testing::StartDaemon(
-        {DaemonPath(), "--socket_dir=" + socket_dir_, "--backend=cuda", "--metrics_address=off",
-         "--model=name=big,model_dir=" + *dir_ / "big",
-         std::string("--preload=") + (preload ? "true" : "false")},
-        socket_dir_, socket_dir_ + ".daemon.log",
+        argv, socket_dir_, socket_dir_ + ".daemon.log",
         [preload](const v1::StatusResponse& st) {
           return !preload || (st.entries_size() == 1 && st.entries(0).state() == "ready");
         },
@@ -155,6 +160,100 @@ class StackGpuTest : public ::testing::Test {
   std::unique_ptr<client::Client> control_;
   std::vector<Engine> clients_;
 };
+
+// The checkpoint's bytes of tensor `name` (big is bf16: served as stored).
+std::string FileBytes(const std::string& dir, const std::string& name) {
+  auto ck = safetensors::Checkpoint::Open(dir);
+  if (!ck.ok()) return "";
+  const safetensors::TensorInfo* t = ck->Find(name);
+  if (t == nullptr) return "";
+  std::string out(t->nbytes, '\0');
+  const ssize_t r = ::pread(ck->files()[t->file_index].fd(), out.data(), out.size(),
+                            static_cast<off_t>(t->file_offset));
+  return r == static_cast<ssize_t>(out.size()) ? out : "";
+}
+
+// Issue 27: an engine imports a segment read-write (cuda-vmm cannot stop it) and changes one
+// byte of everyone's weights. The scrubber finds it within its interval, the entry leaves
+// service, the engine that held a lease is told, and a new Acquire maps a clean reload.
+TEST_F(StackGpuTest, AByteChangedThroughAWritableImportIsFoundAndACleanCopyServes) {
+  constexpr double kInterval = 1.0;  // --scrub_interval
+  StartDaemon(true, {"--scrub_interval=1"});
+  client::AcquireOptions o;
+  o.model = "big";
+  o.wait_ready = true;
+  auto held = control_->Acquire(o);
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_TRUE((*held)->Check().ok());
+  // The victim: a tensor in the middle of segment 0, one byte in its middle.
+  const client::TensorView* victim = nullptr;
+  for (const auto& t : (*held)->tensors()) {
+    if (t.segment == 0 && t.nbytes > 4096 && (victim == nullptr || t.nbytes > victim->nbytes)) {
+      victim = &t;
+    }
+  }
+  ASSERT_NE(victim, nullptr);
+  const uint64_t at = victim->offset + victim->nbytes / 2;
+  const std::string disk = FileBytes(*dir_ / "big", victim->name);
+  ASSERT_EQ(disk.size(), victim->nbytes);
+  auto read = [&](const client::TensorView& t) {
+    std::string b(t.nbytes, '\0');
+    EXPECT_EQ(gputest::CopyToHost(b.data(), t.data, t.nbytes, ordinal_), "");
+    return b;
+  };
+  ASSERT_EQ(read(*victim), disk);
+  ASSERT_NE(disk[victim->nbytes / 2], '\xff');
+
+  Process attacker({Sibling("WC_GPU_ATTACKER", "wc_gpu_attacker"), socket_dir_, "big", "0",
+                    std::to_string(at), "1"},
+                   socket_dir_ + ".attacker.log");
+  ASSERT_EQ(attacker.Wait(), 0) << testing::ReadFileOrEmpty(socket_dir_ + ".attacker.log");
+  const auto written = std::chrono::steady_clock::now();
+  const std::string changed = read(*victim);
+  size_t diffs = 0;
+  for (size_t i = 0; i < disk.size(); ++i) diffs += changed[i] != disk[i] ? 1 : 0;
+  ASSERT_EQ(diffs, 1u) << "the attack changed everyone's weights: that is what must be found";
+
+  // A pass starts every interval and reads the 1.3 GiB at <= 50 GB/s (about 27 ms), so the
+  // change is found within two intervals of the write; 10 s more for a slow machine.
+  const absl::Status told =
+      (*held)->Check(std::chrono::milliseconds(static_cast<int64_t>((2 * kInterval + 10) * 1000)));
+  const double found_after =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - written).count();
+  ASSERT_EQ(told.code(), absl::StatusCode::kDataLoss) << told;
+  EXPECT_THAT(std::string(told.message()), ::testing::HasSubstr("segment 0 of"));
+  const uint64_t chunk = at / (1 << 20) * (1 << 20);
+  EXPECT_THAT(std::string(told.message()),
+              ::testing::HasSubstr("bytes [" + std::to_string(chunk) + ", " +
+                                   std::to_string(chunk + (1 << 20)) + ") changed"));
+  std::printf("INTEGRITY found a 1-byte write %.3f s after it (scrub interval %.1f s)\n",
+              found_after, kInterval);
+  EXPECT_LE(found_after, 2 * kInterval + 10);
+
+  // New Acquires get a clean copy (loaded again from the checkpoint).
+  std::unique_ptr<client::Lease> fresh;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (fresh == nullptr && std::chrono::steady_clock::now() - t0 < 120s) {
+    auto l = control_->Acquire(o);
+    if (l.ok()) fresh = std::move(l).value();
+  }
+  ASSERT_NE(fresh, nullptr);
+  EXPECT_TRUE(fresh->Check().ok());
+  std::printf("INTEGRITY clean copy served %.3f s after the finding\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - written).count() -
+                  found_after);
+  size_t checked = 0;
+  for (const auto& t : fresh->tensors()) {
+    ASSERT_EQ(read(t), FileBytes(*dir_ / "big", t.name)) << t.name;
+    ++checked;
+  }
+  EXPECT_EQ(checked, (*held)->tensors().size());
+  auto st = control_->Status();
+  ASSERT_TRUE(st.ok());
+  int corrupt = 0;
+  for (const auto& e : st->entries()) corrupt += e.state() == "corrupt" ? 1 : 0;
+  EXPECT_EQ(corrupt, 1);  // held by our first lease until it ends
+}
 
 TEST_F(StackGpuTest, TwoEnginesMapOneCopyWithTheCheckpointsBytes) {
   const uint64_t before = FreeBytes();  // this process's context exists from here on

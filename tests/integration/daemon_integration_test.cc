@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pkg/client/client.h"
 #include "pkg/safetensors/writer.h"
@@ -282,6 +283,32 @@ TEST_F(DaemonTest, TwoNamesOverOneCheckpointShareAnEntryAndEitherNameEvictsIt) {
       << unknown.status();
 }
 
+// Issue 27: `weightcachectl verify --resident` asks the daemon to digest its resident copy
+// now (nothing is mapped by the CLI): clean on the admin socket, refused on the engine socket.
+TEST_F(DaemonTest, VerifyResidentRunsInTheDaemonForAnAdmin) {
+  StartDaemon({"--model=name=tiny,model_dir=" + dir_ / "tiny"});
+  WaitStatus([](const auto& s) { return s.entries_size() == 1 && s.entries(0).state() == "ready"; },
+             30s);
+  const std::string admin_socket = socket_dir_ + "-admin/control.sock";
+  auto ok = testing::RunTool(
+      {WEIGHTCACHECTL_PATH, "--socket=" + admin_socket, "verify", "--resident", "tiny"},
+      dir_ / "ctl.err");
+  EXPECT_EQ(ok.rc, 0) << ok.out << testing::ReadFileOrEmpty(dir_ / "ctl.err");
+  EXPECT_THAT(ok.out, ::testing::HasSubstr("clean   tiny tp 0/1 on host: 1 segments"));
+  EXPECT_THAT(ok.out, ::testing::HasSubstr("verify --resident OK: 1 entries match their digests"));
+  auto refused = testing::RunTool(
+      {WEIGHTCACHECTL_PATH, "--socket=" + socket_dir_, "verify", "--resident", "tiny"},
+      dir_ / "ctl.err");
+  EXPECT_NE(refused.rc, 0);
+  EXPECT_THAT(testing::ReadFileOrEmpty(dir_ / "ctl.err"),
+              ::testing::HasSubstr("may not verify resident weights"));
+  // Status shows how long ago the entry last matched its digests.
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->entries_size(), 1);
+  EXPECT_GE(st->entries(0).verified_seconds_ago(), 0);
+}
+
 TEST_F(DaemonTest, MalformedCheckpointFailsItsOwnLoadAndTheDaemonServesTheOther) {
   ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "broken", Small()).ok());
   ::truncate((dir_ / "broken/model.safetensors").c_str(), 1000);
@@ -497,6 +524,7 @@ TEST_F(DaemonTest, BadFlagsStopTheDaemonNamingTheFlag) {
   for (const std::string flag :
        {"--staging_keep=lots", "--memory_budget=12XB", "--memory_budget=0%", "--socket_gid=-7",
         "--read_threads=0", "--host_devices=a,a", "--device_plugin_slots=0", "--keeper_timeout=0",
+        "--scrub_interval=0.01", "--scrub_bandwidth=fast",
         "--model=name=a,model_dir=/x --model=name=b,model_dir=/y"}) {
     std::vector<std::string> argv{WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_,
                                   "--backend=host", "--metrics_address=off"};

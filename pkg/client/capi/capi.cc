@@ -290,6 +290,14 @@ wc_status wc_lease_find(const wc_lease* lease, const char* name, wc_tensor* out,
   return WC_OK;
 }
 
+wc_status wc_lease_check(const wc_lease* lease, int timeout_ms, char** error) {
+  if (lease == nullptr || timeout_ms < 0) {
+    return Fail(absl::StatusCode::kInvalidArgument,
+                "wc_lease_check: NULL lease or negative timeout_ms", error);
+  }
+  return Return(lease->lease->Check(std::chrono::milliseconds(timeout_ms)), error);
+}
+
 wc_status wc_release(wc_client* client, const char* lease_id, char** error) {
   if (client == nullptr || lease_id == nullptr || *lease_id == '\0') {
     return Fail(absl::StatusCode::kInvalidArgument, "wc_release: client and lease_id are required",

@@ -4,6 +4,8 @@
 //   acquire.cc       the Acquire policy: stale check, hit, peer copy, load on miss,
 //                    mismatch diagnosis, and the lease it ends in
 //   status_view.cc   the Status view, readiness and the metrics' scrape-time snapshots
+//   integrity.cc     digests when entries are filled, the scrubber's findings (corrupt
+//                    entries out of service, lease holders told, clean copies), VerifyResident
 //   grpc_service.cc  the gRPC adapter. The parts it composes have a unit each: ModelCatalog
 // (specs, opened models, identity), Admission (placement, budget, loads and peer copies),
 // LeaseManager (leases and tokens bound to entries), cache::Registry (entries).
@@ -38,6 +40,7 @@
 #include "pkg/server/internal/manifest.h"
 #include "pkg/server/internal/model_catalog.h"
 #include "pkg/server/internal/publish_manager.h"
+#include "pkg/server/internal/scrubber.h"
 #include "pkg/server/namespace_rules.h"
 #include "pkg/server/policy.h"
 #include "pkg/util/mutex.h"
@@ -92,6 +95,8 @@ class Daemon::Impl final : public metrics::StateSource {
   absl::Status Evict(const Caller& caller, const v1::EvictRequest& req, v1::EvictResponse* resp);
   // What `caller` may see: with --namespace_rules, the models it may map (daemon.cc).
   void Status(const Caller& caller, v1::StatusResponse* resp);
+  absl::Status VerifyResident(const Caller& caller, const v1::VerifyResidentRequest& req,
+                              v1::VerifyResidentResponse* resp);
   std::pair<bool, std::string> Readiness() const;
   // The publish RPCs' unit (publish_manager.h), once the caller passed the publish rule for
   // `model` (empty: commit and abort, which the session's owner checks bind); PERMISSION_DENIED
@@ -123,6 +128,12 @@ class Daemon::Impl final : public metrics::StateSource {
   // changes (empty: unchanged).
   std::string CheckStale(const std::shared_ptr<const load::OpenedModel>& opened);
   void Count(metrics::AcquireResult r);
+  // Integrity (integrity.cc): the registry's digester and the scrubber, made in the
+  // constructor; a corrupt entry taken out of service, its lease holders told, and a clean
+  // copy loaded (from the checkpoint; not for published weights).
+  void SetUpIntegrity();
+  void OnCorrupt(const std::shared_ptr<cache::Entry>& e, const std::string& what);
+  void ReloadCorrupt(const std::shared_ptr<cache::Entry>& e);
 
   const DaemonOptions options_;
   memory::Backend* const backend_;
@@ -167,6 +178,8 @@ class Daemon::Impl final : public metrics::StateSource {
   // Who may do what (policy.h); made in Start(), once the namespace rules exist.
   std::unique_ptr<Policy> policy_;
 
+  // Started once the sockets serve, stopped first in Teardown (its findings reach handles_).
+  std::unique_ptr<Scrubber> scrubber_;
   std::unique_ptr<HandleChannel> handles_;
   std::unique_ptr<ControlListener> control_;  // stops accepting before grpc_ drains (Teardown)
   std::unique_ptr<grpc::Server> grpc_;

@@ -1,0 +1,143 @@
+// The daemon's integrity seam (issue 27, docs/integrity.md): digests taken when entries are
+// filled, the scrubber's findings (an entry out of service, its lease holders told, a clean
+// copy loaded) and VerifyResident.
+#include "absl/strings/str_cat.h"
+#include "pkg/integrity/segment_digest.h"
+#include "pkg/server/handle_message.h"
+#include "pkg/server/internal/daemon_impl.h"
+#include "pkg/util/log.h"
+#include "pkg/util/status_macros.h"
+
+namespace weightcache::server {
+
+void Daemon::Impl::SetUpIntegrity() {
+  // Every fill (disk, peer copy, publish commit, keeper adoption) is digested before the entry
+  // is ready: a GPU reads it at HBM speed; the host backend hashes on the CPU.
+  registry_.SetDigester([this](const cache::Entry& e, const load::LoadedModel& m)
+                            -> absl::StatusOr<std::vector<integrity::SegmentDigest>> {
+    std::vector<integrity::SegmentDigest> out;
+    out.reserve(m.segments.size());
+    for (const auto& seg : m.segments) {
+      auto d = integrity::DigestSegment(backend_->kind(), *seg, {});
+      if (!d.ok()) {
+        return absl::Status(
+            d.status().code(),
+            absl::StrCat("model ", e.model, " segment ", out.size(), ": ", d.status().message()));
+      }
+      out.push_back(std::move(d).value());
+    }
+    return out;
+  });
+  scrubber_ = std::make_unique<Scrubber>(
+      Scrubber::Options{options_.scrub_interval, options_.scrub_bytes_per_second}, backend_->kind(),
+      registry_, options_.metrics,
+      [this](const std::shared_ptr<cache::Entry>& e, const std::string& what) {
+        OnCorrupt(e, what);
+      },
+      options_.scrub_digest_hook);
+}
+
+void Daemon::Impl::OnCorrupt(const std::shared_ptr<cache::Entry>& e, const std::string& what) {
+  const std::vector<std::string> leases = registry_.LeaseIds(e);
+  // Until the clean copy's load is registered, Acquires by the model's name wait for it
+  // (as during a preload) instead of answering a miss between the eviction and the reload.
+  bool marked_pending = false;
+  {
+    MutexLock l(mu_);
+    marked_pending = pending_preloads_.insert(e->model).second;
+  }
+  auto end_pending = [&] {
+    if (!marked_pending) return;
+    {
+      MutexLock l(mu_);
+      pending_preloads_.erase(e->model);
+    }
+    preload_cv_.NotifyAll();
+  };
+  // Out of service first: from here no Acquire is handed this entry.
+  if (registry_.MarkCorrupt(e, what) == cache::Registry::Evicted::kNone) {
+    end_pending();
+    return;  // already out of service (found twice at once)
+  }
+  WC_LOG_ERROR(
+      "integrity: model %s rank %d (%s, from %s) is corrupt, its memory changed after it was "
+      "sealed: %s; out of service, %d lease holder(s) told, freed when their leases end",
+      e->model, e->inputs.layout.tp_rank, e->key.ToString(), e->source, what, leases.size());
+  if (options_.metrics != nullptr) options_.metrics->OnIntegrityFailure(e->model);
+  if (handles_) {
+    const std::string line = FormatEventLine(kEventCorrupt, absl::StrCat(e->model, ": ", what));
+    for (const auto& id : leases) handles_->Notify(id, line);
+  }
+  ReloadCorrupt(e);
+  end_pending();
+}
+
+void Daemon::Impl::ReloadCorrupt(const std::shared_ptr<cache::Entry>& e) {
+  // The keeper holds the same memory: it is no clean source. The checkpoint is; weights an
+  // engine published come back when it publishes them again.
+  if (e->source == "publish") {
+    WC_LOG_WARN(
+        "integrity: model %s was published by an engine: no clean copy is loaded until it "
+        "is published again",
+        e->model);
+    return;
+  }
+  auto opened = models_.Open(e->model, /*refresh=*/false);
+  if (!opened.ok()) {
+    WC_LOG_ERROR("integrity: clean copy of model %s not loaded: %s", e->model,
+                 std::string(opened.status().message()));
+    return;
+  }
+  auto started = admission_.StartLoad(*opened, e->inputs.layout, e->inputs.env, e->device_uuid);
+  if (!started.ok()) {
+    WC_LOG_ERROR("integrity: clean copy of model %s rank %d on %s not loaded: %s", e->model,
+                 e->inputs.layout.tp_rank, e->device_uuid, std::string(started.status().message()));
+    return;
+  }
+  WC_LOG_INFO("integrity: loading a clean copy of model %s rank %d on %s (fingerprint %s)",
+              e->model, e->inputs.layout.tp_rank, e->device_uuid,
+              (*started)->fingerprint.substr(0, 12));
+}
+
+absl::Status Daemon::Impl::VerifyResident(const Caller& caller,
+                                          const v1::VerifyResidentRequest& req,
+                                          v1::VerifyResidentResponse* resp) {
+  WC_RETURN_IF_ERROR(Authorize(caller, Verb::kVerify, {}));
+  if (req.model().empty()) return absl::InvalidArgumentError("VerifyResident: model is required");
+  // The model's entries: those it loaded and those of other names that it reproduces.
+  auto opened = models_.Open(req.model(), /*refresh=*/false);
+  std::vector<std::shared_ptr<cache::Entry>> entries;
+  for (const auto& e : registry_.ReadyEntries()) {
+    bool mine = e->model == req.model();
+    if (!mine && opened.ok()) {
+      const auto& sp = (*opened)->spec;
+      mine = sp.tp_size == e->inputs.layout.tp_size && sp.pp_size == e->inputs.layout.pp_size &&
+             (*opened)->Inputs(e->inputs.layout, e->inputs.env).Digest() == e->fingerprint;
+    }
+    if (mine) entries.push_back(e);
+  }
+  if (entries.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("VerifyResident: model '", req.model(), "' has no ready entry"));
+  }
+  for (const auto& e : entries) {
+    const Scrubber::Result r = scrubber_->Verify(e, /*bytes_per_second=*/0);
+    auto* c = resp->add_entries();
+    c->set_fingerprint(e->fingerprint);
+    c->set_device_uuid(e->device_uuid);
+    c->mutable_layout()->set_tp_size(e->inputs.layout.tp_size);
+    c->mutable_layout()->set_tp_rank(e->inputs.layout.tp_rank);
+    c->mutable_layout()->set_pp_size(e->inputs.layout.pp_size);
+    c->mutable_layout()->set_pp_rank(e->inputs.layout.pp_rank);
+    c->set_segments(static_cast<uint32_t>(r.segments));
+    c->set_bytes(r.bytes);
+    c->set_seconds(r.seconds);
+    c->set_result(r.kind == Scrubber::Result::Kind::kClean     ? "clean"
+                  : r.kind == Scrubber::Result::Kind::kCorrupt ? "corrupt"
+                                                               : "error");
+    c->set_detail(r.detail);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace weightcache::server

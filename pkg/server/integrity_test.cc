@@ -1,0 +1,194 @@
+// Integrity in process (issue 27): the host backend's sealed memfds cannot change, so a test
+// hook alters a digest the scrubber takes (DaemonOptions::scrub_digest_hook); everything
+// after it -- the entry out of service, the lease holder's event, the clean copy, the
+// metrics, VerifyResident -- is the daemon's real path.
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "pkg/client/client.h"
+#include "pkg/memory/backend.h"
+#include "pkg/metrics/metrics.h"
+#include "pkg/safetensors/writer.h"
+#include "pkg/server/daemon.h"
+#include "prometheus/registry.h"
+#include "tests/testutil/temp_dir.h"
+#include "weightcache/v1/weightcache.pb.h"
+
+namespace weightcache::server {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+using weightcache::testing::TempDir;
+
+class IntegrityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    safetensors::LlamaShape s;
+    s.layers = 2;
+    s.hidden = 512;
+    s.intermediate = 1024;
+    s.vocab = 1024;  // a few MiB: several 1 MiB chunks per segment
+    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", s).ok());
+    backend_ = memory::MakeHostBackend();
+    metrics_ =
+        std::make_unique<metrics::Metrics>(registry_, metrics::BuildInfo{"t", "none", "host"});
+  }
+  void Start(std::chrono::milliseconds scrub_interval) {
+    DaemonOptions o;
+    o.socket_dir = dir_ / "s";
+    o.admin_uids = {::geteuid()};
+    o.digest_store = "";
+    o.metrics = metrics_.get();
+    o.scrub_interval = scrub_interval;
+    o.scrub_bytes_per_second = 0;
+    // One digest of segment 0 changes in its third chunk, once, when the test says so.
+    o.scrub_digest_hook = [this](const std::string& model, size_t segment,
+                                 std::vector<uint64_t>* chunks) {
+      if (model == "m" && segment == 0 && chunks->size() > 2 && corrupt_next_.exchange(false)) {
+        (*chunks)[2] ^= 1;
+      }
+    };
+    spec::ModelSpec sp;
+    sp.name = "m";
+    sp.model_dir = dir_ / "m";
+    o.specs = {sp};
+    auto d = Daemon::Start(std::move(o), backend_.get());
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = std::move(d).value();
+    auto c = client::Client::Connect(dir_ / "s");
+    ASSERT_TRUE(c.ok());
+    client_ = std::move(c).value();
+  }
+  std::unique_ptr<client::Lease> Acquire() {
+    client::AcquireOptions o;
+    o.model = "m";
+    o.wait_ready = true;
+    auto l = client_->Acquire(o);
+    EXPECT_TRUE(l.ok()) << l.status();
+    return l.ok() ? std::move(l).value() : nullptr;
+  }
+  double Counter(const std::string& name, const std::string& model = "") {
+    for (const auto& f : registry_.Collect()) {
+      if (f.name != name) continue;
+      for (const auto& m : f.metric) {
+        bool match = model.empty();
+        for (const auto& l : m.label) match = match || (l.name == "model" && l.value == model);
+        if (match) return m.counter.value;
+      }
+    }
+    return -1;
+  }
+  std::vector<v1::EntryInfo> Entries() {
+    auto st = client_->Status();
+    EXPECT_TRUE(st.ok()) << st.status();
+    return st.ok() ? std::vector<v1::EntryInfo>(st->entries().begin(), st->entries().end())
+                   : std::vector<v1::EntryInfo>{};
+  }
+
+  TempDir dir_;
+  prometheus::Registry registry_;
+  std::unique_ptr<metrics::Metrics> metrics_;
+  std::unique_ptr<memory::Backend> backend_;
+  std::atomic<bool> corrupt_next_{false};
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<client::Client> client_;
+};
+
+// The scrubber finds the change: the entry leaves service (state corrupt, naming segment and
+// bytes), the lease holder's Check() says so, a clean copy serves new Acquires with the same
+// bytes, and the corrupt one goes with its last lease.
+TEST_F(IntegrityTest, ACorruptEntryLeavesServiceItsHolderIsToldAndACleanCopyServes) {
+  Start(50ms);
+  auto held = Acquire();
+  ASSERT_NE(held, nullptr);
+  ASSERT_GT(held->segment_size(0), 3u << 20);
+  EXPECT_TRUE(held->Check().ok());
+  // A pass ran clean before the change: the entry is verified recently.
+  const auto t0 = std::chrono::steady_clock::now();
+  while (Counter("weightcache_integrity_checks_total") < 1 &&
+         std::chrono::steady_clock::now() - t0 < 30s) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_GE(Counter("weightcache_integrity_checks_total"), 1);
+  ASSERT_EQ(Entries().size(), 1u);
+  EXPECT_GE(Entries()[0].verified_seconds_ago(), 0);
+
+  corrupt_next_ = true;
+  absl::Status told = held->Check(30s);  // waits for the event
+  ASSERT_EQ(told.code(), absl::StatusCode::kDataLoss) << told;
+  EXPECT_THAT(std::string(told.message()),
+              HasSubstr("segment 0 of " + std::to_string(held->segment_count())));
+  EXPECT_THAT(std::string(told.message()), HasSubstr("bytes [2097152, 3145728) changed"));
+  EXPECT_EQ(held->Check().code(), absl::StatusCode::kDataLoss);  // and stays so
+  EXPECT_EQ(Counter("weightcache_integrity_failures_total", "m"), 1);
+
+  // A clean copy is loaded for new Acquires; the corrupt entry stays listed while held.
+  // Asked right after the event: the Acquire waits for the reload, never a miss.
+  std::unique_ptr<client::Lease> fresh = Acquire();
+  ASSERT_NE(fresh, nullptr);
+  EXPECT_TRUE(fresh->Check().ok());
+  EXPECT_EQ(fresh->fingerprint(), held->fingerprint());
+  EXPECT_NE(fresh->segment_base(0), held->segment_base(0));  // another mapping of other memory
+  for (const auto& t : fresh->tensors()) {
+    const client::TensorView* old = held->Find(t.name);
+    ASSERT_NE(old, nullptr) << t.name;
+    ASSERT_EQ(std::memcmp(t.data, old->data, t.nbytes), 0) << t.name;  // the change was the hook's
+  }
+  auto entries = Entries();
+  ASSERT_EQ(entries.size(), 2u);
+  int corrupt = 0, ready = 0;
+  for (const auto& e : entries) {
+    if (e.state() == "corrupt") {
+      ++corrupt;
+      EXPECT_THAT(e.error(), HasSubstr("segment 0"));
+      EXPECT_EQ(e.leases_size(), 1);
+      EXPECT_EQ(e.leases(0).lease_id(), held->id());
+    }
+    if (e.state() == "ready") ++ready;
+  }
+  EXPECT_EQ(corrupt, 1);
+  EXPECT_EQ(ready, 1);
+  held.reset();  // its last lease ends: the corrupt memory goes
+  for (auto t = std::chrono::steady_clock::now();
+       Entries().size() != 1 && std::chrono::steady_clock::now() - t < 30s;) {
+    std::this_thread::sleep_for(10ms);
+  }
+  entries = Entries();
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].state(), "ready");
+}
+
+// VerifyResident checks at once, in the daemon: clean, then corrupt with the same detail the
+// scrubber logs; the corrupt entry is out of service (the next answer is about the copy).
+TEST_F(IntegrityTest, VerifyResidentChecksNowAndFindsTheChange) {
+  Start(0ms);  // no scrubber thread: only VerifyResident checks
+  auto held = Acquire();
+  ASSERT_NE(held, nullptr);
+  auto clean = client_->VerifyResident("m");
+  ASSERT_TRUE(clean.ok()) << clean.status();
+  ASSERT_EQ(clean->entries_size(), 1);
+  EXPECT_EQ(clean->entries(0).result(), "clean");
+  EXPECT_EQ(clean->entries(0).segments(), held->segment_count());
+  EXPECT_GT(clean->entries(0).bytes(), 0u);
+  EXPECT_EQ(Counter("weightcache_integrity_checks_total"), 1);
+
+  corrupt_next_ = true;
+  auto found = client_->VerifyResident("m");
+  ASSERT_TRUE(found.ok()) << found.status();
+  ASSERT_EQ(found->entries_size(), 1);
+  EXPECT_EQ(found->entries(0).result(), "corrupt");
+  EXPECT_THAT(found->entries(0).detail(), HasSubstr("segment 0 of"));
+  EXPECT_EQ(held->Check(10s).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(Counter("weightcache_integrity_failures_total", "m"), 1);
+
+  EXPECT_EQ(client_->VerifyResident("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace weightcache::server
