@@ -129,7 +129,7 @@ ABSL_FLAG(double, scrub_interval, 30,
           "it corrupt and loads a clean copy); 0: no scrubbing");
 ABSL_FLAG(std::string, scrub_bandwidth, "50GB",
           "Integrity: bytes per second a scrub pass may read (e.g. 50GB, 500MiB; 0: unthrottled). "
-          "At 50GB a bandwidth-bound kernel beside it on an H200 slowed by about 1 %");
+          "At 50GB a bandwidth-bound kernel beside it on an H200 slowed by 0.06 %");
 ABSL_FLAG(bool, verbose, false, "Debug logging");
 
 namespace weightcache {

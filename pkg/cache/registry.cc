@@ -187,6 +187,7 @@ absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(LoadRequest req, bo
     }
     e = std::make_shared<Entry>(req.key, req.model, req.inputs, req.source, std::move(req.files));
     e->reserved_bytes = req.bytes;
+    e->check_digests = std::move(req.check_digests);
     entries_[req.key] = e;
     const uint64_t id = next_load_id_++;
     loads_.emplace(id, std::thread(&Registry::RunLoad, this, id, e, std::move(req.load)));
@@ -203,10 +204,12 @@ void Registry::RunLoad(uint64_t id, const std::shared_ptr<Entry>& e, const LoadF
   auto result = load(*e);
   EntryObserver* observer = nullptr;
   DigestFn digester;
+  DigestCheckFn check;
   {
     MutexLock l(mu_);
     observer = observer_;
     digester = digester_;
+    check = e->check_digests;
   }
   std::shared_ptr<const std::vector<integrity::SegmentDigest>> digests;
   if (result.ok() && digester) {
@@ -217,6 +220,9 @@ void Registry::RunLoad(uint64_t id, const std::shared_ptr<Entry>& e, const LoadF
       result = absl::Status(d.status().code(),
                             absl::StrCat("digest of the loaded segments: ", d.status().message()));
     }
+  }
+  if (result.ok() && digests && check) {
+    if (absl::Status c = check(*digests); !c.ok()) result = c;
   }
   if (result.ok() && observer != nullptr) observer->BeforeReady(*e, **result);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

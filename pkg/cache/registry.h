@@ -69,6 +69,10 @@ struct LeaseRecord {
   std::string slot;      // the slot socket it was acquired on; empty: the shared one
 };
 
+// Checks a fill's digests against what they must be (a peer copy: its source's; a keeper
+// adoption: the digests recorded at its deposit); an error fails the fill.
+using DigestCheckFn = std::function<absl::Status(const std::vector<integrity::SegmentDigest>&)>;
+
 // Immutable identity plus guarded state of one model-rank on one device. The identity and
 // `progress` may be read from any thread; the state is the registry's, behind its mutex,
 // and read through Registry::StateOf() / Snapshot() / WaitReady().
@@ -109,7 +113,8 @@ class Entry {
   // One digest per segment of `loaded`, taken before it became ready (SetDigester).
   std::shared_ptr<const std::vector<integrity::SegmentDigest>> digests;
   std::chrono::steady_clock::time_point verified_at;  // digest taken or last matched
-  std::string corrupt;  // non-empty: what changed in memory after it was sealed
+  std::string corrupt;          // non-empty: what changed in memory after it was sealed
+  DigestCheckFn check_digests;  // LoadRequest::check_digests
 };
 
 struct EntrySnapshot {
@@ -154,6 +159,7 @@ struct LoadRequest {
   std::string source = "disk";          // Entry::source
   std::vector<load::SourceFile> files;  // Entry::files
   LoadFn load;
+  DigestCheckFn check_digests;  // may be empty
 };
 
 // Told when an entry's content enters the registry and when the registry lets it go (the

@@ -352,6 +352,30 @@ TEST(Registry, ALoadIsDigestedBeforeItIsReadyAndAFailedDigestFailsIt) {
   EXPECT_EQ(digested.load(), 2);
 }
 
+// A fill whose digests are not what they must be (a peer copy of a changed source, memory
+// changed while the keeper held it) fails with the check's error and is not served.
+TEST(Registry, AFillWhoseDigestsFailTheirCheckFails) {
+  Registry r;
+  r.SetDigester([](const Entry&, const load::LoadedModel& m)
+                    -> absl::StatusOr<std::vector<integrity::SegmentDigest>> {
+    return std::vector<integrity::SegmentDigest>(m.segments.size(), integrity::SegmentDigest{{7}});
+  });
+  auto req = Req("fp", "m", 0, SegmentLoad(4096));
+  std::vector<integrity::SegmentDigest> seen;
+  req.check_digests = [&](const std::vector<integrity::SegmentDigest>& d) {
+    seen = d;
+    return absl::DataLossError("segment 0 differs");
+  };
+  auto e = r.StartOrJoin(std::move(req));
+  ASSERT_TRUE(e.ok());
+  const absl::Status st = r.WaitReady(*e, Far());
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("segment 0 differs"));
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].chunks[0], 7u);
+  EXPECT_TRUE(r.ReadyEntries().empty());
+}
+
 // A corrupt entry is never found again; while a lease maps it, it drains (shown corrupt)
 // and goes with the last lease; a new load of its key starts clean.
 TEST(Registry, ACorruptEntryLeavesTheLookupAndDrainsWithItsLeases) {

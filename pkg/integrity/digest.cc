@@ -54,6 +54,23 @@ std::string DescribeRanges(const std::vector<ByteRange>& ranges, size_t max) {
   return s;
 }
 
+std::string DescribeChanges(const std::vector<SegmentDigest>& expected,
+                            const std::vector<SegmentDigest>& got) {
+  if (expected.size() != got.size()) {
+    return absl::StrCat(got.size(), " segments where ", expected.size(), " were digested");
+  }
+  std::string what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const auto ranges =
+        ChangedRanges(expected[i], got[i],
+                      std::max(expected[i].chunks.size(), got[i].chunks.size()) * kChunkBytes);
+    if (ranges.empty()) continue;
+    absl::StrAppend(&what, what.empty() ? "" : "; ", "segment ", i, " of ", got.size(), ": bytes ",
+                    DescribeRanges(ranges), " changed");
+  }
+  return what;
+}
+
 uint64_t Fold(const SegmentDigest& d) {
   uint64_t h = 0xCBF29CE484222325ull ^ d.chunks.size();
   for (uint64_t c : d.chunks) {

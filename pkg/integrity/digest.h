@@ -62,4 +62,10 @@ std::string DescribeRanges(const std::vector<ByteRange>& ranges, size_t max = 4)
 // One value for the whole segment (the chunk values folded in order), for records and logs.
 uint64_t Fold(const SegmentDigest& d);
 
+// What differs between the digests of the same segments taken twice: "" when nothing, else
+// "segment 3 of 8: bytes [a, b) changed; ..." (segments of different chunk counts: the whole
+// segment).
+std::string DescribeChanges(const std::vector<SegmentDigest>& expected,
+                            const std::vector<SegmentDigest>& got);
+
 }  // namespace weightcache::integrity

@@ -74,6 +74,15 @@ TEST(Digest, RangesAreDescribedForTheLog) {
   EXPECT_NE(Fold(a), Fold(b));
 }
 
+TEST(Digest, ChangesAcrossSegmentsAreNamed) {
+  const std::vector<SegmentDigest> a = {{{1, 2}}, {{3, 4, 5}}};
+  auto b = a;
+  EXPECT_EQ(DescribeChanges(a, b), "");
+  b[1].chunks[2] = 9;
+  EXPECT_EQ(DescribeChanges(a, b), "segment 1 of 2: bytes [2097152, 3145728) changed");
+  EXPECT_EQ(DescribeChanges(a, {a[0]}), "1 segments where 2 were digested");
+}
+
 class SegmentDigestTest : public ::testing::Test {
  protected:
   std::unique_ptr<memory::Segment> Sealed(const std::vector<std::byte>& bytes) {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "pkg/integrity/digest.h"
 #include "pkg/load/loader.h"
 #include "pkg/load/plan.h"
 #include "pkg/server/internal/group_load.h"
@@ -350,6 +351,16 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartPeerCopy(
   req.source = "peer";
   req.files = src->files;
   req.load = std::move(load);
+  // The copy must have the bytes the source had when it was filled: a source changed since
+  // (not yet found by the scrubber) is no clean source (issue 27).
+  req.check_digests = [expected = registry_.Digests(src), from = src->device_uuid](
+                          const std::vector<integrity::SegmentDigest>& got) -> absl::Status {
+    if (expected == nullptr) return absl::OkStatus();
+    const std::string what = integrity::DescribeChanges(*expected, got);
+    if (what.empty()) return absl::OkStatus();
+    return absl::DataLossError(
+        absl::StrCat("peer copy from ", from, " differs from its source's digests: ", what));
+  };
   return registry_.StartOrJoin(std::move(req));
 }
 

@@ -122,8 +122,10 @@ void KeeperLink::Publish() {
   metrics_->SetKeeperDescriptors(HeldFdsLocked());
 }
 
-absl::Status KeeperLink::Deposit(const cache::Entry& e,
+absl::Status KeeperLink::Deposit(const std::shared_ptr<cache::Entry>& entry,
                                  const std::shared_ptr<const load::LoadedModel>& content) {
+  const cache::Entry& e = *entry;
+  const auto digests = registry_->Digests(entry);
   std::vector<int> fds;
   fds.reserve(content->segments.size());
   for (const auto& s : content->segments) fds.push_back(s->fd());
@@ -136,7 +138,7 @@ absl::Status KeeperLink::Deposit(const cache::Entry& e,
       conn_->Deposit(key,
                      EncodeKeeperRecord(e, *content, memory::BackendName(backend_->kind()),
                                         spec_of_ ? spec_of_(e.model) : RecordedSpec{},
-                                        publisher ? &*publisher : nullptr),
+                                        publisher ? &*publisher : nullptr, digests.get()),
                      fds);
   MutexLock l(mu_);
   if (s.ok()) {
@@ -176,7 +178,7 @@ absl::Status KeeperLink::Sync(const Mark& mark) {
     }
   }
   if (content) {
-    const absl::Status s = Deposit(*e, content);  // replaces what the keeper held
+    const absl::Status s = Deposit(e, content);  // replaces what the keeper held
     return KeepsTheConnection(s) ? absl::OkStatus() : s;
   }
   if (!held) return absl::OkStatus();
@@ -210,7 +212,7 @@ absl::Status KeeperLink::Reconcile() {
         continue;
       }
     }
-    absl::Status d = Deposit(*e, *content);
+    absl::Status d = Deposit(e, *content);
     if (!KeepsTheConnection(d)) return d;
     if (d.ok()) {
       kept.insert(k);
@@ -282,6 +284,7 @@ absl::Status KeeperLink::AdoptOne(keeper::KeeperClient::Entry held, const AdmitF
   req.bytes = content->resident_bytes();
   req.source = "keeper";
   req.files = std::move(a.files);
+  req.check_digests = AdoptionDigestCheck(r);
   req.load = [content](cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
     e.progress.SetTotal(content->plan.total_bytes);
     e.progress.SetDone(content->plan.total_bytes);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "pkg/integrity/digest.h"
 #include "pkg/safetensors/safetensors.h"
 #include "pkg/server/internal/manifest.h"
 #include "pkg/util/status_macros.h"
@@ -42,8 +43,12 @@ absl::StatusOr<load::PlannedTensor> GetTensor(const v1::TensorEntry& m, const v1
 
 std::string EncodeKeeperRecord(const cache::Entry& e, const load::LoadedModel& content,
                                const std::string& backend, const RecordedSpec& spec,
-                               const v1::PublisherInfo* publisher) {
+                               const v1::PublisherInfo* publisher,
+                               const std::vector<integrity::SegmentDigest>* digests) {
   v1::KeeperRecord r;
+  if (digests != nullptr) {
+    for (const auto& d : *digests) r.add_segment_digest_folds(integrity::Fold(d));
+  }
   if (publisher != nullptr) *r.mutable_publisher() = *publisher;
   r.set_format(kRecordFormat);
   r.set_model(e.model);
@@ -95,6 +100,26 @@ std::string EncodeKeeperRecord(const cache::Entry& e, const load::LoadedModel& c
   for (const auto& t : content.plan.tensors) ToTensorEntry(t, r.add_tensors());
   for (const auto& t : content.plan.views) ToTensorEntry(t, r.add_views());
   return r.SerializeAsString();
+}
+
+cache::DigestCheckFn AdoptionDigestCheck(const v1::KeeperRecord& r) {
+  if (r.segment_digest_folds().empty()) return nullptr;
+  std::vector<uint64_t> folds(r.segment_digest_folds().begin(), r.segment_digest_folds().end());
+  return [folds](const std::vector<integrity::SegmentDigest>& got) -> absl::Status {
+    if (got.size() != folds.size()) {
+      return absl::DataLossError(absl::StrCat("adopted ", got.size(), " segments; the record has ",
+                                              folds.size(), " digests"));
+    }
+    std::string changed;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (integrity::Fold(got[i]) != folds[i])
+        absl::StrAppend(&changed, changed.empty() ? "" : ", ", i);
+    }
+    if (changed.empty()) return absl::OkStatus();
+    return absl::DataLossError(absl::StrCat(
+        "the memory changed while the keeper held it (no daemon watched it): segment(s) ", changed,
+        " of ", got.size(), " differ from their digests at deposit; not adopted"));
+  };
 }
 
 absl::StatusOr<AdoptableRecord> DecodeKeeperRecord(const std::string& body) {

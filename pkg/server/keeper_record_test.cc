@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pkg/memory/backend.h"
 
@@ -71,6 +72,29 @@ TEST(KeeperRecordTest, WhatIsDepositedDecodesToTheSameEntry) {
   EXPECT_EQ(a->plan.tensors[0].nbytes, 8192u);
   EXPECT_EQ(a->record.segment_sizes_size(), 1);
   EXPECT_EQ(KeeperKey(f.entry->fingerprint, "host"), f.entry->fingerprint + "@host");
+}
+
+// Issue 27: the record carries each segment's digest fold; the adoption check refuses memory
+// that changed while the keeper held it, naming the segment; older records are not checked.
+TEST(KeeperRecordTest, TheDigestsAtDepositAreCheckedAtAdoption) {
+  Fixture f;
+  const std::vector<integrity::SegmentDigest> at_deposit = {{{1, 2, 3}}, {{4, 5}}};
+  auto a = DecodeKeeperRecord(EncodeKeeperRecord(
+      *f.entry, f.content, "host", RecordedSpec{"name: m\n", true}, nullptr, &at_deposit));
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->record.segment_digest_folds_size(), 2);
+  auto check = AdoptionDigestCheck(a->record);
+  ASSERT_TRUE(check);
+  EXPECT_TRUE(check(at_deposit).ok());
+  auto changed = at_deposit;
+  changed[1].chunks[1] ^= 1;
+  const absl::Status st = check(changed);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("segment(s) 1 of 2 differ"));
+  EXPECT_EQ(check({at_deposit[0]}).code(), absl::StatusCode::kDataLoss);
+  auto old = DecodeKeeperRecord(f.Encode());  // a record without digests
+  ASSERT_TRUE(old.ok());
+  EXPECT_FALSE(AdoptionDigestCheck(old->record));
 }
 
 TEST(KeeperRecordTest, ARecordWhoseInputsDoNotGiveItsFingerprintIsRefused) {

@@ -111,7 +111,7 @@ struct DaemonOptions {
   // Integrity scrubbing (docs/integrity.md): a pass over every ready entry starts every
   // scrub_interval (0: no scrubbing; digests are still taken when entries are filled and
   // VerifyResident still checks), reading at most scrub_bytes_per_second (0: unthrottled).
-  // 50 GB/s kept a bandwidth-bound kernel beside it within 1 % on the H200.
+  // At 50 GB/s a bandwidth-bound kernel beside it on the H200 lost 0.06 % (docs/benchmarks.md).
   std::chrono::milliseconds scrub_interval{30000};
   double scrub_bytes_per_second = 50e9;
   // Tests only: called with every digest a check takes (scrub or verify), before it is

@@ -106,7 +106,8 @@ class KeeperLink final : public cache::EntryObserver {
   absl::Status Connect();
   void Lost(const absl::Status& why);
   // Deposits `e`'s ready content; RESOURCE_EXHAUSTED (the keeper's limit) keeps the link.
-  absl::Status Deposit(const cache::Entry& e, const std::shared_ptr<const load::LoadedModel>& c);
+  absl::Status Deposit(const std::shared_ptr<cache::Entry>& e,
+                       const std::shared_ptr<const load::LoadedModel>& c);
   // Makes the keeper hold exactly the registry's ready entries.
   absl::Status Reconcile();
   // Brings the keeper in step with one key's entry (deposit, drop or nothing).
