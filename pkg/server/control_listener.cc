@@ -18,6 +18,7 @@
 #include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
+#include "pkg/util/unix_socket.h"
 
 namespace weightcache::server {
 namespace {
@@ -25,11 +26,6 @@ namespace {
 constexpr int kTickMs = 200;     // reaping closed connections
 constexpr int kBackoffMs = 100;  // after EMFILE/ENFILE
 constexpr int kBacklog = 512;
-
-uint64_t InodeOf(int fd) {
-  struct stat st {};
-  return ::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) ? st.st_ino : 0;
-}
 
 }  // namespace
 
@@ -103,7 +99,7 @@ std::optional<ControlListener::Caller> ControlListener::PeerOf(const std::string
   MutexLock l(mu_);
   // The inode is read under the lock: the number cannot be recorded for another connection
   // meanwhile (Insert also runs under it).
-  return conns_.Find(fd, InodeOf(fd));
+  return conns_.Find(fd, SocketInode(fd));
 }
 
 ControlListener::Counters ControlListener::counters() const {
@@ -217,7 +213,7 @@ bool ControlListener::AcceptFrom(const Listening& from) {
       return false;
     }
     counters_.accepted++;
-    conns_.Insert(*fd, InodeOf(*fd), std::move(caller));  // gRPC owns the descriptor from here
+    conns_.Insert(*fd, SocketInode(*fd), std::move(caller));  // gRPC owns the descriptor from here
     grpc::AddInsecureChannelFromFd(server_, *fd);
   }
   return true;
@@ -236,7 +232,7 @@ void ControlListener::ProbeDescriptors() {
 void ControlListener::Reap() {
   // gRPC closes connections without telling: a descriptor whose inode changed (or that is
   // closed) is a connection gone.
-  conns_.Reap(InodeOf);
+  conns_.Reap(SocketInode);
 }
 
 }  // namespace weightcache::server

@@ -244,7 +244,7 @@ void HandleChannel::Loop() {
       }
       // Blocking sends for the descriptor batches: they are tiny, but a peer that never reads
       // could still stop this one thread once its socket buffer is full (issue 26), so each
-      // send is bounded: past kSendTimeout the connection ends.
+      // send is bounded: past kSendTimeoutSeconds the connection ends.
       int flags = ::fcntl(c.fd.get(), F_GETFL);
       ::fcntl(c.fd.get(), F_SETFL, flags & ~O_NONBLOCK);
       const timeval send_timeout{kSendTimeoutSeconds, 0};

@@ -233,4 +233,9 @@ absl::Status WriteAll(int sock, const std::string& data) {
   return absl::OkStatus();
 }
 
+uint64_t SocketInode(int fd) {
+  struct stat st {};
+  return fd >= 0 && ::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) ? st.st_ino : 0;
+}
+
 }  // namespace weightcache

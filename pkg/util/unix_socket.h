@@ -42,6 +42,10 @@ absl::StatusOr<ScopedFd> ConnectUnix(const std::string& path, int type = SOCK_ST
 // when it is full (a server that stopped accepting, e.g. frozen). The socket it returns
 // blocks.
 absl::StatusOr<ScopedFd> ConnectUnixNoWait(const std::string& path, int type = SOCK_STREAM);
+// The inode of the socket `fd` names now; 0 when it is closed or not a socket. A descriptor
+// number taken again by another socket gives another inode, so tables keyed by descriptor
+// numbers record it to tell their connection from a newcomer.
+uint64_t SocketInode(int fd);
 
 struct PeerCred {
   pid_t pid = 0;

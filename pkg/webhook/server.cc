@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "pkg/util/log.h"
+#include "pkg/util/unix_socket.h"
 #include "pkg/util/untrusted_text.h"
 #include "pkg/webhook/mutate.h"
 
@@ -123,11 +124,6 @@ absl::StatusOr<std::pair<std::string, int>> ParseAddress(const std::string& addr
 }
 
 constexpr const char* kText = "text/plain; charset=utf-8";
-
-uint64_t InodeOf(int fd) {
-  struct stat st {};
-  return fd >= 0 && ::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) ? st.st_ino : 0;
-}
 
 }  // namespace
 
@@ -245,7 +241,7 @@ void Server::InfoCallback(const ssl_st* ssl, int where, int /*ret*/) {
   if ((where & SSL_CB_HANDSHAKE_START) == 0) return;
   auto* self = static_cast<Server*>(SSL_CTX_get_app_data(SSL_get_SSL_CTX(ssl)));
   const int fd = SSL_get_fd(ssl);
-  const uint64_t inode = InodeOf(fd);
+  const uint64_t inode = SocketInode(fd);
   if (self == nullptr || inode == 0) return;
   absl::MutexLock lock(&self->deadlines_mu_);
   Deadline& d = self->deadlines_[fd];
@@ -259,7 +255,7 @@ void Server::Reap() {
   const auto now = std::chrono::steady_clock::now();
   absl::MutexLock lock(&deadlines_mu_);
   for (auto it = deadlines_.begin(); it != deadlines_.end();) {
-    if (InodeOf(it->first) != it->second.inode) {
+    if (SocketInode(it->first) != it->second.inode) {
       it = deadlines_.erase(it);  // closed (and perhaps taken again by another socket)
     } else if (now >= it->second.at) {
       // Checked just before: the number still names this connection's socket. shutdown(2)
