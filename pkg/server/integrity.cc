@@ -17,8 +17,13 @@ void Daemon::Impl::SetUpIntegrity() {
                             -> absl::StatusOr<std::vector<integrity::SegmentDigest>> {
     std::vector<integrity::SegmentDigest> out;
     out.reserve(m.segments.size());
+    // Part of the fill: a shutdown that cancels the load stops the digest at its next 64 MiB
+    // piece, as it stops the read or copy at its next chunk (on the host backend, 3.5 GB/s a
+    // core, a 120 GiB entry's digest would hold the teardown for half a minute).
+    integrity::Pace pace;
+    pace.stop = [&e] { return e.progress.cancelled(); };
     for (const auto& seg : m.segments) {
-      auto d = integrity::DigestSegment(backend_->kind(), *seg, {});
+      auto d = integrity::DigestSegment(backend_->kind(), *seg, pace);
       if (!d.ok()) {
         return absl::Status(
             d.status().code(),
