@@ -82,6 +82,9 @@ int Status(client::Client& c) {
                            absl::UTCTimeZone())
               .c_str());
     }
+    if (!e.tenant().empty()) {
+      std::printf("  private copy of namespace %s (isolation: namespace)\n", e.tenant().c_str());
+    }
     if (e.names_size() > 1) {
       std::string names;
       for (const auto& n : e.names()) absl::StrAppend(&names, names.empty() ? "" : ", ", n);
@@ -160,6 +163,9 @@ int List(client::Client& c) {
     if (!m.allowed_namespaces().empty()) {
       std::printf("  namespaces: %s (only pods there may map it)\n",
                   absl::StrJoin(m.allowed_namespaces(), ", ").c_str());
+    }
+    if (m.isolation() == "namespace") {
+      std::printf("  isolation: namespace (a private copy per namespace, none shared)\n");
     }
   }
   if (st->models().empty()) std::printf("(no known models)\n");

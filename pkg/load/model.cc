@@ -77,6 +77,13 @@ spec::FingerprintInputs OpenedModel::Inputs(const spec::Layout& layout,
   return in;
 }
 
+bool OpenedModel::Reproduces(const spec::FingerprintInputs& entry,
+                             const std::string& fingerprint) const {
+  return spec.tp_size == entry.layout.tp_size && spec.pp_size == entry.layout.pp_size &&
+         spec.Private() == !entry.env.tenant.empty() &&
+         Inputs(entry.layout, entry.env).Digest() == fingerprint;
+}
+
 std::vector<std::string> ChangedFiles(const std::vector<SourceFile>& files) {
   std::vector<std::string> out;
   for (const auto& f : files) {

@@ -45,6 +45,10 @@ struct OpenedModel {
 
   // Fingerprint inputs of this model served for `layout` in `env`.
   spec::FingerprintInputs Inputs(const spec::Layout& layout, const spec::Environment& env) const;
+  // Whether this spec serves an entry with these inputs and fingerprint under its own name:
+  // same tp/pp sizes, same content (the entry's layout and environment), and the same kind of
+  // copy (a private spec's entries carry a namespace, a shared spec's none).
+  bool Reproduces(const spec::FingerprintInputs& entry, const std::string& fingerprint) const;
   std::vector<std::string> ChangedFiles() const { return load::ChangedFiles(files); }
 };
 

@@ -78,7 +78,9 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
   if (!layout.ok()) return finish(AcquireResult::kError, layout.status());
   auto asked_env = admission_.EnvFrom(req.env());
   if (!asked_env.ok()) return finish(AcquireResult::kError, asked_env.status());
-  const spec::Environment& env = asked_env->env;
+  // The client's environment; a private model's copy is also the caller's namespace's (set
+  // below from the pod on its slot, never from the request).
+  spec::Environment env = asked_env->env;
   // The registry is keyed by (fingerprint, device): an empty asked device takes the entry
   // on any device; a named one takes that device's entry, or a peer copy of another's.
   const std::string& device = asked_env->device_uuid;
@@ -102,7 +104,9 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
     }
     *model = all.front()->model;
     for (const auto& e : all) {
-      if (auto s = Check(caller, Verb::kAcquire, ModelObject(e->model)); !s.ok()) {
+      Object object = ModelObject(e->model);
+      object.tenant = e->inputs.env.tenant;
+      if (auto s = Check(caller, Verb::kAcquire, object); !s.ok()) {
         return finish(AcquireResult::kDenied, s);
       }
     }
@@ -111,6 +115,11 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
     if (auto s = Check(caller, Verb::kAcquire, ModelObject(req.model())); !s.ok()) {
       return finish(AcquireResult::kDenied, s);
     }
+    auto tenant = TenantFor(caller, req.model());
+    if (!tenant.ok()) {
+      return finish(AcquireResult::kDenied, tenant.status());
+    }
+    env.tenant = *tenant;
     if (auto s = AwaitPreload(req.model(), req.wait_ready() || req.load_on_miss(), deadline,
                               caller.gone);
         !s.ok()) {
@@ -236,6 +245,9 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
     std::vector<int> cached_ranks;
     std::vector<spec::FieldDiff> mismatch;
     for (const auto& other : registry_.FindByModel(req.model())) {
+      // Another namespace's private copy explains nothing to this caller (and is not its
+      // business).
+      if (other->inputs.env.tenant != asked.env.tenant) continue;
       auto diffs = spec::Diff(other->inputs, asked);
       if (diffs.empty()) continue;
       const bool rank_only = std::all_of(diffs.begin(), diffs.end(), [](const auto& d) {

@@ -81,25 +81,36 @@ void Daemon::Impl::StartPreloads() {
     if (ranks.empty()) {
       for (int r = 0; r < s.tp_size; ++r) ranks.push_back(r);
     }
+    // A private model (isolation: namespace): a copy per listed namespace; none listed, each
+    // namespace's copy is loaded when a pod of it first asks.
+    auto tenants = TenantsToLoad(nullptr, s);
     if (!opened.ok()) {
       WC_LOG_ERROR("preload %s: %s", s.name, std::string(opened.status().message()));
+    } else if (!tenants.ok()) {
+      WC_LOG_INFO("preload %s: none (%s)", s.name, std::string(tenants.status().message()));
     } else {
       // The ranks of the spec load together: one pass over the files for all of them.
       std::vector<Admission::GroupRank> group;
-      for (int r : ranks) {
-        const Admission::AskedEnv placed = admission_.Placed(r);
-        group.push_back({{s.tp_size, r, s.pp_size, s.pp_rank}, placed.env, placed.device_uuid});
+      for (const std::string& tenant : *tenants) {
+        for (int r : ranks) {
+          Admission::AskedEnv placed = admission_.Placed(r);
+          placed.env.tenant = tenant;
+          group.push_back({{s.tp_size, r, s.pp_size, s.pp_rank}, placed.env, placed.device_uuid});
+        }
       }
       auto started = admission_.StartGroupLoad(*opened, group);
       for (size_t i = 0; i < group.size(); ++i) {
         const int r = group[i].layout.tp_rank;
         const std::string& device = group[i].device_uuid;
+        const std::string& tenant = group[i].env.tenant;
         if (!started[i].ok()) {
-          WC_LOG_ERROR("preload %s rank %d on %s: %s", s.name, r, device,
+          WC_LOG_ERROR("preload %s rank %d on %s%s: %s", s.name, r, device,
+                       tenant.empty() ? "" : " for namespace " + tenant,
                        std::string(started[i].status().message()));
           continue;
         }
-        WC_LOG_INFO("preload %s rank %d/%d on %s", s.name, r, s.tp_size, device);
+        WC_LOG_INFO("preload %s rank %d/%d on %s%s", s.name, r, s.tp_size, device,
+                    tenant.empty() ? "" : " (namespace " + tenant + "'s private copy)");
         MutexLock l(mu_);
         preloads_.push_back((*started[i])->key);
       }
@@ -167,7 +178,19 @@ absl::Status Daemon::Impl::AwaitPreload(const std::string& name, bool wait,
       "wait_ready to wait"));
 }
 
+// A private copy per namespace needs to know the namespace of whoever asks: only the
+// namespace rules' slot sockets say it.
+absl::Status Daemon::Impl::CheckIsolation(const spec::ModelSpec& spec) const {
+  if (!spec.Private() || options_.namespace_rules.enabled) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "model '", spec.name,
+      "': isolation: namespace (a private copy per Kubernetes namespace) needs the daemon's "
+      "--namespace_rules, which identify each caller's pod; without them no caller names a "
+      "namespace (set namespaceRules.enabled in the chart, or use isolation: shared)"));
+}
+
 absl::Status Daemon::Impl::Start() {
+  for (const auto& s : options_.specs) WC_RETURN_IF_ERROR(CheckIsolation(s));
   WC_RETURN_IF_ERROR(PrepareSocketDir(options_.socket_dir, 0750));
   WC_RETURN_IF_ERROR(models_.OpenDigestStore(options_.digest_store));
   if (keeper_) {
@@ -394,6 +417,7 @@ absl::Status Daemon::Impl::Load(const Caller& caller, const v1::LoadRequest& req
     return absl::InvalidArgumentError(
         absl::StrCat("LoadRequest.spec_yaml: holds ", specs.size(), " specs; send exactly one"));
   }
+  WC_RETURN_IF_ERROR(CheckIsolation(specs[0]));
   // An inline spec is defined by a Load that succeeds: a refused or failed one leaves the
   // name as it was (undefined, or the spec file's or an earlier inline spec).
   const ModelCatalog::Previous previous = models_.Define(specs[0]);
@@ -429,19 +453,23 @@ absl::Status Daemon::Impl::LoadDefined(
     for (int r : ranks) layouts.push_back({s.tp_size, r, s.pp_size, s.pp_rank});
   }
   WC_ASSIGN_OR_RETURN(auto asked, admission_.EnvFrom(req.env()));
+  WC_ASSIGN_OR_RETURN(const std::vector<std::string> tenants, TenantsToLoad(&caller, opened->spec));
   std::vector<Admission::GroupRank> group;
-  for (const auto& layout : layouts) {
-    spec::Environment env = asked.env;
-    // No device named: the placement rule (rank r on the r-th device), at its capability.
-    const std::string device = asked.device_uuid.empty()
-                                   ? DefaultDeviceForRank(backend_->Devices(), layout.tp_rank)
-                                   : asked.device_uuid;
-    if (asked.device_uuid.empty() && req.env().compute_capability().empty()) {
-      for (const auto& d : backend_->Devices()) {
-        if (d.uuid == device) env.compute_capability = d.compute_capability;
+  for (const std::string& tenant : tenants) {
+    for (const auto& layout : layouts) {
+      spec::Environment env = asked.env;
+      env.tenant = tenant;
+      // No device named: the placement rule (rank r on the r-th device), at its capability.
+      const std::string device = asked.device_uuid.empty()
+                                     ? DefaultDeviceForRank(backend_->Devices(), layout.tp_rank)
+                                     : asked.device_uuid;
+      if (asked.device_uuid.empty() && req.env().compute_capability().empty()) {
+        for (const auto& d : backend_->Devices()) {
+          if (d.uuid == device) env.compute_capability = d.compute_capability;
+        }
       }
+      group.push_back({layout, env, device});
     }
-    group.push_back({layout, env, device});
   }
   std::vector<std::string> undeclared;
   for (const auto& g : group) {
@@ -522,11 +550,7 @@ absl::Status Daemon::Impl::Evict(const Caller& caller, const v1::EvictRequest& r
     for (const auto& s : registry_.Snapshot()) {
       if (s.state == cache::State::kDraining) continue;
       bool mine = s.model == req.model();
-      if (!mine && opened.ok()) {
-        const auto& sp = (*opened)->spec;
-        mine = sp.tp_size == s.inputs.layout.tp_size && sp.pp_size == s.inputs.layout.pp_size &&
-               (*opened)->Inputs(s.inputs.layout, s.inputs.env).Digest() == s.fingerprint;
-      }
+      if (!mine && opened.ok()) mine = (*opened)->Reproduces(s.inputs, s.fingerprint);
       if (!mine) continue;
       keys.push_back({s.fingerprint, s.device_uuid});
       for (const auto& n : models_.NamesOf(s)) {
@@ -590,6 +614,30 @@ Object Daemon::Impl::ModelObject(const std::string& name) const {
     o.allowed_namespaces = spec->allowed_namespaces;
   }
   return o;
+}
+
+absl::StatusOr<std::string> Daemon::Impl::TenantFor(const Caller& caller,
+                                                    const std::string& name) const {
+  const std::optional<spec::ModelSpec> spec = models_.Spec(name);
+  if (!spec || !spec->Private()) return std::string();
+  return policy_->TenantOf(caller, name);
+}
+
+absl::StatusOr<std::vector<std::string>> Daemon::Impl::TenantsToLoad(
+    const Caller* caller, const spec::ModelSpec& spec) const {
+  if (!spec.Private()) return std::vector<std::string>{""};
+  if (caller != nullptr && caller->socket == SocketKind::kSlot) {
+    WC_ASSIGN_OR_RETURN(std::string ns, policy_->TenantOf(*caller, spec.name));
+    return std::vector<std::string>{ns};
+  }
+  if (spec.allowed_namespaces.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model '", spec.name,
+        "' keeps a private copy per namespace (isolation: namespace) and lists no "
+        "allowed_namespaces, so there is no namespace to load it for: each namespace's copy is "
+        "loaded when a pod of it asks (acquire with load_on_miss, or load through its slot)"));
+  }
+  return spec.allowed_namespaces;
 }
 
 absl::Status Daemon::Impl::Check(const Caller& caller, Verb verb, const Object& object) const {

@@ -83,7 +83,10 @@ class GrpcService final : public v1::WeightCache::Service {
     // its name).
     auto publisher = impl_->Publisher(*caller, req->model());
     if (!publisher.ok()) return ToGrpc(ctx, publisher.status());
-    return ToGrpc(ctx, (*publisher)->Begin(caller->cred, caller->slot, *req, resp));
+    // A private model's published weights are the publisher's namespace's copy.
+    auto tenant = impl_->TenantFor(*caller, req->model());
+    if (!tenant.ok()) return ToGrpc(ctx, tenant.status());
+    return ToGrpc(ctx, (*publisher)->Begin(caller->cred, caller->slot, *tenant, *req, resp));
   }
 
   grpc::Status CommitPublish(grpc::ServerContext* ctx, const v1::CommitPublishRequest* req,

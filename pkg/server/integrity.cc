@@ -114,11 +114,7 @@ absl::Status Daemon::Impl::VerifyResident(const Caller& caller,
   std::vector<std::shared_ptr<cache::Entry>> entries;
   for (const auto& e : registry_.ReadyEntries()) {
     bool mine = e->model == req.model();
-    if (!mine && opened.ok()) {
-      const auto& sp = (*opened)->spec;
-      mine = sp.tp_size == e->inputs.layout.tp_size && sp.pp_size == e->inputs.layout.pp_size &&
-             (*opened)->Inputs(e->inputs.layout, e->inputs.env).Digest() == e->fingerprint;
-    }
+    if (!mine && opened.ok()) mine = (*opened)->Reproduces(e->inputs, e->fingerprint);
     if (mine) entries.push_back(e);
   }
   if (entries.empty()) {

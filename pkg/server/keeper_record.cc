@@ -82,6 +82,7 @@ std::string EncodeKeeperRecord(const cache::Entry& e, const load::LoadedModel& c
   r.set_engine_version(in.env.engine_version);
   r.set_framework_version(in.env.framework_version);
   r.set_recipe(in.env.recipe);
+  r.set_tenant(in.env.tenant);
   for (const auto& f : e.files) {
     auto* s = r.add_files();
     s->set_name(f.name);
@@ -149,6 +150,7 @@ absl::StatusOr<AdoptableRecord> DecodeKeeperRecord(const std::string& body) {
   in.env.engine_version = r.engine_version();
   in.env.framework_version = r.framework_version();
   in.env.recipe = r.recipe();
+  in.env.tenant = r.tenant();
   if (const std::string fp = in.Digest(); fp != r.fingerprint()) {
     return absl::InvalidArgumentError(
         absl::StrCat("keeper record of model '", r.model(), "': its fingerprint inputs give ",

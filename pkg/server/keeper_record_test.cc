@@ -74,6 +74,21 @@ TEST(KeeperRecordTest, WhatIsDepositedDecodesToTheSameEntry) {
   EXPECT_EQ(KeeperKey(f.entry->fingerprint, "host"), f.entry->fingerprint + "@host");
 }
 
+// A private copy's namespace is part of its fingerprint: the record keeps it, so the adopted
+// entry is still that namespace's alone.
+TEST(KeeperRecordTest, APrivateCopysNamespaceSurvivesTheRecord) {
+  Fixture f;
+  spec::FingerprintInputs in = f.entry->inputs;
+  in.env.tenant = "team-a";
+  f.entry = std::make_unique<cache::Entry>(cache::Key{in.Digest(), "host"}, "m", in, "disk",
+                                           f.entry->files);
+  auto a = DecodeKeeperRecord(f.Encode());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->record.tenant(), "team-a");
+  EXPECT_EQ(a->inputs.env.tenant, "team-a");
+  EXPECT_EQ(a->inputs.Digest(), f.entry->fingerprint);
+}
+
 // Issue 27: the record carries each segment's digest fold; the adoption check refuses memory
 // that changed while the keeper held it, naming the segment; older records are not checked.
 TEST(KeeperRecordTest, TheDigestsAtDepositAreCheckedAtAdoption) {

@@ -197,10 +197,7 @@ std::map<std::string, std::shared_ptr<const load::OpenedModel>> ModelCatalog::Op
 std::vector<std::string> ModelCatalog::NamesOf(const cache::EntrySnapshot& s) const {
   std::vector<std::string> names;
   for (const auto& [name, o] : Opened()) {
-    if (o->spec.tp_size != s.inputs.layout.tp_size || o->spec.pp_size != s.inputs.layout.pp_size) {
-      continue;
-    }
-    if (name == s.model || o->Inputs(s.inputs.layout, s.inputs.env).Digest() == s.fingerprint) {
+    if (name == s.model || o->Reproduces(s.inputs, s.fingerprint)) {
       names.push_back(name);
     }
   }

@@ -93,7 +93,38 @@ std::string Policy::Who(const Caller& c) const {
                       SocketKindName(c.socket), c.slot.empty() ? "" : " of slot " + c.slot);
 }
 
+absl::StatusOr<std::string> Policy::TenantOf(const Caller& c, const std::string& model) const {
+  if (c.socket != SocketKind::kSlot || rules_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model '", model,
+                     "' keeps a private copy per Kubernetes namespace (isolation: "
+                     "namespace) and ",
+                     Who(c), " names none: ask from a pod through its slot socket"));
+  }
+  auto pod = rules_->PodOf(c.slot, c.accepted);
+  if (!pod.ok()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("model '", model,
+                     "' keeps a private copy per namespace (isolation: namespace) and the "
+                     "pod on slot ",
+                     c.slot, " could not be identified (fail closed): ", pod.status().message()));
+  }
+  return pod->ns;
+}
+
 Decision Policy::MapRule(const Caller& caller, const Object& object) const {
+  if (!object.tenant.empty() && !IsAdmin(caller)) {
+    // A private copy: its namespace's pods only (an open rule does not open it to others).
+    auto ns = TenantOf(caller, object.model);
+    if (!ns.ok()) return Deny("namespace", std::string(ns.status().message()));
+    if (*ns != object.tenant) {
+      return Deny("namespace",
+                  absl::StrCat("this entry of model '", object.model,
+                               "' is another namespace's private copy (isolation: namespace); "
+                               "this pod is in '",
+                               *ns, "'"));
+    }
+  }
   if (rules_ == nullptr || !object.allowed_namespaces) return Decision::Allow();
   absl::Status s = rules_->MayMap({caller.slot, caller.accepted, IsAdmin(caller)}, object.model,
                                   *object.allowed_namespaces);

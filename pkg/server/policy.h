@@ -3,7 +3,9 @@
 // table (roles first, then the object's own rule):
 //
 //   verb      needs                         then
-//   acquire   -                             the model's namespace rule (map rule)
+//   acquire   -                             the model's namespace rule (map rule); a
+//                                           private copy (isolation: namespace): only its
+//                                           namespace's pods, and admins
 //   load      -                             map rule (an inline spec is `define`); a
 //                                           placement the spec does not declare: admin
 //   status    -                             map rule per model shown (admins see all)
@@ -34,6 +36,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "pkg/server/caller.h"
 
 namespace weightcache::server {
@@ -65,6 +68,9 @@ struct Object {
   std::optional<uid_t> owner_uid;
   std::string owner_slot;
   std::string lease;  // for messages
+  // A private copy's namespace (spec isolation: namespace) when the verb acts on one entry:
+  // only pods of that namespace (and admins) may map or see it.
+  std::string tenant;
   // load: why the asked placement (layout, device, environment) is not one the model's
   // spec declares, as Admission::UndeclaredPlacement says; empty: declared. Issue 25: any
   // engine loaded any layout on any GPU, each a new entry, until the GPUs were full.
@@ -88,6 +94,10 @@ class Policy {
   // May publish: admin, or granted on this kind of socket (see the table above). On a slot
   // socket this asks who holds the slot (PodResources): `why` says what was found.
   bool IsPublisher(const Caller& caller, std::string* why) const;
+  // The namespace whose private copy of `model` (isolation: namespace) this caller gets: the
+  // namespace of the pod on its slot. FAILED_PRECONDITION on any other socket (nothing there
+  // names a namespace), PERMISSION_DENIED when the pod cannot be identified (fail closed).
+  absl::StatusOr<std::string> TenantOf(const Caller& caller, const std::string& model) const;
 
  private:
   Decision MapRule(const Caller& caller, const Object& object) const;

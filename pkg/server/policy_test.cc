@@ -139,6 +139,45 @@ TEST(Policy, SlotSocketsAreNeverAdminAndPublishByNamespace) {
   EXPECT_EQ(cross.rule, "namespace");
 }
 
+// isolation: namespace. A private copy is mapped and seen only by pods of its namespace (and
+// admins), whatever the model's own rule; the refusal does not name the copy's namespace.
+// The caller's copy is its pod's namespace; the shared socket names none.
+TEST(Policy, APrivateCopyIsItsNamespacesAlone) {
+  FakeKubelet k;
+  k.holders.by_device["weightcache-1"] = {"team-a", "engine-a", "engine"};
+  k.holders.by_device["weightcache-3"] = {"team-b", "engine-b", "engine"};
+  NamespaceRules rules({}, k.Lookup());
+  PolicyOptions o;
+  o.admin_uids = {7};
+  Policy p(o, &rules);
+  const Caller a = On(SocketKind::kSlot, 0, 0, "weightcache-1");
+  const Caller b = On(SocketKind::kSlot, 0, 0, "weightcache-3");
+  Object copy = Model("m");  // open to all: the copy's namespace still decides
+  copy.tenant = "team-a";
+  for (Verb v : {Verb::kAcquire, Verb::kStatus}) {
+    EXPECT_TRUE(p.Decide(a, v, copy).allowed) << VerbName(v);
+    const Decision d = p.Decide(b, v, copy);
+    EXPECT_FALSE(d.allowed) << VerbName(v);
+    EXPECT_EQ(d.rule, "namespace");
+    EXPECT_THAT(d.reason, HasSubstr("another namespace's private copy"));
+    EXPECT_THAT(d.reason, ::testing::Not(HasSubstr("team-a")));
+    EXPECT_TRUE(p.Decide(On(SocketKind::kEngine, 7), v, copy).allowed) << VerbName(v);
+    EXPECT_TRUE(p.Decide(On(SocketKind::kAdmin, 1000), v, copy).allowed) << VerbName(v);
+    EXPECT_FALSE(p.Decide(On(SocketKind::kEngine, 0), v, copy).allowed) << VerbName(v);
+    // A slot nobody holds: fail closed.
+    EXPECT_FALSE(p.Decide(On(SocketKind::kSlot, 0, 0, "weightcache-2"), v, copy).allowed);
+  }
+  EXPECT_EQ(p.TenantOf(a, "m").value_or(""), "team-a");
+  EXPECT_EQ(p.TenantOf(b, "m").value_or(""), "team-b");
+  EXPECT_EQ(p.TenantOf(On(SocketKind::kEngine, 7), "m").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(p.TenantOf(On(SocketKind::kSlot, 0, 0, "weightcache-2"), "m").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // Namespace rules off: no private copy is served to anyone but admins.
+  Policy off(o, nullptr);
+  EXPECT_FALSE(off.Decide(On(SocketKind::kEngine, 0), Verb::kAcquire, copy).allowed);
+}
+
 TEST(Policy, UnknownModelsAreLeftToTheirLookup) {
   FakeKubelet k;
   NamespaceRules rules({}, k.Lookup());

@@ -198,7 +198,7 @@ void PublishManager::Count(const std::string& model, const std::string& result) 
 }
 
 absl::Status PublishManager::Begin(const PeerCred& caller, const std::string& slot,
-                                   const v1::BeginPublishRequest& req,
+                                   const std::string& tenant, const v1::BeginPublishRequest& req,
                                    v1::BeginPublishResponse* resp) {
   if (req.model().empty()) {
     return absl::InvalidArgumentError("BeginPublish: model (the base checkpoint's spec) is empty");
@@ -220,7 +220,9 @@ absl::Status PublishManager::Begin(const PeerCred& caller, const std::string& sl
   const std::string device = asked.device_uuid.empty()
                                  ? DefaultDeviceForRank(backend_->Devices(), layout.tp_rank)
                                  : asked.device_uuid;
-  const spec::FingerprintInputs inputs = opened->Inputs(layout, asked.env);
+  spec::Environment env = asked.env;
+  env.tenant = tenant;
+  const spec::FingerprintInputs inputs = opened->Inputs(layout, env);
   uint64_t bytes = 0;
   for (uint64_t b : plan.segment_bytes) bytes += RoundUp(b, backend_->granularity());
 

@@ -125,7 +125,7 @@ class PublishManagerTest : public ::testing::Test {
 TEST_F(PublishManagerTest, BeginClaimWriteCommitMakesAReadyEntryWithItsPublisher) {
   const auto req = Request("r1");
   v1::BeginPublishResponse begun;
-  ASSERT_TRUE(publishes_->Begin(Cred(1000), "", req, &begun).ok());
+  ASSERT_TRUE(publishes_->Begin(Cred(1000), "", "", req, &begun).ok());
   ASSERT_FALSE(begun.joined());
   EXPECT_TRUE(publishes_->IsToken(begun.token()));
   EXPECT_EQ(Entries(), 1u) << "a loading entry holds the key and the budget";
@@ -145,7 +145,7 @@ TEST_F(PublishManagerTest, BeginClaimWriteCommitMakesAReadyEntryWithItsPublisher
   EXPECT_EQ(who->recipe(), "r1");
   // The same key again: joined, nothing allocated.
   v1::BeginPublishResponse again;
-  ASSERT_TRUE(publishes_->Begin(Cred(1001), "", req, &again).ok());
+  ASSERT_TRUE(publishes_->Begin(Cred(1001), "", "", req, &again).ok());
   EXPECT_TRUE(again.joined());
   EXPECT_TRUE(again.token().empty());
 }
@@ -153,7 +153,7 @@ TEST_F(PublishManagerTest, BeginClaimWriteCommitMakesAReadyEntryWithItsPublisher
 TEST_F(PublishManagerTest, OnlyTheUidThatBeganMayClaimOnceCommitOrAbortOnItsOwnSocket) {
   const auto req = Request("r2");
   v1::BeginPublishResponse begun;
-  ASSERT_TRUE(publishes_->Begin(Cred(1000), "slot-a", req, &begun).ok());
+  ASSERT_TRUE(publishes_->Begin(Cred(1000), "slot-a", "", req, &begun).ok());
   auto other_slot = publishes_->Claim(begun.token(), Cred(1000), "slot-b");
   EXPECT_EQ(other_slot.status().code(), absl::StatusCode::kPermissionDenied);
   auto grant = publishes_->Claim(begun.token(), Cred(1000), "slot-a");
@@ -176,7 +176,7 @@ TEST_F(PublishManagerTest, OnlyTheUidThatBeganMayClaimOnceCommitOrAbortOnItsOwnS
 // writable descriptors never reach anyone but the publisher.
 TEST_F(PublishManagerTest, ATokenPresentedByAnotherUidEndsThePublish) {
   v1::BeginPublishResponse begun;
-  ASSERT_TRUE(publishes_->Begin(Cred(1000), "", Request("r6"), &begun).ok());
+  ASSERT_TRUE(publishes_->Begin(Cred(1000), "", "", Request("r6"), &begun).ok());
   auto stranger = publishes_->Claim(begun.token(), Cred(1001), "");
   EXPECT_EQ(stranger.status().code(), absl::StatusCode::kPermissionDenied) << stranger.status();
   EXPECT_THAT(std::string(stranger.status().message()), HasSubstr("presented by uid 1001"));
@@ -187,7 +187,7 @@ TEST_F(PublishManagerTest, ATokenPresentedByAnotherUidEndsThePublish) {
 TEST_F(PublishManagerTest, ACommitThatDiffersFromItsBeginAbortsAndLeavesNothing) {
   const auto req = Request("r3");
   v1::BeginPublishResponse begun;
-  ASSERT_TRUE(publishes_->Begin(Cred(1000), "", req, &begun).ok());
+  ASSERT_TRUE(publishes_->Begin(Cred(1000), "", "", req, &begun).ok());
   ASSERT_TRUE(publishes_->Claim(begun.token(), Cred(1000), "").ok());
   auto commit = CommitOf(begun, Request("r3", 512));
   v1::CommitPublishResponse resp;
@@ -203,7 +203,7 @@ TEST_F(PublishManagerTest, ACommitThatDiffersFromItsBeginAbortsAndLeavesNothing)
 
 TEST_F(PublishManagerTest, APublisherWhoseConnectionClosesOrNeverClaimsLeavesNothing) {
   v1::BeginPublishResponse closed;
-  ASSERT_TRUE(publishes_->Begin(Cred(1000), "", Request("r4"), &closed).ok());
+  ASSERT_TRUE(publishes_->Begin(Cred(1000), "", "", Request("r4"), &closed).ok());
   auto grant = publishes_->Claim(closed.token(), Cred(1000), "");
   ASSERT_TRUE(grant.ok()) << grant.status();
   EXPECT_TRUE(publishes_->OnClose(grant->lease_id));  // the handle connection closed
@@ -212,7 +212,7 @@ TEST_F(PublishManagerTest, APublisherWhoseConnectionClosesOrNeverClaimsLeavesNot
 
   options_.token_ttl = std::chrono::seconds(0);  // every unclaimed token has expired
   v1::BeginPublishResponse unclaimed;
-  ASSERT_TRUE(publishes_->Begin(Cred(1000), "", Request("r5"), &unclaimed).ok());
+  ASSERT_TRUE(publishes_->Begin(Cred(1000), "", "", Request("r5"), &unclaimed).ok());
   EXPECT_EQ(Entries(), 1u);
   publishes_->ExpireTokens();
   EXPECT_EQ(EntriesOnce(0), 0u);

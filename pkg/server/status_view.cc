@@ -67,6 +67,12 @@ void Daemon::Impl::Status(const Caller& caller, v1::StatusResponse* resp) {
     }
     const bool model_visible = visible(s.model);
     if (!model_visible && names.empty()) continue;
+    if (filtered && !s.inputs.env.tenant.empty()) {
+      // Another namespace's private copy: not shown (nor counted per name).
+      Object object = ModelObject(s.model);
+      object.tenant = s.inputs.env.tenant;
+      if (!policy_->Decide(caller, Verb::kStatus, object).allowed) continue;
+    }
     auto* e = resp->add_entries();
     e->set_model(model_visible ? s.model : names.front());
     e->set_fingerprint(s.fingerprint);
@@ -88,6 +94,7 @@ void Daemon::Impl::Status(const Caller& caller, v1::StatusResponse* resp) {
     e->set_bytes_read(s.bytes_read);
     e->set_bytes_done(s.bytes_done);
     e->set_source(s.source);
+    e->set_tenant(s.inputs.env.tenant);
     // A published entry, or one adopted from the keeper whose record says who published it.
     if (auto p = publishes_.PublisherOf({s.fingerprint, s.device_uuid});
         p && (s.source == "publish" || s.source == "keeper")) {
@@ -122,6 +129,7 @@ void Daemon::Impl::Status(const Caller& caller, v1::StatusResponse* resp) {
       for (uint32_t r : ready_ranks[name]) m->add_cached_ranks(r);
       m->set_refused(refused);
       for (const auto& ns : sp.allowed_namespaces) m->add_allowed_namespaces(ns);
+      m->set_isolation(sp.isolation);
     }
   }
   resp->set_acquire_hits(hits_);

@@ -74,6 +74,7 @@ std::vector<std::pair<std::string, std::string>> TailFields(const FingerprintInp
       {"engine_version", in.env.engine_version},
       {"framework_version", in.env.framework_version},
       {"recipe", in.env.recipe},
+      {"tenant", in.env.tenant},
   };
 }
 
@@ -123,7 +124,10 @@ std::string FingerprintInputs::Canonical() const {
   for (const auto& [field, value] : TailFields(*this)) {
     if (field == "tensor_layout" && value == kDefaultTensorLayout) continue;
     // Published weights' fields: absent from the encoding when empty (loaded weights).
-    if ((field == "framework_version" || field == "recipe") && value.empty()) continue;
+    // and a private copy's namespace: absent for shared entries.
+    if ((field == "framework_version" || field == "recipe" || field == "tenant") && value.empty()) {
+      continue;
+    }
     absl::StrAppend(&out, field, "=", Escape(value), "\n");
   }
   return out;

@@ -40,6 +40,10 @@ struct Environment {
   // loaded entries stay as they were): its framework's version and its processing recipe.
   std::string framework_version;  // e.g. "torch 2.8.0+cu128"
   std::string recipe;             // e.g. "fp8-blockscale-v3"
+  // A private copy's Kubernetes namespace (spec `isolation: namespace`): set by the daemon
+  // from the pod that asks, never by a client; encoded only when set, so shared entries keep
+  // their fingerprints. Two namespaces' copies of one checkpoint are two entries.
+  std::string tenant;
 };
 
 struct FingerprintInputs {

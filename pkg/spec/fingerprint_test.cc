@@ -273,5 +273,20 @@ TEST(Fingerprint, PublishFieldsOnlyEncodedWhenSet) {
   EXPECT_EQ(FormatDiff(Diff(base, framework)), "framework_version: cached \"\", asked torch 2.8.0");
 }
 
+// A private copy's namespace (spec isolation: namespace) is encoded only when set, so shared
+// entries keep their fingerprints; two namespaces' copies differ, and Diff names the field.
+TEST(Fingerprint, TenantOnlyEncodedWhenSet) {
+  const FingerprintInputs shared = Sample();
+  EXPECT_EQ(shared.Canonical().find("tenant"), std::string::npos);
+  FingerprintInputs a = shared;
+  a.env.tenant = "team-a";
+  FingerprintInputs b = shared;
+  b.env.tenant = "team-b";
+  EXPECT_THAT(a.Canonical(), ::testing::HasSubstr("tenant=team-a\n"));
+  const std::set<std::string> digests = {shared.Digest(), a.Digest(), b.Digest()};
+  EXPECT_EQ(digests.size(), 3u);
+  EXPECT_EQ(FormatDiff(Diff(a, b)), "tenant: cached team-a, asked team-b");
+}
+
 }  // namespace
 }  // namespace weightcache::spec

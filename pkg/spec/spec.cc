@@ -28,15 +28,27 @@ constexpr int kMaxParallelSize = 1024;
 constexpr size_t kMaxNameLength = 63;
 
 // Keys of one spec, in the order ToYaml writes them.
-constexpr const char* kKeys[] = {
-    "version", "name",    "model_dir", "architecture", "revision", "tp_size",           "tp_ranks",
-    "pp_size", "pp_rank", "dtype",     "quantization", "layout",   "allowed_namespaces"};
+constexpr const char* kKeys[] = {"version",
+                                 "name",
+                                 "model_dir",
+                                 "architecture",
+                                 "revision",
+                                 "tp_size",
+                                 "tp_ranks",
+                                 "pp_size",
+                                 "pp_rank",
+                                 "dtype",
+                                 "quantization",
+                                 "layout",
+                                 "allowed_namespaces",
+                                 "isolation"};
 // Most entries of allowed_namespaces (a node shared by more teams than this lists none).
 constexpr size_t kMaxAllowedNamespaces = 256;
 constexpr size_t kMaxNamespaceLength = 63;
 constexpr const char* kDtypes[] = {"auto", "bf16", "fp16", "fp32"};
 constexpr const char* kQuantizations[] = {"auto", "none", "fp8_block"};
 constexpr const char* kLayouts[] = {"hf", "sglang", "vllm"};
+constexpr const char* kIsolations[] = {kIsolationShared, kIsolationNamespace};
 
 std::string KnownKeys() { return absl::StrJoin(kKeys, ", "); }
 
@@ -148,6 +160,7 @@ absl::Status SetScalar(const std::string& key, const RawScalar& raw, ModelSpec* 
   if (key == "dtype") field = &spec->dtype;
   if (key == "quantization") field = &spec->quantization;
   if (key == "layout") field = &spec->layout;
+  if (key == "isolation") field = &spec->isolation;
   if (field == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown key ", Quote(key), " (known: ", KnownKeys(), ")"));
@@ -446,6 +459,11 @@ absl::Status Validate(const ModelSpec& spec) {
     return Invalid("layout", absl::StrCat("must be one of ", absl::StrJoin(kLayouts, ", "),
                                           ", got ", Quote(spec.layout)));
   }
+  if (!OneOf(spec.isolation, kIsolations)) {
+    return Invalid("isolation",
+                   absl::StrCat("model ", Quote(spec.name), ": must be one of ",
+                                absl::StrJoin(kIsolations, ", "), ", got ", Quote(spec.isolation)));
+  }
   return ValidateNamespaces(spec);
 }
 
@@ -592,6 +610,9 @@ std::string ToYaml(const ModelSpec& spec) {
     out << YAML::Key << "allowed_namespaces" << YAML::Value << YAML::Flow << YAML::BeginSeq;
     for (const auto& ns : spec.allowed_namespaces) out << YAML::DoubleQuoted << ns;
     out << YAML::EndSeq;
+  }
+  if (spec.isolation != kIsolationShared) {
+    out << YAML::Key << "isolation" << YAML::Value << YAML::DoubleQuoted << spec.isolation;
   }
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";

@@ -20,6 +20,9 @@
 //                                    # pad the vocabulary to a multiple of 64 as they do
 //   allowed_namespaces: [team-a]     # optional: only pods of these Kubernetes namespaces may
 //                                    # map it (daemon --namespace_rules); empty: everyone
+//   isolation: shared                # optional: shared (one copy for every namespace that
+//                                    # may map it) | namespace (a private copy per namespace,
+//                                    # needs --namespace_rules; docs/security.md)
 #pragma once
 
 #include <cstddef>
@@ -42,6 +45,10 @@ inline constexpr size_t kMaxSpecBytes = 1 << 20;
 inline constexpr size_t kMaxSpecDepth = 16;
 inline constexpr size_t kMaxSpecNodes = 100'000;
 
+// Spec `isolation` values.
+inline constexpr char kIsolationShared[] = "shared";
+inline constexpr char kIsolationNamespace[] = "namespace";
+
 struct ModelSpec {
   int version = kSpecVersion;
   std::string name;          // [a-z0-9][a-z0-9._-]{0,62}: also a metrics label
@@ -59,6 +66,12 @@ struct ModelSpec {
   // fingerprint). Kubernetes namespace names (DNS-1123 labels, unique); empty: everyone.
   // Enforced by the daemon only with --namespace_rules (docs/security.md).
   std::vector<std::string> allowed_namespaces;
+  // "shared": one copy serves every namespace that may map the model. "namespace": each
+  // Kubernetes namespace gets its own copy (entries per fingerprint and namespace, each
+  // counted in the budget), for teams that will not share memory that any holder of the
+  // descriptors could write (docs/security.md). Needs the daemon's --namespace_rules.
+  std::string isolation = kIsolationShared;
+  bool Private() const { return isolation == kIsolationNamespace; }
 };
 
 // Whether `name` is a Kubernetes namespace name: a DNS-1123 label, [a-z0-9]([-a-z0-9]*[a-z0-9])?

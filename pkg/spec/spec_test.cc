@@ -217,7 +217,7 @@ TEST(SpecParse, UnknownKeyNamesKeyAndSource) {
   ExpectInvalid("name: a\nmodel_dir: /a\ntp: 2\n",
                 "specs.yaml: unknown key \"tp\" (known: version, name, model_dir, architecture, "
                 "revision, tp_size, tp_ranks, pp_size, pp_rank, dtype, quantization, layout, "
-                "allowed_namespaces)");
+                "allowed_namespaces, isolation)");
   ExpectInvalid("models:\n  - {name: a, model_dir: /a}\nname: b\n",
                 "specs.yaml: unknown key \"name\" beside `models:` (keys go in each model)");
 }
@@ -370,7 +370,7 @@ TEST(SpecFlag, Errors) {
          "flag: unknown key \"tp\" (known: version, name, model_dir, "
          "architecture, revision, tp_size, tp_ranks, pp_size, "
          "pp_rank, dtype, quantization, layout, "
-         "allowed_namespaces)");
+         "allowed_namespaces, isolation)");
   expect("name=a,model_dir=/a,tp_size=x", "flag: tp_size: must be an integer, got \"x\"");
   expect("name=a,model_dir=/a,tp_size=0", "flag: tp_size: must be >= 1, got 0");
   expect("name=a,model_dir=/a,tp_size=2,tp_ranks=0,5",
@@ -604,6 +604,26 @@ TEST(SpecNamespaces, RoundTripAndOpenSpecsKeepTheirCanonicalText) {
   const std::string yaml = ToYaml(s);
   EXPECT_THAT(yaml, HasSubstr("allowed_namespaces: [\"team-b\", \"team-a\"]"));
   EXPECT_EQ(ParseOne(yaml).allowed_namespaces, s.allowed_namespaces);
+}
+
+// isolation: shared (default) | namespace, from YAML and flags; the canonical text of a
+// shared spec stays what it was; a bad value names the model and the choices.
+TEST(SpecIsolation, ParsedValidatedAndRoundTripped) {
+  EXPECT_EQ(ParseOne("name: a\nmodel_dir: /a\n").isolation, "shared");
+  EXPECT_FALSE(ParseOne("name: a\nmodel_dir: /a\n").Private());
+  const ModelSpec p = ParseOne("name: a\nmodel_dir: /a\nisolation: namespace\n");
+  EXPECT_TRUE(p.Private());
+  auto flag = ParseSpecFlag("name=a,model_dir=/a,isolation=namespace");
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  EXPECT_TRUE(flag->Private());
+  ModelSpec s;
+  s.name = "llama";
+  s.model_dir = "/m";
+  EXPECT_THAT(ToYaml(s), ::testing::Not(HasSubstr("isolation")));
+  EXPECT_TRUE(ParseOne(ToYaml(p)).Private());
+  ExpectInvalid("name: llama\nmodel_dir: /a\nisolation: tenant\n",
+                "specs.yaml: isolation: model \"llama\": must be one of shared, namespace, got "
+                "\"tenant\"");
 }
 
 }  // namespace

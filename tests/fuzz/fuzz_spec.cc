@@ -16,7 +16,7 @@ bool Same(const ModelSpec& a, const ModelSpec& b) {
          a.architecture == b.architecture && a.revision == b.revision && a.tp_size == b.tp_size &&
          a.tp_ranks == b.tp_ranks && a.pp_size == b.pp_size && a.pp_rank == b.pp_rank &&
          a.dtype == b.dtype && a.quantization == b.quantization && a.layout == b.layout &&
-         a.allowed_namespaces == b.allowed_namespaces;
+         a.allowed_namespaces == b.allowed_namespaces && a.isolation == b.isolation;
 }
 
 void CheckRoundTrip(const ModelSpec& spec) {

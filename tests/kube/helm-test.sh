@@ -162,12 +162,17 @@ for helm in "${helms[@]}"; do
   expect "pod resources mount read-only" after "$ds" 'mountPath: /var/lib/k0s/kubelet/pod-resources$' 1 'readOnly: true$'
   expect "pod resources hostPath" after "$ds" 'name: pod-resources$' 2 'path: /var/lib/k0s/kubelet/pod-resources$'
   expect "ConfigMap spec allowed_namespaces" after "$cm" 'allowed_namespaces:$' 2 '- team-b$'
+  expect "ConfigMap spec isolation" has "$cm" '^ *isolation: namespace$'
   expect_fail "namespace rules need the device plugin" 'needs devicePlugin.enabled' "$helm" template wc "$chart" \
     --set namespaceRules.enabled=true,devicePlugin.enabled=false
   expect_fail "schema: bad allowed namespace" 'allowed_namespaces|pattern' "$helm" template wc "$chart" \
     --set 'models[0].name=x,models[0].model_dir=/m,models[0].allowed_namespaces[0]=Team_A'
   expect_fail "schema: namespace rules cache negative" 'cacheSeconds' "$helm" template wc "$chart" \
     --set namespaceRules.cacheSeconds=-1
+  expect_fail "private copies need the namespace rules" 'isolation: namespace, which needs namespaceRules.enabled' \
+    "$helm" template wc "$chart" --set 'models[0].name=x,models[0].model_dir=/m,models[0].isolation=namespace'
+  expect_fail "schema: bad isolation" 'isolation' "$helm" template wc "$chart" \
+    --set 'models[0].name=x,models[0].model_dir=/m,models[0].isolation=tenant'
 
   # Device plugin off: no flag, no kubelet hostPath.
   "$helm" template wc "$chart" --set devicePlugin.enabled=false >"$work/nodp.yaml"

@@ -76,6 +76,16 @@ class Daemon::Impl final : public metrics::StateSource {
   absl::Status Check(const Caller& caller, Verb verb, const Object& object) const;
   // The object of a verb on model `name`: its spec's namespace list when known.
   Object ModelObject(const std::string& name) const;
+  // The namespace whose private copy of model `name` (isolation: namespace) `caller` maps:
+  // its pod's (Policy::TenantOf); "" for a shared model.
+  absl::StatusOr<std::string> TenantFor(const Caller& caller, const std::string& name) const;
+  // The copies a Load of `spec` fills: {""} for a shared model; for a private one, the
+  // caller's namespace from a slot socket, every allowed namespace's from any other (an
+  // admin's or a preload's; FAILED_PRECONDITION when the spec lists none).
+  // OK unless `spec` asks for private copies (isolation: namespace) without --namespace_rules.
+  absl::Status CheckIsolation(const spec::ModelSpec& spec) const;
+  absl::StatusOr<std::vector<std::string>> TenantsToLoad(const Caller* caller,
+                                                         const spec::ModelSpec& spec) const;
   // `name` when it is a defined model, "" otherwise: the metric label for a request naming
   // it (unknown names from any peer would fill the bounded label slots, issue 26).
   std::string MetricModel(const std::string& name) const;

@@ -61,7 +61,9 @@ class PublishManager {
   // The RPCs; the caller has passed the policy's publish rule (policy.h). `slot`: the socket the
   // call came in on (empty: the shared one). Commit and abort only by the uid that began, on the
   // socket it began on; the token is claimable only on the handle socket beside that one.
-  absl::Status Begin(const PeerCred& caller, const std::string& slot,
+  // `tenant`: the publisher's namespace when the base model keeps private copies (isolation:
+  // namespace; the published entry is that namespace's), else empty.
+  absl::Status Begin(const PeerCred& caller, const std::string& slot, const std::string& tenant,
                      const v1::BeginPublishRequest& req, v1::BeginPublishResponse* resp);
   // Its wait for the entry to turn ready ends when the caller is gone or at its deadline.
   absl::Status Commit(const Caller& caller, const v1::CommitPublishRequest& req,
