@@ -1,11 +1,14 @@
 // The digest kernel (digest.h's NH sum per 1 MiB chunk) and its host side. One block of 512
 // threads per chunk; each thread sums 16-byte words strided by the block, then the block
-// reduces with warp shuffles. Bandwidth-bound: on the H200 it reads at ~4.7 TB/s unthrottled
-// (docs/benchmarks.md). Runs on a lowest-priority non-blocking stream, so a co-located
+// reduces with warp shuffles. Bandwidth-bound (bench/scrub_bench.cu measures it; figures in
+// docs/benchmarks.md). Runs on a lowest-priority non-blocking stream, so a co-located
 // engine's kernels are scheduled first; the pacer bounds the bytes per second on top.
+// Streams and result buffers are pooled per device (ResourcePool), not made per call.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +19,8 @@ namespace weightcache::integrity::internal {
 namespace {
 
 constexpr int kThreads = 512;
+// Unthrottled, a launch covers up to this many bytes: 1024 blocks, several per SM.
+constexpr uint64_t kSpanBytes = 1ull << 30;
 
 __device__ __forceinline__ uint32_t DeviceKey(uint64_t i) {
   uint32_t x =
@@ -55,17 +60,59 @@ absl::Status Cuda(cudaError_t rc, const char* call, const std::string& where) {
       absl::StrCat(call, " (digest of ", where, "): ", cudaGetErrorString(rc)));
 }
 
-// The stream and result buffer of one digest, released on every path.
+// A stream and a result buffer on one device, reused by digest after digest (creating a
+// stream and a buffer per call, and the cudaFree that synchronizes the device, cost more than
+// digesting a GiB). Kept for the process's life: freeing them at exit would call into a
+// driver that may already be gone.
 struct Resources {
   cudaStream_t stream = nullptr;
   unsigned long long* out = nullptr;
-  ~Resources() {
-    if (stream != nullptr) {
-      cudaStreamSynchronize(stream);
-      cudaStreamDestroy(stream);
-    }
-    if (out != nullptr) cudaFree(out);
+  size_t capacity = 0;  // chunks `out` holds
+};
+
+// Idle Resources per device ordinal: a digest takes one (or makes one) and gives it back, so
+// digests on one device at once (a fill and the scrubber) each have their own stream.
+class ResourcePool {
+ public:
+  static ResourcePool& Get() {
+    static ResourcePool* pool = new ResourcePool();  // never destroyed (see above)
+    return *pool;
   }
+  Resources* Take(int ordinal) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto& idle = idle_[ordinal];
+    if (idle.empty()) return new Resources();
+    Resources* r = idle.back();
+    idle.pop_back();
+    return r;
+  }
+  void Give(int ordinal, Resources* r) {
+    std::lock_guard<std::mutex> l(mu_);
+    idle_[ordinal].push_back(r);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<int, std::vector<Resources*>> idle_;
+};
+
+// One digest's hold on a device's Resources: on every path, waits for what it queued (a
+// stopped digest must not leave kernels writing into a buffer the next one uses), then gives
+// them back.
+class Lent {
+ public:
+  explicit Lent(int ordinal) : ordinal_(ordinal), r_(ResourcePool::Get().Take(ordinal)) {}
+  ~Lent() {
+    if (r_->stream != nullptr) cudaStreamSynchronize(r_->stream);
+    ResourcePool::Get().Give(ordinal_, r_);
+  }
+  Lent(const Lent&) = delete;
+  Lent& operator=(const Lent&) = delete;
+  Resources* operator->() const { return r_; }
+
+ private:
+  const int ordinal_;
+  Resources* const r_;
 };
 
 }  // namespace
@@ -84,39 +131,59 @@ absl::StatusOr<SegmentDigest> DigestDevice(const std::string& device_uuid,
       !st.ok()) {
     return st;
   }
-  Resources r;
-  if (auto st = Cuda(cudaStreamCreateWithPriority(&r.stream, cudaStreamNonBlocking, least),
-                     "cudaStreamCreateWithPriority", where);
-      !st.ok()) {
-    return st;
+  Lent r(*ordinal);
+  if (r->stream == nullptr) {
+    if (auto st = Cuda(cudaStreamCreateWithPriority(&r->stream, cudaStreamNonBlocking, least),
+                       "cudaStreamCreateWithPriority", where);
+        !st.ok()) {
+      return st;
+    }
   }
   const size_t chunks = ChunkCount(size);
-  if (auto st = Cuda(cudaMalloc(&r.out, chunks * sizeof(unsigned long long)), "cudaMalloc", where);
-      !st.ok()) {
-    return st;
-  }
-  for (uint64_t piece = 0; piece < size; piece += kPieceBytes) {
-    if (auto st = pacer.Before(piece); !st.ok()) return st;
-    const uint64_t n = std::min(kPieceBytes, size - piece);
-    const unsigned blocks = static_cast<unsigned>((n + kChunkBytes - 1) / kChunkBytes);
-    DigestKernel<<<blocks, kThreads, 0, r.stream>>>(
-        reinterpret_cast<const uint4*>(device_ptr + piece), piece, n, r.out + piece / kChunkBytes);
-    if (auto st = Cuda(cudaGetLastError(), "digest kernel launch", where); !st.ok()) return st;
-    // One piece in flight at a time: the pacer's budget is what the GPU really read.
-    if (auto st = Cuda(cudaStreamSynchronize(r.stream), "cudaStreamSynchronize", where); !st.ok()) {
+  if (r->capacity < chunks) {
+    if (r->out != nullptr) {
+      cudaStreamSynchronize(r->stream);
+      cudaFree(r->out);
+      r->out = nullptr;
+      r->capacity = 0;
+    }
+    if (auto st =
+            Cuda(cudaMalloc(&r->out, chunks * sizeof(unsigned long long)), "cudaMalloc", where);
+        !st.ok()) {
       return st;
+    }
+    r->capacity = chunks;
+  }
+  // Throttled: one kPieceBytes piece in flight at a time, so the pacer's budget is what the
+  // GPU really read. Unthrottled: spans of up to kSpanBytes queued back to back (a 64 MiB
+  // piece is only 64 blocks, half the H200's SMs, and a synchronization per piece cost as
+  // much as its kernel), the stop asked between spans.
+  const bool throttled = pacer.throttled();
+  const uint64_t step = throttled ? kPieceBytes : kSpanBytes;
+  for (uint64_t piece = 0; piece < size; piece += step) {
+    if (auto st = pacer.Before(piece); !st.ok()) return st;
+    const uint64_t n = std::min(step, size - piece);
+    const unsigned blocks = static_cast<unsigned>((n + kChunkBytes - 1) / kChunkBytes);
+    DigestKernel<<<blocks, kThreads, 0, r->stream>>>(
+        reinterpret_cast<const uint4*>(device_ptr + piece), piece, n, r->out + piece / kChunkBytes);
+    if (auto st = Cuda(cudaGetLastError(), "digest kernel launch", where); !st.ok()) return st;
+    if (throttled) {
+      if (auto st = Cuda(cudaStreamSynchronize(r->stream), "cudaStreamSynchronize", where);
+          !st.ok()) {
+        return st;
+      }
     }
   }
   SegmentDigest d;
   d.chunks.resize(chunks);
   // On the scrub stream itself: a non-blocking stream does not order with the legacy one.
-  if (auto st = Cuda(cudaMemcpyAsync(d.chunks.data(), r.out, chunks * sizeof(uint64_t),
-                                     cudaMemcpyDeviceToHost, r.stream),
+  if (auto st = Cuda(cudaMemcpyAsync(d.chunks.data(), r->out, chunks * sizeof(uint64_t),
+                                     cudaMemcpyDeviceToHost, r->stream),
                      "cudaMemcpyAsync", where);
       !st.ok()) {
     return st;
   }
-  if (auto st = Cuda(cudaStreamSynchronize(r.stream), "cudaStreamSynchronize", where); !st.ok()) {
+  if (auto st = Cuda(cudaStreamSynchronize(r->stream), "cudaStreamSynchronize", where); !st.ok()) {
     return st;
   }
   return d;
