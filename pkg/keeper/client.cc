@@ -54,7 +54,7 @@ absl::StatusOr<std::unique_ptr<KeeperClient>> KeeperClient::Connect(
 
 absl::Status KeeperClient::Deposit(const std::string& key, const std::string& body,
                                    const std::vector<int>& fds) {
-  Message m{Op::kDeposit};
+  Message m = MessageOf(Op::kDeposit);
   m.key = key;
   m.body = body;
   m.nfds = static_cast<uint32_t>(fds.size());
@@ -65,14 +65,14 @@ absl::Status KeeperClient::Deposit(const std::string& key, const std::string& bo
 }
 
 absl::Status KeeperClient::Drop(const std::string& key) {
-  Message m{Op::kDrop};
+  Message m = MessageOf(Op::kDrop);
   m.key = key;
   WC_RETURN_IF_ERROR(SendMessage(sock_.get(), m));
   return Expect(sock_.get(), Op::kOk, "a drop").status();
 }
 
 absl::StatusOr<std::vector<KeeperClient::Entry>> KeeperClient::Adopt() {
-  WC_RETURN_IF_ERROR(SendMessage(sock_.get(), Message{Op::kAdopt}));
+  WC_RETURN_IF_ERROR(SendMessage(sock_.get(), MessageOf(Op::kAdopt)));
   std::vector<Entry> out;
   while (true) {
     WC_ASSIGN_OR_RETURN(Message m, RecvMessage(sock_.get()));
@@ -97,7 +97,7 @@ absl::StatusOr<std::vector<KeeperClient::Entry>> KeeperClient::Adopt() {
 }
 
 absl::StatusOr<std::string> KeeperClient::Stats() {
-  WC_RETURN_IF_ERROR(SendMessage(sock_.get(), Message{Op::kStats}));
+  WC_RETURN_IF_ERROR(SendMessage(sock_.get(), MessageOf(Op::kStats)));
   WC_ASSIGN_OR_RETURN(Message m, Expect(sock_.get(), Op::kOk, "stats"));
   return m.body;
 }

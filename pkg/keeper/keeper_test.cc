@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -125,6 +126,36 @@ TEST_F(KeeperTest, RefusesCleanlyAtItsDescriptorLimitAndKeepsServing) {
   // The same connection goes on: what fits is still kept.
   EXPECT_TRUE(c->Deposit("c@host", "c", std::vector<int>(2, f.get())).ok());
   EXPECT_EQ(*c->Stats(), "entries=2 fds=10 max_fds=10");
+}
+
+// Connections are capped (KeeperOptions::max_connections): one past the cap is told why at
+// once, and a place that frees up is served again.
+TEST_F(KeeperTest, RefusesAConnectionPastItsCapAndServesOnceOneCloses) {
+  KeeperOptions o;
+  o.socket_path = dir_ / "k/keeper.sock";
+  o.max_fds = 4096;
+  o.max_connections = 2;
+  auto k = Keeper::Start(o);
+  ASSERT_TRUE(k.ok()) << k.status();
+  auto a = Connect();
+  auto b = Connect();
+  ASSERT_TRUE(a && b);
+  auto over = KeeperClient::Connect(dir_ / "k/keeper.sock");
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
+  EXPECT_NE(over.status().message().find("2 connections open, the most it serves at once"),
+            std::string::npos)
+      << over.status();
+  EXPECT_EQ(*a->Stats(), "entries=0 fds=0 max_fds=4096");  // the admitted ones go on
+  b.reset();
+  // The keeper learns of the hang-up when its thread reads it: bounded retries.
+  absl::StatusOr<std::unique_ptr<KeeperClient>> again = absl::UnavailableError("not tried");
+  for (int i = 0; i < 200 && !again.ok(); ++i) {
+    again = KeeperClient::Connect(dir_ / "k/keeper.sock");
+    if (!again.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*(*again)->Stats(), "entries=0 fds=0 max_fds=4096");
 }
 
 TEST_F(KeeperTest, RefusesAPeerOfAnotherUid) {

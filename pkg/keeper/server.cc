@@ -146,7 +146,7 @@ void Keeper::AdmitLocked(ScopedFd c) {
   }
   // The greeting: a connecting client learns at once whether it is served. A peer that
   // gave up waiting (its connection queued while the keeper was stopped) is closed here.
-  Message hello{Op::kOk};
+  Message hello = MessageOf(Op::kOk);
   hello.body = kGreeting;
   if (!SendMessage(c.get(), hello).ok()) return;
   const int fd = c.release();
@@ -226,13 +226,13 @@ absl::Status Keeper::Handle(int fd, Message m) {
                                    absl::StrCat("drop: no entry '", m.key, "' is held"))));
       }
       WC_LOG_INFO("keeper: dropped %s (%d descriptors)", m.key, gone->fds.size());
-      return SendMessage(fd, Message{Op::kOk});
+      return SendMessage(fd, MessageOf(Op::kOk));
     }
     case Op::kAdopt:
       return Adopt(fd);
     case Op::kStats: {
       const Stats s = stats();
-      Message r{Op::kOk};
+      Message r = MessageOf(Op::kOk);
       r.body = absl::StrCat("entries=", s.entries, " fds=", s.fds, " max_fds=", s.max_fds);
       return SendMessage(fd, r);
     }
@@ -263,7 +263,7 @@ absl::Status Keeper::Deposit(int fd, Message m) {
     MutexLock l(mu_);
     fds_ -= m.nfds;
   };
-  if (auto s = SendMessage(fd, Message{Op::kProceed}); !s.ok()) {
+  if (auto s = SendMessage(fd, MessageOf(Op::kProceed)); !s.ok()) {
     release_reservation();
     return s;
   }
@@ -286,7 +286,7 @@ absl::Status Keeper::Deposit(int fd, Message m) {
   }
   WC_LOG_INFO("keeper: holds %s (%d descriptors%s)", m.key, static_cast<int>(m.nfds),
               replaced ? ", replacing its earlier deposit" : "");
-  return SendMessage(fd, Message{Op::kOk});
+  return SendMessage(fd, MessageOf(Op::kOk));
 }
 
 absl::Status Keeper::Adopt(int fd) {
@@ -296,7 +296,7 @@ absl::Status Keeper::Adopt(int fd) {
     all.assign(entries_.begin(), entries_.end());
   }
   for (const auto& [key, held] : all) {
-    Message e{Op::kEntry};
+    Message e = MessageOf(Op::kEntry);
     e.key = key;
     e.body = held->body;
     e.nfds = static_cast<uint32_t>(held->fds.size());
@@ -306,7 +306,7 @@ absl::Status Keeper::Adopt(int fd) {
     for (const auto& f : held->fds) raw.push_back(f.get());
     WC_RETURN_IF_ERROR(SendFds(fd, raw));
   }
-  Message end{Op::kEnd};
+  Message end = MessageOf(Op::kEnd);
   end.body = std::to_string(all.size());
   WC_LOG_INFO("keeper: handed %d entries to an adopting daemon", static_cast<int>(all.size()));
   return SendMessage(fd, end);

@@ -56,6 +56,12 @@ struct Message {
   std::string body;
   uint32_t nfds = 0;  // descriptors that follow (or that a deposit announces)
 };
+// A message of `op` with every other field at its default (no partial aggregate init).
+inline Message MessageOf(Op op) {
+  Message m;
+  m.op = op;
+  return m;
+}
 
 struct Header {
   Op op;

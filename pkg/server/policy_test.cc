@@ -101,12 +101,17 @@ struct FakeKubelet {
   NamespaceRules::Lookup Lookup() {
     return [this]() -> absl::StatusOr<kube::DeviceHolders> { return holders; };
   }
+  // Slot weightcache-1 held by a pod of team-a, weightcache-3 by one of team-b.
+  static FakeKubelet TwoTeams() {
+    FakeKubelet k;
+    k.holders.by_device["weightcache-1"] = {"team-a", "engine-a", "engine"};
+    k.holders.by_device["weightcache-3"] = {"team-b", "engine-b", "engine"};
+    return k;
+  }
 };
 
 TEST(Policy, SlotSocketsAreNeverAdminAndPublishByNamespace) {
-  FakeKubelet k;
-  k.holders.by_device["weightcache-1"] = {"team-a", "engine-a", "engine"};
-  k.holders.by_device["weightcache-3"] = {"team-b", "engine-b", "engine"};
+  FakeKubelet k = FakeKubelet::TwoTeams();
   NamespaceRules rules({}, k.Lookup());
   PolicyOptions o;
   o.admin_uids = {0};  // uids say nothing on slot sockets: every pod is root
@@ -143,9 +148,7 @@ TEST(Policy, SlotSocketsAreNeverAdminAndPublishByNamespace) {
 // admins), whatever the model's own rule; the refusal does not name the copy's namespace.
 // The caller's copy is its pod's namespace; the shared socket names none.
 TEST(Policy, APrivateCopyIsItsNamespacesAlone) {
-  FakeKubelet k;
-  k.holders.by_device["weightcache-1"] = {"team-a", "engine-a", "engine"};
-  k.holders.by_device["weightcache-3"] = {"team-b", "engine-b", "engine"};
+  FakeKubelet k = FakeKubelet::TwoTeams();
   NamespaceRules rules({}, k.Lookup());
   PolicyOptions o;
   o.admin_uids = {7};
