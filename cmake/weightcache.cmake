@@ -11,15 +11,23 @@ function(weightcache_library name)
   target_link_libraries(wc_${name} PUBLIC ${ARG_PUBLIC_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
 endfunction()
 
-# weightcache_test(NAME SOURCES... DEPS ... [LABELS ...])
-# A GoogleTest binary whose cases ctest discovers one by one.
+# weightcache_test(NAME SOURCES... DEPS ... [LABELS ...] [DEFINITIONS ...] [NEEDS targets...])
+# A GoogleTest binary whose cases ctest discovers one by one. DEFINITIONS: its compile
+# definitions; NEEDS: targets built before it (e.g. a binary it runs). Everything about a test
+# goes through here: with WEIGHTCACHE_TESTS=OFF none of it exists (the Dockerfile's build).
 function(weightcache_test name)
   if(NOT WEIGHTCACHE_TESTS)
     return()
   endif()
-  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS;DEFINITIONS;NEEDS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
+  if(ARG_DEFINITIONS)
+    target_compile_definitions(${name} PRIVATE ${ARG_DEFINITIONS})
+  endif()
+  if(ARG_NEEDS)
+    add_dependencies(${name} ${ARG_NEEDS})
+  endif()
   set(labels unit)
   if(ARG_LABELS)
     set(labels ${ARG_LABELS})

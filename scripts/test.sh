@@ -2,7 +2,8 @@
 # Installs, builds and runs the whole test suite; CI runs exactly this (.ci/run). Jobs, each
 # timed (a table at the end, also when a job fails):
 #   format     clang-format over the tree
-#   build      g++ build (CUDA when nvcc is found), clang-tidy, the test suite
+#   build      g++ build (CUDA when nvcc is found), a configure with tests off (the
+#              Dockerfile's), clang-tidy, the test suite
 #   sanitize   clang build with ASan+UBSan (any UB is fatal), -Wthread-safety as an error and
 #              the libFuzzer targets; the CPU test suite under it (not the helm and python
 #              suites: no C++ of ours runs in helm, and an uninstrumented python3 cannot load
@@ -49,8 +50,24 @@ run_job() {
 
 job_format() { bash scripts/check-format.sh; }
 
+# The Dockerfile builds with -DWEIGHTCACHE_TESTS=OFF: that configuration must at least
+# configure (a test's property set outside weightcache_test broke it unnoticed).
+check_configure_without_tests() {
+  local dir
+  dir=$(mktemp -d)
+  if ! cmake -S . -B "$dir" -G Ninja -DWEIGHTCACHE_TESTS=OFF >"$dir.log" 2>&1; then
+    cat "$dir.log"
+    rm -rf "$dir" "$dir.log"
+    echo "cmake -DWEIGHTCACHE_TESTS=OFF (the Dockerfile's configuration) failed" >&2
+    return 1
+  fi
+  rm -rf "$dir" "$dir.log"
+  echo "configure with WEIGHTCACHE_TESTS=OFF: ok"
+}
+
 job_build() {
   bash scripts/build.sh
+  check_configure_without_tests
   bash scripts/check-tidy.sh build
   # GPU tests skip without a GPU: show each one's reason, then run the whole suite, whose
   # summary closes the output.
