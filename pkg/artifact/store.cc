@@ -1,0 +1,489 @@
+#include "pkg/artifact/store.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <type_traits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "pkg/identity/identity.h"
+#include "pkg/util/errno_status.h"
+#include "pkg/util/log.h"
+#include "pkg/util/status_macros.h"
+
+namespace weightcache::artifact {
+namespace {
+
+constexpr size_t kMaxField = 256;
+
+// Every field of a key, in the order the id hashes them (const or not, as `k` is).
+template <typename K>
+auto Fields(K& k) {
+  using S = std::conditional_t<std::is_const_v<K>, const std::string, std::string>;
+  return std::vector<std::pair<const char*, S*>>{{"kind", &k.kind},
+                                                 {"model", &k.model},
+                                                 {"fingerprint", &k.fingerprint},
+                                                 {"engine", &k.engine},
+                                                 {"engine_version", &k.engine_version},
+                                                 {"torch_version", &k.torch_version},
+                                                 {"triton_version", &k.triton_version},
+                                                 {"cuda_version", &k.cuda_version},
+                                                 {"compute_capability", &k.compute_capability},
+                                                 {"settings_hash", &k.settings_hash},
+                                                 {"tenant", &k.tenant}};
+}
+
+std::string Hex(const unsigned char* p, size_t n) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(2 * n, '0');
+  for (size_t i = 0; i < n; ++i) {
+    out[2 * i] = kDigits[p[i] >> 4];
+    out[2 * i + 1] = kDigits[p[i] & 15];
+  }
+  return out;
+}
+
+double UnixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Seals `fd` (a memfd of exactly its final size) for good and returns a read-only
+// descriptor of it: what readers get.
+absl::StatusOr<ScopedFd> SealReadOnly(int fd, const std::string& what) {
+  constexpr int kSeals = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  if (::fcntl(fd, F_ADD_SEALS, kSeals) != 0) return ErrnoStatus(errno, "F_ADD_SEALS", what);
+  const std::string self = absl::StrCat("/proc/self/fd/", fd);
+  ScopedFd ro(::open(self.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!ro) return ErrnoStatus(errno, "reopen read-only", what);
+  return ro;
+}
+
+absl::StatusOr<ScopedFd> NewMemfd(const std::string& id, uint64_t size) {
+  ScopedFd fd(::memfd_create(("wc-" + id.substr(0, 20)).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd) return ErrnoStatus(errno, "memfd_create", id);
+  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
+    return ErrnoStatus(errno, "ftruncate memfd", id);
+  }
+  return fd;
+}
+
+nlohmann::json MetaJson(const Artifact& a) {
+  nlohmann::json key;
+  for (const auto& [name, value] : Fields(a.key())) key[name] = *value;
+  return {{"format", 1},
+          {"id", a.id()},
+          {"key", key},
+          {"bytes", a.bytes()},
+          {"sha256", a.sha256()},
+          {"publisher",
+           {{"pid", a.publisher().pid},
+            {"uid", a.publisher().uid},
+            {"slot", a.publisher().slot},
+            {"unix_seconds", a.publisher().unix_seconds}}}};
+}
+
+absl::Status CopyAll(int from, int to, uint64_t size, const std::string& what) {
+  std::vector<char> buf(4 << 20);
+  uint64_t off = 0;
+  while (off < size) {
+    const size_t want = std::min<uint64_t>(buf.size(), size - off);
+    const ssize_t n = ::pread(from, buf.data(), want, static_cast<off_t>(off));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus(errno, "read", what);
+    if (n == 0) return absl::DataLossError(absl::StrCat(what, ": ends at byte ", off));
+    for (ssize_t done = 0; done < n;) {
+      const ssize_t w = ::pwrite(to, buf.data() + done, static_cast<size_t>(n - done),
+                                 static_cast<off_t>(off + done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) return ErrnoStatus(errno, "write", what);
+      done += w;
+    }
+    off += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateKey(const Key& key) {
+  for (const auto& [name, value] : Fields(key)) {
+    if (value->size() > kMaxField) {
+      return absl::InvalidArgumentError(absl::StrCat("artifact key field '", name, "' is ",
+                                                     value->size(), " bytes; at most ", kMaxField));
+    }
+    for (const char c : *value) {
+      if (c <= ' ' || c > '~') {
+        return absl::InvalidArgumentError(
+            absl::StrCat("artifact key field '", name,
+                         "' holds a character that is not printable ASCII or is a space (byte ",
+                         static_cast<int>(static_cast<unsigned char>(c)), ")"));
+      }
+    }
+  }
+  for (const auto* required : {"kind", "model", "fingerprint"}) {
+    for (const auto& [name, value] : Fields(key)) {
+      if (std::string_view(name) == required && value->empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("artifact key field '", name, "' is required"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string IdOf(const Key& key) {
+  std::string encoded;
+  for (const auto& [name, value] : Fields(key)) {
+    absl::StrAppend(&encoded, name, "=", value->size(), ":", *value, ";");
+  }
+  std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
+  unsigned int n = 0;
+  WC_CHECK(EVP_Digest(encoded.data(), encoded.size(), md.data(), &n, EVP_sha256(), nullptr) == 1);
+  return "art-" + Hex(md.data(), n);
+}
+
+// ---- PutSlot ------------------------------------------------------------------------------
+
+PutSlot::PutSlot(Store* store, Key key, std::string id, uint64_t size, ScopedFd fd)
+    : store_(store), key_(std::move(key)), id_(std::move(id)), size_(size), fd_(std::move(fd)) {}
+
+PutSlot::~PutSlot() {
+  if (!done_) store_->EndPut(id_);
+}
+
+absl::Status PutSlot::Append(std::string_view data) {
+  if (done_) return absl::FailedPreconditionError(absl::StrCat("put of ", id_, " ended"));
+  if (data.size() > size_ - written_) {
+    return absl::InvalidArgumentError(absl::StrCat("artifact ", key_.kind, " of model '",
+                                                   key_.model, "': more than the declared ", size_,
+                                                   " bytes sent"));
+  }
+  for (size_t done = 0; done < data.size();) {
+    const ssize_t w = ::pwrite(fd_.get(), data.data() + done, data.size() - done,
+                               static_cast<off_t>(written_ + done));
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return ErrnoStatus(errno, "write artifact memfd", id_);
+    done += static_cast<size_t>(w);
+  }
+  written_ += data.size();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const Artifact>> PutSlot::Commit(const Publisher& publisher) {
+  if (done_) return absl::FailedPreconditionError(absl::StrCat("put of ", id_, " ended"));
+  if (written_ != size_) {
+    return absl::FailedPreconditionError(absl::StrCat("artifact ", key_.kind, " of model '",
+                                                      key_.model, "': ", written_, " of the ",
+                                                      size_, " declared bytes sent"));
+  }
+  WC_ASSIGN_OR_RETURN(ScopedFd ro, SealReadOnly(fd_.get(), id_));
+  // The digest is taken from the sealed memfd: what every reader will map.
+  WC_ASSIGN_OR_RETURN(std::string sha, identity::Sha256File(ro.get(), size_, id_));
+  Publisher who = publisher;
+  if (who.unix_seconds == 0) who.unix_seconds = UnixNow();
+  auto a = std::make_shared<const Artifact>(std::move(ro), key_, id_, size_, std::move(sha),
+                                            std::move(who));
+  {
+    MutexLock l(store_->mu_);
+    done_ = true;
+    store_->putting_.erase(id_);
+    store_->cv_.NotifyAll();
+    WC_RETURN_IF_ERROR(store_->Insert(a));
+  }
+  store_->Spill(*a);
+  return a;
+}
+
+// ---- Store --------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<Store>> Store::Open(StoreOptions options) {
+  std::unique_ptr<Store> s(new Store(std::move(options)));
+  if (!s->options_.dir.empty()) WC_RETURN_IF_ERROR(s->IndexDir());
+  return s;
+}
+
+Store::~Store() = default;
+
+absl::Status Store::IndexDir() {
+  const auto& dir = options_.dir;
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return ErrnoStatus(errno, "mkdir --artifact_dir", dir);
+  }
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator(dir, ec)) {
+    if (f.path().extension() != ".json") continue;
+    const std::string path = f.path().string();
+    try {
+      std::ifstream in(path);
+      const auto j = nlohmann::json::parse(in);
+      if (j.at("format").get<int>() != 1) throw std::runtime_error("unknown format");
+      Spilled s;
+      for (const auto& [name, value] : Fields(s.key)) {
+        *value = j.at("key").at(name).get<std::string>();
+      }
+      s.bytes = j.at("bytes").get<uint64_t>();
+      s.sha256 = j.at("sha256").get<std::string>();
+      s.publisher.pid = j.at("publisher").at("pid").get<pid_t>();
+      s.publisher.uid = j.at("publisher").at("uid").get<uid_t>();
+      s.publisher.slot = j.at("publisher").at("slot").get<std::string>();
+      s.publisher.unix_seconds = j.at("publisher").at("unix_seconds").get<double>();
+      const std::string id = j.at("id").get<std::string>();
+      if (auto v = ValidateKey(s.key); !v.ok()) throw std::runtime_error(std::string(v.message()));
+      if (IdOf(s.key) != id || f.path().stem().string() != id) {
+        throw std::runtime_error("its id does not match its key");
+      }
+      MutexLock l(mu_);
+      spilled_[id] = std::move(s);
+    } catch (const std::exception& e) {
+      WC_LOG_WARN("artifact dir: skipping %s: %s", path.c_str(), e.what());
+    }
+  }
+  if (ec) return ErrnoStatus(ec.value(), "read --artifact_dir", dir);
+  MutexLock l(mu_);
+  WC_LOG_INFO("artifact dir %s: %zu artifacts", dir.c_str(), spilled_.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<PutSlot>> Store::BeginPut(const Key& key, uint64_t size) {
+  WC_RETURN_IF_ERROR(ValidateKey(key));
+  if (size == 0 || size > options_.max_artifact_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "artifact ", key.kind, " of model '", key.model, "': size ", size, " bytes; must be 1 to ",
+        options_.max_artifact_bytes, " (--artifact_max_bytes)"));
+  }
+  if (size > options_.budget_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("artifact ", key.kind, " of model '", key.model, "': ", size,
+                     " bytes exceed the artifact budget of ", options_.budget_bytes, " bytes"));
+  }
+  std::string id = IdOf(key);
+  {
+    MutexLock l(mu_);
+    if (resident_.count(id) != 0 || spilled_.count(id) != 0) {
+      return absl::AlreadyExistsError(absl::StrCat("artifact ", id, " is stored already"));
+    }
+    if (!putting_.insert(id).second) {
+      return absl::AbortedError(
+          absl::StrCat("artifact ", id, " is being put by another engine: get it with wait"));
+    }
+  }
+  auto fd = NewMemfd(id, size);
+  if (!fd.ok()) {
+    EndPut(id);
+    return fd.status();
+  }
+  return std::unique_ptr<PutSlot>(new PutSlot(this, key, std::move(id), size, std::move(*fd)));
+}
+
+void Store::EndPut(const std::string& id) {
+  MutexLock l(mu_);
+  putting_.erase(id);
+  cv_.NotifyAll();
+}
+
+absl::Status Store::Insert(std::shared_ptr<const Artifact> a) {
+  if (a->bytes() > options_.budget_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("artifact ", a->id(), ": ", a->bytes(),
+                                                     " bytes exceed the artifact budget of ",
+                                                     options_.budget_bytes, " bytes"));
+  }
+  while (resident_bytes_ + a->bytes() > options_.budget_bytes && !resident_.empty()) {
+    auto lru = resident_.begin();
+    for (auto it = resident_.begin(); it != resident_.end(); ++it) {
+      if (it->second.used < lru->second.used) lru = it;
+    }
+    WC_LOG_INFO("artifact %s (%llu bytes) dropped from memory for the budget%s", lru->first.c_str(),
+                static_cast<unsigned long long>(lru->second.artifact->bytes()),
+                spilled_.count(lru->first) != 0 ? " (kept on disk)" : "");
+    resident_bytes_ -= lru->second.artifact->bytes();
+    resident_.erase(lru);
+    ++evictions_;
+  }
+  resident_bytes_ += a->bytes();
+  const std::string id = a->id();
+  resident_[id] = Resident{std::move(a), std::chrono::steady_clock::now()};
+  return absl::OkStatus();
+}
+
+void Store::Spill(const Artifact& a) {
+  if (options_.dir.empty()) return;
+  const std::string base = options_.dir + "/" + a.id();
+  const std::string blob_tmp = base + ".blob.tmp", meta_tmp = base + ".json.tmp";
+  auto write = [&]() -> absl::Status {
+    ScopedFd out(::open(blob_tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    if (!out) return ErrnoStatus(errno, "create", blob_tmp);
+    WC_RETURN_IF_ERROR(CopyAll(a.fd(), out.get(), a.bytes(), blob_tmp));
+    if (::fsync(out.get()) != 0) return ErrnoStatus(errno, "fsync", blob_tmp);
+    if (::rename(blob_tmp.c_str(), (base + ".blob").c_str()) != 0) {
+      return ErrnoStatus(errno, "rename", blob_tmp);
+    }
+    // The metadata last: its presence says the blob beside it is whole.
+    {
+      std::ofstream meta(meta_tmp, std::ios::trunc);
+      meta << MetaJson(a).dump(1) << "\n";
+      if (!meta.flush()) return absl::InternalError(absl::StrCat("write ", meta_tmp, " failed"));
+    }
+    if (::rename(meta_tmp.c_str(), (base + ".json").c_str()) != 0) {
+      return ErrnoStatus(errno, "rename", meta_tmp);
+    }
+    return absl::OkStatus();
+  };
+  if (auto s = write(); !s.ok()) {
+    // Memory still serves it; only a restart would miss it.
+    WC_LOG_WARN("artifact %s not written to %s: %s", a.id().c_str(), options_.dir.c_str(),
+                std::string(s.message()).c_str());
+    ::unlink(blob_tmp.c_str());
+    ::unlink(meta_tmp.c_str());
+    return;
+  }
+  MutexLock l(mu_);
+  spilled_[a.id()] = Spilled{a.key(), a.bytes(), a.sha256(), a.publisher()};
+}
+
+absl::StatusOr<std::shared_ptr<const Artifact>> Store::ReadSpilled(const std::string& id,
+                                                                   const Spilled& s) {
+  const std::string base = options_.dir + "/" + id;
+  const std::string blob = base + ".blob";
+  ScopedFd in(::open(blob.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!in) return ErrnoStatus(errno, "open", blob);
+  struct stat st {};
+  if (::fstat(in.get(), &st) != 0) return ErrnoStatus(errno, "fstat", blob);
+  std::string bad;
+  if (static_cast<uint64_t>(st.st_size) != s.bytes) {
+    bad = absl::StrCat(blob, " holds ", st.st_size, " bytes, its metadata says ", s.bytes);
+  }
+  std::shared_ptr<const Artifact> a;
+  if (bad.empty()) {
+    WC_ASSIGN_OR_RETURN(ScopedFd fd, NewMemfd(id, s.bytes));
+    WC_RETURN_IF_ERROR(CopyAll(in.get(), fd.get(), s.bytes, blob));
+    WC_ASSIGN_OR_RETURN(ScopedFd ro, SealReadOnly(fd.get(), id));
+    WC_ASSIGN_OR_RETURN(std::string sha, identity::Sha256File(ro.get(), s.bytes, blob));
+    if (sha != s.sha256) {
+      bad = absl::StrCat(blob, ": SHA-256 ", sha, ", its metadata says ", s.sha256);
+    } else {
+      a = std::make_shared<const Artifact>(std::move(ro), s.key, id, s.bytes, sha, s.publisher);
+    }
+  }
+  if (!bad.empty()) {
+    // Kept for whoever investigates, out of the index.
+    ::rename(blob.c_str(), (blob + ".bad").c_str());
+    ::rename((base + ".json").c_str(), (base + ".json.bad").c_str());
+    MutexLock l(mu_);
+    spilled_.erase(id);
+    WC_LOG_ERROR("artifact %s set aside: %s", id.c_str(), bad.c_str());
+    return absl::DataLossError(absl::StrCat("artifact ", id, " on disk is damaged: ", bad));
+  }
+  return a;
+}
+
+absl::StatusOr<std::shared_ptr<const Artifact>> Store::Get(
+    const Key& key, bool wait, std::chrono::steady_clock::time_point deadline,
+    const std::function<bool()>& gone) {
+  WC_RETURN_IF_ERROR(ValidateKey(key));
+  const std::string id = IdOf(key);
+  Spilled spilled;
+  {
+    MutexLock l(mu_);
+    while (wait && putting_.count(id) != 0 && resident_.count(id) == 0) {
+      if (gone && gone()) return absl::CancelledError("the asker went away");
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("artifact ", id, " still being put"));
+      }
+      // Wakes at least every 100 ms to notice `gone`.
+      cv_.WaitUntil(mu_, std::min(deadline, now + std::chrono::milliseconds(100)));
+    }
+    if (auto it = resident_.find(id); it != resident_.end()) {
+      it->second.used = std::chrono::steady_clock::now();
+      return it->second.artifact;
+    }
+    auto it = spilled_.find(id);
+    if (it == spilled_.end()) {
+      return absl::NotFoundError(absl::StrCat("no artifact ", key.kind, " for model '", key.model,
+                                              "' with this key (", id, ")"));
+    }
+    spilled = it->second;
+  }
+  WC_ASSIGN_OR_RETURN(auto a, ReadSpilled(id, spilled));
+  MutexLock l(mu_);
+  if (auto it = resident_.find(id); it != resident_.end()) return it->second.artifact;
+  if (auto s = Insert(a); !s.ok()) {
+    WC_LOG_WARN("artifact %s served from disk without staying in memory: %s", id.c_str(),
+                std::string(s.message()).c_str());
+  }
+  return a;
+}
+
+bool Store::Evict(const std::string& id) {
+  bool found = false;
+  {
+    MutexLock l(mu_);
+    if (auto it = resident_.find(id); it != resident_.end()) {
+      resident_bytes_ -= it->second.artifact->bytes();
+      resident_.erase(it);
+      found = true;
+    }
+    found = spilled_.erase(id) != 0 || found;
+  }
+  if (found && !options_.dir.empty()) {
+    const std::string base = options_.dir + "/" + id;
+    ::unlink((base + ".json").c_str());  // first: without it the blob is not indexed
+    ::unlink((base + ".blob").c_str());
+  }
+  return found;
+}
+
+std::vector<ArtifactInfo> Store::List() const {
+  MutexLock l(mu_);
+  std::map<std::string, ArtifactInfo> out;
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& [id, r] : resident_) {
+    auto& i = out[id];
+    i.artifact = r.artifact;
+    i.id = id;
+    i.key = r.artifact->key();
+    i.bytes = r.artifact->bytes();
+    i.sha256 = r.artifact->sha256();
+    i.publisher = r.artifact->publisher();
+    i.resident = true;
+    i.idle_seconds = std::chrono::duration<double>(now - r.used).count();
+  }
+  for (const auto& [id, s] : spilled_) {
+    auto& i = out[id];
+    if (!i.resident) {
+      i.id = id;
+      i.key = s.key;
+      i.bytes = s.bytes;
+      i.sha256 = s.sha256;
+      i.publisher = s.publisher;
+    }
+    i.on_disk = true;
+  }
+  std::vector<ArtifactInfo> v;
+  v.reserve(out.size());
+  for (auto& [id, i] : out) v.push_back(std::move(i));
+  return v;
+}
+
+Usage Store::usage() const {
+  MutexLock l(mu_);
+  Usage u;
+  u.resident_bytes = resident_bytes_;
+  u.budget_bytes = options_.budget_bytes;
+  u.resident = resident_.size();
+  u.on_disk = spilled_.size();
+  u.evictions = evictions_;
+  return u;
+}
+
+}  // namespace weightcache::artifact

@@ -1,0 +1,243 @@
+#include "pkg/artifact/store.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+namespace weightcache::artifact {
+namespace {
+
+Key MakeKey(const std::string& kind = "torch-compile") {
+  Key k;
+  k.kind = kind;
+  k.model = "llama";
+  k.fingerprint = "wc1-abc";
+  k.torch_version = "2.11.0";
+  k.compute_capability = "9.0";
+  k.settings_hash = "s1";
+  return k;
+}
+
+std::string Read(const Artifact& a) {
+  std::string out(a.bytes(), '\0');
+  EXPECT_EQ(::pread(a.fd(), out.data(), out.size(), 0), static_cast<ssize_t>(out.size()));
+  return out;
+}
+
+std::shared_ptr<const Artifact> Put(Store& s, const Key& k, const std::string& bytes) {
+  auto slot = s.BeginPut(k, bytes.size());
+  EXPECT_TRUE(slot.ok()) << slot.status();
+  if (!slot.ok()) return nullptr;
+  EXPECT_TRUE((*slot)->Append(bytes).ok());
+  auto a = (*slot)->Commit(Publisher{.pid = 7, .uid = 1000, .slot = "", .unix_seconds = 0});
+  EXPECT_TRUE(a.ok()) << a.status();
+  return a.ok() ? *a : nullptr;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    char t[] = "/tmp/wc-artifact-XXXXXX";
+    path_ = ::mkdtemp(t);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+TEST(ArtifactStore, PutThenGetServesTheSameBytesSealed) {
+  auto s = Store::Open({});
+  ASSERT_TRUE(s.ok());
+  auto put = Put(**s, MakeKey(), "compiled kernels");
+  ASSERT_NE(put, nullptr);
+  auto got = (*s)->Get(MakeKey());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(Read(**got), "compiled kernels");
+  EXPECT_EQ((*got)->sha256().size(), 64u);
+  EXPECT_EQ((*got)->publisher().uid, 1000u);
+  // Read-only descriptor of a sealed memfd: no writable mapping, no write, no resize, even
+  // through a fresh open of the same file.
+  EXPECT_EQ(::mmap(nullptr, 16, PROT_READ | PROT_WRITE, MAP_SHARED, (*got)->fd(), 0), MAP_FAILED);
+  EXPECT_LT(::pwrite((*got)->fd(), "x", 1, 0), 0);
+  const std::string self = "/proc/self/fd/" + std::to_string((*got)->fd());
+  const int rw = ::open(self.c_str(), O_RDWR);
+  if (rw >= 0) {
+    EXPECT_LT(::pwrite(rw, "x", 1, 0), 0) << "sealed against writes";
+    EXPECT_NE(::ftruncate(rw, 1), 0) << "sealed against shrinking";
+    ::close(rw);
+  }
+  void* ro = ::mmap(nullptr, 16, PROT_READ, MAP_SHARED, (*got)->fd(), 0);
+  ASSERT_NE(ro, MAP_FAILED);
+  EXPECT_EQ(std::string(static_cast<const char*>(ro), 16), "compiled kernels");
+  ::munmap(ro, 16);
+}
+
+TEST(ArtifactStore, EveryKeyFieldSeparatesArtifacts) {
+  auto s = Store::Open({});
+  ASSERT_TRUE(s.ok());
+  ASSERT_NE(Put(**s, MakeKey(), "a"), nullptr);
+  Key other = MakeKey();
+  other.tenant = "team-a";
+  EXPECT_EQ((*s)->Get(other).status().code(), absl::StatusCode::kNotFound);
+  other = MakeKey();
+  other.settings_hash = "s2";
+  EXPECT_EQ((*s)->Get(other).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(IdOf(MakeKey()), IdOf(other));
+  // Length-prefixed: moving a character between fields changes the id.
+  Key a = MakeKey(), b = MakeKey();
+  a.engine = "ab";
+  a.engine_version = "c";
+  b.engine = "a";
+  b.engine_version = "bc";
+  EXPECT_NE(IdOf(a), IdOf(b));
+}
+
+TEST(ArtifactStore, BadKeysAndSizesNameWhatIsWrong) {
+  auto s = Store::Open({.budget_bytes = 100, .max_artifact_bytes = 50, .dir = ""});
+  ASSERT_TRUE(s.ok());
+  Key k = MakeKey();
+  k.fingerprint.clear();
+  auto r = (*s)->BeginPut(k, 10);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("'fingerprint' is required"), std::string::npos);
+  k = MakeKey();
+  k.engine = "has space";
+  r = (*s)->BeginPut(k, 10);
+  EXPECT_NE(r.status().message().find("'engine'"), std::string::npos) << r.status();
+  r = (*s)->BeginPut(MakeKey(), 51);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("--artifact_max_bytes"), std::string::npos);
+  r = (*s)->BeginPut(MakeKey(), 0);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  // More or fewer bytes than declared: refused, nothing stored.
+  auto slot = (*s)->BeginPut(MakeKey(), 4);
+  ASSERT_TRUE(slot.ok());
+  EXPECT_EQ((*slot)->Append("12345").code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*slot)->Append("123").ok());
+  EXPECT_EQ((*slot)->Commit({}).status().code(), absl::StatusCode::kFailedPrecondition);
+  slot->reset();
+  EXPECT_EQ((*s)->Get(MakeKey()).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ArtifactStore, OnePutPerKeyAndAnAbandonedPutLeavesNothing) {
+  auto s = Store::Open({});
+  ASSERT_TRUE(s.ok());
+  auto first = (*s)->BeginPut(MakeKey(), 3);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ((*s)->BeginPut(MakeKey(), 3).status().code(), absl::StatusCode::kAborted);
+  ASSERT_TRUE((*first)->Append("ab").ok());
+  // A reader meanwhile: no torn blob, ever. Without waiting: not found.
+  EXPECT_EQ((*s)->Get(MakeKey()).status().code(), absl::StatusCode::kNotFound);
+  first->reset();  // the writer went away
+  EXPECT_EQ((*s)->Get(MakeKey()).status().code(), absl::StatusCode::kNotFound);
+  auto again = (*s)->BeginPut(MakeKey(), 3);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE((*again)->Append("abc").ok());
+  ASSERT_TRUE((*again)->Commit({}).ok());
+  EXPECT_EQ((*s)->BeginPut(MakeKey(), 3).status().code(), absl::StatusCode::kAlreadyExists);
+}
+
+TEST(ArtifactStore, AWaitingReaderGetsThePutWhenItCommits) {
+  auto s = Store::Open({});
+  ASSERT_TRUE(s.ok());
+  auto slot = (*s)->BeginPut(MakeKey(), 5);
+  ASSERT_TRUE(slot.ok());
+  absl::StatusOr<std::shared_ptr<const Artifact>> got = absl::UnknownError("not run");
+  std::thread reader([&] {
+    got = (*s)->Get(MakeKey(), true, std::chrono::steady_clock::now() + std::chrono::seconds(30));
+  });
+  ASSERT_TRUE((*slot)->Append("hello").ok());
+  ASSERT_TRUE((*slot)->Commit({}).ok());
+  reader.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(Read(**got), "hello");
+  // A wait for a put that never commits ends at the deadline, naming it.
+  Key k = MakeKey("triton-cache");
+  auto stuck = (*s)->BeginPut(k, 5);
+  ASSERT_TRUE(stuck.ok());
+  auto late = (*s)->Get(k, true, std::chrono::steady_clock::now() + std::chrono::milliseconds(50));
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(ArtifactStore, TheBudgetEvictsTheLeastRecentlyUsed) {
+  auto s = Store::Open({.budget_bytes = 10, .max_artifact_bytes = 10, .dir = ""});
+  ASSERT_TRUE(s.ok());
+  ASSERT_NE(Put(**s, MakeKey("a"), "aaaa"), nullptr);
+  auto b = Put(**s, MakeKey("b"), "bbbb");
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE((*s)->Get(MakeKey("a")).ok());  // a is now the more recently used
+  ASSERT_NE(Put(**s, MakeKey("c"), "cccc"), nullptr);
+  EXPECT_TRUE((*s)->Get(MakeKey("a")).ok());
+  EXPECT_EQ((*s)->Get(MakeKey("b")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Read(*b), "bbbb") << "a reader's descriptor outlives the eviction";
+  EXPECT_EQ((*s)->usage().resident_bytes, 8u);
+  EXPECT_EQ((*s)->usage().evictions, 1u);
+  EXPECT_EQ((*s)->BeginPut(MakeKey("d"), 11).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*s)->Evict(IdOf(MakeKey("a"))));
+  EXPECT_FALSE((*s)->Evict(IdOf(MakeKey("a"))));
+  EXPECT_EQ((*s)->usage().resident_bytes, 4u);
+}
+
+TEST(ArtifactStore, ADirectoryKeepsThemAcrossARestart) {
+  TempDir dir;
+  std::string id;
+  {
+    auto s = Store::Open({.dir = dir.path()});
+    ASSERT_TRUE(s.ok()) << s.status();
+    auto a = Put(**s, MakeKey(), "survives");
+    ASSERT_NE(a, nullptr);
+    id = a->id();
+  }
+  auto s = Store::Open({.dir = dir.path()});
+  ASSERT_TRUE(s.ok());
+  auto list = (*s)->List();
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_TRUE(list[0].on_disk);
+  EXPECT_FALSE(list[0].resident);
+  EXPECT_EQ(list[0].publisher.pid, 7);
+  auto got = (*s)->Get(MakeKey());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(Read(**got), "survives");
+  EXPECT_EQ((*got)->id(), id);
+  // Evicted by an admin: gone from the directory too.
+  EXPECT_TRUE((*s)->Evict(id));
+  auto reopened = Store::Open({.dir = dir.path()});
+  ASSERT_TRUE(reopened.ok());
+  EXPECT_TRUE((*reopened)->List().empty());
+}
+
+TEST(ArtifactStore, ADamagedFileOnDiskIsCaughtAndSetAside) {
+  TempDir dir;
+  std::string id;
+  {
+    auto s = Store::Open({.dir = dir.path()});
+    ASSERT_TRUE(s.ok());
+    auto a = Put(**s, MakeKey(), "original");
+    ASSERT_NE(a, nullptr);
+    id = a->id();
+  }
+  {
+    std::fstream f(dir.path() + "/" + id + ".blob", std::ios::in | std::ios::out);
+    f.seekp(0);
+    f << "X";  // same size, other bytes
+  }
+  std::ofstream(dir.path() + "/garbage.json") << "{not json";
+  auto s = Store::Open({.dir = dir.path()});
+  ASSERT_TRUE(s.ok()) << "an unreadable file is skipped, not fatal";
+  auto got = (*s)->Get(MakeKey());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(got.status().message().find("SHA-256"), std::string::npos) << got.status();
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/" + id + ".blob.bad"));
+  EXPECT_EQ((*s)->Get(MakeKey()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/garbage.json")) << "left in place";
+}
+
+}  // namespace
+}  // namespace weightcache::artifact
