@@ -52,6 +52,39 @@ const char* SourceNote(const std::string& source) {
   return "";
 }
 
+// "-" for an empty field, for the table.
+const char* Or(const std::string& v) { return v.empty() ? "-" : v.c_str(); }
+
+// Compile artifacts (issue 29): what they are for, who put them, where they are kept.
+void PrintArtifacts(const v1::StatusResponse& st) {
+  if (st.artifacts().empty()) return;
+  const auto& u = st.artifact_usage();
+  std::printf("\nartifacts: %s of %s in memory%s%s\n", FormatBytes(u.resident_bytes()).c_str(),
+              FormatBytes(u.budget_bytes()).c_str(), u.dir().empty() ? "" : ", kept in ",
+              u.dir().c_str());
+  std::printf("%-16s %-16s %-20s %10s %-9s %s\n", "ID", "KIND", "MODEL", "BYTES", "WHERE",
+              "PUT BY");
+  for (const auto& a : st.artifacts()) {
+    const auto& p = a.publisher();
+    std::printf(
+        "%-16s %-16s %-20s %10s %-9s pid %d uid %d, %s\n", a.id().substr(0, 16).c_str(),
+        a.key().kind().c_str(), a.key().model().c_str(), FormatBytes(a.bytes()).c_str(),
+        a.resident() ? (a.on_disk() ? "mem+disk" : "memory") : "disk", p.pid(), p.uid(),
+        absl::FormatTime("%Y-%m-%dT%H:%M:%SZ",
+                         absl::FromUnixSeconds(static_cast<int64_t>(p.published_unix_seconds())),
+                         absl::UTCTimeZone())
+            .c_str());
+    const auto& k = a.key();
+    std::printf(
+        "  for fingerprint %s, torch %s, triton %s, cuda %s, sm %s, engine %s %s, settings "
+        "%s%s%s\n",
+        k.fingerprint().substr(0, 12).c_str(), Or(k.torch_version()), Or(k.triton_version()),
+        Or(k.cuda_version()), Or(k.compute_capability()), Or(k.engine()),
+        k.engine_version().c_str(), Or(k.settings_hash()), a.tenant().empty() ? "" : ", namespace ",
+        a.tenant().c_str());
+  }
+}
+
 int Status(client::Client& c) {
   auto st = c.Status();
   if (!st.ok()) return Error(st.status());
@@ -100,6 +133,7 @@ int Status(client::Client& c) {
     }
   }
   if (st->entries().empty()) std::printf("(no cache entries)\n");
+  PrintArtifacts(*st);
   // Per-device residency: which GPU holds how much of the cache.
   std::printf("\n%-44s %-14s %7s %11s %11s %11s\n", "DEVICE", "NAME", "ENTRIES", "CACHE", "FREE",
               "TOTAL");
@@ -265,6 +299,18 @@ int Evict(client::Client& c, const std::vector<std::string>& args, const Context
   return 0;
 }
 
+// evict-artifacts MODEL | ID: every artifact of a model, or one by its id (art-...).
+int EvictArtifacts(client::Client& c, const std::vector<std::string>& args) {
+  if (args.size() != 1) {
+    return Error(absl::InvalidArgumentError("evict-artifacts: give one MODEL name or artifact ID"));
+  }
+  const bool by_id = args[0].rfind("art-", 0) == 0;
+  auto n = c.EvictArtifacts(by_id ? args[0] : "", by_id ? "" : args[0]);
+  if (!n.ok()) return Error(n.status());
+  std::printf("evicted %u artifact%s\n", *n, *n == 1 ? "" : "s");
+  return 0;
+}
+
 // verify --resident: one line per entry; exit 1 when any is corrupt or could not be checked.
 int VerifyResident(client::Client& c, const std::vector<std::string>& args) {
   if (args.size() != 1) {
@@ -411,8 +457,9 @@ int RunCommand(const std::string& command, const std::vector<std::string>& args,
   if (command == "load") return Load(*c, args, ctx);
   if (command == "evict") return Evict(*c, args, ctx);
   if (command == "verify") return Verify(*c, args, ctx);
-  return Error(absl::InvalidArgumentError(
-      absl::StrCat("unknown command '", command, "' (status, list, load, evict, verify)")));
+  if (command == "evict-artifacts") return EvictArtifacts(*c, args);
+  return Error(absl::InvalidArgumentError(absl::StrCat(
+      "unknown command '", command, "' (status, list, load, evict, evict-artifacts, verify)")));
 }
 
 }  // namespace

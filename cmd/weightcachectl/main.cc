@@ -3,6 +3,7 @@
 //   weightcachectl list                        known models, their ranks and what is cached
 //   weightcachectl load MODEL [--spec FILE]    load (every rank) with a progress bar
 //   weightcachectl evict MODEL|--fingerprint=FP
+//   weightcachectl evict-artifacts MODEL|ID    drop compile artifacts (admin)
 //   weightcachectl verify MODEL                acquire, map, compare every byte with disk
 //   weightcachectl verify --resident MODEL     the daemon re-digests its resident copy
 #include <unistd.h>
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
       "                                           cached ranks, refused ones with the reason\n"
       "  weightcachectl load MODEL | --spec=FILE  load every rank (--tp_rank=N: one)\n"
       "  weightcachectl evict MODEL | --fingerprint=FP\n"
+      "  weightcachectl evict-artifacts MODEL | ID  drop a model's compile artifacts, or one\n"
       "  weightcachectl verify MODEL | --fingerprint=FP\n"
       "                                           map and compare every byte with the files\n"
       "  weightcachectl verify --resident MODEL   the daemon checks its resident copy against\n"

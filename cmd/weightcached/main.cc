@@ -78,6 +78,14 @@ ABSL_FLAG(int, socket_gid, -1,
 ABSL_FLAG(std::string, metrics_address, weightcache::metrics::HttpServer::kDefaultAddress,
           "Address of /metrics, /healthz, /readyz (IPv4:port or [IPv6]:port; 'off' disables)");
 ABSL_FLAG(int, read_threads, 16, "Parallel preads per load");
+ABSL_FLAG(std::string, artifact_budget, "1GiB",
+          "Host memory for compile artifacts (torch.compile caches, JIT cache directories) "
+          "that engines put and get; least recently used ones are dropped past it. 0: none");
+ABSL_FLAG(std::string, artifact_max_bytes, "512MiB", "Largest single compile artifact");
+ABSL_FLAG(std::string, artifact_dir, "",
+          "Directory (made 0700) where compile artifacts are also written, so they survive "
+          "a restart or a reboot; read back and checked against their SHA-256 when asked "
+          "for. Empty: memory only");
 ABSL_FLAG(std::string, staging_keep, "256MiB",
           "GPU loads: page-locked staging memory kept pinned between loads (one 256 MiB ring; "
           "saves pinning it again, ~0.1 s per load); 0 frees it after every load");
@@ -196,6 +204,14 @@ int Run() {
   auto keep = ParseByteSize(absl::GetFlag(FLAGS_staging_keep), "--staging_keep");
   if (!keep.ok()) return Fail(keep.status());
   opts.staging_keep_bytes = *keep;
+  auto artifact_budget = ParseByteSize(absl::GetFlag(FLAGS_artifact_budget), "--artifact_budget");
+  if (!artifact_budget.ok()) return Fail(artifact_budget.status());
+  opts.artifact_budget_bytes = *artifact_budget;
+  auto artifact_max =
+      ParseByteSize(absl::GetFlag(FLAGS_artifact_max_bytes), "--artifact_max_bytes");
+  if (!artifact_max.ok()) return Fail(artifact_max.status());
+  opts.artifact_max_bytes = *artifact_max;
+  opts.artifact_dir = absl::GetFlag(FLAGS_artifact_dir);
   for (const auto& [flag, ids, out] :
        {std::tuple{"--allowed_uids", absl::GetFlag(FLAGS_allowed_uids), &opts.allowed_uids},
         std::tuple{"--admin_uids", absl::GetFlag(FLAGS_admin_uids), &opts.admin_uids},

@@ -53,7 +53,7 @@ extern "C" {
 
 /* The ABI this header describes. wc_abi_version() returns the library's; they must be equal
  * for the structs below to match. */
-#define WC_ABI_VERSION 2
+#define WC_ABI_VERSION 3
 
 #if defined(__GNUC__)
 #define WC_API __attribute__((visibility("default")))
@@ -314,6 +314,54 @@ WC_API wc_status wc_publish_data(const wc_publish* publish, const char* name, vo
 WC_API wc_status wc_publish_commit(wc_publish* publish, char** error);
 /* Aborts the publish unless committed, and frees it. NULL is a no-op. */
 WC_API void wc_publish_free(wc_publish* publish);
+
+/* ---- Compile artifacts (ABI 3): blobs an engine keeps beside the weights. ----
+ *
+ * A torch.compile cache, a Triton or JIT cache directory packed by the engine: put once by an
+ * engine with the publish role, mapped read-only (zero-copy, a sealed memfd) by every later
+ * engine of the model. The key names what makes the blob valid; every field is part of it.
+ *
+ *   wc_artifact_key k; wc_artifact_key_init(&k);
+ *   k.kind = "torch-compile"; k.model = "llama-8b"; k.fingerprint = fp; k.torch_version = ...;
+ *   wc_artifact* a = NULL;
+ *   if (wc_artifact_get(c, &k, 0, &a, &err) == WC_OK) { use wc_artifact_data(a);
+ * wc_artifact_free(a); } else if NOT_FOUND: compile, then wc_artifact_put(c, &k, bytes, size,
+ * &err);
+ */
+typedef struct wc_artifact wc_artifact;
+
+/* Initialise with wc_artifact_key_init; strings are read during the call only. kind, model
+ * (a spec name the daemon knows) and fingerprint are required. */
+typedef struct wc_artifact_key {
+  uint32_t struct_size; /* sizeof(wc_artifact_key), set by wc_artifact_key_init */
+  const char* kind;     /* e.g. "torch-compile", "dir:triton" */
+  const char* model;
+  const char* fingerprint; /* of the weights the engine mapped */
+  const char* engine;
+  const char* engine_version;
+  const char* torch_version;
+  const char* triton_version;
+  const char* cuda_version;
+  const char* compute_capability; /* "9.0" */
+  const char* settings_hash;      /* the engine's compile settings, hashed */
+} wc_artifact_key;
+
+WC_API void wc_artifact_key_init(wc_artifact_key* key);
+/* Stores `size` bytes under `key`. WC_ALREADY_EXISTS when stored already (nothing changes),
+ * WC_ABORTED while another engine puts the same key, WC_PERMISSION_DENIED without the publish
+ * role, WC_RESOURCE_EXHAUSTED over the daemon's --artifact_budget. */
+WC_API wc_status wc_artifact_put(wc_client* client, const wc_artifact_key* key, const void* data,
+                                 uint64_t size, char** error);
+/* Maps the artifact read-only; *out owns it (wc_artifact_free). WC_NOT_FOUND when absent;
+ * wait_ms > 0 waits that long for a put in flight. */
+WC_API wc_status wc_artifact_get(wc_client* client, const wc_artifact_key* key, int64_t wait_ms,
+                                 wc_artifact** out, char** error);
+/* The mapped bytes (read-only), their count, the id ("art-..."); valid while it lives. */
+WC_API const void* wc_artifact_data(const wc_artifact* artifact);
+WC_API uint64_t wc_artifact_size(const wc_artifact* artifact);
+WC_API const char* wc_artifact_id(const wc_artifact* artifact);
+/* Unmaps and frees. NULL is a no-op. */
+WC_API void wc_artifact_free(wc_artifact* artifact);
 
 #ifdef __cplusplus
 }

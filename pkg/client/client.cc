@@ -3,6 +3,7 @@
 #include <google/protobuf/arena.h>
 #include <grpcpp/grpcpp.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -13,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "pkg/util/daemon_answer.h"
+#include "pkg/util/errno_status.h"
 #include "pkg/util/status_macros.h"
 #include "pkg/util/unix_socket.h"
 #include "weightcache/v1/weightcache.grpc.pb.h"
@@ -489,6 +491,71 @@ absl::Status Client::Load(const std::string& model, const std::string& spec_yaml
     if (on_progress) on_progress(p);
   }
   return FromGrpc(ctx, reader->Finish(), "Load");
+}
+
+Artifact::~Artifact() {
+  if (data_ != nullptr) ::munmap(const_cast<void*>(data_), size_);
+}
+
+absl::StatusOr<v1::PutArtifactResponse> Client::PutArtifact(const v1::ArtifactKey& key,
+                                                            std::string_view bytes) {
+  constexpr size_t kChunk = 256 << 10;  // the daemon takes messages of up to 1 MiB
+  grpc::ClientContext ctx;
+  v1::PutArtifactResponse resp;
+  auto writer = rpc_->stub->PutArtifact(&ctx, &resp);
+  v1::PutArtifactRequest msg;
+  *msg.mutable_key() = key;
+  msg.set_size(bytes.size());
+  size_t off = 0;
+  do {
+    const size_t n = std::min(kChunk, bytes.size() - off);
+    msg.set_data(bytes.data() + off, n);
+    off += n;
+    // A refusal ends the stream early: Finish says why.
+    if (!writer->Write(msg)) break;
+    msg.Clear();
+  } while (off < bytes.size());
+  writer->WritesDone();
+  WC_RETURN_IF_ERROR(FromGrpc(ctx, writer->Finish(), "PutArtifact"));
+  return resp;
+}
+
+absl::StatusOr<std::unique_ptr<Artifact>> Client::GetArtifact(const v1::ArtifactKey& key,
+                                                              std::chrono::milliseconds wait) {
+  v1::GetArtifactRequest req;
+  *req.mutable_key() = key;
+  req.set_wait_ms(static_cast<uint32_t>(wait.count()));
+  v1::GetArtifactResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + wait + std::chrono::seconds(30));
+  WC_RETURN_IF_ERROR(FromGrpc(ctx, rpc_->stub->GetArtifact(&ctx, req, &resp), "GetArtifact"));
+  ScopedFd conn;
+  WC_ASSIGN_OR_RETURN(auto fds, ClaimDescriptors(resp.handle_socket(), resp.token(), 1, &conn));
+  conn.reset();  // the descriptor is all there is to it: no lease
+  struct stat st {};
+  if (::fstat(fds[0].get(), &st) != 0 || static_cast<uint64_t>(st.st_size) != resp.bytes()) {
+    return absl::InternalError(absl::StrCat("artifact ", resp.id(), ": descriptor holds ",
+                                            st.st_size, " bytes, the daemon said ", resp.bytes()));
+  }
+  std::unique_ptr<Artifact> a(new Artifact());
+  void* p = ::mmap(nullptr, resp.bytes(), PROT_READ, MAP_SHARED, fds[0].get(), 0);
+  if (p == MAP_FAILED) return ErrnoStatus(errno, "mmap artifact", resp.id());
+  a->data_ = p;
+  a->size_ = resp.bytes();
+  a->fd_ = std::move(fds[0]);
+  a->id_ = resp.id();
+  a->sha256_ = resp.sha256();
+  return a;
+}
+
+absl::StatusOr<uint32_t> Client::EvictArtifacts(const std::string& id, const std::string& model) {
+  v1::EvictArtifactsRequest req;
+  req.set_id(id);
+  if (id.empty()) req.set_model(model);
+  v1::EvictArtifactsResponse resp;
+  grpc::ClientContext ctx;
+  WC_RETURN_IF_ERROR(FromGrpc(ctx, rpc_->stub->EvictArtifacts(&ctx, req, &resp), "EvictArtifacts"));
+  return resp.evicted();
 }
 
 absl::StatusOr<uint32_t> Client::Evict(const std::string& model, const std::string& fingerprint) {

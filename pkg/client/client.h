@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -38,6 +39,8 @@ class StatusResponse;
 class LoadProgress;
 class EvictResponse;
 class VerifyResidentResponse;
+class ArtifactKey;
+class PutArtifactResponse;
 class Layout;
 }  // namespace weightcache::v1
 
@@ -232,6 +235,28 @@ class Publish {
   std::unique_ptr<memory::SegmentMapping> mapping_;
 };
 
+// A compile artifact mapped read-only (Client::GetArtifact): the sealed memfd's bytes, valid
+// while this object lives. No lease: the daemon may evict it meanwhile; this mapping stays.
+class Artifact {
+ public:
+  ~Artifact();
+  Artifact(const Artifact&) = delete;
+  Artifact& operator=(const Artifact&) = delete;
+  const void* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  const std::string& id() const { return id_; }
+  const std::string& sha256() const { return sha256_; }
+  int fd() const { return fd_.get(); }  // read-only descriptor of the sealed memfd
+
+ private:
+  friend class Client;
+  Artifact() = default;
+  ScopedFd fd_;
+  const void* data_ = nullptr;
+  uint64_t size_ = 0;
+  std::string id_, sha256_;
+};
+
 class Client {
  public:
   // `socket`: path of control.sock, or the directory holding it; empty: $WEIGHTCACHE_SOCKET,
@@ -251,6 +276,16 @@ class Client {
                     const v1::Layout* layout = nullptr);
   // Begins a publish (see Publish). PERMISSION_DENIED when this uid may not publish.
   absl::StatusOr<std::unique_ptr<Publish>> BeginPublish(const PublishOptions& options);
+  // Compile artifacts (docs/protocol.md, "Artifacts"). Put needs the publish role;
+  // ALREADY_EXISTS when the key is stored, ABORTED while another engine puts it.
+  absl::StatusOr<v1::PutArtifactResponse> PutArtifact(const v1::ArtifactKey& key,
+                                                      std::string_view bytes);
+  // Maps the artifact read-only. NOT_FOUND when absent; with `wait`, a put in flight is
+  // waited for up to that long.
+  absl::StatusOr<std::unique_ptr<Artifact>> GetArtifact(
+      const v1::ArtifactKey& key, std::chrono::milliseconds wait = std::chrono::milliseconds(0));
+  // Admin: by id, or (id empty) every artifact of `model`. How many were evicted.
+  absl::StatusOr<uint32_t> EvictArtifacts(const std::string& id, const std::string& model);
   // How many entries were evicted.
   absl::StatusOr<uint32_t> Evict(const std::string& model, const std::string& fingerprint);
   // Integrity: the daemon digests every ready entry of `model` again now and compares them

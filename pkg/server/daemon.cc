@@ -30,7 +30,8 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend)
       models_(options_.specs, options_.read_threads, options_.model_roots, options_.metrics),
       admission_(options_, backend_, registry_, staging_pool_.get()),
       leases_(&registry_, options_.token_ttl),
-      publishes_(options_, backend_, registry_, admission_, models_, handle_path()) {
+      publishes_(options_, backend_, registry_, admission_, models_, handle_path()),
+      artifact_grants_(options_.token_ttl) {
   registry_.SetLoadDoneCallback(
       [this](const cache::Entry& e, const absl::Status& st, double seconds) {
         if (options_.metrics != nullptr && st.ok()) {
@@ -193,6 +194,9 @@ absl::Status Daemon::Impl::Start() {
   for (const auto& s : options_.specs) WC_RETURN_IF_ERROR(CheckIsolation(s));
   WC_RETURN_IF_ERROR(PrepareSocketDir(options_.socket_dir, 0750));
   WC_RETURN_IF_ERROR(models_.OpenDigestStore(options_.digest_store));
+  WC_ASSIGN_OR_RETURN(artifacts_,
+                      artifact::Store::Open({options_.artifact_budget_bytes,
+                                             options_.artifact_max_bytes, options_.artifact_dir}));
   if (keeper_) {
     // Before serving and before the preloads: what the keeper holds is ready at once, and
     // the preloads join it (only entries that were loading at the crash load again).
@@ -230,15 +234,20 @@ absl::Status Daemon::Impl::Start() {
                       HandleChannel::Start(
                           hopts,
                           [this](const std::string& t, const PeerCred& p, const std::string& slot) {
-                            return publishes_.IsToken(t) ? publishes_.Claim(t, p, slot)
-                                                         : leases_.Claim(t, p, slot);
+                            if (publishes_.IsToken(t)) return publishes_.Claim(t, p, slot);
+                            if (artifact_grants_.IsToken(t)) {
+                              return artifact_grants_.Claim(t, slot);
+                            }
+                            return leases_.Claim(t, p, slot);
                           },
                           [this](const std::string& id) {
+                            if (ArtifactGrants::IsGrant(id)) return;  // nothing held
                             if (!publishes_.OnClose(id)) registry_.RemoveLease(id);
                           },
                           [this] {
                             leases_.ExpireTokens();
                             publishes_.ExpireTokens();
+                            artifact_grants_.ExpireTokens();
                           }));
 
   // Preloads are opened (maybe hashed) on their own thread while the daemon serves; their

@@ -18,8 +18,8 @@
 #include "pkg/client/client.h"
 #include "pkg/memory/backend.h"
 #include "pkg/safetensors/writer.h"
+#include "pkg/server/testing/in_process_daemon.h"
 #include "pkg/util/unix_socket.h"
-#include "tests/testutil/temp_dir.h"
 #include "weightcache/v1/weightcache.grpc.pb.h"
 
 namespace weightcache::server {
@@ -27,54 +27,8 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-using weightcache::testing::TempDir;
 
-safetensors::LlamaShape Small() {
-  safetensors::LlamaShape s;
-  s.layers = 1;
-  s.hidden = 128;
-  s.intermediate = 256;
-  s.heads = 2;
-  s.kv_heads = 1;
-  s.vocab = 256;
-  return s;
-}
-
-class DaemonInProcessTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", Small()).ok());
-    backend_ = memory::MakeHostBackend();
-  }
-  void Start(DaemonOptions o) {
-    o.socket_dir = dir_ / "s";
-    // These tests are about races, not roles: this uid is granted both on the engine socket.
-    if (o.admin_uids.empty()) o.admin_uids = {::geteuid()};
-    if (o.publish_uids.empty()) o.publish_uids = {::geteuid()};
-    o.digest_store = "";
-    spec::ModelSpec s;
-    s.name = "m";
-    s.model_dir = dir_ / "m";
-    o.specs = {s};
-    auto d = Daemon::Start(std::move(o), backend_.get());
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = std::move(d).value();
-    auto c = client::Client::Connect(dir_ / "s");
-    ASSERT_TRUE(c.ok());
-    client_ = std::move(c).value();
-  }
-  absl::StatusOr<std::unique_ptr<client::Lease>> Acquire() {
-    client::AcquireOptions o;
-    o.model = "m";
-    o.wait_ready = true;
-    return client_->Acquire(o);
-  }
-
-  TempDir dir_;
-  std::unique_ptr<memory::Backend> backend_;
-  std::unique_ptr<Daemon> daemon_;
-  std::unique_ptr<client::Client> client_;
-};
+using testing::DaemonInProcessTest;
 
 // connect(2) of `fd` to the Unix socket at `path`: 0 or -1 (errno set).
 int ConnectFd(int fd, const std::string& path) {

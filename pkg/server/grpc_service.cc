@@ -114,6 +114,30 @@ class GrpcService final : public v1::WeightCache::Service {
     return ToGrpc(ctx, impl_->VerifyResident(*caller, *req, resp));
   }
 
+  grpc::Status PutArtifact(grpc::ServerContext* ctx,
+                           grpc::ServerReader<v1::PutArtifactRequest>* reader,
+                           v1::PutArtifactResponse* resp) override {
+    auto caller = CallerOf(ctx);
+    if (!caller.ok()) return ToGrpc(ctx, caller.status());
+    return ToGrpc(ctx,
+                  impl_->PutArtifact(
+                      *caller, [&](v1::PutArtifactRequest* m) { return reader->Read(m); }, resp));
+  }
+
+  grpc::Status GetArtifact(grpc::ServerContext* ctx, const v1::GetArtifactRequest* req,
+                           v1::GetArtifactResponse* resp) override {
+    auto caller = CallerOf(ctx);
+    if (!caller.ok()) return ToGrpc(ctx, caller.status());
+    return ToGrpc(ctx, impl_->GetArtifact(*caller, *req, resp));
+  }
+
+  grpc::Status EvictArtifacts(grpc::ServerContext* ctx, const v1::EvictArtifactsRequest* req,
+                              v1::EvictArtifactsResponse* resp) override {
+    auto caller = CallerOf(ctx);
+    if (!caller.ok()) return ToGrpc(ctx, caller.status());
+    return ToGrpc(ctx, impl_->EvictArtifacts(*caller, *req, resp));
+  }
+
   grpc::Status Status(grpc::ServerContext* ctx, const v1::StatusRequest*,
                       v1::StatusResponse* resp) override {
     auto caller = CallerOf(ctx);

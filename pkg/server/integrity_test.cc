@@ -15,8 +15,8 @@
 #include "pkg/metrics/metrics.h"
 #include "pkg/safetensors/writer.h"
 #include "pkg/server/daemon.h"
+#include "pkg/server/testing/in_process_daemon.h"
 #include "prometheus/registry.h"
-#include "tests/testutil/temp_dir.h"
 #include "weightcache/v1/weightcache.pb.h"
 
 namespace weightcache::server {
@@ -24,26 +24,24 @@ namespace {
 
 using namespace std::chrono_literals;
 using ::testing::HasSubstr;
-using weightcache::testing::TempDir;
 
-class IntegrityTest : public ::testing::Test {
+class IntegrityTest : public testing::DaemonInProcessTest {
  protected:
-  void SetUp() override {
+  safetensors::LlamaShape CheckpointShape() const override {
     safetensors::LlamaShape s;
     s.layers = 2;
     s.hidden = 512;
     s.intermediate = 1024;
     s.vocab = 1024;  // a few MiB: several 1 MiB chunks per segment
-    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", s).ok());
-    backend_ = memory::MakeHostBackend();
+    return s;
+  }
+  void SetUp() override {
+    DaemonInProcessTest::SetUp();
     metrics_ =
         std::make_unique<metrics::Metrics>(registry_, metrics::BuildInfo{"t", "none", "host"});
   }
   void Start(std::chrono::milliseconds scrub_interval) {
     DaemonOptions o;
-    o.socket_dir = dir_ / "s";
-    o.admin_uids = {::geteuid()};
-    o.digest_store = "";
     o.metrics = metrics_.get();
     o.scrub_interval = scrub_interval;
     o.scrub_bytes_per_second = 0;
@@ -54,22 +52,10 @@ class IntegrityTest : public ::testing::Test {
         (*chunks)[2] ^= 1;
       }
     };
-    spec::ModelSpec sp;
-    sp.name = "m";
-    sp.model_dir = dir_ / "m";
-    o.specs = {sp};
-    auto d = Daemon::Start(std::move(o), backend_.get());
-    ASSERT_TRUE(d.ok()) << d.status();
-    daemon_ = std::move(d).value();
-    auto c = client::Client::Connect(dir_ / "s");
-    ASSERT_TRUE(c.ok());
-    client_ = std::move(c).value();
+    DaemonInProcessTest::Start(std::move(o));
   }
   std::unique_ptr<client::Lease> Acquire() {
-    client::AcquireOptions o;
-    o.model = "m";
-    o.wait_ready = true;
-    auto l = client_->Acquire(o);
+    auto l = DaemonInProcessTest::Acquire();
     EXPECT_TRUE(l.ok()) << l.status();
     return l.ok() ? std::move(l).value() : nullptr;
   }
@@ -90,14 +76,15 @@ class IntegrityTest : public ::testing::Test {
     return st.ok() ? std::vector<v1::EntryInfo>(st->entries().begin(), st->entries().end())
                    : std::vector<v1::EntryInfo>{};
   }
+  // The daemon uses the metrics and the hook's flag: it goes before they do.
+  void TearDown() override {
+    client_.reset();
+    daemon_.reset();
+  }
 
-  TempDir dir_;
   prometheus::Registry registry_;
   std::unique_ptr<metrics::Metrics> metrics_;
-  std::unique_ptr<memory::Backend> backend_;
   std::atomic<bool> corrupt_next_{false};
-  std::unique_ptr<Daemon> daemon_;
-  std::unique_ptr<client::Client> client_;
 };
 
 // The scrubber finds the change: the entry leaves service (state corrupt, naming segment and

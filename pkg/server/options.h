@@ -69,6 +69,12 @@ struct DaemonOptions {
   // Content digests per checkpoint file version (pkg/identity), persisted here so a restart
   // does not hash again; its directory is created 0700. Empty: memory only.
   std::string digest_store;
+  // Compile artifacts (issue 29, pkg/artifact): host memory for all of them, one blob's
+  // limit, and the optional write-through directory (created 0700) that keeps them across
+  // restarts and reboots.
+  uint64_t artifact_budget_bytes = 1ull << 30;
+  uint64_t artifact_max_bytes = 512ull << 20;
+  std::string artifact_dir;
   // Who may connect (control and handle sockets, SO_PEERCRED); empty: anyone who can reach
   // the sockets (their modes and --socket_gid decide).
   std::vector<uid_t> allowed_uids;

@@ -132,6 +132,7 @@ void Daemon::Impl::Status(const Caller& caller, v1::StatusResponse* resp) {
       m->set_isolation(sp.isolation);
     }
   }
+  if (artifacts_ != nullptr) ArtifactStatus(caller, filtered, visible, resp);
   resp->set_acquire_hits(hits_);
   resp->set_acquire_misses(misses_);
   resp->set_acquire_mismatches(mismatches_);

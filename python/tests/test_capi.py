@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import weightcache
+from weightcache import _lib
 from conftest import CAPI_EXAMPLE, LIB, run_python, tensor_sha
 
 
@@ -28,7 +29,7 @@ def test_c_program_reads_the_same_bytes_and_errors(daemon, tiny_tensors):
     by_kind = {}
     for line in lines:
         by_kind.setdefault(line.split(" ", 1)[0], []).append(line.split(" ", 1)[1])
-    assert by_kind["version"] == [f"{weightcache.library_version()} abi 2"]
+    assert by_kind["version"] == [f"{weightcache.library_version()} abi {_lib.ABI_VERSION}"]
     assert by_kind["miss"][0].startswith("NOT_FOUND ") and "no-such-model" in by_kind["miss"][0]
     assert by_kind["bad-layout"][0].startswith("INVALID_ARGUMENT ") and "tp 3/1" in \
         by_kind["bad-layout"][0]

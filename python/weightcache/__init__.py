@@ -17,6 +17,15 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Dict, Optional
 
+from ._artifacts import (
+    CompileCacheResult,
+    artifact_key,
+    compile_cache,
+    get_artifact,
+    put_artifact,
+    restore_dir,
+    save_dir,
+)
 from ._bind import BindResult, bind
 from ._errors import (
     BindError,
@@ -39,6 +48,7 @@ __all__ = [
     "BindError",
     "BindResult",
     "CacheMiss",
+    "CompileCacheResult",
     "CorruptWeights",
     "DaemonUnavailable",
     "FieldDiff",
@@ -50,11 +60,17 @@ __all__ = [
     "WeightcacheError",
     "acquire",
     "acquire_or_publish",
+    "artifact_key",
     "bind",
+    "compile_cache",
     "evict",
+    "get_artifact",
     "library_version",
     "load",
     "publish",
+    "put_artifact",
+    "restore_dir",
+    "save_dir",
     "status",
     "verify",
 ]

@@ -1,4 +1,4 @@
-"""ctypes bindings of libweightcache.so (include/weightcache/weightcache.h, ABI version 2).
+"""ctypes bindings of libweightcache.so (include/weightcache/weightcache.h, ABI version 3).
 
 The library is found through ``$WEIGHTCACHE_LIB`` (a path to the .so), else beside this
 package (``weightcache/libweightcache.so``, where ``pip install`` puts it when it was copied
@@ -30,7 +30,7 @@ from typing import Callable, Optional
 
 from ._errors import WeightcacheError, error_from_status
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 LIB_ENV = "WEIGHTCACHE_LIB"
 LIB_NAME = "libweightcache.so"
 
@@ -55,6 +55,22 @@ class AcquireOptions(Structure):
         ("engine_version", c_char_p),
         ("framework_version", c_char_p),
         ("recipe", c_char_p),
+    ]
+
+
+class ArtifactKey(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("kind", c_char_p),
+        ("model", c_char_p),
+        ("fingerprint", c_char_p),
+        ("engine", c_char_p),
+        ("engine_version", c_char_p),
+        ("torch_version", c_char_p),
+        ("triton_version", c_char_p),
+        ("cuda_version", c_char_p),
+        ("compute_capability", c_char_p),
+        ("settings_hash", c_char_p),
     ]
 
 
@@ -209,6 +225,14 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn("wc_publish_data", c_int, c_void_p, c_char_p, POINTER(c_void_p), POINTER(c_uint64), _ERR)
     fn("wc_publish_commit", c_int, c_void_p, _ERR)
     fn("wc_publish_free", None, c_void_p)
+    fn("wc_artifact_key_init", None, POINTER(ArtifactKey))
+    fn("wc_artifact_put", c_int, c_void_p, POINTER(ArtifactKey), c_void_p, c_uint64, _ERR)
+    fn("wc_artifact_get", c_int, c_void_p, POINTER(ArtifactKey), c_int64, POINTER(c_void_p),
+       _ERR)
+    fn("wc_artifact_data", c_void_p, c_void_p)
+    fn("wc_artifact_size", c_uint64, c_void_p)
+    fn("wc_artifact_id", c_char_p, c_void_p)
+    fn("wc_artifact_free", None, c_void_p)
 
 
 def lib() -> ctypes.CDLL:
@@ -397,3 +421,33 @@ def acquire_lease(client: Client, options: AcquireOptions) -> Lease:
     check(lib().wc_acquire(client.handle, ctypes.byref(options), ctypes.byref(handle),
                            ctypes.byref(err)), err, "acquire")
     return Lease(handle)
+
+
+class Artifact(_Owned):
+    """An owned wc_artifact handle: a compile artifact mapped read-only. Closing it unmaps."""
+
+    _free, _what = "wc_artifact_free", "artifact"
+
+    def bytes(self) -> bytes:
+        """A copy of the artifact's bytes (torch's loaders take ``bytes``)."""
+        L = lib()
+        return ctypes.string_at(L.wc_artifact_data(self.handle), L.wc_artifact_size(self.handle))
+
+    @property
+    def id(self) -> str:
+        return lib().wc_artifact_id(self.handle).decode()
+
+
+def get_artifact(client: Client, key: ArtifactKey, wait_ms: int = 0) -> Artifact:
+    handle = c_void_p()
+    err = c_void_p()
+    check(lib().wc_artifact_get(client.handle, ctypes.byref(key), wait_ms, ctypes.byref(handle),
+                                ctypes.byref(err)), err, "get artifact")
+    return Artifact(handle)
+
+
+def put_artifact(client: Client, key: ArtifactKey, data: bytes) -> None:
+    err = c_void_p()
+    buf = ctypes.create_string_buffer(data, len(data))
+    check(lib().wc_artifact_put(client.handle, ctypes.byref(key), ctypes.cast(buf, c_void_p),
+                                len(data), ctypes.byref(err)), err, "put artifact")

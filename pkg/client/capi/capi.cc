@@ -3,6 +3,8 @@
 // a malloc'd message.
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -22,6 +24,10 @@
 
 struct wc_client {
   std::unique_ptr<weightcache::client::Client> client;
+};
+
+struct wc_artifact {
+  std::unique_ptr<weightcache::client::Artifact> artifact;
 };
 
 struct wc_publish {
@@ -74,6 +80,26 @@ void Fill(const wc_lease& l, size_t i, wc_tensor* out) {
   out->offset = v.offset;
   out->backend = l.lease->backend().c_str();
   out->device_uuid = l.lease->device_uuid().c_str();
+}
+
+// INVALID_ARGUMENT naming the call when the key is missing or from another ABI.
+absl::StatusOr<weightcache::v1::ArtifactKey> KeyOf(const wc_artifact_key* k, const char* call) {
+  if (k == nullptr || k->struct_size != sizeof(wc_artifact_key)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(call, ": key is NULL or not initialised with wc_artifact_key_init"));
+  }
+  weightcache::v1::ArtifactKey out;
+  out.set_kind(Str(k->kind));
+  out.set_model(Str(k->model));
+  out.set_fingerprint(Str(k->fingerprint));
+  out.set_engine(Str(k->engine));
+  out.set_engine_version(Str(k->engine_version));
+  out.set_torch_version(Str(k->torch_version));
+  out.set_triton_version(Str(k->triton_version));
+  out.set_cuda_version(Str(k->cuda_version));
+  out.set_compute_capability(Str(k->compute_capability));
+  out.set_settings_hash(Str(k->settings_hash));
+  return out;
 }
 
 }  // namespace
@@ -457,5 +483,50 @@ wc_status wc_publish_commit(wc_publish* publish, char** error) {
 }
 
 void wc_publish_free(wc_publish* publish) { delete publish; }
+
+void wc_artifact_key_init(wc_artifact_key* key) {
+  if (key == nullptr) return;
+  *key = wc_artifact_key{};
+  key->struct_size = sizeof(wc_artifact_key);
+}
+
+wc_status wc_artifact_put(wc_client* client, const wc_artifact_key* key, const void* data,
+                          uint64_t size, char** error) {
+  if (client == nullptr || (data == nullptr && size > 0)) {
+    return Fail(absl::StatusCode::kInvalidArgument,
+                "wc_artifact_put: a client and the data are required", error);
+  }
+  auto k = KeyOf(key, "wc_artifact_put");
+  if (!k.ok()) return Return(k.status(), error);
+  auto r = client->client->PutArtifact(
+      *k, std::string_view(static_cast<const char*>(data), static_cast<size_t>(size)));
+  return Return(r.status(), error);
+}
+
+wc_status wc_artifact_get(wc_client* client, const wc_artifact_key* key, int64_t wait_ms,
+                          wc_artifact** out, char** error) {
+  if (client == nullptr || out == nullptr) {
+    return Fail(absl::StatusCode::kInvalidArgument,
+                "wc_artifact_get: a client and out are required", error);
+  }
+  *out = nullptr;
+  auto k = KeyOf(key, "wc_artifact_get");
+  if (!k.ok()) return Return(k.status(), error);
+  auto a =
+      client->client->GetArtifact(*k, std::chrono::milliseconds(std::max<int64_t>(0, wait_ms)));
+  if (!a.ok()) return Return(a.status(), error);
+  *out = new (std::nothrow) wc_artifact{std::move(*a)};
+  if (*out == nullptr) return Fail(absl::StatusCode::kResourceExhausted, "out of memory", error);
+  return WC_OK;
+}
+
+const void* wc_artifact_data(const wc_artifact* a) {
+  return a != nullptr ? a->artifact->data() : nullptr;
+}
+uint64_t wc_artifact_size(const wc_artifact* a) { return a != nullptr ? a->artifact->size() : 0; }
+const char* wc_artifact_id(const wc_artifact* a) {
+  return a != nullptr ? a->artifact->id().c_str() : "";
+}
+void wc_artifact_free(wc_artifact* a) { delete a; }
 
 }  // extern "C"

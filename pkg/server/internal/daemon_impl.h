@@ -34,6 +34,7 @@
 #include "pkg/server/daemon.h"
 #include "pkg/server/handle_channel.h"
 #include "pkg/server/internal/admission.h"
+#include "pkg/server/internal/artifacts.h"
 #include "pkg/server/internal/control_listener.h"
 #include "pkg/server/internal/keeper_link.h"
 #include "pkg/server/internal/lease_manager.h"
@@ -113,6 +114,17 @@ class Daemon::Impl final : public metrics::StateSource {
   // naming the rule otherwise (counted).
   absl::StatusOr<PublishManager*> Publisher(const Caller& caller, const std::string& model);
 
+  // Compile artifacts (artifacts.cc): put needs the publish role and the model's map rule, get
+  // the map rule (a private model: the caller's namespace's), evict is admin's. `read` yields
+  // the put's messages in order (false at the end of the stream).
+  absl::Status PutArtifact(const Caller& caller,
+                           const std::function<bool(v1::PutArtifactRequest*)>& read,
+                           v1::PutArtifactResponse* resp);
+  absl::Status GetArtifact(const Caller& caller, const v1::GetArtifactRequest& req,
+                           v1::GetArtifactResponse* resp);
+  absl::Status EvictArtifacts(const Caller& caller, const v1::EvictArtifactsRequest& req,
+                              v1::EvictArtifactsResponse* resp);
+
   // metrics::StateSource
   std::vector<metrics::EntrySnapshot> Entries() const override;
   std::vector<metrics::DeviceSnapshot> Devices() const override;
@@ -138,6 +150,14 @@ class Daemon::Impl final : public metrics::StateSource {
   // changes (empty: unchanged).
   std::string CheckStale(const std::shared_ptr<const load::OpenedModel>& opened);
   void Count(metrics::AcquireResult r);
+  // The store's key for a wire key, once `caller` passed `verb`'s rule for its model
+  // (kPublish: the publish role too). NOT_FOUND for a model the daemon does not know.
+  absl::StatusOr<artifact::Key> ArtifactKeyFor(const Caller& caller, const v1::ArtifactKey& key,
+                                               Verb verb);
+  // The artifacts `caller` may see, and the usage, into a Status answer.
+  void ArtifactStatus(const Caller& caller, bool filtered,
+                      const std::function<bool(const std::string&)>& visible,
+                      v1::StatusResponse* resp) const;
   // Integrity (integrity.cc): the registry's digester and the scrubber, made in the
   // constructor; a corrupt entry taken out of service, its lease holders told, and a clean
   // copy loaded (from the checkpoint; not for published weights).
@@ -160,6 +180,9 @@ class Daemon::Impl final : public metrics::StateSource {
   ManifestCache manifests_;
   // After the registry: destroyed first, so publishes in flight end before it joins them.
   PublishManager publishes_;
+  // Compile artifacts: opened in Start() (it reads --artifact_dir), and their tokens.
+  std::unique_ptr<artifact::Store> artifacts_;
+  ArtifactGrants artifact_grants_;
 
   mutable Mutex mu_;
   std::vector<cache::Key> preloads_ ABSL_GUARDED_BY(mu_);

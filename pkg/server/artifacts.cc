@@ -1,0 +1,221 @@
+// Compile artifacts in the daemon (issue 29): the rules and the tokens. Put: the publish role
+// and the model's map rule (an artifact is code the engines of that model will run); get: the
+// model's map rule, the caller's own copy of a private model; evict: admin. The store itself
+// (budget, LRU, single flight, the directory) is pkg/artifact.
+#include "pkg/server/internal/artifacts.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "pkg/server/internal/daemon_impl.h"
+#include "pkg/server/internal/lease_manager.h"
+#include "pkg/util/log.h"
+#include "pkg/util/status_macros.h"
+
+namespace weightcache::server {
+namespace {
+
+constexpr char kGrantPrefix[] = "artifact-grant-";
+
+}  // namespace
+
+std::string ArtifactGrants::Issue(std::shared_ptr<const artifact::Artifact> a,
+                                  const std::string& slot) {
+  std::string token = RandomHex(32);
+  MutexLock l(mu_);
+  tokens_[token] = {std::move(a), slot, std::chrono::steady_clock::now() + token_ttl_};
+  return token;
+}
+
+bool ArtifactGrants::IsToken(const std::string& token) const {
+  MutexLock l(mu_);
+  return tokens_.count(token) != 0;
+}
+
+absl::StatusOr<HandleChannel::Grant> ArtifactGrants::Claim(const std::string& token,
+                                                           const std::string& slot) {
+  MutexLock l(mu_);
+  auto it = tokens_.find(token);
+  if (it == tokens_.end()) return absl::PermissionDeniedError("unknown or expired token");
+  if (it->second.slot != slot) {
+    return absl::PermissionDeniedError(
+        "this artifact token was issued on another socket and is claimable only on the "
+        "handle socket beside it");
+  }
+  HandleChannel::Grant g;
+  g.lease_id = kGrantPrefix + RandomHex(8);
+  g.fds.push_back(it->second.artifact->fd());
+  g.keepalive = it->second.artifact;
+  tokens_.erase(it);
+  return g;
+}
+
+bool ArtifactGrants::IsGrant(const std::string& lease_id) {
+  return lease_id.rfind(kGrantPrefix, 0) == 0;
+}
+
+void ArtifactGrants::ExpireTokens() {
+  const auto now = std::chrono::steady_clock::now();
+  MutexLock l(mu_);
+  std::erase_if(tokens_, [&](const auto& t) { return t.second.expires <= now; });
+}
+
+artifact::Key KeyFromWire(const v1::ArtifactKey& k, const std::string& tenant) {
+  artifact::Key out;
+  out.kind = k.kind();
+  out.model = k.model();
+  out.fingerprint = k.fingerprint();
+  out.engine = k.engine();
+  out.engine_version = k.engine_version();
+  out.torch_version = k.torch_version();
+  out.triton_version = k.triton_version();
+  out.cuda_version = k.cuda_version();
+  out.compute_capability = k.compute_capability();
+  out.settings_hash = k.settings_hash();
+  out.tenant = tenant;
+  return out;
+}
+
+void InfoToWire(const artifact::ArtifactInfo& i, v1::ArtifactInfo* out) {
+  out->set_id(i.id);
+  auto* k = out->mutable_key();
+  k->set_kind(i.key.kind);
+  k->set_model(i.key.model);
+  k->set_fingerprint(i.key.fingerprint);
+  k->set_engine(i.key.engine);
+  k->set_engine_version(i.key.engine_version);
+  k->set_torch_version(i.key.torch_version);
+  k->set_triton_version(i.key.triton_version);
+  k->set_cuda_version(i.key.cuda_version);
+  k->set_compute_capability(i.key.compute_capability);
+  k->set_settings_hash(i.key.settings_hash);
+  out->set_bytes(i.bytes);
+  out->set_sha256(i.sha256);
+  out->mutable_publisher()->set_pid(static_cast<int32_t>(i.publisher.pid));
+  out->mutable_publisher()->set_uid(static_cast<int32_t>(i.publisher.uid));
+  out->mutable_publisher()->set_published_unix_seconds(i.publisher.unix_seconds);
+  out->set_tenant(i.key.tenant);
+  out->set_resident(i.resident);
+  out->set_on_disk(i.on_disk);
+  out->set_idle_seconds(i.idle_seconds);
+}
+
+// ---- Daemon::Impl -------------------------------------------------------------------------
+
+absl::StatusOr<artifact::Key> Daemon::Impl::ArtifactKeyFor(const Caller& caller,
+                                                           const v1::ArtifactKey& key, Verb verb) {
+  if (key.model().empty()) {
+    return absl::InvalidArgumentError("artifact key field 'model' is required");
+  }
+  if (!models_.Spec(key.model()).has_value()) {
+    return absl::NotFoundError(absl::StrCat(
+        "artifact key names model '", key.model(),
+        "', which this daemon does not know: artifacts belong to a known model (its rules apply)"));
+  }
+  if (verb == Verb::kPublish) {
+    WC_RETURN_IF_ERROR(Publisher(caller, key.model()).status());
+  } else {
+    WC_RETURN_IF_ERROR(Authorize(caller, verb, ModelObject(key.model())));
+  }
+  // A private model's artifacts are its namespace's, like its weights.
+  WC_ASSIGN_OR_RETURN(std::string tenant, TenantFor(caller, key.model()));
+  return KeyFromWire(key, tenant);
+}
+
+absl::Status Daemon::Impl::PutArtifact(const Caller& caller,
+                                       const std::function<bool(v1::PutArtifactRequest*)>& read,
+                                       v1::PutArtifactResponse* resp) {
+  v1::PutArtifactRequest msg;
+  if (!read(&msg)) return absl::InvalidArgumentError("PutArtifact: no message");
+  WC_ASSIGN_OR_RETURN(artifact::Key key, ArtifactKeyFor(caller, msg.key(), Verb::kPublish));
+  WC_ASSIGN_OR_RETURN(auto slot, artifacts_->BeginPut(key, msg.size()));
+  do {
+    WC_RETURN_IF_ERROR(slot->Append(msg.data()));
+    msg.Clear();
+  } while (read(&msg));
+  if (caller.gone && caller.gone()) return absl::CancelledError("the putter went away");
+  artifact::Publisher who;
+  who.pid = caller.cred.pid;
+  who.uid = caller.cred.uid;
+  who.slot = caller.slot;
+  WC_ASSIGN_OR_RETURN(auto a, slot->Commit(who));
+  WC_LOG_INFO("artifact %s put: %s of model '%s'%s, %llu bytes, by uid %d pid %d", a->id().c_str(),
+              key.kind.c_str(), key.model.c_str(),
+              key.tenant.empty() ? "" : (" (namespace " + key.tenant + ")").c_str(),
+              static_cast<unsigned long long>(a->bytes()), static_cast<int>(who.uid),
+              static_cast<int>(who.pid));
+  resp->set_id(a->id());
+  resp->set_bytes(a->bytes());
+  resp->set_sha256(a->sha256());
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Impl::GetArtifact(const Caller& caller, const v1::GetArtifactRequest& req,
+                                       v1::GetArtifactResponse* resp) {
+  WC_ASSIGN_OR_RETURN(artifact::Key key, ArtifactKeyFor(caller, req.key(), Verb::kAcquire));
+  const auto deadline = caller.DeadlineOr(std::chrono::milliseconds(req.wait_ms()));
+  WC_ASSIGN_OR_RETURN(auto a, artifacts_->Get(key, req.wait_ms() > 0, deadline, caller.gone));
+  resp->set_id(a->id());
+  resp->set_bytes(a->bytes());
+  resp->set_sha256(a->sha256());
+  resp->set_handle_socket(caller.slot.empty() ? handle_path()
+                                              : SlotHandleSocketInContainer(options_));
+  artifact::ArtifactInfo info;
+  info.id = a->id();
+  info.key = a->key();
+  info.bytes = a->bytes();
+  info.sha256 = a->sha256();
+  info.publisher = a->publisher();
+  info.resident = true;
+  InfoToWire(info, resp->mutable_info());
+  resp->set_token(artifact_grants_.Issue(std::move(a), caller.slot));
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Impl::EvictArtifacts(const Caller& caller,
+                                          const v1::EvictArtifactsRequest& req,
+                                          v1::EvictArtifactsResponse* resp) {
+  Object o;
+  o.model = req.model();
+  WC_RETURN_IF_ERROR(Authorize(caller, Verb::kEvict, o));
+  if (req.id().empty() == req.model().empty()) {
+    return absl::InvalidArgumentError("EvictArtifacts: give exactly one of id and model");
+  }
+  uint32_t n = 0;
+  for (const auto& i : artifacts_->List()) {
+    if ((!req.id().empty() && i.id == req.id()) ||
+        (!req.model().empty() && i.key.model == req.model())) {
+      if (artifacts_->Evict(i.id)) {
+        ++n;
+        WC_LOG_INFO("artifact %s evicted by uid %d", i.id.c_str(),
+                    static_cast<int>(caller.cred.uid));
+      }
+    }
+  }
+  resp->set_evicted(n);
+  return absl::OkStatus();
+}
+
+void Daemon::Impl::ArtifactStatus(const Caller& caller, bool filtered,
+                                  const std::function<bool(const std::string&)>& visible,
+                                  v1::StatusResponse* resp) const {
+  for (const auto& i : artifacts_->List()) {
+    if (filtered) {
+      if (!visible(i.key.model)) continue;
+      if (!i.key.tenant.empty()) {
+        Object object = ModelObject(i.key.model);
+        object.tenant = i.key.tenant;
+        if (!policy_->Decide(caller, Verb::kStatus, object).allowed) continue;
+      }
+    }
+    InfoToWire(i, resp->add_artifacts());
+  }
+  const auto u = artifacts_->usage();
+  auto* usage = resp->mutable_artifact_usage();
+  usage->set_resident_bytes(u.resident_bytes);
+  usage->set_budget_bytes(u.budget_bytes);
+  usage->set_evictions(u.evictions);
+  usage->set_dir(options_.artifact_dir);
+}
+
+}  // namespace weightcache::server

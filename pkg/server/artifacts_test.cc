@@ -1,0 +1,252 @@
+// Compile artifacts through the daemon (issue 29): put and get over the real sockets, the
+// roles that guard them, single flight, an abandoned put, eviction, and the directory that
+// keeps them across a restart.
+#include <grpcpp/grpcpp.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <cstring>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "pkg/server/testing/in_process_daemon.h"
+#include "pkg/util/unix_socket.h"
+#include "weightcache/v1/weightcache.grpc.pb.h"
+
+namespace weightcache::server {
+namespace {
+
+using testing::DaemonInProcessTest;
+using ::testing::HasSubstr;
+
+v1::ArtifactKey Key(const std::string& kind = "torch-compile") {
+  v1::ArtifactKey k;
+  k.set_kind(kind);
+  k.set_model("m");
+  k.set_fingerprint("wc1-test");
+  k.set_torch_version("2.11.0");
+  k.set_compute_capability("9.0");
+  k.set_settings_hash("mode=default");
+  return k;
+}
+
+// Bytes that differ at every position (a shifted or truncated copy would not compare equal).
+std::string Pattern(size_t n) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 131 + i / 4099) & 0xff);
+  return s;
+}
+
+class ArtifactsTest : public DaemonInProcessTest {
+ protected:
+  std::unique_ptr<v1::WeightCache::Stub> Stub() {
+    return v1::WeightCache::NewStub(
+        grpc::CreateChannel("unix:" + dir_ / "s/control.sock", grpc::InsecureChannelCredentials()));
+  }
+};
+
+TEST_F(ArtifactsTest, APutArtifactIsMappedReadOnlyByTheNextEngine) {
+  Start({});
+  const std::string blob = Pattern((3 << 20) + 17);  // several 1 MiB messages
+  auto put = client_->PutArtifact(Key(), blob);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(put->bytes(), blob.size());
+  EXPECT_EQ(put->sha256().size(), 64u);
+
+  auto other = client::Client::Connect(dir_ / "s");
+  ASSERT_TRUE(other.ok());
+  auto got = (*other)->GetArtifact(Key());
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ((*got)->size(), blob.size());
+  EXPECT_EQ(std::memcmp((*got)->data(), blob.data(), blob.size()), 0);
+  EXPECT_EQ((*got)->id(), put->id());
+  // Sealed: no engine can map it writable, so no engine can change what the next one runs.
+  EXPECT_EQ(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, (*got)->fd(), 0), MAP_FAILED);
+  // Another key (other compile settings) is another artifact.
+  auto k = Key();
+  k.set_settings_hash("mode=max-autotune");
+  EXPECT_EQ(client_->GetArtifact(k).status().code(), absl::StatusCode::kNotFound);
+
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  ASSERT_EQ(st->artifacts_size(), 1);
+  const auto& a = st->artifacts(0);
+  EXPECT_EQ(a.id(), put->id());
+  EXPECT_EQ(a.key().kind(), "torch-compile");
+  EXPECT_EQ(a.bytes(), blob.size());
+  EXPECT_EQ(a.publisher().uid(), static_cast<int32_t>(::geteuid()));
+  EXPECT_EQ(a.publisher().pid(), static_cast<int32_t>(::getpid()));
+  EXPECT_TRUE(a.resident());
+  EXPECT_EQ(st->artifact_usage().resident_bytes(), blob.size());
+  // Putting the same key again changes nothing.
+  EXPECT_EQ(client_->PutArtifact(Key(), "other bytes").status().code(),
+            absl::StatusCode::kAlreadyExists);
+}
+
+TEST_F(ArtifactsTest, PuttingNeedsThePublishRoleGettingTheModelsMapRule) {
+  DaemonOptions o;
+  o.admin_uids = {::geteuid() + 4242};  // not this process: an engine
+  o.publish_uids = {::geteuid() + 4242};
+  Start(std::move(o));
+  auto put = client_->PutArtifact(Key(), "kernels");
+  EXPECT_EQ(put.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(put.status().message()), HasSubstr("--publish_uids"));
+  // Getting is what any engine of the model may do: here, a plain miss.
+  EXPECT_EQ(client_->GetArtifact(Key()).status().code(), absl::StatusCode::kNotFound);
+  // Evicting is an admin's.
+  EXPECT_EQ(client_->EvictArtifacts("", "m").status().code(), absl::StatusCode::kPermissionDenied);
+  // A model the daemon does not know: named.
+  auto k = Key();
+  k.set_model("nope");
+  auto got = client_->GetArtifact(k);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(got.status().message()), HasSubstr("model 'nope'"));
+}
+
+TEST_F(ArtifactsTest, BadKeysAndSizesAreRefusedNamingTheField) {
+  Start({});
+  auto k = Key();
+  k.set_fingerprint("");
+  auto put = client_->PutArtifact(k, "x");
+  EXPECT_EQ(put.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(put.status().message()), HasSubstr("'fingerprint' is required"));
+  // Declared size and sent bytes differ: refused, nothing stored.
+  auto stub = Stub();
+  grpc::ClientContext ctx;
+  v1::PutArtifactResponse resp;
+  auto w = stub->PutArtifact(&ctx, &resp);
+  v1::PutArtifactRequest m;
+  *m.mutable_key() = Key();
+  m.set_size(10);
+  m.set_data("12345");
+  w->Write(m);
+  w->WritesDone();
+  auto s = w->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("5 of the 10 declared bytes"));
+  EXPECT_EQ(client_->GetArtifact(Key()).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ArtifactsTest, OnePutPerKeyAWaitingGetReceivesItAnAbandonedPutLeavesNothing) {
+  Start({});
+  auto stub = Stub();
+  // A first engine begins a put and has sent part of it.
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  v1::PutArtifactResponse resp;
+  auto w = stub->PutArtifact(ctx.get(), &resp);
+  v1::PutArtifactRequest m;
+  *m.mutable_key() = Key();
+  m.set_size(8);
+  m.set_data("abcd");
+  ASSERT_TRUE(w->Write(m));
+  // Until the daemon has begun it, a second put could still win: wait for the refusal.
+  absl::Status second;
+  for (int i = 0; i < 500; ++i) {
+    second = client_->PutArtifact(Key(), "12345678").status();
+    if (second.code() == absl::StatusCode::kAborted) break;
+    ASSERT_EQ(second.code(), absl::StatusCode::kOk) << second;  // impossible: it would be stored
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(second.code(), absl::StatusCode::kAborted) << second;
+  EXPECT_THAT(std::string(second.message()), HasSubstr("get it with wait"));
+  // No torn blob for a reader that does not wait.
+  EXPECT_EQ(client_->GetArtifact(Key()).status().code(), absl::StatusCode::kNotFound);
+  // A reader that waits gets the whole blob once the first put commits.
+  absl::StatusOr<std::unique_ptr<client::Artifact>> waited = absl::UnknownError("not run");
+  std::thread reader([&] {
+    auto c = client::Client::Connect(dir_ / "s");
+    waited = (*c)->GetArtifact(Key(), std::chrono::seconds(60));
+  });
+  m.Clear();
+  m.set_data("efgh");
+  ASSERT_TRUE(w->Write(m));
+  w->WritesDone();
+  ASSERT_TRUE(w->Finish().ok());
+  reader.join();
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(std::string(static_cast<const char*>((*waited)->data()), 8), "abcdefgh");
+
+  // An engine that dies mid-put (its stream cancelled) leaves nothing; the key is free again.
+  auto k = Key("dir:triton");
+  grpc::ClientContext cut;
+  v1::PutArtifactResponse cut_resp;
+  auto cw = stub->PutArtifact(&cut, &cut_resp);
+  v1::PutArtifactRequest cm;
+  *cm.mutable_key() = k;
+  cm.set_size(8);
+  cm.set_data("half");
+  ASSERT_TRUE(cw->Write(cm));
+  cut.TryCancel();
+  (void)cw->Finish();
+  absl::Status again;
+  for (int i = 0; i < 500; ++i) {  // the daemon notices the cancel shortly after
+    again = client_->PutArtifact(k, "complete").status();
+    if (again.code() != absl::StatusCode::kAborted) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(again.ok()) << again;
+  auto got = client_->GetArtifact(k);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(std::string(static_cast<const char*>((*got)->data()), 8), "complete");
+}
+
+TEST_F(ArtifactsTest, AnArtifactTokenIsClaimedOnceAndHoldsNoLease) {
+  Start({});
+  ASSERT_TRUE(client_->PutArtifact(Key(), "kernels").ok());
+  auto stub = Stub();
+  grpc::ClientContext ctx;
+  v1::GetArtifactRequest req;
+  *req.mutable_key() = Key();
+  v1::GetArtifactResponse resp;
+  ASSERT_TRUE(stub->GetArtifact(&ctx, req, &resp).ok());
+  auto claim = [&]() -> std::string {
+    auto conn = ConnectUnix(resp.handle_socket());
+    EXPECT_TRUE(conn.ok());
+    EXPECT_TRUE(WriteAll(conn->get(), "WCH1 " + resp.token() + "\n").ok());
+    auto msg = RecvWithFds(conn->get(), 256);
+    return msg.ok() ? msg->data.substr(0, 4) + std::to_string(msg->fds.size()) : "error";
+  };
+  EXPECT_EQ(claim(), "FDS 1");
+  EXPECT_EQ(claim(), "ERR 0");
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  for (const auto& e : st->entries()) EXPECT_EQ(e.leases_size(), 0) << e.DebugString();
+}
+
+TEST_F(ArtifactsTest, AnAdminEvictsAndTheDirectoryKeepsThemAcrossARestart) {
+  const std::string art_dir = dir_ / "artifacts";
+  {
+    DaemonOptions o;
+    o.artifact_dir = art_dir;
+    Start(std::move(o));
+    ASSERT_TRUE(client_->PutArtifact(Key("a"), "kept").ok());
+    auto b = client_->PutArtifact(Key("b"), "evicted");
+    ASSERT_TRUE(b.ok());
+    auto n = client_->EvictArtifacts(b->id(), "");
+    ASSERT_TRUE(n.ok()) << n.status();
+    EXPECT_EQ(*n, 1u);
+    client_.reset();
+    daemon_->Shutdown();
+    daemon_->Wait();
+    daemon_.reset();
+  }
+  struct stat st {};
+  ASSERT_EQ(::stat(art_dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  DaemonOptions o;
+  o.artifact_dir = art_dir;
+  Start(std::move(o));
+  auto got = client_->GetArtifact(Key("a"));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(std::string(static_cast<const char*>((*got)->data()), 4), "kept");
+  EXPECT_EQ(client_->GetArtifact(Key("b")).status().code(), absl::StatusCode::kNotFound);
+  auto s = client_->Status();
+  ASSERT_TRUE(s.ok());
+  ASSERT_EQ(s->artifacts_size(), 1);
+  EXPECT_TRUE(s->artifacts(0).on_disk());
+  EXPECT_EQ(s->artifact_usage().dir(), art_dir);
+}
+
+}  // namespace
+}  // namespace weightcache::server

@@ -1,0 +1,110 @@
+"""Compile artifacts against a real daemon (host backend): put and get, the directory pair
+for JIT caches, and compile_cache's protocol around torch's cache calls."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import types
+
+import pytest
+import torch
+
+import weightcache
+
+
+def _key(daemon, kind="torch-compile", **kw):
+    with weightcache.acquire("tiny", socket=daemon.socket) as w:
+        fp = w.fingerprint
+    return weightcache.artifact_key(kind, "tiny", fp, **kw)
+
+
+def test_put_then_get_serves_the_bytes_and_status_names_the_publisher(daemon):
+    key = _key(daemon, settings={"mode": "default"}, triton_version="3.6.0")
+    assert key["torch_version"] == torch.__version__
+    assert key["triton_version"] == "3.6.0"
+    assert weightcache.get_artifact(key, socket=daemon.socket) is None
+    data = os.urandom(3 << 20)
+    assert weightcache.put_artifact(key, data, socket=daemon.socket) is True
+    assert weightcache.put_artifact(key, b"other", socket=daemon.socket) is False  # had it
+    assert weightcache.get_artifact(key, socket=daemon.socket) == data
+    # Other settings: another artifact, never this one.
+    other = dict(key, settings_hash=weightcache._artifacts.settings_hash({"mode": "max"}))
+    assert weightcache.get_artifact(other, socket=daemon.socket) is None
+    st = weightcache.status(socket=daemon.socket)
+    mine = [a for a in st["artifacts"] if a["key"]["settings_hash"] == key["settings_hash"]]
+    assert len(mine) == 1
+    assert mine[0]["publisher"]["pid"] == os.getpid()
+    assert int(mine[0]["bytes"]) == len(data)
+
+
+def test_a_bad_key_is_refused_naming_the_field(daemon):
+    key = _key(daemon)
+    with pytest.raises(weightcache.WeightcacheError, match="'kind'"):
+        weightcache.put_artifact(dict(key, kind="has space"), b"x", socket=daemon.socket)
+    with pytest.raises(weightcache.WeightcacheError, match="unknown field"):
+        weightcache.get_artifact(dict(key, colour="red"), socket=daemon.socket)
+    with pytest.raises(weightcache.CacheMiss, match="model 'nope'"):
+        weightcache.get_artifact(dict(key, model="nope"), socket=daemon.socket)
+
+
+def test_save_dir_then_restore_dir_brings_the_tree_back(daemon, tmp_path):
+    src = tmp_path / "triton"
+    (src / "ab" / "cd").mkdir(parents=True)
+    (src / "ab" / "cd" / "kernel.cubin").write_bytes(os.urandom(5000))
+    (src / "ab" / "kernel.json").write_text('{"name": "k"}')
+    (src / "top.txt").write_text("t")
+    key = _key(daemon, kind="dir:triton")
+    assert weightcache.save_dir(key, src, socket=daemon.socket) is True
+    dst = tmp_path / "restored"
+    assert weightcache.restore_dir(key, dst, socket=daemon.socket) is True
+    for p in src.rglob("*"):
+        q = dst / p.relative_to(src)
+        assert q.exists(), q
+        if p.is_file():
+            assert q.read_bytes() == p.read_bytes(), q
+    assert weightcache.restore_dir(dict(key, kind="dir:none"), tmp_path / "x",
+                                   socket=daemon.socket) is False
+
+
+def test_restore_dir_refuses_members_outside_the_directory(daemon, tmp_path):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = b"owned"
+        info = tarfile.TarInfo("../escaped.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    key = _key(daemon, kind="dir:evil")
+    assert weightcache.put_artifact(key, buf.getvalue(), socket=daemon.socket)
+    with pytest.raises(weightcache.WeightcacheError, match="lies outside"):
+        weightcache.restore_dir(key, tmp_path / "cache", socket=daemon.socket)
+    assert not (tmp_path / "escaped.txt").exists()
+
+
+def test_compile_cache_saves_on_a_miss_and_loads_on_the_next_start(daemon, monkeypatch):
+    # torch's two cache calls, recorded (the real ones run on the H200: bench/compile_cache_probe.py).
+    calls = []
+    fake = types.SimpleNamespace(
+        load_cache_artifacts=lambda blob: calls.append(("load", blob)),
+        save_cache_artifacts=lambda: (b"inductor+triton caches", object()),
+    )
+    monkeypatch.setattr(torch, "compiler", fake, raising=False)
+    with weightcache.compile_cache("tiny", _key(daemon)["fingerprint"], settings={"m": 1},
+                                   socket=daemon.socket) as first:
+        calls.append(("warm-up",))
+    assert calls == [("warm-up",)]
+    assert not first.hit and first.put
+    calls.clear()
+    with weightcache.compile_cache("tiny", first.key["fingerprint"], settings={"m": 1},
+                                   socket=daemon.socket) as second:
+        calls.append(("warm-up",))
+    assert calls == [("load", b"inductor+triton caches"), ("warm-up",)]
+    assert second.hit and not second.put
+
+
+def test_compile_cache_names_the_torch_it_needs(daemon, monkeypatch):
+    monkeypatch.delattr(torch, "compiler", raising=False)
+    with pytest.raises(weightcache.WeightcacheError, match="torch 2.6 or later"):
+        with weightcache.compile_cache("tiny", "fp", socket=daemon.socket):
+            pass

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# On the GPU machine, in one call: compile artifacts (issue 29) measured for real. Writes a
+# ~1.1 B Llama (bench/compile_cache_bench.py make), serves it with weightcached (cuda-vmm,
+# this uid a publisher, artifacts in memory), and runs bench/compile_cache_bench.py: fresh
+# processes from start to the first compiled forward, cold / warm from the daemon's artifact /
+# Inductor's disk cache, logits compared.
+#
+#   here:  bash tests/gpu/prepare-python-carry.sh      (the same carry as the Python runs)
+#   then:  run(carry=[".device-carry-py"], command="bash tests/gpu/run-compile-cache-on-device.sh")
+# Environment: OUT (log folder, default /tmp/wc-cc-out), PYTHON (default python3).
+set -u
+root=$(cd "$(dirname "$0")/../.." && pwd)
+carry=$root/.device-carry-py
+OUT=${OUT:-/tmp/wc-cc-out}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/compile-cache-gpu.log") 2>&1
+[[ -x $carry/bin/weightcached && -f $carry/python/weightcache/libweightcache.so ]] || {
+  echo "no $carry: run tests/gpu/prepare-python-carry.sh on the build machine first"; exit 1; }
+nvidia-smi -L
+"$PY" -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)'
+work=$(mktemp -d /tmp/wc-cc.XXXXXX)
+export PYTHONPATH=$carry/python WEIGHTCACHE_SOCKET=$work/s
+unset WEIGHTCACHE_LIB WEIGHTCACHE_MODE WEIGHTCACHE_MODEL
+timeout 600 "$PY" "$root/bench/compile_cache_bench.py" make "$work" || exit 1
+LD_LIBRARY_PATH=$carry/lib "$carry/bin/weightcached" --socket_dir="$work/s" --backend=cuda \
+  --metrics_address=off --preload=false --spec_file="$work/specs.json" \
+  --publish_uids="$(id -u)" >"$OUT/weightcached.log" 2>&1 &
+daemon=$!
+trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null' EXIT
+for _ in $(seq 300); do
+  "$PY" -m weightcache status >/dev/null 2>&1 && break
+  kill -0 "$daemon" 2>/dev/null || { cat "$OUT/weightcached.log"; exit 1; }
+  sleep 0.1
+done
+timeout 300 "$PY" -m weightcache load llama-1b || exit 1
+timeout 900 "$PY" "$root/bench/compile_cache_bench.py" --work "$work" --model llama-1b
+rc=$?
+LD_LIBRARY_PATH=$carry/lib "$carry/bin/weightcachectl" --socket="$work/s" status | sed -n '/^artifacts/,/^$/p'
+tail -n 15 "$OUT/weightcached.log"
+echo "result: $([[ $rc == 0 ]] && echo PASS || echo FAIL)"
+exit $rc
