@@ -322,7 +322,7 @@ int Run() {
   signal(SIGPIPE, SIG_IGN);
 
   auto registry = std::make_shared<prometheus::Registry>();
-  metrics::Metrics metrics(*registry, {Version(), memory::BuiltWithCuda() ? "13.0" : "none",
+  metrics::Metrics metrics(*registry, {Version(), memory::CudaVersionBuiltWith(),
                                        memory::BackendName((*backend)->kind())});
   opts.metrics = &metrics;
 
