@@ -7,7 +7,8 @@
 #   2. podman (as root) with all its storage in a temp dir, removed after: import the rootfs as
 #      docker.io/library/debian:bookworm-slim, scripts/build-image.sh --prebuilt BUILD_DIR
 #      (target runtime-prebuilt, --pull=never); the label matches VERSION
-#   3. in containers from the image: `weightcached --help`; the demo's flow on the host
+#   3. in containers from the image: `weightcached --help`, and --version and the user
+#      (VERSION, uid 65532); the demo's flow on the host
 #      backend with a keeper (demo-in-container.sh); the webhook answering one
 #      AdmissionReview over TLS (certificates made here with openssl, curl trusts the CA only)
 # Prints each step's time and the image's size.
@@ -83,7 +84,10 @@ step "weightcached --help"
   { cat "$tmp/help"; echo "FAIL: weightcached --help"; exit 1; }
 grep -q -- '--socket_dir' "$tmp/help" || { cat "$tmp/help"; echo "FAIL: --help lists no flags"; exit 1; }
 head -1 "$tmp/help"
-"${podman[@]}" run --rm "${run_opts[@]}" "$tag" --version | head -1
+got=$("${podman[@]}" run --rm "${run_opts[@]}" "$tag" --version)
+[[ $got == "weightcached $version" ]] ||
+  { echo "FAIL: weightcached --version printed '$got', VERSION is '$version'"; exit 1; }
+echo "$got"
 [[ $("${podman[@]}" run --rm "${run_opts[@]}" --entrypoint id "$tag" -u) == 65532 ]] ||
   { echo "FAIL: the image does not run as uid 65532 by default"; exit 1; }
 
