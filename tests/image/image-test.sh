@@ -33,7 +33,9 @@ for tool in podman runc mmdebstrap openssl curl python3; do
 done
 
 tmp=$(mktemp -d)
-podman=(podman --root "$tmp/storage" --runroot "$tmp/run" --storage-driver overlay
+# WC_IMAGE_STORAGE_DRIVER=vfs where the temp dir cannot hold overlay mounts (e.g. on overlayfs).
+podman=(podman --root "$tmp/storage" --runroot "$tmp/run"
+        --storage-driver "${WC_IMAGE_STORAGE_DRIVER:-overlay}"
         --cgroup-manager cgroupfs --events-backend file --runtime runc)
 nofile=$(ulimit -Sn)
 nproc=$(ulimit -Su)
@@ -44,7 +46,10 @@ run_opts=(--pull=never --network=host --ulimit "nofile=$nofile:$nofile"
 webhook=""
 cleanup() {
   [[ -n $webhook ]] && "${podman[@]}" rm -f "$webhook" >/dev/null 2>&1
-  "${podman[@]}" system reset -f >/dev/null 2>&1 || true
+  # Not `podman system reset`: that also deletes networks, which live outside --root.
+  "${podman[@]}" rm -af >/dev/null 2>&1 || true
+  "${podman[@]}" rmi -af >/dev/null 2>&1 || true
+  findmnt -rn -o TARGET | grep "^$tmp/" | sort -r | xargs -r umount 2>/dev/null || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
