@@ -1,51 +1,79 @@
 # weightcache image: weightcached (the node daemon, with the kubelet device plugin),
-# weightcachectl, weightcache-keeper and weightcache-webhook. Multi-stage: build in the CUDA
-# devel image, run in the CUDA base image with only the binaries and the libraries they load.
+# weightcachectl, weightcache-keeper and weightcache-webhook, on Debian bookworm.
 #
-#   docker build -t weightcache/weightcache:0.1.0 .
+#   scripts/build-image.sh                  # compiles here, CUDA on (Debian's CUDA 11.8, sm_90)
+#   scripts/build-image.sh --prebuilt build # takes build/'s binaries (built on bookworm)
+#   docker build -t weightcache/weightcache:$(cat VERSION) .   # the same as the first
 #
-# Not built in this project's CI (its machines have no container engine); keep it in step with
-# the build steps in docs/ (same Debian/Ubuntu -dev packages, same CMake options).
+# Everything comes from Debian packages: the bases are plain bookworm images (a build argument,
+# so CI imports one made with mmdebstrap under the default name and needs no registry), the
+# CUDA toolchain is Debian non-free's nvidia-cuda-toolkit, and the runtime libraries are the
+# Debian packages of the -dev packages the build uses (never copied .so files). CI
+# (scripts/test.sh, job image) builds the runtime-from-prebuilt variant and runs it.
 
-ARG CUDA_VERSION=13.0.1
-ARG UBUNTU=ubuntu24.04
+# The bookworm base of both stages; any bookworm image (slim, or an mmdebstrap import).
+ARG BASE=debian:bookworm-slim
+ARG BUILD_BASE=${BASE}
+# Two final targets on one runtime stage: `runtime` (the default) compiles the binaries in the
+# build stage; `runtime-prebuilt` (--target runtime-prebuilt) copies them from PREBUILT_DIR in
+# the build context (four files, flat) and skips the build stage, e.g. CI's build job's, which
+# compiles on bookworm with the same packages (scripts/build-image.sh --prebuilt stages them).
 
 # ---- build -------------------------------------------------------------------------------
-FROM nvidia/cuda:${CUDA_VERSION}-devel-${UBUNTU} AS build
-# H100/H200 by default; e.g. --build-arg CUDA_ARCHS="80;90" for A100 too.
+FROM ${BUILD_BASE} AS build
+ARG DEBIAN_MIRROR=http://deb.debian.org/debian
+# ON: the cuda-vmm backend, compiled with Debian's nvidia-cuda-toolkit (CUDA 11.8; its nvcc
+# uses g++-11 for .cu files by itself). OFF: the host backend only (a much smaller build stage).
+# The toolkit is in non-free; its hard dependency libcuda1 (never linked: the driver's libcuda
+# is loaded at run time) needs contrib (glx-alternative-nvidia) too.
+ARG WITH_CUDA=ON
+# H100/H200 by default; CUDA 11.8 knows nothing newer than sm_90.
 ARG CUDA_ARCHS=90
-RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      build-essential cmake ninja-build pkg-config \
-      libabsl-dev libxxhash-dev libprotobuf-dev protobuf-compiler libgrpc++-dev protobuf-compiler-grpc \
-      nlohmann-json3-dev libyaml-cpp-dev libssl-dev prometheus-cpp-dev libcpp-httplib-dev \
-    && rm -rf /var/lib/apt/lists/*
+RUN set -eux; \
+    cuda=""; \
+    if [ "$WITH_CUDA" = ON ]; then \
+      echo "deb $DEBIAN_MIRROR bookworm contrib non-free non-free-firmware" \
+        >/etc/apt/sources.list.d/non-free.list; \
+      cuda=nvidia-cuda-toolkit; \
+    fi; \
+    apt-get update; \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      g++ cmake ninja-build pkg-config \
+      libabsl-dev libxxhash-dev libprotobuf-dev protobuf-compiler libgrpc++-dev \
+      protobuf-compiler-grpc nlohmann-json3-dev libyaml-cpp-dev libssl-dev prometheus-cpp-dev \
+      libcpp-httplib-dev $cuda; \
+    rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 # No tests or benchmarks in the image; the CUDA runtime is linked statically and libcuda is
 # loaded at run time from the driver that the NVIDIA container runtime mounts.
 RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DWEIGHTCACHE_TESTS=OFF -DWEIGHTCACHE_BENCH=OFF -DWEIGHTCACHE_TORCH=OFF \
-      -DWEIGHTCACHE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS}" \
+      -DWEIGHTCACHE_CUDA="${WITH_CUDA}" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS}" \
     && cmake --build /build --target weightcached weightcachectl weightcache-webhook \
-       weightcache-keeper
-# Gather the binaries and every shared library they need except glibc's own (the base image
-# has the same glibc) and libcuda (the driver's, never shipped in an image).
-RUN mkdir -p /out/bin /out/lib \
+       weightcache-keeper \
+    && mkdir -p /out \
     && cp /build/cmd/weightcached/weightcached /build/cmd/weightcachectl/weightcachectl \
        /build/cmd/weightcache-webhook/weightcache-webhook \
-       /build/cmd/weightcache-keeper/weightcache-keeper /out/bin/ \
-    && ldd /out/bin/* | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u \
-       | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda)\.so' \
-       | xargs -r cp -L -t /out/lib/
+       /build/cmd/weightcache-keeper/weightcache-keeper /out/
 
 # ---- run ---------------------------------------------------------------------------------
-FROM nvidia/cuda:${CUDA_VERSION}-base-${UBUNTU}
-COPY --from=build /out/bin/ /usr/local/bin/
-COPY --from=build /out/lib/ /opt/weightcache/lib/
-# Fail the build if any library is still missing.
-RUN echo /opt/weightcache/lib > /etc/ld.so.conf.d/weightcache.conf && ldconfig \
-    && ! ldd /usr/local/bin/* | grep 'not found' \
-    && useradd --system --uid 65532 --no-create-home --shell /usr/sbin/nologin weightcache
+FROM ${BASE} AS runtime-base
+# The version, from the repository's VERSION file (scripts/build-image.sh passes it; the
+# default here is checked against that file by tests/version-test.sh).
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="weightcache" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.description="Node daemon that keeps LLM weights in GPU memory"
+# The runtime packages of the build's -dev packages (libcivetweb1 named: Debian's
+# libprometheus-cpp-core1.0 lacks the dependency); their dependencies bring the rest.
+RUN set -eux; \
+    apt-get update; \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      libabsl20220623 libcivetweb1 libcpp-httplib0.11 libgrpc++1.51 libprometheus-cpp-core1.0 \
+      libprotobuf32 libssl3 libyaml-cpp0.7 ca-certificates; \
+    rm -rf /var/lib/apt/lists/*; \
+    useradd --system --uid 65532 --no-create-home --shell /usr/sbin/nologin weightcache
 # Every GPU of the node, for the daemon (it has no nvidia.com/gpu request).
 ENV NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
 # Non-root by default: enough for the host backend and for a socket directory the user owns.
@@ -58,3 +86,19 @@ USER 65532
 EXPOSE 9464
 ENTRYPOINT ["weightcached"]
 CMD ["--socket_dir=/run/weightcache", "--backend=auto", "--metrics_address=0.0.0.0:9464"]
+
+# ---- runtime-prebuilt: binaries from the build context ----------------------------------
+FROM runtime-base AS runtime-prebuilt
+ARG PREBUILT_DIR=prebuilt
+COPY ${PREBUILT_DIR}/weightcached ${PREBUILT_DIR}/weightcachectl \
+     ${PREBUILT_DIR}/weightcache-webhook ${PREBUILT_DIR}/weightcache-keeper /usr/local/bin/
+# Fail the build if a library is missing (libcuda is dlopen()ed at run time, never linked).
+RUN ! ldd /usr/local/bin/weightcache* | grep 'not found' \
+    && /usr/local/bin/weightcached --version
+
+# ---- runtime (default): binaries compiled in the build stage ----------------------------
+FROM runtime-base AS runtime
+COPY --from=build /out/ /usr/local/bin/
+# Fail the build if a library is missing (libcuda is dlopen()ed at run time, never linked).
+RUN ! ldd /usr/local/bin/weightcache* | grep 'not found' \
+    && /usr/local/bin/weightcached --version

@@ -56,6 +56,7 @@
 #include "pkg/server/daemon.h"
 #include "pkg/spec/spec.h"
 #include "pkg/util/scoped_fd.h"
+#include "pkg/util/version.h"
 #include "prometheus/registry.h"
 #include "weightcache/v1/weightcache.pb.h"
 
@@ -160,7 +161,7 @@ int EngineMain(int argc, char** argv) {
   } else {
     backend = memory::MakeHostBackend();
   }
-  metrics::Metrics m(*registry, {server::kVersion, "bench", backend_name});
+  metrics::Metrics m(*registry, {Version(), "bench", backend_name});
   server::DaemonOptions o = base;
   o.metrics = &m;
   auto d = server::Daemon::Start(o, backend.get());

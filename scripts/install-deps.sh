@@ -4,7 +4,8 @@
 # the build detects it; without it the host backend is the only one.
 #   --test   also what the test suite needs: Helm 3 and 4 (from npm), promtool/prometheus,
 #            clang-format and clang-tidy, and clang with its sanitizer and libFuzzer runtimes
-#            (the ASan/UBSan/TSan, thread-safety and fuzzing jobs; llvm: the symbolizer)
+#            (the ASan/UBSan/TSan, thread-safety and fuzzing jobs; llvm: the symbolizer),
+#            mmdebstrap, podman and runc (the image job)
 set -euo pipefail
 
 packages=(cmake ninja-build g++ pkg-config
@@ -22,6 +23,9 @@ if [[ "${1:-}" == "--test" ]]; then
              python3-numpy python3-pytest python3-grpcio)
   # bench/plot_benchmarks.py (the plots of docs/benchmarks.md) and its test.
   packages+=(python3-matplotlib)
+  # The image job (tests/image/image-test.sh): a bookworm rootfs from the Debian mirror, podman
+  # to build and run the image (runc: crun cannot run on hybrid cgroup v1/v2 hosts).
+  packages+=(mmdebstrap podman runc)
   command -v npm >/dev/null || packages+=(npm)
 fi
 

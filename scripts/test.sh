@@ -9,12 +9,16 @@
 #              suites: no C++ of ours runs in helm, and an uninstrumented python3 cannot load
 #              an ASan libweightcache.so); each fuzz target
 #              FUZZ_SECONDS (default 60) s from its seed corpus (scripts/fuzz.sh)
+#   image      the image from the Dockerfile with build/'s binaries (no compile), on a Debian
+#              rootfs made by mmdebstrap, with podman, storage in a temp dir; in containers from
+#              it: weightcached --help, the demo's flow with a keeper, the webhook over TLS
+#              (tests/image/image-test.sh). Needs the build job's build/.
 #   tsan       ThreadSanitizer build of the tests whose threads sync through std primitives
 #              only (registry, handle channel, read queue, staging pool), run
 # WC_JOBS="format build" runs a subset. Sanitizer builds leave out CUDA, torch and benches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-jobs=${WC_JOBS:-format build sanitize tsan}
+jobs=${WC_JOBS:-format build image sanitize tsan}
 fuzz_seconds=${FUZZ_SECONDS:-60}
 # -O1 and line tables only: what the sanitizers' reports need, and much less compile time
 # on CI's two cores than -O2 -g.
@@ -77,6 +81,8 @@ job_build() {
     ctest --output-on-failure -j "$(nproc)")
 }
 
+job_image() { bash tests/image/image-test.sh build; }
+
 job_sanitize() {
   cmake -S . -B build-asan "${sanitizer_cmake[@]}" -DWEIGHTCACHE_SANITIZE=ON -DWEIGHTCACHE_FUZZ=ON \
     >build-asan.configure.log 2>&1 || { cat build-asan.configure.log; exit 1; }
@@ -101,5 +107,6 @@ job_tsan() {
 bash scripts/install-deps.sh --test
 run_job format job_format
 run_job build job_build
+run_job image job_image
 run_job sanitize job_sanitize
 run_job tsan job_tsan

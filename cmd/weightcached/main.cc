@@ -31,6 +31,7 @@
 #include "pkg/util/log.h"
 #include "pkg/util/rlimit.h"
 #include "pkg/util/size_flag.h"
+#include "pkg/util/version.h"
 
 ABSL_FLAG(std::string, socket_dir, weightcache::server::kDefaultSocketDir,
           "Directory for control.sock and handle.sock (created 0750)");
@@ -337,7 +338,7 @@ int Run() {
   signal(SIGPIPE, SIG_IGN);
 
   auto registry = std::make_shared<prometheus::Registry>();
-  metrics::Metrics metrics(*registry, {server::kVersion, memory::BuiltWithCuda() ? "13.0" : "none",
+  metrics::Metrics metrics(*registry, {Version(), memory::CudaVersionBuiltWith(),
                                        memory::BackendName((*backend)->kind())});
   opts.metrics = &metrics;
 

@@ -442,6 +442,11 @@ absl::StatusOr<int> CudaOrdinalOfUuid(const std::string& device_uuid) {
 
 bool BuiltWithCuda() { return true; }
 
+// CUDA_VERSION (cuda.h) is 1000 * major + 10 * minor, e.g. 11080.
+std::string CudaVersionBuiltWith() {
+  return absl::StrCat(CUDA_VERSION / 1000, ".", CUDA_VERSION % 1000 / 10);
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& options) {
   WC_ASSIGN_OR_RETURN(const internal::DriverApi* api, internal::Driver());
   WC_ASSIGN_OR_RETURN(auto devices, internal::ListDevices(*api));

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "pkg/memory/backend.h"
@@ -22,5 +23,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& name);
 
 // True when this binary was built with the CUDA backend.
 bool BuiltWithCuda();
+
+// The CUDA version this binary was built against ("13.0", "11.8"), or "none".
+std::string CudaVersionBuiltWith();
 
 }  // namespace weightcache::memory

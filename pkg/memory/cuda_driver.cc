@@ -9,6 +9,18 @@
 #include "absl/strings/str_join.h"
 #include "pkg/util/log.h"
 
+#if CUDA_VERSION < 12000
+// CUDA 11.x headers (Debian bookworm's nvidia-cuda-toolkit 11.8, which the Dockerfile's build
+// stage uses) lack the query-result type of cuGetProcAddress_v2. Only the type is missing: the
+// call itself is fetched from the driver at run time (a >= 12.0 driver, as before). Values as
+// in CUDA 12's cuda.h.
+typedef enum CUdriverProcAddressQueryResult_enum {
+  CU_GET_PROC_ADDRESS_SUCCESS = 0,
+  CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,
+  CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2
+} CUdriverProcAddressQueryResult;
+#endif
+
 namespace weightcache::memory::internal {
 namespace {
 

@@ -7,6 +7,8 @@ namespace weightcache::memory {
 
 bool BuiltWithCuda() { return false; }
 
+std::string CudaVersionBuiltWith() { return "none"; }
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions&) {
   return absl::UnimplementedError(
       "backend cuda: this weightcache was built without CUDA (configure with "

@@ -27,7 +27,6 @@ namespace weightcache::server {
 inline constexpr const char* kDefaultSocketDir = "/run/weightcache";
 inline constexpr const char* kControlSocketName = "control.sock";
 inline constexpr const char* kHandleSocketName = "handle.sock";
-inline constexpr const char* kVersion = "0.1.0";
 
 // What Acquire does when the asked device does not hold the model-rank but another device
 // of this daemon does (--peer_policy):

@@ -18,6 +18,7 @@
 #include "pkg/server/internal/daemon_impl.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
+#include "pkg/util/version.h"
 
 namespace weightcache::server {
 namespace {
@@ -44,7 +45,7 @@ void Daemon::Impl::Status(const Caller& caller, v1::StatusResponse* resp) {
     if (fresh) it->second = policy_->Decide(caller, Verb::kStatus, ModelObject(name)).allowed;
     return it->second;
   };
-  resp->set_version(kVersion);
+  resp->set_version(Version());
   resp->set_backend(memory::BackendName(backend_->kind()));
   auto now = std::chrono::steady_clock::now();
   std::map<std::string, std::pair<uint32_t, uint64_t>> per_device;  // entries, bytes

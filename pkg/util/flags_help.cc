@@ -8,6 +8,7 @@
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
+#include "pkg/util/version.h"
 
 namespace weightcache {
 
@@ -18,6 +19,13 @@ void HandleHelpFlag(int argc, char** argv, const std::string& usage,
     const std::string_view a = argv[i];
     if (a == "--") break;
     if (a == "--help" || a == "-help" || a == "-h" || a == "--helpfull") asked = true;
+    if (a == "--version" || a == "-version") {
+      std::string_view program = argc > 0 ? argv[0] : "weightcache";
+      program = program.substr(program.find_last_of('/') + 1);
+      std::printf("%.*s %s\n", static_cast<int>(program.size()), program.data(), Version());
+      std::fflush(stdout);
+      std::exit(0);
+    }
   }
   if (!asked) return;
   std::vector<const absl::CommandLineFlag*> flags;
