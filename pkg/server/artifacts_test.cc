@@ -191,6 +191,44 @@ TEST_F(ArtifactsTest, OnePutPerKeyAWaitingGetReceivesItAnAbandonedPutLeavesNothi
   EXPECT_EQ(std::string(static_cast<const char*>((*got)->data()), 8), "complete");
 }
 
+// A put holds a gRPC thread while it runs: a client that opens one and goes silent must not
+// keep it (nor, with enough of them, every thread the daemon has).
+TEST_F(ArtifactsTest, ASilentPutIsCancelledAndPutsAtOnceAreCapped) {
+  DaemonOptions o;
+  o.artifact_max_puts = 1;
+  o.artifact_put_idle = std::chrono::milliseconds(300);
+  Start(std::move(o));
+  auto stub = Stub();
+  grpc::ClientContext silent;
+  v1::PutArtifactResponse resp;
+  auto w = stub->PutArtifact(&silent, &resp);
+  v1::PutArtifactRequest first;  // the key and part of the bytes, then nothing
+  *first.mutable_key() = Key("silent");
+  first.set_size(100);
+  first.set_data("part");
+  ASSERT_TRUE(w->Write(first));
+  absl::Status second;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 200; ++i) {  // until the silent stream's handler runs
+    second = client_->PutArtifact(Key("k" + std::to_string(i)), "kernels").status();
+    if (second.code() == absl::StatusCode::kResourceExhausted) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(second.code(), absl::StatusCode::kResourceExhausted) << second;
+  EXPECT_THAT(std::string(second.message()), HasSubstr("1 artifact puts are in progress"));
+  // The silent one is cancelled after its idle time; then the slot is free again.
+  const grpc::Status ended = w->Finish();
+  EXPECT_FALSE(ended.ok());
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
+  absl::Status again;
+  for (int i = 0; i < 200; ++i) {
+    again = client_->PutArtifact(Key("after" + std::to_string(i)), "kernels").status();
+    if (again.code() != absl::StatusCode::kResourceExhausted) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(again.ok()) << again;
+}
+
 TEST_F(ArtifactsTest, AnArtifactTokenIsClaimedOnceAndHoldsNoLease) {
   Start({});
   ASSERT_TRUE(client_->PutArtifact(Key(), "kernels").ok());

@@ -74,6 +74,12 @@ struct DaemonOptions {
   uint64_t artifact_budget_bytes = 1ull << 30;
   uint64_t artifact_max_bytes = 512ull << 20;
   std::string artifact_dir;
+  // A put is a client stream that holds a gRPC thread while it runs: at most this many at
+  // once (more: RESOURCE_EXHAUSTED at once), each cancelled when its client sends nothing for
+  // `artifact_put_idle` or takes longer than `artifact_put_total` in all.
+  size_t artifact_max_puts = 8;
+  std::chrono::milliseconds artifact_put_idle{10000};
+  std::chrono::milliseconds artifact_put_total{300000};
   // Who may connect (control and handle sockets, SO_PEERCRED); empty: anyone who can reach
   // the sockets (their modes and --socket_gid decide).
   std::vector<uid_t> allowed_uids;
