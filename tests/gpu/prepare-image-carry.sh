@@ -45,5 +45,5 @@ done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u | while read -r lib; 
   esac
 done
 grep -a -o 'org.opencontainers.image.version[^,]*' "$work/archive/"*.json 2>/dev/null | head -1 || true
-echo "image binaries: $(ls "$carry/image" | tr '\n' ' '); libraries: $(ls "$carry/lib-image" | wc -l)"
+echo "image binaries: $(cd "$carry/image" && echo *); libraries: $(find "$carry/lib-image" -type f | wc -l)"
 du -sh "$carry"
