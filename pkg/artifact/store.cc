@@ -1,12 +1,10 @@
 #include "pkg/artifact/store.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
@@ -41,16 +39,6 @@ auto Fields(K& k) {
                                                  {"compute_capability", &k.compute_capability},
                                                  {"settings_hash", &k.settings_hash},
                                                  {"tenant", &k.tenant}};
-}
-
-std::string Hex(const unsigned char* p, size_t n) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out(2 * n, '0');
-  for (size_t i = 0; i < n; ++i) {
-    out[2 * i] = kDigits[p[i] >> 4];
-    out[2 * i + 1] = kDigits[p[i] & 15];
-  }
-  return out;
 }
 
 double UnixNow() {
@@ -146,10 +134,7 @@ std::string IdOf(const Key& key) {
   for (const auto& [name, value] : Fields(key)) {
     absl::StrAppend(&encoded, name, "=", value->size(), ":", *value, ";");
   }
-  std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
-  unsigned int n = 0;
-  WC_CHECK(EVP_Digest(encoded.data(), encoded.size(), md.data(), &n, EVP_sha256(), nullptr) == 1);
-  return "art-" + Hex(md.data(), n);
+  return "art-" + identity::Sha256Hex(encoded);
 }
 
 // ---- PutSlot ------------------------------------------------------------------------------

@@ -212,6 +212,13 @@ absl::StatusOr<std::string> Sha256File(int fd, uint64_t size, const std::string&
   return Hex(d.data(), d.size());
 }
 
+std::string Sha256Hex(std::string_view data) {
+  Sha256 h;
+  h.Update(data.data(), data.size());
+  const auto d = h.Final();
+  return Hex(d.data(), d.size());
+}
+
 const char* DigestSourceName(DigestSource s) {
   switch (s) {
     case DigestSource::kBlobName:

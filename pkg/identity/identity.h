@@ -24,6 +24,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 #include "absl/base/thread_annotations.h"
@@ -68,6 +69,9 @@ absl::StatusOr<std::string> HashFile(int fd, uint64_t size, unsigned threads,
 // Hugging Face blob is named by. Errors and `cancel` as for HashFile.
 absl::StatusOr<std::string> Sha256File(int fd, uint64_t size, const std::string& what,
                                        const std::atomic<bool>* cancel = nullptr);
+
+// The plain SHA-256 of `data`: "<64 hex>".
+std::string Sha256Hex(std::string_view data);
 
 enum class DigestSource { kBlobName, kStore, kHashed };  // kBlobName: verified
 const char* DigestSourceName(DigestSource s);
