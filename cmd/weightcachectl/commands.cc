@@ -171,6 +171,11 @@ int Status(client::Client& c) {
                 static_cast<unsigned long>(k.adopted_entries()),
                 static_cast<unsigned long>(k.dropped_entries()),
                 static_cast<unsigned long>(k.descriptors()));
+    if (k.artifacts() > 0 || k.adopted_artifacts() > 0) {
+      std::printf("  compile artifacts: %lu held by the keeper, %lu taken back at start\n",
+                  static_cast<unsigned long>(k.artifacts()),
+                  static_cast<unsigned long>(k.adopted_artifacts()));
+    }
     if (k.pending_entries() > 0) {
       std::printf("  %lu entries not in step with the keeper yet (deposits or drops to do)\n",
                   static_cast<unsigned long>(k.pending_entries()));

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <type_traits>
 #include <utility>
 
@@ -63,21 +64,6 @@ absl::StatusOr<ScopedFd> NewMemfd(const std::string& id, uint64_t size) {
     return ErrnoStatus(errno, "ftruncate memfd", id);
   }
   return fd;
-}
-
-nlohmann::json MetaJson(const Artifact& a) {
-  nlohmann::json key;
-  for (const auto& [name, value] : Fields(a.key())) key[name] = *value;
-  return {{"format", 1},
-          {"id", a.id()},
-          {"key", key},
-          {"bytes", a.bytes()},
-          {"sha256", a.sha256()},
-          {"publisher",
-           {{"pid", a.publisher().pid},
-            {"uid", a.publisher().uid},
-            {"slot", a.publisher().slot},
-            {"unix_seconds", a.publisher().unix_seconds}}}};
 }
 
 absl::Status CopyAll(int from, int to, uint64_t size, const std::string& what) {
@@ -137,6 +123,56 @@ std::string IdOf(const Key& key) {
   return "art-" + identity::Sha256Hex(encoded);
 }
 
+std::string EncodeRecord(const Artifact& a) {
+  nlohmann::json key;
+  for (const auto& [name, value] : Fields(a.key())) key[name] = *value;
+  const nlohmann::json j = {{"format", 1},
+                            {"id", a.id()},
+                            {"key", key},
+                            {"bytes", a.bytes()},
+                            {"sha256", a.sha256()},
+                            {"publisher",
+                             {{"pid", a.publisher().pid},
+                              {"uid", a.publisher().uid},
+                              {"slot", a.publisher().slot},
+                              {"unix_seconds", a.publisher().unix_seconds}}}};
+  return j.dump(1);
+}
+
+absl::StatusOr<Record> DecodeRecord(std::string_view json) {
+  Record r;
+  try {
+    const auto j = nlohmann::json::parse(json);
+    if (j.at("format").get<int>() != 1) {
+      return absl::InvalidArgumentError("artifact record: format is not 1");
+    }
+    for (const auto& [name, value] : Fields(r.key)) {
+      *value = j.at("key").at(name).get<std::string>();
+    }
+    r.id = j.at("id").get<std::string>();
+    r.bytes = j.at("bytes").get<uint64_t>();
+    r.sha256 = j.at("sha256").get<std::string>();
+    r.publisher.pid = j.at("publisher").at("pid").get<pid_t>();
+    r.publisher.uid = j.at("publisher").at("uid").get<uid_t>();
+    r.publisher.slot = j.at("publisher").at("slot").get<std::string>();
+    r.publisher.unix_seconds = j.at("publisher").at("unix_seconds").get<double>();
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("artifact record: ", e.what()));
+  }
+  if (auto v = ValidateKey(r.key); !v.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("artifact record: ", v.message()));
+  }
+  if (IdOf(r.key) != r.id) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("artifact record: id ", r.id, " is not its key's (", IdOf(r.key), ")"));
+  }
+  if (r.bytes == 0 || r.sha256.size() != 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("artifact record ", r.id, ": bytes must be > 0 and sha256 64 hex digits"));
+  }
+  return r;
+}
+
 // ---- PutSlot ------------------------------------------------------------------------------
 
 PutSlot::PutSlot(Store* store, Key key, std::string id, uint64_t size, ScopedFd fd)
@@ -178,13 +214,16 @@ absl::StatusOr<std::shared_ptr<const Artifact>> PutSlot::Commit(const Publisher&
   if (who.unix_seconds == 0) who.unix_seconds = UnixNow();
   auto a = std::make_shared<const Artifact>(std::move(ro), key_, id_, size_, std::move(sha),
                                             std::move(who));
+  std::vector<std::string> changed;
   {
     MutexLock l(store_->mu_);
     done_ = true;
     store_->putting_.erase(id_);
     store_->cv_.NotifyAll();
-    WC_RETURN_IF_ERROR(store_->Insert(a));
+    WC_RETURN_IF_ERROR(store_->Insert(a, &changed));
   }
+  changed.push_back(id_);
+  store_->Notify(changed);
   store_->Spill(*a);
   return a;
 }
@@ -208,30 +247,20 @@ absl::Status Store::IndexDir() {
   for (const auto& f : std::filesystem::directory_iterator(dir, ec)) {
     if (f.path().extension() != ".json") continue;
     const std::string path = f.path().string();
-    try {
-      std::ifstream in(path);
-      const auto j = nlohmann::json::parse(in);
-      if (j.at("format").get<int>() != 1) throw std::runtime_error("unknown format");
-      Spilled s;
-      for (const auto& [name, value] : Fields(s.key)) {
-        *value = j.at("key").at(name).get<std::string>();
-      }
-      s.bytes = j.at("bytes").get<uint64_t>();
-      s.sha256 = j.at("sha256").get<std::string>();
-      s.publisher.pid = j.at("publisher").at("pid").get<pid_t>();
-      s.publisher.uid = j.at("publisher").at("uid").get<uid_t>();
-      s.publisher.slot = j.at("publisher").at("slot").get<std::string>();
-      s.publisher.unix_seconds = j.at("publisher").at("unix_seconds").get<double>();
-      const std::string id = j.at("id").get<std::string>();
-      if (auto v = ValidateKey(s.key); !v.ok()) throw std::runtime_error(std::string(v.message()));
-      if (IdOf(s.key) != id || f.path().stem().string() != id) {
-        throw std::runtime_error("its id does not match its key");
-      }
-      MutexLock l(mu_);
-      spilled_[id] = std::move(s);
-    } catch (const std::exception& e) {
-      WC_LOG_WARN("artifact dir: skipping %s: %s", path.c_str(), e.what());
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    auto meta = DecodeRecord(text.str());
+    if (meta.ok() && f.path().stem().string() != meta->id) {
+      meta = absl::InvalidArgumentError("its file name is not its id");
     }
+    if (!meta.ok()) {
+      WC_LOG_WARN("artifact dir: skipping %s: %s", path.c_str(),
+                  std::string(meta.status().message()).c_str());
+      continue;
+    }
+    MutexLock l(mu_);
+    spilled_[meta->id] = Spilled{meta->key, meta->bytes, meta->sha256, meta->publisher};
   }
   if (ec) return ErrnoStatus(ec.value(), "read --artifact_dir", dir);
   MutexLock l(mu_);
@@ -276,7 +305,7 @@ void Store::EndPut(const std::string& id) {
   cv_.NotifyAll();
 }
 
-absl::Status Store::Insert(std::shared_ptr<const Artifact> a) {
+absl::Status Store::Insert(std::shared_ptr<const Artifact> a, std::vector<std::string>* dropped) {
   if (a->bytes() > options_.budget_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat("artifact ", a->id(), ": ", a->bytes(),
                                                      " bytes exceed the artifact budget of ",
@@ -291,6 +320,7 @@ absl::Status Store::Insert(std::shared_ptr<const Artifact> a) {
                 static_cast<unsigned long long>(lru->second.artifact->bytes()),
                 spilled_.count(lru->first) != 0 ? " (kept on disk)" : "");
     resident_bytes_ -= lru->second.artifact->bytes();
+    dropped->push_back(lru->first);
     resident_.erase(lru);
     ++evictions_;
   }
@@ -315,7 +345,7 @@ void Store::Spill(const Artifact& a) {
     // The metadata last: its presence says the blob beside it is whole.
     {
       std::ofstream meta(meta_tmp, std::ios::trunc);
-      meta << MetaJson(a).dump(1) << "\n";
+      meta << EncodeRecord(a) << "\n";
       if (!meta.flush()) return absl::InternalError(absl::StrCat("write ", meta_tmp, " failed"));
     }
     if (::rename(meta_tmp.c_str(), (base + ".json").c_str()) != 0) {
@@ -400,26 +430,91 @@ absl::StatusOr<std::shared_ptr<const Artifact>> Store::Get(
     spilled = it->second;
   }
   WC_ASSIGN_OR_RETURN(auto a, ReadSpilled(id, spilled));
-  MutexLock l(mu_);
-  if (auto it = resident_.find(id); it != resident_.end()) return it->second.artifact;
-  if (auto s = Insert(a); !s.ok()) {
-    WC_LOG_WARN("artifact %s served from disk without staying in memory: %s", id.c_str(),
-                std::string(s.message()).c_str());
+  std::vector<std::string> changed;
+  {
+    MutexLock l(mu_);
+    if (auto it = resident_.find(id); it != resident_.end()) return it->second.artifact;
+    if (auto s = Insert(a, &changed); !s.ok()) {
+      WC_LOG_WARN("artifact %s served from disk without staying in memory: %s", id.c_str(),
+                  std::string(s.message()).c_str());
+    } else {
+      changed.push_back(id);
+    }
   }
+  Notify(changed);
   return a;
 }
 
+absl::StatusOr<std::shared_ptr<const Artifact>> Store::Adopt(ScopedFd fd, const Record& record) {
+  const std::string& id = record.id;
+  constexpr int kSealed = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW;
+  const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+  if (seals < 0) return ErrnoStatus(errno, "F_GET_SEALS (not a memfd?)", id);
+  if ((seals & kSealed) != kSealed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("artifact ", id, ": its descriptor is not sealed against writes"));
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat", id);
+  if (static_cast<uint64_t>(st.st_size) != record.bytes) {
+    return absl::DataLossError(absl::StrCat("artifact ", id, ": its memfd holds ", st.st_size,
+                                            " bytes, its record says ", record.bytes));
+  }
+  WC_ASSIGN_OR_RETURN(std::string sha, identity::Sha256File(fd.get(), record.bytes, id));
+  if (sha != record.sha256) {
+    return absl::DataLossError(
+        absl::StrCat("artifact ", id, ": SHA-256 ", sha, ", its record says ", record.sha256));
+  }
+  auto a = std::make_shared<const Artifact>(std::move(fd), record.key, id, record.bytes,
+                                            std::move(sha), record.publisher);
+  std::vector<std::string> changed;
+  {
+    MutexLock l(mu_);
+    if (resident_.count(id) != 0) {
+      return absl::AlreadyExistsError(absl::StrCat("artifact ", id, " is held already"));
+    }
+    WC_RETURN_IF_ERROR(Insert(a, &changed));
+  }
+  changed.push_back(id);
+  Notify(changed);
+  return a;
+}
+
+void Store::SetObserver(std::function<void(const std::string& id)> changed) {
+  changed_ = std::move(changed);
+}
+
+void Store::Notify(const std::vector<std::string>& ids) const {
+  if (!changed_) return;
+  for (const auto& id : ids) changed_(id);
+}
+
+std::shared_ptr<const Artifact> Store::InMemory(const std::string& id) const {
+  MutexLock l(mu_);
+  auto it = resident_.find(id);
+  return it == resident_.end() ? nullptr : it->second.artifact;
+}
+
+std::vector<std::shared_ptr<const Artifact>> Store::ResidentArtifacts() const {
+  MutexLock l(mu_);
+  std::vector<std::shared_ptr<const Artifact>> out;
+  out.reserve(resident_.size());
+  for (const auto& [id, r] : resident_) out.push_back(r.artifact);
+  return out;
+}
+
 bool Store::Evict(const std::string& id) {
-  bool found = false;
+  bool found = false, was_resident = false;
   {
     MutexLock l(mu_);
     if (auto it = resident_.find(id); it != resident_.end()) {
       resident_bytes_ -= it->second.artifact->bytes();
       resident_.erase(it);
-      found = true;
+      found = was_resident = true;
     }
     found = spilled_.erase(id) != 0 || found;
   }
+  if (was_resident) Notify({id});
   if (found && !options_.dir.empty()) {
     const std::string base = options_.dir + "/" + id;
     ::unlink((base + ".json").c_str());  // first: without it the blob is not indexed

@@ -91,6 +91,20 @@ class Artifact {
   Publisher publisher_;
 };
 
+// What describes an artifact apart from its bytes: written beside its blob in
+// --artifact_dir and deposited with the keeper beside its descriptor (JSON, format 1).
+struct Record {
+  std::string id;
+  Key key;
+  uint64_t bytes = 0;
+  std::string sha256;
+  Publisher publisher;
+};
+std::string EncodeRecord(const Artifact& a);
+// INVALID_ARGUMENT naming what is wrong: not JSON, another format, a missing field, a bad
+// key, an id that is not its key's, no bytes or no digest.
+absl::StatusOr<Record> DecodeRecord(std::string_view json);
+
 struct StoreOptions {
   uint64_t budget_bytes = 1ull << 30;        // host memory for all artifacts; 0: none stored
   uint64_t max_artifact_bytes = 1ull << 30;  // one blob
@@ -167,6 +181,20 @@ class Store {
   // Drops it from memory and the directory; false when unknown. Readers keep their mapping.
   bool Evict(const std::string& id);
   std::vector<ArtifactInfo> List() const;
+  // The artifact held in memory under `id` (null when not), without counting it as a use.
+  std::shared_ptr<const Artifact> InMemory(const std::string& id) const;
+  std::vector<std::shared_ptr<const Artifact>> ResidentArtifacts() const;
+
+  // Takes an artifact back from the keeper after a daemon restart: `fd` must be a sealed
+  // memfd (no write, grow or shrink) of the record's size whose bytes hash to the record's
+  // SHA-256; FAILED_PRECONDITION or DATA_LOSS naming the id otherwise, ALREADY_EXISTS when
+  // held. Counts against the budget like a put (RESOURCE_EXHAUSTED when it cannot fit).
+  absl::StatusOr<std::shared_ptr<const Artifact>> Adopt(ScopedFd fd, const Record& record);
+
+  // Called with an artifact's id whenever it comes into memory or leaves it (put, read back,
+  // adopted, dropped for the budget, evicted), without the store's lock held: the keeper
+  // link's cue. Set before the store is shared.
+  void SetObserver(std::function<void(const std::string& id)> changed);
   Usage usage() const;
   const StoreOptions& options() const { return options_; }
 
@@ -184,7 +212,10 @@ class Store {
     Publisher publisher;
   };
   absl::Status IndexDir();
-  absl::Status Insert(std::shared_ptr<const Artifact> a) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `dropped`: the ids that left memory to make room (to notify once the lock is released).
+  absl::Status Insert(std::shared_ptr<const Artifact> a, std::vector<std::string>* dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Notify(const std::vector<std::string>& ids) const;
   void Spill(const Artifact& a);
   absl::StatusOr<std::shared_ptr<const Artifact>> ReadSpilled(const std::string& id,
                                                               const Spilled& s);
@@ -196,6 +227,7 @@ class Store {
   std::map<std::string, Resident> resident_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Spilled> spilled_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> putting_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const std::string&)> changed_;
   uint64_t resident_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -240,4 +240,80 @@ TEST(ArtifactStore, ADamagedFileOnDiskIsCaughtAndSetAside) {
 }
 
 }  // namespace
+// What the keeper gives back after a daemon restart (issue 29: artifacts survive a restart
+// through the keeper): a record and a descriptor. Taken only when the descriptor is a sealed
+// memfd of the record's size whose bytes hash to the record's digest; the observer hears of
+// every artifact that enters or leaves memory (the keeper link's cue).
+TEST(ArtifactStore, AdoptTakesBackOnlyASealedMemfdWithTheRecordsBytes) {
+  auto from = Store::Open({});
+  ASSERT_TRUE(from.ok());
+  auto put = Put(**from, MakeKey(), "compiled kernels");
+  ASSERT_NE(put, nullptr);
+  auto record = DecodeRecord(EncodeRecord(*put));
+  ASSERT_TRUE(record.ok()) << record.status();
+  EXPECT_EQ(record->id, put->id());
+  EXPECT_EQ(record->publisher.pid, 7);
+
+  auto to = Store::Open({.budget_bytes = 20, .max_artifact_bytes = 20, .dir = ""});
+  ASSERT_TRUE(to.ok());
+  std::vector<std::string> heard;
+  (*to)->SetObserver([&heard](const std::string& id) { heard.push_back(id); });
+  auto dup = [](int fd) { return ScopedFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0)); };
+
+  // An unsealed memfd with the right bytes: refused (anyone holding it could change them).
+  ScopedFd open_fd(::memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_EQ(::pwrite(open_fd.get(), "compiled kernels", 16, 0), 16);
+  auto unsealed = (*to)->Adopt(std::move(open_fd), *record);
+  EXPECT_EQ(unsealed.status().code(), absl::StatusCode::kFailedPrecondition) << unsealed.status();
+  // A record whose digest is not the descriptor's bytes: refused, named.
+  auto wrong = *record;
+  wrong.sha256 = std::string(64, '0');
+  auto mismatch = (*to)->Adopt(dup(put->fd()), wrong);
+  EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(std::string(mismatch.status().message()).find(put->id()), std::string::npos);
+  auto longer = *record;
+  longer.bytes = 17;
+  EXPECT_EQ((*to)->Adopt(dup(put->fd()), longer).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(heard.empty());
+
+  auto adopted = (*to)->Adopt(dup(put->fd()), *record);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  EXPECT_EQ(Read(**adopted), "compiled kernels");
+  EXPECT_EQ((*adopted)->publisher().uid, 1000u);
+  EXPECT_EQ((*to)->InMemory(put->id()), *adopted);
+  EXPECT_EQ((*to)->Adopt(dup(put->fd()), *record).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  ASSERT_EQ(heard, std::vector<std::string>{put->id()});
+  auto got = (*to)->Get(MakeKey());
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, *adopted);
+
+  // A put past the 20-byte budget drops the adopted one from memory: both are heard.
+  auto other = Put(**to, MakeKey("triton-cache"), "more kernels");
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(heard, (std::vector<std::string>{put->id(), put->id(), other->id()}));
+  EXPECT_EQ((*to)->InMemory(put->id()), nullptr);
+  EXPECT_TRUE((*to)->Evict(other->id()));
+  EXPECT_EQ(heard.back(), other->id());
+  EXPECT_TRUE((*to)->ResidentArtifacts().empty());
+}
+
+TEST(ArtifactStore, ABadRecordIsRefusedNamingWhatIsWrong) {
+  auto s = Store::Open({});
+  ASSERT_TRUE(s.ok());
+  auto put = Put(**s, MakeKey(), "compiled kernels");
+  ASSERT_NE(put, nullptr);
+  std::string text = EncodeRecord(*put);
+  EXPECT_EQ(DecodeRecord("not json").status().code(), absl::StatusCode::kInvalidArgument);
+  // Another key under the same id: the id is the key's hash, so this is caught.
+  const auto pos = text.find("\"llama\"");
+  ASSERT_NE(pos, std::string::npos);
+  std::string other_model = text;
+  other_model.replace(pos, 7, "\"other\"");
+  auto bad = DecodeRecord(other_model);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(bad.status().message()).find("is not its key's"), std::string::npos)
+      << bad.status();
+}
+
 }  // namespace weightcache::artifact

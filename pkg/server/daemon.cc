@@ -198,6 +198,8 @@ absl::Status Daemon::Impl::Start() {
                       artifact::Store::Open({options_.artifact_budget_bytes,
                                              options_.artifact_max_bytes, options_.artifact_dir}));
   if (keeper_) {
+    // Artifacts in memory are deposited too, and those the keeper held come back first.
+    keeper_->SetArtifacts(artifacts_.get());
     // Before serving and before the preloads: what the keeper holds is ready at once, and
     // the preloads join it (only entries that were loading at the crash load again).
     keeper_->AdoptAll([this](const v1::KeeperRecord& r) { return AdmitAdopted(r); },

@@ -8,6 +8,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "pkg/util/log.h"
@@ -19,6 +20,9 @@ namespace {
 // While another daemon owns the keeper, the link asks this many retry intervals apart (each
 // try is a connection the keeper logs).
 constexpr int kRefusedRetries = 8;
+
+constexpr char kArtifactPrefix[] = "artifact/";
+bool IsArtifactKey(const std::string& key) { return absl::StartsWith(key, kArtifactPrefix); }
 
 // A keeper error that leaves the connection usable: its descriptor limit.
 bool KeepsTheConnection(const absl::Status& s) {
@@ -112,8 +116,115 @@ uint64_t KeeperLink::HeldFdsLocked() const {
   uint64_t fds = 0;
   if (up_) {
     for (const auto& [k, d] : deposited_) fds += d.fds;
+    fds += deposited_artifacts_.size();  // one each
   }
   return fds;
+}
+
+std::string KeeperLink::ArtifactKey(const std::string& id) {
+  return absl::StrCat(kArtifactPrefix, id);
+}
+
+void KeeperLink::SetArtifacts(artifact::Store* store) {
+  artifacts_ = store;
+  store->SetObserver([this](const std::string& id) { ArtifactChanged(id); });
+}
+
+void KeeperLink::ArtifactChanged(const std::string& id) {
+  {
+    MutexLock l(mu_);
+    if (pending_artifacts_.size() < options_.max_pending) {
+      pending_artifacts_.insert(id);
+    } else {
+      pending_artifacts_.clear();  // the worker reconciles everything instead
+      overflow_ = true;
+    }
+  }
+  Wake();
+}
+
+absl::Status KeeperLink::DepositArtifact(const std::shared_ptr<const artifact::Artifact>& a) {
+  const std::string key = ArtifactKey(a->id());
+  absl::Status s = conn_->Deposit(key, artifact::EncodeRecord(*a), {a->fd()});
+  MutexLock l(mu_);
+  if (s.ok()) {
+    deposited_artifacts_[key] = a;
+    deposits_++;
+    Publish();
+    return s;
+  }
+  failures_++;
+  last_error_ = std::string(s.message());
+  if (s.code() == absl::StatusCode::kResourceExhausted) {
+    WC_LOG_WARN("keeper: artifact %s not deposited, served anyway: %s", a->id(), last_error_);
+  }
+  return s;
+}
+
+absl::Status KeeperLink::SyncArtifact(const std::string& id) {
+  if (artifacts_ == nullptr) return absl::OkStatus();
+  const std::string key = ArtifactKey(id);
+  std::shared_ptr<const artifact::Artifact> a = artifacts_->InMemory(id);
+  bool held = false;
+  {
+    MutexLock l(mu_);
+    auto it = deposited_artifacts_.find(key);
+    if (it != deposited_artifacts_.end()) {
+      if (a && it->second.lock() == a) return absl::OkStatus();
+      held = true;
+    }
+  }
+  if (a) {
+    const absl::Status s = DepositArtifact(a);
+    return KeepsTheConnection(s) ? absl::OkStatus() : s;
+  }
+  if (!held) return absl::OkStatus();
+  absl::Status s = conn_->Drop(key);
+  if (!s.ok() && s.code() != absl::StatusCode::kNotFound) return s;
+  MutexLock l(mu_);
+  deposited_artifacts_.erase(key);
+  Publish();
+  return absl::OkStatus();
+}
+
+absl::Status KeeperLink::ReconcileArtifacts(const std::set<std::string>& held,
+                                            std::set<std::string>* kept, size_t* deposited) {
+  if (artifacts_ == nullptr) return absl::OkStatus();
+  for (const auto& a : artifacts_->ResidentArtifacts()) {
+    const std::string key = ArtifactKey(a->id());
+    {
+      MutexLock l(mu_);
+      auto it = deposited_artifacts_.find(key);
+      if (held.count(key) != 0 && it != deposited_artifacts_.end() && it->second.lock() == a) {
+        kept->insert(key);
+        continue;
+      }
+    }
+    absl::Status d = DepositArtifact(a);
+    if (!KeepsTheConnection(d)) return d;
+    if (d.ok()) {
+      kept->insert(key);
+      (*deposited)++;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KeeperLink::AdoptArtifact(keeper::KeeperClient::Entry held) {
+  if (artifacts_ == nullptr) return absl::FailedPreconditionError("no artifact store");
+  WC_ASSIGN_OR_RETURN(artifact::Record r, artifact::DecodeRecord(held.body));
+  if (ArtifactKey(r.id) != held.key) {
+    return absl::InvalidArgumentError(absl::StrCat("its record is of ", ArtifactKey(r.id)));
+  }
+  if (held.fds.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(held.fds.size(), " descriptors, not 1"));
+  }
+  WC_ASSIGN_OR_RETURN(auto a, artifacts_->Adopt(std::move(held.fds[0]), r));
+  MutexLock l(mu_);
+  deposited_artifacts_[held.key] = a;  // the keeper holds it already
+  adopted_artifacts_++;
+  Publish();
+  return absl::OkStatus();
 }
 
 void KeeperLink::Publish() {
@@ -219,6 +330,7 @@ absl::Status KeeperLink::Reconcile() {
       deposited++;
     }
   }
+  WC_RETURN_IF_ERROR(ReconcileArtifacts(held, &kept, &deposited));
   for (const auto& k : held) {
     if (kept.count(k) != 0) continue;
     absl::Status d = conn_->Drop(k);
@@ -229,6 +341,9 @@ absl::Status KeeperLink::Reconcile() {
     MutexLock l(mu_);
     for (auto it = deposited_.begin(); it != deposited_.end();) {
       it = kept.count(it->first) != 0 ? std::next(it) : deposited_.erase(it);
+    }
+    for (auto it = deposited_artifacts_.begin(); it != deposited_artifacts_.end();) {
+      it = kept.count(it->first) != 0 ? std::next(it) : deposited_artifacts_.erase(it);
     }
     up_ = true;
     last_error_.clear();
@@ -347,15 +462,17 @@ size_t KeeperLink::AdoptAll(const AdmitFn& admit, const PublishedFn& published) 
     ever_connected_ = true;
     Publish();
   }
-  size_t adopted = 0;
+  size_t adopted = 0, artifacts = 0;
   std::vector<std::string> drop;
   for (auto& h : *held) {
     const std::string key = h.key;
-    const absl::Status s = AdoptOne(std::move(h), admit, published);
+    const bool is_artifact = IsArtifactKey(key);
+    const absl::Status s =
+        is_artifact ? AdoptArtifact(std::move(h)) : AdoptOne(std::move(h), admit, published);
     MutexLock l(mu_);
     if (s.ok()) {
-      adopted++;
-      adopted_++;
+      (is_artifact ? artifacts : adopted)++;
+      if (!is_artifact) adopted_++;
       continue;
     }
     dropped_++;
@@ -371,8 +488,9 @@ size_t KeeperLink::AdoptAll(const AdmitFn& admit, const PublishedFn& published) 
   }
   // In step: the keeper holds the adopted entries (recorded by BeforeReady) and nothing else.
   reconciled_ = conn_ != nullptr;
-  WC_LOG_INFO("keeper: adopted %d of %d entries in %.3f s (no disk reads)",
-              static_cast<int>(adopted), static_cast<int>(held->size()),
+  WC_LOG_INFO("keeper: adopted %d entries and %d artifacts of %d held in %.3f s (no disk reads)",
+              static_cast<int>(adopted), static_cast<int>(artifacts),
+              static_cast<int>(held->size()),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return adopted;
 }
@@ -477,7 +595,25 @@ void KeeperLink::Run() {
       auto it = pending_.find(k);
       if (it != pending_.end() && it->second.seq == mark.seq) pending_.erase(it);
     }
-    if (lost || !pending.empty()) continue;  // more may have come meanwhile
+    if (lost) continue;
+    // Artifacts: taken from the set before the sync, so a change meanwhile is seen again.
+    std::set<std::string> artifacts;
+    {
+      MutexLock l(mu_);
+      artifacts.swap(pending_artifacts_);
+    }
+    for (auto it = artifacts.begin(); it != artifacts.end(); ++it) {
+      if (absl::Status s = SyncArtifact(*it); !s.ok()) {
+        {
+          MutexLock l(mu_);
+          pending_artifacts_.insert(it, artifacts.end());  // not done: after the reconcile
+        }
+        Lost(s);
+        lost = true;
+        break;
+      }
+    }
+    if (lost || !pending.empty() || !artifacts.empty()) continue;  // more may have come
     Idle(options_.retry);
   }
   // Stopping: the keeper keeps what it holds (a daemon stopped for an upgrade adopts it).
@@ -513,7 +649,10 @@ void KeeperLink::Fill(v1::KeeperStatus* out) const {
   out->set_deposits(deposits_);
   out->set_deposit_failures(failures_);
   out->set_last_error(last_error_);
-  out->set_pending_entries(pending_.size() + adopted_keys_.size() + (overflow_ ? 1 : 0));
+  out->set_pending_entries(pending_.size() + adopted_keys_.size() + pending_artifacts_.size() +
+                           (overflow_ ? 1 : 0));
+  out->set_artifacts(up_ ? deposited_artifacts_.size() : 0);
+  out->set_adopted_artifacts(adopted_artifacts_);
 }
 
 }  // namespace weightcache::server

@@ -466,6 +466,63 @@ TEST_F(KeeperTest, APublishedEntryOutlivesADaemonRestart) {
   EXPECT_EQ(again.Wait(), 0);
 }
 
+// A compile artifact (issue 29) outlives a daemon restart through the keeper, as entries do:
+// deposited once put (one sealed memfd), taken back at the restart with its publisher and
+// served byte for byte without --artifact_dir; an admin's evict drops it from the keeper.
+TEST_F(KeeperTest, AnArtifactOutlivesADaemonRestartThroughTheKeeper) {
+  auto keeper = StartKeeper();
+  auto daemon = StartDaemon();
+  ASSERT_TRUE(daemon);
+  v1::ArtifactKey key;
+  key.set_kind("torch-compile");
+  key.set_model("m");
+  key.set_fingerprint("wc1-test");
+  key.set_torch_version("2.11.0");
+  std::string blob((2 << 20) + 5, '\0');
+  for (size_t i = 0; i < blob.size(); ++i) blob[i] = static_cast<char>(i * 131 + 7);
+  auto put = client_->PutArtifact(key, blob);
+  ASSERT_TRUE(put.ok()) << put.status();
+  auto in_step = testing::WaitForStatus(
+      *client_,
+      [](const v1::StatusResponse& s) {
+        return s.keeper().up() && s.keeper().pending_entries() == 0 && s.keeper().artifacts() == 1;
+      },
+      20s);
+  EXPECT_EQ(in_step.keeper().artifacts(), 1u) << in_step.keeper().DebugString();
+  EXPECT_THAT(KeeperStats(), ::testing::HasSubstr("entries=2 "));  // m and the artifact
+
+  daemon->Kill(SIGKILL);
+  daemon->Wait();
+  client_.reset();
+  daemon = StartDaemon();
+  ASSERT_TRUE(daemon);
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->keeper().adopted_artifacts(), 1u) << testing::ReadFileOrEmpty(dir_ / "daemon.log");
+  ASSERT_EQ(st->artifacts_size(), 1);
+  EXPECT_EQ(st->artifacts(0).id(), put->id());
+  EXPECT_EQ(st->artifacts(0).sha256(), put->sha256());
+  EXPECT_GT(st->artifacts(0).publisher().pid(), 0);
+  auto got = client_->GetArtifact(key);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ((*got)->size(), blob.size());
+  EXPECT_EQ(std::string(static_cast<const char*>((*got)->data()), blob.size()), blob);
+
+  auto admin = testing::AdminClient(socket_dir());
+  ASSERT_TRUE(admin);
+  auto evicted = admin->EvictArtifacts(put->id(), "");
+  ASSERT_TRUE(evicted.ok()) << evicted.status();
+  EXPECT_EQ(*evicted, 1u);
+  auto dropped = testing::WaitForStatus(
+      *client_,
+      [](const v1::StatusResponse& s) {
+        return s.keeper().pending_entries() == 0 && s.keeper().artifacts() == 0;
+      },
+      20s);
+  EXPECT_EQ(dropped.keeper().artifacts(), 0u);
+  EXPECT_THAT(KeeperStats(), ::testing::HasSubstr("entries=1 "));
+}
+
 // A frozen keeper (SIGSTOP: it accepts nothing and answers nothing) costs the daemon's
 // clients nothing: Status, an Acquire of a ready model, an Evict, a Load and a publish's
 // commit each answer without waiting on it (before, they took 18 to 32 s). The daemon runs

@@ -5,7 +5,8 @@
 // "keeper" without reading the disk; and a worker thread that does every later keeper
 // request, notices the keeper going away (logged, weightcache_keeper_up 0), reconnects, and
 // reconciles when a keeper is back: it drops what the daemon no longer holds and deposits
-// what the keeper lacks.
+// what the keeper lacks. Compile artifacts held in memory (pkg/artifact) travel the same
+// way under keys "artifact/<id>", one sealed memfd each, and are taken back at start.
 //
 // A keeper that is slow, frozen or gone never stops the daemon from serving: the observer
 // calls only record what changed (a bounded set of keys) and wake the worker; only the
@@ -28,11 +29,13 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "pkg/artifact/store.h"
 #include "pkg/cache/registry.h"
 #include "pkg/keeper/client.h"
 #include "pkg/memory/backend.h"
@@ -80,6 +83,10 @@ class KeeperLink final : public cache::EntryObserver {
   using AdmitFn = std::function<absl::Status(const v1::KeeperRecord& record)>;
   using PublishedFn = std::function<void(const cache::Key&, const v1::PublisherInfo&)>;
   size_t AdoptAll(const AdmitFn& admit, const PublishedFn& published = nullptr);
+  // The artifact store whose in-memory artifacts the keeper holds too (AdoptAll gives it
+  // back what the keeper held). Before AdoptAll; the store outlives the link's use of it.
+  // Without one, artifact keys the keeper holds are dropped at the first reconcile.
+  void SetArtifacts(artifact::Store* store);
   // Starts the worker (deposits, drops, hang-up, reconnect, reconcile).
   void StartWatch();
   // Ends a keeper request in flight at once and joins the worker. Idempotent.
@@ -90,6 +97,9 @@ class KeeperLink final : public cache::EntryObserver {
   void Evicted(const cache::Entry& e) override;
 
   void Fill(v1::KeeperStatus* out) const;
+
+  // The keeper key of an artifact: "artifact/<id>".
+  static std::string ArtifactKey(const std::string& id);
 
  private:
   struct Mark {
@@ -115,6 +125,14 @@ class KeeperLink final : public cache::EntryObserver {
   // Adopts one entry; the reason when it cannot be (the caller drops it from the keeper).
   absl::Status AdoptOne(keeper::KeeperClient::Entry held, const AdmitFn& admit,
                         const PublishedFn& published);
+  // Gives one artifact back to the store; the reason when it cannot be.
+  absl::Status AdoptArtifact(keeper::KeeperClient::Entry held);
+  // Artifacts: deposit one, bring one id in step, and the reconcile's share.
+  absl::Status DepositArtifact(const std::shared_ptr<const artifact::Artifact>& a);
+  absl::Status SyncArtifact(const std::string& id);
+  absl::Status ReconcileArtifacts(const std::set<std::string>& held, std::set<std::string>* kept,
+                                  size_t* deposited);
+  void ArtifactChanged(const std::string& id);
   void Run();
   // Waits for a wake-up, the keeper's hang-up or `timeout`, whichever comes first.
   void Idle(std::chrono::milliseconds timeout);
@@ -131,7 +149,8 @@ class KeeperLink final : public cache::EntryObserver {
   metrics::Metrics* const metrics_;
   const std::function<RecordedSpec(const std::string&)> spec_of_;
   const PublisherOfFn publisher_of_;
-  ScopedFd wake_;  // an eventfd: a change or Stop() wakes the worker
+  artifact::Store* artifacts_ = nullptr;  // set before AdoptAll
+  ScopedFd wake_;                         // an eventfd: a change or Stop() wakes the worker
 
   std::unique_ptr<keeper::KeeperClient> conn_;  // the worker's (AdoptAll's before it)
   bool reconciled_ = false;                     // conn_ is in step (worker's)
@@ -144,6 +163,11 @@ class KeeperLink final : public cache::EntryObserver {
   bool overflow_ ABSL_GUARDED_BY(mu_) = false;  // pending_ passed its bound: reconcile all
   std::map<std::string, Deposited> deposited_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, cache::Key> adopted_keys_ ABSL_GUARDED_BY(mu_);  // held already
+  // Artifact ids to bring in step, and what the keeper holds of each (keeper key -> blob).
+  std::set<std::string> pending_artifacts_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::weak_ptr<const artifact::Artifact>> deposited_artifacts_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t adopted_artifacts_ ABSL_GUARDED_BY(mu_) = 0;
   int io_fd_ ABSL_GUARDED_BY(mu_) = -1;  // conn_'s socket, shut down by Stop()
   bool up_ ABSL_GUARDED_BY(mu_) = false;
   bool ever_connected_ ABSL_GUARDED_BY(mu_) = false;
