@@ -178,13 +178,7 @@ absl::Status KeeperLink::SyncArtifact(const std::string& id) {
     const absl::Status s = DepositArtifact(a);
     return KeepsTheConnection(s) ? absl::OkStatus() : s;
   }
-  if (!held) return absl::OkStatus();
-  absl::Status s = conn_->Drop(key);
-  if (!s.ok() && s.code() != absl::StatusCode::kNotFound) return s;
-  MutexLock l(mu_);
-  deposited_artifacts_.erase(key);
-  Publish();
-  return absl::OkStatus();
+  return held ? DropKey(key) : absl::OkStatus();
 }
 
 absl::Status KeeperLink::ReconcileArtifacts(const std::set<std::string>& held,
@@ -267,6 +261,16 @@ absl::Status KeeperLink::Deposit(const std::shared_ptr<cache::Entry>& entry,
   return s;
 }
 
+absl::Status KeeperLink::DropKey(const std::string& key) {
+  absl::Status s = conn_->Drop(key);
+  if (!s.ok() && s.code() != absl::StatusCode::kNotFound) return s;
+  MutexLock l(mu_);
+  deposited_.erase(key);  // entry and artifact keys never collide ("artifact/" prefix)
+  deposited_artifacts_.erase(key);
+  Publish();
+  return absl::OkStatus();
+}
+
 absl::Status KeeperLink::Sync(const Mark& mark) {
   const cache::Key& key = mark.key;
   const std::string k = KeeperKey(key.fingerprint, key.device_uuid);
@@ -292,13 +296,7 @@ absl::Status KeeperLink::Sync(const Mark& mark) {
     const absl::Status s = Deposit(e, content);  // replaces what the keeper held
     return KeepsTheConnection(s) ? absl::OkStatus() : s;
   }
-  if (!held) return absl::OkStatus();
-  absl::Status s = conn_->Drop(k);
-  if (!s.ok() && s.code() != absl::StatusCode::kNotFound) return s;
-  MutexLock l(mu_);
-  deposited_.erase(k);
-  Publish();
-  return absl::OkStatus();
+  return held ? DropKey(k) : absl::OkStatus();
 }
 
 absl::Status KeeperLink::Reconcile() {

@@ -120,6 +120,8 @@ class KeeperLink final : public cache::EntryObserver {
                        const std::shared_ptr<const load::LoadedModel>& c);
   // Makes the keeper hold exactly the registry's ready entries.
   absl::Status Reconcile();
+  // Drops `key` from the keeper (gone already is fine) and forgets its deposit.
+  absl::Status DropKey(const std::string& key);
   // Brings the keeper in step with one key's entry (deposit, drop or nothing).
   absl::Status Sync(const Mark& mark);
   // Adopts one entry; the reason when it cannot be (the caller drops it from the keeper).
