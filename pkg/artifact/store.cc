@@ -563,6 +563,7 @@ Usage Store::usage() const {
   u.resident = resident_.size();
   u.on_disk = spilled_.size();
   u.evictions = evictions_;
+  u.puts_in_flight = putting_.size();
   return u;
 }
 

@@ -157,6 +157,7 @@ struct Usage {
   uint64_t resident = 0;
   uint64_t on_disk = 0;
   uint64_t evictions = 0;  // dropped from memory for the budget since start
+  uint64_t puts_in_flight = 0;
 };
 
 class Store {

@@ -296,7 +296,23 @@ struct Metrics::Impl {
                       .Name("weightcache_publish_total")
                       .Help("Publishes by model and result (published, joined, aborted, "
                             "mismatch, error).")
-                      .Register(registry)) {
+                      .Register(registry)),
+        artifact_requests(prometheus::BuildCounter()
+                              .Name("weightcache_artifact_requests_total")
+                              .Help("Compile artifact gets (hit, miss, refused, error) and puts "
+                                    "(stored, exists, busy, refused, error), by model.")
+                              .Register(registry)),
+        artifact_bytes(prometheus::BuildCounter()
+                           .Name("weightcache_artifact_bytes_total")
+                           .Help("Compile artifact bytes served by gets (op=get, zero-copy) and "
+                                 "stored by puts (op=put), by model.")
+                           .Register(registry)),
+        artifact_resident(prometheus::BuildGauge()
+                              .Name("weightcache_artifact_resident_bytes")
+                              .Help("Host memory held by compile artifacts (under "
+                                    "--artifact_budget).")
+                              .Register(registry)
+                              .Add({})) {
     for (const char* rule :
          {"admin", "lease_owner", "model_roots", "allowlist", "connection_cap", "publish"}) {
       refusals.Add({{"rule", rule}});
@@ -345,6 +361,9 @@ struct Metrics::Impl {
   prometheus::Counter& integrity_checks;
   prometheus::Family<prometheus::Counter>& integrity_failures;
   prometheus::Family<prometheus::Counter>& publishes;
+  prometheus::Family<prometheus::Counter>& artifact_requests;
+  prometheus::Family<prometheus::Counter>& artifact_bytes;
+  prometheus::Gauge& artifact_resident;
   const std::shared_ptr<StateCollector> collector = std::make_shared<StateCollector>();
 
   absl::Mutex mu;
@@ -396,6 +415,19 @@ void Metrics::OnIntegrityCheck() { impl_->integrity_checks.Increment(); }
 
 void Metrics::OnIntegrityFailure(const std::string& model) {
   impl_->integrity_failures.Add({{"model", impl_->ModelLabel(model)}}).Increment();
+}
+
+void Metrics::OnArtifact(const std::string& model, const std::string& op, const std::string& result,
+                         uint64_t bytes) {
+  const std::string label = impl_->ModelLabel(model);
+  impl_->artifact_requests.Add({{"model", label}, {"op", op}, {"result", result}}).Increment();
+  if (bytes > 0) {
+    impl_->artifact_bytes.Add({{"model", label}, {"op", op}}).Increment(static_cast<double>(bytes));
+  }
+}
+
+void Metrics::SetArtifactResidentBytes(uint64_t bytes) {
+  impl_->artifact_resident.Set(static_cast<double>(bytes));
 }
 
 void Metrics::SetKeeperUp(bool up) { impl_->keeper_up.Set(up ? 1 : 0); }

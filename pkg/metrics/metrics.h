@@ -142,6 +142,12 @@ class Metrics {
   void SetKeeperUp(bool up);
   void SetKeeperDescriptors(uint64_t n);
   void OnAdopted(const std::string& model);
+  // Compile artifacts (issue 29): each get or put that ended, by model, op (get | put) and
+  // result (get: hit | miss | refused | error; put: stored | exists | busy | refused |
+  // error), the bytes a hit served or a put stored, and what the store holds in memory.
+  void OnArtifact(const std::string& model, const std::string& op, const std::string& result,
+                  uint64_t bytes);
+  void SetArtifactResidentBytes(uint64_t bytes);
 
  private:
   struct Impl;

@@ -122,11 +122,49 @@ absl::StatusOr<artifact::Key> Daemon::Impl::ArtifactKeyFor(const Caller& caller,
   return KeyFromWire(key, tenant);
 }
 
+void Daemon::Impl::CountArtifact(const std::string& model, const char* op, const absl::Status& s,
+                                 uint64_t bytes) {
+  if (options_.metrics == nullptr) return;
+  const bool get = std::string_view(op) == "get";
+  const char* result = "error";
+  switch (s.code()) {
+    case absl::StatusCode::kOk:
+      result = get ? "hit" : "stored";
+      break;
+    case absl::StatusCode::kNotFound:
+      result = get ? "miss" : "refused";  // a put's: the model is unknown
+      break;
+    case absl::StatusCode::kAlreadyExists:
+      result = "exists";
+      break;
+    case absl::StatusCode::kAborted:
+      result = "busy";
+      break;
+    case absl::StatusCode::kPermissionDenied:
+      result = "refused";
+      break;
+    default:
+      break;
+  }
+  options_.metrics->OnArtifact(model, op, result, s.ok() ? bytes : 0);
+  options_.metrics->SetArtifactResidentBytes(artifacts_->usage().resident_bytes);
+}
+
 absl::Status Daemon::Impl::PutArtifact(const Caller& caller,
                                        const std::function<bool(v1::PutArtifactRequest*)>& read,
                                        v1::PutArtifactResponse* resp) {
   v1::PutArtifactRequest msg;
   if (!read(&msg)) return absl::InvalidArgumentError("PutArtifact: no message");
+  const std::string model = msg.key().model();
+  absl::Status s = StoreArtifact(caller, &msg, read, resp);
+  CountArtifact(model, "put", s, resp->bytes());
+  return s;
+}
+
+absl::Status Daemon::Impl::StoreArtifact(const Caller& caller, v1::PutArtifactRequest* first,
+                                         const std::function<bool(v1::PutArtifactRequest*)>& read,
+                                         v1::PutArtifactResponse* resp) {
+  v1::PutArtifactRequest& msg = *first;
   WC_ASSIGN_OR_RETURN(artifact::Key key, ArtifactKeyFor(caller, msg.key(), Verb::kPublish));
   WC_ASSIGN_OR_RETURN(auto slot, artifacts_->BeginPut(key, msg.size()));
   do {
@@ -152,6 +190,13 @@ absl::Status Daemon::Impl::PutArtifact(const Caller& caller,
 
 absl::Status Daemon::Impl::GetArtifact(const Caller& caller, const v1::GetArtifactRequest& req,
                                        v1::GetArtifactResponse* resp) {
+  absl::Status s = ServeArtifact(caller, req, resp);
+  CountArtifact(req.key().model(), "get", s, resp->bytes());
+  return s;
+}
+
+absl::Status Daemon::Impl::ServeArtifact(const Caller& caller, const v1::GetArtifactRequest& req,
+                                         v1::GetArtifactResponse* resp) {
   WC_ASSIGN_OR_RETURN(artifact::Key key, ArtifactKeyFor(caller, req.key(), Verb::kAcquire));
   const auto deadline = caller.DeadlineOr(std::chrono::milliseconds(req.wait_ms()));
   WC_ASSIGN_OR_RETURN(auto a, artifacts_->Get(key, req.wait_ms() > 0, deadline, caller.gone));
@@ -193,6 +238,9 @@ absl::Status Daemon::Impl::EvictArtifacts(const Caller& caller,
     }
   }
   resp->set_evicted(n);
+  if (options_.metrics != nullptr) {
+    options_.metrics->SetArtifactResidentBytes(artifacts_->usage().resident_bytes);
+  }
   return absl::OkStatus();
 }
 
@@ -216,6 +264,7 @@ void Daemon::Impl::ArtifactStatus(const Caller& caller, bool filtered,
   usage->set_budget_bytes(u.budget_bytes);
   usage->set_evictions(u.evictions);
   usage->set_dir(options_.artifact_dir);
+  usage->set_puts_in_flight(u.puts_in_flight);
 }
 
 }  // namespace weightcache::server

@@ -208,6 +208,9 @@ absl::Status Daemon::Impl::Start() {
                       });
     keeper_->StartWatch();
   }
+  if (options_.metrics != nullptr) {
+    options_.metrics->SetArtifactResidentBytes(artifacts_->usage().resident_bytes);
+  }
   WC_RETURN_IF_ERROR(RemoveStaleSocket(control_path()));
   WC_RETURN_IF_ERROR(RemoveStaleSocket(handle_path()));
   if (const auto& nr = options_.namespace_rules; nr.enabled) {

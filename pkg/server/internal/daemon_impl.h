@@ -122,6 +122,14 @@ class Daemon::Impl final : public metrics::StateSource {
                            v1::PutArtifactResponse* resp);
   absl::Status GetArtifact(const Caller& caller, const v1::GetArtifactRequest& req,
                            v1::GetArtifactResponse* resp);
+  // The two above without their metrics, and the metrics of one that ended.
+  absl::Status StoreArtifact(const Caller& caller, v1::PutArtifactRequest* first,
+                             const std::function<bool(v1::PutArtifactRequest*)>& read,
+                             v1::PutArtifactResponse* resp);
+  absl::Status ServeArtifact(const Caller& caller, const v1::GetArtifactRequest& req,
+                             v1::GetArtifactResponse* resp);
+  void CountArtifact(const std::string& model, const char* op, const absl::Status& s,
+                     uint64_t bytes);
   absl::Status EvictArtifacts(const Caller& caller, const v1::EvictArtifactsRequest& req,
                               v1::EvictArtifactsResponse* resp);
 
