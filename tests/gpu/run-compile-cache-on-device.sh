@@ -7,12 +7,17 @@
 #
 #   here:  bash tests/gpu/prepare-python-carry.sh      (the same carry as the Python runs)
 #   then:  run(carry=[".device-carry-py"], command="bash tests/gpu/run-compile-cache-on-device.sh")
-# Environment: OUT (log folder, default /tmp/wc-cc-out), PYTHON (default python3).
+# Then, with AOTI=1, bench/aoti_bench.py: the model as a code-only AOTInductor package served
+# as an artifact, weights mapped, no tracing at start.
+# Environment: OUT (log folder, default /tmp/wc-cc-out), PYTHON (default python3), CC_MODES
+# (compile_cache_bench's modes, default all four; empty: skip it), AOTI (1: run aoti_bench).
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 carry=$root/.device-carry-py
 OUT=${OUT:-/tmp/wc-cc-out}
 PY=${PYTHON:-python3}
+CC_MODES=${CC_MODES-eager,cold,weightcache,inductor}
+AOTI=${AOTI:-0}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/compile-cache-gpu.log") 2>&1
 [[ -x $carry/bin/weightcached && -f $carry/python/weightcache/libweightcache.so ]] || {
@@ -34,8 +39,15 @@ for _ in $(seq 300); do
   sleep 0.1
 done
 timeout 300 "$PY" -m weightcache load llama-1b || exit 1
-timeout 900 "$PY" "$root/bench/compile_cache_bench.py" --work "$work" --model llama-1b
-rc=$?
+rc=0
+if [[ -n $CC_MODES ]]; then
+  timeout 900 "$PY" "$root/bench/compile_cache_bench.py" --work "$work" --model llama-1b \
+    --modes "$CC_MODES" || rc=$?
+fi
+if [[ $AOTI == 1 ]]; then
+  timeout 900 "$PY" "$root/bench/aoti_bench.py" --work "$work" --model llama-1b \
+    --modes "${AOTI_MODES:-tiny,tiny,build,load}" || rc=$?
+fi
 LD_LIBRARY_PATH=$carry/lib "$carry/bin/weightcachectl" --socket="$work/s" status | sed -n '/^artifacts/,/^$/p'
 tail -n 15 "$OUT/weightcached.log"
 echo "result: $([[ $rc == 0 ]] && echo PASS || echo FAIL)"
