@@ -434,6 +434,8 @@ absl::StatusOr<std::shared_ptr<const Artifact>> Store::Get(
   {
     MutexLock l(mu_);
     if (auto it = resident_.find(id); it != resident_.end()) return it->second.artifact;
+    // Evicted while it was read back: this asker gets what it asked for; memory keeps nothing.
+    if (spilled_.count(id) == 0) return a;
     if (auto s = Insert(a, &changed); !s.ok()) {
       WC_LOG_WARN("artifact %s served from disk without staying in memory: %s", id.c_str(),
                   std::string(s.message()).c_str());
