@@ -5,7 +5,7 @@
 #   --test   also what the test suite needs: Helm 3 and 4 (from npm), promtool/prometheus,
 #            clang-format and clang-tidy, and clang with its sanitizer and libFuzzer runtimes
 #            (the ASan/UBSan/TSan, thread-safety and fuzzing jobs; llvm: the symbolizer),
-#            mmdebstrap, podman and runc (the image job)
+#            mmdebstrap, podman and runc (the image job), UCX (the peer-fill transport bench)
 set -euo pipefail
 
 packages=(cmake ninja-build g++ pkg-config
@@ -23,6 +23,9 @@ if [[ "${1:-}" == "--test" ]]; then
              python3-numpy python3-pytest python3-grpcio)
   # bench/plot_benchmarks.py (the plots of docs/benchmarks.md) and its test.
   packages+=(python3-matplotlib)
+  # bench/ucx_transfer_bench and ctest ucx_transfer_smoke (issue 30's peer-fill transport);
+  # ucx-utils: ucx_info and ucx_perftest, for comparison.
+  packages+=(libucx-dev ucx-utils)
   # The image job (tests/image/image-test.sh): a bookworm rootfs from the Debian mirror, podman
   # to build and run the image (runc: crun cannot run on hybrid cgroup v1/v2 hosts).
   packages+=(mmdebstrap podman runc)
