@@ -25,6 +25,7 @@
 #include "pkg/memory/cuda_backend.h"
 #include "pkg/metrics/http_server.h"
 #include "pkg/metrics/metrics.h"
+#include "pkg/peer/tls.h"
 #include "pkg/server/daemon.h"
 #include "pkg/spec/spec.h"
 #include "pkg/util/flags_help.h"
@@ -139,6 +140,17 @@ ABSL_FLAG(double, scrub_interval, 30,
 ABSL_FLAG(std::string, scrub_bandwidth, "50GB",
           "Integrity: bytes per second a scrub pass may read (e.g. 50GB, 500MiB; 0: unthrottled). "
           "At 50GB a bandwidth-bound kernel beside it on an H200 slowed by 0.06 %");
+ABSL_FLAG(std::string, peer_listen, "",
+          "Peer fill (issue 30): host:port where other nodes' daemons reach this one's peer API "
+          "(gRPC on TCP, mutual TLS: --peer_tls_*); e.g. 0.0.0.0:7443. Empty: off");
+ABSL_FLAG(std::string, peer_tls_cert_file, "/etc/weightcache/peer-tls/tls.crt",
+          "Peer API: this daemon's PEM certificate, signed by the fleet CA (--peer_tls_ca_file)");
+ABSL_FLAG(std::string, peer_tls_key_file, "/etc/weightcache/peer-tls/tls.key",
+          "Peer API: the PEM private key of --peer_tls_cert_file");
+ABSL_FLAG(std::string, peer_tls_ca_file, "/etc/weightcache/peer-tls/ca.crt",
+          "Peer API: the fleet CA (PEM); a peer must present a certificate it signed");
+ABSL_FLAG(std::string, peer_tls_server_name, "weightcache-peer",
+          "Peer API: the DNS name every daemon's certificate carries (peers are dialled by IP)");
 ABSL_FLAG(bool, verbose, false, "Debug logging");
 
 namespace weightcache {
@@ -213,6 +225,16 @@ int Run() {
   if (!artifact_max.ok()) return Fail(artifact_max.status());
   opts.artifact_max_bytes = *artifact_max;
   opts.artifact_dir = absl::GetFlag(FLAGS_artifact_dir);
+  opts.peer.listen = absl::GetFlag(FLAGS_peer_listen);
+  opts.peer.tls = {absl::GetFlag(FLAGS_peer_tls_cert_file), absl::GetFlag(FLAGS_peer_tls_key_file),
+                   absl::GetFlag(FLAGS_peer_tls_ca_file),
+                   absl::GetFlag(FLAGS_peer_tls_server_name)};
+  if (!opts.peer.listen.empty()) {
+    if (auto tls = peer::ReadTls(opts.peer.tls); !tls.ok()) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--peer_listen=", opts.peer.listen, ": ", tls.status().message())));
+    }
+  }
   for (const auto& [flag, ids, out] :
        {std::tuple{"--allowed_uids", absl::GetFlag(FLAGS_allowed_uids), &opts.allowed_uids},
         std::tuple{"--admin_uids", absl::GetFlag(FLAGS_admin_uids), &opts.admin_uids},

@@ -295,6 +295,7 @@ absl::Status Daemon::Impl::Start() {
     };
   }
   WC_ASSIGN_OR_RETURN(control_, ControlListener::Start(lo, grpc_.get()));
+  WC_RETURN_IF_ERROR(StartPeerServer());
   if (options_.socket_gid >= 0) {
     // Engines running as other uids reach the sockets through this group (dir 0750,
     // sockets 0660); the handle channel's uid allowlist still applies.
@@ -368,6 +369,11 @@ void Daemon::Impl::Teardown() {
     WC_LOG_DEBUG("teardown: loads and waits cancelled");
     // 2. Stop accepting and drain the RPCs in flight, bounded; the server before the service
     //    it calls into (gRPC requires the service to outlive the server).
+    if (peer_grpc_) {
+      peer_grpc_->Shutdown(std::chrono::system_clock::now() + options_.shutdown_grace);
+      peer_grpc_->Wait();
+      step("peer API");
+    }
     if (grpc_) {
       grpc_->Shutdown(std::chrono::system_clock::now() + options_.shutdown_grace);
       WC_LOG_DEBUG("teardown: gRPC stopped accepting, calls drained");
@@ -685,6 +691,7 @@ Daemon::~Daemon() = default;
 std::string Daemon::control_socket() const { return impl_->control_path(); }
 std::string Daemon::admin_socket() const { return impl_->admin_path(); }
 std::string Daemon::handle_socket() const { return impl_->handle_path(); }
+int Daemon::peer_port() const { return impl_->peer_port(); }
 std::pair<bool, std::string> Daemon::Readiness() const { return impl_->Readiness(); }
 const metrics::StateSource* Daemon::state_source() const { return impl_.get(); }
 void Daemon::Wait() { impl_->Wait(); }

@@ -35,6 +35,8 @@ class Daemon {
   std::string control_socket() const;
   std::string admin_socket() const;  // "" without one
   std::string handle_socket() const;
+  // The TCP port the peer API listens on; 0 when it is off.
+  int peer_port() const;
   // Ready when every preloaded model is ready or failed for good; the reason otherwise.
   std::pair<bool, std::string> Readiness() const;
   // What the scrape-time metrics read; lives as long as the Daemon.

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "pkg/memory/backend.h"
+#include "pkg/peer/tls.h"
 #include "pkg/spec/spec.h"
 
 namespace weightcache::metrics {
@@ -58,6 +59,13 @@ struct NamespaceRulesOptions {
   std::string container_socket_dir;
   std::chrono::milliseconds cache_ttl{2000};
   std::chrono::milliseconds pod_resources_timeout{2000};
+};
+
+// The peer API for other nodes' daemons (issue 30, docs/peer-fill.md): gRPC on TCP with
+// mutual TLS. Off unless `listen` is set.
+struct PeerOptions {
+  std::string listen;  // "host:port" ("0.0.0.0:7443"; port 0: any free one, Daemon::peer_port)
+  peer::TlsFiles tls;
 };
 
 struct DaemonOptions {
@@ -146,6 +154,7 @@ struct DaemonOptions {
   // gives the connection up and connects again. Only the link's worker ever waits on it.
   std::chrono::milliseconds keeper_timeout{5000};
   NamespaceRulesOptions namespace_rules;
+  PeerOptions peer;
   metrics::Metrics* metrics = nullptr;  // optional
 };
 

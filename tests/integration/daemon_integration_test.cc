@@ -525,6 +525,7 @@ TEST_F(DaemonTest, BadFlagsStopTheDaemonNamingTheFlag) {
        {"--staging_keep=lots", "--memory_budget=12XB", "--memory_budget=0%", "--socket_gid=-7",
         "--read_threads=0", "--host_devices=a,a", "--device_plugin_slots=0", "--keeper_timeout=0",
         "--scrub_interval=0.01", "--scrub_bandwidth=fast",
+        "--peer_listen=127.0.0.1:0 --peer_tls_key_file=/nonexistent/tls.key",
         "--model=name=a,model_dir=/x --model=name=b,model_dir=/y"}) {
     std::vector<std::string> argv{WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_,
                                   "--backend=host", "--metrics_address=off"};

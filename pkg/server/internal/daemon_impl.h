@@ -6,6 +6,7 @@
 //   status_view.cc   the Status view, readiness and the metrics' scrape-time snapshots
 //   integrity.cc     digests when entries are filled, the scrubber's findings (corrupt
 //                    entries out of service, lease holders told, clean copies), VerifyResident
+//   peer_service.cc  the peer API for other nodes' daemons (TCP, mutual TLS): Describe
 //   grpc_service.cc  the gRPC adapter. The parts it composes have a unit each: ModelCatalog
 // (specs, opened models, identity), Admission (placement, budget, loads and peer copies),
 // LeaseManager (leases and tokens bound to entries), cache::Registry (entries).
@@ -45,6 +46,7 @@
 #include "pkg/server/namespace_rules.h"
 #include "pkg/server/policy.h"
 #include "pkg/util/mutex.h"
+#include "weightcache/v1/peer.pb.h"
 #include "weightcache/v1/weightcache.pb.h"
 
 namespace weightcache::server {
@@ -132,6 +134,12 @@ class Daemon::Impl final : public metrics::StateSource {
                      uint64_t bytes);
   absl::Status EvictArtifacts(const Caller& caller, const v1::EvictArtifactsRequest& req,
                               v1::EvictArtifactsResponse* resp);
+
+  // Peer API (peer_service.cc): the record of a ready, shared, loaded entry with
+  // `fingerprint` for another node's daemon; NOT_FOUND otherwise (published and private
+  // copies are never described: they are this node's).
+  absl::StatusOr<v1::PeerDescribeResponse> DescribeForPeer(const std::string& fingerprint);
+  int peer_port() const { return peer_port_; }
 
   // metrics::StateSource
   std::vector<metrics::EntrySnapshot> Entries() const override;
@@ -225,6 +233,12 @@ class Daemon::Impl final : public metrics::StateSource {
   std::unique_ptr<ControlListener> control_;  // stops accepting before grpc_ drains (Teardown)
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<grpc::Service> service_;
+  // The peer API (options().peer.listen): its own server on TCP with mutual TLS, started
+  // after the control server, stopped before it.
+  absl::Status StartPeerServer();
+  std::unique_ptr<grpc::Server> peer_grpc_;
+  std::unique_ptr<grpc::Service> peer_service_;
+  int peer_port_ = 0;
   // Cancels loads and waits, drains RPCs (bounded), closes the channels; once.
   void Teardown();
   std::once_flag teardown_once_;
