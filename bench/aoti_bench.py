@@ -19,6 +19,9 @@ Each mode is a fresh process (python -X faulthandler, so a crash prints where):
 
 Prints a table of seconds from process start, and the logits compared bit for bit with the
 building process's and against eager (max abs difference).
+Before every package load the process's libstdc++ is promoted to the global scope (the load
+crash otherwise: docs/benchmarks.md; AOTI_GLOBAL_LIBSTDCXX=0 leaves it out). AOTI_PROFILE=1
+prints where aoti_load_package's time goes (cProfile); AOTI_LOG_CMDS=1 every compiler command.
 Usage: aoti_bench.py --work DIR --model NAME [--modes tiny,tiny,build,load]
 """
 import argparse
@@ -46,14 +49,85 @@ class _Emit:
         print("BENCH " + json.dumps(self.out), flush=True)
 
 
+def _log_commands():
+    """AOTI_LOG_CMDS=1: prints each compiler-like command this process starts ("CMD ...")."""
+    if os.environ.get("AOTI_LOG_CMDS") != "1":
+        return
+    orig = subprocess.Popen.__init__
+
+    def init(self, args, *a, **kw):
+        text = args if isinstance(args, str) else " ".join(map(str, args))
+        if any(k in text for k in ("g++", "gcc", "clang", "c++", "nvcc", "-shared", "cmake")):
+            print("CMD " + text, flush=True)
+        orig(self, args, *a, **kw)
+
+    subprocess.Popen.__init__ = init
+
+
+def _so_report(pkg, emit):
+    """What the package's shared object carries of libstdc++: its NEEDED entries and how many
+    std::locale / facet-id symbols it defines itself (a static copy defines them)."""
+    import glob
+    import zipfile
+
+    out = pkg + ".unpacked"
+    with zipfile.ZipFile(pkg) as z:
+        z.extractall(out)
+    for so in sorted(glob.glob(os.path.join(out, "**", "*.so"), recursive=True)):
+        needed = subprocess.run(["sh", "-c", f"readelf -d '{so}' | grep NEEDED"],
+                                capture_output=True, text=True).stdout
+        own = subprocess.run(["sh", "-c", f"nm -C --defined-only '{so}' | grep -c 'std::locale'"],
+                             capture_output=True, text=True).stdout.strip()
+        emit(so=os.path.relpath(so, out), needed=needed.split("\n"), defines_std_locale=own)
+
+
+def _mapped(name):
+    """The files named like `name` mapped into this process."""
+    with open("/proc/self/maps") as f:
+        return sorted({ln.split()[-1] for ln in f if name in ln and "/" in ln})
+
+
+def _global_libstdcxx():
+    """The fix for the load crash (docs/benchmarks.md): the package's shared object carries its
+    own copy of libstdc++'s locale code and binds to it unless the process's libstdc++ is in the
+    global scope; torch's (a dependency of an RTLD_LOCAL extension) is not. Promoting the
+    already-loaded libstdc++ to RTLD_GLOBAL (RTLD_NOLOAD: nothing new is loaded) makes the
+    package bind to it, as LD_PRELOAD would. AOTI_GLOBAL_LIBSTDCXX=0 leaves it out."""
+    import ctypes
+
+    if os.environ.get("AOTI_GLOBAL_LIBSTDCXX", "1") == "0":
+        return 0.0
+    t = time.time()
+    for path in _mapped("libstdc++.so"):
+        ctypes.CDLL(path, mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)
+    return time.time() - t
+
+
+def _profiled(fn, what):
+    """fn(), with where its time went printed (cProfile, top 25 by cumulative time) when
+    AOTI_PROFILE=1."""
+    if os.environ.get("AOTI_PROFILE") != "1":
+        return fn()
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    out = prof.runcall(fn)
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(25)
+    print(f"PROFILE {what}\n{buf.getvalue()}", flush=True)
+    return out
+
+
 def tiny(work):
     import torch
 
     emit = _Emit("tiny")
     path = os.path.join(work, "tiny.pt2")
+    torch.manual_seed(0)
     x = torch.randn(8, 64, device="cuda")
     if not os.path.exists(path):
-        torch.manual_seed(0)
         m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 8)).cuda().eval()
         ep = torch.export.export(m, (x,))
@@ -62,7 +136,8 @@ def tiny(work):
         emit(built=True)
         return
     t = time.time()
-    fn = torch._inductor.aoti_load_package(path)
+    _global_libstdcxx()
+    fn = _profiled(lambda: torch._inductor.aoti_load_package(path), "tiny aoti_load_package")
     y = fn(x)
     emit(load_s=time.time() - t,
          max_abs_diff=(y.cpu() - torch.load(os.path.join(work, "tiny-ref.pt"))).abs().max().item())
@@ -78,12 +153,14 @@ def diag(work, step):
     emit = _Emit("diag-" + step)
     path = os.path.join(work, "tiny.pt2")
     out = os.path.join(work, "tiny-unpacked")
-    if not os.path.isdir(out):
-        with zipfile.ZipFile(path) as z:
-            z.extractall(out)
-    sos = sorted(glob.glob(os.path.join(out, "**", "*.so"), recursive=True))
-    emit(members=sorted(os.path.relpath(f, out) for f in glob.glob(os.path.join(out, "**", "*"),
-                                                                     recursive=True))[:40])
+    sos = []
+    if step in ("ldd", "dlopen", "runner"):
+        if not os.path.isdir(out):
+            with zipfile.ZipFile(path) as z:
+                z.extractall(out)
+        sos = sorted(glob.glob(os.path.join(out, "**", "*.so"), recursive=True))
+        emit(members=sorted(os.path.relpath(f, out)
+                            for f in glob.glob(os.path.join(out, "**", "*"), recursive=True))[:40])
     if step == "ldd":
         for so in sos:
             r = subprocess.run(["ldd", so], capture_output=True, text=True)
@@ -113,6 +190,48 @@ def diag(work, step):
         fn = torch._inductor.aoti_load_package(p)
         emit(loaded_noconst=True)
         emit(noconst_max_abs_diff=(fn(x, w) - NoConst()(x, w)).abs().max().item())
+    elif step == "linkbuild":  # one package, built in this process (fresh Inductor cache)
+        p = os.environ["AOTI_LINK_PKG"]
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 8)).cuda().eval()
+        x = torch.randn(8, 64, device="cuda")
+        torch._inductor.aoti_compile_and_package(torch.export.export(m, (x,)), package_path=p)
+        _so_report(p, emit)
+        emit(cxx=subprocess.run(["sh", "-c", "c++ --version | head -1; g++ --version | head -1"],
+                                capture_output=True, text=True).stdout,
+             libstdcxx_in_process=_mapped("libstdc++"), libgcc_in_process=_mapped("libgcc_s"))
+    elif step == "linkload":
+        emit(libstdcxx_in_process=_mapped("libstdc++"), preload=os.environ.get("LD_PRELOAD", ""))
+        if os.environ.get("AOTI_GLOBAL_LIBSTDCXX") == "1":
+            emit(global_libstdcxx_s=_global_libstdcxx())
+        fn = torch._inductor.aoti_load_package(os.environ["AOTI_LINK_PKG"])
+        emit(loaded=True)
+        fn(torch.randn(8, 64, device="cuda"))
+        emit(ran=True)
+    elif step == "link":  # how Inductor links a package, and does it load with the system
+        # libstdc++ preloaded?
+        sys_stdcxx = subprocess.run(["sh", "-c", "g++ -print-file-name=libstdc++.so.6"],
+                                    capture_output=True, text=True).stdout.strip()
+        env = dict(os.environ, AOTI_LOG_CMDS="1", AOTI_GLOBAL_LIBSTDCXX="0",
+                   AOTI_LINK_PKG=os.path.join(work, "link.pt2"),
+                   TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="inductor-link-"))
+        for sub, extra in (("linkbuild", {}), ("linkload", {}),
+                           ("linkload", {"LD_PRELOAD": os.path.realpath(sys_stdcxx)}),
+                           ("linkload", {"AOTI_GLOBAL_LIBSTDCXX": "1"})):
+            p = subprocess.run([sys.executable, "-X", "faulthandler", __file__, "--child",
+                                "diag-" + sub, "--work", work], env=dict(env, **extra),
+                               capture_output=True, text=True)
+            cmds = [ln for ln in p.stdout.splitlines() if ln.startswith("CMD ")]
+            print(f"--- {sub} {extra} exit {p.returncode}", flush=True)
+            for c in cmds[:6]:
+                print(c[:3000], flush=True)
+            for ln in p.stdout.splitlines():
+                if ln.startswith("BENCH "):
+                    print(ln[:3000], flush=True)
+            if p.returncode:
+                print(p.stderr[-1200:], flush=True)
+        emit(done=True)
     elif step == "single":
         fn = torch._inductor.aoti_load_package(path, run_single_threaded=True)
         emit(loaded_single_threaded=True)
@@ -141,8 +260,15 @@ def _bind(runner, weights, extra):
     for name in weights:
         consts["m." + name] = weights[name]
     consts.update(extra)
-    runner.load_constants(consts, check_full_update=True, user_managed=True)
-    return len(consts)
+    # Buffers the forward never reads (rotary original_inv_freq) are not constants of the
+    # package: bind what it has.
+    wanted = set(runner.get_constant_fqns())
+    missing = sorted(wanted - set(consts))
+    if missing:
+        raise RuntimeError(f"the package needs constants nobody gives: {missing[:5]}")
+    runner.load_constants({k: v for k, v in consts.items() if k in wanted},
+                          check_full_update=True, user_managed=True)
+    return len(wanted)
 
 
 def build(work, model_name):
@@ -183,6 +309,7 @@ def build(work, model_name):
          build_total_s=time.time() - t_start)
     # The same package in the building process (the fresh-process load is `load`).
     t = time.time()
+    _global_libstdcxx()
     runner = torch._inductor.aoti_load_package(pkg)
     t_loaded = time.time()
     n = _bind(runner, w, extra)
@@ -218,8 +345,8 @@ def load(work, model_name):
     extra = {n: t.cuda() for n, t in safetensors.torch.load(cblob).items()}
     t_get = time.time()
     emit(import_s=t_import - t_start, map_s=t_map - t_import, artifact_get_s=t_get - t_map,
-         package_bytes=len(blob))
-    runner = torch._inductor.aoti_load_package(pkg)
+         package_bytes=len(blob), global_libstdcxx_s=_global_libstdcxx())
+    runner = _profiled(lambda: torch._inductor.aoti_load_package(pkg), "aoti_load_package")
     t_loaded = time.time()
     emit(package_load_s=t_loaded - t_get)
     _bind(runner, w, extra)
@@ -246,6 +373,13 @@ def run(mode, work, model_name):
     for line in p.stdout.splitlines():
         if line.startswith("BENCH "):
             last = json.loads(line[6:])
+    if mode == "diag-link":
+        sys.stderr.write(p.stdout[-20000:])
+    cmds = [ln[:400] for ln in p.stdout.splitlines() if ln.startswith("CMD ")]
+    if cmds and mode != "diag-link":
+        sys.stderr.write(f"--- {mode}: {len(cmds)} commands run\n" + "\n".join(cmds[:40]) + "\n")
+    if "PROFILE " in p.stdout:
+        sys.stderr.write(p.stdout[p.stdout.index("PROFILE "):][:12000])
     if p.returncode != 0:
         sys.stderr.write(f"--- {mode} failed (exit {p.returncode}) ---\n{p.stdout[-3000:]}\n"
                          f"{p.stderr[-8000:]}\n")
@@ -266,10 +400,11 @@ def main():
     ap.add_argument("--model", default="llama-1b")
     ap.add_argument("--modes", default="tiny,tiny,build,load",
                     help="also diag-ldd, diag-dlopen, diag-runner, diag-single (after tiny), "
-                    "diag-noconst; AOTI_SEGV_PRELOAD=<segv_backtrace.so> prints native stacks")
+                    "diag-noconst, diag-link; AOTI_SEGV_PRELOAD=<segv_backtrace.so> prints native stacks")
     a = ap.parse_args()
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(a.work, "inductor-aoti"))
     if a.child:
+        _log_commands()
         if a.child.startswith("diag-"):
             diag(a.work, a.child[5:])
             return 0

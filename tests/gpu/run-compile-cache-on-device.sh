@@ -10,7 +10,8 @@
 # Then, with AOTI=1, bench/aoti_bench.py: the model as a code-only AOTInductor package served
 # as an artifact, weights mapped, no tracing at start.
 # Environment: OUT (log folder, default /tmp/wc-cc-out), PYTHON (default python3), CC_MODES
-# (compile_cache_bench's modes, default all four; empty: skip it), AOTI (1: run aoti_bench).
+# (compile_cache_bench's modes, default all four; empty: skip it), AOTI (1: run aoti_bench),
+# AOTI_MODES (its modes), AOTI_PROFILE, AOTI_LOG_CMDS, AOTI_GLOBAL_LIBSTDCXX (aoti_bench.py says).
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 carry=$root/.device-carry-py
