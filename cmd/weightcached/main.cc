@@ -143,11 +143,11 @@ ABSL_FLAG(std::string, scrub_bandwidth, "50GB",
 ABSL_FLAG(std::string, peer_listen, "",
           "Peer fill (issue 30): host:port where other nodes' daemons reach this one's peer API "
           "(gRPC on TCP, mutual TLS: --peer_tls_*); e.g. 0.0.0.0:7443. Empty: off");
-ABSL_FLAG(std::string, peer_tls_cert_file, "/etc/weightcache/peer-tls/tls.crt",
+ABSL_FLAG(std::string, peer_tls_cert_file, "/etc/weightcache-peer/tls.crt",
           "Peer API: this daemon's PEM certificate, signed by the fleet CA (--peer_tls_ca_file)");
-ABSL_FLAG(std::string, peer_tls_key_file, "/etc/weightcache/peer-tls/tls.key",
+ABSL_FLAG(std::string, peer_tls_key_file, "/etc/weightcache-peer/tls.key",
           "Peer API: the PEM private key of --peer_tls_cert_file");
-ABSL_FLAG(std::string, peer_tls_ca_file, "/etc/weightcache/peer-tls/ca.crt",
+ABSL_FLAG(std::string, peer_tls_ca_file, "/etc/weightcache-peer/ca.crt",
           "Peer API: the fleet CA (PEM); a peer must present a certificate it signed");
 ABSL_FLAG(std::string, peer_tls_server_name, "weightcache-peer",
           "Peer API: the DNS name every daemon's certificate carries (peers are dialled by IP)");

@@ -272,10 +272,47 @@ for helm in "${helms[@]}"; do
   expect_fail "schema: webhook CIDR" 'apiServerCIDRs' "$helm" template wc "$chart" \
     --set 'webhook.networkPolicy.apiServerCIDRs[0]=everywhere'
 
+  # Peer fill: off by default; on, the daemon's flags, port and Secret mount, the fleet CA and
+  # certificate (verified as TLS client and server for weightcache-peer), the headless
+  # Service and the NetworkPolicy; with cert-manager, its CA chain instead of the Secret.
+  expect "peer fill off by default" lacks "$d" 'peer_listen|weightcache-peer'
+  expect "peer: flags" has "$ds" '^            - --peer_listen=0\.0\.0\.0:7500$'
+  expect "peer: CA flag" has "$ds" '^            - --peer_tls_ca_file=/etc/weightcache-peer/ca\.crt$'
+  expect "peer: container port" after "$ds" '- name: peer$' 1 'containerPort: 7500$'
+  expect "peer: Secret mounted read-only" after "$ds" '- name: peer-tls$' 2 'readOnly: true$'
+  expect "peer: Secret volume" after "$ds" 'secretName: wc-weightcache-peer-tls$' 1 'defaultMode: 0400$'
+  pdir="$work/peer-tls"
+  mkdir -p "$pdir"
+  doc "$a" Secret | awk '/name: wc-weightcache-peer-tls$/{f=1} f' >"$work/peer-secret.yaml"
+  for k in ca.crt tls.crt tls.key; do
+    sed -n "s/^  ${k//./\\.}: //p" "$work/peer-secret.yaml" | head -1 | base64 -d >"$pdir/$k" 2>/dev/null
+  done
+  expect "peer: CA is a CA" bash -c "openssl x509 -in '$pdir/ca.crt' -noout -text | grep -q 'CA:TRUE'"
+  expect "peer: certificate names weightcache-peer" bash -c \
+    "openssl x509 -in '$pdir/tls.crt' -noout -text | grep -q 'DNS:weightcache-peer'"
+  expect "peer: certificate valid as TLS server" openssl verify -purpose sslserver -CAfile "$pdir/ca.crt" "$pdir/tls.crt"
+  expect "peer: certificate valid as TLS client" openssl verify -purpose sslclient -CAfile "$pdir/ca.crt" "$pdir/tls.crt"
+  expect "peer: key matches the certificate" test "$(openssl pkey -in "$pdir/tls.key" -pubout 2>/dev/null)" = \
+    "$(openssl x509 -in "$pdir/tls.crt" -noout -pubkey 2>/dev/null)"
+  doc "$a" Service | awk '/name: wc-weightcache-peers$/{f=1} f' >"$work/peer-svc.yaml"
+  expect "peer: headless Service" has "$work/peer-svc.yaml" '^  clusterIP: None$'
+  expect "peer: Service port" after "$work/peer-svc.yaml" '- name: peer$' 1 'port: 7500$'
+  doc "$a" NetworkPolicy | awk '/name: wc-weightcache-peers$/{f=1} f' >"$work/peer-np.yaml"
+  expect "peer: NetworkPolicy from the DaemonSet only" after "$work/peer-np.yaml" '- port: peer$' 4 'podSelector:'
+  expect "peer: NetworkPolicy keeps metrics open" has "$work/peer-np.yaml" '- port: metrics$'
+  pc="$work/peer-certmanager.yaml"
+  "$helm" template wc "$chart" --namespace wc --set peerFill.enabled=true,peerFill.certManager.enabled=true \
+    >"$pc" 2>"$work/err" || bad "template peer cert-manager: $(cat "$work/err")"
+  expect "peer cert-manager: CA Certificate" after <(doc "$pc" Certificate) 'name: wc-weightcache-peer-ca$' 10 'isCA: true'
+  expect "peer cert-manager: leaf for both uses" after <(doc "$pc" Certificate) 'usages:' 2 'client auth'
+  expect "peer cert-manager: CA Issuer" after <(doc "$pc" Issuer) '^  ca:$' 1 'secretName: wc-weightcache-peer-ca$'
+  expect "peer cert-manager: no chart Secret" lacks "$pc" '^kind: Secret$'
+  expect_fail "schema: peer port" 'port' "$helm" template wc "$chart" --set peerFill.port=70000
+
   # Offline Kubernetes schema validation of everything rendered.
   if [[ -n "$validator" ]]; then
     expect "kubernetes schemas" node "$validator" "$tools/node" "$d" "$m" "$work/nodp.yaml" \
-      "$w" "$c" "$work/cm-issuer.yaml" "$root/deploy/weightcache.yaml" "$root/deploy/examples/engine-pod.yaml"
+      "$w" "$c" "$work/cm-issuer.yaml" "$pc" "$root/deploy/weightcache.yaml" "$root/deploy/examples/engine-pod.yaml"
   fi
 
   # The plain manifests are what this helm renders now.
