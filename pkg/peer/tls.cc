@@ -2,11 +2,12 @@
 
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
+#include <unistd.h>
 
-#include <fstream>
-#include <sstream>
+#include <cerrno>
 
 #include "absl/strings/str_cat.h"
+#include "pkg/util/regular_file.h"
 
 namespace weightcache::peer {
 namespace {
@@ -14,13 +15,30 @@ namespace {
 absl::StatusOr<std::string> ReadPem(const char* field, const std::string& path,
                                     const std::string& kind) {
   if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is not set"));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  // A regular file only (a FIFO or device named here fails at once instead of hanging the
+  // start), and bounded: PEM files are a few KiB.
+  auto file = OpenRegularFile(path);
+  if (!file.ok()) {
+    if (file.status().code() == absl::StatusCode::kInvalidArgument) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " ", file.status().message()));
+    }
     return absl::InvalidArgumentError(absl::StrCat(field, " ", path, ": cannot be read"));
   }
-  std::ostringstream s;
-  s << in.rdbuf();
-  std::string pem = s.str();
+  constexpr uint64_t kMaxPemBytes = 1 << 20;
+  if (file->size > kMaxPemBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " ", path, ": ", file->size, " bytes, more than a PEM file holds"));
+  }
+  std::string pem(file->size, '\0');
+  size_t got = 0;
+  while (got < pem.size()) {
+    const ssize_t n = ::read(file->fd.get(), pem.data() + got, pem.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " ", path, ": cannot be read"));
+    }
+    got += static_cast<size_t>(n);
+  }
   // "-----BEGIN CERTIFICATE-----", "-----BEGIN PRIVATE KEY-----", "-----BEGIN EC PRIVATE
   // KEY-----", "-----BEGIN RSA PRIVATE KEY-----": the kind is a suffix of the label.
   const size_t begin = pem.find("-----BEGIN ");

@@ -47,6 +47,10 @@ TEST_F(PeerTlsTest, EachBadFileIsNamed) {
   f.key_file = files_.cert_file;
   EXPECT_EQ(ReadTls(f).status().code(), absl::StatusCode::kInvalidArgument);
   f = files_;
+  f.ca_file = dir_.path();  // a directory: named, never read
+  EXPECT_EQ(ReadTls(f).status().message(),
+            "peer TLS CA " + dir_.path() + ": is a directory, not a regular file");
+  f = files_;
   f.server_name = "";
   EXPECT_EQ(ReadTls(f).status().message(), "peer TLS server name is empty");
 }

@@ -1,6 +1,6 @@
 // The gRPC adapter: decodes requests, calls Daemon::Impl, and converts absl::Status to
-// grpc::Status in exactly one place (ToGrpc). A bad request never takes the daemon down:
-// every handler returns a status.
+// grpc::Status in exactly one place (ToGrpc, internal/grpc_status.h). A bad request never takes the
+// daemon down: every handler returns a status.
 #include <chrono>
 #include <map>
 #include <set>
@@ -8,19 +8,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "pkg/server/internal/daemon_impl.h"
-#include "pkg/util/daemon_answer.h"
+#include "pkg/server/internal/grpc_status.h"
 #include "pkg/util/mutex.h"
 #include "weightcache/v1/weightcache.grpc.pb.h"
 
 namespace weightcache::server {
 namespace {
-
-grpc::Status ToGrpc(grpc::ServerContext* ctx, const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  ctx->AddTrailingMetadata(kDaemonAnswerKey, "error");  // see pkg/util/daemon_answer.h
-  // absl and gRPC share the canonical code numbering.
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
 
 // Client streams hold a gRPC thread while they run and gRPC's synchronous API has no read
 // timeout: a put whose client stops sending would hold its thread for good, and enough of

@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "pkg/server/internal/daemon_impl.h"
+#include "pkg/server/internal/grpc_status.h"
 #include "pkg/server/internal/keeper_record.h"
-#include "pkg/util/daemon_answer.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 #include "weightcache/v1/peer.grpc.pb.h"
@@ -37,9 +37,7 @@ class PeerService final : public v1::WeightCachePeer::Service {
     if (!r.ok()) {
       WC_LOG_INFO("peer %s: describe %s: %s", ctx->peer(), req->fingerprint().substr(0, 12),
                   std::string(r.status().message()));
-      ctx->AddTrailingMetadata(kDaemonAnswerKey, "error");
-      return grpc::Status(static_cast<grpc::StatusCode>(r.status().code()),
-                          std::string(r.status().message()));
+      return ToGrpc(ctx, r.status());
     }
     WC_LOG_INFO("peer %s: described %s (%s, %.1f MiB)", ctx->peer(),
                 req->fingerprint().substr(0, 12), r->source(),
