@@ -2,14 +2,18 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -47,10 +51,68 @@ absl::StatusOr<ucp_worker_h> MakeWorker(ucp_context_h ctx, ucs_thread_mode_t mod
   return w;
 }
 
+// The wire: a request names a region by token and a byte range; the reply carries the status
+// and, when it is kOk, exactly the bytes asked for. Both sides run on one machine type (x86-64
+// little-endian daemons of one fleet); the structs are packed by hand to fixed sizes.
+constexpr uint16_t kReadRequestId = 1;
+constexpr uint16_t kReadReplyId = 2;
+
+struct ReadRequest {
+  char token[kTokenBytes];
+  uint64_t offset;
+  uint64_t length;
+  uint64_t tag;  // the puller's: which pull and chunk this answers
+};
+static_assert(sizeof(ReadRequest) == 40);
+
+enum ReplyStatus : uint32_t { kOk = 0, kUnknownRegion = 1, kOutOfRange = 2, kBusy = 3 };
+
+struct ReadReply {
+  uint64_t tag;
+  uint32_t status;
+  uint32_t reserved;
+};
+static_assert(sizeof(ReadReply) == 16);
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Server.
+
+namespace {
+
+struct Region {
+  const std::byte* base = nullptr;
+  uint64_t length = 0;
+  std::string token;
+};
+
+// A request received, answered from the progress loop (not from inside the AM callback).
+struct PendingRequest {
+  ucp_ep_h reply_ep;
+  ReadRequest req;
+};
+
+// One reply in flight: its header and the copy of the bytes, freed when the send completes.
+struct ReplyBlock {
+  std::atomic<uint64_t>* in_flight;
+  uint64_t bytes;
+  ReadReply header;
+  // the data follows
+  std::byte* data() { return reinterpret_cast<std::byte*>(this + 1); }
+};
+
+void FreeReply(ReplyBlock* b) {
+  b->in_flight->fetch_sub(b->bytes);
+  std::free(b);
+}
+
+void OnReplySent(void* req, ucs_status_t /*status*/, void* user) {
+  FreeReply(static_cast<ReplyBlock*>(user));
+  ucp_request_free(req);
+}
+
+}  // namespace
 
 struct UcxServer::State {
   ucp_context_h ctx = nullptr;
@@ -58,15 +120,87 @@ struct UcxServer::State {
   std::string address;
   int worker_fd = -1;
   int stop_fd = -1;
+  uint64_t max_reply_bytes = 0;
   std::atomic<bool> stop{false};
   std::thread progress;
   mutable std::mutex mu;
-  std::map<uint64_t, ucp_mem_h> regions;  // guarded by mu
-  uint64_t next_id = 1;                   // guarded by mu
+  std::map<uint64_t, Region> regions;        // guarded by mu
+  std::map<std::string, uint64_t> by_token;  // guarded by mu
+  uint64_t next_id = 1;                      // guarded by mu
+  std::atomic<uint64_t> reply_bytes{0};      // copies in flight
+  std::atomic<uint64_t> busy{0};
+  std::vector<PendingRequest> pending;  // the progress thread's only
+
+  static ucs_status_t OnRequest(void* arg, const void* header, size_t header_length, void* /*data*/,
+                                size_t /*length*/, const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<State*>(arg);
+    // A request without a reply endpoint or of another size is not ours: dropped.
+    if (header_length != sizeof(ReadRequest) ||
+        (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0 || param->reply_ep == nullptr) {
+      return UCS_OK;
+    }
+    PendingRequest p{param->reply_ep, {}};
+    std::memcpy(&p.req, header, sizeof(ReadRequest));
+    self->pending.push_back(p);
+    return UCS_OK;
+  }
+
+  void Answer(const PendingRequest& p) {
+    const ReadRequest& r = p.req;
+    uint32_t status = kOk;
+    uint64_t bytes = 0;
+    ReplyBlock* block = nullptr;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      auto t = by_token.find(std::string(r.token, kTokenBytes));
+      if (t == by_token.end()) {
+        status = kUnknownRegion;
+      } else if (const Region& g = regions.at(t->second);
+                 r.length == 0 || r.length > kMaxChunkBytes || r.offset > g.length ||
+                 r.length > g.length - r.offset) {
+        status = kOutOfRange;
+      } else if (reply_bytes.load() + r.length > max_reply_bytes) {
+        status = kBusy;
+        busy.fetch_add(1);
+      } else {
+        block = static_cast<ReplyBlock*>(std::malloc(sizeof(ReplyBlock) + r.length));
+        if (block == nullptr) {
+          status = kBusy;
+        } else {
+          bytes = r.length;
+          reply_bytes.fetch_add(bytes);
+          std::memcpy(block->data(), g.base + r.offset, bytes);  // under mu: not unexposed
+        }
+      }
+    }
+    if (block == nullptr) {
+      block = static_cast<ReplyBlock*>(std::malloc(sizeof(ReplyBlock)));
+      if (block == nullptr) return;  // the puller's deadline answers it
+    }
+    block->in_flight = &reply_bytes;
+    block->bytes = bytes;
+    block->header = ReadReply{r.tag, status, 0};
+    ucp_request_param_t sp{};
+    sp.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    sp.cb.send = OnReplySent;
+    sp.user_data = block;
+    // Eager only: a rendezvous would have the puller read this process's memory remotely.
+    sp.flags = UCP_AM_SEND_FLAG_EAGER;
+    const ucs_status_ptr_t s = ucp_am_send_nbx(p.reply_ep, kReadReplyId, &block->header,
+                                               sizeof(ReadReply), block->data(), bytes, &sp);
+    if (s == nullptr || UCS_PTR_IS_ERR(s)) FreeReply(block);  // done at once, or failed
+  }
 
   void Run() {
     while (!stop.load()) {
       while (ucp_worker_progress(worker) != 0) {
+      }
+      if (!pending.empty()) {
+        std::vector<PendingRequest> batch;
+        batch.swap(pending);
+        for (const PendingRequest& p : batch) Answer(p);
+        continue;
       }
       const ucs_status_t s = ucp_worker_arm(worker);
       if (s == UCS_ERR_BUSY) continue;  // events arrived meanwhile: progress again
@@ -81,7 +215,8 @@ struct UcxServer::State {
       (void)!::write(stop_fd, &one, sizeof(one));
       progress.join();
     }
-    for (auto& [id, memh] : regions) (void)ucp_mem_unmap(ctx, memh);
+    // Replies still queued complete (with an error) as the worker goes; their blocks are
+    // freed by the callbacks.
     if (worker != nullptr) ucp_worker_destroy(worker);
     if (ctx != nullptr) ucp_cleanup(ctx);
     if (stop_fd >= 0) ::close(stop_fd);
@@ -91,14 +226,25 @@ struct UcxServer::State {
 UcxServer::UcxServer(std::unique_ptr<State> s) : s_(std::move(s)) {}
 UcxServer::~UcxServer() = default;
 
-absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Start() {
+absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Start(uint64_t max_reply_bytes) {
   auto s = std::make_unique<State>();
-  auto ctx = MakeContext(UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP, true);
+  s->max_reply_bytes = max_reply_bytes;
+  // Active messages only: no RMA (a worker with it serves gets of any address over TCP).
+  auto ctx = MakeContext(UCP_FEATURE_AM | UCP_FEATURE_WAKEUP, true);
   if (!ctx.ok()) return ctx.status();
   s->ctx = *ctx;
   auto w = MakeWorker(s->ctx, UCS_THREAD_MODE_MULTI);
   if (!w.ok()) return w.status();
   s->worker = *w;
+  ucp_am_handler_param_t hp{};
+  hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                  UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  hp.id = kReadRequestId;
+  hp.cb = &State::OnRequest;
+  hp.arg = s.get();
+  if (ucs_status_t st = ucp_worker_set_am_recv_handler(s->worker, &hp); st != UCS_OK) {
+    return UcxError("ucp_worker_set_am_recv_handler", st);
+  }
   ucp_address_t* addr = nullptr;
   size_t len = 0;
   if (ucs_status_t st = ucp_worker_get_address(s->worker, &addr, &len); st != UCS_OK) {
@@ -122,47 +268,28 @@ absl::StatusOr<ExposedRegion> UcxServer::Expose(const void* base, uint64_t lengt
   if (base == nullptr || length == 0) {
     return absl::InvalidArgumentError("UCX expose: an empty region");
   }
-  ucp_mem_map_params_t p{};
-  p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                 UCP_MEM_MAP_PARAM_FIELD_PROT;
-  p.address = const_cast<void*>(base);  // registered for reading only (prot below)
-  p.length = length;
-  p.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_REMOTE_READ;
-  ucp_mem_h memh = nullptr;
-  if (ucs_status_t s = ucp_mem_map(s_->ctx, &p, &memh); s != UCS_OK) {
-    return UcxError("ucp_mem_map", s);
-  }
-  void* packed = nullptr;
-  size_t packed_len = 0;
-  if (ucs_status_t s = ucp_rkey_pack(s_->ctx, memh, &packed, &packed_len); s != UCS_OK) {
-    (void)ucp_mem_unmap(s_->ctx, memh);
-    return UcxError("ucp_rkey_pack", s);
+  std::string token(kTokenBytes, '\0');
+  if (::getrandom(token.data(), token.size(), 0) != static_cast<ssize_t>(token.size())) {
+    return absl::InternalError("UCX expose: getrandom failed");
   }
   ExposedRegion r;
-  r.address = reinterpret_cast<uint64_t>(base);
   r.length = length;
-  r.rkey.assign(static_cast<const char*>(packed), packed_len);
-  ucp_rkey_buffer_release(packed);
+  r.token = token;
   std::lock_guard<std::mutex> l(s_->mu);
   r.id = s_->next_id++;
-  s_->regions[r.id] = memh;
+  s_->regions[r.id] = Region{static_cast<const std::byte*>(base), length, token};
+  s_->by_token[token] = r.id;
   return r;
 }
 
 absl::Status UcxServer::Unexpose(uint64_t id) {
-  ucp_mem_h memh = nullptr;
-  {
-    std::lock_guard<std::mutex> l(s_->mu);
-    auto it = s_->regions.find(id);
-    if (it == s_->regions.end()) {
-      return absl::NotFoundError(absl::StrCat("UCX region ", id, " is not exposed"));
-    }
-    memh = it->second;
-    s_->regions.erase(it);
+  std::lock_guard<std::mutex> l(s_->mu);
+  auto it = s_->regions.find(id);
+  if (it == s_->regions.end()) {
+    return absl::NotFoundError(absl::StrCat("UCX region ", id, " is not exposed"));
   }
-  if (ucs_status_t s = ucp_mem_unmap(s_->ctx, memh); s != UCS_OK) {
-    return UcxError("ucp_mem_unmap", s);
-  }
+  s_->by_token.erase(it->second.token);
+  s_->regions.erase(it);
   return absl::OkStatus();
 }
 
@@ -171,29 +298,34 @@ size_t UcxServer::exposed() const {
   return s_->regions.size();
 }
 
+uint64_t UcxServer::busy_replies() const { return s_->busy.load(); }
+
 // ---------------------------------------------------------------------------------------------
 // Puller.
 
 namespace {
 
-// Outstanding gets of one pull: completions arrive in callbacks on the pulling thread (inside
-// ucp_worker_progress), which count them and keep the first error.
+// One pull's chunks: requests go out a window at a time; replies arrive in the AM callback
+// on the pulling thread (inside ucp_worker_progress), which copies the bytes into place.
 struct Window {
+  uint64_t pull = 0;  // tags carry it in their high bits: a late reply to an earlier pull
+                      // (ended by its deadline) is ignored
+  char* dst = nullptr;
+  uint64_t base = 0;  // the pull's offset in the region (for messages)
+  uint64_t length = 0;
+  uint64_t chunk = 0;
+  uint64_t chunks = 0;
+  std::vector<uint8_t> state;  // per chunk: 0 to send, 1 asked, 2 done
   uint64_t done = 0;
+  uint64_t asked = 0;  // outstanding
   ucs_status_t error = UCS_OK;
+  absl::Status refused;               // the server's answer, when it refused
+  std::vector<ReadRequest> requests;  // headers kept until their sends complete
+  uint64_t sends = 0;                 // request sends not yet completed
+  bool busy = false;                  // the server said busy: ask again after a pause
 };
 
-void OnGet(void* req, ucs_status_t s, void* user) {
-  auto* w = static_cast<Window*>(user);
-  ++w->done;
-  if (s != UCS_OK && w->error == UCS_OK) w->error = s;
-  ucp_request_free(req);
-}
-
-void OnEpError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
-  auto* w = static_cast<Window*>(arg);
-  if (w->error == UCS_OK) w->error = status;
-}
+constexpr uint64_t kChunkBits = 40;  // tag = pull << 40 | chunk
 
 }  // namespace
 
@@ -201,6 +333,9 @@ struct UcxPuller::State {
   ucp_context_h ctx = nullptr;
   ucp_worker_h worker = nullptr;
   std::mutex mu;  // one pull at a time
+  uint64_t pulls = 0;
+  Window* current = nullptr;  // the pull in progress (its thread runs the callbacks)
+
   ~State() {
     if (worker != nullptr) ucp_worker_destroy(worker);
     if (ctx != nullptr) ucp_cleanup(ctx);
@@ -219,36 +354,120 @@ struct UcxPuller::State {
     ucp_request_free(req);
     return s;
   }
+
+  static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data,
+                              size_t length, const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<State*>(arg);
+    Window* w = self->current;
+    if (w == nullptr || header_length != sizeof(ReadReply) ||
+        (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
+      return UCS_OK;  // not for a pull in progress (or not of this protocol): dropped
+    }
+    ReadReply r;
+    std::memcpy(&r, header, sizeof r);
+    const uint64_t chunk = r.tag & ((uint64_t{1} << kChunkBits) - 1);
+    if ((r.tag >> kChunkBits) != w->pull || chunk >= w->chunks || w->state[chunk] != 1) {
+      return UCS_OK;
+    }
+    --w->asked;
+    const uint64_t off = chunk * w->chunk;
+    const uint64_t want = std::min(w->chunk, w->length - off);
+    switch (r.status) {
+      case kOk:
+        if (length != want) {
+          if (w->refused.ok()) {
+            w->refused = absl::DataLossError(
+                absl::StrCat("UCX pull: the server sent ", length, " bytes for a chunk of ", want));
+          }
+          return UCS_OK;
+        }
+        std::memcpy(w->dst + off, data, length);
+        w->state[chunk] = 2;
+        ++w->done;
+        return UCS_OK;
+      case kBusy:
+        w->state[chunk] = 0;  // asked again
+        w->busy = true;
+        return UCS_OK;
+      case kUnknownRegion:
+        if (w->refused.ok()) {
+          w->refused = absl::NotFoundError(
+              "UCX pull: the server exposes no region with that token (unexposed, or never)");
+        }
+        return UCS_OK;
+      default:
+        if (w->refused.ok()) {
+          w->refused =
+              absl::OutOfRangeError(absl::StrCat("UCX pull: bytes [", w->base + off, ", ",
+                                                 w->base + off + want, ") are outside the region"));
+        }
+        return UCS_OK;
+    }
+  }
 };
+
+namespace {
+
+void OnRequestSent(void* req, ucs_status_t s, void* user) {
+  auto* w = static_cast<Window*>(user);
+  --w->sends;
+  if (s != UCS_OK && w->error == UCS_OK) w->error = s;
+  ucp_request_free(req);
+}
+
+void OnEpError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+  auto* w = static_cast<Window*>(arg);
+  if (w->error == UCS_OK) w->error = status;
+}
+
+}  // namespace
 
 UcxPuller::UcxPuller(std::unique_ptr<State> s) : s_(std::move(s)) {}
 UcxPuller::~UcxPuller() = default;
 
 absl::StatusOr<std::unique_ptr<UcxPuller>> UcxPuller::Create() {
   auto s = std::make_unique<State>();
-  auto ctx = MakeContext(UCP_FEATURE_RMA, false);
+  auto ctx = MakeContext(UCP_FEATURE_AM, false);
   if (!ctx.ok()) return ctx.status();
   s->ctx = *ctx;
   auto w = MakeWorker(s->ctx, UCS_THREAD_MODE_SINGLE);
   if (!w.ok()) return w.status();
   s->worker = *w;
+  ucp_am_handler_param_t hp{};
+  hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                  UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  hp.id = kReadReplyId;
+  hp.cb = &State::OnReply;
+  hp.arg = s.get();
+  if (ucs_status_t st = ucp_worker_set_am_recv_handler(s->worker, &hp); st != UCS_OK) {
+    return UcxError("ucp_worker_set_am_recv_handler", st);
+  }
   return std::unique_ptr<UcxPuller>(new UcxPuller(std::move(s)));
 }
 
-absl::Status UcxPuller::Pull(const std::string& worker_address, const std::string& rkey,
-                             uint64_t remote_address, void* dst, uint64_t length,
-                             const PullOptions& o) {
-  if (worker_address.empty() || rkey.empty()) {
-    return absl::InvalidArgumentError("UCX pull: no worker address or remote key");
+absl::Status UcxPuller::Pull(const std::string& worker_address, const std::string& token,
+                             uint64_t offset, void* dst, uint64_t length, const PullOptions& o) {
+  if (worker_address.empty() || token.size() != kTokenBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("UCX pull: no worker address, or a token of ",
+                                                   token.size(), " bytes (not ", kTokenBytes, ")"));
   }
-  if (o.chunk_bytes == 0 || o.inflight == 0) {
-    return absl::InvalidArgumentError("UCX pull: chunk_bytes and inflight must be positive");
+  if (o.chunk_bytes == 0 || o.chunk_bytes > kMaxChunkBytes || o.inflight == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("UCX pull: chunk_bytes must be in 1..",
+                                                   kMaxChunkBytes, " and inflight positive"));
   }
   if (length == 0) return absl::OkStatus();
   std::lock_guard<std::mutex> l(s_->mu);
   const auto deadline = std::chrono::steady_clock::now() + o.timeout;
   ucp_worker_h w = s_->worker;
   Window win;
+  win.pull = ++s_->pulls;
+  win.dst = static_cast<char*>(dst);
+  win.base = offset;
+  win.length = length;
+  win.chunk = o.chunk_bytes;
+  win.chunks = (length + o.chunk_bytes - 1) / o.chunk_bytes;
+  win.state.assign(win.chunks, 0);
+  win.requests.resize(win.chunks);
 
   ucp_ep_params_t ep_params{};
   ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
@@ -261,74 +480,68 @@ absl::Status UcxPuller::Pull(const std::string& worker_address, const std::strin
   if (ucs_status_t s = ucp_ep_create(w, &ep_params, &ep); s != UCS_OK) {
     return UcxError("ucp_ep_create", s);
   }
-  ucp_rkey_h rk = nullptr;
-  absl::Status result;
-  ucp_mem_h local = nullptr;
-  ucp_mem_map_params_t mp{};
-  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-  mp.address = dst;
-  mp.length = length;
-  uint64_t posted = 0;
-  if (ucs_status_t s = ucp_ep_rkey_unpack(ep, rkey.data(), &rk); s != UCS_OK) {
-    result =
-        absl::InvalidArgumentError(absl::StrCat("UCX ucp_ep_rkey_unpack: ", ucs_status_string(s)));
-  } else if (s = ucp_mem_map(s_->ctx, &mp, &local); s != UCS_OK) {
-    result = UcxError("ucp_mem_map", s);
-    local = nullptr;
-  } else {
-    ucp_request_param_t p{};
-    p.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
-    p.cb.send = OnGet;
-    p.user_data = &win;
-    p.memh = local;
-    const uint64_t n = (length + o.chunk_bytes - 1) / o.chunk_bytes;
-    uint64_t reported = 0;
-    auto* out = static_cast<char*>(dst);
-    while (win.done < n && win.error == UCS_OK) {
-      while (posted < n && posted - win.done < o.inflight && win.error == UCS_OK) {
-        const uint64_t off = posted * o.chunk_bytes;
-        const uint64_t len = std::min(o.chunk_bytes, length - off);
-        const ucs_status_ptr_t r = ucp_get_nbx(ep, out + off, len, remote_address + off, rk, &p);
-        ++posted;
-        if (r == nullptr) {
-          ++win.done;  // completed at once: no callback
-        } else if (UCS_PTR_IS_ERR(r)) {
-          ++win.done;
-          win.error = UCS_PTR_STATUS(r);
-        }
+  s_->current = &win;
+  ucp_request_param_t p{};
+  p.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  p.cb.send = OnRequestSent;
+  p.user_data = &win;
+  p.flags = UCP_AM_SEND_FLAG_REPLY;
+  uint64_t next = 0;  // the lowest chunk that may still need asking
+  uint64_t reported = 0;
+  while (win.done < win.chunks && win.error == UCS_OK && win.refused.ok()) {
+    for (uint64_t c = next; c < win.chunks && win.asked < o.inflight; ++c) {
+      if (win.state[c] != 0) continue;
+      ReadRequest& r = win.requests[c];
+      std::memcpy(r.token, token.data(), kTokenBytes);
+      r.offset = offset + c * win.chunk;
+      r.length = std::min(win.chunk, length - c * win.chunk);
+      r.tag = win.pull << kChunkBits | c;
+      win.state[c] = 1;
+      ++win.asked;
+      const ucs_status_ptr_t s = ucp_am_send_nbx(ep, kReadRequestId, &r, sizeof r, nullptr, 0, &p);
+      if (UCS_PTR_IS_ERR(s)) {
+        win.error = UCS_PTR_STATUS(s);
+        break;
       }
-      if (win.error != UCS_OK) break;
-      if (ucp_worker_progress(w) == 0) std::this_thread::yield();
-      if (o.after_chunk && win.done > reported) {
-        reported = win.done;
-        o.after_chunk(std::min(length, reported * o.chunk_bytes));
-      }
-      if (std::chrono::steady_clock::now() >= deadline) break;
+      if (s != nullptr) ++win.sends;
     }
-    if (win.error != UCS_OK) {
-      result = UcxError("get", win.error);
-    } else if (win.done < n) {
-      result = absl::DeadlineExceededError(
-          absl::StrCat("UCX pull: ", std::min(length, win.done * o.chunk_bytes), " of ", length,
-                       " bytes after ", o.timeout.count(), " ms"));
+    while (next < win.chunks && win.state[next] == 2) ++next;
+    if (win.error != UCS_OK || !win.refused.ok()) break;
+    if (ucp_worker_progress(w) == 0) std::this_thread::yield();
+    if (o.after_chunk && win.done > reported) {
+      reported = win.done;
+      o.after_chunk(std::min(length, reported * o.chunk_bytes));
     }
+    if (win.busy) {
+      win.busy = false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) break;
   }
-  // A failed pull closes its endpoint by force, which completes the gets still outstanding
-  // (with an error); a good one flushes and closes. Either way no callback may run after the
-  // window is gone: wait for all of them (bounded: a forced close does not wait on the peer).
+  absl::Status result;
+  if (!win.refused.ok()) {
+    result = win.refused;
+  } else if (win.error != UCS_OK) {
+    result = UcxError("pull", win.error);
+  } else if (win.done < win.chunks) {
+    result = absl::DeadlineExceededError(
+        absl::StrCat("UCX pull: ", std::min(length, win.done * o.chunk_bytes), " of ", length,
+                     " bytes after ", o.timeout.count(), " ms"));
+  }
+  // A failed pull closes its endpoint by force, which completes the sends still outstanding
+  // (with an error); a good one flushes and closes. Either way no callback may touch the
+  // window once it is gone: wait for the sends (bounded), and stop taking replies.
   ucp_request_param_t cp{};
   cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   cp.flags = result.ok() ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
-  if (rk != nullptr && result.ok()) ucp_rkey_destroy(std::exchange(rk, nullptr));
   const auto close_until =
       std::max(deadline, std::chrono::steady_clock::now()) + std::chrono::seconds(5);
   const ucs_status_t closed = s_->Wait(ucp_ep_close_nbx(ep, &cp), close_until);
-  while (win.done < posted && std::chrono::steady_clock::now() < close_until) {
+  while (win.sends > 0 && std::chrono::steady_clock::now() < close_until) {
     if (ucp_worker_progress(w) == 0) std::this_thread::yield();
   }
-  if (rk != nullptr) ucp_rkey_destroy(rk);
-  if (local != nullptr) (void)ucp_mem_unmap(s_->ctx, local);
+  s_->current = nullptr;
   if (result.ok() && closed != UCS_OK && closed != UCS_ERR_CONNECTION_RESET &&
       closed != UCS_ERR_ENDPOINT_TIMEOUT && closed != UCS_ERR_CANCELED) {
     result = UcxError("ucp_ep_close_nbx", closed);

@@ -1,21 +1,26 @@
 // Segment bytes between node daemons over UCX (UCP, Debian's UCX 1.13: TCP, shared memory,
-// verbs), the transport of peer fill (issue 30, docs/peer-fill.md). The serving daemon
-// registers the memory it may serve (ucp_mem_map of an existing mapping) and hands out, through
-// the peer API, its worker's address and one packed remote key per region; the filling daemon
-// connects to that worker and pulls a region with RMA gets in chunks, a window of them in
-// flight, into memory it owns. No listener or port of its own: the worker address carries the
-// interfaces to connect to.
+// verbs), the transport of peer fill (issue 30, docs/peer-fill.md). The serving daemon exposes
+// the memory it may serve; each region gets a random 16-byte token, handed out through the
+// peer API (mutual TLS) with the server worker's address. The filling daemon connects to that
+// worker and asks for a region's bytes in chunks, a window of them in flight, naming the token;
+// the server answers each request with a copy of the bytes it names (active messages), and
+// only from an exposed region, inside its bounds.
+//
+// Why not RMA gets (the first version): over TCP, UCX does not confine gets to registered
+// memory. A peer's get reads any address of a worker that enables RMA, with the key of any
+// region or one it packed itself, and still reads after the region is unregistered (measured:
+// docs/peer-fill.md, "Why the transport is not RMA over TCP"). The serving worker here enables
+// active messages only: a forged get finds no handler and is dropped
+// (UcxTransferTest.AForgedGetIsNeverAnswered).
 //
 // Failure is an answer, never a hang: endpoints use UCP_ERR_HANDLING_MODE_PEER (a serving
-// process that dies fails the outstanding gets), and every pull has a deadline (a serving
-// process that stops answering, or a network that drops everything, ends the pull with
-// DEADLINE_EXCEEDED). Over TCP the server's worker must progress to answer gets: UcxServer
-// does on its own thread, asleep on the worker's event descriptor when idle.
+// process that dies fails the outstanding requests), and every pull has a deadline (a serving
+// process that stops answering ends the pull with DEADLINE_EXCEEDED). The server's worker
+// progresses on its own thread, asleep on the worker's event descriptor when idle.
 //
 // Thread-safety: UcxServer's methods may be called from any thread. A UcxPuller serves one
-// Pull at a time (calls are serialized). Lifetimes: memory registered with Expose must stay
-// mapped until Unexpose returns; a UcxServer must outlive nothing of the peers (a peer that
-// pulls from a destroyed server gets an error).
+// Pull at a time (calls are serialized). Lifetimes: memory exposed with Expose must stay
+// mapped until Unexpose returns (replies are copies made under the server's lock).
 #pragma once
 
 #include <chrono>
@@ -28,31 +33,37 @@
 
 namespace weightcache::peer {
 
-// A registered region as a peer sees it: where it is in the server's address space and the
-// packed remote key that lets the peer's endpoint read it.
+// An exposed region as a peer sees it: its length and the token a request must name.
 struct ExposedRegion {
   uint64_t id = 0;  // for Unexpose
-  uint64_t address = 0;
   uint64_t length = 0;
-  std::string rkey;  // ucp_rkey_pack's bytes
+  std::string token;  // kTokenBytes random bytes (getrandom)
 };
+inline constexpr size_t kTokenBytes = 16;
+// The largest chunk one request may ask for (a reply is a copy of this size at most).
+inline constexpr uint64_t kMaxChunkBytes = 16ull << 20;
 
 class UcxServer {
  public:
-  // A UCP context and worker with their progress thread. UNAVAILABLE naming the UCX call when
-  // UCX cannot start (no transport; UCX_TLS honoured).
-  static absl::StatusOr<std::unique_ptr<UcxServer>> Start();
+  // A UCP context (active messages only) and worker with their progress thread. UNAVAILABLE
+  // naming the UCX call when UCX cannot start (no transport; UCX_TLS honoured).
+  // `max_reply_bytes`: bytes of reply copies in flight at once, over all peers; a request
+  // past it is answered "busy" and asked again by the puller.
+  static absl::StatusOr<std::unique_ptr<UcxServer>> Start(uint64_t max_reply_bytes = 256ull << 20);
   ~UcxServer();
   UcxServer(const UcxServer&) = delete;
   UcxServer& operator=(const UcxServer&) = delete;
 
   // The worker's address (ucp_worker_get_address): what a peer connects to.
   const std::string& worker_address() const;
-  // Registers [base, base + length) for remote reads.
+  // Serves [base, base + length) to requests naming the returned token.
   absl::StatusOr<ExposedRegion> Expose(const void* base, uint64_t length);
-  // Unregisters; NOT_FOUND for an unknown id. Gets in flight on it fail.
+  // Stops serving it (later requests are refused; no reply reads it after this returns);
+  // NOT_FOUND for an unknown id.
   absl::Status Unexpose(uint64_t id);
   size_t exposed() const;
+  // Requests answered "busy" so far (replies in flight were at max_reply_bytes).
+  uint64_t busy_replies() const;
 
  private:
   struct State;
@@ -61,11 +72,12 @@ class UcxServer {
 };
 
 struct PullOptions {
-  uint64_t chunk_bytes = 4ull << 20;  // docs/peer-fill.md: 1-4 MiB x 1-4 in flight on TCP
+  uint64_t chunk_bytes = 4ull << 20;  // at most kMaxChunkBytes
   unsigned inflight = 4;
   std::chrono::milliseconds timeout{30000};  // the whole pull
-  // Tests only: called after each chunk completed with the bytes done so far (to kill or
-  // stop the serving process at a known point). Null in production.
+  // Tests only: called after each chunk completed with the chunks done so far times
+  // chunk_bytes, capped at the length (to kill or stop the serving process at a known point).
+  // Null in production.
   std::function<void(uint64_t done)> after_chunk;
 };
 
@@ -76,13 +88,14 @@ class UcxPuller {
   UcxPuller(const UcxPuller&) = delete;
   UcxPuller& operator=(const UcxPuller&) = delete;
 
-  // Reads [remote_address, remote_address + length) of the region whose key is `rkey` at the
-  // worker `worker_address` into dst. INVALID_ARGUMENT for an address or key UCX cannot
-  // unpack; UNAVAILABLE naming the UCX status when the peer is unreachable or goes away;
-  // DEADLINE_EXCEEDED past options.timeout. dst's contents are unspecified after an error.
-  absl::Status Pull(const std::string& worker_address, const std::string& rkey,
-                    uint64_t remote_address, void* dst, uint64_t length,
-                    const PullOptions& options);
+  // Reads [offset, offset + length) of the region whose token is `token` at the worker
+  // `worker_address` into dst. INVALID_ARGUMENT for bad arguments; NOT_FOUND when the server
+  // does not expose such a region (a wrong token, or unexposed meanwhile); OUT_OF_RANGE past
+  // the region's end; UNAVAILABLE naming the UCX status when the peer is unreachable or goes
+  // away; DEADLINE_EXCEEDED past options.timeout. dst's contents are unspecified after an
+  // error.
+  absl::Status Pull(const std::string& worker_address, const std::string& token, uint64_t offset,
+                    void* dst, uint64_t length, const PullOptions& options);
 
  private:
   struct State;

@@ -1,15 +1,20 @@
-// The peer-fill transport on this machine, over TCP (UCX_TLS=tcp): every byte pulled; a serving
-// process SIGKILLed or stopped mid-pull ends the pull with an error at once or at its deadline,
-// never a hang; bad input named.
+// The peer-fill transport on this machine, over TCP (UCX_TLS=tcp): every byte pulled; only
+// exposed bytes served (a wrong token, a range past the end, an unexposed region refused; a
+// forged RMA get never answered); a serving process SIGKILLed or stopped mid-pull ends the
+// pull with an error at once or at its deadline, never a hang; a puller killed mid-pull costs
+// the server nothing; bad input named.
 #include "pkg/peer/ucx_transfer.h"
 
 #include <signal.h>
 #include <sys/wait.h>
+#include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -43,18 +48,16 @@ TEST_F(UcxTransferTest, PullsEveryByteOfARegionAndOfAPartOfIt) {
   o.chunk_bytes = 1ull << 20;
   o.inflight = 3;
   std::vector<uint64_t> dst(src.size(), 0);
-  ASSERT_TRUE((*puller)
-                  ->Pull((*server)->worker_address(), region->rkey, region->address, dst.data(),
-                         region->length, o)
-                  .ok());
+  ASSERT_TRUE(
+      (*puller)
+          ->Pull((*server)->worker_address(), region->token, 0, dst.data(), region->length, o)
+          .ok());
   EXPECT_EQ(dst, src);
   // A part: 5 MiB + 8 bytes from offset 3 MiB - 8, not a multiple of the chunk.
   const uint64_t off = (3ull << 20) - 8, len = (5ull << 20) + 8;
   std::vector<uint64_t> part(len / 8, 0);
-  ASSERT_TRUE((*puller)
-                  ->Pull((*server)->worker_address(), region->rkey, region->address + off,
-                         part.data(), len, o)
-                  .ok());
+  ASSERT_TRUE(
+      (*puller)->Pull((*server)->worker_address(), region->token, off, part.data(), len, o).ok());
   EXPECT_TRUE(std::equal(part.begin(), part.end(), src.begin() + off / 8));
   EXPECT_TRUE((*server)->Unexpose(region->id).ok());
   EXPECT_EQ((*server)->Unexpose(region->id).code(), absl::StatusCode::kNotFound);
@@ -65,24 +68,141 @@ TEST_F(UcxTransferTest, BadInputIsNamed) {
   auto puller = UcxPuller::Create();
   ASSERT_TRUE(puller.ok());
   char buf[8];
-  auto s = (*puller)->Pull("", "key", 0, buf, 8, PullOptions{});
+  auto s = (*puller)->Pull("", std::string(kTokenBytes, 't'), 0, buf, 8, PullOptions{});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s.message(), "UCX pull: no worker address or remote key");
+  EXPECT_EQ(s.message(), "UCX pull: no worker address, or a token of 16 bytes (not 16)");
+  EXPECT_EQ((*puller)->Pull("a", "short", 0, buf, 8, PullOptions{}).message(),
+            "UCX pull: no worker address, or a token of 5 bytes (not 16)");
   PullOptions zero;
   zero.inflight = 0;
-  EXPECT_EQ((*puller)->Pull("a", "k", 0, buf, 8, zero).code(), absl::StatusCode::kInvalidArgument);
+  const std::string token(kTokenBytes, 't');
+  EXPECT_EQ((*puller)->Pull("a", token, 0, buf, 8, zero).message(),
+            "UCX pull: chunk_bytes must be in 1..16777216 and inflight positive");
+  PullOptions huge;
+  huge.chunk_bytes = kMaxChunkBytes + 1;
+  EXPECT_EQ((*puller)->Pull("a", token, 0, buf, 8, huge).code(),
+            absl::StatusCode::kInvalidArgument);
   auto server = UcxServer::Start();
   ASSERT_TRUE(server.ok());
   EXPECT_EQ((*server)->Expose(nullptr, 8).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(UcxTransferTest, OnlyExposedBytesAreServed) {
+  const std::vector<uint64_t> src = Pattern(1ull << 20);
+  auto server = UcxServer::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto region = (*server)->Expose(src.data(), src.size() * 8);
+  ASSERT_TRUE(region.ok());
+  auto other = (*server)->Expose(src.data(), 4096);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(region->token, other->token);
+  auto puller = UcxPuller::Create();
+  ASSERT_TRUE(puller.ok());
+  const std::string& at = (*server)->worker_address();
+  PullOptions o;
+  o.timeout = std::chrono::seconds(20);
+  std::vector<char> dst(2 << 20);
+  std::string wrong = region->token;
+  wrong[0] = static_cast<char>(wrong[0] ^ 1);
+  auto s = (*puller)->Pull(at, wrong, 0, dst.data(), 4096, o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_EQ(s.message(),
+            "UCX pull: the server exposes no region with that token (unexposed, or never)");
+  // Past the end, by one byte, and far (an offset that would wrap around).
+  s = (*puller)->Pull(at, other->token, 1, dst.data(), 4096, o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_EQ(s.message(), "UCX pull: bytes [1, 4097) are outside the region");
+  EXPECT_EQ((*puller)->Pull(at, region->token, ~uint64_t{0} - 100, dst.data(), 4096, o).code(),
+            absl::StatusCode::kOutOfRange);
+  // A good pull still works on the same puller, then not once unexposed.
+  ASSERT_TRUE((*puller)->Pull(at, other->token, 0, dst.data(), 4096, o).ok());
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), 4096), 0);
+  ASSERT_TRUE((*server)->Unexpose(other->id).ok());
+  EXPECT_EQ((*puller)->Pull(at, other->token, 0, dst.data(), 4096, o).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE((*puller)->Pull(at, region->token, 0, dst.data(), 8, o).ok());
+}
+
+// Over TCP, UCX confines no RMA get to registered memory: a worker with RMA on answers a get
+// of any address, with a key the asker packed from its own memory (docs/peer-fill.md). The
+// serving worker has active messages only, so such a get is never answered.
+char secret_bytes[64] = "this process's private key";
+
+TEST_F(UcxTransferTest, AForgedGetIsNeverAnswered) {
+  auto server = UcxServer::Start();
+  ASSERT_TRUE(server.ok());
+  ucp_config_t* config = nullptr;
+  ASSERT_EQ(ucp_config_read(nullptr, nullptr, &config), UCS_OK);
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_RMA;
+  ucp_context_h ctx = nullptr;
+  ASSERT_EQ(ucp_init(&params, config, &ctx), UCS_OK);
+  ucp_config_release(config);
+  ucp_worker_params_t wp{};
+  ucp_worker_h worker = nullptr;
+  ASSERT_EQ(ucp_worker_create(ctx, &wp, &worker), UCS_OK);
+  ucp_ep_params_t ep_params{};
+  ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  ep_params.address = reinterpret_cast<const ucp_address_t*>((*server)->worker_address().data());
+  ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ucp_ep_h ep = nullptr;
+  ASSERT_EQ(ucp_ep_create(worker, &ep_params, &ep), UCS_OK);
+  // A key of the attacker's own memory.
+  static char mine[4096];
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  mp.address = mine;
+  mp.length = sizeof mine;
+  ucp_mem_h memh = nullptr;
+  ASSERT_EQ(ucp_mem_map(ctx, &mp, &memh), UCS_OK);
+  void* packed = nullptr;
+  size_t packed_len = 0;
+  ASSERT_EQ(ucp_rkey_pack(ctx, memh, &packed, &packed_len), UCS_OK);
+  ucp_rkey_h rkey = nullptr;
+  ASSERT_EQ(ucp_ep_rkey_unpack(ep, packed, &rkey), UCS_OK);
+  ucp_rkey_buffer_release(packed);
+  char got[64] = {};
+  ucp_request_param_t rp{};
+  const ucs_status_ptr_t r =
+      ucp_get_nbx(ep, got, 32, reinterpret_cast<uint64_t>(secret_bytes), rkey, &rp);
+  ucs_status_t status = UCS_PTR_IS_ERR(r) ? UCS_PTR_STATUS(r) : UCS_OK;
+  if (r != nullptr && !UCS_PTR_IS_ERR(r)) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while ((status = ucp_request_check_status(r)) == UCS_INPROGRESS &&
+           std::chrono::steady_clock::now() < until) {
+      ucp_worker_progress(worker);
+    }
+  }
+  EXPECT_NE(status, UCS_OK) << "a get of an unexposed address completed";
+  EXPECT_EQ(std::string(got), "");
+  // Closing by force completes the get (with an error); bounded, in case it does not.
+  ucp_request_param_t cp{};
+  cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  const ucs_status_ptr_t c = ucp_ep_close_nbx(ep, &cp);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  auto pending = [](ucs_status_ptr_t q) {
+    return q != nullptr && !UCS_PTR_IS_ERR(q) && ucp_request_check_status(q) == UCS_INPROGRESS;
+  };
+  while ((pending(r) || pending(c)) && std::chrono::steady_clock::now() < until) {
+    ucp_worker_progress(worker);
+  }
+  ASSERT_FALSE(pending(r) || pending(c)) << "the forced close did not end the get";
+  if (r != nullptr && !UCS_PTR_IS_ERR(r)) ucp_request_free(r);
+  if (c != nullptr && !UCS_PTR_IS_ERR(c)) ucp_request_free(c);
+  ucp_rkey_destroy(rkey);
+  (void)ucp_mem_unmap(ctx, memh);
+  ucp_worker_destroy(worker);
+  ucp_cleanup(ctx);
+}
+
 // A serving process of its own, forked before this process starts UCX: it exposes `bytes`
-// of the pattern and writes {address length, address, rkey length, rkey, region address} to
-// the pipe, then serves until killed.
+// of the pattern and writes {address length, address, token} to the pipe, then serves until
+// killed.
 struct Child {
   pid_t pid = -1;
-  std::string address, rkey;
-  uint64_t region = 0;
+  std::string address, token;
 };
 
 bool ReadAll(int fd, void* p, size_t n) {
@@ -108,25 +228,22 @@ Child ServeInChild(uint64_t bytes) {
     auto r = (*server)->Expose(src.data(), bytes);
     if (!r.ok()) ::_exit(4);
     const std::string& a = (*server)->worker_address();
-    const uint64_t al = a.size(), rl = r->rkey.size();
+    const uint64_t al = a.size();
     std::string msg;
-    msg.append(reinterpret_cast<const char*>(&al), 8).append(a);
-    msg.append(reinterpret_cast<const char*>(&rl), 8).append(r->rkey);
-    msg.append(reinterpret_cast<const char*>(&r->address), 8);
+    msg.append(reinterpret_cast<const char*>(&al), 8).append(a).append(r->token);
     if (::write(fds[1], msg.data(), msg.size()) != static_cast<ssize_t>(msg.size())) ::_exit(5);
     while (true) ::pause();
   }
   ::close(fds[1]);
   Child c;
   c.pid = pid;
-  uint64_t al = 0, rl = 0;
+  uint64_t al = 0;
   if (ReadAll(fds[0], &al, 8)) {
     c.address.resize(al);
-    ReadAll(fds[0], c.address.data(), al);
-    ReadAll(fds[0], &rl, 8);
-    c.rkey.resize(rl);
-    ReadAll(fds[0], c.rkey.data(), rl);
-    ReadAll(fds[0], &c.region, 8);
+    c.token.resize(kTokenBytes);
+    if (!ReadAll(fds[0], c.address.data(), al) || !ReadAll(fds[0], c.token.data(), kTokenBytes)) {
+      c.address.clear();
+    }
   }
   ::close(fds[0]);
   return c;
@@ -158,8 +275,7 @@ class UcxChildTest : public UcxTransferTest {
     if (child_.pid > 0) Reap(child_.pid);
   }
   absl::Status Pull() {
-    return puller_->Pull(child_.address, child_.rkey, child_.region, dst_.data(), kChildBytes,
-                         options_);
+    return puller_->Pull(child_.address, child_.token, 0, dst_.data(), kChildBytes, options_);
   }
   Child child_;
   std::unique_ptr<UcxPuller> puller_;
@@ -181,7 +297,7 @@ TEST_F(UcxChildTest, AServerKilledMidPullFailsThePullAtOnce) {
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_GT(at_kill, 0u);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-  EXPECT_NE(s.message().find("UCX "), std::string::npos) << s;
+  EXPECT_NE(s.message().find("UCX pull: "), std::string::npos) << s;
   // What bounds it: UCX noticing the closed TCP connection, not the 60 s deadline.
   EXPECT_LT(took, 30.0) << s;
   // The bytes before the kill arrived intact.
@@ -202,6 +318,60 @@ TEST_F(UcxChildTest, AServerThatStopsAnsweringEndsThePullAtItsDeadline) {
   EXPECT_TRUE(stopped);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_NE(s.message().find("of 67108864 bytes after 3000 ms"), std::string::npos) << s;
+}
+
+// A puller of its own, forked before this process starts UCX: reads {address length,
+// address, token} from the pipe, then pulls the region again and again until killed.
+pid_t PullInChild(int* to_child, uint64_t bytes) {
+  int fds[2];
+  if (::pipe(fds) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[1]);
+    uint64_t al = 0;
+    if (!ReadAll(fds[0], &al, 8)) ::_exit(3);
+    std::string address(al, '\0'), token(kTokenBytes, '\0');
+    if (!ReadAll(fds[0], address.data(), al) || !ReadAll(fds[0], token.data(), kTokenBytes)) {
+      ::_exit(4);
+    }
+    auto puller = UcxPuller::Create();
+    if (!puller.ok()) ::_exit(5);
+    std::vector<char> dst(bytes);
+    while (true) (void)(*puller)->Pull(address, token, 0, dst.data(), bytes, PullOptions{});
+  }
+  ::close(fds[0]);
+  *to_child = fds[1];
+  return pid;
+}
+
+TEST_F(UcxTransferTest, APullerKilledMidPullCostsTheServerNothing) {
+  constexpr uint64_t kBytes = 64ull << 20;
+  int to_child = -1;
+  const pid_t child = PullInChild(&to_child, kBytes);
+  ASSERT_GT(child, 0);
+  const std::vector<uint64_t> src = Pattern(kBytes);
+  auto server = UcxServer::Start();
+  ASSERT_TRUE(server.ok());
+  auto region = (*server)->Expose(src.data(), kBytes);
+  ASSERT_TRUE(region.ok());
+  const std::string& a = (*server)->worker_address();
+  const uint64_t al = a.size();
+  std::string msg;
+  msg.append(reinterpret_cast<const char*>(&al), 8).append(a).append(region->token);
+  ASSERT_EQ(::write(to_child, msg.data(), msg.size()), static_cast<ssize_t>(msg.size()));
+  ::close(to_child);
+  // Let it pull for a while (64 MiB takes tens of milliseconds or more), then kill it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  Reap(child);
+  // The server still serves, byte-exact.
+  auto puller = UcxPuller::Create();
+  ASSERT_TRUE(puller.ok());
+  std::vector<uint64_t> dst(src.size(), 0);
+  PullOptions o;
+  o.timeout = std::chrono::seconds(60);
+  const absl::Status s = (*puller)->Pull(a, region->token, 0, dst.data(), kBytes, o);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(dst, src);
 }
 
 }  // namespace
