@@ -51,6 +51,19 @@ absl::StatusOr<ucp_worker_h> MakeWorker(ucp_context_h ctx, ucs_thread_mode_t mod
   return w;
 }
 
+absl::Status SetHandler(ucp_worker_h w, uint16_t id, ucp_am_recv_callback_t cb, void* arg) {
+  ucp_am_handler_param_t p{};
+  p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                 UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  p.id = id;
+  p.cb = cb;
+  p.arg = arg;
+  if (ucs_status_t s = ucp_worker_set_am_recv_handler(w, &p); s != UCS_OK) {
+    return UcxError("ucp_worker_set_am_recv_handler", s);
+  }
+  return absl::OkStatus();
+}
+
 // The wire: a request names a region by token and a byte range; the reply carries the status
 // and, when it is kOk, exactly the bytes asked for. Both sides run on one machine type (x86-64
 // little-endian daemons of one fleet); the structs are packed by hand to fixed sizes.
@@ -236,15 +249,8 @@ absl::StatusOr<std::unique_ptr<UcxServer>> UcxServer::Start(uint64_t max_reply_b
   auto w = MakeWorker(s->ctx, UCS_THREAD_MODE_MULTI);
   if (!w.ok()) return w.status();
   s->worker = *w;
-  ucp_am_handler_param_t hp{};
-  hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                  UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  hp.id = kReadRequestId;
-  hp.cb = &State::OnRequest;
-  hp.arg = s.get();
-  if (ucs_status_t st = ucp_worker_set_am_recv_handler(s->worker, &hp); st != UCS_OK) {
-    return UcxError("ucp_worker_set_am_recv_handler", st);
-  }
+  if (absl::Status st = SetHandler(s->worker, kReadRequestId, &State::OnRequest, s.get()); !st.ok())
+    return st;
   ucp_address_t* addr = nullptr;
   size_t len = 0;
   if (ucs_status_t st = ucp_worker_get_address(s->worker, &addr, &len); st != UCS_OK) {
@@ -433,15 +439,8 @@ absl::StatusOr<std::unique_ptr<UcxPuller>> UcxPuller::Create() {
   auto w = MakeWorker(s->ctx, UCS_THREAD_MODE_SINGLE);
   if (!w.ok()) return w.status();
   s->worker = *w;
-  ucp_am_handler_param_t hp{};
-  hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                  UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  hp.id = kReadReplyId;
-  hp.cb = &State::OnReply;
-  hp.arg = s.get();
-  if (ucs_status_t st = ucp_worker_set_am_recv_handler(s->worker, &hp); st != UCS_OK) {
-    return UcxError("ucp_worker_set_am_recv_handler", st);
-  }
+  if (absl::Status st = SetHandler(s->worker, kReadReplyId, &State::OnReply, s.get()); !st.ok())
+    return st;
   return std::unique_ptr<UcxPuller>(new UcxPuller(std::move(s)));
 }
 
