@@ -41,7 +41,7 @@ RUN set -eux; \
       g++ cmake ninja-build pkg-config \
       libabsl-dev libxxhash-dev libprotobuf-dev protobuf-compiler libgrpc++-dev \
       protobuf-compiler-grpc nlohmann-json3-dev libyaml-cpp-dev libssl-dev prometheus-cpp-dev \
-      libcpp-httplib-dev $cuda; \
+      libcpp-httplib-dev libucx-dev $cuda; \
     rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -71,7 +71,7 @@ RUN set -eux; \
     apt-get update; \
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libabsl20220623 libcivetweb1 libcpp-httplib0.11 libgrpc++1.51 libprometheus-cpp-core1.0 \
-      libprotobuf32 libssl3 libyaml-cpp0.7 ca-certificates; \
+      libprotobuf32 libssl3 libucx0 libyaml-cpp0.7 ca-certificates; \
     rm -rf /var/lib/apt/lists/*; \
     useradd --system --uid 65532 --no-create-home --shell /usr/sbin/nologin weightcache
 # Every GPU of the node, for the daemon (it has no nvidia.com/gpu request).

@@ -11,7 +11,7 @@ set -euo pipefail
 packages=(cmake ninja-build g++ pkg-config
           libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
           libabsl-dev libxxhash-dev libgtest-dev libgmock-dev nlohmann-json3-dev libyaml-cpp-dev libssl-dev
-          prometheus-cpp-dev libcpp-httplib-dev)
+          prometheus-cpp-dev libcpp-httplib-dev libucx-dev)
 if [[ "${1:-}" == "--test" ]]; then
   # openssl, curl, python3-jsonpatch: tests/kube/webhook-test.sh (certificates, HTTPS, an
   # independent RFC 6902 implementation to apply the webhook's patches).
@@ -23,9 +23,9 @@ if [[ "${1:-}" == "--test" ]]; then
              python3-numpy python3-pytest python3-grpcio)
   # bench/plot_benchmarks.py (the plots of docs/benchmarks.md) and its test.
   packages+=(python3-matplotlib)
-  # bench/ucx_transfer_bench and ctest ucx_transfer_smoke (issue 30's peer-fill transport);
-  # ucx-utils: ucx_info and ucx_perftest, for comparison.
-  packages+=(libucx-dev ucx-utils)
+  # ucx-utils: ucx_info and ucx_perftest, to compare with bench/ucx_transfer_bench (issue 30's
+  # peer-fill transport; libucx-dev itself is a build dependency above).
+  packages+=(ucx-utils)
   # The image job (tests/image/image-test.sh): a bookworm rootfs from the Debian mirror, podman
   # to build and run the image (runc: crun cannot run on hybrid cgroup v1/v2 hosts).
   packages+=(mmdebstrap podman runc)

@@ -143,6 +143,9 @@ ABSL_FLAG(std::string, scrub_bandwidth, "50GB",
 ABSL_FLAG(std::string, peer_listen, "",
           "Peer fill (issue 30): host:port where other nodes' daemons reach this one's peer API "
           "(gRPC on TCP, mutual TLS: --peer_tls_*); e.g. 0.0.0.0:7443. Empty: off");
+ABSL_FLAG(int, peer_transfer_hold_seconds, 120,
+          "Peer API: how long a peer's pull keeps an entry's segments exposed (and its memory "
+          "held, even if evicted meanwhile); each Describe that asks for a transfer renews it");
 ABSL_FLAG(std::string, peer_tls_cert_file, "/etc/weightcache-peer/tls.crt",
           "Peer API: this daemon's PEM certificate, signed by the fleet CA (--peer_tls_ca_file)");
 ABSL_FLAG(std::string, peer_tls_key_file, "/etc/weightcache-peer/tls.key",
@@ -229,6 +232,12 @@ int Run() {
   opts.peer.tls = {absl::GetFlag(FLAGS_peer_tls_cert_file), absl::GetFlag(FLAGS_peer_tls_key_file),
                    absl::GetFlag(FLAGS_peer_tls_ca_file),
                    absl::GetFlag(FLAGS_peer_tls_server_name)};
+  opts.peer.transfer_hold = std::chrono::seconds(absl::GetFlag(FLAGS_peer_transfer_hold_seconds));
+  if (opts.peer.transfer_hold <= std::chrono::milliseconds(0)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--peer_transfer_hold_seconds=", absl::GetFlag(FLAGS_peer_transfer_hold_seconds),
+        ": must be positive")));
+  }
   if (!opts.peer.listen.empty()) {
     if (auto tls = peer::ReadTls(opts.peer.tls); !tls.ok()) {
       return Fail(absl::InvalidArgumentError(

@@ -16,11 +16,13 @@ std::unique_ptr<PeerClient> PeerClient::Make(const std::string& address, const T
 }
 
 absl::StatusOr<v1::PeerDescribeResponse> PeerClient::Describe(const std::string& fingerprint,
-                                                              std::chrono::milliseconds timeout) {
+                                                              std::chrono::milliseconds timeout,
+                                                              bool transfer) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + timeout);
   v1::PeerDescribeRequest req;
   req.set_fingerprint(fingerprint);
+  req.set_transfer(transfer);
   v1::PeerDescribeResponse resp;
   const grpc::Status s = stub_->Describe(&ctx, req, &resp);
   if (s.ok()) return resp;

@@ -23,9 +23,11 @@ class PeerClient {
   // NOT_FOUND when the peer does not hold `fingerprint` ready (or will not serve it);
   // UNAVAILABLE naming the address when it cannot be reached or the TLS handshake fails
   // (either side's certificate not signed by the CA, or the server's not for server_name);
-  // DEADLINE_EXCEEDED after `timeout`.
+  // DEADLINE_EXCEEDED after `timeout`. With `transfer`, the peer also exposes the segments
+  // for a pull (PeerDescribeResponse.transfer).
   absl::StatusOr<v1::PeerDescribeResponse> Describe(const std::string& fingerprint,
-                                                    std::chrono::milliseconds timeout);
+                                                    std::chrono::milliseconds timeout,
+                                                    bool transfer = false);
 
   const std::string& address() const { return address_; }
 

@@ -372,6 +372,7 @@ void Daemon::Impl::Teardown() {
     if (peer_grpc_) {
       peer_grpc_->Shutdown(std::chrono::system_clock::now() + options_.shutdown_grace);
       peer_grpc_->Wait();
+      peer_exposures_.reset();  // no Describe runs now; pulls in flight fail at the peers
       step("peer API");
     }
     if (grpc_) {

@@ -66,6 +66,9 @@ struct NamespaceRulesOptions {
 struct PeerOptions {
   std::string listen;  // "host:port" ("0.0.0.0:7443"; port 0: any free one, Daemon::peer_port)
   peer::TlsFiles tls;
+  // How long a Describe that asks for a transfer keeps the segments exposed (and the
+  // content alive); each such Describe renews it. A pull longer than this asks again.
+  std::chrono::milliseconds transfer_hold{120000};
 };
 
 struct DaemonOptions {

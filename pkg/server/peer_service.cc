@@ -11,6 +11,7 @@
 #include <climits>
 
 #include "absl/strings/str_cat.h"
+#include "pkg/peer/ucx_transfer.h"
 #include "pkg/server/internal/daemon_impl.h"
 #include "pkg/server/internal/grpc_status.h"
 #include "pkg/server/internal/keeper_record.h"
@@ -33,15 +34,16 @@ class PeerService final : public v1::WeightCachePeer::Service {
 
   grpc::Status Describe(grpc::ServerContext* ctx, const v1::PeerDescribeRequest* req,
                         v1::PeerDescribeResponse* resp) override {
-    auto r = impl_->DescribeForPeer(req->fingerprint());
+    auto r = impl_->DescribeForPeer(req->fingerprint(), req->transfer());
     if (!r.ok()) {
       WC_LOG_INFO("peer %s: describe %s: %s", ctx->peer(), req->fingerprint().substr(0, 12),
                   std::string(r.status().message()));
       return ToGrpc(ctx, r.status());
     }
-    WC_LOG_INFO("peer %s: described %s (%s, %.1f MiB)", ctx->peer(),
+    WC_LOG_INFO("peer %s: described %s (%s, %.1f MiB%s)", ctx->peer(),
                 req->fingerprint().substr(0, 12), r->source(),
-                static_cast<double>(r->total_bytes()) / (1 << 20));
+                static_cast<double>(r->total_bytes()) / (1 << 20),
+                req->transfer() ? ", exposed for a pull" : "");
     *resp = std::move(r).value();
     return grpc::Status::OK;
   }
@@ -53,7 +55,7 @@ class PeerService final : public v1::WeightCachePeer::Service {
 }  // namespace
 
 absl::StatusOr<v1::PeerDescribeResponse> Daemon::Impl::DescribeForPeer(
-    const std::string& fingerprint) {
+    const std::string& fingerprint, bool transfer) {
   if (fingerprint.empty()) return absl::InvalidArgumentError("fingerprint is empty");
   for (const auto& e : registry_.FindAll(fingerprint)) {
     if (!e->inputs.env.tenant.empty() || e->source == "publish") continue;
@@ -68,6 +70,9 @@ absl::StatusOr<v1::PeerDescribeResponse> Daemon::Impl::DescribeForPeer(
     resp.set_node(HostName());
     resp.set_source(e->source);
     resp.set_total_bytes((*content)->resident_bytes());
+    if (transfer) {
+      WC_RETURN_IF_ERROR(peer_exposures_->Expose(*std::move(content), resp.mutable_transfer()));
+    }
     return resp;
   }
   return absl::NotFoundError(
@@ -78,6 +83,16 @@ absl::Status Daemon::Impl::StartPeerServer() {
   const PeerOptions& o = options_.peer;
   if (o.listen.empty()) return absl::OkStatus();
   WC_ASSIGN_OR_RETURN(peer::TlsMaterial tls, peer::ReadTls(o.tls));
+  // UCX failing to start costs the transfers, not the daemon: records are still described,
+  // and a pull is refused naming the reason.
+  auto ucx = peer::UcxServer::Start();
+  std::string why;
+  if (!ucx.ok()) {
+    why = std::string(ucx.status().message());
+    WC_LOG_WARN("peer API: no transfers: %s", why);
+  }
+  peer_exposures_ = std::make_unique<PeerExposures>(ucx.ok() ? *std::move(ucx) : nullptr, why,
+                                                    backend_->kind(), o.transfer_hold);
   peer_service_ = std::make_unique<PeerService>(this);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(o.listen, peer::ServerCredentials(tls), &peer_port_);

@@ -1,11 +1,16 @@
 // The peer API (issue 30) in process: a daemon on the host backend serving it on loopback
 // TCP with mutual TLS; callers with the fleet's certificates, with another CA's, without a
-// certificate and without TLS.
+// certificate and without TLS; transfers: every segment pulled over UCX (TCP) byte-equal to
+// what engines map, exposures that lapse, and a daemon whose UCX did not start.
 #include <grpcpp/grpcpp.h>
+
+#include <cstring>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "pkg/peer/client.h"
 #include "pkg/peer/testing/test_ca.h"
+#include "pkg/peer/ucx_transfer.h"
 #include "pkg/server/internal/keeper_record.h"
 #include "pkg/server/testing/in_process_daemon.h"
 #include "weightcache/v1/peer.grpc.pb.h"
@@ -28,9 +33,10 @@ class PeerServiceTest : public testing::DaemonInProcessTest {
     server_files_ = {server->cert_file, server->key_file, fleet_ca_};
     client_files_ = {client->cert_file, client->key_file, fleet_ca_};
   }
-  void StartWithPeerApi() {
+  void StartWithPeerApi(std::chrono::milliseconds hold = std::chrono::seconds(120)) {
     DaemonOptions o;
     o.peer.listen = "127.0.0.1:0";
+    o.peer.transfer_hold = hold;
     o.peer.tls = server_files_;
     Start(std::move(o));
     ASSERT_GT(daemon_->peer_port(), 0);
@@ -152,6 +158,92 @@ TEST_F(PeerServiceTest, ABadTlsFileStopsTheStartAndIsNamed) {
   auto d = Daemon::Start(std::move(o), backend_.get());
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().message(), "peer TLS key " + (dir_ / "nope.key") + ": cannot be read");
+}
+
+class PeerTransferTest : public PeerServiceTest {
+ protected:
+  void SetUp() override {
+    ::setenv("UCX_TLS", "tcp", 1);
+    PeerServiceTest::SetUp();
+  }
+  void TearDown() override { ::unsetenv("UCX_TLS"); }
+  // Pulls region `i` of `t` into `out` (resized to its length).
+  absl::Status PullRegion(const v1::PeerTransfer& t, int i, std::vector<char>* out) {
+    if (puller_ == nullptr) {
+      auto p = peer::UcxPuller::Create();
+      if (!p.ok()) return p.status();
+      puller_ = std::move(p).value();
+    }
+    out->assign(t.regions(i).length(), 0);
+    peer::PullOptions o;
+    o.timeout = std::chrono::seconds(30);
+    return puller_->Pull(t.worker_address(), t.regions(i).token(), 0, out->data(), out->size(), o);
+  }
+  std::unique_ptr<peer::UcxPuller> puller_;
+};
+
+TEST_F(PeerTransferTest, APeerPullsEverySegmentByteEqualToWhatEnginesMap) {
+  StartWithPeerApi();
+  auto lease = Acquire();
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  auto r = Peer(client_files_)->Describe((*lease)->fingerprint(), kCall, /*transfer=*/true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::PeerTransfer& t = r->transfer();
+  EXPECT_FALSE(t.worker_address().empty());
+  EXPECT_EQ(t.hold_ms(), 120000u);
+  ASSERT_EQ(static_cast<size_t>(t.regions_size()), (*lease)->segment_count());
+  auto rec = DecodeKeeperRecord(r->record());
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  ASSERT_EQ(rec->record.segment_sizes_size(), t.regions_size());
+  uint64_t pulled = 0;
+  for (int i = 0; i < t.regions_size(); ++i) {
+    EXPECT_EQ(t.regions(i).length(), rec->record.segment_sizes(i));
+    EXPECT_EQ(t.regions(i).token().size(), peer::kTokenBytes);
+    std::vector<char> bytes;
+    ASSERT_TRUE(PullRegion(t, i, &bytes).ok());
+    ASSERT_LE(bytes.size(), (*lease)->segment_size(i));
+    EXPECT_EQ(std::memcmp(bytes.data(), (*lease)->segment_base(i), bytes.size()), 0)
+        << "segment " << i;
+    pulled += bytes.size();
+  }
+  EXPECT_EQ(pulled, r->total_bytes());
+  // Without `transfer`, nothing is exposed.
+  auto plain = Peer(client_files_)->Describe((*lease)->fingerprint(), kCall);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->has_transfer());
+}
+
+TEST_F(PeerTransferTest, AnExposureLapsesAfterItsHoldAndADescribeExposesAgain) {
+  StartWithPeerApi(std::chrono::milliseconds(300));
+  const std::string fp = ReadyFingerprint();
+  auto first = Peer(client_files_)->Describe(fp, kCall, true);
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::vector<char> bytes;
+  ASSERT_TRUE(PullRegion(first->transfer(), 0, &bytes).ok());
+  // Lapsed: its token no longer reads anything (the reaper runs at the hold's end).
+  absl::Status s;
+  for (int i = 0; i < 200; ++i) {
+    s = PullRegion(first->transfer(), 0, &bytes);
+    if (s.code() == absl::StatusCode::kNotFound) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  // A new Describe exposes the segments again, under new tokens.
+  auto second = Peer(client_files_)->Describe(fp, kCall, true);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE(second->transfer().regions(0).token(), first->transfer().regions(0).token());
+  EXPECT_TRUE(PullRegion(second->transfer(), 0, &bytes).ok());
+}
+
+TEST_F(PeerTransferTest, WithoutUcxRecordsAreStillDescribedAndTransfersRefusedByName) {
+  ::setenv("UCX_TLS", "no-such-transport", 1);
+  StartWithPeerApi();
+  const std::string fp = ReadyFingerprint();
+  EXPECT_TRUE(Peer(client_files_)->Describe(fp, kCall).ok());
+  auto r = Peer(client_files_)->Describe(fp, kCall, true);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_NE(r.status().message().find("no transfers from this daemon: UCX"), std::string::npos)
+      << r.status();
 }
 
 TEST_F(PeerServiceTest, WithoutListenThereIsNoPeerApi) {

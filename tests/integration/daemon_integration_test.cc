@@ -526,6 +526,7 @@ TEST_F(DaemonTest, BadFlagsStopTheDaemonNamingTheFlag) {
         "--read_threads=0", "--host_devices=a,a", "--device_plugin_slots=0", "--keeper_timeout=0",
         "--scrub_interval=0.01", "--scrub_bandwidth=fast",
         "--peer_listen=127.0.0.1:0 --peer_tls_key_file=/nonexistent/tls.key",
+        "--peer_transfer_hold_seconds=0",
         "--model=name=a,model_dir=/x --model=name=b,model_dir=/y"}) {
     std::vector<std::string> argv{WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_,
                                   "--backend=host", "--metrics_address=off"};

@@ -41,6 +41,7 @@
 #include "pkg/server/internal/lease_manager.h"
 #include "pkg/server/internal/manifest.h"
 #include "pkg/server/internal/model_catalog.h"
+#include "pkg/server/internal/peer_exposures.h"
 #include "pkg/server/internal/publish_manager.h"
 #include "pkg/server/internal/scrubber.h"
 #include "pkg/server/namespace_rules.h"
@@ -138,7 +139,9 @@ class Daemon::Impl final : public metrics::StateSource {
   // Peer API (peer_service.cc): the record of a ready, shared, loaded entry with
   // `fingerprint` for another node's daemon; NOT_FOUND otherwise (published and private
   // copies are never described: they are this node's).
-  absl::StatusOr<v1::PeerDescribeResponse> DescribeForPeer(const std::string& fingerprint);
+  // With `transfer`, the segments are exposed for pulls over UCX too (peer_exposures.h).
+  absl::StatusOr<v1::PeerDescribeResponse> DescribeForPeer(const std::string& fingerprint,
+                                                           bool transfer);
   int peer_port() const { return peer_port_; }
 
   // metrics::StateSource
@@ -239,6 +242,8 @@ class Daemon::Impl final : public metrics::StateSource {
   std::unique_ptr<grpc::Server> peer_grpc_;
   std::unique_ptr<grpc::Service> peer_service_;
   int peer_port_ = 0;
+  // With the peer API: segments exposed for other daemons' pulls; gone after peer_grpc_.
+  std::unique_ptr<PeerExposures> peer_exposures_;
   // Cancels loads and waits, drains RPCs (bounded), closes the channels; once.
   void Teardown();
   std::once_flag teardown_once_;
