@@ -64,6 +64,7 @@ class PeerSetTest : public testing::DaemonInProcessTest {
   uint16_t StartSecond(uint16_t port) {
     DaemonOptions o;
     o.socket_dir = dir_ / ("s" + std::to_string(others_.size() + 2));
+    o.preload = false;  // knows "m", never loads it (preloaded, it would hold it too)
     o.admin_uids = {::geteuid()};
     o.digest_store = "";
     spec::ModelSpec s;
