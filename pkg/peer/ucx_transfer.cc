@@ -29,10 +29,6 @@ absl::StatusOr<ucp_context_h> MakeContext(uint64_t features, bool shared) {
   if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
     return UcxError("ucp_config_read", s);
   }
-  // Copies, never zero-copy sends: a busy CI run under ASan aborted in UCX 1.13's TCP
-  // zero-copy completion (`comp->count > 0`) when a puller died mid-reply, next to the
-  // dangling reply endpoint fixed in OnRequest. Replies are copies already; nothing is lost.
-  (void)ucp_config_modify(config, "ZCOPY_THRESH", "inf");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = features;
@@ -104,12 +100,6 @@ struct Region {
   std::string token;
 };
 
-// A request received, answered inside the AM callback that received it.
-struct PendingRequest {
-  ucp_ep_h reply_ep;
-  ReadRequest req;
-};
-
 // One reply in flight: its header and the copy of the bytes, freed when the send completes.
 struct ReplyBlock {
   std::atomic<uint64_t>* in_flight;
@@ -157,14 +147,13 @@ struct UcxServer::State {
     }
     // Answered here, not later from the loop: the reply endpoint is only sure to be alive
     // during the callback (a queued one dangled once its puller died: SEGV under ASan).
-    PendingRequest p{param->reply_ep, {}};
-    std::memcpy(&p.req, header, sizeof(ReadRequest));
-    self->Answer(p);
+    ReadRequest r;
+    std::memcpy(&r, header, sizeof r);  // the header may be unaligned
+    self->Answer(param->reply_ep, r);
     return UCS_OK;
   }
 
-  void Answer(const PendingRequest& p) {
-    const ReadRequest& r = p.req;
+  void Answer(ucp_ep_h reply_ep, const ReadRequest& r) {
     uint32_t status = kOk;
     uint64_t bytes = 0;
     ReplyBlock* block = nullptr;
@@ -205,7 +194,7 @@ struct UcxServer::State {
     sp.user_data = block;
     // Eager only: a rendezvous would have the puller read this process's memory remotely.
     sp.flags = UCP_AM_SEND_FLAG_EAGER;
-    const ucs_status_ptr_t s = ucp_am_send_nbx(p.reply_ep, kReadReplyId, &block->header,
+    const ucs_status_ptr_t s = ucp_am_send_nbx(reply_ep, kReadReplyId, &block->header,
                                                sizeof(ReadReply), block->data(), bytes, &sp);
     if (s == nullptr || UCS_PTR_IS_ERR(s)) FreeReply(block);  // done at once, or failed
   }
