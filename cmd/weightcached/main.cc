@@ -25,6 +25,7 @@
 #include "pkg/memory/cuda_backend.h"
 #include "pkg/metrics/http_server.h"
 #include "pkg/metrics/metrics.h"
+#include "pkg/peer/peer_set.h"
 #include "pkg/peer/tls.h"
 #include "pkg/server/daemon.h"
 #include "pkg/spec/spec.h"
@@ -146,6 +147,17 @@ ABSL_FLAG(std::string, peer_listen, "",
 ABSL_FLAG(int, peer_transfer_hold_seconds, 120,
           "Peer API: how long a peer's pull keeps an entry's segments exposed (and its memory "
           "held, even if evicted meanwhile); each Describe that asks for a transfer renews it");
+ABSL_FLAG(std::string, peers, "",
+          "Peer fill (issue 30): other nodes' daemons (comma-separated host:port of their "
+          "--peer_listen; a DNS name stands for every address it resolves to, e.g. the chart's "
+          "headless Service) asked for a model-rank before it is read from disk; a holder's "
+          "segments are pulled over UCX and checked against its digests, disk on any failure. "
+          "Uses --peer_tls_*. Empty: off");
+ABSL_FLAG(int, peer_describe_timeout_ms, 2000,
+          "Peer fill: how long each peer may take to answer whether it holds a model-rank");
+ABSL_FLAG(int, peer_pull_timeout_seconds, 300,
+          "Peer fill: how long one segment's pull (up to 1 GiB) may take before that source is "
+          "dropped");
 ABSL_FLAG(std::string, peer_tls_cert_file, "/etc/weightcache-peer/tls.crt",
           "Peer API: this daemon's PEM certificate, signed by the fleet CA (--peer_tls_ca_file)");
 ABSL_FLAG(std::string, peer_tls_key_file, "/etc/weightcache-peer/tls.key",
@@ -238,10 +250,27 @@ int Run() {
         "--peer_transfer_hold_seconds=", absl::GetFlag(FLAGS_peer_transfer_hold_seconds),
         ": must be positive")));
   }
-  if (!opts.peer.listen.empty()) {
+  if (const std::string peers = absl::GetFlag(FLAGS_peers); !peers.empty()) {
+    auto list = peer::ParsePeerList(peers);
+    if (!list.ok())
+      return Fail(absl::InvalidArgumentError(absl::StrCat("--peers: ", list.status().message())));
+    opts.peer.peers = *std::move(list);
+  }
+  for (const auto& [flag, value] :
+       {std::pair{"--peer_describe_timeout_ms", absl::GetFlag(FLAGS_peer_describe_timeout_ms)},
+        std::pair{"--peer_pull_timeout_seconds", absl::GetFlag(FLAGS_peer_pull_timeout_seconds)}}) {
+    if (value <= 0) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(flag, "=", value, ": must be positive")));
+    }
+  }
+  opts.peer.describe_timeout =
+      std::chrono::milliseconds(absl::GetFlag(FLAGS_peer_describe_timeout_ms));
+  opts.peer.pull_timeout = std::chrono::seconds(absl::GetFlag(FLAGS_peer_pull_timeout_seconds));
+  if (!opts.peer.listen.empty() || !opts.peer.peers.empty()) {
     if (auto tls = peer::ReadTls(opts.peer.tls); !tls.ok()) {
       return Fail(absl::InvalidArgumentError(
-          absl::StrCat("--peer_listen=", opts.peer.listen, ": ", tls.status().message())));
+          absl::StrCat(opts.peer.listen.empty() ? "--peers" : "--peer_listen=" + opts.peer.listen,
+                       ": ", tls.status().message())));
     }
   }
   for (const auto& [flag, ids, out] :

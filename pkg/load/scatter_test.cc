@@ -85,7 +85,9 @@ uint64_t ExpectScatterEqualsHostPath(const OpenedModel& m, const std::vector<Pla
     }
     for (const auto& s : b.spans) EXPECT_EQ(s.at % sp->align, s.file_offset % sp->align);
   }
-  if (expect_one_copy_per_piece && sp->buffers.size() == 1) EXPECT_EQ(copies, Items(plans));
+  if (expect_one_copy_per_piece && sp->buffers.size() == 1) {
+    EXPECT_EQ(copies, Items(plans));
+  }
   auto backend = memory::MakeHostBackend();
   std::vector<std::vector<std::unique_ptr<memory::Segment>>> owned(plans.size());
   std::vector<std::vector<memory::Segment*>> segs(plans.size());

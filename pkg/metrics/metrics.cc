@@ -281,6 +281,21 @@ struct Metrics::Impl {
                     .Help("Cache entries re-adopted from the keeper at start (served without "
                           "reading the disk), by model.")
                     .Register(registry)),
+        peer_fill_bytes(prometheus::BuildCounter()
+                            .Name("weightcache_peer_fill_bytes_total")
+                            .Help("Bytes filled from other nodes' daemons (peer fill), by model.")
+                            .Register(registry)),
+        peer_fill_seconds(prometheus::BuildHistogram()
+                              .Name("weightcache_peer_fill_seconds")
+                              .Help("Time to fill a model-rank from other nodes' daemons, in "
+                                    "seconds.")
+                              .Register(registry)),
+        peer_fill_fallbacks(prometheus::BuildCounter()
+                                .Name("weightcache_peer_fill_fallbacks_total")
+                                .Help("Loads that asked the peers and read from disk instead, by "
+                                      "model and reason (not_held, record, transfer, timeout, "
+                                      "digest, memory).")
+                                .Register(registry)),
         integrity_checks(prometheus::BuildCounter()
                              .Name("weightcache_integrity_checks_total")
                              .Help("Resident entries whose every segment was digested again and "
@@ -358,6 +373,9 @@ struct Metrics::Impl {
   prometheus::Gauge& keeper_up;
   prometheus::Gauge& keeper_fds;
   prometheus::Family<prometheus::Counter>& adopted;
+  prometheus::Family<prometheus::Counter>& peer_fill_bytes;
+  prometheus::Family<prometheus::Histogram>& peer_fill_seconds;
+  prometheus::Family<prometheus::Counter>& peer_fill_fallbacks;
   prometheus::Counter& integrity_checks;
   prometheus::Family<prometheus::Counter>& integrity_failures;
   prometheus::Family<prometheus::Counter>& publishes;
@@ -436,6 +454,17 @@ void Metrics::SetKeeperDescriptors(uint64_t n) { impl_->keeper_fds.Set(static_ca
 
 void Metrics::OnAdopted(const std::string& model) {
   impl_->adopted.Add({{"model", impl_->ModelLabel(model)}}).Increment();
+}
+
+void Metrics::OnPeerFill(const std::string& model, double seconds, uint64_t bytes) {
+  const std::string label = impl_->ModelLabel(model);
+  impl_->peer_fill_bytes.Add({{"model", label}}).Increment(static_cast<double>(bytes));
+  impl_->peer_fill_seconds.Add({{"model", label}}, LoadBuckets()).Observe(seconds);
+}
+
+void Metrics::OnPeerFillFallback(const std::string& model, const std::string& reason) {
+  impl_->peer_fill_fallbacks.Add({{"model", impl_->ModelLabel(model)}, {"reason", reason}})
+      .Increment();
 }
 
 }  // namespace weightcache::metrics

@@ -142,6 +142,11 @@ class Metrics {
   void SetKeeperUp(bool up);
   void SetKeeperDescriptors(uint64_t n);
   void OnAdopted(const std::string& model);
+  // Peer fill (issue 30): a model-rank filled from other nodes' daemons (its bytes and
+  // seconds), and a load that asked the peers and read from disk instead, by reason
+  // (not_held | record | transfer | timeout | digest | memory: peer_fill.h).
+  void OnPeerFill(const std::string& model, double seconds, uint64_t bytes);
+  void OnPeerFillFallback(const std::string& model, const std::string& reason);
   // Compile artifacts (issue 29): each get or put that ended, by model, op (get | put) and
   // result (get: hit | miss | refused | error; put: stored | exists | busy | refused |
   // error), the bytes a hit served or a put stored, and what the store holds in memory.

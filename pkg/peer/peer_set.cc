@@ -147,7 +147,7 @@ void PeerSet::KeepOnly(const std::vector<std::string>& addresses) {
   }
 }
 
-PeerSurvey PeerSet::Survey(const std::string& fingerprint) {
+PeerSurvey PeerSet::Survey(const std::string& fingerprint, bool transfer) {
   PeerSurvey survey;
   const std::vector<std::string> addresses = Resolve(&survey.failures);
   KeepOnly(addresses);
@@ -157,7 +157,7 @@ PeerSurvey PeerSet::Survey(const std::string& fingerprint) {
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < addresses.size();) {
       std::shared_ptr<PeerClient> c = ClientFor(addresses[i]);
-      answers[i] = c->Describe(fingerprint, options_.describe_timeout);
+      answers[i] = c->Describe(fingerprint, options_.describe_timeout, transfer);
       const absl::StatusCode code = answers[i].status().code();
       if (code != absl::StatusCode::kOk && code != absl::StatusCode::kNotFound) {
         Forget(addresses[i], c.get());

@@ -73,8 +73,9 @@ class PeerSet {
   std::vector<std::string> Resolve(std::vector<PeerFailure>* failures) const;
 
   // Asks every resolved peer to describe `fingerprint`, in parallel; returns when all have
-  // answered or timed out.
-  PeerSurvey Survey(const std::string& fingerprint);
+  // answered or timed out. With `transfer`, every holder also exposes the segments for a
+  // pull (its answer's `transfer`; the fill asks so).
+  PeerSurvey Survey(const std::string& fingerprint, bool transfer = false);
 
  private:
   // The kept client of `address` (made on first use). Clients of addresses no longer

@@ -208,22 +208,92 @@ static absl::Status FilesUnchanged(const load::OpenedModel& model) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartLoad(
-    const std::shared_ptr<const load::OpenedModel>& model, const spec::Layout& layout,
-    const spec::Environment& env, const std::string& device_uuid) {
-  WC_ASSIGN_OR_RETURN(Prepared p, Prepare(model, layout, env, device_uuid));
-  if (p.live) return p.live;
-  auto plan = std::make_shared<load::Plan>(std::move(p.plan));
-  memory::Backend* backend = backend_;
-  const load::LoadOptions lopts = LoadOptionsFor();
-  auto load = [model, plan, backend, lopts, device = p.device, label = p.label](
-                  cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
+cache::LoadFn Admission::DiskLoad(const std::shared_ptr<const load::OpenedModel>& model,
+                                  const Prepared& p) const {
+  auto plan = std::make_shared<load::Plan>(p.plan);
+  return [model, plan, backend = backend_, lopts = LoadOptionsFor(), device = p.device,
+          label = p.label](cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
     WC_ASSIGN_OR_RETURN(auto loaded, load::LoadRank(*model, std::move(*plan), *backend, device,
                                                     label, lopts, &e.progress));
     WC_RETURN_IF_ERROR(FilesUnchanged(*model));
     return loaded;
   };
-  p.request.load = std::move(load);
+}
+
+std::vector<FillSource> Admission::FillSources(const load::OpenedModel& model,
+                                               const Prepared& p) const {
+  PeerFill* fill = peer_fill_.load();
+  // Private copies are this node's (peers never describe them).
+  if (fill == nullptr || !p.request.inputs.env.tenant.empty()) return {};
+  FillFailure why{FillFallback::kNotHeld, absl::OkStatus()};
+  auto sources = fill->Find(p.fingerprint, p.plan, &why);
+  if (sources.empty()) {
+    fill->CountFallback(model.spec.name, why.reason);
+    WC_LOG_INFO("peer fill of %s rank %d: %s; loading from disk", model.spec.name,
+                p.request.inputs.layout.tp_rank, std::string(why.status.message()));
+  }
+  return sources;
+}
+
+absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartFill(
+    const std::shared_ptr<const load::OpenedModel>& model, Prepared p,
+    std::vector<FillSource> sources, bool* started) {
+  PeerFill* fill = peer_fill_.load();
+  // The registry digests what the load returns: a filled entry's digests must be those each
+  // segment matched during the fill (the same memory, sealed: nothing changed in between).
+  // After a fallback, the disk's bytes are their own truth.
+  auto verified = std::make_shared<std::vector<uint64_t>>();
+  p.request.check_digests =
+      [verified](const std::vector<integrity::SegmentDigest>& got) -> absl::Status {
+    if (verified->empty()) return absl::OkStatus();
+    if (got.size() != verified->size()) {
+      return absl::DataLossError(absl::StrCat("peer fill: ", got.size(), " digests for ",
+                                              verified->size(), " filled segments"));
+    }
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (integrity::Fold(got[i]) != (*verified)[i]) {
+        return absl::DataLossError(absl::StrCat(
+            "peer fill: segment ", i, " changed between its check and the entry's digest"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  p.request.source = "peer_fill";
+  cache::LoadFn disk = DiskLoad(model, p);
+  auto shared_sources = std::make_shared<const std::vector<FillSource>>(std::move(sources));
+  p.request.load = [fill, model, plan = p.plan, device = p.device, label = p.label,
+                    sources = std::move(shared_sources), disk = std::move(disk), verified](
+                       cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
+    FillFailure why{FillFallback::kTransfer, absl::OkStatus()};
+    FillReport report;
+    auto filled = fill->Fill(*sources, plan, model->spec.name, model->spec.model_dir, device, label,
+                             &e.progress, &why, &report);
+    if (filled.ok()) {
+      WC_RETURN_IF_ERROR(FilesUnchanged(*model));
+      // Read by check_digests, on this thread, once the load returns.
+      *verified = std::move(report.folds);
+      return filled;
+    }
+    if (e.progress.cancelled()) return filled.status();
+    fill->CountFallback(model->spec.name, why.reason);
+    WC_LOG_WARN("peer fill of %s (%s on %s) fell back to disk (%s): %s", model->spec.name,
+                e.fingerprint.substr(0, 12), device, FillFallbackName(why.reason),
+                std::string(filled.status().message()));
+    e.progress.SetDone(0);
+    return disk(e);
+  };
+  return registry_.StartOrJoin(std::move(p.request), started);
+}
+
+absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartLoad(
+    const std::shared_ptr<const load::OpenedModel>& model, const spec::Layout& layout,
+    const spec::Environment& env, const std::string& device_uuid) {
+  WC_ASSIGN_OR_RETURN(Prepared p, Prepare(model, layout, env, device_uuid));
+  if (p.live) return p.live;
+  if (auto sources = FillSources(*model, p); !sources.empty()) {
+    return StartFill(model, std::move(p), std::move(sources), nullptr);
+  }
+  p.request.load = DiskLoad(model, p);
   return registry_.StartOrJoin(std::move(p.request));
 }
 
@@ -245,6 +315,16 @@ std::vector<absl::StatusOr<std::shared_ptr<cache::Entry>>> Admission::StartGroup
     }
     out.emplace_back(p->live);  // null when it is to be loaded
     prepared.push_back(std::move(*p));
+  }
+  // Ranks that peers hold are filled from them, each on its own (falling back to its own
+  // disk load); the group reads the rest in one pass.
+  std::vector<bool> by_fill(prepared.size(), false);
+  for (size_t i = 0; i < prepared.size(); ++i) {
+    if (!out[i].ok() || *out[i] != nullptr) continue;
+    auto sources = FillSources(*model, prepared[i]);
+    if (sources.empty()) continue;
+    by_fill[i] = true;
+    out[i] = StartFill(model, prepared[i], std::move(sources), nullptr);
   }
   auto plans = std::make_shared<std::vector<load::Plan>>(prepared.size());
   std::vector<std::string> devices, labels;
@@ -270,7 +350,7 @@ std::vector<absl::StatusOr<std::shared_ptr<cache::Entry>>> Admission::StartGroup
       });
   std::vector<bool> members(prepared.size(), false);
   for (size_t i = 0; i < prepared.size(); ++i) {
-    if (!out[i].ok() || *out[i] != nullptr) continue;
+    if (by_fill[i] || !out[i].ok() || *out[i] != nullptr) continue;
     prepared[i].request.load =
         [group, i, model](cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
       WC_ASSIGN_OR_RETURN(auto loaded, group->Take(i, &e.progress));

@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "pkg/metrics/metrics.h"
 #include "pkg/server/testing/in_process_daemon.h"
+#include "pkg/server/testing/metric_sample.h"
 #include "pkg/util/unix_socket.h"
 #include "prometheus/registry.h"
 #include "weightcache/v1/weightcache.grpc.pb.h"
@@ -48,18 +49,7 @@ class ArtifactsTest : public DaemonInProcessTest {
   }
   // The value of metric `name` whose labels include `labels` (-1 when there is none).
   double Sample(const std::string& name, const std::map<std::string, std::string>& labels = {}) {
-    for (const auto& f : registry_.Collect()) {
-      if (f.name != name) continue;
-      for (const auto& m : f.metric) {
-        size_t matched = 0;
-        for (const auto& l : m.label)
-          matched += labels.count(l.name) && labels.at(l.name) == l.value;
-        if (matched == labels.size()) {
-          return f.type == prometheus::MetricType::Gauge ? m.gauge.value : m.counter.value;
-        }
-      }
-    }
-    return -1;
+    return testing::Sample(registry_, name, labels);
   }
   // Polls Status until `n` puts are in flight (begun by the daemon) or 30 s passed; the last
   // count seen.

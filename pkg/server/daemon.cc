@@ -296,6 +296,7 @@ absl::Status Daemon::Impl::Start() {
   }
   WC_ASSIGN_OR_RETURN(control_, ControlListener::Start(lo, grpc_.get()));
   WC_RETURN_IF_ERROR(StartPeerServer());
+  WC_RETURN_IF_ERROR(StartPeerFill());
   if (options_.socket_gid >= 0) {
     // Engines running as other uids reach the sockets through this group (dir 0750,
     // sockets 0660); the handle channel's uid allowlist still applies.

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "pkg/memory/backend.h"
+#include "pkg/peer/peer_set.h"
 #include "pkg/peer/tls.h"
 #include "pkg/spec/spec.h"
 
@@ -69,6 +70,12 @@ struct PeerOptions {
   // How long a Describe that asks for a transfer keeps the segments exposed (and the
   // content alive); each such Describe renews it. A pull longer than this asks again.
   std::chrono::milliseconds transfer_hold{120000};
+  // Peer fill (issue 30): the other nodes' daemons to ask before a load reads from disk
+  // (`--peers`; a name stands for every address it resolves to). Empty: no peer fill. Uses
+  // `tls` as a client; this daemon's own peer port is left out of the list.
+  std::vector<peer::PeerName> peers;
+  std::chrono::milliseconds describe_timeout{2000};  // each peer's answer to the survey
+  std::chrono::milliseconds pull_timeout{300000};    // each segment's pull (up to 1 GiB)
 };
 
 struct DaemonOptions {

@@ -11,6 +11,7 @@
 #include <climits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "pkg/peer/ucx_transfer.h"
 #include "pkg/server/internal/daemon_impl.h"
 #include "pkg/server/internal/grpc_status.h"
@@ -111,6 +112,24 @@ absl::Status Daemon::Impl::StartPeerServer() {
         absl::StrCat("peer API: cannot listen on ", o.listen, " (--peer_listen)"));
   }
   WC_LOG_INFO("peer API on %s (port %d), mutual TLS, CA %s", o.listen, peer_port_, o.tls.ca_file);
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Impl::StartPeerFill() {
+  const PeerOptions& o = options_.peer;
+  if (o.peers.empty()) return absl::OkStatus();
+  PeerFillOptions f;
+  WC_ASSIGN_OR_RETURN(f.peers.tls, peer::ReadTls(o.tls));
+  f.peers.peers = o.peers;
+  f.peers.self_port = static_cast<uint16_t>(peer_port_);
+  f.peers.describe_timeout = o.describe_timeout;
+  f.pull.timeout = o.pull_timeout;
+  peer_fill_ = std::make_unique<PeerFill>(std::move(f), backend_, options_.metrics);
+  admission_.SetPeerFill(peer_fill_.get());
+  std::vector<std::string> names;
+  for (const auto& p : o.peers) names.push_back(absl::StrCat(p.host, ":", p.port));
+  WC_LOG_INFO("peer fill on: loads ask %s first (mutual TLS, CA %s)", absl::StrJoin(names, ","),
+              o.tls.ca_file);
   return absl::OkStatus();
 }
 

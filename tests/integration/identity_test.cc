@@ -204,7 +204,9 @@ TEST_F(IdentityTest, ChangedFilesAreStaleNeverAHit) {
   st = client_->Status();
   ASSERT_TRUE(st.ok());
   for (const auto& e : st->entries()) {
-    if (e.model() == "inplace" || e.model() == "replaced") EXPECT_EQ(e.state(), "ready");
+    if (e.model() == "inplace" || e.model() == "replaced") {
+      EXPECT_EQ(e.state(), "ready");
+    }
   }
 }
 

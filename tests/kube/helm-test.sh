@@ -50,6 +50,32 @@ lacks() { ! grep -qE -- "$2" "$1"; }      # lacks FILE REGEX
 doc() { awk -v kind="$2" 'BEGIN{RS="\n---\n"} $0 ~ "\nkind: " kind "\n" {print}' "$1"; }
 # after FILE REGEX N REGEX2: REGEX2 occurs within N lines after a line matching REGEX.
 after() { grep -A"$3" -E -- "$2" "$1" | grep -qE -- "$4"; }
+# peer_ingress FILE > OUT: the ingress rules of the peers' NetworkPolicy (release wc).
+peer_ingress() {
+  awk 'BEGIN{RS="\n---\n"} /\nkind: NetworkPolicy\n/ && /\n  name: wc-weightcache-peers\n/ {print}' "$1" |
+    sed -n '/^  ingress:$/,$p'
+}
+# want_peer_ingress FROM TO > OUT: those rules as they must be: the peer port and UCX's ports
+# FROM..TO from the DaemonSet's own pods, the metrics port from anywhere, nothing else.
+want_peer_ingress() {
+  cat <<EOF
+  ingress:
+    - ports:
+        - port: peer
+          protocol: TCP
+        - port: $1
+          endPort: $2
+          protocol: TCP
+      from:
+        - podSelector:
+            matchLabels:
+              app.kubernetes.io/name: weightcache
+              app.kubernetes.io/instance: wc
+    - ports:
+        - port: metrics
+          protocol: TCP
+EOF
+}
 
 for helm in "${helms[@]}"; do
   tag="$("$helm" version --short 2>/dev/null || echo "$helm")"
@@ -297,9 +323,60 @@ for helm in "${helms[@]}"; do
   doc "$a" Service | awk '/name: wc-weightcache-peers$/{f=1} f' >"$work/peer-svc.yaml"
   expect "peer: headless Service" has "$work/peer-svc.yaml" '^  clusterIP: None$'
   expect "peer: Service port" after "$work/peer-svc.yaml" '- name: peer$' 1 'port: 7500$'
-  doc "$a" NetworkPolicy | awk '/name: wc-weightcache-peers$/{f=1} f' >"$work/peer-np.yaml"
-  expect "peer: NetworkPolicy from the DaemonSet only" after "$work/peer-np.yaml" '- port: peer$' 4 'podSelector:'
-  expect "peer: NetworkPolicy keeps metrics open" has "$work/peer-np.yaml" '- port: metrics$'
+  # The peers and UCX: the daemon is told the headless Service's name (it resolves it to every
+  # daemon pod on each survey), UCX is pinned to a port range, and the NetworkPolicy opens the
+  # peer port and that range to the DaemonSet's own pods and nothing else (UCX's port is
+  # unauthenticated: the token handed out over mutual TLS is the capability).
+  expect "peer: --peers names the headless Service and the peer port" has "$ds" \
+    '^            - --peers=wc-weightcache-peers\.wc\.svc:7500$'
+  expect "peer: one --peers" test "$(grep -c -- '- --peers=' "$ds")" -eq 1
+  expect "peer: UCX port range" after "$ds" '- name: UCX_TCP_PORT_RANGE$' 1 'value: "7600-7615"$'
+  expect "peer: UCX transports" after "$ds" '- name: UCX_TLS$' 1 'value: "tcp"$'
+  expect "peer: UCX ports not listed as container ports" lacks "$ds" 'containerPort: 76(0[0-9]|1[0-5])$'
+  peer_ingress "$a" >"$work/peer-np.yaml"
+  want_peer_ingress 7600 7615 >"$work/peer-np-want.yaml"
+  expect "peer: NetworkPolicy: peer port and UCX range from the DaemonSet only, metrics open, nothing else" \
+    diff -u "$work/peer-np-want.yaml" "$work/peer-np.yaml"
+  pd="$work/peer-defaults.yaml"
+  "$helm" template wc "$chart" --namespace wc --set peerFill.enabled=true >"$pd" 2>"$work/err" \
+    || bad "template peer defaults: $(cat "$work/err")"
+  expect "peer defaults: --peers" has "$pd" '^            - --peers=wc-weightcache-peers\.wc\.svc:7443$'
+  expect "peer defaults: UCX port range" after "$pd" '- name: UCX_TCP_PORT_RANGE$' 1 'value: "7444-7459"$'
+  expect "peer defaults: UCX over TCP" after "$pd" '- name: UCX_TLS$' 1 'value: "tcp"$'
+  peer_ingress "$pd" >"$work/peer-np.yaml"
+  want_peer_ingress 7444 7459 >"$work/peer-np-want.yaml"
+  expect "peer defaults: NetworkPolicy with the UCX range" diff -u "$work/peer-np-want.yaml" "$work/peer-np.yaml"
+  po="$work/peer-override.yaml"
+  "$helm" template wc "$chart" --namespace wc \
+    --set 'peerFill.enabled=true,peerFill.peers=10.0.0.5:7443\,gpu-b.example.com:7443' >"$po" 2>"$work/err" \
+    || bad "template peer override: $(cat "$work/err")"
+  expect "peer: peerFill.peers overrides the list" has "$po" \
+    '^            - --peers=10\.0\.0\.5:7443,gpu-b\.example\.com:7443$'
+  expect "peer: the override replaces the Service" test "$(grep -c -- '- --peers=' "$po")" -eq 1
+  peer_ingress "$po" >"$work/peer-np.yaml"
+  expect "peer: the override opens nothing more" diff -u "$work/peer-np-want.yaml" "$work/peer-np.yaml"
+  expect "peer fill off: no --peers, no UCX env, no UCX rule" lacks "$d" 'peers=|UCX_|endPort'
+  "$helm" template wc "$chart" --set 'peerFill.ucx.portRange=7600-7601,peerFill.peers=h:1' \
+    >"$work/peer-off.yaml" 2>"$work/err" || bad "template peer off: $(cat "$work/err")"
+  expect "peer fill off, UCX values set: a DaemonSet" has "$work/peer-off.yaml" '^kind: DaemonSet$'
+  expect "peer fill off, UCX values set: still none of it" lacks "$work/peer-off.yaml" \
+    'peers=|UCX_|endPort|kind: NetworkPolicy'
+  for r in 7444 a-b 70000-70001 0-10 7444-7459-7460; do
+    expect_fail "schema: UCX port range $r" 'portRange.*[Dd]oes not match pattern' \
+      "$helm" template wc "$chart" --set-string "peerFill.ucx.portRange=$r"
+  done
+  expect_fail "schema: UCX port range a number" 'portRange.*([Ii]nvalid type|want string)' \
+    "$helm" template wc "$chart" --set peerFill.ucx.portRange=7444
+  expect_fail "UCX port range reversed" 'portRange "7459-7444": the first port is above the last' \
+    "$helm" template wc "$chart" --set peerFill.enabled=true,peerFill.ucx.portRange=7459-7444
+  expect_fail "UCX port range holding the peer port" 'holds peerFill.port \(7443\)' \
+    "$helm" template wc "$chart" --set peerFill.enabled=true,peerFill.ucx.portRange=7440-7450
+  expect_fail "UCX port range holding the metrics port" 'holds metrics.port \(9464\)' \
+    "$helm" template wc "$chart" --set peerFill.enabled=true,peerFill.ucx.portRange=9460-9470
+  expect_fail "schema: peers without a port" 'peers.*[Dd]oes not match pattern' \
+    "$helm" template wc "$chart" --set-string peerFill.peers=gpu-b
+  expect_fail "schema: UCX transports" 'transports.*[Dd]oes not match pattern' \
+    "$helm" template wc "$chart" --set-string 'peerFill.ucx.transports=rc tcp'
   pc="$work/peer-certmanager.yaml"
   "$helm" template wc "$chart" --namespace wc --set peerFill.enabled=true,peerFill.certManager.enabled=true \
     >"$pc" 2>"$work/err" || bad "template peer cert-manager: $(cat "$work/err")"
@@ -312,7 +389,7 @@ for helm in "${helms[@]}"; do
   # Offline Kubernetes schema validation of everything rendered.
   if [[ -n "$validator" ]]; then
     expect "kubernetes schemas" node "$validator" "$tools/node" "$d" "$m" "$work/nodp.yaml" \
-      "$w" "$c" "$work/cm-issuer.yaml" "$pc" "$root/deploy/weightcache.yaml" "$root/deploy/examples/engine-pod.yaml"
+      "$w" "$c" "$work/cm-issuer.yaml" "$pc" "$pd" "$po" "$root/deploy/weightcache.yaml" "$root/deploy/examples/engine-pod.yaml"
   fi
 
   # The plain manifests are what this helm renders now.

@@ -6,6 +6,7 @@
 // backend, registry and staging pool passed in outlive the Admission.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "pkg/load/model.h"
 #include "pkg/load/staging_pool.h"
 #include "pkg/memory/backend.h"
+#include "pkg/server/internal/peer_fill.h"
 #include "pkg/server/options.h"
 #include "weightcache/v1/weightcache.pb.h"
 
@@ -79,6 +81,12 @@ class Admission {
 
   const std::string& default_compute_capability() const { return daemon_cc_; }
 
+  // Peer fill (peer_fill.h): once set, a shared model-rank about to be read from disk is
+  // first asked of the peers (a survey bounded by its describe deadline, on the caller's
+  // thread); a rank some peer holds is filled from it (entry source "peer_fill"), from disk
+  // when that fails (counted by reason). Set once, before loads start; null: off.
+  void SetPeerFill(PeerFill* fill) { peer_fill_.store(fill); }
+
  private:
   // A rank planned for loading, or its live entry.
   struct Prepared {
@@ -93,12 +101,23 @@ class Admission {
                                    const spec::Layout& layout, const spec::Environment& env,
                                    const std::string& device_uuid);
   load::LoadOptions LoadOptionsFor() const;
+  // The disk load of a prepared rank (its request's load function).
+  cache::LoadFn DiskLoad(const std::shared_ptr<const load::OpenedModel>& model,
+                         const Prepared& p) const;
+  // The sources of a prepared rank when peer fill is on and a peer holds it (empty
+  // otherwise; a miss is counted as a fallback).
+  std::vector<FillSource> FillSources(const load::OpenedModel& model, const Prepared& p) const;
+  // Starts `p` as a peer fill from `sources`, falling back to the disk load in the same entry.
+  absl::StatusOr<std::shared_ptr<cache::Entry>> StartFill(
+      const std::shared_ptr<const load::OpenedModel>& model, Prepared p,
+      std::vector<FillSource> sources, bool* started);
 
   const DaemonOptions& options_;
   memory::Backend* const backend_;
   cache::Registry& registry_;
   load::StagingPool* const staging_pool_;
   std::string daemon_cc_;  // compute capability of the first device, or "cpu"
+  std::atomic<PeerFill*> peer_fill_{nullptr};
 };
 
 }  // namespace weightcache::server

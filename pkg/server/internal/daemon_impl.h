@@ -42,6 +42,7 @@
 #include "pkg/server/internal/manifest.h"
 #include "pkg/server/internal/model_catalog.h"
 #include "pkg/server/internal/peer_exposures.h"
+#include "pkg/server/internal/peer_fill.h"
 #include "pkg/server/internal/publish_manager.h"
 #include "pkg/server/internal/scrubber.h"
 #include "pkg/server/namespace_rules.h"
@@ -192,6 +193,9 @@ class Daemon::Impl final : public metrics::StateSource {
   // The registry's observer (null without a keeper): declared before registry_, so it
   // outlives the load threads the registry joins; its watcher stops in Teardown.
   std::unique_ptr<KeeperLink> keeper_;
+  // Peer fill (options().peer.peers; null: off): used by load threads, so declared before
+  // registry_, which joins them first. Made in Start() (it needs the peer port).
+  std::unique_ptr<PeerFill> peer_fill_;
   cache::Registry registry_;
   ModelCatalog models_;
   Admission admission_;
@@ -239,6 +243,8 @@ class Daemon::Impl final : public metrics::StateSource {
   // The peer API (options().peer.listen): its own server on TCP with mutual TLS, started
   // after the control server, stopped before it.
   absl::Status StartPeerServer();
+  // Peer fill's client side (options().peer.peers), after StartPeerServer.
+  absl::Status StartPeerFill();
   std::unique_ptr<grpc::Server> peer_grpc_;
   std::unique_ptr<grpc::Service> peer_service_;
   int peer_port_ = 0;
