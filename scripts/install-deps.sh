@@ -26,6 +26,8 @@ if [[ "${1:-}" == "--test" ]]; then
   # ucx-utils: ucx_info and ucx_perftest, to compare with bench/ucx_transfer_bench (issue 30's
   # peer-fill transport; libucx-dev itself is a build dependency above).
   packages+=(ucx-utils)
+  # iproute2: peer fill's test across network namespaces joined by veth pairs (ip, tc).
+  packages+=(iproute2)
   # The image job (tests/image/image-test.sh): a bookworm rootfs from the Debian mirror, podman
   # to build and run the image (runc: crun cannot run on hybrid cgroup v1/v2 hosts).
   packages+=(mmdebstrap podman runc)

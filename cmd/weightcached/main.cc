@@ -119,6 +119,10 @@ ABSL_FLAG(std::vector<std::string>, host_devices, {},
           "Host backend only: names of fake devices to place segments on (e.g. "
           "host-a,host-b), to rehearse multi-GPU placement and peer copies without a GPU; "
           "default one device, 'host'");
+ABSL_FLAG(std::string, host_max_segment_bytes, "1GiB",
+          "Host backend only: the largest segment a model-rank is placed in (e.g. 1GiB, 4MiB). "
+          "A rank of several segments is pulled by peer fill over several holders at once "
+          "(striped), and segment sizes are part of what a peer's copy must match");
 ABSL_FLAG(std::string, digest_store, "",
           "File remembering the content digest of each checkpoint file version, so a restart "
           "does not hash the files again (default <socket_dir>-state/digests.json, in a 0700 "
@@ -365,12 +369,24 @@ int Run() {
   opts.peer_policy = *policy;
 
   absl::StatusOr<std::unique_ptr<memory::Backend>> backend;
-  if (!absl::GetFlag(FLAGS_host_devices).empty()) {
+  const std::string host_segment = absl::GetFlag(FLAGS_host_max_segment_bytes);
+  auto host_segment_bytes = ParseByteSize(host_segment, "--host_max_segment_bytes");
+  if (!host_segment_bytes.ok()) return Fail(host_segment_bytes.status());
+  if (*host_segment_bytes < 4096) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--host_max_segment_bytes=", host_segment,
+                                                        ": a segment holds at least 4096 bytes")));
+  }
+  const bool host_options =
+      !absl::GetFlag(FLAGS_host_devices).empty() || *host_segment_bytes != (1ull << 30);
+  if (host_options) {
     if (absl::GetFlag(FLAGS_backend) != "host") {
-      return Fail(absl::InvalidArgumentError("--host_devices needs --backend=host"));
+      return Fail(absl::InvalidArgumentError(
+          "--host_devices and --host_max_segment_bytes need --backend=host"));
     }
     memory::HostBackendOptions ho;
-    ho.device_uuids = absl::GetFlag(FLAGS_host_devices);
+    if (!absl::GetFlag(FLAGS_host_devices).empty())
+      ho.device_uuids = absl::GetFlag(FLAGS_host_devices);
+    ho.max_segment_bytes = *host_segment_bytes;
     backend = memory::MakeHostBackend(ho);
   } else {
     backend = memory::MakeBackend(absl::GetFlag(FLAGS_backend));

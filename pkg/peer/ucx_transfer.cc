@@ -78,7 +78,13 @@ struct ReadRequest {
 };
 static_assert(sizeof(ReadRequest) == 40);
 
-enum ReplyStatus : uint32_t { kOk = 0, kUnknownRegion = 1, kOutOfRange = 2, kBusy = 3 };
+enum ReplyStatus : uint32_t {
+  kOk = 0,
+  kUnknownRegion = 1,
+  kOutOfRange = 2,
+  kBusy = 3,
+  kReadFailed = 4
+};
 
 struct ReadReply {
   uint64_t tag;
@@ -95,7 +101,8 @@ static_assert(sizeof(ReadReply) == 16);
 namespace {
 
 struct Region {
-  const std::byte* base = nullptr;
+  const std::byte* base = nullptr;  // null: `read` copies
+  UcxServer::RegionReader read;
   uint64_t length = 0;
   std::string token;
 };
@@ -137,6 +144,9 @@ struct UcxServer::State {
   std::atomic<uint64_t> reply_bytes{0};      // copies in flight
   std::atomic<uint64_t> busy{0};
 
+  // Serves `region` under a fresh random token.
+  absl::StatusOr<ExposedRegion> Add(Region region);
+
   static ucs_status_t OnRequest(void* arg, const void* header, size_t header_length, void* /*data*/,
                                 size_t /*length*/, const ucp_am_recv_param_t* param) {
     auto* self = static_cast<State*>(arg);
@@ -176,7 +186,14 @@ struct UcxServer::State {
         } else {
           bytes = r.length;
           reply_bytes.fetch_add(bytes);
-          std::memcpy(block->data(), g.base + r.offset, bytes);  // under mu: not unexposed
+          // Under mu: no reply reads a region after Unexpose returns.
+          if (g.base != nullptr) {
+            std::memcpy(block->data(), g.base + r.offset, bytes);
+          } else if (absl::Status rs = g.read(r.offset, block->data(), bytes); !rs.ok()) {
+            reply_bytes.fetch_sub(bytes);
+            bytes = 0;
+            status = kReadFailed;
+          }
         }
       }
     }
@@ -262,17 +279,27 @@ absl::StatusOr<ExposedRegion> UcxServer::Expose(const void* base, uint64_t lengt
   if (base == nullptr || length == 0) {
     return absl::InvalidArgumentError("UCX expose: an empty region");
   }
-  std::string token(kTokenBytes, '\0');
-  if (::getrandom(token.data(), token.size(), 0) != static_cast<ssize_t>(token.size())) {
+  return s_->Add(Region{static_cast<const std::byte*>(base), nullptr, length, {}});
+}
+
+absl::StatusOr<ExposedRegion> UcxServer::Expose(uint64_t length, RegionReader read) {
+  if (!read || length == 0) return absl::InvalidArgumentError("UCX expose: an empty region");
+  return s_->Add(Region{nullptr, std::move(read), length, {}});
+}
+
+absl::StatusOr<ExposedRegion> UcxServer::State::Add(Region region) {
+  region.token.assign(kTokenBytes, '\0');
+  if (::getrandom(region.token.data(), region.token.size(), 0) !=
+      static_cast<ssize_t>(region.token.size())) {
     return absl::InternalError("UCX expose: getrandom failed");
   }
   ExposedRegion r;
-  r.length = length;
-  r.token = token;
-  std::lock_guard<std::mutex> l(s_->mu);
-  r.id = s_->next_id++;
-  s_->regions[r.id] = Region{static_cast<const std::byte*>(base), length, token};
-  s_->by_token[token] = r.id;
+  r.length = region.length;
+  r.token = region.token;
+  std::lock_guard<std::mutex> l(mu);
+  r.id = next_id++;
+  by_token[r.token] = r.id;
+  regions[r.id] = std::move(region);
   return r;
 }
 
@@ -387,6 +414,13 @@ struct UcxPuller::State {
         if (w->refused.ok()) {
           w->refused = absl::NotFoundError(
               "UCX pull: the server exposes no region with that token (unexposed, or never)");
+        }
+        return UCS_OK;
+      case kReadFailed:
+        if (w->refused.ok()) {
+          w->refused = absl::UnavailableError(
+              absl::StrCat("UCX pull: the server could not read bytes [", w->base + off, ", ",
+                           w->base + off + want, ") of the region"));
         }
         return UCS_OK;
       default:

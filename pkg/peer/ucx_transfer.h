@@ -58,6 +58,12 @@ class UcxServer {
   const std::string& worker_address() const;
   // Serves [base, base + length) to requests naming the returned token.
   absl::StatusOr<ExposedRegion> Expose(const void* base, uint64_t length);
+  // Copies [offset, offset + n) of a region into the host buffer `dst` (GPU memory: a
+  // device-to-host copy). Called on the server's progress thread, under the lock Unexpose
+  // takes; an error answers the request "read failed" (the puller's UNAVAILABLE).
+  using RegionReader = std::function<absl::Status(uint64_t offset, void* dst, uint64_t n)>;
+  // Serves a region of `length` bytes that `read` copies out, to requests naming the token.
+  absl::StatusOr<ExposedRegion> Expose(uint64_t length, RegionReader read);
   // Stops serving it (later requests are refused; no reply reads it after this returns);
   // NOT_FOUND for an unknown id.
   absl::Status Unexpose(uint64_t id);
@@ -75,9 +81,9 @@ struct PullOptions {
   uint64_t chunk_bytes = 4ull << 20;  // at most kMaxChunkBytes
   unsigned inflight = 4;
   std::chrono::milliseconds timeout{30000};  // the whole pull
-  // Tests only: called after each chunk completed with the chunks done so far times
-  // chunk_bytes, capped at the length (to kill or stop the serving process at a known point).
-  // Null in production.
+  // Called (on the pulling thread) after each chunk completed with the chunks done so far
+  // times chunk_bytes, capped at the length: the fill's progress, and tests' way to kill or
+  // stop the serving process at a known point. May be null.
   std::function<void(uint64_t done)> after_chunk;
 };
 

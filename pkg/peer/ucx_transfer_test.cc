@@ -10,6 +10,7 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -30,6 +31,12 @@ std::vector<uint64_t> Pattern(uint64_t bytes) {
   return v;
 }
 
+// Pulls all of `region` from `server` into `dst`.
+absl::Status PullWhole(UcxPuller& puller, const UcxServer& server, const ExposedRegion& region,
+                       void* dst, const PullOptions& o) {
+  return puller.Pull(server.worker_address(), region.token, 0, dst, region.length, o);
+}
+
 class UcxTransferTest : public ::testing::Test {
  protected:
   void SetUp() override { ::setenv("UCX_TLS", "tcp", 1); }
@@ -48,10 +55,7 @@ TEST_F(UcxTransferTest, PullsEveryByteOfARegionAndOfAPartOfIt) {
   o.chunk_bytes = 1ull << 20;
   o.inflight = 3;
   std::vector<uint64_t> dst(src.size(), 0);
-  ASSERT_TRUE(
-      (*puller)
-          ->Pull((*server)->worker_address(), region->token, 0, dst.data(), region->length, o)
-          .ok());
+  ASSERT_TRUE(PullWhole(**puller, **server, *region, dst.data(), o).ok());
   EXPECT_EQ(dst, src);
   // A part: 5 MiB + 8 bytes from offset 3 MiB - 8, not a multiple of the chunk.
   const uint64_t off = (3ull << 20) - 8, len = (5ull << 20) + 8;
@@ -62,6 +66,38 @@ TEST_F(UcxTransferTest, PullsEveryByteOfARegionAndOfAPartOfIt) {
   EXPECT_TRUE((*server)->Unexpose(region->id).ok());
   EXPECT_EQ((*server)->Unexpose(region->id).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ((*server)->exposed(), 0u);
+}
+
+// A region served through a reader (how GPU memory is served: a device-to-host copy per
+// request): the reader is asked for exactly the requested ranges, and a reader that fails
+// ends the pull with UNAVAILABLE naming the bytes, not with wrong bytes.
+TEST_F(UcxTransferTest, ARegionServedThroughAReaderIsPulledByteExactAndItsFailureIsNamed) {
+  const std::vector<uint64_t> src = Pattern(6ull << 20);
+  auto server = UcxServer::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::atomic<uint64_t> asked{0};
+  std::atomic<bool> fail{false};
+  auto region = (*server)->Expose(
+      src.size() * 8, [&](uint64_t offset, void* dst, uint64_t n) -> absl::Status {
+        if (fail.load()) return absl::InternalError("device gone");
+        asked.fetch_add(n);
+        std::memcpy(dst, reinterpret_cast<const std::byte*>(src.data()) + offset, n);
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(region.ok()) << region.status();
+  auto puller = UcxPuller::Create();
+  ASSERT_TRUE(puller.ok()) << puller.status();
+  PullOptions o;
+  o.chunk_bytes = 1ull << 20;
+  std::vector<uint64_t> dst(src.size(), 0);
+  ASSERT_TRUE(PullWhole(**puller, **server, *region, dst.data(), o).ok());
+  EXPECT_EQ(dst, src);
+  EXPECT_EQ(asked.load(), region->length);
+  fail = true;
+  const absl::Status s = PullWhole(**puller, **server, *region, dst.data(), o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("could not read bytes [0, 1048576)"), std::string::npos) << s;
+  EXPECT_EQ((*server)->Expose(8, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(UcxTransferTest, BadInputIsNamed) {

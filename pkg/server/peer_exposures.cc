@@ -40,11 +40,23 @@ absl::StatusOr<PeerExposures::Exposure> PeerExposures::Make(
     sizes.push_back(seg->size());
   }
   Exposure e;
-  auto mapping = memory::MapReadOnly(kind_, std::move(fds), sizes, "");
+  const std::string device =
+      kind_ == memory::BackendKind::kHost ? std::string() : content->device_uuid;
+  auto mapping = memory::MapReadOnly(kind_, std::move(fds), sizes, device);
   if (!mapping.ok()) return mapping.status();
   e.mapping = std::move(mapping).value();
   for (size_t i = 0; i < sizes.size(); ++i) {
-    auto region = ucx_->Expose(e.mapping->base(i), sizes[i]);
+    // Host memory is copied into the replies as it is; GPU memory (Debian's UCX has no CUDA)
+    // through a device-to-host copy of each requested range.
+    absl::StatusOr<peer::ExposedRegion> region;
+    if (kind_ == memory::BackendKind::kHost) {
+      region = ucx_->Expose(e.mapping->base(i), sizes[i]);
+    } else {
+      region = ucx_->Expose(sizes[i], [kind = kind_, device, base = e.mapping->base(i)](
+                                          uint64_t offset, void* dst, uint64_t n) {
+        return memory::CopyToHost(kind, device, base + offset, n, dst);
+      });
+    }
     if (!region.ok()) {
       Unexpose(e);
       return region.status();
@@ -85,11 +97,6 @@ absl::Status PeerExposures::Expose(std::shared_ptr<const load::LoadedModel> cont
                                    v1::PeerTransfer* out) {
   if (ucx_ == nullptr) {
     return absl::UnavailableError(absl::StrCat("no transfers from this daemon: ", why_));
-  }
-  if (kind_ != memory::BackendKind::kHost) {
-    return absl::UnimplementedError(
-        "no transfers of GPU segments yet (host staging for UCX without CUDA is not built: "
-        "docs/peer-fill.md)");
   }
   const load::LoadedModel* key = content.get();
   {

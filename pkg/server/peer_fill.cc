@@ -1,6 +1,7 @@
 #include "pkg/server/internal/peer_fill.h"
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <thread>
 
@@ -194,6 +195,15 @@ absl::StatusOr<std::unique_ptr<load::LoadedModel>> PeerFill::Fill(
     progress->SetDone(0);
     progress->SetFile(absl::StrCat("peer fill from ", sources.size(), " node(s)"));
   }
+  {
+    std::vector<std::string> from;
+    for (const auto& s : sources) from.push_back(s.address);
+    WC_LOG_INFO("peer fill of %s: pulling %d bytes in %d segments from %s", model, total,
+                static_cast<int>(n), absl::StrJoin(from, ", "));
+  }
+  // Bytes moved so far, over every source (progress moves with each chunk; a failed pull
+  // takes its bytes back).
+  std::atomic<uint64_t> moved{0};
 
   Mutex mu;
   std::deque<size_t> todo;
@@ -242,15 +252,27 @@ absl::StatusOr<std::unique_ptr<load::LoadedModel>> PeerFill::Fill(
         return;
       }
       absl::Status st;
+      uint64_t counted = 0;  // this segment's bytes in `moved`
+      peer::PullOptions po = options_.pull;
+      uint64_t base = 0;  // of the piece being pulled
+      po.after_chunk = [&](uint64_t done) {
+        const uint64_t now = base + done;
+        if (now > counted) {
+          const uint64_t all = moved.fetch_add(now - counted) + (now - counted);
+          counted = now;
+          if (progress != nullptr) progress->SetDone(all);
+        }
+      };
       if (std::byte* dst = seg->host_data(); dst != nullptr) {
-        st = (*puller)->Pull(worker, region.token(), 0, dst, seg->size(), options_.pull);
+        st = (*puller)->Pull(worker, region.token(), 0, dst, seg->size(), po);
       } else {
         const uint64_t piece = std::max<uint64_t>(options_.bounce_bytes, 1);
         if (bounce.empty()) bounce.resize(std::min<uint64_t>(piece, seg->size()));
         for (uint64_t off = 0; st.ok() && off < seg->size(); off += piece) {
           const uint64_t len = std::min<uint64_t>(piece, seg->size() - off);
           if (bounce.size() < len) bounce.resize(len);
-          st = (*puller)->Pull(worker, region.token(), off, bounce.data(), len, options_.pull);
+          base = off;
+          st = (*puller)->Pull(worker, region.token(), off, bounce.data(), len, po);
           if (st.ok()) {
             if (auto c = seg->CopyIn(off, bounce.data(), len); !c.ok()) {
               MutexLock l(mu);
@@ -261,6 +283,7 @@ absl::StatusOr<std::unique_ptr<load::LoadedModel>> PeerFill::Fill(
         }
       }
       if (!st.ok()) {
+        moved.fetch_sub(counted);
         drop(i, absl::IsDeadlineExceeded(st) ? FillFallback::kTimeout : FillFallback::kTransfer,
              st);
         return;
@@ -289,12 +312,16 @@ absl::StatusOr<std::unique_ptr<load::LoadedModel>> PeerFill::Fill(
           return;
         }
         out->segments[i] = *std::move(fresh);
+        moved.fetch_sub(counted);
         drop(i, FillFallback::kDigest,
              absl::DataLossError(
                  absl::StrCat("segment ", i, " differs from the digest in its own record")));
         return;
       }
-      if (progress != nullptr) progress->Add(seg->size());
+      if (seg->size() > counted) {
+        const uint64_t all = moved.fetch_add(seg->size() - counted) + (seg->size() - counted);
+        if (progress != nullptr) progress->SetDone(all);
+      }
       MutexLock l(mu);
       ++filled;
       ++by_source[source_index];
@@ -350,7 +377,10 @@ absl::StatusOr<std::unique_ptr<load::LoadedModel>> PeerFill::Fill(
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   out->stats.seconds = secs;
   std::vector<std::string> from;
-  for (const auto& s : sources) from.push_back(absl::StrCat(s.node, " (", s.address, ")"));
+  for (size_t k = 0; k < sources.size(); ++k) {
+    from.push_back(
+        absl::StrCat(sources[k].address, " (", sources[k].node, "): ", by_source[k], " segments"));
+  }
   WC_LOG_INFO("peer fill of %s: %d bytes in %d segments from %s in %.3f s (%.2f GB/s)", model,
               total, static_cast<int>(n), absl::StrJoin(from, ", "), secs,
               secs > 0 ? static_cast<double>(total) / secs / 1e9 : 0.0);

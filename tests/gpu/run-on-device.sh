@@ -5,7 +5,8 @@
 #
 #   run(carry=[".device-carry"], command="bash tests/gpu/run-on-device.sh")
 # Environment: OUT (log folder, default /tmp/wc-gpu-out); BENCH_ARGS (gpu_acquire_bench
-# flags, e.g. --max_gib=8); MAP_BENCH_ARGS (gpu_map_bench flags); SKIP_BENCH=1: tests only.
+# flags, e.g. --max_gib=8); MAP_BENCH_ARGS (gpu_map_bench flags); PEER_FILL_ARGS
+# (peer_fill_bench flags, default --gib=8); SKIP_BENCH=1: tests only.
 # (ctest itself is not used there: its files carry the build machine's paths.)
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -79,6 +80,13 @@ fi
 
 section "digest_bench (content identity: hashing vs plain reads, the stale check)"
 step digest_bench 300 "$carry/bin/digest_bench" --gib=8 --dir=/var/tmp
+
+section "peer_fill_bench (issue 30: B fills GPU memory from A over UCX; A's cold disk load)"
+# Also a check: it exits 1 unless B was filled from A with A's bytes, every segment.
+# shellcheck disable=SC2086
+step peer_fill_bench 300 "$carry/bin/peer_fill_bench" --backend=cuda-vmm \
+  ${PEER_FILL_ARGS:---gib=8} --dir=/var/tmp/wc-peer-fill >"$OUT/peer_fill_bench.md"
+cat "$OUT/peer_fill_bench.md"
 
 if [[ ${SKIP_BENCH:-0} != 1 ]]; then
   section "gpu_acquire_bench ${BENCH_ARGS:-}"

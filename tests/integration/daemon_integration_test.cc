@@ -522,13 +522,25 @@ TEST_F(DaemonTest, SecondDaemonOnTheSameSocketDirIsRefused) {
 // something else), and a second --model silently replaced the first.
 TEST_F(DaemonTest, BadFlagsStopTheDaemonNamingTheFlag) {
   for (const std::string flag :
-       {"--staging_keep=lots", "--memory_budget=12XB", "--memory_budget=0%", "--socket_gid=-7",
-        "--read_threads=0", "--host_devices=a,a", "--device_plugin_slots=0", "--keeper_timeout=0",
-        "--scrub_interval=0.01", "--scrub_bandwidth=fast",
+       {"--staging_keep=lots",
+        "--memory_budget=12XB",
+        "--memory_budget=0%",
+        "--socket_gid=-7",
+        "--read_threads=0",
+        "--host_devices=a,a",
+        "--device_plugin_slots=0",
+        "--keeper_timeout=0",
+        "--scrub_interval=0.01",
+        "--scrub_bandwidth=fast",
         "--peer_listen=127.0.0.1:0 --peer_tls_key_file=/nonexistent/tls.key",
-        "--peer_transfer_hold_seconds=0", "--peers=node-a:7443,,node-b:7443", "--peers=node-a",
+        "--peer_transfer_hold_seconds=0",
+        "--peers=node-a:7443,,node-b:7443",
+        "--peers=node-a",
         "--peers=node-a:7443 --peer_tls_ca_file=/nonexistent/ca.crt",
-        "--peer_describe_timeout_ms=0", "--peer_pull_timeout_seconds=-1",
+        "--peer_describe_timeout_ms=0",
+        "--peer_pull_timeout_seconds=-1",
+        "--host_max_segment_bytes=12",
+        "--host_max_segment_bytes=lots",
         "--model=name=a,model_dir=/x --model=name=b,model_dir=/y"}) {
     std::vector<std::string> argv{WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_,
                                   "--backend=host", "--metrics_address=off"};

@@ -29,19 +29,8 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::Process;
+using testing::ProcIo;
 using testing::TempDir;
-
-// A field of /proc/PID/io ("rchar": bytes the process read through read/pread, page cache
-// included, so a reload from a hot page cache still counts).
-uint64_t ProcIo(pid_t pid, const std::string& field) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/io");
-  std::string k;
-  uint64_t v;
-  while (in >> k >> v) {
-    if (k == field + ":") return v;
-  }
-  return ~0ull;
-}
 
 const v1::EntryInfo* Entry(const v1::StatusResponse& st, const std::string& model) {
   for (const auto& e : st.entries()) {

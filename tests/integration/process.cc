@@ -8,6 +8,8 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <fstream>
+#include <string>
 
 namespace weightcache::testing {
 
@@ -105,6 +107,16 @@ int Process::Wait() {
     reaped_ = true;
   }
   return status;
+}
+
+uint64_t ProcIo(pid_t pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/io");
+  std::string k;
+  uint64_t v = 0;
+  while (in >> k >> v) {
+    if (k == field + ":") return v;
+  }
+  return ~0ull;
 }
 
 }  // namespace weightcache::testing

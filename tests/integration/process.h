@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,5 +38,9 @@ class Process {
   std::string buf_;
   bool reaped_ = false;
 };
+
+// A field of /proc/PID/io (e.g. "rchar": bytes the process read through read/pread, page
+// cache included, so a reload from a hot page cache still counts); ~0 when it is not there.
+uint64_t ProcIo(pid_t pid, const std::string& field);
 
 }  // namespace weightcache::testing

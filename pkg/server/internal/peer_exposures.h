@@ -4,8 +4,8 @@
 // every segment of the entry's content (mapped read-only, as engines map it) for a bounded
 // hold, renewed by each such Describe; the exposure keeps the content alive meanwhile (an
 // entry evicted during a pull is freed when its hold lapses), and a reaper thread unexposes
-// what has lapsed. Host memory only: GPU segments need staging through registered host
-// buffers (Debian's UCX has no CUDA), not built yet.
+// what has lapsed. GPU segments are served through a device-to-host copy of each requested
+// range into the reply (memory::CopyToHost; Debian's UCX has no CUDA).
 //
 // Thread-safety: Expose may be called from any thread (the peer API's handlers).
 #pragma once
@@ -40,7 +40,7 @@ class PeerExposures {
 
   // Exposes every segment of `content` until `hold` from now (an exposure of the same
   // content is renewed, not made twice) and describes the regions in `out`, in segment
-  // order. UNAVAILABLE without UCX, UNIMPLEMENTED for GPU segments.
+  // order. UNAVAILABLE without UCX.
   absl::Status Expose(std::shared_ptr<const load::LoadedModel> content, v1::PeerTransfer* out);
   // Exposures held now (lapsed ones are gone within a reaper pass).
   size_t active() const;
