@@ -6,7 +6,10 @@
 // A's, every segment.
 //
 //   peer_fill_bench [--backend=auto|host|cuda-vmm] [--gib=4] [--dir=/var/tmp/wc-peer-fill]
-//                   [--runs=1]
+//                   [--runs=1] [--prepare]
+// --prepare writes the checkpoint (--dir/m) and a fleet CA with one daemon certificate
+// (--dir/daemon.{crt,key}, --dir/fleet-ca.crt), prints their paths and exits: what
+// bench/peer_fill_netns.sh runs two weightcached processes in network namespaces with.
 // --gib=0 writes a small checkpoint (tens of MB: a smoke run; the disk figure is then not
 // a disk figure). UCX_TLS defaults to tcp. The table and its command are kept in
 // docs/benchmarks.md ("Peer fill").
@@ -42,6 +45,7 @@ struct Args {
   double gib = 4;
   std::string dir = "/var/tmp/wc-peer-fill";
   int runs = 1;
+  bool prepare = false;
 };
 
 Args Parse(int argc, char** argv) {
@@ -60,6 +64,8 @@ Args Parse(int argc, char** argv) {
       a.dir = v;
     } else if (const char* v = value("--runs=")) {
       if (!absl::SimpleAtoi(v, &a.runs) || a.runs < 1) Die("--runs: a positive count: " + s);
+    } else if (s == "--prepare") {
+      a.prepare = true;
     } else {
       Die("unknown flag " + s);
     }
@@ -172,6 +178,11 @@ int main(int argc, char** argv) {
   if (!la.ok() || !lb.ok()) Die("certificates");
   const wc::peer::TlsFiles ta{la->cert_file, la->key_file, ca->ca_file()};
   const wc::peer::TlsFiles tb{lb->cert_file, lb->key_file, ca->ca_file()};
+  if (a.prepare) {
+    std::printf("checkpoint %s/m\ncert %s\nkey %s\nca %s\n", a.dir.c_str(), la->cert_file.c_str(),
+                la->key_file.c_str(), ca->ca_file().c_str());
+    return 0;
+  }
 
   std::printf(
       "| backend | model | disk load (A) | GB/s | peer fill (B from A) | GB/s | B read | "

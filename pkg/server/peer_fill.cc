@@ -84,8 +84,13 @@ std::string PlanDifference(const load::Plan& mine, const load::Plan& theirs) {
   return TensorsDifference("views", mine.views, theirs.views);
 }
 
-PeerFill::PeerFill(PeerFillOptions options, memory::Backend* backend, metrics::Metrics* metrics)
-    : options_(std::move(options)), backend_(backend), metrics_(metrics), peers_(options_.peers) {}
+PeerFill::PeerFill(PeerFillOptions options, memory::Backend* backend, metrics::Metrics* metrics,
+                   load::StagingPool* staging)
+    : options_(std::move(options)),
+      backend_(backend),
+      metrics_(metrics),
+      staging_(staging),
+      peers_(options_.peers) {}
 
 void PeerFill::CountFallback(const std::string& model, FillFallback reason) const {
   if (metrics_ != nullptr) metrics_->OnPeerFillFallback(model, FillFallbackName(reason));
@@ -201,6 +206,13 @@ absl::StatusOr<std::unique_ptr<load::LoadedModel>> PeerFill::Fill(
     WC_LOG_INFO("peer fill of %s: pulling %d bytes in %d segments from %s", model, total,
                 static_cast<int>(n), absl::StrJoin(from, ", "));
   }
+  // The device's CUDA ordinal: the staging pool allocates in its context.
+  int ordinal = 0;
+  if (staging_ != nullptr) {
+    for (const auto& d : backend_->Devices()) {
+      if (d.uuid == device && d.ordinal >= 0) ordinal = d.ordinal;
+    }
+  }
   // Bytes moved so far, over every source (progress moves with each chunk; a failed pull
   // takes its bytes back).
   std::atomic<uint64_t> moved{0};
@@ -238,7 +250,28 @@ absl::StatusOr<std::unique_ptr<load::LoadedModel>> PeerFill::Fill(
       drops.push_back({src.address, FillFallback::kTransfer, puller.status()});
       return;
     }
-    std::vector<std::byte> bounce;
+    // GPU segments: pulled piece by piece into a host buffer, each piece copied in. Pinned
+    // (the daemon's staging pool) when there is a pool and it can lend one, else pageable.
+    const uint64_t piece = std::max<uint64_t>(options_.bounce_bytes, 1);
+    load::StagingPool::Lease pinned;
+    std::vector<std::byte> pageable;
+    std::byte* bounce = nullptr;
+    auto bounce_for = [&]() -> std::byte* {
+      if (bounce != nullptr) return bounce;
+      if (staging_ != nullptr) {
+        auto lease = staging_->Take(ordinal, 1, piece);
+        if (lease.ok()) {
+          pinned = std::move(lease).value();
+          return bounce = reinterpret_cast<std::byte*>(pinned.buffers().front().data);
+        }
+        WC_LOG_WARN(
+            "peer fill of %s: no pinned staging buffer (%s); pulling through pageable "
+            "memory",
+            model, std::string(lease.status().message()));
+      }
+      pageable.resize(piece);
+      return bounce = pageable.data();
+    };
     const std::string& worker = src.transfer.worker_address();
     size_t i = 0;
     while (take(&i)) {
@@ -266,15 +299,13 @@ absl::StatusOr<std::unique_ptr<load::LoadedModel>> PeerFill::Fill(
       if (std::byte* dst = seg->host_data(); dst != nullptr) {
         st = (*puller)->Pull(worker, region.token(), 0, dst, seg->size(), po);
       } else {
-        const uint64_t piece = std::max<uint64_t>(options_.bounce_bytes, 1);
-        if (bounce.empty()) bounce.resize(std::min<uint64_t>(piece, seg->size()));
+        std::byte* buf = bounce_for();
         for (uint64_t off = 0; st.ok() && off < seg->size(); off += piece) {
           const uint64_t len = std::min<uint64_t>(piece, seg->size() - off);
-          if (bounce.size() < len) bounce.resize(len);
           base = off;
-          st = (*puller)->Pull(worker, region.token(), off, bounce.data(), len, po);
+          st = (*puller)->Pull(worker, region.token(), off, buf, len, po);
           if (st.ok()) {
-            if (auto c = seg->CopyIn(off, bounce.data(), len); !c.ok()) {
+            if (auto c = seg->CopyIn(off, buf, len); !c.ok()) {
               MutexLock l(mu);
               fatal = c;
               return;

@@ -124,7 +124,8 @@ absl::Status Daemon::Impl::StartPeerFill() {
   f.peers.self_port = static_cast<uint16_t>(peer_port_);
   f.peers.describe_timeout = o.describe_timeout;
   f.pull.timeout = o.pull_timeout;
-  peer_fill_ = std::make_unique<PeerFill>(std::move(f), backend_, options_.metrics);
+  peer_fill_ =
+      std::make_unique<PeerFill>(std::move(f), backend_, options_.metrics, staging_pool_.get());
   admission_.SetPeerFill(peer_fill_.get());
   std::vector<std::string> names;
   for (const auto& p : o.peers) names.push_back(absl::StrCat(p.host, ":", p.port));

@@ -10,7 +10,7 @@
 // loads the rank from disk (admission.cc) and counts the fallback.
 //
 // Thread-safety: Find and Fill may be called from several threads at once (each Fill uses
-// its own pullers). Lifetimes: the backend and metrics outlive the PeerFill.
+// its own pullers). Lifetimes: the backend, metrics and staging pool outlive the PeerFill.
 #pragma once
 
 #include <chrono>
@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "pkg/load/loader.h"
+#include "pkg/load/staging_pool.h"
 #include "pkg/memory/backend.h"
 #include "pkg/metrics/metrics.h"
 #include "pkg/peer/peer_set.h"
@@ -46,7 +47,8 @@ struct PeerFillOptions {
   peer::PeerSetOptions peers;
   // Each segment is one pull (pull.timeout bounds it).
   peer::PullOptions pull;
-  // Pulls into a GPU segment go through a host buffer of this many bytes per source.
+  // Pulls into a GPU segment go through a host buffer of this many bytes per source: taken
+  // from the daemon's pinned staging pool when there is one (a pageable buffer otherwise).
   uint64_t bounce_bytes = 64ull << 20;
 };
 
@@ -74,7 +76,10 @@ struct FillReport {
 
 class PeerFill {
  public:
-  PeerFill(PeerFillOptions options, memory::Backend* backend, metrics::Metrics* metrics);
+  // `staging` (may be null: host backends) lends the pinned host buffers GPU segments are
+  // filled through.
+  PeerFill(PeerFillOptions options, memory::Backend* backend, metrics::Metrics* metrics,
+           load::StagingPool* staging = nullptr);
 
   // The sources for `fingerprint` whose records agree with `plan` (this daemon's plan of the
   // rank on `device`'s backend), in the order the peers answered. Empty, with the failure
@@ -102,6 +107,7 @@ class PeerFill {
   const PeerFillOptions options_;
   memory::Backend* const backend_;
   metrics::Metrics* const metrics_;
+  load::StagingPool* const staging_;
   peer::PeerSet peers_;
 };
 
