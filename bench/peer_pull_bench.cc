@@ -6,7 +6,7 @@
 // costs against the raw UCX figures of bench/ucx_transfer_bench.
 //
 //   peer_pull_bench [--bytes=1073741824] [--reps=3] [--chunks=1,4,16] [--windows=1,4,8]
-//   (chunks in MiB)
+//   (chunks in MiB; --chunks_kib=256,512 gives them in KiB instead)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -33,7 +33,7 @@ std::vector<uint64_t> ParseList(const std::string& s) {
 int Main(int argc, char** argv) {
   uint64_t bytes = 1ull << 30;
   int reps = 3;
-  std::vector<uint64_t> chunks = {1, 4, 16}, windows = {1, 4, 8};
+  std::vector<uint64_t> chunks = {1024, 4096, 16384}, windows = {1, 4, 8};  // chunks in KiB
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const size_t eq = a.find('=');
@@ -43,6 +43,9 @@ int Main(int argc, char** argv) {
     } else if (k == "--reps") {
       reps = std::stoi(v);
     } else if (k == "--chunks") {
+      chunks = ParseList(v);
+      for (auto& c : chunks) c <<= 10;
+    } else if (k == "--chunks_kib") {
       chunks = ParseList(v);
     } else if (k == "--windows") {
       windows = ParseList(v);
@@ -70,11 +73,11 @@ int Main(int argc, char** argv) {
   if (!region.ok()) return 1;
   std::printf("Pull of %.2f GiB through UcxServer/UcxPuller (UCX_TLS=%s), median of %d\n\n",
               static_cast<double>(bytes) / (1 << 30), std::getenv("UCX_TLS"), reps);
-  std::printf("| chunk MiB | window | GB/s | busy replies |\n|---:|---:|---:|---:|\n");
+  std::printf("| chunk KiB | window | GB/s | busy replies |\n|---:|---:|---:|---:|\n");
   for (uint64_t c : chunks) {
     for (uint64_t w : windows) {
       weightcache::peer::PullOptions o;
-      o.chunk_bytes = c << 20;
+      o.chunk_bytes = c << 10;
       o.inflight = static_cast<unsigned>(w);
       o.timeout = std::chrono::minutes(10);
       std::vector<double> gbps;
