@@ -13,13 +13,14 @@ endfunction()
 
 # weightcache_test(NAME SOURCES... DEPS ... [LABELS ...] [DEFINITIONS ...] [NEEDS targets...])
 # A GoogleTest binary whose cases ctest discovers one by one. DEFINITIONS: its compile
-# definitions; NEEDS: targets built before it (e.g. a binary it runs). Everything about a test
+# definitions; NEEDS: targets built before it (e.g. a binary it runs); TIMEOUT: seconds per
+# case (default 120), for a binary whose cases are measured to need more. Everything about a test
 # goes through here: with WEIGHTCACHE_TESTS=OFF none of it exists (the Dockerfile's build).
 function(weightcache_test name)
   if(NOT WEIGHTCACHE_TESTS)
     return()
   endif()
-  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS;DEFINITIONS;NEEDS" ${ARGN})
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS;DEFINITIONS;NEEDS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
   if(ARG_DEFINITIONS)
@@ -32,6 +33,10 @@ function(weightcache_test name)
   if(ARG_LABELS)
     set(labels ${ARG_LABELS})
   endif()
-  gtest_discover_tests(${name} TEST_PREFIX "${name}." PROPERTIES LABELS "${labels}" TIMEOUT 120
-                       DISCOVERY_TIMEOUT 60)
+  set(timeout 120)
+  if(ARG_TIMEOUT)
+    set(timeout ${ARG_TIMEOUT})
+  endif()
+  gtest_discover_tests(${name} TEST_PREFIX "${name}." PROPERTIES LABELS "${labels}"
+                       TIMEOUT ${timeout} DISCOVERY_TIMEOUT 60)
 endfunction()
