@@ -1,6 +1,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -365,6 +366,87 @@ TEST(OpenModel, OnlineFp8ChangesTheFingerprint) {
   const std::string diff = spec::FormatDiff(spec::Diff(a, b));
   EXPECT_NE(diff.find("quant_method: cached none, asked fp8_block"), std::string::npos) << diff;
   EXPECT_NE(diff.find("dtype: cached bf16, asked fp8_e4m3"), std::string::npos) << diff;
+}
+
+// ---- Part of a plan (PlanSegments: a peer fill's rest, read from disk) ----
+
+std::string WholeSegment(const LoadedModel& loaded, size_t i, uint64_t bytes) {
+  std::string got(bytes, '\0');
+  EXPECT_EQ(::pread(loaded.segments[i]->fd(), got.data(), bytes, 0), static_cast<ssize_t>(bytes));
+  return got;
+}
+
+TEST(PlanSegments, APartLoadsTheWholesBytesIntoItsSegmentsAndReadsLess) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {.shards = 3}).ok());
+  auto m = OpenModel(OnlineSpec(dir.path(), 1));
+  ASSERT_TRUE(m.ok()) << m.status();
+  // Segments of 64 KiB: a larger weight gets one of its own, and its scale starts the next.
+  auto plan =
+      PlanRank(**m, {1, 0, 1, 0},
+               {.alignment = 256, .max_segment_bytes = 64 << 10, .loader_reads_pieces = true});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const size_t n = plan->segment_bytes.size();
+  ASSERT_GT(n, 4u);
+  // A quantized weight whose scale sits in another segment.
+  std::map<std::string, uint32_t> segment_of;
+  for (const auto& t : plan->tensors) segment_of[t.name] = t.segment;
+  const PlannedTensor* split = nullptr;
+  for (const auto& t : plan->tensors) {
+    if (t.quant && segment_of.at(t.quant->scale) != t.segment) {
+      split = &t;
+      break;
+    }
+  }
+  ASSERT_NE(split, nullptr) << "no weight has its scale in another segment: nothing to widen";
+  const uint32_t weight_segment = split->segment;
+  const uint32_t scale_segment = segment_of.at(split->quant->scale);
+
+  // A segment no quantization crosses into or out of.
+  std::vector<bool> crossed(n, false);
+  for (const auto& t : plan->tensors) {
+    if (t.quant && segment_of.at(t.quant->scale) != t.segment) {
+      crossed[t.segment] = crossed[segment_of.at(t.quant->scale)] = true;
+    }
+  }
+  uint32_t alone = 0;
+  while (alone < n && crossed[alone]) ++alone;
+  ASSERT_LT(alone, n);
+
+  // Asked for the scale's segment and that one: the weight's comes too (its quantization
+  // writes both), and nothing else.
+  std::vector<bool> wanted(n, false);
+  wanted[scale_segment] = true;
+  wanted[alone] = true;
+  const PlanPart part = PlanSegments(*plan, wanted);
+  std::vector<uint32_t> expected = {weight_segment, scale_segment, alone};
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(part.segments, expected);
+  ASSERT_EQ(part.plan.segment_bytes.size(), part.segments.size());
+  EXPECT_TRUE(part.plan.views.empty());
+  uint64_t total = 0;
+  for (const auto& t : part.plan.tensors) {
+    ASSERT_LT(t.segment, part.segments.size()) << t.name;
+    EXPECT_EQ(segment_of.at(t.name), part.segments[t.segment]) << t.name;
+    total += t.nbytes;
+  }
+  EXPECT_EQ(part.plan.total_bytes, total);
+
+  auto backend = memory::MakeHostBackend();
+  auto whole = LoadRank(**m, *plan, *backend, "", "whole", {}, nullptr);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  LoadProgress progress;
+  auto some = LoadRank(**m, part.plan, *backend, "", "part", {}, &progress);
+  ASSERT_TRUE(some.ok()) << some.status();
+  EXPECT_EQ(progress.done(), progress.total());
+  for (size_t j = 0; j < part.segments.size(); ++j) {
+    const uint32_t i = part.segments[j];
+    EXPECT_EQ(WholeSegment(**some, j, plan->segment_bytes[i]),
+              WholeSegment(**whole, i, plan->segment_bytes[i]))
+        << "segment " << i;
+  }
+  EXPECT_GT((*some)->stats.bytes_read, 0u);
+  EXPECT_LT((*some)->stats.bytes_read, (*whole)->stats.bytes_read);
 }
 
 // ---- A tensor-parallel group read once (LoadRanks, scatter.h) ----

@@ -520,4 +520,39 @@ absl::StatusOr<Plan> PlanRank(const OpenedModel& model, const spec::Layout& layo
   return plan;
 }
 
+PlanPart PlanSegments(const Plan& plan, std::vector<bool> wanted) {
+  wanted.resize(plan.segment_bytes.size(), false);
+  // Widen: a quantization writes its weight's segment and its scale's. Each pass can only
+  // add segments, so this ends after at most one pass per segment.
+  std::map<std::string_view, uint32_t> segment_of;
+  for (const auto& t : plan.tensors) segment_of.emplace(t.name, t.segment);
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (const auto& t : plan.tensors) {
+      if (!t.quant) continue;
+      auto s = segment_of.find(t.quant->scale);
+      if (s == segment_of.end() || s->second == t.segment) continue;
+      if (wanted[t.segment] != wanted[s->second]) {
+        wanted[t.segment] = wanted[s->second] = true;
+        grew = true;
+      }
+    }
+  }
+  PlanPart out;
+  std::vector<uint32_t> renumbered(plan.segment_bytes.size(), 0);
+  for (uint32_t i = 0; i < plan.segment_bytes.size(); ++i) {
+    if (!wanted[i]) continue;
+    renumbered[i] = static_cast<uint32_t>(out.segments.size());
+    out.segments.push_back(i);
+    out.plan.segment_bytes.push_back(plan.segment_bytes[i]);
+  }
+  for (const auto& t : plan.tensors) {
+    if (t.segment >= wanted.size() || !wanted[t.segment]) continue;
+    out.plan.tensors.push_back(t);
+    out.plan.tensors.back().segment = renumbered[t.segment];
+    out.plan.total_bytes += t.nbytes;
+  }
+  return out;
+}
+
 }  // namespace weightcache::load

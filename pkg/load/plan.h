@@ -129,4 +129,17 @@ bool IsOnlineQuantized(std::string_view tensor_name);
 absl::StatusOr<Plan> PlanRank(const OpenedModel& model, const spec::Layout& layout,
                               const PlanOptions& options);
 
+// The part of `plan` that lands in the segments `wanted` marks (one flag per segment of
+// `plan`), as a plan of its own for LoadRank: those segments renumbered in order (their
+// sizes kept), the tensors placed in them at the same offsets in the same order, no views
+// (a view is never read). `wanted` is first widened so that a load of the part writes no
+// other segment: an online-quantized weight and its scale tensor, when they sit in two
+// segments, are wanted together. `segments[j]` is the index in `plan` of the part's segment j.
+// A peer fill that filled some segments loads the rest from disk with it (admission.cc).
+struct PlanPart {
+  Plan plan;
+  std::vector<uint32_t> segments;
+};
+PlanPart PlanSegments(const Plan& plan, std::vector<bool> wanted);
+
 }  // namespace weightcache::load

@@ -457,9 +457,14 @@ void Metrics::OnAdopted(const std::string& model) {
 }
 
 void Metrics::OnPeerFill(const std::string& model, double seconds, uint64_t bytes) {
-  const std::string label = impl_->ModelLabel(model);
-  impl_->peer_fill_bytes.Add({{"model", label}}).Increment(static_cast<double>(bytes));
-  impl_->peer_fill_seconds.Add({{"model", label}}, LoadBuckets()).Observe(seconds);
+  OnPeerFillBytes(model, bytes);
+  impl_->peer_fill_seconds.Add({{"model", impl_->ModelLabel(model)}}, LoadBuckets())
+      .Observe(seconds);
+}
+
+void Metrics::OnPeerFillBytes(const std::string& model, uint64_t bytes) {
+  impl_->peer_fill_bytes.Add({{"model", impl_->ModelLabel(model)}})
+      .Increment(static_cast<double>(bytes));
 }
 
 void Metrics::OnPeerFillFallback(const std::string& model, const std::string& reason) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -235,6 +236,29 @@ std::vector<FillSource> Admission::FillSources(const load::OpenedModel& model,
   return sources;
 }
 
+// The rest of a peer fill that kept some segments (FillReport::partial): the segments it
+// lacks loaded from disk (load::PlanSegments) and put in their places. A filled segment that
+// the part had to take as well (a quantized weight's scale elsewhere) is read again; only
+// the segments still from peers keep their checked folds in `verified`.
+static absl::StatusOr<std::unique_ptr<load::LoadedModel>> LoadRest(
+    const load::OpenedModel& model, std::unique_ptr<load::LoadedModel> partial,
+    memory::Backend& backend, const std::string& device, const std::string& label,
+    const load::LoadOptions& lopts, load::LoadProgress* progress,
+    std::vector<std::optional<uint64_t>>* verified) {
+  std::vector<bool> missing(partial->segments.size());
+  for (size_t i = 0; i < missing.size(); ++i) missing[i] = partial->segments[i] == nullptr;
+  load::PlanPart part = load::PlanSegments(partial->plan, std::move(missing));
+  WC_ASSIGN_OR_RETURN(auto rest, load::LoadRank(model, std::move(part.plan), backend, device, label,
+                                                lopts, progress));
+  for (size_t j = 0; j < part.segments.size(); ++j) {
+    const uint32_t i = part.segments[j];
+    partial->segments[i] = std::move(rest->segments[j]);
+    (*verified)[i].reset();
+  }
+  partial->stats = rest->stats;
+  return partial;
+}
+
 absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartFill(
     const std::shared_ptr<const load::OpenedModel>& model, Prepared p,
     std::vector<FillSource> sources, bool* started) {
@@ -242,7 +266,9 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartFill(
   // The registry digests what the load returns: a filled entry's digests must be those each
   // segment matched during the fill (the same memory, sealed: nothing changed in between).
   // After a fallback, the disk's bytes are their own truth.
-  auto verified = std::make_shared<std::vector<uint64_t>>();
+  // Per segment: the fold it was checked against when it came from a peer, none when it came
+  // from disk.
+  auto verified = std::make_shared<std::vector<std::optional<uint64_t>>>();
   p.request.check_digests =
       [verified](const std::vector<integrity::SegmentDigest>& got) -> absl::Status {
     if (verified->empty()) return absl::OkStatus();
@@ -251,7 +277,7 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartFill(
                                               verified->size(), " filled segments"));
     }
     for (size_t i = 0; i < got.size(); ++i) {
-      if (integrity::Fold(got[i]) != (*verified)[i]) {
+      if ((*verified)[i] && integrity::Fold(got[i]) != *(*verified)[i]) {
         return absl::DataLossError(absl::StrCat(
             "peer fill: segment ", i, " changed between its check and the entry's digest"));
       }
@@ -262,25 +288,39 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartFill(
   cache::LoadFn disk = DiskLoad(model, p);
   auto shared_sources = std::make_shared<const std::vector<FillSource>>(std::move(sources));
   p.request.load = [fill, model, plan = p.plan, device = p.device, label = p.label,
-                    sources = std::move(shared_sources), disk = std::move(disk), verified](
+                    sources = std::move(shared_sources), disk = std::move(disk), verified,
+                    backend = backend_, lopts = LoadOptionsFor()](
                        cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
     FillFailure why{FillFallback::kTransfer, absl::OkStatus()};
     FillReport report;
     auto filled = fill->Fill(*sources, plan, model->spec.name, model->spec.model_dir, device, label,
                              &e.progress, &why, &report);
+    // Read by check_digests, on this thread, once the load returns.
+    verified->assign(report.folds.begin(), report.folds.end());
     if (filled.ok()) {
       WC_RETURN_IF_ERROR(FilesUnchanged(*model));
-      // Read by check_digests, on this thread, once the load returns.
-      *verified = std::move(report.folds);
       return filled;
     }
     if (e.progress.cancelled()) return filled.status();
     fill->CountFallback(model->spec.name, why.reason);
-    WC_LOG_WARN("peer fill of %s (%s on %s) fell back to disk (%s): %s", model->spec.name,
-                e.fingerprint.substr(0, 12), device, FillFallbackName(why.reason),
-                std::string(filled.status().message()));
     e.progress.SetDone(0);
-    return disk(e);
+    if (report.partial == nullptr) {
+      verified->clear();
+      WC_LOG_WARN("peer fill of %s (%s on %s) fell back to disk (%s): %s", model->spec.name,
+                  e.fingerprint.substr(0, 12), device, FillFallbackName(why.reason),
+                  std::string(filled.status().message()));
+      return disk(e);
+    }
+    size_t missing = 0;
+    for (const auto& s : report.partial->segments) missing += s == nullptr ? 1 : 0;
+    WC_LOG_WARN("peer fill of %s (%s on %s) fell back to disk (%s) for %d of %d segments: %s",
+                model->spec.name, e.fingerprint.substr(0, 12), device, FillFallbackName(why.reason),
+                static_cast<int>(missing), static_cast<int>(report.partial->segments.size()),
+                std::string(filled.status().message()));
+    WC_ASSIGN_OR_RETURN(auto loaded, LoadRest(*model, std::move(report.partial), *backend, device,
+                                              label, lopts, &e.progress, verified.get()));
+    WC_RETURN_IF_ERROR(FilesUnchanged(*model));
+    return loaded;
   };
   return registry_.StartOrJoin(std::move(p.request), started);
 }

@@ -223,6 +223,7 @@ absl::StatusOr<std::unique_ptr<load::LoadedModel>> PeerFill::Fill(
   size_t filled = 0;
   std::vector<size_t> by_source(sources.size(), 0);
   std::vector<uint64_t> folds(n, 0);
+  std::vector<bool> done(n, false);  // filled and checked
   std::vector<Drop> drops;
   absl::Status fatal;  // this daemon's own failure (allocation, sealing): no source helps
   CondVar renew_cv;
@@ -357,6 +358,7 @@ absl::StatusOr<std::unique_ptr<load::LoadedModel>> PeerFill::Fill(
       ++filled;
       ++by_source[source_index];
       folds[i] = want;
+      done[i] = true;
     }
   };
 
@@ -401,6 +403,19 @@ absl::StatusOr<std::unique_ptr<load::LoadedModel>> PeerFill::Fill(
       what.push_back(absl::StrCat(d.address, ": ", d.status.message()));
     }
     const FillFallback reason = drops.empty() ? FillFallback::kTransfer : drops.back().reason;
+    if (filled > 0 && report != nullptr) {
+      // What was filled stays, sealed and checked; the rest is freed for the disk to load.
+      uint64_t kept = 0;
+      for (size_t i = 0; i < n; ++i) {
+        if (!done[i]) {
+          out->segments[i].reset();
+        } else {
+          kept += out->segments[i]->size();
+        }
+      }
+      if (metrics_ != nullptr) metrics_->OnPeerFillBytes(model, kept);
+      report->partial = std::move(out);
+    }
     return fail(reason, absl::UnavailableError(absl::StrCat(
                             filled, " of ", n, " segments filled from peers, then every source ",
                             "was dropped: ", absl::StrJoin(what, "; "))));

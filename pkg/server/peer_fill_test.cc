@@ -3,7 +3,8 @@
 // TLS, UCX over TCP. A cold daemon with --peers fills "m" from a holder: the entry is
 // "peer_fill" with no checkpoint byte read by its load, and its segments equal the holder's,
 // which came from disk. No holder, or a holder serving a corrupted segment: the load reads
-// from disk and counts the fallback by reason. Through PeerFill itself: segments striped over
+// from disk and counts the fallback by reason; a fill that kept some segments reads only the
+// others from disk. Through PeerFill itself: segments striped over
 // two sources, and a source gone after it answered leaves its segments to the other.
 #include "pkg/server/internal/peer_fill.h"
 
@@ -185,7 +186,19 @@ TEST_F(PeerFillTest, NoHolderMeansADiskLoadCountedAsNotHeld) {
   EXPECT_EQ(Sample("weightcache_peer_fill_seconds", {{"model", "m"}}), 0);
 }
 
-TEST_F(PeerFillTest, ASourceServingACorruptedSegmentIsCaughtAndTheLoadReadsFromDisk) {
+// The bytes A's own load read from the checkpoint (all of it: A loaded from disk).
+uint64_t BytesReadByA(client::Client& a) {
+  auto st = a.Status();
+  EXPECT_TRUE(st.ok()) << st.status();
+  if (!st.ok()) return 0;
+  for (const auto& e : st->entries()) {
+    if (e.model() == "m") return e.bytes_read();
+  }
+  ADD_FAILURE() << "A holds no entry of m";
+  return 0;
+}
+
+TEST_F(PeerFillTest, ASourceServingACorruptedSegmentIsCaughtAndOnlyTheRestIsReadFromDisk) {
   StartA(/*load=*/true);
   peer::testing::CorruptPeerOptions co;
   co.server_files = a_files_;
@@ -203,11 +216,17 @@ TEST_F(PeerFillTest, ASourceServingACorruptedSegmentIsCaughtAndTheLoadReadsFromD
   ASSERT_TRUE(lease.ok()) << lease.status();
   ExpectSameBytesAsA(**lease);  // the checkpoint's bytes, not the corrupt copy
   const v1::EntryInfo e = EntryOf("b");
-  EXPECT_GT(e.bytes_read(), 0u);  // read from disk after the fill was refused
   EXPECT_EQ(e.state(), "ready");
   EXPECT_EQ(Sample("weightcache_peer_fill_fallbacks_total", {{"model", "m"}, {"reason", "digest"}}),
             1);
   EXPECT_EQ(Sample("weightcache_peer_fill_seconds", {{"model", "m"}}), 0);
+  // One source, segments taken in order: 0 and 1 were filled and checked before segment 2's
+  // digest dropped it. Those two stay; the disk gave the rest, and only the rest.
+  const uint64_t whole = BytesReadByA(*client_);
+  EXPECT_GT(e.bytes_read(), 0u);
+  EXPECT_LT(e.bytes_read(), whole) << "B read the whole checkpoint again after its fill failed";
+  const double from_peers = Sample("weightcache_peer_fill_bytes_total", {{"model", "m"}});
+  EXPECT_EQ(from_peers, static_cast<double>((*lease)->segment_size(0) + (*lease)->segment_size(1)));
 }
 
 // Through PeerFill: two holders share the segments; one gone after answering leaves its

@@ -183,5 +183,51 @@ TEST(GpuLoad, TensorParallelGroupOnOneGpuEqualsEachRanksHostLoad) {
   std::filesystem::remove_all(dir, ec);
 }
 
+// The rest of a peer fill (admission.cc): the part of a plan that lands in some segments
+// (load::PlanSegments, widened for a weight whose scale sits in the next segment), loaded into
+// cuda-vmm segments, equals the same part loaded on the host path (which load_test holds equal
+// to the whole plan's segments), online fp8 and bf16, and reads fewer bytes than the whole.
+TEST(GpuLoad, APartOfAPlanLoadsTheSameBytesAsOnTheHostPath) {
+  auto cuda = memory::MakeCudaBackend();
+  if (!cuda.ok()) GTEST_SKIP() << "no usable GPU: " << cuda.status().message();
+  const std::string dir = WriteCheckpoint();
+  auto host = memory::MakeHostBackend();
+  for (const char* quant : {"none", "fp8_block"}) {
+    SCOPED_TRACE(quant);
+    spec::ModelSpec s;
+    s.name = "gpupart";
+    s.model_dir = dir;
+    s.quantization = quant;
+    auto model = load::OpenModel(s);
+    ASSERT_TRUE(model.ok()) << model.status();
+    load::PlanOptions po;
+    po.loader_reads_pieces = true;
+    po.max_segment_bytes = 1 << 20;  // projections alone in theirs, fp8 scales in the next
+    auto plan = load::PlanRank(**model, {1, 0, 1, 0}, po);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    std::vector<bool> wanted(plan->segment_bytes.size(), false);
+    for (size_t i = 0; i < wanted.size(); i += 2) wanted[i] = true;  // every other one
+    const load::PlanPart part = load::PlanSegments(*plan, wanted);
+    ASSERT_FALSE(part.plan.tensors.empty());
+    ASSERT_LT(part.segments.size(), plan->segment_bytes.size());
+    load::LoadOptions lo;
+    lo.staging_bytes = 4 << 20;
+    auto gpu = load::LoadRank(**model, part.plan, **cuda, "", "gpupart", lo, nullptr);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    auto want = load::LoadRank(**model, part.plan, *host, "", "gpupart-host", {}, nullptr);
+    ASSERT_TRUE(want.ok()) << want.status();
+    ExpectSameBytes(**gpu, **want);
+    uint64_t file_bytes = 0;
+    for (const auto& t : (*model)->checkpoint.tensors()) file_bytes += t.nbytes;
+    EXPECT_LT((*gpu)->stats.bytes_read, file_bytes);
+    std::printf("%s: %zu of %zu segments, read %llu of %llu checkpoint bytes\n", quant,
+                part.segments.size(), plan->segment_bytes.size(),
+                static_cast<unsigned long long>((*gpu)->stats.bytes_read),
+                static_cast<unsigned long long>(file_bytes));
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
 }  // namespace
 }  // namespace weightcache

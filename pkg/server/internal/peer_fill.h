@@ -70,8 +70,14 @@ struct FillFailure {
 // each segment matched.
 struct FillReport {
   std::vector<size_t> segments_by_source;
-  // Per segment, the digest fold it was checked against (its source's record's).
+  // Per segment, the digest fold it was checked against (its source's record's); 0 for a
+  // segment not filled (`partial` says which were).
   std::vector<uint64_t> folds;
+  // Set when the fill failed because every source was dropped after some segments were
+  // filled: the rank with those segments (sealed, checked) and null in place of the others,
+  // for the caller to load only the rest from disk (load::PlanSegments). Null after any
+  // other failure, and after a success.
+  std::unique_ptr<load::LoadedModel> partial;
 };
 
 class PeerFill {
@@ -91,8 +97,9 @@ class PeerFill {
   // (at least one), segments labelled "<label>/<i>", sealed and checked against the
   // records' digests; counted in the peer-fill metrics. While it runs, the sources'
   // exposures are renewed (a Describe with transfer every third of their hold). On failure
-  // the segments are freed and `failure` says why (CANCELLED when `progress` was cancelled:
-  // no fallback is due then).
+  // `failure` says why (CANCELLED when `progress` was cancelled: no fallback is due then)
+  // and the segments are freed, except those filled before every source was dropped:
+  // `report->partial` keeps them (their bytes are counted in the metrics then).
   absl::StatusOr<std::unique_ptr<load::LoadedModel>> Fill(
       const std::vector<FillSource>& sources, const load::Plan& plan, const std::string& model,
       const std::string& model_dir, const std::string& device, const std::string& label,
