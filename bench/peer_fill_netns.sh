@@ -70,6 +70,17 @@ for ns in "$ns_a" "$ns_b"; do
   ip -n "$ns" link set eth0 up
   ip -n "$ns" link set lo up
 done
+# `link set up` returns before the veth pair has its carrier, and UCX lists only running
+# interfaces when a daemon starts: one started too early had tcp/lo alone and could not reach
+# its peer ("Destination is unreachable", one smoke run in four here).
+for ns in "$ns_a" "$ns_b"; do
+  for _ in $(seq 100); do
+    [[ $(ip -n "$ns" -o link show eth0) == *LOWER_UP* ]] && break
+    sleep 0.05
+  done
+  [[ $(ip -n "$ns" -o link show eth0) == *LOWER_UP* ]] ||
+    { echo "peer_fill_netns.sh: eth0 in $ns has no carrier after 5 s" >&2; exit 1; }
+done
 if [[ -n $rate ]]; then
   ip netns exec "$ns_a" tc qdisc add dev eth0 root tbf rate "$rate" burst 4mb latency 50ms
 fi

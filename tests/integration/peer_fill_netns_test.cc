@@ -84,6 +84,9 @@ class NetnsFleet {
       }
       nodes_.push_back(ns);
     }
+    for (const auto& ns : nodes_) {
+      if (auto s = WaitForCarrier(ns); !s.ok()) return s;
+    }
     return absl::OkStatus();
   }
   const std::string& ns(int i) const { return nodes_.at(i); }
@@ -96,6 +99,20 @@ class NetnsFleet {
   }
 
  private:
+  // `link set up` returns before a veth has its carrier, and UCX lists only running interfaces
+  // when a daemon starts: one started too early has tcp/lo alone and cannot reach its peers
+  // (bench/peer_fill_netns.sh failed so in one run of four). Bounded: 5 s is a failure.
+  absl::Status WaitForCarrier(const std::string& ns) {
+    const std::vector<std::string> argv{kIp, "-n", ns, "-o", "link", "show", "eth0"};
+    std::string last;
+    for (int i = 0; i < 100; ++i) {
+      last = testing::RunTool(argv, log_).out;
+      if (last.find("LOWER_UP") != std::string::npos) return absl::OkStatus();
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return absl::DeadlineExceededError(
+        absl::StrCat("eth0 in ", ns, " has no carrier after 5 s: ", last));
+  }
   absl::Status Add(const std::string& ns) {
     auto s = Ip({"netns", "add", ns}, log_);
     if (s.ok()) made_.push_back(ns);
