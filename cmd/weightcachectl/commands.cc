@@ -181,6 +181,10 @@ int Status(client::Client& c) {
                   static_cast<unsigned long>(k.pending_entries()));
     }
     if (!k.last_error().empty()) std::printf("  last keeper error: %s\n", k.last_error().c_str());
+  } else {
+    std::printf(
+        "keeper: none (--keeper_socket=off): a restarted daemon loads its models from disk "
+        "again\n");
   }
   return 0;
 }

@@ -194,6 +194,25 @@ TEST_F(KeeperTest, SigkilledDaemonRestartsServingFromTheKeeperWithoutReadingTheC
   EXPECT_EQ(before->Wait(), 0);
 }
 
+// Without a keeper (--keeper_socket=off) status says so in a plain line, not as a warning about
+// a keeper it never asked for (issue 45: the demo's status showed "NOT connected").
+TEST_F(KeeperTest, StatusSaysPlainlyWhenNoKeeperIsConfigured) {
+  std::vector<std::string> argv = DaemonArgv();
+  argv.push_back("--keeper_socket=off");  // the last value of a flag wins
+  auto d = testing::StartDaemon(argv, socket_dir(), dir_ / "daemon.log",
+                                [](const v1::StatusResponse& st) {
+                                  const auto* e = Entry(st, "m");
+                                  return e != nullptr && e->state() == "ready";
+                                });
+  ASSERT_TRUE(d.ok()) << d.status();
+  testing::ToolRun ctl = testing::RunTool(
+      {WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "status"}, dir_ / "ctl.err");
+  EXPECT_EQ(ctl.rc, 0) << ctl.out;
+  EXPECT_THAT(ctl.out, ::testing::HasSubstr("keeper: none (--keeper_socket=off): a restarted "
+                                            "daemon loads its models from disk again"));
+  EXPECT_THAT(ctl.out, ::testing::Not(::testing::HasSubstr("NOT connected")));
+}
+
 TEST_F(KeeperTest, AStaleEntryIsDroppedAtAdoptionAndLoadedAgain) {
   auto keeper = StartKeeper();
   auto daemon = StartDaemon();
