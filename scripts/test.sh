@@ -1,56 +1,85 @@
 #!/usr/bin/env bash
-# Installs, builds and runs the whole test suite; CI runs exactly this (.ci/run). Jobs, each
-# timed (a table at the end, also when a job fails):
+# Installs, builds and runs the whole test suite; CI runs exactly this (.ci/run). Every C++
+# translation unit is compiled once per compiler that needs it, and every test runs once.
+# Jobs, each timed (a table at the end, also when a job fails):
 #   format     clang-format over the tree
-#   build      g++ build (CUDA when nvcc is found), a configure with tests off (the
-#              Dockerfile's), clang-tidy, the test suite
+#   build      g++ build (CUDA when nvcc is found) of the production code, the benches and
+#              what a sanitizer build cannot run: GPU tests (they skip without a GPU, each
+#              reason shown), the Python and Helm suites, the benches' smokes
+#              (-DWEIGHTCACHE_CPU_TESTS=OFF); a configure with tests off (the Dockerfile's)
 #   sanitize   clang build with ASan+UBSan (any UB is fatal), -Wthread-safety as an error and
-#              the libFuzzer targets; the CPU test suite under it (not the helm and python
-#              suites: no C++ of ours runs in helm, and an uninstrumented python3 cannot load
-#              an ASan libweightcache.so); each fuzz target
-#              FUZZ_SECONDS (default 60) s from its seed corpus (scripts/fuzz.sh)
+#              the libFuzzer targets; every CPU suite (labels unit, integration) runs here,
+#              and only here; then each fuzz target from its seed corpus for the seconds
+#              scripts/fuzz.sh gives it (where its coverage stopped growing)
+#   tidy       clang-tidy over every production source (scripts/check-tidy.sh), each once
 #   image      the image from the Dockerfile with build/'s binaries (no compile), on a Debian
 #              rootfs made by mmdebstrap, with podman, storage in a temp dir; in containers from
 #              it: weightcached --help, the demo's flow with a keeper, the webhook over TLS
 #              (tests/image/image-test.sh). Needs the build job's build/.
 #   tsan       ThreadSanitizer build of the tests whose threads sync through std primitives
 #              only (registry, handle channel, read queue, staging pool), run
-# WC_JOBS="format build" runs a subset. Sanitizer builds leave out CUDA, torch and benches.
+# WC_JOBS="format build" runs a subset; WC_JOBS=fuzz-long (not in the default set) fuzzes each
+# target FUZZ_SECONDS (default 600) s. Sanitizer builds leave out CUDA, torch and benches.
+#   bash scripts/test.sh --quick   the developer's inner loop: the g++ build with every test
+#                                  (build/), then ctest; no install, no other job
+# docs/benchmarks.md, "CI time": where the minutes go.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-jobs=${WC_JOBS:-format build image sanitize tsan}
-fuzz_seconds=${FUZZ_SECONDS:-60}
+
 # -O1 and line tables only: what the sanitizers' reports need, and much less compile time
 # on CI's two cores than -O2 -g.
 sanitizer_cmake=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang
                  -DCMAKE_CXX_COMPILER=clang++ -DWEIGHTCACHE_BENCH=OFF -DWEIGHTCACHE_CUDA=OFF
                  -DWEIGHTCACHE_TORCH=OFF "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only"
                  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only")
+# Line tables only (-g1), not full debug info: symbolized backtraces are all CI needs, and
+# full -g costs 20-30% more compile time per file and objects five times the size
+# (scripts/build.sh's default too, so the demo's build and this one share their objects).
 # Tests that involve only std threading (Debian's abseil and gRPC are not built with TSan:
 # state handed over through them looks racy to it). The daemon, the client and the device
 # plugin tests are left out for that reason.
 tsan_tests=(cache_test handle_channel_test safetensors_test staging_pool_test)
 # Asserts how many finished load threads are still exiting: a timing bound that TSan's
-# slowdown breaks (no race report); it runs in the other jobs.
+# slowdown breaks (no race report); it runs in the sanitize job.
 tsan_skip="Registry.FinishedLoadThreadsAreJoinedNotKept"
 
+if [[ ${1:-} == --quick ]]; then
+  # Every test in one g++ build; the same objects as the build job's (only the test set
+  # differs), so switching between the two recompiles nothing.
+  start=$SECONDS
+  bash scripts/build.sh -DWEIGHTCACHE_CPU_TESTS=ON
+  (cd build && ctest --output-on-failure -j "$(nproc)")
+  echo "test.sh --quick: $((SECONDS - start)) s"
+  exit 0
+fi
+jobs=${WC_JOBS:-format build sanitize tidy image tsan}
+
 timings=()
+current=""
 report() {
+  [[ -n $current ]] &&
+    timings+=("$(printf '%-9s %5d  FAILED' "$current" $((SECONDS - current_start)))")
   ((${#timings[@]})) || return 0
   echo "job times (s):"
   printf '  %s\n' "${timings[@]}"
 }
 trap report EXIT
+# A job is its function run under `set -e`: the first failing command ends the script, and the
+# table (report) names the job that failed.
 run_job() {
   local name=$1
   shift
   [[ " $jobs " == *" $name "* ]] || return 0
-  local start=$SECONDS
+  current=$name
+  current_start=$SECONDS
   echo "=== job $name"
   "$@"
-  timings+=("$(printf '%-9s %5d' "$name" $((SECONDS - start)))")
-  echo "=== job $name: $((SECONDS - start)) s"
+  current=""
+  timings+=("$(printf '%-9s %5d' "$name" $((SECONDS - current_start)))")
+  echo "=== job $name: $((SECONDS - current_start)) s"
 }
+
+job_install() { bash scripts/install-deps.sh --test; }
 
 job_format() { bash scripts/check-format.sh; }
 
@@ -70,22 +99,15 @@ check_configure_without_tests() {
 }
 
 job_build() {
-  # Line tables only (-g1), not full debug info: symbolized backtraces are all CI needs, and
-  # full -g costs 20-30% more compile time per file (daemon.cc 11.8 s -> 9.0 s with g++ 12)
-  # and objects five times the size for every link. docs/benchmarks.md, "CI time".
-  bash scripts/build.sh "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" \
-    "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
+  bash scripts/build.sh -DWEIGHTCACHE_CPU_TESTS=OFF
   check_configure_without_tests
-  bash scripts/check-tidy.sh build
-  # GPU tests skip without a GPU: show each one's reason, then run the whole suite, whose
-  # summary closes the output.
+  # GPU tests skip without a GPU: show each one's reason, then run what this build has (GPU,
+  # Python, Helm, the benches' smokes), whose summary closes the output.
   (cd build &&
     { ctest -L gpu -V 2>&1 | grep -A1 -E "^[0-9]+: .*: Skipped$" | grep -vE "Skipped$|^--$" \
         | sed 's/^[0-9]*: /gpu tests skipped: /' | sort -u || true; } &&
     ctest --output-on-failure -j "$(nproc)")
 }
-
-job_image() { bash tests/image/image-test.sh build; }
 
 job_sanitize() {
   cmake -S . -B build-asan "${sanitizer_cmake[@]}" -DWEIGHTCACHE_SANITIZE=ON -DWEIGHTCACHE_FUZZ=ON \
@@ -94,8 +116,16 @@ job_sanitize() {
   (cd build-asan &&
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
       ctest --output-on-failure -j "$(nproc)" -LE "gpu|helm|python")
-  BUILD_DIR=build-asan bash scripts/fuzz.sh "$fuzz_seconds"
+  BUILD_DIR=build-asan bash scripts/fuzz.sh
 }
+
+job_fuzz_long() { BUILD_DIR=build-asan bash scripts/fuzz.sh "${FUZZ_SECONDS:-600}"; }
+
+# Production sources with build/'s compile commands (CUDA), the CUDA-less stand-ins with
+# build-asan's.
+job_tidy() { bash scripts/check-tidy.sh build build-asan; }
+
+job_image() { bash tests/image/image-test.sh build; }
 
 job_tsan() {
   cmake -S . -B build-tsan "${sanitizer_cmake[@]}" -DWEIGHTCACHE_TSAN=ON \
@@ -108,9 +138,14 @@ job_tsan() {
       ctest --output-on-failure -j "$(nproc)" -R "$pattern" -E "$tsan_skip")
 }
 
-bash scripts/install-deps.sh --test
+total_start=$SECONDS
+jobs="install $jobs"
+run_job install job_install
 run_job format job_format
 run_job build job_build
-run_job image job_image
 run_job sanitize job_sanitize
+run_job fuzz-long job_fuzz_long
+run_job tidy job_tidy
+run_job image job_image
 run_job tsan job_tsan
+timings+=("$(printf '%-9s %5d' total $((SECONDS - total_start)))")
