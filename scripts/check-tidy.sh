@@ -8,6 +8,7 @@
 # the findings.
 #   bash scripts/check-tidy.sh [build-dir...]     (default: build build-asan, those that exist)
 #   WC_TIDY_ALL=1 bash scripts/check-tidy.sh      every .cc of the compile databases, tests too
+#   WC_TIDY_TIMES=FILE                              each file's seconds, slowest first
 set -euo pipefail
 cd "$(dirname "$0")/.."
 builds=("$@")
@@ -39,24 +40,35 @@ while read -r f; do
   [[ -n $placed ]] || unchecked+=("$f")
 done < <(for f in "${wanted[@]}"; do echo "$(stat -c %s "$f") $f"; done | sort -rn | cut -d' ' -f2)
 
-out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+# One clang-tidy per core; each file's seconds into times.txt (WC_TIDY_TIMES keeps them).
+tidy_one() {  # tidy_one BUILD FILE: findings into $out/<n>.log, "seconds file" into times.txt
+  local t0 t1 log
+  log=$(mktemp "$out/XXXXXX.log")
+  t0=$(date +%s.%N)
+  clang-tidy -p "$1" --quiet "$2" >"$log" 2>&1 || echo "$2" >>"$out/failed"
+  t1=$(date +%s.%N)
+  awk -v a="$t0" -v b="$t1" -v f="$2" 'BEGIN { printf "%.1f %s\n", b - a, f }' >>"$out/times.txt"
+}
+export -f tidy_one
+export out
 total=0
-failed=""
 for b in "${dbs[@]}"; do
   [[ -n ${by_db[$b]:-} ]] || continue
-  mapfile -t files < <(printf '%s' "${by_db[$b]}")
-  total=$((total + ${#files[@]}))
-  run-clang-tidy -p "$b" -j "$(nproc)" -quiet "${files[@]}" >>"$out" 2>&1 || failed=1
+  total=$((total + $(printf '%s' "${by_db[$b]}" | grep -c .)))
+  printf '%s' "${by_db[$b]}" | xargs -d '\n' -P "$(nproc)" -I{} bash -c 'tidy_one "$0" "$1"' "$b" {}
 done
 if ((${#unchecked[@]})); then
   echo "clang-tidy: not compiled by ${dbs[*]}, so not checked: ${unchecked[*]}"
 fi
-if [[ -z $failed ]]; then
+sort -rn "$out/times.txt" | sed "s|$PWD/||" >"${WC_TIDY_TIMES:-$out/sorted.txt}"
+echo "clang-tidy: slowest files (s): $(head -5 "${WC_TIDY_TIMES:-$out/sorted.txt}" | awk '{printf "%s %s; ", $2, $1}')"
+if [[ ! -f $out/failed ]]; then
   echo "clang-tidy: $total files clean"
 else
-  sed 's/\x1b\[[0-9;]*m//g' "$out" | grep -E "(warning|error): " | sed "s|$PWD/||" | sort -u >&2 ||
-    cat "$out" >&2
-  echo "clang-tidy: findings above ($total files checked)" >&2
+  cat "$out"/*.log | sed 's/\x1b\[[0-9;]*m//g' | grep -E "(warning|error): " | sed "s|$PWD/||" |
+    sort -u >&2 || cat "$out"/*.log >&2
+  echo "clang-tidy: findings above in $(wc -l <"$out/failed") of $total files" >&2
   exit 1
 fi
