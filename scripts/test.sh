@@ -123,7 +123,8 @@ job_fuzz_long() { BUILD_DIR=build-asan bash scripts/fuzz.sh "${FUZZ_SECONDS:-600
 
 # Production sources with build/'s compile commands (CUDA), the CUDA-less stand-ins with
 # build-asan's.
-job_tidy() { bash scripts/check-tidy.sh build build-asan; }
+# Each file's seconds, slowest first, stay in build/tidy-times.txt.
+job_tidy() { WC_TIDY_TIMES=build/tidy-times.txt bash scripts/check-tidy.sh build build-asan; }
 
 job_image() { bash tests/image/image-test.sh build; }
 
