@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
+#include "pkg/util/bytes.h"
 #include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"
 #include "pkg/util/scoped_fd.h"
@@ -58,16 +59,6 @@ std::string FormatTime(int64_t ns) {
   char buf[32];
   std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
   return absl::StrFormat("%s.%09dZ", buf, static_cast<int>(ns % 1000000000));
-}
-
-std::string Hex(const unsigned char* d, size_t n) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out(2 * n, '0');
-  for (size_t i = 0; i < n; ++i) {
-    out[2 * i] = kDigits[d[i] >> 4];
-    out[2 * i + 1] = kDigits[d[i] & 0xf];
-  }
-  return out;
 }
 
 // One SHA-256 (OpenSSL's EVP: SHA-NI where the CPU has it, ~1.7 GB/s a core here).
@@ -200,7 +191,7 @@ absl::StatusOr<std::string> HashFile(int fd, uint64_t size, unsigned threads,
   top.Update(le, sizeof le);
   for (const auto& d : digests) top.Update(d.data(), d.size());
   const auto d = top.Final();
-  return "sha256c:" + Hex(d.data(), d.size());
+  return "sha256c:" + HexEncode(d.data(), d.size());
 }
 
 absl::StatusOr<std::string> Sha256File(int fd, uint64_t size, const std::string& what,
@@ -209,14 +200,14 @@ absl::StatusOr<std::string> Sha256File(int fd, uint64_t size, const std::string&
   Sha256 h;
   WC_RETURN_IF_ERROR(ReadInto(fd, 0, size, buf, h, size, what, cancel));
   const auto d = h.Final();
-  return Hex(d.data(), d.size());
+  return HexEncode(d.data(), d.size());
 }
 
 std::string Sha256Hex(std::string_view data) {
   Sha256 h;
   h.Update(data.data(), data.size());
   const auto d = h.Final();
-  return Hex(d.data(), d.size());
+  return HexEncode(d.data(), d.size());
 }
 
 const char* DigestSourceName(DigestSource s) {
@@ -281,7 +272,7 @@ std::string Hmac(const std::string& key, const std::string& text) {
   unsigned int len = 0;
   HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
        reinterpret_cast<const unsigned char*>(text.data()), text.size(), md, &len);
-  return Hex(md, len);
+  return HexEncode(md, len);
 }
 
 bool SameMac(const std::string& a, const std::string& b) {

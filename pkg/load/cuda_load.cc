@@ -29,6 +29,7 @@
 #include "pkg/memory/internal/cuda_segment.h"
 #include "pkg/safetensors/read_queue.h"
 #include "pkg/safetensors/safetensors.h"
+#include "pkg/util/bytes.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 
@@ -381,8 +382,7 @@ absl::Status ScatterThroughPinnedStaging(const ScatterPlan& plan,
       const uint64_t end = s.file_offset + s.length;
       if (f.direct_fd >= 0) {
         const uint64_t base = s.file_offset / kAlign * kAlign;
-        const uint64_t aligned_end =
-            std::min((end + kAlign - 1) / kAlign * kAlign, f.size / kAlign * kAlign);
+        const uint64_t aligned_end = std::min(RoundUp(end, kAlign), f.size / kAlign * kAlign);
         uint8_t* at_base = buf + s.at - (s.file_offset - base);
         if (aligned_end > base) {
           reqs.push_back({f.direct_fd, base, aligned_end - base, at_base, what[s.file]});

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "pkg/load/pieces.h"
+#include "pkg/util/bytes.h"
 
 namespace weightcache::load {
 namespace {
@@ -170,7 +171,7 @@ absl::StatusOr<ScatterPlan> PlanScatter(const std::vector<const Plan*>& plans,
       uint64_t at_file = begin;
       while (at_file < end) {
         const uint64_t lead = at_file % out.align;
-        uint64_t start = (used + out.align - 1) / out.align * out.align;
+        uint64_t start = RoundUp(used, out.align);
         if (start + lead >= out.buffer_bytes) {
           flush();
           start = 0;

@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "pkg/memory/internal/cuda_driver.h"
 #include "pkg/memory/internal/cuda_segment.h"
+#include "pkg/util/bytes.h"
 #include "pkg/util/log.h"
 #include "pkg/util/scoped_fd.h"
 #include "pkg/util/status_macros.h"
@@ -23,8 +24,6 @@
 namespace weightcache::memory {
 namespace internal {
 namespace {
-
-uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 class CudaSegmentImpl final : public CudaSegment {
  public:

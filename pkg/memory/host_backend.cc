@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "pkg/memory/backend.h"
 #include "pkg/memory/internal/release_watch.h"
+#include "pkg/util/bytes.h"
 #include "pkg/util/errno_status.h"
 #include "pkg/util/scoped_fd.h"
 
@@ -24,8 +25,6 @@ namespace weightcache::memory {
 namespace {
 
 constexpr uint64_t kHostGranularity = 2ull << 20;  // 2 MiB: matches the CUDA granularity
-
-uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 class HostSegment final : public Segment {
  public:

@@ -10,6 +10,7 @@
 #include "pkg/load/loader.h"
 #include "pkg/load/plan.h"
 #include "pkg/server/internal/group_load.h"
+#include "pkg/util/bytes.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 
@@ -182,7 +183,7 @@ absl::StatusOr<Admission::Prepared> Admission::Prepare(
   WC_ASSIGN_OR_RETURN(p.plan, load::PlanRank(*model, layout, popts));
   const uint64_t granule = std::max<uint64_t>(1, backend_->granularity());
   uint64_t reserve = 0;
-  for (uint64_t b : p.plan.segment_bytes) reserve += (b + granule - 1) / granule * granule;
+  for (uint64_t b : p.plan.segment_bytes) reserve += RoundUp(b, granule);
   p.label = absl::StrCat("weightcache/", model->spec.name, "/", p.fingerprint.substr(0, 12));
   p.request.key = {p.fingerprint, p.device};
   p.request.model = model->spec.name;

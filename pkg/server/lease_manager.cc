@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "pkg/server/namespace_rules.h"
+#include "pkg/util/bytes.h"
 #include "pkg/util/log.h"
 
 namespace weightcache::server {
@@ -22,13 +23,7 @@ std::string RandomHex(size_t bytes) {
     n = ::getrandom(raw.data(), bytes, 0);
   } while (n < 0 && errno == EINTR);
   WC_CHECK(n == static_cast<ssize_t>(bytes));
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : raw) {
-    out.push_back(kHex[c >> 4]);
-    out.push_back(kHex[c & 15]);
-  }
-  return out;
+  return HexEncode(raw.data(), raw.size());
 }
 
 absl::StatusOr<LeaseManager::Issued> LeaseManager::Issue(

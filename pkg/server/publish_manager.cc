@@ -14,6 +14,7 @@
 #include "pkg/server/internal/lease_manager.h"
 #include "pkg/server/internal/manifest.h"
 #include "pkg/server/namespace_rules.h"
+#include "pkg/util/bytes.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 
@@ -24,8 +25,6 @@ constexpr size_t kMaxTensors = 1 << 20;
 constexpr size_t kMaxNameBytes = 1024;
 constexpr size_t kMaxDims = 16;
 constexpr const char* kIdPrefix = "pub-";  // lease ids are bare hex: the two never collide
-
-uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 std::string Describe(const v1::PublishTensor& t) {
   return absl::StrCat(t.dtype(), " [", absl::StrJoin(t.shape(), ", "), "] ", t.nbytes(), " bytes");

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "pkg/util/bytes.h"
 #include "pkg/util/log.h"
 
 namespace weightcache::spec {
@@ -196,14 +197,7 @@ std::string Sha256Hex(const void* data, size_t size) {
   // Fails only if OpenSSL itself is broken (no SHA-256, out of memory): a bug, not input.
   WC_CHECK(EVP_Digest(data, size, md, &md_len, EVP_sha256(), nullptr) == 1);
   WC_CHECK(md_len == 32);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 * md_len);
-  for (unsigned int i = 0; i < md_len; ++i) {
-    out.push_back(kHex[md[i] >> 4]);
-    out.push_back(kHex[md[i] & 0xf]);
-  }
-  return out;
+  return HexEncode(md, md_len);
 }
 
 }  // namespace weightcache::spec

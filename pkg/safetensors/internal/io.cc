@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "pkg/util/bytes.h"
 #include "pkg/util/errno_status.h"
 #include "pkg/util/untrusted_text.h"
 
@@ -113,14 +114,7 @@ absl::StatusOr<std::string> Sha256Hex(std::string_view a, std::string_view b) {
       EVP_DigestFinal_ex(ctx.get(), digest, &digest_len) != 1) {
     return absl::InternalError("SHA-256 (OpenSSL EVP) failed");
   }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string hex;
-  hex.reserve(2 * digest_len);
-  for (unsigned int i = 0; i < digest_len; ++i) {
-    hex.push_back(kHex[digest[i] >> 4]);
-    hex.push_back(kHex[digest[i] & 0xF]);
-  }
-  return hex;
+  return HexEncode(digest, digest_len);
 }
 
 }  // namespace weightcache::safetensors::internal
