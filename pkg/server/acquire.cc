@@ -17,6 +17,7 @@
 #include "pkg/load/loader.h"
 #include "pkg/load/plan.h"
 #include "pkg/server/internal/daemon_impl.h"
+#include "pkg/server/internal/layout_proto.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 
@@ -312,10 +313,7 @@ absl::Status Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
   }
   resp->set_lease_id(issued.lease_id);
   resp->set_token(issued.token);
-  resp->mutable_layout()->set_tp_size(e->inputs.layout.tp_size);
-  resp->mutable_layout()->set_tp_rank(e->inputs.layout.tp_rank);
-  resp->mutable_layout()->set_pp_size(e->inputs.layout.pp_size);
-  resp->mutable_layout()->set_pp_rank(e->inputs.layout.pp_rank);
+  LayoutToProto(e->inputs.layout, resp->mutable_layout());
   resp->set_fingerprint(e->fingerprint);
   resp->set_model(name);
   resp->set_backend(memory::BackendName(backend_->kind()));

@@ -15,6 +15,7 @@
 #include "pkg/load/loader.h"
 #include "pkg/load/plan.h"
 #include "pkg/server/internal/daemon_impl.h"
+#include "pkg/server/internal/layout_proto.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 #include "pkg/util/unix_socket.h"
@@ -518,10 +519,7 @@ absl::Status Daemon::Impl::LoadDefined(
       absl::Status s = registry_.WaitReady(e, std::chrono::steady_clock::now());
       const bool rank_loading = s.code() == absl::StatusCode::kDeadlineExceeded;
       auto* r = p.add_ranks();
-      r->mutable_layout()->set_tp_size(e->inputs.layout.tp_size);
-      r->mutable_layout()->set_tp_rank(e->inputs.layout.tp_rank);
-      r->mutable_layout()->set_pp_size(e->inputs.layout.pp_size);
-      r->mutable_layout()->set_pp_rank(e->inputs.layout.pp_rank);
+      LayoutToProto(e->inputs.layout, r->mutable_layout());
       r->set_fingerprint(e->fingerprint);
       r->set_device_uuid(e->device_uuid);
       r->set_state(rank_loading ? "loading" : s.ok() ? "ready" : "failed");

@@ -5,6 +5,7 @@
 #include "pkg/integrity/segment_digest.h"
 #include "pkg/server/handle_message.h"
 #include "pkg/server/internal/daemon_impl.h"
+#include "pkg/server/internal/layout_proto.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 
@@ -126,10 +127,7 @@ absl::Status Daemon::Impl::VerifyResident(const Caller& caller,
     auto* c = resp->add_entries();
     c->set_fingerprint(e->fingerprint);
     c->set_device_uuid(e->device_uuid);
-    c->mutable_layout()->set_tp_size(e->inputs.layout.tp_size);
-    c->mutable_layout()->set_tp_rank(e->inputs.layout.tp_rank);
-    c->mutable_layout()->set_pp_size(e->inputs.layout.pp_size);
-    c->mutable_layout()->set_pp_rank(e->inputs.layout.pp_rank);
+    LayoutToProto(e->inputs.layout, c->mutable_layout());
     c->set_segments(static_cast<uint32_t>(r.segments));
     c->set_bytes(r.bytes);
     c->set_seconds(r.seconds);

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "pkg/integrity/digest.h"
 #include "pkg/safetensors/safetensors.h"
+#include "pkg/server/internal/layout_proto.h"
 #include "pkg/server/internal/manifest.h"
 #include "pkg/util/status_macros.h"
 
@@ -68,10 +69,7 @@ std::string EncodeKeeperRecord(const cache::Entry& e, const load::LoadedModel& c
     d->set_size(f.size);
     d->set_content(f.content);
   }
-  r.mutable_layout()->set_tp_size(in.layout.tp_size);
-  r.mutable_layout()->set_tp_rank(in.layout.tp_rank);
-  r.mutable_layout()->set_pp_size(in.layout.pp_size);
-  r.mutable_layout()->set_pp_rank(in.layout.pp_rank);
+  LayoutToProto(in.layout, r.mutable_layout());
   r.set_tensor_layout(in.tensor_layout);
   r.set_quant_method(in.quant_method);
   r.set_quant_config_sha256(in.quant_config_sha256);
@@ -138,8 +136,7 @@ absl::StatusOr<AdoptableRecord> DecodeKeeperRecord(const std::string& body) {
   in.architecture = r.architecture();
   in.revision = r.revision();
   for (const auto& d : r.digests()) in.files.push_back({d.name(), d.size(), d.content()});
-  in.layout = {static_cast<int>(r.layout().tp_size()), static_cast<int>(r.layout().tp_rank()),
-               static_cast<int>(r.layout().pp_size()), static_cast<int>(r.layout().pp_rank())};
+  in.layout = LayoutFromProto(r.layout());
   in.tensor_layout = r.tensor_layout();
   in.quant_method = r.quant_method();
   in.quant_config_sha256 = r.quant_config_sha256();

@@ -16,6 +16,7 @@
 #include "pkg/load/loader.h"
 #include "pkg/load/plan.h"
 #include "pkg/server/internal/daemon_impl.h"
+#include "pkg/server/internal/layout_proto.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 #include "pkg/util/version.h"
@@ -85,10 +86,7 @@ void Daemon::Impl::Status(const Caller& caller, v1::StatusResponse* resp) {
     e->set_tensor_bytes(s.tensor_bytes);
     e->set_tensors(static_cast<uint32_t>(s.tensors));
     e->set_segments(static_cast<uint32_t>(s.segments));
-    e->mutable_layout()->set_tp_size(s.inputs.layout.tp_size);
-    e->mutable_layout()->set_tp_rank(s.inputs.layout.tp_rank);
-    e->mutable_layout()->set_pp_size(s.inputs.layout.pp_size);
-    e->mutable_layout()->set_pp_rank(s.inputs.layout.pp_rank);
+    LayoutToProto(s.inputs.layout, e->mutable_layout());
     e->set_backend(memory::BackendName(backend_->kind()));
     e->set_device_uuid(s.device_uuid);
     e->set_load_seconds(s.load_seconds);
