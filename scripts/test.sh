@@ -32,9 +32,6 @@ sanitizer_cmake=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=c
                  -DCMAKE_CXX_COMPILER=clang++ -DWEIGHTCACHE_BENCH=OFF -DWEIGHTCACHE_CUDA=OFF
                  -DWEIGHTCACHE_TORCH=OFF "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only"
                  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only")
-# Line tables only (-g1), not full debug info: symbolized backtraces are all CI needs, and
-# full -g costs 20-30% more compile time per file and objects five times the size
-# (scripts/build.sh's default too, so the demo's build and this one share their objects).
 # Tests that involve only std threading (Debian's abseil and gRPC are not built with TSan:
 # state handed over through them looks racy to it). The daemon, the client and the device
 # plugin tests are left out for that reason.
