@@ -2,7 +2,7 @@
 # Installs, builds and runs the whole test suite; CI runs exactly this (.ci/run). Every C++
 # translation unit is compiled once per compiler that needs it, and every test runs once.
 # Jobs, each timed (a table at the end, also when a job fails):
-#   format     clang-format over the tree
+#   format     clang-format over the tree; pkg/server's layering (scripts/check-layering.sh)
 #   build      g++ build (CUDA when nvcc is found) of the production code, the benches and
 #              what a sanitizer build cannot run: GPU tests (they skip without a GPU, each
 #              reason shown), the Python and Helm suites, the benches' smokes
@@ -78,7 +78,7 @@ run_job() {
 
 job_install() { bash scripts/install-deps.sh --test; }
 
-job_format() { bash scripts/check-format.sh; }
+job_format() { bash scripts/check-format.sh && bash scripts/check-layering.sh; }
 
 # The Dockerfile builds with -DWEIGHTCACHE_TESTS=OFF: that configuration must at least
 # configure (a test's property set outside weightcache_test broke it unnoticed).

@@ -1,7 +1,7 @@
 // A client of the kubelet's PodResources API (v1.PodResourcesLister/List on
 // /var/lib/kubelet/pod-resources/kubelet.sock): which pod's container holds which device of an
 // extended resource. The daemon uses it to learn which pod holds a device-plugin slot, and so
-// in which namespace a connection on that slot's socket runs (pkg/server/namespace_rules.h).
+// in which namespace a connection on that slot's socket runs (pkg/server/policy/namespace_rules.h).
 // It needs neither hostPID nor the API server: the kubelet answers for its own node.
 //
 // Thread-safety: Holders() may be called from any thread at once (one gRPC channel, shared).

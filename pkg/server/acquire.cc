@@ -17,7 +17,7 @@
 #include "pkg/load/loader.h"
 #include "pkg/load/plan.h"
 #include "pkg/server/internal/daemon_impl.h"
-#include "pkg/server/internal/layout_proto.h"
+#include "pkg/server/messages/layout_proto.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 
@@ -319,7 +319,8 @@ absl::Status Daemon::Impl::FillLease(const std::shared_ptr<cache::Entry>& e,
   resp->set_backend(memory::BackendName(backend_->kind()));
   resp->set_device_uuid(content->device_uuid);
   resp->set_handle_socket(caller.slot.empty() ? handle_path()
-                                              : SlotHandleSocketInContainer(options_));
+                                              : SlotHandleSocketInContainer(
+                                                    options_.socket_dir, options_.namespace_rules));
   resp->set_total_bytes(content->plan.total_bytes);
   resp->set_model_dir(model_dir);
   for (size_t i = 0; i < content->segments.size(); ++i) {

@@ -204,7 +204,8 @@ absl::Status Daemon::Impl::ServeArtifact(const Caller& caller, const v1::GetArti
   resp->set_bytes(a->bytes());
   resp->set_sha256(a->sha256());
   resp->set_handle_socket(caller.slot.empty() ? handle_path()
-                                              : SlotHandleSocketInContainer(options_));
+                                              : SlotHandleSocketInContainer(
+                                                    options_.socket_dir, options_.namespace_rules));
   artifact::ArtifactInfo info;
   info.id = a->id();
   info.key = a->key();

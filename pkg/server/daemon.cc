@@ -1,6 +1,7 @@
 #include "pkg/server/daemon.h"
 
 #include <fcntl.h>
+#include <grpcpp/server_posix.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,7 +16,7 @@
 #include "pkg/load/loader.h"
 #include "pkg/load/plan.h"
 #include "pkg/server/internal/daemon_impl.h"
-#include "pkg/server/internal/layout_proto.h"
+#include "pkg/server/messages/layout_proto.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 #include "pkg/util/unix_socket.h"
@@ -295,7 +296,9 @@ absl::Status Daemon::Impl::Start() {
       m->OnRefused("http2_" + limit);
     };
   }
-  WC_ASSIGN_OR_RETURN(control_, ControlListener::Start(lo, grpc_.get()));
+  WC_ASSIGN_OR_RETURN(control_, ControlListener::Start(lo, [server = grpc_.get()](int fd) {
+                        grpc::AddInsecureChannelFromFd(server, fd);
+                      }));
   WC_RETURN_IF_ERROR(StartPeerServer());
   WC_RETURN_IF_ERROR(StartPeerFill());
   if (options_.socket_gid >= 0) {

@@ -3,9 +3,9 @@
 // copy loaded) and VerifyResident.
 #include "absl/strings/str_cat.h"
 #include "pkg/integrity/segment_digest.h"
-#include "pkg/server/handle_message.h"
 #include "pkg/server/internal/daemon_impl.h"
-#include "pkg/server/internal/layout_proto.h"
+#include "pkg/server/messages/layout_proto.h"
+#include "pkg/server/wire/handle_message.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 

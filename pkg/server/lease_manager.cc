@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "pkg/server/namespace_rules.h"
+#include "pkg/server/policy/namespace_rules.h"
 #include "pkg/util/bytes.h"
 #include "pkg/util/log.h"
 

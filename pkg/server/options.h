@@ -1,6 +1,6 @@
-// The daemon's vocabulary: its options, socket names and placement rule. The parts of
-// pkg/server (admission, publishing, namespace rules) and the daemon that assembles them
-// depend on this header, not on each other's, so arrows run one way.
+// The daemon's vocabulary: its options, socket names and placement rule. The core's parts
+// (admission, publishing) and the daemon that assembles them depend on this header, not on
+// each other's, so arrows run one way; the subfolders (wire/, policy/, ...) never include it.
 //
 // Thread-safety: plain values. Lifetimes: DaemonOptions' pointers (metrics) and hooks
 // outlive the daemon built from them.
@@ -18,6 +18,7 @@
 #include "pkg/memory/backend.h"
 #include "pkg/peer/peer_set.h"
 #include "pkg/peer/tls.h"
+#include "pkg/server/policy/namespace_rules_options.h"
 #include "pkg/spec/spec.h"
 
 namespace weightcache::metrics {
@@ -44,23 +45,6 @@ absl::StatusOr<PeerPolicy> ParsePeerPolicy(const std::string& name);
 // env.device_uuid): the (rank mod n)-th of the backend's devices, in ordinal order, so a
 // tp_size N model on an N-GPU node gets one rank per GPU. Empty when there is no device.
 std::string DefaultDeviceForRank(const std::vector<memory::DeviceInfo>& devices, int rank);
-
-// Per-model namespace rules (docs/security.md, pkg/server/namespace_rules.h). With `enabled`,
-// the daemon also serves one socket directory per device-plugin slot,
-// <socket_dir>/slots/weightcache-<i>/ (control.sock, handle.sock), and asks the kubelet's
-// PodResources API which pod holds the slot of a connection before it maps a model that lists
-// allowed_namespaces.
-struct NamespaceRulesOptions {
-  bool enabled = false;
-  int slots = 64;  // the device plugin's slots (--device_plugin_slots)
-  std::string resource_name = "weightcache.io/client";
-  std::string pod_resources_socket = "/var/lib/kubelet/pod-resources/kubelet.sock";
-  // Where a slot's directory appears in engine containers (--container_socket_dir): the
-  // handle socket named in Acquire answers on slot connections. Empty: socket_dir.
-  std::string container_socket_dir;
-  std::chrono::milliseconds cache_ttl{2000};
-  std::chrono::milliseconds pod_resources_timeout{2000};
-};
 
 // The peer API for other nodes' daemons (issue 30, docs/peer-fill.md): gRPC on TCP with
 // mutual TLS. Off unless `listen` is set.

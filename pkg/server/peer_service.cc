@@ -15,7 +15,7 @@
 #include "pkg/peer/ucx_transfer.h"
 #include "pkg/server/internal/daemon_impl.h"
 #include "pkg/server/internal/grpc_status.h"
-#include "pkg/server/internal/keeper_record.h"
+#include "pkg/server/keeper/keeper_record.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 #include "weightcache/v1/peer.grpc.pb.h"

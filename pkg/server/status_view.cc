@@ -16,7 +16,7 @@
 #include "pkg/load/loader.h"
 #include "pkg/load/plan.h"
 #include "pkg/server/internal/daemon_impl.h"
-#include "pkg/server/internal/layout_proto.h"
+#include "pkg/server/messages/layout_proto.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 #include "pkg/util/version.h"

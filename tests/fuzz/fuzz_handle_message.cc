@@ -1,12 +1,12 @@
 // libFuzzer target: the handle channel's handshake parsing and error lines
-// (pkg/server/handle_message.h). The input is also fed in pieces, as reads deliver it: the
+// (pkg/server/wire/handle_message.h). The input is also fed in pieces, as reads deliver it: the
 // verdict on a prefix that is already decided never changes as more bytes arrive.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
-#include "pkg/server/handle_message.h"
+#include "pkg/server/wire/handle_message.h"
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -16,7 +16,7 @@
 //                                                 test_spawn_mode_refuses_a_directory_that_...
 //   numeric webhook limit makes pods unschedulable  pkg/webhook Mutate.ANumericLimitIsCopied...
 //   publish through a slot of another namespace   tests/integration/namespace_test.cc
-//   the rule table (roles granted, never implied) pkg/server/policy_test.cc
+//   the rule table (roles granted, never implied) pkg/server/policy/policy_test.cc
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>

@@ -17,8 +17,8 @@
 #include "pkg/load/model.h"
 #include "pkg/load/staging_pool.h"
 #include "pkg/memory/backend.h"
-#include "pkg/server/internal/peer_fill.h"
 #include "pkg/server/options.h"
+#include "pkg/server/peer/peer_fill.h"
 #include "weightcache/v1/weightcache.pb.h"
 
 namespace weightcache::server {

@@ -15,7 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "pkg/artifact/store.h"
-#include "pkg/server/handle_channel.h"
+#include "pkg/server/wire/handle_channel.h"
 #include "pkg/util/mutex.h"
 #include "weightcache/v1/weightcache.pb.h"
 

@@ -18,7 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "pkg/cache/registry.h"
-#include "pkg/server/handle_channel.h"
+#include "pkg/server/wire/handle_channel.h"
 #include "pkg/util/mutex.h"
 
 namespace weightcache::server {

@@ -1,0 +1,656 @@
+#include "pkg/server/keeper/keeper_link.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <set>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "pkg/util/log.h"
+#include "pkg/util/status_macros.h"
+
+namespace weightcache::server {
+namespace {
+
+// While another daemon owns the keeper, the link asks this many retry intervals apart (each
+// try is a connection the keeper logs).
+constexpr int kRefusedRetries = 8;
+
+constexpr char kArtifactPrefix[] = "artifact/";
+bool IsArtifactKey(const std::string& key) { return absl::StartsWith(key, kArtifactPrefix); }
+
+// A keeper error that leaves the connection usable: its descriptor limit.
+bool KeepsTheConnection(const absl::Status& s) {
+  return s.ok() || s.code() == absl::StatusCode::kResourceExhausted;
+}
+
+}  // namespace
+
+KeeperLink::KeeperLink(Options options, memory::Backend* backend, cache::Registry* registry,
+                       metrics::Metrics* metrics,
+                       std::function<RecordedSpec(const std::string&)> spec_of,
+                       PublisherOfFn publisher_of)
+    : options_(std::move(options)),
+      backend_(backend),
+      registry_(registry),
+      metrics_(metrics),
+      spec_of_(std::move(spec_of)),
+      publisher_of_(std::move(publisher_of)),
+      wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+  if (metrics_ != nullptr) metrics_->SetKeeperUp(false);
+}
+
+KeeperLink::~KeeperLink() { Stop(); }
+
+void KeeperLink::Stop() {
+  {
+    MutexLock l(mu_);
+    stopping_ = true;
+    // A request in flight (a frozen keeper) ends now rather than at its timeout.
+    if (io_fd_ >= 0) ::shutdown(io_fd_, SHUT_RDWR);
+  }
+  Wake();
+  if (worker_.joinable()) worker_.join();
+}
+
+bool KeeperLink::stopping() const {
+  MutexLock l(mu_);
+  return stopping_;
+}
+
+void KeeperLink::Wake() {
+  const uint64_t one = 1;
+  (void)!::write(wake_.get(), &one, sizeof one);
+}
+
+absl::Status KeeperLink::Connect() {
+  auto c = keeper::KeeperClient::Connect(options_.socket_path, options_.io_timeout);
+  if (!c.ok()) return c.status();
+  conn_ = std::move(c).value();
+  reconciled_ = false;
+  MutexLock l(mu_);
+  if (stopping_) {
+    conn_.reset();
+    return absl::CancelledError("stopping");
+  }
+  io_fd_ = conn_->fd();
+  return absl::OkStatus();
+}
+
+void KeeperLink::Lost(const absl::Status& why) {
+  if (!conn_) return;
+  bool was_up = false;
+  {
+    MutexLock l(mu_);
+    io_fd_ = -1;  // before the close: Stop() never shuts down a reused number
+    was_up = up_;
+    up_ = false;
+    last_error_ = std::string(why.message());
+    Publish();
+  }
+  conn_.reset();
+  reconciled_ = false;
+  if (why.code() == absl::StatusCode::kFailedPrecondition) {
+    if (!refused_logged_) {
+      WC_LOG_WARN("keeper: %s; serving without it, asking again every %d ms",
+                  std::string(why.message()),
+                  static_cast<int>(kRefusedRetries * options_.retry.count()));
+    }
+    refused_logged_ = true;
+    return;
+  }
+  if (was_up) {
+    WC_LOG_ERROR(
+        "keeper: lost (%s); the cache no longer outlives a daemon restart until a keeper is "
+        "back (engines keep what they mapped; serving goes on)",
+        std::string(why.message()));
+  }
+}
+
+uint64_t KeeperLink::HeldFdsLocked() const {
+  uint64_t fds = 0;
+  if (up_) {
+    for (const auto& [k, d] : deposited_) fds += d.fds;
+    fds += deposited_artifacts_.size();  // one each
+  }
+  return fds;
+}
+
+std::string KeeperLink::ArtifactKey(const std::string& id) {
+  return absl::StrCat(kArtifactPrefix, id);
+}
+
+void KeeperLink::SetArtifacts(artifact::Store* store) {
+  artifacts_ = store;
+  store->SetObserver([this](const std::string& id) { ArtifactChanged(id); });
+}
+
+void KeeperLink::ArtifactChanged(const std::string& id) {
+  {
+    MutexLock l(mu_);
+    if (pending_artifacts_.size() < options_.max_pending) {
+      pending_artifacts_.insert(id);
+    } else {
+      pending_artifacts_.clear();  // the worker reconciles everything instead
+      overflow_ = true;
+    }
+  }
+  Wake();
+}
+
+absl::Status KeeperLink::DepositArtifact(const std::shared_ptr<const artifact::Artifact>& a) {
+  const std::string key = ArtifactKey(a->id());
+  absl::Status s = conn_->Deposit(key, artifact::EncodeRecord(*a), {a->fd()});
+  MutexLock l(mu_);
+  if (s.ok()) {
+    deposited_artifacts_[key] = a;
+    deposits_++;
+    Publish();
+    return s;
+  }
+  failures_++;
+  last_error_ = std::string(s.message());
+  if (s.code() == absl::StatusCode::kResourceExhausted) {
+    WC_LOG_WARN("keeper: artifact %s not deposited, served anyway: %s", a->id(), last_error_);
+  }
+  return s;
+}
+
+absl::Status KeeperLink::SyncArtifact(const std::string& id) {
+  if (artifacts_ == nullptr) return absl::OkStatus();
+  const std::string key = ArtifactKey(id);
+  std::shared_ptr<const artifact::Artifact> a = artifacts_->InMemory(id);
+  bool held = false;
+  {
+    MutexLock l(mu_);
+    auto it = deposited_artifacts_.find(key);
+    if (it != deposited_artifacts_.end()) {
+      if (a && it->second.lock() == a) return absl::OkStatus();
+      held = true;
+    }
+  }
+  if (a) {
+    const absl::Status s = DepositArtifact(a);
+    return KeepsTheConnection(s) ? absl::OkStatus() : s;
+  }
+  return held ? DropKey(key) : absl::OkStatus();
+}
+
+absl::Status KeeperLink::ReconcileArtifacts(const std::set<std::string>& held,
+                                            std::set<std::string>* kept, size_t* deposited) {
+  if (artifacts_ == nullptr) return absl::OkStatus();
+  for (const auto& a : artifacts_->ResidentArtifacts()) {
+    const std::string key = ArtifactKey(a->id());
+    {
+      MutexLock l(mu_);
+      auto it = deposited_artifacts_.find(key);
+      if (held.count(key) != 0 && it != deposited_artifacts_.end() && it->second.lock() == a) {
+        kept->insert(key);
+        continue;
+      }
+    }
+    absl::Status d = DepositArtifact(a);
+    if (!KeepsTheConnection(d)) return d;
+    if (d.ok()) {
+      kept->insert(key);
+      (*deposited)++;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KeeperLink::AdoptArtifact(keeper::KeeperClient::Entry held) {
+  if (artifacts_ == nullptr) return absl::FailedPreconditionError("no artifact store");
+  WC_ASSIGN_OR_RETURN(artifact::Record r, artifact::DecodeRecord(held.body));
+  if (ArtifactKey(r.id) != held.key) {
+    return absl::InvalidArgumentError(absl::StrCat("its record is of ", ArtifactKey(r.id)));
+  }
+  if (held.fds.size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(held.fds.size(), " descriptors, not 1"));
+  }
+  WC_ASSIGN_OR_RETURN(auto a, artifacts_->Adopt(std::move(held.fds[0]), r));
+  MutexLock l(mu_);
+  deposited_artifacts_[held.key] = a;  // the keeper holds it already
+  adopted_artifacts_++;
+  Publish();
+  return absl::OkStatus();
+}
+
+void KeeperLink::Publish() {
+  if (metrics_ == nullptr) return;
+  metrics_->SetKeeperUp(up_);
+  metrics_->SetKeeperDescriptors(HeldFdsLocked());
+}
+
+absl::Status KeeperLink::Deposit(const std::shared_ptr<cache::Entry>& entry,
+                                 const std::shared_ptr<const load::LoadedModel>& content) {
+  const cache::Entry& e = *entry;
+  const auto digests = registry_->Digests(entry);
+  std::vector<int> fds;
+  fds.reserve(content->segments.size());
+  for (const auto& s : content->segments) fds.push_back(s->fd());
+  const std::string key = KeeperKey(e.fingerprint, e.device_uuid);
+  // Only a published entry has a publisher (and only while its publish is known: asked for
+  // source "publish" alone, so never after the publish unit is gone at teardown).
+  std::optional<v1::PublisherInfo> publisher;
+  if (publisher_of_ && e.source == "publish") publisher = publisher_of_(e.key);
+  absl::Status s =
+      conn_->Deposit(key,
+                     EncodeKeeperRecord(e, *content, memory::BackendName(backend_->kind()),
+                                        spec_of_ ? spec_of_(e.model) : RecordedSpec{},
+                                        publisher ? &*publisher : nullptr, digests.get()),
+                     fds);
+  MutexLock l(mu_);
+  if (s.ok()) {
+    deposited_[key] = Deposited{content, fds.size()};
+    deposits_++;
+    Publish();
+    return s;
+  }
+  failures_++;
+  last_error_ = std::string(s.message());
+  if (s.code() == absl::StatusCode::kResourceExhausted) {
+    WC_LOG_WARN("keeper: %s (%s) not deposited, served anyway: %s", e.model, e.key.ToString(),
+                last_error_);
+  }
+  return s;
+}
+
+absl::Status KeeperLink::DropKey(const std::string& key) {
+  absl::Status s = conn_->Drop(key);
+  if (!s.ok() && s.code() != absl::StatusCode::kNotFound) return s;
+  MutexLock l(mu_);
+  deposited_.erase(key);  // entry and artifact keys never collide ("artifact/" prefix)
+  deposited_artifacts_.erase(key);
+  Publish();
+  return absl::OkStatus();
+}
+
+absl::Status KeeperLink::Sync(const Mark& mark) {
+  const cache::Key& key = mark.key;
+  const std::string k = KeeperKey(key.fingerprint, key.device_uuid);
+  std::shared_ptr<cache::Entry> e = registry_->Find(key);
+  // A ready mark is made just before the entry turns ready: wait for that (bounded, ends at
+  // Stop). An eviction's mark waits for nothing: a load of the same key is another entry.
+  if (e && mark.readied) {
+    (void)registry_->WaitReady(e, std::chrono::steady_clock::now() + options_.io_timeout,
+                               [this] { return stopping(); });
+  }
+  std::shared_ptr<const load::LoadedModel> content;
+  if (e) content = registry_->Content(e).value_or(nullptr);  // null unless ready
+  bool held = false;
+  {
+    MutexLock l(mu_);
+    auto it = deposited_.find(k);
+    if (it != deposited_.end()) {
+      if (content && it->second.content.lock() == content) return absl::OkStatus();
+      held = true;
+    }
+  }
+  if (content) {
+    const absl::Status s = Deposit(e, content);  // replaces what the keeper held
+    return KeepsTheConnection(s) ? absl::OkStatus() : s;
+  }
+  return held ? DropKey(k) : absl::OkStatus();
+}
+
+absl::Status KeeperLink::Reconcile() {
+  WC_ASSIGN_OR_RETURN(auto held_entries, conn_->Adopt());  // the keys (descriptors closed)
+  std::set<std::string> held;
+  for (const auto& h : held_entries) held.insert(h.key);
+  held_entries.clear();
+  std::set<std::string> kept;
+  size_t deposited = 0, dropped = 0;
+  for (const auto& s : registry_->Snapshot()) {
+    if (s.state != cache::State::kReady) continue;
+    auto e = registry_->Find({s.fingerprint, s.device_uuid});
+    if (!e) continue;
+    auto content = registry_->Content(e);
+    if (!content.ok()) continue;
+    const std::string k = KeeperKey(e->fingerprint, e->device_uuid);
+    {
+      MutexLock l(mu_);
+      auto it = deposited_.find(k);
+      if (held.count(k) != 0 && it != deposited_.end() && it->second.content.lock() == *content) {
+        kept.insert(k);
+        continue;
+      }
+    }
+    absl::Status d = Deposit(e, *content);
+    if (!KeepsTheConnection(d)) return d;
+    if (d.ok()) {
+      kept.insert(k);
+      deposited++;
+    }
+  }
+  WC_RETURN_IF_ERROR(ReconcileArtifacts(held, &kept, &deposited));
+  for (const auto& k : held) {
+    if (kept.count(k) != 0) continue;
+    absl::Status d = conn_->Drop(k);
+    if (!d.ok() && d.code() != absl::StatusCode::kNotFound) return d;
+    dropped++;
+  }
+  {
+    MutexLock l(mu_);
+    for (auto it = deposited_.begin(); it != deposited_.end();) {
+      it = kept.count(it->first) != 0 ? std::next(it) : deposited_.erase(it);
+    }
+    for (auto it = deposited_artifacts_.begin(); it != deposited_artifacts_.end();) {
+      it = kept.count(it->first) != 0 ? std::next(it) : deposited_artifacts_.erase(it);
+    }
+    up_ = true;
+    last_error_.clear();
+    Publish();
+    WC_LOG_INFO("keeper: connected on %s%s; it held %d entries: %d kept, %d deposited, %d dropped",
+                options_.socket_path, ever_connected_ ? " again" : "",
+                static_cast<int>(held.size()), static_cast<int>(kept.size() - deposited),
+                static_cast<int>(deposited), static_cast<int>(dropped));
+    ever_connected_ = true;
+  }
+  refused_logged_ = false;
+  reconciled_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status KeeperLink::AdoptOne(keeper::KeeperClient::Entry held, const AdmitFn& admit,
+                                  const PublishedFn& published) {
+  WC_ASSIGN_OR_RETURN(AdoptableRecord a, DecodeKeeperRecord(held.body));
+  const v1::KeeperRecord& r = a.record;
+  if (KeeperKey(r.fingerprint(), r.device_uuid()) != held.key) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("its record is of ", KeeperKey(r.fingerprint(), r.device_uuid())));
+  }
+  if (r.backend() != memory::BackendName(backend_->kind())) {
+    return absl::FailedPreconditionError(absl::StrCat("exported by the ", r.backend(),
+                                                      " backend; this daemon runs ",
+                                                      memory::BackendName(backend_->kind())));
+  }
+  if (held.fds.size() != static_cast<size_t>(r.segment_sizes_size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(held.fds.size(), " descriptors for ", r.segment_sizes_size(), " segments"));
+  }
+  if (admit) WC_RETURN_IF_ERROR(admit(r));
+  // The stale check: the files the bytes came from must be those versions still.
+  if (auto changed = load::ChangedFiles(a.files); !changed.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("stale: ", absl::StrJoin(changed, "; ")));
+  }
+  auto content = std::make_shared<load::LoadedModel>();
+  for (size_t i = 0; i < held.fds.size(); ++i) {
+    WC_ASSIGN_OR_RETURN(auto seg, backend_->Adopt(r.device_uuid(), std::move(held.fds[i]),
+                                                  r.segment_sizes(static_cast<int>(i)),
+                                                  absl::StrCat(r.model(), " segment ", i)));
+    content->segments.push_back(std::move(seg));
+  }
+  content->plan = std::move(a.plan);
+  content->device_uuid = r.device_uuid();
+  content->model_dir = r.model_dir();
+  if (published && r.has_publisher()) published({r.fingerprint(), r.device_uuid()}, r.publisher());
+  cache::LoadRequest req;
+  req.key = {r.fingerprint(), r.device_uuid()};
+  req.model = r.model();
+  req.inputs = a.inputs;
+  req.bytes = content->resident_bytes();
+  req.source = "keeper";
+  req.files = std::move(a.files);
+  req.check_digests = AdoptionDigestCheck(r);
+  req.load = [content](cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
+    e.progress.SetTotal(content->plan.total_bytes);
+    e.progress.SetDone(content->plan.total_bytes);
+    auto out = std::make_unique<load::LoadedModel>();
+    out->plan = content->plan;
+    out->device_uuid = content->device_uuid;
+    out->model_dir = content->model_dir;
+    out->segments = std::move(content->segments);
+    return out;
+  };
+  bool started = false;
+  WC_ASSIGN_OR_RETURN(auto e, registry_->StartOrJoin(std::move(req), &started));
+  if (!started) return absl::AlreadyExistsError("the registry already has this entry");
+  WC_RETURN_IF_ERROR(
+      registry_->WaitReady(e, std::chrono::steady_clock::now() + std::chrono::seconds(30)));
+  if (metrics_ != nullptr) metrics_->OnAdopted(r.model());
+  return absl::OkStatus();
+}
+
+size_t KeeperLink::AdoptAll(const AdmitFn& admit, const PublishedFn& published) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto deadline = t0 + options_.claim_wait;
+  absl::StatusOr<std::vector<keeper::KeeperClient::Entry>> held;
+  while (true) {
+    if (absl::Status s = Connect(); !s.ok()) {
+      MutexLock l(mu_);
+      last_error_ = std::string(s.message());
+      WC_LOG_WARN(
+          "keeper: %s; nothing to adopt, every model loads from disk (will deposit once "
+          "a keeper answers)",
+          last_error_);
+      return 0;
+    }
+    held = conn_->Adopt();
+    if (held.ok()) break;
+    // Another daemon owns it: one that is exiting lets go within its shutdown timeout.
+    const bool owned = held.status().code() == absl::StatusCode::kFailedPrecondition;
+    if (owned && std::chrono::steady_clock::now() < deadline && !stopping()) {
+      if (!refused_logged_) {
+        WC_LOG_WARN("keeper: %s; waiting up to %.1f s for it to let go",
+                    std::string(held.status().message()),
+                    std::chrono::duration<double>(options_.claim_wait).count());
+        refused_logged_ = true;
+      }
+      Lost(held.status());
+      Idle(options_.retry);
+      continue;
+    }
+    if (!owned) {
+      WC_LOG_ERROR("keeper: adopt failed: %s; loading from disk",
+                   std::string(held.status().message()));
+    }
+    refused_logged_ = false;
+    Lost(held.status());
+    return 0;
+  }
+  {
+    MutexLock l(mu_);
+    up_ = true;
+    ever_connected_ = true;
+    Publish();
+  }
+  size_t adopted = 0, artifacts = 0;
+  std::vector<std::string> drop;
+  for (auto& h : *held) {
+    const std::string key = h.key;
+    const bool is_artifact = IsArtifactKey(key);
+    const absl::Status s =
+        is_artifact ? AdoptArtifact(std::move(h)) : AdoptOne(std::move(h), admit, published);
+    MutexLock l(mu_);
+    if (s.ok()) {
+      (is_artifact ? artifacts : adopted)++;
+      if (!is_artifact) adopted_++;
+      continue;
+    }
+    dropped_++;
+    last_error_ = absl::StrCat("adopt ", key.substr(0, 12), ": ", s.message());
+    WC_LOG_WARN("keeper: entry %s not adopted, dropped: %s", key, std::string(s.message()));
+    drop.push_back(key);
+  }
+  for (const auto& key : drop) {
+    if (auto s = conn_->Drop(key); !s.ok() && s.code() != absl::StatusCode::kNotFound) {
+      Lost(s);
+      break;
+    }
+  }
+  // In step: the keeper holds the adopted entries (recorded by BeforeReady) and nothing else.
+  reconciled_ = conn_ != nullptr;
+  WC_LOG_INFO("keeper: adopted %d entries and %d artifacts of %d held in %.3f s (no disk reads)",
+              static_cast<int>(adopted), static_cast<int>(artifacts),
+              static_cast<int>(held->size()),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return adopted;
+}
+
+void KeeperLink::StartWatch() {
+  worker_ = std::thread([this] { Run(); });
+}
+
+void KeeperLink::MarkLocked(const cache::Entry& e, bool readied) {
+  const std::string k = KeeperKey(e.fingerprint, e.device_uuid);
+  auto it = pending_.find(k);
+  if (it != pending_.end()) {
+    it->second.readied = it->second.readied || readied;
+    it->second.seq = ++mark_seq_;
+  } else if (pending_.size() < options_.max_pending) {
+    pending_.emplace(k, Mark{e.key, readied, ++mark_seq_});
+  } else {
+    pending_.clear();  // the worker reconciles every entry instead
+    overflow_ = true;
+  }
+}
+
+void KeeperLink::BeforeReady(const cache::Entry& e, const load::LoadedModel& /*content*/) {
+  {
+    MutexLock l(mu_);
+    if (e.source == "keeper") {  // adopted: the keeper holds it already
+      adopted_keys_[KeeperKey(e.fingerprint, e.device_uuid)] = e.key;
+    } else {
+      MarkLocked(e, /*readied=*/true);
+    }
+  }
+  Wake();
+}
+
+void KeeperLink::Evicted(const cache::Entry& e) {
+  {
+    MutexLock l(mu_);
+    MarkLocked(e, /*readied=*/false);
+  }
+  Wake();
+}
+
+void KeeperLink::Run() {
+  while (!stopping()) {
+    // Adopted entries: recorded without a request (their content, for the reconcile).
+    std::map<std::string, cache::Key> adopted;
+    {
+      MutexLock l(mu_);
+      adopted.swap(adopted_keys_);
+    }
+    for (const auto& [k, key] : adopted) {
+      auto e = registry_->Find(key);
+      if (!e) continue;
+      if (!registry_
+               ->WaitReady(e, std::chrono::steady_clock::now() + options_.io_timeout,
+                           [this] { return stopping(); })
+               .ok()) {
+        continue;
+      }
+      auto content = registry_->Content(e);
+      if (!content.ok()) continue;
+      MutexLock l(mu_);
+      deposited_[k] = Deposited{*content, (*content)->segments.size()};
+      Publish();
+    }
+    if (!conn_) {
+      if (!Connect().ok()) {
+        Idle(options_.retry);
+        continue;
+      }
+    }
+    bool reconcile = !reconciled_;
+    {
+      MutexLock l(mu_);
+      reconcile = reconcile || overflow_;
+      overflow_ = false;
+    }
+    if (reconcile) {
+      if (absl::Status s = Reconcile(); !s.ok()) {
+        Lost(s);
+        // Another daemon owns the keeper: ask less often (each try is a connection).
+        Idle(s.code() == absl::StatusCode::kFailedPrecondition ? kRefusedRetries * options_.retry
+                                                               : options_.retry);
+        continue;
+      }
+    }
+    // Each mark stays pending (and counted in Status) until the keeper is in step with it;
+    // one made again meanwhile (a newer seq) is done again.
+    std::map<std::string, Mark> pending;
+    {
+      MutexLock l(mu_);
+      pending = pending_;
+    }
+    bool lost = false;
+    for (const auto& [k, mark] : pending) {
+      if (absl::Status s = Sync(mark); !s.ok()) {
+        Lost(s);
+        lost = true;
+        break;
+      }
+      MutexLock l(mu_);
+      auto it = pending_.find(k);
+      if (it != pending_.end() && it->second.seq == mark.seq) pending_.erase(it);
+    }
+    if (lost) continue;
+    // Artifacts: taken from the set before the sync, so a change meanwhile is seen again.
+    std::set<std::string> artifacts;
+    {
+      MutexLock l(mu_);
+      artifacts.swap(pending_artifacts_);
+    }
+    for (auto it = artifacts.begin(); it != artifacts.end(); ++it) {
+      if (absl::Status s = SyncArtifact(*it); !s.ok()) {
+        {
+          MutexLock l(mu_);
+          pending_artifacts_.insert(it, artifacts.end());  // not done: after the reconcile
+        }
+        Lost(s);
+        lost = true;
+        break;
+      }
+    }
+    if (lost || !pending.empty() || !artifacts.empty()) continue;  // more may have come
+    Idle(options_.retry);
+  }
+  // Stopping: the keeper keeps what it holds (a daemon stopped for an upgrade adopts it).
+  {
+    MutexLock l(mu_);
+    io_fd_ = -1;
+    up_ = false;
+    Publish();
+  }
+  conn_.reset();
+}
+
+void KeeperLink::Idle(std::chrono::milliseconds timeout) {
+  pollfd p[2] = {{wake_.get(), POLLIN, 0}, {conn_ ? conn_->fd() : -1, POLLRDHUP, 0}};
+  const int n = ::poll(p, conn_ ? 2 : 1, static_cast<int>(timeout.count()));
+  if (n <= 0) return;
+  if ((p[0].revents & POLLIN) != 0) {
+    uint64_t v;
+    (void)!::read(wake_.get(), &v, sizeof v);
+  }
+  if (conn_ && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+    Lost(absl::UnavailableError("the keeper closed its connection (it exited?)"));
+  }
+}
+
+void KeeperLink::Fill(v1::KeeperStatus* out) const {
+  MutexLock l(mu_);
+  out->set_socket(options_.socket_path);
+  out->set_up(up_);
+  out->set_adopted_entries(adopted_);
+  out->set_dropped_entries(dropped_);
+  out->set_descriptors(HeldFdsLocked());
+  out->set_deposits(deposits_);
+  out->set_deposit_failures(failures_);
+  out->set_last_error(last_error_);
+  out->set_pending_entries(pending_.size() + adopted_keys_.size() + pending_artifacts_.size() +
+                           (overflow_ ? 1 : 0));
+  out->set_artifacts(up_ ? deposited_artifacts_.size() : 0);
+  out->set_adopted_artifacts(adopted_artifacts_);
+}
+
+}  // namespace weightcache::server

@@ -1,0 +1,205 @@
+#include "pkg/server/policy/policy.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "pkg/server/policy/namespace_rules.h"
+
+namespace weightcache::server {
+namespace {
+
+template <typename T>
+bool Has(const std::vector<T>& v, const T& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+Decision Deny(std::string rule, std::string reason) {
+  return {false, std::move(rule), std::move(reason)};
+}
+
+}  // namespace
+
+const char* SocketKindName(SocketKind kind) {
+  switch (kind) {
+    case SocketKind::kEngine:
+      return "engine socket";
+    case SocketKind::kSlot:
+      return "slot socket";
+    case SocketKind::kAdmin:
+      return "admin socket";
+  }
+  return "socket";
+}
+
+const char* VerbName(Verb verb) {
+  switch (verb) {
+    case Verb::kAcquire:
+      return "acquire";
+    case Verb::kLoad:
+      return "load";
+    case Verb::kStatus:
+      return "status";
+    case Verb::kDefine:
+      return "define";
+    case Verb::kEvict:
+      return "evict";
+    case Verb::kRelease:
+      return "release";
+    case Verb::kPublish:
+      return "publish";
+    case Verb::kVerify:
+      return "verify";
+  }
+  return "call";
+}
+
+Policy::Policy(PolicyOptions options, NamespaceRules* rules)
+    : options_(std::move(options)), rules_(rules) {}
+
+bool Policy::IsAdmin(const Caller& c) const {
+  switch (c.socket) {
+    case SocketKind::kAdmin:
+      return true;
+    case SocketKind::kEngine:
+      return Has(options_.admin_uids, c.cred.uid) || Has(options_.admin_gids, c.cred.gid);
+    case SocketKind::kSlot:
+      return false;
+  }
+  return false;
+}
+
+bool Policy::IsPublisher(const Caller& c, std::string* why) const {
+  if (IsAdmin(c)) return true;
+  if (c.socket == SocketKind::kEngine) {
+    return Has(options_.publish_uids, c.cred.uid) || Has(options_.publish_gids, c.cred.gid);
+  }
+  if (c.socket != SocketKind::kSlot || rules_ == nullptr || options_.publish_namespaces.empty()) {
+    return false;
+  }
+  auto pod = rules_->PodOf(c.slot, c.accepted);
+  if (!pod.ok()) {
+    *why = absl::StrCat("; the pod on slot ", c.slot,
+                        " could not be identified (fail closed): ", pod.status().message());
+    return false;
+  }
+  if (Has(options_.publish_namespaces, pod->ns)) return true;
+  *why = absl::StrCat("; this pod (", pod->ns, "/", pod->name, ") is in '", pod->ns, "'");
+  return false;
+}
+
+std::string Policy::Who(const Caller& c) const {
+  return absl::StrCat("uid ", c.cred.uid, " (gid ", c.cred.gid, ") on the ",
+                      SocketKindName(c.socket), c.slot.empty() ? "" : " of slot " + c.slot);
+}
+
+absl::StatusOr<std::string> Policy::TenantOf(const Caller& c, const std::string& model) const {
+  if (c.socket != SocketKind::kSlot || rules_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model '", model,
+                     "' keeps a private copy per Kubernetes namespace (isolation: "
+                     "namespace) and ",
+                     Who(c), " names none: ask from a pod through its slot socket"));
+  }
+  auto pod = rules_->PodOf(c.slot, c.accepted);
+  if (!pod.ok()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("model '", model,
+                     "' keeps a private copy per namespace (isolation: namespace) and the "
+                     "pod on slot ",
+                     c.slot, " could not be identified (fail closed): ", pod.status().message()));
+  }
+  return pod->ns;
+}
+
+Decision Policy::MapRule(const Caller& caller, const Object& object) const {
+  if (!object.tenant.empty() && !IsAdmin(caller)) {
+    // A private copy: its namespace's pods only (an open rule does not open it to others).
+    auto ns = TenantOf(caller, object.model);
+    if (!ns.ok()) return Deny("namespace", std::string(ns.status().message()));
+    if (*ns != object.tenant) {
+      return Deny("namespace",
+                  absl::StrCat("this entry of model '", object.model,
+                               "' is another namespace's private copy (isolation: namespace); "
+                               "this pod is in '",
+                               *ns, "'"));
+    }
+  }
+  if (rules_ == nullptr || !object.allowed_namespaces) return Decision::Allow();
+  absl::Status s = rules_->MayMap({caller.slot, caller.accepted, IsAdmin(caller)}, object.model,
+                                  *object.allowed_namespaces);
+  if (s.ok()) return Decision::Allow();
+  return Deny("namespace", std::string(s.message()));
+}
+
+Decision Policy::Decide(const Caller& caller, Verb verb, const Object& object) const {
+  const std::string admin_hint =
+      options_.admin_socket.empty()
+          ? std::string(" (--admin_uids/--admin_gids)")
+          : absl::StrCat(" (the admin socket ", options_.admin_socket,
+                         ", or --admin_uids/--admin_gids on the engine socket)");
+  switch (verb) {
+    case Verb::kAcquire:
+    case Verb::kStatus:
+      return MapRule(caller, object);
+    case Verb::kLoad: {
+      Decision d = MapRule(caller, object);
+      if (!d.allowed || object.undeclared_placement.empty() || IsAdmin(caller)) return d;
+      return Deny("placement",
+                  absl::StrCat(Who(caller), " may not load model '", object.model,
+                               "' so: ", object.undeclared_placement,
+                               "; engines load the layouts the spec declares, on this daemon's "
+                               "devices at their own environment, and an admin",
+                               admin_hint, " anything else"));
+    }
+    case Verb::kDefine:
+    case Verb::kEvict:
+    case Verb::kVerify:
+      if (IsAdmin(caller)) return Decision::Allow();
+      return Deny("admin",
+                  absl::StrCat(Who(caller), " may not ",
+                               verb == Verb::kEvict    ? "evict"
+                               : verb == Verb::kVerify ? "verify resident weights"
+                                                       : "define models (an inline spec)",
+                               ": that needs an admin peer", admin_hint,
+                               verb == Verb::kDefine ? "; load a known model by name" : ""));
+    case Verb::kRelease: {
+      if (IsAdmin(caller)) return Decision::Allow();
+      const std::string lease = absl::StrCat("lease ", object.lease.substr(0, 12));
+      if (object.owner_uid && *object.owner_uid != caller.cred.uid) {
+        return Deny("lease_owner",
+                    absl::StrCat(lease, " belongs to uid ", *object.owner_uid,
+                                 "; only its owner or an admin", admin_hint, " may release it"));
+      }
+      // With namespace rules a uid says little (pods of many namespaces run as root): a
+      // lease is released only through the socket it was acquired on (its pod's slot).
+      if (rules_ != nullptr && object.owner_uid && object.owner_slot != caller.slot) {
+        return Deny("namespace",
+                    absl::StrCat(lease, " was acquired on ", SocketOfSlot(object.owner_slot),
+                                 " and this connection came in on ", SocketOfSlot(caller.slot),
+                                 "; with --namespace_rules only the socket it was acquired on "
+                                 "or an admin may release it"));
+      }
+      return Decision::Allow();
+    }
+    case Verb::kPublish: {
+      std::string why;
+      if (!IsPublisher(caller, &why)) {
+        const std::string grant = caller.socket == SocketKind::kSlot
+                                      ? std::string("its pod's namespace in --publish_namespaces")
+                                      : std::string("a peer in --publish_uids/--publish_gids");
+        return Deny("publish",
+                    absl::StrCat(Who(caller), " may not publish weights: that needs ", grant,
+                                 " or the admin socket (no peer publishes unless "
+                                 "granted)",
+                                 why));
+      }
+      // Published weights are served under the base model's name: its rule guards who may
+      // publish them too.
+      return MapRule(caller, object);
+    }
+  }
+  return Deny("unknown", absl::StrCat("unknown verb for ", Who(caller)));
+}
+
+}  // namespace weightcache::server

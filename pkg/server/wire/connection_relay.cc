@@ -1,0 +1,283 @@
+#include "pkg/server/wire/connection_relay.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "pkg/server/wire/http2_streams.h"
+#include "pkg/util/errno_status.h"
+#include "pkg/util/log.h"
+
+namespace weightcache::server {
+namespace {
+
+constexpr size_t kBufferBytes = 64 << 10;
+constexpr uint64_t kWakeId = 0;
+
+// One direction's bytes in flight: read from a source into the buffer, written on.
+struct Pipe {
+  std::unique_ptr<char[]> buf = std::make_unique<char[]>(kBufferBytes);
+  size_t begin = 0;
+  size_t end = 0;
+  bool room() const { return end < kBufferBytes; }
+  bool empty() const { return begin == end; }
+  // Reads from `fd` into the free space: >0 bytes read, 0 end of file, <0 nothing now
+  // (-EAGAIN) or an error (-errno).
+  ssize_t ReadFrom(int fd) {
+    const ssize_t r = ::recv(fd, buf.get() + end, kBufferBytes - end, MSG_DONTWAIT);
+    if (r < 0) return -errno;
+    end += static_cast<size_t>(r);
+    return r;
+  }
+  // Writes what is buffered to `fd`; false on an error other than "would block".
+  bool WriteTo(int fd) {
+    while (!empty()) {
+      const ssize_t w = ::send(fd, buf.get() + begin, end - begin, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (w < 0) return errno == EAGAIN || errno == EINTR;
+      begin += static_cast<size_t>(w);
+    }
+    begin = end = 0;
+    return true;
+  }
+};
+
+}  // namespace
+
+struct ConnectionRelay::Conn {
+  uint64_t id = 0;
+  std::string label;
+  ScopedFd client;
+  ScopedFd inner;  // our end of the socket pair; gRPC holds the other
+  Pipe up;         // client -> gRPC
+  Pipe down;       // gRPC -> client
+  Http2StreamTracker streams;
+  bool server_done = false;  // gRPC closed its end: flush `down`, then close
+  bool inner_watched = false;
+  const char* closed_for = nullptr;  // the limit the client broke
+  // Resets the client may still send now (a token bucket, refilled per second).
+  double reset_tokens = 0;
+  uint64_t resets_counted = 0;
+  std::chrono::steady_clock::time_point refilled = std::chrono::steady_clock::now();
+};
+
+namespace {
+constexpr char kOverStreams[] = "streams";
+constexpr char kOverHeaderBlock[] = "header_block";
+constexpr char kOverResets[] = "resets";
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ConnectionRelay>> ConnectionRelay::Start(Options options) {
+  ScopedFd epoll(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll) return ErrnoStatus(errno, "epoll_create1");
+  ScopedFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake) return ErrnoStatus(errno, "eventfd");
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kWakeId;
+  if (::epoll_ctl(epoll.get(), EPOLL_CTL_ADD, wake.get(), &ev) != 0) {
+    return ErrnoStatus(errno, "epoll_ctl");
+  }
+  return std::unique_ptr<ConnectionRelay>(
+      new ConnectionRelay(std::move(options), std::move(epoll), std::move(wake)));
+}
+
+ConnectionRelay::ConnectionRelay(Options options, ScopedFd epoll, ScopedFd wake)
+    : options_(std::move(options)), epoll_(std::move(epoll)), wake_(std::move(wake)) {
+  thread_ = std::thread(&ConnectionRelay::Loop, this);
+}
+
+ConnectionRelay::~ConnectionRelay() {
+  stop_ = true;
+  uint64_t one = 1;
+  (void)::write(wake_.get(), &one, sizeof one);
+  thread_.join();
+}
+
+absl::StatusOr<int> ConnectionRelay::Add(ScopedFd client, std::string label) {
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, pair) != 0) {
+    return ErrnoStatus(errno, "socketpair for the control connection of " + label);
+  }
+  auto c = std::make_unique<Conn>();
+  c->label = std::move(label);
+  c->client = std::move(client);
+  c->inner = ScopedFd(pair[0]);
+  c->reset_tokens = options_.reset_burst;
+  {
+    MutexLock l(mu_);
+    incoming_.push_back(std::move(c));
+    counters_.relayed++;
+  }
+  uint64_t one = 1;
+  (void)::write(wake_.get(), &one, sizeof one);
+  return pair[1];
+}
+
+ConnectionRelay::Counters ConnectionRelay::counters() const {
+  MutexLock l(mu_);
+  return counters_;
+}
+
+void ConnectionRelay::Watch(Conn& c, bool add) {
+  // Level-triggered interest from the buffers' state: read a side only while its buffer has
+  // room, wait for writability only while there is something to write.
+  epoll_event ce{};
+  constexpr uint32_t kIn = EPOLLIN;
+  constexpr uint32_t kOut = EPOLLOUT;
+  ce.events = (c.up.room() && !c.server_done ? kIn : 0) | (c.down.empty() ? 0 : kOut);
+  ce.data.u64 = c.id << 1;
+  epoll_event ie{};
+  ie.events = (c.down.room() && !c.server_done ? kIn : 0) | (c.up.empty() ? 0 : kOut);
+  ie.data.u64 = (c.id << 1) | 1;
+  const int op = add ? EPOLL_CTL_ADD : EPOLL_CTL_MOD;
+  (void)::epoll_ctl(epoll_.get(), op, c.client.get(), &ce);
+  if (add) {
+    (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, c.inner.get(), &ie);
+    c.inner_watched = true;
+  } else if (c.server_done && c.inner_watched) {
+    // A closed end reports hang-up for ever: stop watching it.
+    (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c.inner.get(), nullptr);
+    c.inner_watched = false;
+  } else if (c.inner_watched) {
+    (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, c.inner.get(), &ie);
+  }
+}
+
+bool ConnectionRelay::Pump(Conn& c) {
+  for (bool moved = true; moved;) {
+    moved = false;
+    if (c.up.room() && !c.server_done) {
+      const size_t before = c.up.end;
+      const ssize_t r = c.up.ReadFrom(c.client.get());
+      if (r == 0 || (r < 0 && r != -EAGAIN && r != -EINTR)) return false;  // client gone
+      if (r > 0) {
+        c.streams.FromClient(c.up.buf.get() + before, static_cast<size_t>(r));
+        c.closed_for = OverLimit(c);
+        if (c.closed_for != nullptr) return false;  // what broke it is never passed on
+        moved = true;
+      }
+    }
+    if (!c.up.empty() && !c.up.WriteTo(c.inner.get())) c.server_done = true;
+    if (c.server_done) c.up.begin = c.up.end = 0;  // nobody left to read it
+    if (c.down.room() && !c.server_done) {
+      const size_t before = c.down.end;
+      const ssize_t r = c.down.ReadFrom(c.inner.get());
+      if (r == 0 || (r < 0 && r != -EAGAIN && r != -EINTR)) {
+        c.server_done = true;
+      } else if (r > 0) {
+        c.streams.FromServer(c.down.buf.get() + before, static_cast<size_t>(r));
+        moved = true;
+      }
+    }
+    if (!c.down.empty() && !c.down.WriteTo(c.client.get())) return false;
+  }
+  return !(c.server_done && c.down.empty());
+}
+
+const char* ConnectionRelay::OverLimit(Conn& c) const {
+  if (c.streams.open() > options_.max_streams) return kOverStreams;
+  if (c.streams.header_block_bytes() > options_.max_header_block) return kOverHeaderBlock;
+  const uint64_t resets = c.streams.client_resets();
+  if (resets != c.resets_counted) {
+    const auto now = std::chrono::steady_clock::now();
+    const double secs = std::chrono::duration<double>(now - c.refilled).count();
+    c.reset_tokens =
+        std::min(options_.reset_burst, c.reset_tokens + secs * options_.resets_per_second);
+    c.refilled = now;
+    c.reset_tokens -= static_cast<double>(resets - c.resets_counted);
+    c.resets_counted = resets;
+    if (c.reset_tokens < 0) return kOverResets;
+  }
+  return nullptr;
+}
+
+void ConnectionRelay::Loop() {
+  std::map<uint64_t, std::unique_ptr<Conn>> conns;
+  uint64_t next_id = 1;
+  epoll_event events[64];
+  int failures = 0;  // epoll_wait errors in a row
+  while (!stop_) {
+    const int n = ::epoll_wait(epoll_.get(), events, 64, -1);
+    if (n < 0 && errno != EINTR) {
+      // Never expected (EBADF, EFAULT, EINVAL are bugs). Leaving the loop would leave every
+      // control connection unserved while the daemon looks alive (issue 26): retry, and when
+      // it keeps failing end the process so that it is restarted (the keeper keeps the cache).
+      const int err = errno;
+      WC_LOG_ERROR("control relay: epoll_wait: %s (%d in a row)", std::strerror(err), ++failures);
+      if (failures >= 50) {
+        WC_LOG_ERROR("control relay: epoll_wait keeps failing; aborting so the daemon restarts");
+        std::abort();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
+    failures = 0;
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.u64 == kWakeId) {
+        uint64_t v;
+        (void)::read(wake_.get(), &v, sizeof v);
+        std::vector<std::unique_ptr<Conn>> added;
+        {
+          MutexLock l(mu_);
+          added.swap(incoming_);
+        }
+        for (auto& c : added) {
+          c->id = next_id++;
+          Watch(*c, /*add=*/true);
+          conns[c->id] = std::move(c);
+        }
+        continue;
+      }
+      auto it = conns.find(events[i].data.u64 >> 1);
+      if (it == conns.end()) continue;  // closed earlier in this batch
+      Conn& c = *it->second;
+      const bool inner = (events[i].data.u64 & 1) != 0;
+      if (events[i].events & (EPOLLHUP | EPOLLERR)) {
+        if (!inner) {
+          conns.erase(it);  // the client is gone: nothing left to deliver to it
+          continue;
+        }
+        c.server_done = true;
+      }
+      if (Pump(c)) {
+        Watch(c, /*add=*/false);
+        continue;
+      }
+      if (c.closed_for == kOverStreams) {
+        WC_LOG_WARN(
+            "control connection of %s: more than %d HTTP/2 streams open at once; closed "
+            "(a gRPC client keeps within the server's 16)",
+            c.label, options_.max_streams);
+        MutexLock l(mu_);
+        counters_.closed_over_streams++;
+      } else if (c.closed_for == kOverHeaderBlock) {
+        WC_LOG_WARN(
+            "control connection of %s: an HTTP/2 header block longer than %d bytes "
+            "(HEADERS and CONTINUATION frames); closed",
+            c.label, options_.max_header_block);
+        MutexLock l(mu_);
+        counters_.closed_over_header_block++;
+      } else if (c.closed_for == kOverResets) {
+        WC_LOG_WARN(
+            "control connection of %s: %d streams reset, faster than %.0f at once and %.0f a "
+            "second; closed (rapid reset)",
+            c.label, c.streams.client_resets(), options_.reset_burst, options_.resets_per_second);
+        MutexLock l(mu_);
+        counters_.closed_over_resets++;
+      }
+      if (c.closed_for != nullptr && options_.on_closed) options_.on_closed(c.closed_for);
+      conns.erase(it);  // closes both descriptors: gRPC sees its end close
+    }
+  }
+}
+
+}  // namespace weightcache::server

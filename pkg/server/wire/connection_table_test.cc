@@ -1,0 +1,100 @@
+#include "pkg/server/wire/connection_table.h"
+
+#include <map>
+
+#include "gtest/gtest.h"
+
+namespace weightcache::server {
+namespace {
+
+Caller Of(uid_t uid, const std::string& slot = "") {
+  Caller c;
+  c.cred.uid = uid;
+  c.cred.pid = 100 + static_cast<pid_t>(uid);
+  c.slot = slot;
+  return c;
+}
+
+ConnectionTable::Limits Small() {
+  ConnectionTable::Limits l;
+  l.max_connections = 10;
+  l.max_connections_per_uid = 2;
+  l.over_cap_held = 1;
+  return l;
+}
+
+using Admission = ConnectionTable::Admission;
+
+// Finding (issue 26): when gRPC closed a connection and the kernel gave its number to the
+// next accepted connection before the listener reaped, the old entry was overwritten and its
+// uid's count never went down: after enough such events a uid was "over its cap" until the
+// daemon restarted.
+TEST(ConnectionTable, AReusedNumberReleasesTheClosedConnectionsCount) {
+  ConnectionTable t(Small());
+  for (uint64_t ino = 1; ino <= 100; ++ino) t.Insert(7, ino, Of(0));  // one number, 100 sockets
+  EXPECT_EQ(t.size(), 1u);
+  EXPECT_EQ(t.OfUid(0), 1u);
+  EXPECT_EQ(t.Admit(0), Admission::kServe);
+  t.Insert(7, 101, Of(5));  // taken by another uid
+  EXPECT_EQ(t.OfUid(0), 0u);
+  EXPECT_EQ(t.OfUid(5), 1u);
+}
+
+// The caller is found only while the number names the socket it was recorded with: a call
+// that outlived its connection is never taken for the connection that now holds the number.
+TEST(ConnectionTable, ACallerIsFoundOnlyUnderItsOwnSocket) {
+  ConnectionTable t(Small());
+  t.Insert(7, 70, Of(3, "slot-a"));
+  auto c = t.Find(7, 70);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->cred.uid, 3u);
+  EXPECT_EQ(c->slot, "slot-a");
+  EXPECT_EQ(c->uid_connections, 1u);
+  EXPECT_FALSE(t.Find(7, 71).has_value()) << "another socket under the same number";
+  EXPECT_FALSE(t.Find(7, 0).has_value()) << "a closed descriptor";
+  EXPECT_FALSE(t.Find(8, 70).has_value());
+}
+
+// Finding (issue 26): connections past a uid's cap were accepted and held without bound (each
+// answered RESOURCE_EXHAUSTED), so one uid could fill the table that every uid shares. Now a
+// few are held to tell it why, and the rest are closed at accept.
+TEST(ConnectionTable, PastItsCapAUidIsToldOnAFewConnectionsAndClosedOnTheRest) {
+  ConnectionTable t(Small());
+  int fd = 10;
+  std::map<Admission, int> seen;
+  for (int i = 0; i < 50; ++i) {
+    const Admission a = t.Admit(0);
+    ++seen[a];
+    if (a == Admission::kServe || a == Admission::kServeOverCap) t.Insert(fd++, 1000 + i, Of(0));
+  }
+  EXPECT_EQ(seen[Admission::kServe], 2);
+  EXPECT_EQ(seen[Admission::kServeOverCap], 1);
+  EXPECT_EQ(seen[Admission::kCloseUidCap], 47);
+  EXPECT_EQ(t.size(), 3u);
+  // Other uids still get in, up to the total.
+  for (uid_t u = 1; u <= 7; ++u) {
+    ASSERT_EQ(t.Admit(u), Admission::kServe) << u;
+    t.Insert(fd++, 2000 + u, Of(u));
+  }
+  EXPECT_EQ(t.size(), 10u);
+  EXPECT_EQ(t.Admit(8), Admission::kCloseTotal);
+}
+
+TEST(ConnectionTable, ReapDropsClosedAndReusedNumbersAndFreesTheirCounts) {
+  ConnectionTable t(Small());
+  t.Insert(4, 40, Of(1));
+  t.Insert(5, 50, Of(1));
+  t.Insert(6, 60, Of(2));
+  std::map<int, uint64_t> now{{4, 40}, {5, 0 /* closed */}, {6, 61 /* reused */}};
+  EXPECT_EQ(t.Reap([&now](int fd) { return now[fd]; }), 2u);
+  EXPECT_EQ(t.size(), 1u);
+  EXPECT_EQ(t.OfUid(1), 1u);
+  EXPECT_EQ(t.OfUid(2), 0u);
+  EXPECT_TRUE(t.Find(4, 40).has_value());
+  t.Clear();
+  EXPECT_EQ(t.size(), 0u);
+  EXPECT_EQ(t.OfUid(1), 0u);
+}
+
+}  // namespace
+}  // namespace weightcache::server

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# pkg/server's layering (docs/architecture.md): the core (pkg/server/*.cc, internal/)
+# composes the parts in its subfolders (wire/, policy/, messages/, keeper/, peer/,
+# integrity/); a part never includes a header of the core, so it reaches the core only
+# through interfaces it declares itself and builds, and is tested, without it. Tests in a
+# subfolder may drive a whole daemon (pkg/server/testing/), production code may not.
+# Fails listing each offending include.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bad=$(git ls-files 'pkg/server/*/*.cc' 'pkg/server/*/*.h' |
+  grep -v -e '^pkg/server/internal/' -e '^pkg/server/testing/' -e '_test\.cc$' |
+  xargs grep -Hn -E '#include "pkg/server/([a-z_]+\.h|internal/|testing/)' || true)
+if [[ -n $bad ]]; then
+  echo "layering: a pkg/server subfolder includes the core's headers:" >&2
+  echo "$bad" >&2
+  exit 1
+fi
+echo "layering: pkg/server's subfolders include none of the core's headers"
