@@ -15,4 +15,13 @@ if [[ -n $bad ]]; then
   echo "$bad" >&2
   exit 1
 fi
-echo "layering: pkg/server's subfolders include none of the core's headers"
+# Test seams (pkg/server/testing: hooks, fixtures) are reached from tests only.
+bad=$(git ls-files 'pkg/*.cc' 'pkg/*.h' 'cmd/*.cc' 'cmd/*.h' |
+  grep -v -e '_test\.cc$' -e '/testing/' |
+  xargs grep -Hn '#include "pkg/server/testing/' || true)
+if [[ -n $bad ]]; then
+  echo "layering: production code includes pkg/server/testing:" >&2
+  echo "$bad" >&2
+  exit 1
+fi
+echo "layering: pkg/server's subfolders include none of the core's headers; no production code includes pkg/server/testing"

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "pkg/load/loader.h"
 #include "pkg/load/plan.h"
+#include "pkg/server/hooks.h"
 #include "pkg/server/internal/daemon_impl.h"
 #include "pkg/server/messages/layout_proto.h"
 #include "pkg/util/log.h"
@@ -22,9 +23,10 @@
 #include "pkg/util/unix_socket.h"
 
 namespace weightcache::server {
-Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend)
+Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend, DaemonHooks* hooks)
     : options_(std::move(options)),
       backend_(backend),
+      hooks_(hooks),
       staging_pool_(backend->kind() == memory::BackendKind::kCudaVmm
                         ? load::MakePinnedStagingPool(options_.staging_keep_bytes)
                         : nullptr),
@@ -78,7 +80,7 @@ std::string Daemon::Impl::handle_path() const {
 
 void Daemon::Impl::StartPreloads() {
   for (const auto& s : options_.specs) {
-    if (options_.before_preload_hook) options_.before_preload_hook(s.name);
+    if (hooks_ != nullptr) hooks_->BeforePreload(s.name);
     auto opened = models_.Open(s.name, /*refresh=*/false);
     std::vector<int> ranks = s.tp_ranks;
     if (ranks.empty()) {
@@ -684,7 +686,13 @@ absl::Status Daemon::Impl::Refuse(const std::string& rule, const std::string& me
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options,
                                                       memory::Backend* backend) {
-  auto impl = std::make_unique<Impl>(std::move(options), backend);
+  return StartWithHooks(std::move(options), backend, /*hooks=*/nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::StartWithHooks(DaemonOptions options,
+                                                               memory::Backend* backend,
+                                                               DaemonHooks* hooks) {
+  auto impl = std::make_unique<Impl>(std::move(options), backend, hooks);
   WC_RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<Daemon>(new Daemon(std::move(impl)));
 }

@@ -22,6 +22,11 @@ class StateSource;
 
 namespace weightcache::server {
 
+class DaemonHooks;
+namespace testing {
+class DaemonHooksAccess;
+}  // namespace testing
+
 class Daemon {
  public:
   // Prepares the socket dir (0750), removes stale sockets safely, starts serving, and
@@ -52,6 +57,11 @@ class Daemon {
   class Impl;
 
  private:
+  // Start with test hooks (hooks.h): reachable only through pkg/server/testing/hooks.h.
+  friend class testing::DaemonHooksAccess;
+  static absl::StatusOr<std::unique_ptr<Daemon>> StartWithHooks(DaemonOptions options,
+                                                                memory::Backend* backend,
+                                                                DaemonHooks* hooks);
   explicit Daemon(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

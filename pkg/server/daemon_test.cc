@@ -38,11 +38,32 @@ int ConnectFd(int fd, const std::string& path) {
   return ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
 }
 
+// Finding (issue 46): DaemonOptions carried three test hooks, one of which rewrites the
+// digests a scrub compares, so whatever builds options (a flag parser, a config) could set
+// them. The hooks are a seam that only pkg/server/testing/hooks.h reaches now.
+template <typename O>
+constexpr bool kHasLeaseHook = requires(O o) {
+  o.before_lease_hook;
+};
+template <typename O>
+constexpr bool kHasPreloadHook = requires(O o) {
+  o.before_preload_hook;
+};
+template <typename O>
+constexpr bool kHasDigestHook = requires(O o) {
+  o.scrub_digest_hook;
+};
+TEST(DaemonOptions, CarryNoTestHooks) {
+  EXPECT_FALSE(kHasLeaseHook<DaemonOptions>);
+  EXPECT_FALSE(kHasPreloadHook<DaemonOptions>);
+  EXPECT_FALSE(kHasDigestHook<DaemonOptions>);
+}
+
 TEST_F(DaemonInProcessTest, EvictedBetweenLookupAndLeaseIsAnErrorNotAHit) {
   std::atomic<bool> fired{false};
   std::string evict_error = "hook not run";
   DaemonOptions o;
-  o.before_lease_hook = [&](const std::string& model) {
+  hooks_.before_lease = [&](const std::string& model) {
     if (fired.exchange(true)) return;
     auto other = client::Client::Connect(dir_ / "s");
     auto n = (*other)->Evict(model, "");
@@ -207,7 +228,7 @@ TEST_F(DaemonInProcessTest, ServesWhileAPreloadIsStillBeingOpened) {
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
   DaemonOptions o;
-  o.before_preload_hook = [released](const std::string&) { released.wait(); };
+  hooks_.before_preload = [released](const std::string&) { released.wait(); };
   Start(std::move(o));
   auto st = client_->Status();
   ASSERT_TRUE(st.ok()) << st.status();
@@ -233,7 +254,7 @@ TEST_F(DaemonInProcessTest, ServesWhileAPreloadIsStillBeingOpened) {
 TEST_F(DaemonInProcessTest, ASlowTeardownLogsWhatItWaitedOn) {
   std::promise<void> entered;
   DaemonOptions o;
-  o.before_preload_hook = [&entered](const std::string&) {
+  hooks_.before_preload = [&entered](const std::string&) {
     entered.set_value();
     std::this_thread::sleep_for(std::chrono::milliseconds(1200));
   };
@@ -254,7 +275,7 @@ TEST_F(DaemonInProcessTest, ACallInFlightAtShutdownGetsItsAnswer) {
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
   DaemonOptions o;
-  o.before_preload_hook = [&entered, released](const std::string&) {
+  hooks_.before_preload = [&entered, released](const std::string&) {
     entered.set_value();
     released.wait_for(std::chrono::seconds(20));  // bounded: the test releases it
   };

@@ -3,6 +3,7 @@
 // copy loaded) and VerifyResident.
 #include "absl/strings/str_cat.h"
 #include "pkg/integrity/segment_digest.h"
+#include "pkg/server/hooks.h"
 #include "pkg/server/internal/daemon_impl.h"
 #include "pkg/server/messages/layout_proto.h"
 #include "pkg/server/wire/handle_message.h"
@@ -40,7 +41,11 @@ void Daemon::Impl::SetUpIntegrity() {
       [this](const std::shared_ptr<cache::Entry>& e, const std::string& what) {
         OnCorrupt(e, what);
       },
-      options_.scrub_digest_hook);
+      hooks_ == nullptr
+          ? Scrubber::DigestHook()
+          : [h = hooks_](
+                const std::string& model, size_t segment,
+                std::vector<uint64_t>* chunks) { h->BeforeDigestCompare(model, segment, chunks); });
 }
 
 void Daemon::Impl::OnCorrupt(const std::shared_ptr<cache::Entry>& e, const std::string& what) {

@@ -2,7 +2,7 @@
 // (admission, publishing) and the daemon that assembles them depend on this header, not on
 // each other's, so arrows run one way; the subfolders (wire/, policy/, ...) never include it.
 //
-// Thread-safety: plain values. Lifetimes: DaemonOptions' pointers (metrics) and hooks
+// Thread-safety: plain values. Lifetimes: DaemonOptions' pointers (metrics)
 // outlive the daemon built from them.
 #pragma once
 
@@ -115,23 +115,12 @@ struct DaemonOptions {
   // Shutdown: after loads and waits are cancelled, RPCs in flight get this long to finish
   // before they are cancelled too.
   std::chrono::milliseconds shutdown_grace{1000};
-  // Tests only: called by Acquire after it found a ready entry and before it records the
-  // lease (to race an eviction deterministically). Null in production.
-  std::function<void(const std::string& model)> before_lease_hook;
-  // Tests only: called on the preload thread before each preloaded model is opened (to hold
-  // a preload in its opening, as slow hashing of a large checkpoint does). Null in production.
-  std::function<void(const std::string& model)> before_preload_hook;
   // Integrity scrubbing (docs/integrity.md): a pass over every ready entry starts every
   // scrub_interval (0: no scrubbing; digests are still taken when entries are filled and
   // VerifyResident still checks), reading at most scrub_bytes_per_second (0: unthrottled).
   // At 50 GB/s a bandwidth-bound kernel beside it on the H200 lost 0.06 % (docs/benchmarks.md).
   std::chrono::milliseconds scrub_interval{30000};
   double scrub_bytes_per_second = 50e9;
-  // Tests only: called with every digest a check takes (scrub or verify), before it is
-  // compared, to model a change the host backend's sealed memory cannot have. Null in
-  // production.
-  std::function<void(const std::string& model, size_t segment, std::vector<uint64_t>* chunks)>
-      scrub_digest_hook;
   unsigned read_threads = 16;
   // GPU loads: page-locked staging memory kept pinned between loads (one ring: pinning it
   // again costs ~0.1 s per load, a third of a page-cache-hot 8 GiB load); 0 frees it after

@@ -1,7 +1,7 @@
 // Integrity in process (issue 27): the host backend's sealed memfds cannot change, so a test
-// hook alters a digest the scrubber takes (DaemonOptions::scrub_digest_hook); everything
-// after it -- the entry out of service, the lease holder's event, the clean copy, the
-// metrics, VerifyResident -- is the daemon's real path.
+// hook alters a digest the scrubber takes (DaemonHooks::BeforeDigestCompare, through
+// pkg/server/testing/hooks.h); everything after it -- the entry out of service, the lease holder's
+// event, the clean copy, the metrics, VerifyResident -- is the daemon's real path.
 #include <unistd.h>
 
 #include <atomic>
@@ -46,8 +46,8 @@ class IntegrityTest : public testing::DaemonInProcessTest {
     o.scrub_interval = scrub_interval;
     o.scrub_bytes_per_second = 0;
     // One digest of segment 0 changes in its third chunk, once, when the test says so.
-    o.scrub_digest_hook = [this](const std::string& model, size_t segment,
-                                 std::vector<uint64_t>* chunks) {
+    hooks_.before_digest_compare = [this](const std::string& model, size_t segment,
+                                          std::vector<uint64_t>* chunks) {
       if (model == "m" && segment == 0 && chunks->size() > 2 && corrupt_next_.exchange(false)) {
         (*chunks)[2] ^= 1;
       }

@@ -37,7 +37,7 @@ class Scrubber {
   };
   // `what`: "segment 3 of 8 (1073741824 bytes on GPU-...): bytes [a, b) changed; ...".
   using CorruptFn = std::function<void(const std::shared_ptr<cache::Entry>&, const std::string&)>;
-  // DaemonOptions::scrub_digest_hook.
+  // Tests only (DaemonHooks::BeforeDigestCompare); empty in production.
   using DigestHook =
       std::function<void(const std::string& model, size_t segment, std::vector<uint64_t>*)>;
 

@@ -33,6 +33,7 @@
 #include "pkg/load/staging_pool.h"
 #include "pkg/metrics/metrics.h"
 #include "pkg/server/daemon.h"
+#include "pkg/server/hooks.h"
 #include "pkg/server/integrity/scrubber.h"
 #include "pkg/server/internal/admission.h"
 #include "pkg/server/internal/artifacts.h"
@@ -57,7 +58,8 @@ namespace v1 = ::weightcache::v1;
 
 class Daemon::Impl final : public metrics::StateSource {
  public:
-  Impl(DaemonOptions options, memory::Backend* backend);
+  // `hooks`: null in production (hooks.h).
+  Impl(DaemonOptions options, memory::Backend* backend, DaemonHooks* hooks);
   ~Impl() override;
 
   absl::Status Start();
@@ -187,6 +189,12 @@ class Daemon::Impl final : public metrics::StateSource {
 
   const DaemonOptions options_;
   memory::Backend* const backend_;
+  DaemonHooks* const hooks_;  // null: none (production)
+  // The lease manager's hook (hooks_->BeforeLease), empty without hooks.
+  std::function<void(const std::string&)> BeforeLeaseHook() const {
+    if (hooks_ == nullptr) return nullptr;
+    return [h = hooks_](const std::string& model) { h->BeforeLease(model); };
+  }
   // Pinned staging buffers kept between GPU loads (cuda-vmm backend only; null otherwise).
   // Declared before registry_: the registry joins its load threads first.
   std::unique_ptr<load::StagingPool> staging_pool_;

@@ -12,6 +12,7 @@
 #include "pkg/memory/backend.h"
 #include "pkg/safetensors/writer.h"
 #include "pkg/server/daemon.h"
+#include "pkg/server/testing/hooks.h"
 #include "tests/testutil/temp_dir.h"
 
 namespace weightcache::server::testing {
@@ -45,7 +46,7 @@ class DaemonInProcessTest : public ::testing::Test {
     s.name = "m";
     s.model_dir = dir_ / "m";
     o.specs = {s};
-    auto d = Daemon::Start(std::move(o), backend_.get());
+    auto d = DaemonHooksAccess::Start(std::move(o), backend_.get(), &hooks_);
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = std::move(d).value();
     auto c = client::Client::Connect(dir_ / "s");
@@ -61,6 +62,8 @@ class DaemonInProcessTest : public ::testing::Test {
 
   weightcache::testing::TempDir dir_;
   std::unique_ptr<memory::Backend> backend_;
+  // Set before Start (hooks.h says where each runs); declared before daemon_, which they outlive.
+  FunctionHooks hooks_;
   std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<client::Client> client_;
 };
