@@ -55,6 +55,13 @@ const char* SourceNote(const std::string& source) {
 // "-" for an empty field, for the table.
 const char* Or(const std::string& v) { return v.empty() ? "-" : v.c_str(); }
 
+// When a publisher committed what it put, in UTC.
+std::string PublishedAt(const v1::PublisherInfo& p) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ",
+                          absl::FromUnixSeconds(static_cast<int64_t>(p.published_unix_seconds())),
+                          absl::UTCTimeZone());
+}
+
 // Compile artifacts (issue 29): what they are for, who put them, where they are kept.
 void PrintArtifacts(const v1::StatusResponse& st) {
   if (st.artifacts().empty()) return;
@@ -66,14 +73,10 @@ void PrintArtifacts(const v1::StatusResponse& st) {
               "PUT BY");
   for (const auto& a : st.artifacts()) {
     const auto& p = a.publisher();
-    std::printf(
-        "%-16s %-16s %-20s %10s %-9s pid %d uid %d, %s\n", a.id().substr(0, 16).c_str(),
-        a.key().kind().c_str(), a.key().model().c_str(), FormatBytes(a.bytes()).c_str(),
-        a.resident() ? (a.on_disk() ? "mem+disk" : "memory") : "disk", p.pid(), p.uid(),
-        absl::FormatTime("%Y-%m-%dT%H:%M:%SZ",
-                         absl::FromUnixSeconds(static_cast<int64_t>(p.published_unix_seconds())),
-                         absl::UTCTimeZone())
-            .c_str());
+    std::printf("%-16s %-16s %-20s %10s %-9s pid %d uid %d, %s\n", a.id().substr(0, 16).c_str(),
+                a.key().kind().c_str(), a.key().model().c_str(), FormatBytes(a.bytes()).c_str(),
+                a.resident() ? (a.on_disk() ? "mem+disk" : "memory") : "disk", p.pid(), p.uid(),
+                PublishedAt(p).c_str());
     const auto& k = a.key();
     std::printf(
         "  for fingerprint %s, torch %s, triton %s, cuda %s, sm %s, engine %s %s, settings "
@@ -85,6 +88,105 @@ void PrintArtifacts(const v1::StatusResponse& st) {
   }
 }
 
+// One cache entry's row of the status table, and the lines under it that only some entries
+// have (publisher, namespace, other names, error, leases).
+void PrintEntry(const v1::EntryInfo& e) {
+  std::string bytes =
+      e.state() == "loading"
+          ? absl::StrFormat("%.0f%%", e.bytes_done() * 100.0 / std::max<uint64_t>(1, e.bytes()))
+          : FormatBytes(e.bytes());
+  std::printf("%-20s %-8s %-15s %11s %12s %8u %5u %6d %-12s %s%s\n", e.model().c_str(),
+              e.state().c_str(), Layout(e.layout()).c_str(), bytes.c_str(),
+              FormatBytes(e.tensor_bytes()).c_str(), e.tensors(), e.segments(), e.leases_size(),
+              e.fingerprint().substr(0, 12).c_str(), e.device_uuid().c_str(),
+              SourceNote(e.source()));
+  if (e.has_publisher()) {
+    const auto& p = e.publisher();
+    std::printf("  published by %s %s (%s), recipe %s, pid %d uid %d, %s\n", p.engine().c_str(),
+                p.engine_version().c_str(), p.framework_version().c_str(), p.recipe().c_str(),
+                p.pid(), p.uid(), PublishedAt(p).c_str());
+  }
+  if (!e.tenant().empty()) {
+    std::printf("  private copy of namespace %s (isolation: namespace)\n", e.tenant().c_str());
+  }
+  if (e.names_size() > 1) {
+    std::string names;
+    for (const auto& n : e.names()) absl::StrAppend(&names, names.empty() ? "" : ", ", n);
+    std::printf("  names: %s\n", names.c_str());
+  }
+  if (!e.error().empty()) {
+    std::printf("  %s: %s\n", e.state() == "stale" ? "changed on disk" : "error",
+                e.error().c_str());
+  }
+  for (const auto& l : e.leases()) {
+    std::printf("  lease %s pid %d uid %d age %.1fs\n", l.lease_id().substr(0, 12).c_str(), l.pid(),
+                l.uid(), l.age_seconds());
+  }
+}
+
+// Per-device residency: which GPU holds how much of the cache; then the pinned staging memory.
+void PrintDevices(const v1::StatusResponse& st) {
+  std::printf("\n%-44s %-14s %7s %11s %11s %11s\n", "DEVICE", "NAME", "ENTRIES", "CACHE", "FREE",
+              "TOTAL");
+  for (const auto& d : st.devices()) {
+    std::printf("%-44s %-14s %7u %11s %11s %11s\n", d.device_uuid().c_str(), d.name().c_str(),
+                d.entries(), FormatBytes(d.cache_bytes()).c_str(),
+                FormatBytes(d.free_bytes()).c_str(), FormatBytes(d.total_bytes()).c_str());
+  }
+  if (st.has_staging()) {
+    std::printf("staging (pinned host memory): %s idle, %s in use\n",
+                FormatBytes(st.staging().idle_bytes()).c_str(),
+                FormatBytes(st.staging().in_use_bytes()).c_str());
+  }
+}
+
+// The daemon's counters since start: known models, Acquire outcomes, bytes hashed.
+void PrintCounters(const v1::StatusResponse& st) {
+  std::printf("known models: ");
+  for (int i = 0; i < st.known_models_size(); ++i) {
+    std::printf("%s%s", i ? ", " : "", st.known_models(i).c_str());
+  }
+  std::printf(
+      "\nacquire: %lu hit, %lu peer copy, %lu miss, %lu mismatch, %lu stale, %lu rejected, "
+      "%lu denied, %lu error\n",
+      static_cast<unsigned long>(st.acquire_hits()),
+      static_cast<unsigned long>(st.acquire_peer_copies()),
+      static_cast<unsigned long>(st.acquire_misses()),
+      static_cast<unsigned long>(st.acquire_mismatches()),
+      static_cast<unsigned long>(st.acquire_stale()),
+      static_cast<unsigned long>(st.acquire_rejected()),
+      static_cast<unsigned long>(st.acquire_denied()),
+      static_cast<unsigned long>(st.acquire_errors()));
+  std::printf("content digests: %s read to hash checkpoint files since start\n",
+              FormatBytes(st.hashed_bytes()).c_str());
+}
+
+// The keeper (issue 16): whether a restarted daemon would find its entries there.
+void PrintKeeper(const v1::StatusResponse& st) {
+  if (!st.has_keeper()) {
+    std::printf(
+        "keeper: none (--keeper_socket=off): a restarted daemon loads its models from disk "
+        "again\n");
+    return;
+  }
+  const auto& k = st.keeper();
+  std::printf("keeper %s: %s; %lu entries adopted at start, %lu dropped, %lu descriptors held\n",
+              k.socket().c_str(), k.up() ? "connected" : "NOT connected",
+              static_cast<unsigned long>(k.adopted_entries()),
+              static_cast<unsigned long>(k.dropped_entries()),
+              static_cast<unsigned long>(k.descriptors()));
+  if (k.artifacts() > 0 || k.adopted_artifacts() > 0) {
+    std::printf("  compile artifacts: %lu held by the keeper, %lu taken back at start\n",
+                static_cast<unsigned long>(k.artifacts()),
+                static_cast<unsigned long>(k.adopted_artifacts()));
+  }
+  if (k.pending_entries() > 0) {
+    std::printf("  %lu entries not in step with the keeper yet (deposits or drops to do)\n",
+                static_cast<unsigned long>(k.pending_entries()));
+  }
+  if (!k.last_error().empty()) std::printf("  last keeper error: %s\n", k.last_error().c_str());
+}
+
 int Status(client::Client& c) {
   auto st = c.Status();
   if (!st.ok()) return Error(st.status());
@@ -94,98 +196,12 @@ int Status(client::Client& c) {
   // own bytes, what verify compares.
   std::printf("%-20s %-8s %-15s %11s %12s %8s %5s %6s %-12s %s\n", "MODEL", "STATE", "LAYOUT",
               "RESIDENT", "TENSOR BYTES", "TENSORS", "SEGS", "LEASES", "FINGERPRINT", "DEVICE");
-  for (const auto& e : st->entries()) {
-    std::string bytes =
-        e.state() == "loading"
-            ? absl::StrFormat("%.0f%%", e.bytes_done() * 100.0 / std::max<uint64_t>(1, e.bytes()))
-            : FormatBytes(e.bytes());
-    std::printf("%-20s %-8s %-15s %11s %12s %8u %5u %6d %-12s %s%s\n", e.model().c_str(),
-                e.state().c_str(), Layout(e.layout()).c_str(), bytes.c_str(),
-                FormatBytes(e.tensor_bytes()).c_str(), e.tensors(), e.segments(), e.leases_size(),
-                e.fingerprint().substr(0, 12).c_str(), e.device_uuid().c_str(),
-                SourceNote(e.source()));
-    if (e.has_publisher()) {
-      const auto& p = e.publisher();
-      std::printf(
-          "  published by %s %s (%s), recipe %s, pid %d uid %d, %s\n", p.engine().c_str(),
-          p.engine_version().c_str(), p.framework_version().c_str(), p.recipe().c_str(), p.pid(),
-          p.uid(),
-          absl::FormatTime("%Y-%m-%dT%H:%M:%SZ",
-                           absl::FromUnixSeconds(static_cast<int64_t>(p.published_unix_seconds())),
-                           absl::UTCTimeZone())
-              .c_str());
-    }
-    if (!e.tenant().empty()) {
-      std::printf("  private copy of namespace %s (isolation: namespace)\n", e.tenant().c_str());
-    }
-    if (e.names_size() > 1) {
-      std::string names;
-      for (const auto& n : e.names()) absl::StrAppend(&names, names.empty() ? "" : ", ", n);
-      std::printf("  names: %s\n", names.c_str());
-    }
-    if (!e.error().empty()) {
-      std::printf("  %s: %s\n", e.state() == "stale" ? "changed on disk" : "error",
-                  e.error().c_str());
-    }
-    for (const auto& l : e.leases()) {
-      std::printf("  lease %s pid %d uid %d age %.1fs\n", l.lease_id().substr(0, 12).c_str(),
-                  l.pid(), l.uid(), l.age_seconds());
-    }
-  }
+  for (const auto& e : st->entries()) PrintEntry(e);
   if (st->entries().empty()) std::printf("(no cache entries)\n");
   PrintArtifacts(*st);
-  // Per-device residency: which GPU holds how much of the cache.
-  std::printf("\n%-44s %-14s %7s %11s %11s %11s\n", "DEVICE", "NAME", "ENTRIES", "CACHE", "FREE",
-              "TOTAL");
-  for (const auto& d : st->devices()) {
-    std::printf("%-44s %-14s %7u %11s %11s %11s\n", d.device_uuid().c_str(), d.name().c_str(),
-                d.entries(), FormatBytes(d.cache_bytes()).c_str(),
-                FormatBytes(d.free_bytes()).c_str(), FormatBytes(d.total_bytes()).c_str());
-  }
-  if (st->has_staging()) {
-    std::printf("staging (pinned host memory): %s idle, %s in use\n",
-                FormatBytes(st->staging().idle_bytes()).c_str(),
-                FormatBytes(st->staging().in_use_bytes()).c_str());
-  }
-  std::printf("known models: ");
-  for (int i = 0; i < st->known_models_size(); ++i) {
-    std::printf("%s%s", i ? ", " : "", st->known_models(i).c_str());
-  }
-  std::printf(
-      "\nacquire: %lu hit, %lu peer copy, %lu miss, %lu mismatch, %lu stale, %lu rejected, "
-      "%lu denied, %lu error\n",
-      static_cast<unsigned long>(st->acquire_hits()),
-      static_cast<unsigned long>(st->acquire_peer_copies()),
-      static_cast<unsigned long>(st->acquire_misses()),
-      static_cast<unsigned long>(st->acquire_mismatches()),
-      static_cast<unsigned long>(st->acquire_stale()),
-      static_cast<unsigned long>(st->acquire_rejected()),
-      static_cast<unsigned long>(st->acquire_denied()),
-      static_cast<unsigned long>(st->acquire_errors()));
-  std::printf("content digests: %s read to hash checkpoint files since start\n",
-              FormatBytes(st->hashed_bytes()).c_str());
-  if (st->has_keeper()) {
-    const auto& k = st->keeper();
-    std::printf("keeper %s: %s; %lu entries adopted at start, %lu dropped, %lu descriptors held\n",
-                k.socket().c_str(), k.up() ? "connected" : "NOT connected",
-                static_cast<unsigned long>(k.adopted_entries()),
-                static_cast<unsigned long>(k.dropped_entries()),
-                static_cast<unsigned long>(k.descriptors()));
-    if (k.artifacts() > 0 || k.adopted_artifacts() > 0) {
-      std::printf("  compile artifacts: %lu held by the keeper, %lu taken back at start\n",
-                  static_cast<unsigned long>(k.artifacts()),
-                  static_cast<unsigned long>(k.adopted_artifacts()));
-    }
-    if (k.pending_entries() > 0) {
-      std::printf("  %lu entries not in step with the keeper yet (deposits or drops to do)\n",
-                  static_cast<unsigned long>(k.pending_entries()));
-    }
-    if (!k.last_error().empty()) std::printf("  last keeper error: %s\n", k.last_error().c_str());
-  } else {
-    std::printf(
-        "keeper: none (--keeper_socket=off): a restarted daemon loads its models from disk "
-        "again\n");
-  }
+  PrintDevices(*st);
+  PrintCounters(*st);
+  PrintKeeper(*st);
   return 0;
 }
 
@@ -344,75 +360,101 @@ int VerifyResident(client::Client& c, const std::vector<std::string>& args) {
   return 0;
 }
 
-int Verify(client::Client& c, const std::vector<std::string>& args, const Context& ctx) {
-  if (ctx.resident) return VerifyResident(c, args);
+// What verify maps: the entry named by --fingerprint or by the one MODEL argument, waited for
+// until ready.
+absl::StatusOr<client::AcquireOptions> VerifyAcquireOptions(const std::vector<std::string>& args,
+                                                            const Context& ctx) {
   client::AcquireOptions o;
   if (!ctx.fingerprint.empty()) {
     o.fingerprint = ctx.fingerprint;
   } else if (args.size() == 1) {
     o.model = args[0];
   } else {
-    return Error(absl::InvalidArgumentError("verify: give one MODEL name or --fingerprint=FP"));
+    return absl::InvalidArgumentError("verify: give one MODEL name or --fingerprint=FP");
   }
   o.tp_size = ctx.tp_size;
   o.tp_rank = std::max(0, ctx.tp_rank);
   o.wait_ready = true;
   o.load_on_miss = ctx.load_on_miss;
-  auto lease = c.Acquire(o);
-  if (!lease.ok()) return Error(lease.status());
-  const auto& l = **lease;
-  const auto kind =
-      l.backend() == "cuda-vmm" ? memory::BackendKind::kCudaVmm : memory::BackendKind::kHost;
-  std::printf("mapped %s: %zu tensors, %s in %zu segments, fingerprint %s, map time %.3f ms\n",
-              l.model().c_str(), l.tensors().size(), FormatBytes(l.total_bytes()).c_str(),
-              l.segment_count(), l.fingerprint().c_str(), l.map_seconds() * 1e3);
-  // What the daemon should serve: the same spec and rank loaded here, from the same files,
-  // by the same loader (tensor-parallel pieces, fused views, online quantization), into
-  // host memory. Every mapped tensor must equal its counterpart byte for byte.
+  return o;
+}
+
+// What verify compares the mapping with. The opened model and the host backend outlive the
+// loaded copy (members are destroyed in reverse order), as they did as locals of one function.
+struct LocalCopy {
+  std::string model_dir;
+  std::shared_ptr<const load::OpenedModel> model;
+  std::unique_ptr<memory::Backend> host;
+  std::unique_ptr<load::LoadedModel> loaded;
+};
+
+// What the daemon should serve: the same spec and rank loaded here, from the same files,
+// by the same loader (tensor-parallel pieces, fused views, online quantization), into
+// host memory. Every mapped tensor must equal its counterpart byte for byte.
+absl::StatusOr<LocalCopy> LoadLocalCopy(const client::Lease& l, const Context& ctx) {
   if (l.spec_yaml().empty()) {
-    return Error(absl::FailedPreconditionError(
-        "verify: the daemon sent no spec with the lease (a daemon older than this CLI?)"));
+    return absl::FailedPreconditionError(
+        "verify: the daemon sent no spec with the lease (a daemon older than this CLI?)");
   }
   auto specs = spec::ParseSpecs(l.spec_yaml(), "the daemon's spec of '" + l.model() + "'");
-  if (!specs.ok()) return Error(specs.status());
+  if (!specs.ok()) return specs.status();
   spec::ModelSpec sp = specs->at(0);
   if (!ctx.model_dir.empty()) sp.model_dir = ctx.model_dir;
+  LocalCopy copy;
+  copy.model_dir = sp.model_dir;
   load::OpenOptions oo;
   oo.content_digests = false;  // every byte is compared below: no identity needed
   auto opened = load::OpenModel(sp, oo);
-  if (!opened.ok()) return Error(opened.status());
+  if (!opened.ok()) return opened.status();
+  copy.model = *std::move(opened);
   load::PlanOptions popts;
   popts.loader_reads_pieces = true;
-  auto plan = load::PlanRank(**opened, {l.tp_size(), l.tp_rank(), l.pp_size(), l.pp_rank()}, popts);
-  if (!plan.ok()) return Error(plan.status());
-  auto host = memory::MakeHostBackend();
-  auto local = load::LoadRank(**opened, *plan, *host, "", "weightcachectl-verify", {}, nullptr);
-  if (!local.ok()) return Error(local.status());
-  std::map<std::string, const load::PlannedTensor*> want;
-  for (const auto* list : {&(*local)->plan.tensors, &(*local)->plan.views}) {
-    for (const auto& t : *list) want[t.name] = &t;
-  }
+  auto plan =
+      load::PlanRank(*copy.model, {l.tp_size(), l.tp_rank(), l.pp_size(), l.pp_rank()}, popts);
+  if (!plan.ok()) return plan.status();
+  copy.host = memory::MakeHostBackend();
+  auto local =
+      load::LoadRank(*copy.model, *plan, *copy.host, "", "weightcachectl-verify", {}, nullptr);
+  if (!local.ok()) return local.status();
+  copy.loaded = *std::move(local);
+  return copy;
+}
 
+// Tallies of comparing a mapping with its local copy; `bad` counts tensors unexpected,
+// missing or different (the first ten are printed).
+struct Comparison {
   size_t bad = 0, checked = 0;
   uint64_t bytes = 0;
+};
+
+// Compares every mapped tensor with the local copy's, byte for byte. An error only when a
+// tensor could not be read at all.
+absl::StatusOr<Comparison> CompareTensors(const client::Lease& l, const load::LoadedModel& local) {
+  const auto kind =
+      l.backend() == "cuda-vmm" ? memory::BackendKind::kCudaVmm : memory::BackendKind::kHost;
+  std::map<std::string, const load::PlannedTensor*> want;
+  for (const auto* list : {&local.plan.tensors, &local.plan.views}) {
+    for (const auto& t : *list) want[t.name] = &t;
+  }
+  Comparison r;
   std::vector<uint8_t> expected, mapped;
   for (const auto& v : l.tensors()) {
     auto it = want.find(v.name);
     if (it == want.end()) {
-      if (bad++ < 10) std::printf("UNEXPECTED %s (not in the local plan)\n", v.name.c_str());
+      if (r.bad++ < 10) std::printf("UNEXPECTED %s (not in the local plan)\n", v.name.c_str());
       continue;
     }
     const load::PlannedTensor& t = *it->second;
     want.erase(it);
     if (v.dtype != t.dtype || v.shape != t.shape || v.nbytes != t.nbytes) {
-      if (bad++ < 10) std::printf("DIFFERENT %s (dtype/shape)\n", v.name.c_str());
+      if (r.bad++ < 10) std::printf("DIFFERENT %s (dtype/shape)\n", v.name.c_str());
       continue;
     }
     expected.resize(t.nbytes);
-    int fd = (*local)->segments[t.segment]->fd();
+    int fd = local.segments[t.segment]->fd();
     if (::pread(fd, expected.data(), t.nbytes, static_cast<off_t>(t.offset)) !=
         static_cast<ssize_t>(t.nbytes)) {
-      return Error(absl::InternalError("verify: reading the local copy of " + t.name));
+      return absl::InternalError("verify: reading the local copy of " + t.name);
     }
     // Device memory (cuda-vmm) is copied to the host first; host mappings are read in place.
     const void* have = v.data;
@@ -420,26 +462,43 @@ int Verify(client::Client& c, const std::vector<std::string>& args, const Contex
       mapped.resize(t.nbytes);
       if (auto s = memory::CopyToHost(kind, l.device_uuid(), v.data, t.nbytes, mapped.data());
           !s.ok()) {
-        return Error(s);
+        return s;
       }
       have = mapped.data();
     }
     if (std::memcmp(have, expected.data(), t.nbytes) != 0) {
-      if (bad++ < 10) std::printf("DIFFERENT %s\n", v.name.c_str());
+      if (r.bad++ < 10) std::printf("DIFFERENT %s\n", v.name.c_str());
       continue;
     }
-    checked++;
-    bytes += t.nbytes;
+    r.checked++;
+    r.bytes += t.nbytes;
   }
   for (const auto& [name, t] : want) {
-    if (bad++ < 10) std::printf("MISSING %s\n", name.c_str());
+    if (r.bad++ < 10) std::printf("MISSING %s\n", name.c_str());
   }
-  if (bad != 0) {
-    std::printf("verify FAILED: %zu difference(s) against %s\n", bad, sp.model_dir.c_str());
+  return r;
+}
+
+int Verify(client::Client& c, const std::vector<std::string>& args, const Context& ctx) {
+  if (ctx.resident) return VerifyResident(c, args);
+  auto o = VerifyAcquireOptions(args, ctx);
+  if (!o.ok()) return Error(o.status());
+  auto lease = c.Acquire(*o);
+  if (!lease.ok()) return Error(lease.status());
+  const auto& l = **lease;
+  std::printf("mapped %s: %zu tensors, %s in %zu segments, fingerprint %s, map time %.3f ms\n",
+              l.model().c_str(), l.tensors().size(), FormatBytes(l.total_bytes()).c_str(),
+              l.segment_count(), l.fingerprint().c_str(), l.map_seconds() * 1e3);
+  auto local = LoadLocalCopy(l, ctx);
+  if (!local.ok()) return Error(local.status());
+  auto r = CompareTensors(l, *local->loaded);
+  if (!r.ok()) return Error(r.status());
+  if (r->bad != 0) {
+    std::printf("verify FAILED: %zu difference(s) against %s\n", r->bad, local->model_dir.c_str());
     return 1;
   }
-  std::printf("verify OK: %zu tensors, %s identical to tp %d/%d of %s\n", checked,
-              FormatBytes(bytes).c_str(), l.tp_rank(), l.tp_size(), sp.model_dir.c_str());
+  std::printf("verify OK: %zu tensors, %s identical to tp %d/%d of %s\n", r->checked,
+              FormatBytes(r->bytes).c_str(), l.tp_rank(), l.tp_size(), local->model_dir.c_str());
   return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -33,6 +34,7 @@
 #include "pkg/util/log.h"
 #include "pkg/util/rlimit.h"
 #include "pkg/util/size_flag.h"
+#include "pkg/util/status_macros.h"
 #include "pkg/util/version.h"
 
 ABSL_FLAG(std::string, socket_dir, weightcache::server::kDefaultSocketDir,
@@ -180,10 +182,8 @@ int Fail(const absl::Status& s) {
   return 2;
 }
 
-int Run() {
-  if (absl::GetFlag(FLAGS_verbose)) SetLogLevel(LogLevel::kDebug);
-
-  server::DaemonOptions opts;
+// Where the daemon serves and keeps its state, and what it does at start.
+void ReadPathFlags(server::DaemonOptions& opts) {
   opts.socket_dir = absl::GetFlag(FLAGS_socket_dir);
   opts.digest_store = absl::GetFlag(FLAGS_digest_store);
   // Daemon state lives beside the engines' socket directory, never in it (they mount it).
@@ -198,85 +198,96 @@ int Run() {
   opts.preload = absl::GetFlag(FLAGS_preload);
   opts.keeper_socket = absl::GetFlag(FLAGS_keeper_socket);
   if (opts.keeper_socket == "off") opts.keeper_socket.clear();
-  // Values that make no sense stop the daemon naming the flag, rather than being bent into
-  // something else (issue 26: -7 as a gid, 0 read threads, a device named twice).
+}
+
+// Values that make no sense stop the daemon naming the flag, rather than being bent into
+// something else (issue 26: -7 as a gid, 0 read threads, a device named twice).
+absl::Status ReadCountFlags(server::DaemonOptions& opts) {
   opts.socket_gid = absl::GetFlag(FLAGS_socket_gid);
   if (opts.socket_gid < -1) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--socket_gid: ", opts.socket_gid, " is not a group id (-1 keeps the daemon's group)")));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--socket_gid: ", opts.socket_gid, " is not a group id (-1 keeps the daemon's group)"));
   }
   if (const int t = absl::GetFlag(FLAGS_read_threads); t < 1 || t > 1024) {
-    return Fail(
-        absl::InvalidArgumentError(absl::StrCat("--read_threads: ", t, " is not in [1, 1024]")));
+    return absl::InvalidArgumentError(absl::StrCat("--read_threads: ", t, " is not in [1, 1024]"));
   }
   opts.read_threads = static_cast<unsigned>(absl::GetFlag(FLAGS_read_threads));
   if (const int n = absl::GetFlag(FLAGS_device_plugin_slots); n < 1 || n > 100000) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--device_plugin_slots: ", n, " is not in [1, 100000]")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device_plugin_slots: ", n, " is not in [1, 100000]"));
   }
-  {
-    std::set<std::string> seen;
-    for (const auto& d : absl::GetFlag(FLAGS_host_devices)) {
-      if (d.empty() || !seen.insert(d).second) {
-        return Fail(absl::InvalidArgumentError(
-            absl::StrCat("--host_devices: '", d, "' is ", d.empty() ? "empty" : "named twice")));
-      }
+  std::set<std::string> seen;
+  for (const auto& d : absl::GetFlag(FLAGS_host_devices)) {
+    if (d.empty() || !seen.insert(d).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--host_devices: '", d, "' is ", d.empty() ? "empty" : "named twice"));
     }
   }
+  return absl::OkStatus();
+}
+
+// The models the daemon knows (--spec_file, --model) and the sizes of what it keeps besides
+// them (staging memory, compile artifacts).
+absl::Status ReadModelFlags(server::DaemonOptions& opts) {
   for (const auto& f : absl::GetFlag(FLAGS_spec_file)) {
-    auto specs = spec::LoadSpecFile(f);
-    if (!specs.ok()) return Fail(specs.status());
-    opts.specs.insert(opts.specs.end(), specs->begin(), specs->end());
+    WC_ASSIGN_OR_RETURN(auto specs, spec::LoadSpecFile(f));
+    opts.specs.insert(opts.specs.end(), specs.begin(), specs.end());
   }
   if (!absl::GetFlag(FLAGS_model).empty()) {
-    auto s = spec::ParseSpecFlag(absl::GetFlag(FLAGS_model));
-    if (!s.ok()) return Fail(s.status());
-    opts.specs.push_back(*s);
+    WC_ASSIGN_OR_RETURN(auto s, spec::ParseSpecFlag(absl::GetFlag(FLAGS_model)));
+    opts.specs.push_back(s);
   }
-  auto keep = ParseByteSize(absl::GetFlag(FLAGS_staging_keep), "--staging_keep");
-  if (!keep.ok()) return Fail(keep.status());
-  opts.staging_keep_bytes = *keep;
-  auto artifact_budget = ParseByteSize(absl::GetFlag(FLAGS_artifact_budget), "--artifact_budget");
-  if (!artifact_budget.ok()) return Fail(artifact_budget.status());
-  opts.artifact_budget_bytes = *artifact_budget;
-  auto artifact_max =
-      ParseByteSize(absl::GetFlag(FLAGS_artifact_max_bytes), "--artifact_max_bytes");
-  if (!artifact_max.ok()) return Fail(artifact_max.status());
-  opts.artifact_max_bytes = *artifact_max;
+  WC_ASSIGN_OR_RETURN(opts.staging_keep_bytes,
+                      ParseByteSize(absl::GetFlag(FLAGS_staging_keep), "--staging_keep"));
+  WC_ASSIGN_OR_RETURN(opts.artifact_budget_bytes,
+                      ParseByteSize(absl::GetFlag(FLAGS_artifact_budget), "--artifact_budget"));
+  WC_ASSIGN_OR_RETURN(
+      opts.artifact_max_bytes,
+      ParseByteSize(absl::GetFlag(FLAGS_artifact_max_bytes), "--artifact_max_bytes"));
   opts.artifact_dir = absl::GetFlag(FLAGS_artifact_dir);
-  opts.peer.listen = absl::GetFlag(FLAGS_peer_listen);
-  opts.peer.tls = {absl::GetFlag(FLAGS_peer_tls_cert_file), absl::GetFlag(FLAGS_peer_tls_key_file),
-                   absl::GetFlag(FLAGS_peer_tls_ca_file),
-                   absl::GetFlag(FLAGS_peer_tls_server_name)};
-  opts.peer.transfer_hold = std::chrono::seconds(absl::GetFlag(FLAGS_peer_transfer_hold_seconds));
-  if (opts.peer.transfer_hold <= std::chrono::milliseconds(0)) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
+  return absl::OkStatus();
+}
+
+// Peer fill (issue 30): the peer API this daemon serves, the peers it asks, and their TLS,
+// read here so that a missing certificate stops the daemon at start, not at the first fill.
+absl::Status ReadPeerFlags(server::PeerOptions& out) {
+  out.listen = absl::GetFlag(FLAGS_peer_listen);
+  out.tls = {absl::GetFlag(FLAGS_peer_tls_cert_file), absl::GetFlag(FLAGS_peer_tls_key_file),
+             absl::GetFlag(FLAGS_peer_tls_ca_file), absl::GetFlag(FLAGS_peer_tls_server_name)};
+  out.transfer_hold = std::chrono::seconds(absl::GetFlag(FLAGS_peer_transfer_hold_seconds));
+  if (out.transfer_hold <= std::chrono::milliseconds(0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
         "--peer_transfer_hold_seconds=", absl::GetFlag(FLAGS_peer_transfer_hold_seconds),
-        ": must be positive")));
+        ": must be positive"));
   }
   if (const std::string peers = absl::GetFlag(FLAGS_peers); !peers.empty()) {
     auto list = peer::ParsePeerList(peers);
-    if (!list.ok())
-      return Fail(absl::InvalidArgumentError(absl::StrCat("--peers: ", list.status().message())));
-    opts.peer.peers = *std::move(list);
+    if (!list.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--peers: ", list.status().message()));
+    }
+    out.peers = *std::move(list);
   }
   for (const auto& [flag, value] :
        {std::pair{"--peer_describe_timeout_ms", absl::GetFlag(FLAGS_peer_describe_timeout_ms)},
         std::pair{"--peer_pull_timeout_seconds", absl::GetFlag(FLAGS_peer_pull_timeout_seconds)}}) {
     if (value <= 0) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(flag, "=", value, ": must be positive")));
+      return absl::InvalidArgumentError(absl::StrCat(flag, "=", value, ": must be positive"));
     }
   }
-  opts.peer.describe_timeout =
-      std::chrono::milliseconds(absl::GetFlag(FLAGS_peer_describe_timeout_ms));
-  opts.peer.pull_timeout = std::chrono::seconds(absl::GetFlag(FLAGS_peer_pull_timeout_seconds));
-  if (!opts.peer.listen.empty() || !opts.peer.peers.empty()) {
-    if (auto tls = peer::ReadTls(opts.peer.tls); !tls.ok()) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat(opts.peer.listen.empty() ? "--peers" : "--peer_listen=" + opts.peer.listen,
-                       ": ", tls.status().message())));
+  out.describe_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_peer_describe_timeout_ms));
+  out.pull_timeout = std::chrono::seconds(absl::GetFlag(FLAGS_peer_pull_timeout_seconds));
+  if (!out.listen.empty() || !out.peers.empty()) {
+    if (auto tls = peer::ReadTls(out.tls); !tls.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(out.listen.empty() ? "--peers" : "--peer_listen=" + out.listen, ": ",
+                       tls.status().message()));
     }
   }
+  return absl::OkStatus();
+}
+
+// Who may connect and in which role, where models may live, and how much one peer may ask.
+absl::Status ReadAccessFlags(server::DaemonOptions& opts) {
   for (const auto& [flag, ids, out] :
        {std::tuple{"--allowed_uids", absl::GetFlag(FLAGS_allowed_uids), &opts.allowed_uids},
         std::tuple{"--admin_uids", absl::GetFlag(FLAGS_admin_uids), &opts.admin_uids},
@@ -286,34 +297,36 @@ int Run() {
     for (const auto& u : ids) {
       uint32_t id;
       if (!absl::SimpleAtoi(u, &id)) {
-        return Fail(absl::InvalidArgumentError(std::string(flag) + ": '" + u.substr(0, 64) +
-                                               "' is not a number"));
+        return absl::InvalidArgumentError(std::string(flag) + ": '" + u.substr(0, 64) +
+                                          "' is not a number");
       }
       out->push_back(id);
     }
   }
   opts.model_roots = absl::GetFlag(FLAGS_model_roots);
   if (const double r = absl::GetFlag(FLAGS_refresh_interval); !(r >= 0 && r <= 86400)) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--refresh_interval: ", r, " is not in [0, 86400] seconds")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--refresh_interval: ", r, " is not in [0, 86400] seconds"));
   }
   opts.refresh_interval =
       std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_refresh_interval) * 1000));
   if (absl::GetFlag(FLAGS_max_connections) < 1 ||
       absl::GetFlag(FLAGS_max_connections_per_uid) < 1) {
-    return Fail(
-        absl::InvalidArgumentError("--max_connections and --max_connections_per_uid "
-                                   "must be at least 1"));
+    return absl::InvalidArgumentError(
+        "--max_connections and --max_connections_per_uid "
+        "must be at least 1");
   }
   opts.max_connections = static_cast<size_t>(absl::GetFlag(FLAGS_max_connections));
   opts.max_connections_per_uid = static_cast<size_t>(absl::GetFlag(FLAGS_max_connections_per_uid));
-  // Descriptors are the daemon's working material (a connection, a lease's segments, a
-  // checkpoint file each, adopted entries): the soft limit goes up to the hard one.
-  RaiseOpenFileLimit();
+  return absl::OkStatus();
+}
 
+// How long shutting down, the keeper's messages and integrity scrubbing may take. Returns
+// --shutdown_timeout in seconds: the signal thread's watchdog needs it too.
+absl::StatusOr<double> ReadTimingFlags(server::DaemonOptions& opts) {
   const double shutdown_timeout = absl::GetFlag(FLAGS_shutdown_timeout);
   if (!(shutdown_timeout > 0 && shutdown_timeout <= 3600)) {
-    return Fail(absl::InvalidArgumentError("--shutdown_timeout: must be in (0, 3600] seconds"));
+    return absl::InvalidArgumentError("--shutdown_timeout: must be in (0, 3600] seconds");
   }
   // Loads and waits are cancelled first, so the RPCs left are short ones: 1 s is plenty, and
   // it also bounds how long gRPC waits for idle client connections to go (clients with no call
@@ -325,140 +338,169 @@ int Run() {
   opts.keeper_claim_wait = std::chrono::milliseconds(static_cast<int64_t>(shutdown_timeout * 1000));
   const double keeper_timeout = absl::GetFlag(FLAGS_keeper_timeout);
   if (!(keeper_timeout >= 0.01 && keeper_timeout <= 3600)) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--keeper_timeout: ", keeper_timeout, " is not in [0.01, 3600] seconds")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--keeper_timeout: ", keeper_timeout, " is not in [0.01, 3600] seconds"));
   }
   opts.keeper_timeout = std::chrono::milliseconds(static_cast<int64_t>(keeper_timeout * 1000));
   const double scrub_interval = absl::GetFlag(FLAGS_scrub_interval);
   if (!(scrub_interval == 0 || (scrub_interval >= 0.05 && scrub_interval <= 86400))) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--scrub_interval: ", scrub_interval, " is neither 0 (off) nor in [0.05, 86400] seconds")));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--scrub_interval: ", scrub_interval, " is neither 0 (off) nor in [0.05, 86400] seconds"));
   }
   opts.scrub_interval = std::chrono::milliseconds(static_cast<int64_t>(scrub_interval * 1000));
-  auto scrub_bandwidth = ParseByteSize(absl::GetFlag(FLAGS_scrub_bandwidth), "--scrub_bandwidth");
-  if (!scrub_bandwidth.ok()) return Fail(scrub_bandwidth.status());
-  opts.scrub_bytes_per_second = static_cast<double>(*scrub_bandwidth);
+  WC_ASSIGN_OR_RETURN(const uint64_t scrub_bandwidth,
+                      ParseByteSize(absl::GetFlag(FLAGS_scrub_bandwidth), "--scrub_bandwidth"));
+  opts.scrub_bytes_per_second = static_cast<double>(scrub_bandwidth);
+  return shutdown_timeout;
+}
 
-  if (absl::GetFlag(FLAGS_namespace_rules)) {
-    auto& nr = opts.namespace_rules;
-    nr.enabled = true;
-    nr.slots = absl::GetFlag(FLAGS_device_plugin_slots);
-    nr.resource_name = absl::GetFlag(FLAGS_device_plugin_resource);
-    nr.pod_resources_socket = absl::GetFlag(FLAGS_pod_resources_socket);
-    nr.container_socket_dir = absl::GetFlag(FLAGS_container_socket_dir);
-    const double cache = absl::GetFlag(FLAGS_pod_resources_cache);
-    if (!(cache >= 0 && cache <= 3600)) {
-      return Fail(
-          absl::InvalidArgumentError("--pod_resources_cache: must be in [0, 3600] seconds"));
-    }
-    nr.cache_ttl = std::chrono::milliseconds(static_cast<int64_t>(cache * 1000));
-    if (nr.slots < 1 || nr.slots > 100000) {
-      return Fail(absl::InvalidArgumentError(
-          "--device_plugin_slots: must be in [1, 100000] (one socket dir per slot with "
-          "--namespace_rules)"));
-    }
-    if (!absl::GetFlag(FLAGS_device_plugin)) {
-      WC_LOG_WARN(
-          "--namespace_rules without --device_plugin: slot sockets are served, but nothing "
-          "here gives pods a slot");
-    }
+// Per-model namespace rules (--namespace_rules): one socket dir per device-plugin slot, and
+// the kubelet's PodResources API to say which pod holds a slot.
+absl::Status ReadNamespaceRuleFlags(server::NamespaceRulesOptions& nr) {
+  if (!absl::GetFlag(FLAGS_namespace_rules)) return absl::OkStatus();
+  nr.enabled = true;
+  nr.slots = absl::GetFlag(FLAGS_device_plugin_slots);
+  nr.resource_name = absl::GetFlag(FLAGS_device_plugin_resource);
+  nr.pod_resources_socket = absl::GetFlag(FLAGS_pod_resources_socket);
+  nr.container_socket_dir = absl::GetFlag(FLAGS_container_socket_dir);
+  const double cache = absl::GetFlag(FLAGS_pod_resources_cache);
+  if (!(cache >= 0 && cache <= 3600)) {
+    return absl::InvalidArgumentError("--pod_resources_cache: must be in [0, 3600] seconds");
   }
+  nr.cache_ttl = std::chrono::milliseconds(static_cast<int64_t>(cache * 1000));
+  if (nr.slots < 1 || nr.slots > 100000) {
+    return absl::InvalidArgumentError(
+        "--device_plugin_slots: must be in [1, 100000] (one socket dir per slot with "
+        "--namespace_rules)");
+  }
+  if (!absl::GetFlag(FLAGS_device_plugin)) {
+    WC_LOG_WARN(
+        "--namespace_rules without --device_plugin: slot sockets are served, but nothing "
+        "here gives pods a slot");
+  }
+  return absl::OkStatus();
+}
 
-  auto policy = server::ParsePeerPolicy(absl::GetFlag(FLAGS_peer_policy));
-  if (!policy.ok()) return Fail(policy.status());
-  opts.peer_policy = *policy;
+// What Run builds from the flags before any backend exists.
+struct Options {
+  server::DaemonOptions daemon;  // all but the memory budget (SetMemoryBudget)
+  double shutdown_timeout = 0;   // seconds
+};
 
-  absl::StatusOr<std::unique_ptr<memory::Backend>> backend;
+// The daemon's options from the flags, in the order the flags were always checked in: an
+// error names the first bad flag.
+absl::StatusOr<Options> OptionsFromFlags() {
+  Options o;
+  ReadPathFlags(o.daemon);
+  WC_RETURN_IF_ERROR(ReadCountFlags(o.daemon));
+  WC_RETURN_IF_ERROR(ReadModelFlags(o.daemon));
+  WC_RETURN_IF_ERROR(ReadPeerFlags(o.daemon.peer));
+  WC_RETURN_IF_ERROR(ReadAccessFlags(o.daemon));
+  // Descriptors are the daemon's working material (a connection, a lease's segments, a
+  // checkpoint file each, adopted entries): the soft limit goes up to the hard one. (Between
+  // the checks, as always: its log line comes before the later flags' errors.)
+  RaiseOpenFileLimit();
+  WC_ASSIGN_OR_RETURN(o.shutdown_timeout, ReadTimingFlags(o.daemon));
+  WC_RETURN_IF_ERROR(ReadNamespaceRuleFlags(o.daemon.namespace_rules));
+  WC_ASSIGN_OR_RETURN(o.daemon.peer_policy,
+                      server::ParsePeerPolicy(absl::GetFlag(FLAGS_peer_policy)));
+  return o;
+}
+
+// The memory backend --backend names. The host backend's own flags (--host_devices,
+// --host_max_segment_bytes) need --backend=host rather than being ignored.
+absl::StatusOr<std::unique_ptr<memory::Backend>> BackendFromFlags() {
   const std::string host_segment = absl::GetFlag(FLAGS_host_max_segment_bytes);
-  auto host_segment_bytes = ParseByteSize(host_segment, "--host_max_segment_bytes");
-  if (!host_segment_bytes.ok()) return Fail(host_segment_bytes.status());
-  if (*host_segment_bytes < 4096) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("--host_max_segment_bytes=", host_segment,
-                                                        ": a segment holds at least 4096 bytes")));
+  WC_ASSIGN_OR_RETURN(const uint64_t host_segment_bytes,
+                      ParseByteSize(host_segment, "--host_max_segment_bytes"));
+  if (host_segment_bytes < 4096) {
+    return absl::InvalidArgumentError(absl::StrCat("--host_max_segment_bytes=", host_segment,
+                                                   ": a segment holds at least 4096 bytes"));
   }
   const bool host_options =
-      !absl::GetFlag(FLAGS_host_devices).empty() || *host_segment_bytes != (1ull << 30);
-  if (host_options) {
-    if (absl::GetFlag(FLAGS_backend) != "host") {
-      return Fail(absl::InvalidArgumentError(
-          "--host_devices and --host_max_segment_bytes need --backend=host"));
-    }
-    memory::HostBackendOptions ho;
-    if (!absl::GetFlag(FLAGS_host_devices).empty())
-      ho.device_uuids = absl::GetFlag(FLAGS_host_devices);
-    ho.max_segment_bytes = *host_segment_bytes;
-    backend = memory::MakeHostBackend(ho);
-  } else {
-    backend = memory::MakeBackend(absl::GetFlag(FLAGS_backend));
+      !absl::GetFlag(FLAGS_host_devices).empty() || host_segment_bytes != (1ull << 30);
+  if (!host_options) return memory::MakeBackend(absl::GetFlag(FLAGS_backend));
+  if (absl::GetFlag(FLAGS_backend) != "host") {
+    return absl::InvalidArgumentError(
+        "--host_devices and --host_max_segment_bytes need --backend=host");
   }
-  if (!backend.ok()) return Fail(backend.status());
+  memory::HostBackendOptions ho;
+  if (!absl::GetFlag(FLAGS_host_devices).empty())
+    ho.device_uuids = absl::GetFlag(FLAGS_host_devices);
+  ho.max_segment_bytes = host_segment_bytes;
+  return memory::MakeHostBackend(ho);
+}
+
+// --memory_budget, which may be a share of the smallest device's memory: known only once the
+// backend has found its devices.
+absl::Status SetMemoryBudget(const memory::Backend& backend, server::DaemonOptions& opts) {
   uint64_t smallest = 0;
-  for (const auto& d : (*backend)->Devices()) {
+  for (const auto& d : backend.Devices()) {
     if (smallest == 0 || d.total_bytes < smallest) smallest = d.total_bytes;
   }
-  auto budget =
-      ParseByteSizeOrShare(absl::GetFlag(FLAGS_memory_budget), smallest, "--memory_budget");
-  if (!budget.ok()) return Fail(budget.status());
-  opts.memory_budget_bytes = *budget;
+  WC_ASSIGN_OR_RETURN(
+      opts.memory_budget_bytes,
+      ParseByteSizeOrShare(absl::GetFlag(FLAGS_memory_budget), smallest, "--memory_budget"));
   if (absl::GetFlag(FLAGS_memory_budget).find('%') != std::string::npos) {
     WC_LOG_INFO("memory budget %s: %s per device (of %s)", absl::GetFlag(FLAGS_memory_budget),
-                FormatBytes(*budget), FormatBytes(smallest));
+                FormatBytes(opts.memory_budget_bytes), FormatBytes(smallest));
   }
+  return absl::OkStatus();
+}
 
-  // Signals go to a dedicated thread (blocked here before any other thread starts).
+// Signals go to a dedicated thread (blocked here before any other thread starts).
+sigset_t BlockShutdownSignals() {
   sigset_t sigs;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  return sigs;
+}
 
-  auto registry = std::make_shared<prometheus::Registry>();
-  metrics::Metrics metrics(*registry, {Version(), memory::CudaVersionBuiltWith(),
-                                       memory::BackendName((*backend)->kind())});
-  opts.metrics = &metrics;
+// /metrics, /healthz and /readyz on --metrics_address; ready when the daemon says so.
+absl::StatusOr<std::unique_ptr<metrics::HttpServer>> StartHttp(
+    const std::shared_ptr<prometheus::Registry>& registry, metrics::Metrics& metrics,
+    const server::Daemon* d) {
+  WC_ASSIGN_OR_RETURN(auto http, metrics::HttpServer::Start(absl::GetFlag(FLAGS_metrics_address)));
+  http->RegisterCollectable(registry);
+  http->RegisterCollectable(metrics.collectable());
+  http->SetReadinessCheck([d] { return d->Readiness(); });
+  return http;
+}
 
-  auto daemon = server::Daemon::Start(opts, backend->get());
-  if (!daemon.ok()) return Fail(daemon.status());
-  metrics.SetStateSource((*daemon)->state_source());
+// The kubelet device plugin (--device_plugin): engine pods that ask for the resource get the
+// socket dir (with --namespace_rules, their slot's) mounted; healthy while the control socket
+// exists.
+absl::StatusOr<std::unique_ptr<kube::DevicePlugin>> StartDevicePlugin(
+    const server::DaemonOptions& opts, const server::Daemon& daemon) {
+  kube::DevicePlugin::Options po;
+  po.kubelet_dir = absl::GetFlag(FLAGS_kubelet_dir);
+  po.slots = absl::GetFlag(FLAGS_device_plugin_slots);
+  po.resource_name = absl::GetFlag(FLAGS_device_plugin_resource);
+  po.host_socket_dir = opts.socket_dir;
+  po.container_socket_dir = absl::GetFlag(FLAGS_container_socket_dir);
+  po.per_slot_dirs = opts.namespace_rules.enabled;
+  std::string control = daemon.control_socket();
+  po.healthy = [control] { return ::access(control.c_str(), F_OK) == 0; };
+  WC_ASSIGN_OR_RETURN(auto plugin, kube::DevicePlugin::Create(po));
+  WC_RETURN_IF_ERROR(plugin->Start());
+  return plugin;
+}
 
-  std::unique_ptr<metrics::HttpServer> http;
-  if (absl::GetFlag(FLAGS_metrics_address) != "off") {
-    auto h = metrics::HttpServer::Start(absl::GetFlag(FLAGS_metrics_address));
-    if (!h.ok()) return Fail(h.status());
-    http = std::move(h).value();
-    http->RegisterCollectable(registry);
-    http->RegisterCollectable(metrics.collectable());
-    server::Daemon* d = daemon->get();
-    http->SetReadinessCheck([d] { return d->Readiness(); });
-  }
-
-  std::unique_ptr<kube::DevicePlugin> plugin;
-  if (absl::GetFlag(FLAGS_device_plugin)) {
-    kube::DevicePlugin::Options po;
-    po.kubelet_dir = absl::GetFlag(FLAGS_kubelet_dir);
-    po.slots = absl::GetFlag(FLAGS_device_plugin_slots);
-    po.resource_name = absl::GetFlag(FLAGS_device_plugin_resource);
-    po.host_socket_dir = opts.socket_dir;
-    po.container_socket_dir = absl::GetFlag(FLAGS_container_socket_dir);
-    po.per_slot_dirs = opts.namespace_rules.enabled;
-    std::string control = (*daemon)->control_socket();
-    po.healthy = [control] { return ::access(control.c_str(), F_OK) == 0; };
-    auto p = kube::DevicePlugin::Create(po);
-    if (!p.ok()) return Fail(p.status());
-    if (auto s = (*p)->Start(); !s.ok()) return Fail(s);
-    plugin = std::move(p).value();
-  }
-
-  // The signal thread only asks for the shutdown; this thread runs it (in Wait) and destroys
-  // everything. A watchdog on the signal thread bounds the whole: past --shutdown_timeout
-  // the process exits anyway, removing its sockets (engines keep what they mapped).
+// Runs until the daemon has shut down and `teardown` has destroyed what serves. The signal
+// thread only asks for the shutdown; this thread runs it (in Wait) and the teardown. A
+// watchdog on the signal thread bounds the whole: past --shutdown_timeout the process exits
+// anyway, removing its sockets (engines keep what they mapped).
+void RunUntilShutdown(const sigset_t& sigs, server::Daemon& daemon, double shutdown_timeout,
+                      const std::function<void()>& teardown) {
   std::mutex done_mu;
   std::condition_variable done_cv;
   bool done = false;
   std::atomic<bool> signalled{false};
-  const std::vector<std::string> sockets = {(*daemon)->control_socket(), (*daemon)->handle_socket(),
-                                            (*daemon)->admin_socket()};
+  const std::vector<std::string> sockets = {daemon.control_socket(), daemon.handle_socket(),
+                                            daemon.admin_socket()};
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -466,7 +508,7 @@ int Run() {
     std::unique_lock<std::mutex> l(done_mu);
     if (done) return;  // woken by main after a shutdown from elsewhere
     WC_LOG_INFO("signal %d: shutting down (at most %.1f s)", sig, shutdown_timeout);
-    (*daemon)->Shutdown();
+    daemon.Shutdown();
     if (!done_cv.wait_for(l, std::chrono::duration<double>(shutdown_timeout),
                           [&] { return done; })) {
       WC_LOG_ERROR("shutdown took longer than --shutdown_timeout=%.1f s; exiting now",
@@ -475,11 +517,8 @@ int Run() {
       std::_Exit(0);
     }
   });
-  (*daemon)->Wait();  // returns once the daemon has shut down
-  if (plugin) plugin->Stop();
-  http.reset();
-  metrics.SetStateSource(nullptr);
-  daemon->reset();
+  daemon.Wait();  // returns once the daemon has shut down
+  teardown();
   {
     std::lock_guard<std::mutex> l(done_mu);
     done = true;
@@ -489,8 +528,54 @@ int Run() {
   // NOLINTNEXTLINE(bugprone-bad-signal-to-kill-thread): it sigwait()s for SIGTERM and returns
   if (!signalled) pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();
+}
+
+// Builds the object graph on `backend` (metrics, the daemon, its HTTP endpoint, the device
+// plugin) and runs it until shutdown.
+int Serve(server::DaemonOptions& opts, memory::Backend& backend, double shutdown_timeout) {
+  const sigset_t sigs = BlockShutdownSignals();
+  auto registry = std::make_shared<prometheus::Registry>();
+  metrics::Metrics metrics(
+      *registry, {Version(), memory::CudaVersionBuiltWith(), memory::BackendName(backend.kind())});
+  opts.metrics = &metrics;
+
+  auto daemon = server::Daemon::Start(opts, &backend);
+  if (!daemon.ok()) return Fail(daemon.status());
+  metrics.SetStateSource((*daemon)->state_source());
+
+  std::unique_ptr<metrics::HttpServer> http;
+  if (absl::GetFlag(FLAGS_metrics_address) != "off") {
+    auto h = StartHttp(registry, metrics, daemon->get());
+    if (!h.ok()) return Fail(h.status());
+    http = std::move(h).value();
+  }
+  std::unique_ptr<kube::DevicePlugin> plugin;
+  if (absl::GetFlag(FLAGS_device_plugin)) {
+    auto p = StartDevicePlugin(opts, **daemon);
+    if (!p.ok()) return Fail(p.status());
+    plugin = std::move(p).value();
+  }
+
+  RunUntilShutdown(sigs, **daemon, shutdown_timeout, [&] {
+    if (plugin) plugin->Stop();
+    http.reset();
+    metrics.SetStateSource(nullptr);
+    daemon->reset();
+  });
   WC_LOG_INFO("exiting");
   return 0;
+}
+
+// Flags -> options -> backend -> the daemon, run until SIGINT/SIGTERM. Exit code 2, with the
+// message naming the flag, when one is bad or anything fails to start.
+int Run() {
+  if (absl::GetFlag(FLAGS_verbose)) SetLogLevel(LogLevel::kDebug);
+  auto options = OptionsFromFlags();
+  if (!options.ok()) return Fail(options.status());
+  auto backend = BackendFromFlags();
+  if (!backend.ok()) return Fail(backend.status());
+  if (absl::Status s = SetMemoryBudget(**backend, options->daemon); !s.ok()) return Fail(s);
+  return Serve(options->daemon, **backend, options->shutdown_timeout);
 }
 
 }  // namespace

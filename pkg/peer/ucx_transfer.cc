@@ -375,6 +375,23 @@ struct UcxPuller::State {
     ucp_request_free(req);
     return s;
   }
+  // Ends a pull's endpoint. A failed pull closes it by force, which completes the sends still
+  // outstanding (with an error); a good one flushes and closes. Either way no callback may
+  // touch the window once it is gone: waits for the sends (bounded), and stops taking replies.
+  ucs_status_t Close(ucp_ep_h ep, const Window& win, bool failed,
+                     std::chrono::steady_clock::time_point deadline) {
+    ucp_request_param_t cp{};
+    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    cp.flags = failed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    const auto close_until =
+        std::max(deadline, std::chrono::steady_clock::now()) + std::chrono::seconds(5);
+    const ucs_status_t closed = Wait(ucp_ep_close_nbx(ep, &cp), close_until);
+    while (win.sends > 0 && std::chrono::steady_clock::now() < close_until) {
+      if (ucp_worker_progress(worker) == 0) std::this_thread::yield();
+    }
+    current = nullptr;
+    return closed;
+  }
 
   static ucs_status_t OnReply(void* arg, const void* header, size_t header_length, void* data,
                               size_t length, const ucp_am_recv_param_t* param) {
@@ -448,6 +465,88 @@ void OnEpError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
   if (w->error == UCS_OK) w->error = status;
 }
 
+// An endpoint to the server at `worker_address` whose errors (a dead server) end the pull of
+// `win`.
+absl::StatusOr<ucp_ep_h> Connect(ucp_worker_h w, const std::string& worker_address, Window* win) {
+  ucp_ep_params_t ep_params{};
+  ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                         UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep_params.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
+  ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep_params.err_handler.cb = OnEpError;
+  ep_params.err_handler.arg = win;
+  ucp_ep_h ep = nullptr;
+  if (ucs_status_t s = ucp_ep_create(w, &ep_params, &ep); s != UCS_OK) {
+    return UcxError("ucp_ep_create", s);
+  }
+  return ep;
+}
+
+// Asks for the chunks from `first` on that are not asked or done, until `inflight` are
+// outstanding. A send that fails at once ends the pull (win.error).
+void AskChunks(ucp_ep_h ep, const std::string& token, unsigned inflight, uint64_t first,
+               const ucp_request_param_t& p, Window& win) {
+  for (uint64_t c = first; c < win.chunks && win.asked < inflight; ++c) {
+    if (win.state[c] != 0) continue;
+    ReadRequest& r = win.requests[c];
+    std::memcpy(r.token, token.data(), kTokenBytes);
+    r.offset = win.base + c * win.chunk;
+    r.length = std::min(win.chunk, win.length - c * win.chunk);
+    r.tag = win.pull << kChunkBits | c;
+    win.state[c] = 1;
+    ++win.asked;
+    const ucs_status_ptr_t s = ucp_am_send_nbx(ep, kReadRequestId, &r, sizeof r, nullptr, 0, &p);
+    if (UCS_PTR_IS_ERR(s)) {
+      win.error = UCS_PTR_STATUS(s);
+      break;
+    }
+    if (s != nullptr) ++win.sends;
+  }
+}
+
+// Keeps `inflight` chunks asked and progresses the worker (whose reply callback fills the
+// window) until every chunk is done, the transport or the server fails the pull, or the
+// deadline passes.
+void Exchange(ucp_worker_h w, ucp_ep_h ep, const std::string& token, const PullOptions& o,
+              std::chrono::steady_clock::time_point deadline, Window& win) {
+  ucp_request_param_t p{};
+  p.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  p.cb.send = OnRequestSent;
+  p.user_data = &win;
+  p.flags = UCP_AM_SEND_FLAG_REPLY;
+  uint64_t next = 0;  // the lowest chunk that may still need asking
+  uint64_t reported = 0;
+  while (win.done < win.chunks && win.error == UCS_OK && win.refused.ok()) {
+    AskChunks(ep, token, o.inflight, next, p, win);
+    while (next < win.chunks && win.state[next] == 2) ++next;
+    if (win.error != UCS_OK || !win.refused.ok()) break;
+    if (ucp_worker_progress(w) == 0) std::this_thread::yield();
+    if (o.after_chunk && win.done > reported) {
+      reported = win.done;
+      o.after_chunk(std::min(win.length, reported * o.chunk_bytes));
+    }
+    if (win.busy) {
+      win.busy = false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (std::chrono::steady_clock::now() >= deadline) break;
+  }
+}
+
+// How a pull ended: the server's refusal first, then a transport error, then chunks still
+// missing at the deadline.
+absl::Status Outcome(const Window& win, const PullOptions& o) {
+  if (!win.refused.ok()) return win.refused;
+  if (win.error != UCS_OK) return UcxError("pull", win.error);
+  if (win.done < win.chunks) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("UCX pull: ", std::min(win.length, win.done * o.chunk_bytes), " of ",
+                     win.length, " bytes after ", o.timeout.count(), " ms"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 UcxPuller::UcxPuller(std::unique_ptr<State> s) : s_(std::move(s)) {}
@@ -490,79 +589,12 @@ absl::Status UcxPuller::Pull(const std::string& worker_address, const std::strin
   win.state.assign(win.chunks, 0);
   win.requests.resize(win.chunks);
 
-  ucp_ep_params_t ep_params{};
-  ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                         UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  ep_params.address = reinterpret_cast<const ucp_address_t*>(worker_address.data());
-  ep_params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  ep_params.err_handler.cb = OnEpError;
-  ep_params.err_handler.arg = &win;
-  ucp_ep_h ep = nullptr;
-  if (ucs_status_t s = ucp_ep_create(w, &ep_params, &ep); s != UCS_OK) {
-    return UcxError("ucp_ep_create", s);
-  }
+  auto ep = Connect(w, worker_address, &win);
+  if (!ep.ok()) return ep.status();
   s_->current = &win;
-  ucp_request_param_t p{};
-  p.op_attr_mask =
-      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-  p.cb.send = OnRequestSent;
-  p.user_data = &win;
-  p.flags = UCP_AM_SEND_FLAG_REPLY;
-  uint64_t next = 0;  // the lowest chunk that may still need asking
-  uint64_t reported = 0;
-  while (win.done < win.chunks && win.error == UCS_OK && win.refused.ok()) {
-    for (uint64_t c = next; c < win.chunks && win.asked < o.inflight; ++c) {
-      if (win.state[c] != 0) continue;
-      ReadRequest& r = win.requests[c];
-      std::memcpy(r.token, token.data(), kTokenBytes);
-      r.offset = offset + c * win.chunk;
-      r.length = std::min(win.chunk, length - c * win.chunk);
-      r.tag = win.pull << kChunkBits | c;
-      win.state[c] = 1;
-      ++win.asked;
-      const ucs_status_ptr_t s = ucp_am_send_nbx(ep, kReadRequestId, &r, sizeof r, nullptr, 0, &p);
-      if (UCS_PTR_IS_ERR(s)) {
-        win.error = UCS_PTR_STATUS(s);
-        break;
-      }
-      if (s != nullptr) ++win.sends;
-    }
-    while (next < win.chunks && win.state[next] == 2) ++next;
-    if (win.error != UCS_OK || !win.refused.ok()) break;
-    if (ucp_worker_progress(w) == 0) std::this_thread::yield();
-    if (o.after_chunk && win.done > reported) {
-      reported = win.done;
-      o.after_chunk(std::min(length, reported * o.chunk_bytes));
-    }
-    if (win.busy) {
-      win.busy = false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    if (std::chrono::steady_clock::now() >= deadline) break;
-  }
-  absl::Status result;
-  if (!win.refused.ok()) {
-    result = win.refused;
-  } else if (win.error != UCS_OK) {
-    result = UcxError("pull", win.error);
-  } else if (win.done < win.chunks) {
-    result = absl::DeadlineExceededError(
-        absl::StrCat("UCX pull: ", std::min(length, win.done * o.chunk_bytes), " of ", length,
-                     " bytes after ", o.timeout.count(), " ms"));
-  }
-  // A failed pull closes its endpoint by force, which completes the sends still outstanding
-  // (with an error); a good one flushes and closes. Either way no callback may touch the
-  // window once it is gone: wait for the sends (bounded), and stop taking replies.
-  ucp_request_param_t cp{};
-  cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  cp.flags = result.ok() ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
-  const auto close_until =
-      std::max(deadline, std::chrono::steady_clock::now()) + std::chrono::seconds(5);
-  const ucs_status_t closed = s_->Wait(ucp_ep_close_nbx(ep, &cp), close_until);
-  while (win.sends > 0 && std::chrono::steady_clock::now() < close_until) {
-    if (ucp_worker_progress(w) == 0) std::this_thread::yield();
-  }
-  s_->current = nullptr;
+  Exchange(w, *ep, token, o, deadline, win);
+  absl::Status result = Outcome(win, o);
+  const ucs_status_t closed = s_->Close(*ep, win, !result.ok(), deadline);
   if (result.ok() && closed != UCS_OK && closed != UCS_ERR_CONNECTION_RESET &&
       closed != UCS_ERR_ENDPOINT_TIMEOUT && closed != UCS_ERR_CANCELED) {
     result = UcxError("ucp_ep_close_nbx", closed);
