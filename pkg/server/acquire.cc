@@ -105,18 +105,19 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
     }
     *model = all.front()->model;
     for (const auto& e : all) {
-      Object object = ModelObject(e->model);
+      Object object = access_->ModelObject(e->model);
       object.tenant = e->inputs.env.tenant;
-      if (auto s = Check(caller, Verb::kAcquire, object); !s.ok()) {
+      if (auto s = access_->Check(caller, Verb::kAcquire, object); !s.ok()) {
         return finish(AcquireResult::kDenied, s);
       }
     }
   } else if (req.target_case() == v1::AcquireRequest::kModel) {
     *model = req.model();
-    if (auto s = Check(caller, Verb::kAcquire, ModelObject(req.model())); !s.ok()) {
+    if (auto s = access_->Check(caller, Verb::kAcquire, access_->ModelObject(req.model()));
+        !s.ok()) {
       return finish(AcquireResult::kDenied, s);
     }
-    auto tenant = TenantFor(caller, req.model());
+    auto tenant = access_->TenantFor(caller, req.model());
     if (!tenant.ok()) {
       return finish(AcquireResult::kDenied, tenant.status());
     }
@@ -226,10 +227,10 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
     bool servable = asked.dtype == opened->dtype &&
                     asked.quant_method == opened->quantization.method && env.recipe.empty();
     if (req.load_on_miss() && servable) {
-      Object object = ModelObject(*model);
+      Object object = access_->ModelObject(*model);
       object.undeclared_placement =
           admission_.UndeclaredPlacement(opened->spec, *layout, env, device);
-      if (auto s = Check(caller, Verb::kLoad, object); !s.ok()) {
+      if (auto s = access_->Check(caller, Verb::kLoad, object); !s.ok()) {
         return finish(AcquireResult::kDenied, s);
       }
       auto started = admission_.StartLoad(opened, *layout, env, device);

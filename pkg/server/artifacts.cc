@@ -115,10 +115,10 @@ absl::StatusOr<artifact::Key> Daemon::Impl::ArtifactKeyFor(const Caller& caller,
   if (verb == Verb::kPublish) {
     WC_RETURN_IF_ERROR(Publisher(caller, key.model()).status());
   } else {
-    WC_RETURN_IF_ERROR(Authorize(caller, verb, ModelObject(key.model())));
+    WC_RETURN_IF_ERROR(access_->Authorize(caller, verb, access_->ModelObject(key.model())));
   }
   // A private model's artifacts are its namespace's, like its weights.
-  WC_ASSIGN_OR_RETURN(std::string tenant, TenantFor(caller, key.model()));
+  WC_ASSIGN_OR_RETURN(std::string tenant, access_->TenantFor(caller, key.model()));
   return KeyFromWire(key, tenant);
 }
 
@@ -223,7 +223,7 @@ absl::Status Daemon::Impl::EvictArtifacts(const Caller& caller,
                                           v1::EvictArtifactsResponse* resp) {
   Object o;
   o.model = req.model();
-  WC_RETURN_IF_ERROR(Authorize(caller, Verb::kEvict, o));
+  WC_RETURN_IF_ERROR(access_->Authorize(caller, Verb::kEvict, o));
   if (req.id().empty() == req.model().empty()) {
     return absl::InvalidArgumentError("EvictArtifacts: give exactly one of id and model");
   }
@@ -252,9 +252,9 @@ void Daemon::Impl::ArtifactStatus(const Caller& caller, bool filtered,
     if (filtered) {
       if (!visible(i.key.model)) continue;
       if (!i.key.tenant.empty()) {
-        Object object = ModelObject(i.key.model);
+        Object object = access_->ModelObject(i.key.model);
         object.tenant = i.key.tenant;
-        if (!policy_->Decide(caller, Verb::kStatus, object).allowed) continue;
+        if (!access_->Allows(caller, Verb::kStatus, object)) continue;
       }
     }
     InfoToWire(i, resp->add_artifacts());

@@ -16,6 +16,7 @@
 #include "pkg/load/loader.h"
 #include "pkg/load/plan.h"
 #include "pkg/server/hooks.h"
+#include "pkg/server/internal/access.h"
 #include "pkg/server/internal/daemon_impl.h"
 #include "pkg/server/messages/layout_proto.h"
 #include "pkg/util/log.h"
@@ -88,7 +89,7 @@ void Daemon::Impl::StartPreloads() {
     }
     // A private model (isolation: namespace): a copy per listed namespace; none listed, each
     // namespace's copy is loaded when a pod of it first asks.
-    auto tenants = TenantsToLoad(nullptr, s);
+    auto tenants = access_->TenantsToLoad(nullptr, s);
     if (!opened.ok()) {
       WC_LOG_ERROR("preload %s: %s", s.name, std::string(opened.status().message()));
     } else if (!tenants.ok()) {
@@ -183,19 +184,10 @@ absl::Status Daemon::Impl::AwaitPreload(const std::string& name, bool wait,
       "wait_ready to wait"));
 }
 
-// A private copy per namespace needs to know the namespace of whoever asks: only the
-// namespace rules' slot sockets say it.
-absl::Status Daemon::Impl::CheckIsolation(const spec::ModelSpec& spec) const {
-  if (!spec.Private() || options_.namespace_rules.enabled) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "model '", spec.name,
-      "': isolation: namespace (a private copy per Kubernetes namespace) needs the daemon's "
-      "--namespace_rules, which identify each caller's pod; without them no caller names a "
-      "namespace (set namespaceRules.enabled in the chart, or use isolation: shared)"));
-}
-
 absl::Status Daemon::Impl::Start() {
-  for (const auto& s : options_.specs) WC_RETURN_IF_ERROR(CheckIsolation(s));
+  for (const auto& s : options_.specs) {
+    WC_RETURN_IF_ERROR(CheckIsolation(s, options_.namespace_rules.enabled));
+  }
   WC_RETURN_IF_ERROR(PrepareSocketDir(options_.socket_dir, 0750));
   WC_RETURN_IF_ERROR(models_.OpenDigestStore(options_.digest_store));
   WC_ASSIGN_OR_RETURN(artifacts_,
@@ -217,8 +209,9 @@ absl::Status Daemon::Impl::Start() {
   }
   WC_RETURN_IF_ERROR(RemoveStaleSocket(control_path()));
   WC_RETURN_IF_ERROR(RemoveStaleSocket(handle_path()));
+  std::unique_ptr<NamespaceRules> rules;
   if (const auto& nr = options_.namespace_rules; nr.enabled) {
-    WC_ASSIGN_OR_RETURN(rules_, NamespaceRules::Create(nr));
+    WC_ASSIGN_OR_RETURN(rules, NamespaceRules::Create(nr));
     WC_ASSIGN_OR_RETURN(slots_,
                         PrepareSlotDirs(options_.socket_dir, nr.slots, options_.socket_gid));
   }
@@ -234,7 +227,12 @@ absl::Status Daemon::Impl::Start() {
   po.publish_gids = options_.publish_gids;
   po.publish_namespaces = options_.publish_namespaces;
   po.admin_socket = admin_path();
-  policy_ = std::make_unique<Policy>(std::move(po), rules_.get());
+  access_ = std::make_unique<Access>(
+      std::move(po), std::move(rules), models_,
+      [this](const std::string& grpc_peer) {
+        return control_ ? control_->PeerOf(grpc_peer) : std::nullopt;
+      },
+      options_.max_connections_per_uid, options_.metrics);
   HandleChannel::Options hopts;
   hopts.path = handle_path();
   for (const auto& s : slots_) hopts.slot_sockets.push_back({s.slot, s.handle});
@@ -313,13 +311,13 @@ absl::Status Daemon::Impl::Start() {
   }
   scrubber_->Start();
   if (options_.preload) preload_thread_ = std::thread([this] { StartPreloads(); });
-  WC_LOG_INFO("serving on %s (handles on %s%s), backend %s, peer policy %s%s", control_path(),
-              handle_path(),
-              admin_path().empty() ? "; no admin socket" : "; admin socket " + admin_path(),
-              memory::BackendName(backend_->kind()), PeerPolicyName(options_.peer_policy),
-              rules_ ? absl::StrCat("; namespace rules on, ", slots_.size(), " slot sockets under ",
-                                    options_.socket_dir, "/slots")
-                     : "");
+  WC_LOG_INFO(
+      "serving on %s (handles on %s%s), backend %s, peer policy %s%s", control_path(),
+      handle_path(), admin_path().empty() ? "; no admin socket" : "; admin socket " + admin_path(),
+      memory::BackendName(backend_->kind()), PeerPolicyName(options_.peer_policy),
+      access_->rules_on() ? absl::StrCat("; namespace rules on, ", slots_.size(),
+                                         " slot sockets under ", options_.socket_dir, "/slots")
+                          : "");
 
   return absl::OkStatus();
 }
@@ -427,7 +425,7 @@ absl::Status Daemon::Impl::Release(const Caller& caller, const v1::ReleaseReques
     o.lease = req.lease_id();
     o.owner_uid = static_cast<uid_t>(lease->owner_uid);
     o.owner_slot = lease->slot;
-    WC_RETURN_IF_ERROR(Authorize(caller, Verb::kRelease, o));
+    WC_RETURN_IF_ERROR(access_->Authorize(caller, Verb::kRelease, o));
   }
   if (!leases_.End(req.lease_id())) {
     return absl::NotFoundError(absl::StrCat("lease ", req.lease_id(), " is not active"));
@@ -439,13 +437,13 @@ absl::Status Daemon::Impl::Release(const Caller& caller, const v1::ReleaseReques
 absl::Status Daemon::Impl::Load(const Caller& caller, const v1::LoadRequest& req,
                                 const std::function<bool(const v1::LoadProgress&)>& publish) {
   if (req.spec_yaml().empty()) return LoadDefined(caller, req.model(), req, publish);
-  WC_RETURN_IF_ERROR(Authorize(caller, Verb::kDefine, {}));
+  WC_RETURN_IF_ERROR(access_->Authorize(caller, Verb::kDefine, {}));
   WC_ASSIGN_OR_RETURN(auto specs, spec::ParseSpecs(req.spec_yaml(), "LoadRequest.spec_yaml"));
   if (specs.size() != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("LoadRequest.spec_yaml: holds ", specs.size(), " specs; send exactly one"));
   }
-  WC_RETURN_IF_ERROR(CheckIsolation(specs[0]));
+  WC_RETURN_IF_ERROR(CheckIsolation(specs[0], options_.namespace_rules.enabled));
   // An inline spec is defined by a Load that succeeds: a refused or failed one leaves the
   // name as it was (undefined, or the spec file's or an earlier inline spec).
   const ModelCatalog::Previous previous = models_.Define(specs[0]);
@@ -458,14 +456,14 @@ absl::Status Daemon::Impl::LoadDefined(
     const Caller& caller, const std::string& name, const v1::LoadRequest& req,
     const std::function<bool(const v1::LoadProgress&)>& publish) {
   if (name.empty()) return absl::InvalidArgumentError("Load: set model or spec_yaml");
-  Object object = ModelObject(name);
-  WC_RETURN_IF_ERROR(Authorize(caller, Verb::kLoad, object));
+  Object object = access_->ModelObject(name);
+  WC_RETURN_IF_ERROR(access_->Authorize(caller, Verb::kLoad, object));
   // Load re-reads the files (and hashes what changed): an admin's always, an engine's at most
   // once per --refresh_interval per model; in between it loads the identity read last, whose
   // open files are the versions it describes (issue 25: every Load re-stat'ed and could
   // re-hash).
   const bool refresh =
-      policy_->IsAdmin(caller) || models_.TakeRefresh(name, options_.refresh_interval);
+      access_->IsAdmin(caller) || models_.TakeRefresh(name, options_.refresh_interval);
   WC_ASSIGN_OR_RETURN(auto opened, models_.Open(name, refresh));
   // One rank when the request names it; else every rank of the spec.
   std::vector<spec::Layout> layouts;
@@ -481,7 +479,8 @@ absl::Status Daemon::Impl::LoadDefined(
     for (int r : ranks) layouts.push_back({s.tp_size, r, s.pp_size, s.pp_rank});
   }
   WC_ASSIGN_OR_RETURN(auto asked, admission_.EnvFrom(req.env()));
-  WC_ASSIGN_OR_RETURN(const std::vector<std::string> tenants, TenantsToLoad(&caller, opened->spec));
+  WC_ASSIGN_OR_RETURN(const std::vector<std::string> tenants,
+                      access_->TenantsToLoad(&caller, opened->spec));
   std::vector<Admission::GroupRank> group;
   for (const std::string& tenant : tenants) {
     for (const auto& layout : layouts) {
@@ -506,7 +505,7 @@ absl::Status Daemon::Impl::LoadDefined(
   }
   if (!undeclared.empty()) {
     object.undeclared_placement = absl::StrJoin(undeclared, "; ");
-    WC_RETURN_IF_ERROR(Authorize(caller, Verb::kLoad, object));
+    WC_RETURN_IF_ERROR(access_->Authorize(caller, Verb::kLoad, object));
   }
   // Several ranks load together: one pass over the files for all of them.
   std::vector<std::shared_ptr<cache::Entry>> entries;
@@ -562,7 +561,7 @@ absl::Status Daemon::Impl::LoadDefined(
 
 absl::Status Daemon::Impl::Evict(const Caller& caller, const v1::EvictRequest& req,
                                  v1::EvictResponse* resp) {
-  WC_RETURN_IF_ERROR(Authorize(caller, Verb::kEvict, {}));
+  WC_RETURN_IF_ERROR(access_->Authorize(caller, Verb::kEvict, {}));
   // The entries to evict: every device's entry of the fingerprint, or of the spec.
   std::vector<cache::Key> keys;
   std::set<std::string> other_names;
@@ -605,81 +604,12 @@ absl::Status Daemon::Impl::Evict(const Caller& caller, const v1::EvictRequest& r
   return absl::OkStatus();
 }
 
-absl::StatusOr<Caller> Daemon::Impl::CallerOf(const std::string& grpc_peer) {
-  std::optional<Caller> c = control_ ? control_->PeerOf(grpc_peer) : std::nullopt;
-  if (!c) {
-    return absl::PermissionDeniedError("control connection of an unknown peer (" + grpc_peer + ")");
-  }
-  if (c->over_cap) {
-    if (options_.metrics != nullptr) options_.metrics->OnRefused("connection_cap");
-    return absl::ResourceExhaustedError(
-        absl::StrCat("control socket: uid ", c->cred.uid, " holds ", c->uid_connections,
-                     " connections, over the cap of ", options_.max_connections_per_uid,
-                     " per uid (--max_connections_per_uid); close some and reconnect"));
-  }
-  return *c;
-}
-
 absl::StatusOr<PublishManager*> Daemon::Impl::Publisher(const Caller& caller,
                                                         const std::string& model) {
-  Object o = model.empty() ? Object{} : ModelObject(model);
+  Object o = model.empty() ? Object{} : access_->ModelObject(model);
   o.model = model;
-  WC_RETURN_IF_ERROR(Authorize(caller, Verb::kPublish, o));
+  WC_RETURN_IF_ERROR(access_->Authorize(caller, Verb::kPublish, o));
   return &publishes_;
-}
-
-std::string Daemon::Impl::MetricModel(const std::string& name) const {
-  return !name.empty() && models_.Spec(name).has_value() ? name : std::string();
-}
-
-Object Daemon::Impl::ModelObject(const std::string& name) const {
-  Object o;
-  o.model = name;
-  if (const std::optional<spec::ModelSpec> spec = models_.Spec(name)) {
-    o.allowed_namespaces = spec->allowed_namespaces;
-  }
-  return o;
-}
-
-absl::StatusOr<std::string> Daemon::Impl::TenantFor(const Caller& caller,
-                                                    const std::string& name) const {
-  const std::optional<spec::ModelSpec> spec = models_.Spec(name);
-  if (!spec || !spec->Private()) return std::string();
-  return policy_->TenantOf(caller, name);
-}
-
-absl::StatusOr<std::vector<std::string>> Daemon::Impl::TenantsToLoad(
-    const Caller* caller, const spec::ModelSpec& spec) const {
-  if (!spec.Private()) return std::vector<std::string>{""};
-  if (caller != nullptr && caller->socket == SocketKind::kSlot) {
-    WC_ASSIGN_OR_RETURN(std::string ns, policy_->TenantOf(*caller, spec.name));
-    return std::vector<std::string>{ns};
-  }
-  if (spec.allowed_namespaces.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "model '", spec.name,
-        "' keeps a private copy per namespace (isolation: namespace) and lists no "
-        "allowed_namespaces, so there is no namespace to load it for: each namespace's copy is "
-        "loaded when a pod of it asks (acquire with load_on_miss, or load through its slot)"));
-  }
-  return spec.allowed_namespaces;
-}
-
-absl::Status Daemon::Impl::Check(const Caller& caller, Verb verb, const Object& object) const {
-  const Decision d = policy_->Decide(caller, verb, object);
-  return d.allowed ? absl::OkStatus() : absl::PermissionDeniedError(d.reason);
-}
-
-absl::Status Daemon::Impl::Authorize(const Caller& caller, Verb verb, const Object& object) {
-  const Decision d = policy_->Decide(caller, verb, object);
-  if (d.allowed) return absl::OkStatus();
-  return Refuse(d.rule, d.reason);
-}
-
-absl::Status Daemon::Impl::Refuse(const std::string& rule, const std::string& message) {
-  if (options_.metrics != nullptr) options_.metrics->OnRefused(rule);
-  WC_LOG_WARN("refused (%s): %s", rule, message);
-  return absl::PermissionDeniedError(message);
 }
 
 // ---- Daemon ----

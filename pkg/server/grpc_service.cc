@@ -99,7 +99,7 @@ class GrpcService final : public v1::WeightCache::Service {
     // A call whose connection is gone is never run: its descriptor number may already
     // name another connection (the table checks the socket too; this is the cheap half).
     if (ctx->IsCancelled()) return absl::CancelledError("the caller went away before its call ran");
-    auto caller = impl_->CallerOf(ctx->peer());
+    auto caller = impl_->access().CallerOf(ctx->peer());
     if (!caller.ok()) return caller;
     caller->gone = [ctx] { return ctx->IsCancelled(); };
     if (const auto d = ctx->deadline(); d != std::chrono::system_clock::time_point::max()) {
@@ -119,7 +119,7 @@ class GrpcService final : public v1::WeightCache::Service {
     metrics::AcquireResult result;
     absl::Status s = impl_->Acquire(*caller, *req, resp, &model, &result);
     if (auto* m = impl_->options().metrics; m != nullptr) {
-      m->OnAcquire(impl_->MetricModel(model), result,
+      m->OnAcquire(impl_->access().MetricModel(model), result,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     return ToGrpc(ctx, s);
@@ -157,7 +157,7 @@ class GrpcService final : public v1::WeightCache::Service {
     auto publisher = impl_->Publisher(*caller, req->model());
     if (!publisher.ok()) return ToGrpc(ctx, publisher.status());
     // A private model's published weights are the publisher's namespace's copy.
-    auto tenant = impl_->TenantFor(*caller, req->model());
+    auto tenant = impl_->access().TenantFor(*caller, req->model());
     if (!tenant.ok()) return ToGrpc(ctx, tenant.status());
     return ToGrpc(ctx, (*publisher)->Begin(caller->cred, caller->slot, *tenant, *req, resp));
   }

@@ -113,7 +113,7 @@ void Daemon::Impl::ReloadCorrupt(const std::shared_ptr<cache::Entry>& e) {
 absl::Status Daemon::Impl::VerifyResident(const Caller& caller,
                                           const v1::VerifyResidentRequest& req,
                                           v1::VerifyResidentResponse* resp) {
-  WC_RETURN_IF_ERROR(Authorize(caller, Verb::kVerify, {}));
+  WC_RETURN_IF_ERROR(access_->Authorize(caller, Verb::kVerify, {}));
   if (req.model().empty()) return absl::InvalidArgumentError("VerifyResident: model is required");
   // The model's entries: those it loaded and those of other names that it reproduces.
   auto opened = models_.Open(req.model(), /*refresh=*/false);

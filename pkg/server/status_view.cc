@@ -38,12 +38,12 @@ void Daemon::Impl::Status(const Caller& caller, v1::StatusResponse* resp) {
   // With --namespace_rules a peer sees the models it may map, the entries that serve them
   // (under those names only) and, of their leases, those of its own socket; an admin sees
   // everything. Counters and device rows stay whole (free memory shows the rest anyway).
-  const bool filtered = rules_ != nullptr && !IsAdmin(caller);
+  const bool filtered = access_->rules_on() && !access_->IsAdmin(caller);
   std::map<std::string, bool> may_map;  // one rule decision per name and Status
   auto visible = [&](const std::string& name) {
     if (!filtered) return true;
     auto [it, fresh] = may_map.try_emplace(name, false);
-    if (fresh) it->second = policy_->Decide(caller, Verb::kStatus, ModelObject(name)).allowed;
+    if (fresh) it->second = access_->Allows(caller, Verb::kStatus, access_->ModelObject(name));
     return it->second;
   };
   resp->set_version(Version());
@@ -71,9 +71,9 @@ void Daemon::Impl::Status(const Caller& caller, v1::StatusResponse* resp) {
     if (!model_visible && names.empty()) continue;
     if (filtered && !s.inputs.env.tenant.empty()) {
       // Another namespace's private copy: not shown (nor counted per name).
-      Object object = ModelObject(s.model);
+      Object object = access_->ModelObject(s.model);
       object.tenant = s.inputs.env.tenant;
-      if (!policy_->Decide(caller, Verb::kStatus, object).allowed) continue;
+      if (!access_->Allows(caller, Verb::kStatus, object)) continue;
     }
     auto* e = resp->add_entries();
     e->set_model(model_visible ? s.model : names.front());

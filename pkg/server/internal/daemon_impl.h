@@ -35,6 +35,7 @@
 #include "pkg/server/daemon.h"
 #include "pkg/server/hooks.h"
 #include "pkg/server/integrity/scrubber.h"
+#include "pkg/server/internal/access.h"
 #include "pkg/server/internal/admission.h"
 #include "pkg/server/internal/artifacts.h"
 #include "pkg/server/internal/lease_manager.h"
@@ -71,32 +72,9 @@ class Daemon::Impl final : public metrics::StateSource {
   void Wait();
 
   // The serving logic, one method per RPC. `result` is the metrics classification.
-  // Who calls: the control connection's peer (gRPC's peer string "fd:N"). PERMISSION_DENIED
-  // for an unknown connection, RESOURCE_EXHAUSTED (counted) for a uid over its connection
-  // cap. Every RPC starts here.
-  absl::StatusOr<Caller> CallerOf(const std::string& grpc_peer);
-
-  // Every RPC's authorization: the policy's decision (policy.h), refused as
-  // PERMISSION_DENIED naming the rule (counted in metrics, logged).
-  absl::Status Authorize(const Caller& caller, Verb verb, const Object& object);
-  // The same decision, not counted as a refusal: for Acquire, whose result metric counts it.
-  absl::Status Check(const Caller& caller, Verb verb, const Object& object) const;
-  // The object of a verb on model `name`: its spec's namespace list when known.
-  Object ModelObject(const std::string& name) const;
-  // The namespace whose private copy of model `name` (isolation: namespace) `caller` maps:
-  // its pod's (Policy::TenantOf); "" for a shared model.
-  absl::StatusOr<std::string> TenantFor(const Caller& caller, const std::string& name) const;
-  // The copies a Load of `spec` fills: {""} for a shared model; for a private one, the
-  // caller's namespace from a slot socket, every allowed namespace's from any other (an
-  // admin's or a preload's; FAILED_PRECONDITION when the spec lists none).
-  // OK unless `spec` asks for private copies (isolation: namespace) without --namespace_rules.
-  absl::Status CheckIsolation(const spec::ModelSpec& spec) const;
-  absl::StatusOr<std::vector<std::string>> TenantsToLoad(const Caller* caller,
-                                                         const spec::ModelSpec& spec) const;
-  // `name` when it is a defined model, "" otherwise: the metric label for a request naming
-  // it (unknown names from any peer would fill the bounded label slots, issue 26).
-  std::string MetricModel(const std::string& name) const;
-  bool IsAdmin(const Caller& c) const { return policy_->IsAdmin(c); }
+  // Every RPC's door (access.h): who calls, whether the policy lets it, which tenant's copy.
+  // Made in Start(), before anything serves.
+  const Access& access() const { return *access_; }
 
   absl::Status Acquire(const Caller& caller, const v1::AcquireRequest& req,
                        v1::AcquireResponse* resp, std::string* model,
@@ -165,8 +143,6 @@ class Daemon::Impl final : public metrics::StateSource {
   // serialized manifest (built once, manifests_), else as `tensors`.
   absl::Status FillLease(const std::shared_ptr<cache::Entry>& e, const std::string& name,
                          const Caller& caller, bool packed_manifest, v1::AcquireResponse* resp);
-  // PERMISSION_DENIED naming `rule` and what it guards, counted in metrics.
-  absl::Status Refuse(const std::string& rule, const std::string& message);
   // Stale check of an Acquire by name: the asked spec's files against the versions it was
   // opened with. Marks the entries that were served from the old versions stale. Returns the
   // changes (empty: unchanged).
@@ -236,11 +212,10 @@ class Daemon::Impl final : public metrics::StateSource {
   std::atomic<uint64_t> hits_{0}, misses_{0}, mismatches_{0}, rejected_{0}, errors_{0},
       peer_copies_{0}, stale_{0}, denied_{0};
 
-  // --namespace_rules: null when off. The slots' sockets are served by handles_ and control_.
-  std::unique_ptr<NamespaceRules> rules_;
+  // --namespace_rules: the slots' sockets, served by handles_ and control_.
   std::vector<SlotSockets> slots_;
-  // Who may do what (policy.h); made in Start(), once the namespace rules exist.
-  std::unique_ptr<Policy> policy_;
+  // Who may do what (access.h); made in Start(), once the namespace rules exist.
+  std::unique_ptr<Access> access_;
 
   // Started once the sockets serve, stopped first in Teardown (its findings reach handles_).
   std::unique_ptr<Scrubber> scrubber_;
