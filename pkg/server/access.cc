@@ -49,6 +49,12 @@ absl::Status Access::Authorize(const Caller& caller, Verb verb, const Object& ob
   return Refuse(d.rule, d.reason);
 }
 
+absl::Status Access::AuthorizePublish(const Caller& caller, const std::string& model) const {
+  Object o = model.empty() ? Object{} : ModelObject(model);
+  o.model = model;
+  return Authorize(caller, Verb::kPublish, o);
+}
+
 absl::Status Access::Refuse(const std::string& rule, const std::string& message) const {
   if (metrics_ != nullptr) metrics_->OnRefused(rule);
   WC_LOG_WARN("refused (%s): %s", rule, message);

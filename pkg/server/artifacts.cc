@@ -1,13 +1,11 @@
-// Compile artifacts in the daemon (issue 29): the rules and the tokens. Put: the publish role
-// and the model's map rule (an artifact is code the engines of that model will run); get: the
-// model's map rule, the caller's own copy of a private model; evict: admin. The store itself
-// (budget, LRU, single flight, the directory) is pkg/artifact.
+// Compile artifacts in the daemon (issue 29): the service, the rules and the tokens
+// (artifacts.h).
 #include "pkg/server/internal/artifacts.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "pkg/server/internal/daemon_impl.h"
+#include "pkg/metrics/metrics.h"
 #include "pkg/server/internal/lease_manager.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
@@ -100,10 +98,24 @@ void InfoToWire(const artifact::ArtifactInfo& i, v1::ArtifactInfo* out) {
   out->set_idle_seconds(i.idle_seconds);
 }
 
-// ---- Daemon::Impl -------------------------------------------------------------------------
+// ---- ArtifactService -----------------------------------------------------------------------
 
-absl::StatusOr<artifact::Key> Daemon::Impl::ArtifactKeyFor(const Caller& caller,
-                                                           const v1::ArtifactKey& key, Verb verb) {
+ArtifactService::ArtifactService(Options options, std::unique_ptr<artifact::Store> store,
+                                 const Access& access, const ModelCatalog& models,
+                                 metrics::Metrics* metrics)
+    : options_(std::move(options)),
+      store_(std::move(store)),
+      access_(access),
+      models_(models),
+      metrics_(metrics),
+      grants_(options_.token_ttl) {}
+
+void ArtifactService::ReportResident() {
+  if (metrics_ != nullptr) metrics_->SetArtifactResidentBytes(store_->usage().resident_bytes);
+}
+
+absl::StatusOr<artifact::Key> ArtifactService::KeyFor(const Caller& caller,
+                                                      const v1::ArtifactKey& key, Verb verb) const {
   if (key.model().empty()) {
     return absl::InvalidArgumentError("artifact key field 'model' is required");
   }
@@ -113,18 +125,18 @@ absl::StatusOr<artifact::Key> Daemon::Impl::ArtifactKeyFor(const Caller& caller,
         "', which this daemon does not know: artifacts belong to a known model (its rules apply)"));
   }
   if (verb == Verb::kPublish) {
-    WC_RETURN_IF_ERROR(Publisher(caller, key.model()).status());
+    WC_RETURN_IF_ERROR(access_.AuthorizePublish(caller, key.model()));
   } else {
-    WC_RETURN_IF_ERROR(access_->Authorize(caller, verb, access_->ModelObject(key.model())));
+    WC_RETURN_IF_ERROR(access_.Authorize(caller, verb, access_.ModelObject(key.model())));
   }
   // A private model's artifacts are its namespace's, like its weights.
-  WC_ASSIGN_OR_RETURN(std::string tenant, access_->TenantFor(caller, key.model()));
+  WC_ASSIGN_OR_RETURN(std::string tenant, access_.TenantFor(caller, key.model()));
   return KeyFromWire(key, tenant);
 }
 
-void Daemon::Impl::CountArtifact(const std::string& model, const char* op, const absl::Status& s,
-                                 uint64_t bytes) {
-  if (options_.metrics == nullptr) return;
+void ArtifactService::Count(const std::string& model, const char* op, const absl::Status& s,
+                            uint64_t bytes) {
+  if (metrics_ == nullptr) return;
   const bool get = std::string_view(op) == "get";
   const char* result = "error";
   switch (s.code()) {
@@ -146,27 +158,27 @@ void Daemon::Impl::CountArtifact(const std::string& model, const char* op, const
     default:
       break;
   }
-  options_.metrics->OnArtifact(model, op, result, s.ok() ? bytes : 0);
-  options_.metrics->SetArtifactResidentBytes(artifacts_->usage().resident_bytes);
+  metrics_->OnArtifact(model, op, result, s.ok() ? bytes : 0);
+  ReportResident();
 }
 
-absl::Status Daemon::Impl::PutArtifact(const Caller& caller,
-                                       const std::function<bool(v1::PutArtifactRequest*)>& read,
-                                       v1::PutArtifactResponse* resp) {
+absl::Status ArtifactService::Put(const Caller& caller,
+                                  const std::function<bool(v1::PutArtifactRequest*)>& read,
+                                  v1::PutArtifactResponse* resp) {
   v1::PutArtifactRequest msg;
   if (!read(&msg)) return absl::InvalidArgumentError("PutArtifact: no message");
   const std::string model = msg.key().model();
-  absl::Status s = StoreArtifact(caller, &msg, read, resp);
-  CountArtifact(model, "put", s, resp->bytes());
+  absl::Status s = Store(caller, &msg, read, resp);
+  Count(model, "put", s, resp->bytes());
   return s;
 }
 
-absl::Status Daemon::Impl::StoreArtifact(const Caller& caller, v1::PutArtifactRequest* first,
-                                         const std::function<bool(v1::PutArtifactRequest*)>& read,
-                                         v1::PutArtifactResponse* resp) {
+absl::Status ArtifactService::Store(const Caller& caller, v1::PutArtifactRequest* first,
+                                    const std::function<bool(v1::PutArtifactRequest*)>& read,
+                                    v1::PutArtifactResponse* resp) {
   v1::PutArtifactRequest& msg = *first;
-  WC_ASSIGN_OR_RETURN(artifact::Key key, ArtifactKeyFor(caller, msg.key(), Verb::kPublish));
-  WC_ASSIGN_OR_RETURN(auto slot, artifacts_->BeginPut(key, msg.size()));
+  WC_ASSIGN_OR_RETURN(artifact::Key key, KeyFor(caller, msg.key(), Verb::kPublish));
+  WC_ASSIGN_OR_RETURN(auto slot, store_->BeginPut(key, msg.size()));
   do {
     WC_RETURN_IF_ERROR(slot->Append(msg.data()));
     msg.Clear();
@@ -188,24 +200,23 @@ absl::Status Daemon::Impl::StoreArtifact(const Caller& caller, v1::PutArtifactRe
   return absl::OkStatus();
 }
 
-absl::Status Daemon::Impl::GetArtifact(const Caller& caller, const v1::GetArtifactRequest& req,
-                                       v1::GetArtifactResponse* resp) {
-  absl::Status s = ServeArtifact(caller, req, resp);
-  CountArtifact(req.key().model(), "get", s, resp->bytes());
+absl::Status ArtifactService::Get(const Caller& caller, const v1::GetArtifactRequest& req,
+                                  v1::GetArtifactResponse* resp) {
+  absl::Status s = Serve(caller, req, resp);
+  Count(req.key().model(), "get", s, resp->bytes());
   return s;
 }
 
-absl::Status Daemon::Impl::ServeArtifact(const Caller& caller, const v1::GetArtifactRequest& req,
-                                         v1::GetArtifactResponse* resp) {
-  WC_ASSIGN_OR_RETURN(artifact::Key key, ArtifactKeyFor(caller, req.key(), Verb::kAcquire));
+absl::Status ArtifactService::Serve(const Caller& caller, const v1::GetArtifactRequest& req,
+                                    v1::GetArtifactResponse* resp) {
+  WC_ASSIGN_OR_RETURN(artifact::Key key, KeyFor(caller, req.key(), Verb::kAcquire));
   const auto deadline = caller.DeadlineOr(std::chrono::milliseconds(req.wait_ms()));
-  WC_ASSIGN_OR_RETURN(auto a, artifacts_->Get(key, req.wait_ms() > 0, deadline, caller.gone));
+  WC_ASSIGN_OR_RETURN(auto a, store_->Get(key, req.wait_ms() > 0, deadline, caller.gone));
   resp->set_id(a->id());
   resp->set_bytes(a->bytes());
   resp->set_sha256(a->sha256());
-  resp->set_handle_socket(caller.slot.empty() ? handle_path()
-                                              : SlotHandleSocketInContainer(
-                                                    options_.socket_dir, options_.namespace_rules));
+  resp->set_handle_socket(caller.slot.empty() ? options_.handle_socket
+                                              : options_.slot_handle_socket);
   artifact::ArtifactInfo info;
   info.id = a->id();
   info.key = a->key();
@@ -214,24 +225,23 @@ absl::Status Daemon::Impl::ServeArtifact(const Caller& caller, const v1::GetArti
   info.publisher = a->publisher();
   info.resident = true;
   InfoToWire(info, resp->mutable_info());
-  resp->set_token(artifact_grants_.Issue(std::move(a), caller.slot));
+  resp->set_token(grants_.Issue(std::move(a), caller.slot));
   return absl::OkStatus();
 }
 
-absl::Status Daemon::Impl::EvictArtifacts(const Caller& caller,
-                                          const v1::EvictArtifactsRequest& req,
-                                          v1::EvictArtifactsResponse* resp) {
+absl::Status ArtifactService::Evict(const Caller& caller, const v1::EvictArtifactsRequest& req,
+                                    v1::EvictArtifactsResponse* resp) {
   Object o;
   o.model = req.model();
-  WC_RETURN_IF_ERROR(access_->Authorize(caller, Verb::kEvict, o));
+  WC_RETURN_IF_ERROR(access_.Authorize(caller, Verb::kEvict, o));
   if (req.id().empty() == req.model().empty()) {
     return absl::InvalidArgumentError("EvictArtifacts: give exactly one of id and model");
   }
   uint32_t n = 0;
-  for (const auto& i : artifacts_->List()) {
+  for (const auto& i : store_->List()) {
     if ((!req.id().empty() && i.id == req.id()) ||
         (!req.model().empty() && i.key.model == req.model())) {
-      if (artifacts_->Evict(i.id)) {
+      if (store_->Evict(i.id)) {
         ++n;
         WC_LOG_INFO("artifact %s evicted by uid %d", i.id.c_str(),
                     static_cast<int>(caller.cred.uid));
@@ -239,32 +249,30 @@ absl::Status Daemon::Impl::EvictArtifacts(const Caller& caller,
     }
   }
   resp->set_evicted(n);
-  if (options_.metrics != nullptr) {
-    options_.metrics->SetArtifactResidentBytes(artifacts_->usage().resident_bytes);
-  }
+  ReportResident();
   return absl::OkStatus();
 }
 
-void Daemon::Impl::ArtifactStatus(const Caller& caller, bool filtered,
-                                  const std::function<bool(const std::string&)>& visible,
-                                  v1::StatusResponse* resp) const {
-  for (const auto& i : artifacts_->List()) {
+void ArtifactService::AppendStatus(const Caller& caller, bool filtered,
+                                   const std::function<bool(const std::string&)>& visible,
+                                   v1::StatusResponse* resp) const {
+  for (const auto& i : store_->List()) {
     if (filtered) {
       if (!visible(i.key.model)) continue;
       if (!i.key.tenant.empty()) {
-        Object object = access_->ModelObject(i.key.model);
+        Object object = access_.ModelObject(i.key.model);
         object.tenant = i.key.tenant;
-        if (!access_->Allows(caller, Verb::kStatus, object)) continue;
+        if (!access_.Allows(caller, Verb::kStatus, object)) continue;
       }
     }
     InfoToWire(i, resp->add_artifacts());
   }
-  const auto u = artifacts_->usage();
+  const auto u = store_->usage();
   auto* usage = resp->mutable_artifact_usage();
   usage->set_resident_bytes(u.resident_bytes);
   usage->set_budget_bytes(u.budget_bytes);
   usage->set_evictions(u.evictions);
-  usage->set_dir(options_.artifact_dir);
+  usage->set_dir(options_.dir);
   usage->set_puts_in_flight(u.puts_in_flight);
 }
 

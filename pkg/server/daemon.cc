@@ -35,8 +35,7 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend, DaemonHooks*
       models_(options_.specs, options_.read_threads, options_.model_roots, options_.metrics),
       admission_(options_, backend_, registry_, staging_pool_.get()),
       leases_(&registry_, options_.token_ttl),
-      publishes_(options_, backend_, registry_, admission_, models_, handle_path()),
-      artifact_grants_(options_.token_ttl) {
+      publishes_(options_, backend_, registry_, admission_, models_, handle_path()) {
   registry_.SetLoadDoneCallback(
       [this](const cache::Entry& e, const absl::Status& st, double seconds) {
         if (options_.metrics != nullptr && st.ok()) {
@@ -184,41 +183,63 @@ absl::Status Daemon::Impl::AwaitPreload(const std::string& name, bool wait,
       "wait_ready to wait"));
 }
 
+// Start sequences the parts: the door and the stores first, what the keeper holds, the
+// sockets, then serving (handles, control, peers), and the background work last.
 absl::Status Daemon::Impl::Start() {
   for (const auto& s : options_.specs) {
     WC_RETURN_IF_ERROR(CheckIsolation(s, options_.namespace_rules.enabled));
   }
   WC_RETURN_IF_ERROR(PrepareSocketDir(options_.socket_dir, 0750));
   WC_RETURN_IF_ERROR(models_.OpenDigestStore(options_.digest_store));
-  WC_ASSIGN_OR_RETURN(artifacts_,
+  WC_RETURN_IF_ERROR(MakeAccess());
+  WC_ASSIGN_OR_RETURN(auto store,
                       artifact::Store::Open({options_.artifact_budget_bytes,
                                              options_.artifact_max_bytes, options_.artifact_dir}));
-  if (keeper_) {
-    // Artifacts in memory are deposited too, and those the keeper held come back first.
-    keeper_->SetArtifacts(artifacts_.get());
-    // Before serving and before the preloads: what the keeper holds is ready at once, and
-    // the preloads join it (only entries that were loading at the crash load again).
-    keeper_->AdoptAll([this](const v1::KeeperRecord& r) { return AdmitAdopted(r); },
-                      [this](const cache::Key& key, const v1::PublisherInfo& who) {
-                        publishes_.RecordPublisher(key, who);
-                      });
-    keeper_->StartWatch();
+  artifacts_ = std::make_unique<ArtifactService>(
+      ArtifactService::Options{.handle_socket = handle_path(),
+                               .slot_handle_socket = SlotHandleSocketInContainer(
+                                   options_.socket_dir, options_.namespace_rules),
+                               .dir = options_.artifact_dir,
+                               .token_ttl = options_.token_ttl},
+      std::move(store), *access_, models_, options_.metrics);
+  if (keeper_) AdoptFromKeeper();
+  artifacts_->ReportResident();
+  WC_RETURN_IF_ERROR(PrepareSockets());
+  WC_RETURN_IF_ERROR(StartHandleChannel());
+  // Preloads are opened (maybe hashed) on their own thread while the daemon serves; their
+  // names are pending until their entries are registered, so a client never sees a daemon
+  // that knows a model but has no entry for it yet as a miss (it waits or hears why).
+  if (options_.preload) {
+    MutexLock l(mu_);
+    for (const auto& s : options_.specs) pending_preloads_.insert(s.name);
   }
-  if (options_.metrics != nullptr) {
-    options_.metrics->SetArtifactResidentBytes(artifacts_->usage().resident_bytes);
+  WC_RETURN_IF_ERROR(StartControlServer());
+  WC_RETURN_IF_ERROR(StartPeerServer());
+  WC_RETURN_IF_ERROR(StartPeerFill());
+  if (options_.socket_gid >= 0) {
+    // Engines running as other uids reach the sockets through this group (dir 0750,
+    // sockets 0660); the handle channel's uid allowlist still applies.
+    for (const std::string& p : {options_.socket_dir, control_path(), handle_path()}) {
+      WC_RETURN_IF_ERROR(ChangeGroup(p, options_.socket_gid));
+    }
+    WC_RETURN_IF_ERROR(GroupSlotSockets(slots_, options_.socket_gid));
   }
-  WC_RETURN_IF_ERROR(RemoveStaleSocket(control_path()));
-  WC_RETURN_IF_ERROR(RemoveStaleSocket(handle_path()));
+  scrubber_->Start();
+  if (options_.preload) preload_thread_ = std::thread([this] { StartPreloads(); });
+  WC_LOG_INFO(
+      "serving on %s (handles on %s%s), backend %s, peer policy %s%s", control_path(),
+      handle_path(), admin_path().empty() ? "; no admin socket" : "; admin socket " + admin_path(),
+      memory::BackendName(backend_->kind()), PeerPolicyName(options_.peer_policy),
+      access_->rules_on() ? absl::StrCat("; namespace rules on, ", slots_.size(),
+                                         " slot sockets under ", options_.socket_dir, "/slots")
+                          : "");
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Impl::MakeAccess() {
   std::unique_ptr<NamespaceRules> rules;
-  if (const auto& nr = options_.namespace_rules; nr.enabled) {
-    WC_ASSIGN_OR_RETURN(rules, NamespaceRules::Create(nr));
-    WC_ASSIGN_OR_RETURN(slots_,
-                        PrepareSlotDirs(options_.socket_dir, nr.slots, options_.socket_gid));
-  }
-  if (!options_.admin_socket_dir.empty()) {
-    // The daemon's alone: 0700, never given the engines' group.
-    WC_RETURN_IF_ERROR(PrepareSocketDir(options_.admin_socket_dir, 0700));
-    WC_RETURN_IF_ERROR(RemoveStaleSocket(admin_path()));
+  if (options_.namespace_rules.enabled) {
+    WC_ASSIGN_OR_RETURN(rules, NamespaceRules::Create(options_.namespace_rules));
   }
   PolicyOptions po;
   po.admin_uids = options_.admin_uids;
@@ -233,6 +254,38 @@ absl::Status Daemon::Impl::Start() {
         return control_ ? control_->PeerOf(grpc_peer) : std::nullopt;
       },
       options_.max_connections_per_uid, options_.metrics);
+  return absl::OkStatus();
+}
+
+void Daemon::Impl::AdoptFromKeeper() {
+  // Artifacts in memory are deposited too, and those the keeper held come back first.
+  keeper_->SetArtifacts(&artifacts_->store());
+  // Before serving and before the preloads: what the keeper holds is ready at once, and
+  // the preloads join it (only entries that were loading at the crash load again).
+  keeper_->AdoptAll([this](const v1::KeeperRecord& r) { return AdmitAdopted(r); },
+                    [this](const cache::Key& key, const v1::PublisherInfo& who) {
+                      publishes_.RecordPublisher(key, who);
+                    });
+  keeper_->StartWatch();
+}
+
+absl::Status Daemon::Impl::PrepareSockets() {
+  WC_RETURN_IF_ERROR(RemoveStaleSocket(control_path()));
+  WC_RETURN_IF_ERROR(RemoveStaleSocket(handle_path()));
+  if (const auto& nr = options_.namespace_rules; nr.enabled) {
+    WC_ASSIGN_OR_RETURN(slots_,
+                        PrepareSlotDirs(options_.socket_dir, nr.slots, options_.socket_gid));
+  }
+  if (!options_.admin_socket_dir.empty()) {
+    // The daemon's alone: 0700, never given the engines' group.
+    WC_RETURN_IF_ERROR(PrepareSocketDir(options_.admin_socket_dir, 0700));
+    WC_RETURN_IF_ERROR(RemoveStaleSocket(admin_path()));
+  }
+  return absl::OkStatus();
+}
+
+// A token names what it claims: a publish's writable segments, an artifact, or a lease.
+absl::Status Daemon::Impl::StartHandleChannel() {
   HandleChannel::Options hopts;
   hopts.path = handle_path();
   for (const auto& s : slots_) hopts.slot_sockets.push_back({s.slot, s.handle});
@@ -242,8 +295,8 @@ absl::Status Daemon::Impl::Start() {
                           hopts,
                           [this](const std::string& t, const PeerCred& p, const std::string& slot) {
                             if (publishes_.IsToken(t)) return publishes_.Claim(t, p, slot);
-                            if (artifact_grants_.IsToken(t)) {
-                              return artifact_grants_.Claim(t, slot);
+                            if (artifacts_->grants().IsToken(t)) {
+                              return artifacts_->grants().Claim(t, slot);
                             }
                             return leases_.Claim(t, p, slot);
                           },
@@ -254,17 +307,12 @@ absl::Status Daemon::Impl::Start() {
                           [this] {
                             leases_.ExpireTokens();
                             publishes_.ExpireTokens();
-                            artifact_grants_.ExpireTokens();
+                            artifacts_->grants().ExpireTokens();
                           }));
+  return absl::OkStatus();
+}
 
-  // Preloads are opened (maybe hashed) on their own thread while the daemon serves; their
-  // names are pending until their entries are registered, so a client never sees a daemon
-  // that knows a model but has no entry for it yet as a miss (it waits or hears why).
-  if (options_.preload) {
-    MutexLock l(mu_);
-    for (const auto& s : options_.specs) pending_preloads_.insert(s.name);
-  }
-
+absl::Status Daemon::Impl::StartControlServer() {
   service_ = MakeGrpcService(this);
   grpc::ServerBuilder builder;
   // No listening port: ControlListener accepts (peer credentials, caps, EMFILE back-off)
@@ -299,26 +347,6 @@ absl::Status Daemon::Impl::Start() {
   WC_ASSIGN_OR_RETURN(control_, ControlListener::Start(lo, [server = grpc_.get()](int fd) {
                         grpc::AddInsecureChannelFromFd(server, fd);
                       }));
-  WC_RETURN_IF_ERROR(StartPeerServer());
-  WC_RETURN_IF_ERROR(StartPeerFill());
-  if (options_.socket_gid >= 0) {
-    // Engines running as other uids reach the sockets through this group (dir 0750,
-    // sockets 0660); the handle channel's uid allowlist still applies.
-    for (const std::string& p : {options_.socket_dir, control_path(), handle_path()}) {
-      WC_RETURN_IF_ERROR(ChangeGroup(p, options_.socket_gid));
-    }
-    WC_RETURN_IF_ERROR(GroupSlotSockets(slots_, options_.socket_gid));
-  }
-  scrubber_->Start();
-  if (options_.preload) preload_thread_ = std::thread([this] { StartPreloads(); });
-  WC_LOG_INFO(
-      "serving on %s (handles on %s%s), backend %s, peer policy %s%s", control_path(),
-      handle_path(), admin_path().empty() ? "; no admin socket" : "; admin socket " + admin_path(),
-      memory::BackendName(backend_->kind()), PeerPolicyName(options_.peer_policy),
-      access_->rules_on() ? absl::StrCat("; namespace rules on, ", slots_.size(),
-                                         " slot sockets under ", options_.socket_dir, "/slots")
-                          : "");
-
   return absl::OkStatus();
 }
 
@@ -606,9 +634,7 @@ absl::Status Daemon::Impl::Evict(const Caller& caller, const v1::EvictRequest& r
 
 absl::StatusOr<PublishManager*> Daemon::Impl::Publisher(const Caller& caller,
                                                         const std::string& model) {
-  Object o = model.empty() ? Object{} : access_->ModelObject(model);
-  o.model = model;
-  WC_RETURN_IF_ERROR(access_->Authorize(caller, Verb::kPublish, o));
+  WC_RETURN_IF_ERROR(access_->AuthorizePublish(caller, model));
   return &publishes_;
 }
 

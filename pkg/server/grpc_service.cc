@@ -193,7 +193,7 @@ class GrpcService final : public v1::WeightCache::Service {
     auto caller = CallerOf(ctx);
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
     if (auto s = puts_.Begin(ctx); !s.ok()) return ToGrpc(ctx, s);
-    absl::Status s = impl_->PutArtifact(
+    absl::Status s = impl_->artifacts().Put(
         *caller,
         [&](v1::PutArtifactRequest* m) {
           const bool more = reader->Read(m);
@@ -209,14 +209,14 @@ class GrpcService final : public v1::WeightCache::Service {
                            v1::GetArtifactResponse* resp) override {
     auto caller = CallerOf(ctx);
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
-    return ToGrpc(ctx, impl_->GetArtifact(*caller, *req, resp));
+    return ToGrpc(ctx, impl_->artifacts().Get(*caller, *req, resp));
   }
 
   grpc::Status EvictArtifacts(grpc::ServerContext* ctx, const v1::EvictArtifactsRequest* req,
                               v1::EvictArtifactsResponse* resp) override {
     auto caller = CallerOf(ctx);
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
-    return ToGrpc(ctx, impl_->EvictArtifacts(*caller, *req, resp));
+    return ToGrpc(ctx, impl_->artifacts().Evict(*caller, *req, resp));
   }
 
   grpc::Status Status(grpc::ServerContext* ctx, const v1::StatusRequest*,

@@ -131,7 +131,7 @@ void Daemon::Impl::Status(const Caller& caller, v1::StatusResponse* resp) {
       m->set_isolation(sp.isolation);
     }
   }
-  if (artifacts_ != nullptr) ArtifactStatus(caller, filtered, visible, resp);
+  if (artifacts_ != nullptr) artifacts_->AppendStatus(caller, filtered, visible, resp);
   resp->set_acquire_hits(hits_);
   resp->set_acquire_misses(misses_);
   resp->set_acquire_mismatches(mismatches_);

@@ -1,13 +1,15 @@
-// The daemon's side of compile artifacts (issue 29): the store (pkg/artifact), the one-time
-// tokens that hand a stored artifact's sealed memfd out on the handle channel, and the wire
-// conversions. Who may put, get or evict is decided by Daemon::Impl before it calls in
-// (artifacts.cc). Not a public header.
+// The daemon's side of compile artifacts (issue 29): the service behind the artifact RPCs
+// (who may put, get or evict, asked of Access; the metrics), the one-time tokens that hand a
+// stored artifact's sealed memfd out on the handle channel, and the wire conversions. The
+// store itself (budget, LRU, single flight, the directory) is pkg/artifact. Not a public
+// header.
 //
 // Thread-safety: every method may be called from any thread (gRPC threads issue, the handle
 // channel's thread claims and expires).
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,6 +17,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "pkg/artifact/store.h"
+#include "pkg/server/internal/access.h"
+#include "pkg/server/internal/model_catalog.h"
 #include "pkg/server/wire/handle_channel.h"
 #include "pkg/util/mutex.h"
 #include "weightcache/v1/weightcache.pb.h"
@@ -42,6 +46,62 @@ class ArtifactGrants {
   const std::chrono::seconds token_ttl_;
   mutable Mutex mu_;
   std::map<std::string, Pending> tokens_ ABSL_GUARDED_BY(mu_);
+};
+
+// The artifact RPCs. Put needs the publish role and the model's map rule (an artifact is
+// code the engines of that model will run); get the model's map rule (a private model: the
+// caller's namespace's copy); evict is admin's. Each is counted in the metrics by result.
+class ArtifactService {
+ public:
+  struct Options {
+    std::string handle_socket;       // named in get answers on the shared socket
+    std::string slot_handle_socket;  // on a slot socket: the slot's, as its engines see it
+    std::string dir;                 // --artifact_dir, for Status ("" none)
+    std::chrono::seconds token_ttl{10};
+  };
+  // `access`, `models` and `metrics` (may be null) outlive the service.
+  ArtifactService(Options options, std::unique_ptr<artifact::Store> store, const Access& access,
+                  const ModelCatalog& models, metrics::Metrics* metrics);
+  ArtifactService(const ArtifactService&) = delete;
+  ArtifactService& operator=(const ArtifactService&) = delete;
+
+  // `read` yields the put's messages in order (false at the end of the stream).
+  absl::Status Put(const Caller& caller, const std::function<bool(v1::PutArtifactRequest*)>& read,
+                   v1::PutArtifactResponse* resp);
+  absl::Status Get(const Caller& caller, const v1::GetArtifactRequest& req,
+                   v1::GetArtifactResponse* resp);
+  absl::Status Evict(const Caller& caller, const v1::EvictArtifactsRequest& req,
+                     v1::EvictArtifactsResponse* resp);
+  // The artifacts `caller` may see (`filtered`: only models `visible` says, and private
+  // copies of its own namespace), and the usage, into a Status answer.
+  void AppendStatus(const Caller& caller, bool filtered,
+                    const std::function<bool(const std::string&)>& visible,
+                    v1::StatusResponse* resp) const;
+
+  artifact::Store& store() { return *store_; }
+  // Sets the resident-bytes gauge (e.g. after the keeper brought artifacts back).
+  void ReportResident();
+  ArtifactGrants& grants() { return grants_; }
+
+ private:
+  // The two RPCs without their metrics, and the metrics of one that ended.
+  absl::Status Store(const Caller& caller, v1::PutArtifactRequest* first,
+                     const std::function<bool(v1::PutArtifactRequest*)>& read,
+                     v1::PutArtifactResponse* resp);
+  absl::Status Serve(const Caller& caller, const v1::GetArtifactRequest& req,
+                     v1::GetArtifactResponse* resp);
+  void Count(const std::string& model, const char* op, const absl::Status& s, uint64_t bytes);
+  // The store's key for a wire key, once `caller` passed `verb`'s rule for its model
+  // (kPublish: the publish role too). NOT_FOUND for a model the daemon does not know.
+  absl::StatusOr<artifact::Key> KeyFor(const Caller& caller, const v1::ArtifactKey& key,
+                                       Verb verb) const;
+
+  const Options options_;
+  const std::unique_ptr<artifact::Store> store_;
+  const Access& access_;
+  const ModelCatalog& models_;
+  metrics::Metrics* const metrics_;
+  ArtifactGrants grants_;
 };
 
 // Wire conversions.

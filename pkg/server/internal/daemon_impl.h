@@ -98,24 +98,8 @@ class Daemon::Impl final : public metrics::StateSource {
   // naming the rule otherwise (counted).
   absl::StatusOr<PublishManager*> Publisher(const Caller& caller, const std::string& model);
 
-  // Compile artifacts (artifacts.cc): put needs the publish role and the model's map rule, get
-  // the map rule (a private model: the caller's namespace's), evict is admin's. `read` yields
-  // the put's messages in order (false at the end of the stream).
-  absl::Status PutArtifact(const Caller& caller,
-                           const std::function<bool(v1::PutArtifactRequest*)>& read,
-                           v1::PutArtifactResponse* resp);
-  absl::Status GetArtifact(const Caller& caller, const v1::GetArtifactRequest& req,
-                           v1::GetArtifactResponse* resp);
-  // The two above without their metrics, and the metrics of one that ended.
-  absl::Status StoreArtifact(const Caller& caller, v1::PutArtifactRequest* first,
-                             const std::function<bool(v1::PutArtifactRequest*)>& read,
-                             v1::PutArtifactResponse* resp);
-  absl::Status ServeArtifact(const Caller& caller, const v1::GetArtifactRequest& req,
-                             v1::GetArtifactResponse* resp);
-  void CountArtifact(const std::string& model, const char* op, const absl::Status& s,
-                     uint64_t bytes);
-  absl::Status EvictArtifacts(const Caller& caller, const v1::EvictArtifactsRequest& req,
-                              v1::EvictArtifactsResponse* resp);
+  // Compile artifacts (artifacts.h): made in Start() (it reads --artifact_dir).
+  ArtifactService& artifacts() { return *artifacts_; }
 
   // Peer API (peer_service.cc): the record of a ready, shared, loaded entry with
   // `fingerprint` for another node's daemon; NOT_FOUND otherwise (published and private
@@ -148,14 +132,6 @@ class Daemon::Impl final : public metrics::StateSource {
   // changes (empty: unchanged).
   std::string CheckStale(const std::shared_ptr<const load::OpenedModel>& opened);
   void Count(metrics::AcquireResult r);
-  // The store's key for a wire key, once `caller` passed `verb`'s rule for its model
-  // (kPublish: the publish role too). NOT_FOUND for a model the daemon does not know.
-  absl::StatusOr<artifact::Key> ArtifactKeyFor(const Caller& caller, const v1::ArtifactKey& key,
-                                               Verb verb);
-  // The artifacts `caller` may see, and the usage, into a Status answer.
-  void ArtifactStatus(const Caller& caller, bool filtered,
-                      const std::function<bool(const std::string&)>& visible,
-                      v1::StatusResponse* resp) const;
   // Integrity (integrity.cc): the registry's digester and the scrubber, made in the
   // constructor; a corrupt entry taken out of service, its lease holders told, and a clean
   // copy loaded (from the checkpoint; not for published weights).
@@ -187,9 +163,8 @@ class Daemon::Impl final : public metrics::StateSource {
   ManifestCache manifests_;
   // After the registry: destroyed first, so publishes in flight end before it joins them.
   PublishManager publishes_;
-  // Compile artifacts: opened in Start() (it reads --artifact_dir), and their tokens.
-  std::unique_ptr<artifact::Store> artifacts_;
-  ArtifactGrants artifact_grants_;
+  // Compile artifacts and their tokens: made in Start() (it reads --artifact_dir).
+  std::unique_ptr<ArtifactService> artifacts_;
 
   mutable Mutex mu_;
   std::vector<cache::Key> preloads_ ABSL_GUARDED_BY(mu_);
@@ -223,6 +198,12 @@ class Daemon::Impl final : public metrics::StateSource {
   std::unique_ptr<ControlListener> control_;  // stops accepting before grpc_ drains (Teardown)
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<grpc::Service> service_;
+  // Start()'s steps, in its order (daemon.cc).
+  absl::Status MakeAccess();
+  void AdoptFromKeeper();
+  absl::Status PrepareSockets();
+  absl::Status StartHandleChannel();
+  absl::Status StartControlServer();
   // The peer API (options().peer.listen): its own server on TCP with mutual TLS, started
   // after the control server, stopped before it.
   absl::Status StartPeerServer();
