@@ -59,7 +59,6 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend, DaemonHooks*
         [this](const cache::Key& key) { return publishes_.PublisherOf(key); });
     registry_.SetObserver(keeper_.get());
   }
-  SetUpIntegrity();
 }
 
 Daemon::Impl::~Impl() {
@@ -192,6 +191,7 @@ absl::Status Daemon::Impl::Start() {
   WC_RETURN_IF_ERROR(PrepareSocketDir(options_.socket_dir, 0750));
   WC_RETURN_IF_ERROR(models_.OpenDigestStore(options_.digest_store));
   WC_RETURN_IF_ERROR(MakeAccess());
+  MakeIntegrity();
   WC_ASSIGN_OR_RETURN(auto store,
                       artifact::Store::Open({options_.artifact_budget_bytes,
                                              options_.artifact_max_bytes, options_.artifact_dir}));
@@ -224,7 +224,7 @@ absl::Status Daemon::Impl::Start() {
     }
     WC_RETURN_IF_ERROR(GroupSlotSockets(slots_, options_.socket_gid));
   }
-  scrubber_->Start();
+  integrity_->Start();
   if (options_.preload) preload_thread_ = std::thread([this] { StartPreloads(); });
   WC_LOG_INFO(
       "serving on %s (handles on %s%s), backend %s, peer policy %s%s", control_path(),
@@ -255,6 +255,32 @@ absl::Status Daemon::Impl::MakeAccess() {
       },
       options_.max_connections_per_uid, options_.metrics);
   return absl::OkStatus();
+}
+
+void Daemon::Impl::MakeIntegrity() {
+  IntegrityService::Links links;
+  links.notify = [this](const std::string& lease_id, const std::string& line) {
+    if (handles_) handles_->Notify(lease_id, line);
+  };
+  links.hold = [this](const std::string& model) {
+    MutexLock l(mu_);
+    return pending_preloads_.insert(model).second;
+  };
+  links.release = [this](const std::string& model) {
+    {
+      MutexLock l(mu_);
+      pending_preloads_.erase(model);
+    }
+    preload_cv_.NotifyAll();
+  };
+  integrity_ = std::make_unique<IntegrityService>(
+      Scrubber::Options{options_.scrub_interval, options_.scrub_bytes_per_second}, backend_->kind(),
+      registry_, models_, admission_, *access_, std::move(links), options_.metrics,
+      hooks_ == nullptr
+          ? Scrubber::DigestHook()
+          : [h = hooks_](const std::string& model, size_t segment, std::vector<uint64_t>* chunks) {
+              h->BeforeDigestCompare(model, segment, chunks);
+            });
 }
 
 void Daemon::Impl::AdoptFromKeeper() {
@@ -385,7 +411,7 @@ void Daemon::Impl::Teardown() {
     // stay relayed until gRPC has drained, so the calls in flight get their answers.
     if (control_) control_->StopAccepting();
     step("control listener");
-    scrubber_->Stop();  // a digest in progress ends at its next piece
+    if (integrity_) integrity_->Stop();  // a digest in progress ends at its next piece
     step("scrubber");
     registry_.Stop();
     models_.Stop();  // hashing stops

@@ -184,7 +184,7 @@ class GrpcService final : public v1::WeightCache::Service {
                               v1::VerifyResidentResponse* resp) override {
     auto caller = CallerOf(ctx);
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
-    return ToGrpc(ctx, impl_->VerifyResident(*caller, *req, resp));
+    return ToGrpc(ctx, impl_->integrity().VerifyResident(*caller, *req, resp));
   }
 
   grpc::Status PutArtifact(grpc::ServerContext* ctx,

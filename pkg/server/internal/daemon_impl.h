@@ -38,6 +38,7 @@
 #include "pkg/server/internal/access.h"
 #include "pkg/server/internal/admission.h"
 #include "pkg/server/internal/artifacts.h"
+#include "pkg/server/internal/integrity_service.h"
 #include "pkg/server/internal/lease_manager.h"
 #include "pkg/server/internal/model_catalog.h"
 #include "pkg/server/internal/publish_manager.h"
@@ -90,8 +91,8 @@ class Daemon::Impl final : public metrics::StateSource {
   absl::Status Evict(const Caller& caller, const v1::EvictRequest& req, v1::EvictResponse* resp);
   // What `caller` may see: with --namespace_rules, the models it may map (daemon.cc).
   void Status(const Caller& caller, v1::StatusResponse* resp);
-  absl::Status VerifyResident(const Caller& caller, const v1::VerifyResidentRequest& req,
-                              v1::VerifyResidentResponse* resp);
+  // Integrity (integrity_service.h): made in Start(), before anything is filled.
+  IntegrityService& integrity() { return *integrity_; }
   std::pair<bool, std::string> Readiness() const;
   // The publish RPCs' unit (publish_manager.h), once the caller passed the publish rule for
   // `model` (empty: commit and abort, which the session's owner checks bind); PERMISSION_DENIED
@@ -132,12 +133,6 @@ class Daemon::Impl final : public metrics::StateSource {
   // changes (empty: unchanged).
   std::string CheckStale(const std::shared_ptr<const load::OpenedModel>& opened);
   void Count(metrics::AcquireResult r);
-  // Integrity (integrity.cc): the registry's digester and the scrubber, made in the
-  // constructor; a corrupt entry taken out of service, its lease holders told, and a clean
-  // copy loaded (from the checkpoint; not for published weights).
-  void SetUpIntegrity();
-  void OnCorrupt(const std::shared_ptr<cache::Entry>& e, const std::string& what);
-  void ReloadCorrupt(const std::shared_ptr<cache::Entry>& e);
 
   const DaemonOptions options_;
   memory::Backend* const backend_;
@@ -193,13 +188,14 @@ class Daemon::Impl final : public metrics::StateSource {
   std::unique_ptr<Access> access_;
 
   // Started once the sockets serve, stopped first in Teardown (its findings reach handles_).
-  std::unique_ptr<Scrubber> scrubber_;
+  std::unique_ptr<IntegrityService> integrity_;
   std::unique_ptr<HandleChannel> handles_;
   std::unique_ptr<ControlListener> control_;  // stops accepting before grpc_ drains (Teardown)
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<grpc::Service> service_;
   // Start()'s steps, in its order (daemon.cc).
   absl::Status MakeAccess();
+  void MakeIntegrity();
   void AdoptFromKeeper();
   absl::Status PrepareSockets();
   absl::Status StartHandleChannel();

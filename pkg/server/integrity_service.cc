@@ -1,10 +1,8 @@
-// The daemon's integrity seam (issue 27, docs/integrity.md): digests taken when entries are
-// filled, the scrubber's findings (an entry out of service, its lease holders told, a clean
-// copy loaded) and VerifyResident.
+#include "pkg/server/internal/integrity_service.h"
+
 #include "absl/strings/str_cat.h"
 #include "pkg/integrity/segment_digest.h"
-#include "pkg/server/hooks.h"
-#include "pkg/server/internal/daemon_impl.h"
+#include "pkg/metrics/metrics.h"
 #include "pkg/server/messages/layout_proto.h"
 #include "pkg/server/wire/handle_message.h"
 #include "pkg/util/log.h"
@@ -12,10 +10,19 @@
 
 namespace weightcache::server {
 
-void Daemon::Impl::SetUpIntegrity() {
+IntegrityService::IntegrityService(Scrubber::Options scrub, memory::BackendKind kind,
+                                   cache::Registry& registry, ModelCatalog& models,
+                                   Admission& admission, const Access& access, Links links,
+                                   metrics::Metrics* metrics, Scrubber::DigestHook digest_hook)
+    : registry_(registry),
+      models_(models),
+      admission_(admission),
+      access_(access),
+      links_(std::move(links)),
+      metrics_(metrics) {
   // Every fill (disk, peer copy, publish commit, keeper adoption) is digested before the entry
   // is ready: a GPU reads it at HBM speed; the host backend hashes on the CPU.
-  registry_.SetDigester([this](const cache::Entry& e, const load::LoadedModel& m)
+  registry_.SetDigester([kind](const cache::Entry& e, const load::LoadedModel& m)
                             -> absl::StatusOr<std::vector<integrity::SegmentDigest>> {
     std::vector<integrity::SegmentDigest> out;
     out.reserve(m.segments.size());
@@ -25,7 +32,7 @@ void Daemon::Impl::SetUpIntegrity() {
     integrity::Pace pace;
     pace.stop = [&e] { return e.progress.cancelled(); };
     for (const auto& seg : m.segments) {
-      auto d = integrity::DigestSegment(backend_->kind(), *seg, pace);
+      auto d = integrity::DigestSegment(kind, *seg, pace);
       if (!d.ok()) {
         return absl::Status(
             d.status().code(),
@@ -36,34 +43,20 @@ void Daemon::Impl::SetUpIntegrity() {
     return out;
   });
   scrubber_ = std::make_unique<Scrubber>(
-      Scrubber::Options{options_.scrub_interval, options_.scrub_bytes_per_second}, backend_->kind(),
-      registry_, options_.metrics,
+      scrub, kind, registry_, metrics_,
       [this](const std::shared_ptr<cache::Entry>& e, const std::string& what) {
         OnCorrupt(e, what);
       },
-      hooks_ == nullptr
-          ? Scrubber::DigestHook()
-          : [h = hooks_](
-                const std::string& model, size_t segment,
-                std::vector<uint64_t>* chunks) { h->BeforeDigestCompare(model, segment, chunks); });
+      std::move(digest_hook));
 }
 
-void Daemon::Impl::OnCorrupt(const std::shared_ptr<cache::Entry>& e, const std::string& what) {
+void IntegrityService::OnCorrupt(const std::shared_ptr<cache::Entry>& e, const std::string& what) {
   const std::vector<std::string> leases = registry_.LeaseIds(e);
   // Until the clean copy's load is registered, Acquires by the model's name wait for it
   // (as during a preload) instead of answering a miss between the eviction and the reload.
-  bool marked_pending = false;
-  {
-    MutexLock l(mu_);
-    marked_pending = pending_preloads_.insert(e->model).second;
-  }
+  const bool held = links_.hold(e->model);
   auto end_pending = [&] {
-    if (!marked_pending) return;
-    {
-      MutexLock l(mu_);
-      pending_preloads_.erase(e->model);
-    }
-    preload_cv_.NotifyAll();
+    if (held) links_.release(e->model);
   };
   // Out of service first: from here no Acquire is handed this entry.
   if (registry_.MarkCorrupt(e, what) == cache::Registry::Evicted::kNone) {
@@ -74,16 +67,14 @@ void Daemon::Impl::OnCorrupt(const std::shared_ptr<cache::Entry>& e, const std::
       "integrity: model %s rank %d (%s, from %s) is corrupt, its memory changed after it was "
       "sealed: %s; out of service, %d lease holder(s) told, freed when their leases end",
       e->model, e->inputs.layout.tp_rank, e->key.ToString(), e->source, what, leases.size());
-  if (options_.metrics != nullptr) options_.metrics->OnIntegrityFailure(e->model);
-  if (handles_) {
-    const std::string line = FormatEventLine(kEventCorrupt, absl::StrCat(e->model, ": ", what));
-    for (const auto& id : leases) handles_->Notify(id, line);
-  }
+  if (metrics_ != nullptr) metrics_->OnIntegrityFailure(e->model);
+  const std::string line = FormatEventLine(kEventCorrupt, absl::StrCat(e->model, ": ", what));
+  for (const auto& id : leases) links_.notify(id, line);
   ReloadCorrupt(e);
   end_pending();
 }
 
-void Daemon::Impl::ReloadCorrupt(const std::shared_ptr<cache::Entry>& e) {
+void IntegrityService::ReloadCorrupt(const std::shared_ptr<cache::Entry>& e) {
   // The keeper holds the same memory: it is no clean source. The checkpoint is; weights an
   // engine published come back when it publishes them again.
   if (e->source == "publish") {
@@ -110,10 +101,10 @@ void Daemon::Impl::ReloadCorrupt(const std::shared_ptr<cache::Entry>& e) {
               (*started)->fingerprint.substr(0, 12));
 }
 
-absl::Status Daemon::Impl::VerifyResident(const Caller& caller,
-                                          const v1::VerifyResidentRequest& req,
-                                          v1::VerifyResidentResponse* resp) {
-  WC_RETURN_IF_ERROR(access_->Authorize(caller, Verb::kVerify, {}));
+absl::Status IntegrityService::VerifyResident(const Caller& caller,
+                                              const v1::VerifyResidentRequest& req,
+                                              v1::VerifyResidentResponse* resp) {
+  WC_RETURN_IF_ERROR(access_.Authorize(caller, Verb::kVerify, {}));
   if (req.model().empty()) return absl::InvalidArgumentError("VerifyResident: model is required");
   // The model's entries: those it loaded and those of other names that it reproduces.
   auto opened = models_.Open(req.model(), /*refresh=*/false);

@@ -1,0 +1,73 @@
+// The daemon's integrity service (issue 27, docs/integrity.md): every fill digested before
+// its entry is ready (the registry's digester), the scrubber that re-digests ready entries,
+// what a finding means (the entry out of service, its lease holders told, a clean copy loaded
+// from the checkpoint), and VerifyResident. Not a public header.
+//
+// Thread-safety: every method may be called from any thread; OnCorrupt runs on the scrubber's
+// thread (or a VerifyResident's gRPC thread). Lifetimes: the registry, catalog, admission,
+// access and metrics outlive the service; Stop() it before the handle channel goes (its
+// findings are told through it).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "pkg/cache/registry.h"
+#include "pkg/memory/backend.h"
+#include "pkg/server/integrity/scrubber.h"
+#include "pkg/server/internal/access.h"
+#include "pkg/server/internal/admission.h"
+#include "pkg/server/internal/model_catalog.h"
+#include "weightcache/v1/weightcache.pb.h"
+
+namespace weightcache::metrics {
+class Metrics;
+}  // namespace weightcache::metrics
+
+namespace weightcache::server {
+
+class IntegrityService {
+ public:
+  // What a finding asks of the rest of the daemon.
+  struct Links {
+    // Tells the holder of lease `lease_id` the event line `line` (the handle channel).
+    std::function<void(const std::string& lease_id, const std::string& line)> notify;
+    // Holds Acquires by `model`'s name until the clean copy's load is registered (as during a
+    // preload); false when something holds them already. Then `release`s them.
+    std::function<bool(const std::string& model)> hold;
+    std::function<void(const std::string& model)> release;
+  };
+  // Sets the registry's digester. `digest_hook`: tests only (DaemonHooks), empty otherwise.
+  IntegrityService(Scrubber::Options scrub, memory::BackendKind kind, cache::Registry& registry,
+                   ModelCatalog& models, Admission& admission, const Access& access, Links links,
+                   metrics::Metrics* metrics, Scrubber::DigestHook digest_hook);
+  IntegrityService(const IntegrityService&) = delete;
+  IntegrityService& operator=(const IntegrityService&) = delete;
+
+  void Start() { scrubber_->Start(); }
+  // A digest in progress ends at its next piece. Idempotent.
+  void Stop() { scrubber_->Stop(); }
+
+  // Admin only: digests every ready entry of `req.model()` now, unthrottled; a changed one is
+  // a finding like the scrubber's.
+  absl::Status VerifyResident(const Caller& caller, const v1::VerifyResidentRequest& req,
+                              v1::VerifyResidentResponse* resp);
+  // A finding: `e`'s memory changed (`what` says where). Out of service first, then its lease
+  // holders told and a clean copy loaded (not for published weights: no checkpoint has them).
+  void OnCorrupt(const std::shared_ptr<cache::Entry>& e, const std::string& what);
+
+ private:
+  void ReloadCorrupt(const std::shared_ptr<cache::Entry>& e);
+
+  cache::Registry& registry_;
+  ModelCatalog& models_;
+  Admission& admission_;
+  const Access& access_;
+  const Links links_;
+  metrics::Metrics* const metrics_;
+  std::unique_ptr<Scrubber> scrubber_;
+};
+
+}  // namespace weightcache::server
