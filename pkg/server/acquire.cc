@@ -122,8 +122,8 @@ absl::Status Daemon::Impl::Acquire(const Caller& caller, const v1::AcquireReques
       return finish(AcquireResult::kDenied, tenant.status());
     }
     env.tenant = *tenant;
-    if (auto s = AwaitPreload(req.model(), req.wait_ready() || req.load_on_miss(), deadline,
-                              caller.gone);
+    if (auto s = preloads_->Await(req.model(), req.wait_ready() || req.load_on_miss(), deadline,
+                                  caller.gone);
         !s.ok()) {
       return finish(AcquireResult::kMiss, s);
     }

@@ -18,6 +18,7 @@
 #include "pkg/server/hooks.h"
 #include "pkg/server/internal/access.h"
 #include "pkg/server/internal/daemon_impl.h"
+#include "pkg/server/internal/preloads.h"
 #include "pkg/server/messages/layout_proto.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
@@ -77,56 +78,6 @@ std::string Daemon::Impl::handle_path() const {
   return options_.socket_dir + "/" + kHandleSocketName;
 }
 
-void Daemon::Impl::StartPreloads() {
-  for (const auto& s : options_.specs) {
-    if (hooks_ != nullptr) hooks_->BeforePreload(s.name);
-    auto opened = models_.Open(s.name, /*refresh=*/false);
-    std::vector<int> ranks = s.tp_ranks;
-    if (ranks.empty()) {
-      for (int r = 0; r < s.tp_size; ++r) ranks.push_back(r);
-    }
-    // A private model (isolation: namespace): a copy per listed namespace; none listed, each
-    // namespace's copy is loaded when a pod of it first asks.
-    auto tenants = access_->TenantsToLoad(nullptr, s);
-    if (!opened.ok()) {
-      WC_LOG_ERROR("preload %s: %s", s.name, std::string(opened.status().message()));
-    } else if (!tenants.ok()) {
-      WC_LOG_INFO("preload %s: none (%s)", s.name, std::string(tenants.status().message()));
-    } else {
-      // The ranks of the spec load together: one pass over the files for all of them.
-      std::vector<Admission::GroupRank> group;
-      for (const std::string& tenant : *tenants) {
-        for (int r : ranks) {
-          Admission::AskedEnv placed = admission_.Placed(r);
-          placed.env.tenant = tenant;
-          group.push_back({{s.tp_size, r, s.pp_size, s.pp_rank}, placed.env, placed.device_uuid});
-        }
-      }
-      auto started = admission_.StartGroupLoad(*opened, group);
-      for (size_t i = 0; i < group.size(); ++i) {
-        const int r = group[i].layout.tp_rank;
-        const std::string& device = group[i].device_uuid;
-        const std::string& tenant = group[i].env.tenant;
-        if (!started[i].ok()) {
-          WC_LOG_ERROR("preload %s rank %d on %s%s: %s", s.name, r, device,
-                       tenant.empty() ? "" : " for namespace " + tenant,
-                       std::string(started[i].status().message()));
-          continue;
-        }
-        WC_LOG_INFO("preload %s rank %d/%d on %s%s", s.name, r, s.tp_size, device,
-                    tenant.empty() ? "" : " (namespace " + tenant + "'s private copy)");
-        MutexLock l(mu_);
-        preloads_.push_back((*started[i])->key);
-      }
-    }
-    {
-      MutexLock l(mu_);
-      pending_preloads_.erase(s.name);
-    }
-    preload_cv_.NotifyAll();
-  }
-}
-
 absl::Status Daemon::Impl::AdmitAdopted(const v1::KeeperRecord& r) {
   const std::string& name = r.model();
   if (auto current = models_.Spec(name)) {
@@ -156,32 +107,6 @@ absl::Status Daemon::Impl::AdmitAdopted(const v1::KeeperRecord& r) {
       "revoked, its cached copy is not served again"));
 }
 
-absl::Status Daemon::Impl::AwaitPreload(const std::string& name, bool wait,
-                                        std::chrono::steady_clock::time_point deadline,
-                                        const std::function<bool()>& gone) {
-  MutexLock l(mu_);
-  if (pending_preloads_.count(name) == 0) return absl::OkStatus();
-  if (wait) {
-    while (!stopping_ && pending_preloads_.count(name) != 0) {
-      const auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) break;
-      preload_cv_.WaitUntil(mu_, std::min(deadline, now + cache::Registry::kGoneCheck));
-      if (gone && gone()) return absl::CancelledError("the caller went away");
-    }
-    if (pending_preloads_.count(name) == 0) return absl::OkStatus();
-  }
-  if (stopping_) {
-    return absl::UnavailableError(
-        absl::StrCat("model '", name,
-                     "' was still being opened for its preload when the daemon began "
-                     "shutting down; ask again once it is back"));
-  }
-  return absl::UnavailableError(absl::StrCat(
-      "model '", name,
-      "' is being opened for its preload (its files are read and identified); ask with "
-      "wait_ready to wait"));
-}
-
 // Start sequences the parts: the door and the stores first, what the keeper holds, the
 // sockets, then serving (handles, control, peers), and the background work last.
 absl::Status Daemon::Impl::Start() {
@@ -191,6 +116,11 @@ absl::Status Daemon::Impl::Start() {
   WC_RETURN_IF_ERROR(PrepareSocketDir(options_.socket_dir, 0750));
   WC_RETURN_IF_ERROR(models_.OpenDigestStore(options_.digest_store));
   WC_RETURN_IF_ERROR(MakeAccess());
+  preloads_ = std::make_unique<Preloads>(
+      options_.preload ? options_.specs : std::vector<spec::ModelSpec>{}, models_, admission_,
+      *access_, [h = hooks_](const std::string& model) {
+        if (h != nullptr) h->BeforePreload(model);
+      });
   MakeIntegrity();
   WC_ASSIGN_OR_RETURN(auto store,
                       artifact::Store::Open({options_.artifact_budget_bytes,
@@ -209,10 +139,7 @@ absl::Status Daemon::Impl::Start() {
   // Preloads are opened (maybe hashed) on their own thread while the daemon serves; their
   // names are pending until their entries are registered, so a client never sees a daemon
   // that knows a model but has no entry for it yet as a miss (it waits or hears why).
-  if (options_.preload) {
-    MutexLock l(mu_);
-    for (const auto& s : options_.specs) pending_preloads_.insert(s.name);
-  }
+  preloads_->MarkPending();
   WC_RETURN_IF_ERROR(StartControlServer());
   WC_RETURN_IF_ERROR(StartPeerServer());
   WC_RETURN_IF_ERROR(StartPeerFill());
@@ -225,7 +152,7 @@ absl::Status Daemon::Impl::Start() {
     WC_RETURN_IF_ERROR(GroupSlotSockets(slots_, options_.socket_gid));
   }
   integrity_->Start();
-  if (options_.preload) preload_thread_ = std::thread([this] { StartPreloads(); });
+  preloads_->Start();
   WC_LOG_INFO(
       "serving on %s (handles on %s%s), backend %s, peer policy %s%s", control_path(),
       handle_path(), admin_path().empty() ? "; no admin socket" : "; admin socket " + admin_path(),
@@ -262,17 +189,8 @@ void Daemon::Impl::MakeIntegrity() {
   links.notify = [this](const std::string& lease_id, const std::string& line) {
     if (handles_) handles_->Notify(lease_id, line);
   };
-  links.hold = [this](const std::string& model) {
-    MutexLock l(mu_);
-    return pending_preloads_.insert(model).second;
-  };
-  links.release = [this](const std::string& model) {
-    {
-      MutexLock l(mu_);
-      pending_preloads_.erase(model);
-    }
-    preload_cv_.NotifyAll();
-  };
+  links.hold = [this](const std::string& model) { return preloads_->Hold(model); };
+  links.release = [this](const std::string& model) { preloads_->Release(model); };
   integrity_ = std::make_unique<IntegrityService>(
       Scrubber::Options{options_.scrub_interval, options_.scrub_bytes_per_second}, backend_->kind(),
       registry_, models_, admission_, *access_, std::move(links), options_.metrics,
@@ -418,12 +336,7 @@ void Daemon::Impl::Teardown() {
     // The keeper keeps what it holds: a daemon stopped for an upgrade re-adopts it.
     if (keeper_) keeper_->Stop();
     step("keeper link");
-    {
-      MutexLock l(mu_);
-      stopping_ = true;
-    }
-    preload_cv_.NotifyAll();
-    if (preload_thread_.joinable()) preload_thread_.join();
+    if (preloads_) preloads_->Stop();
     step("preload thread");
     WC_LOG_DEBUG("teardown: loads and waits cancelled");
     // 2. Stop accepting and drain the RPCs in flight, bounded; the server before the service

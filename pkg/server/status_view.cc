@@ -161,19 +161,11 @@ std::pair<bool, std::string> Daemon::Impl::Readiness() const {
   if (control_ && !control_->healthy()) {
     return {false, "the control socket cannot accept connections (out of descriptors?)"};
   }
-  {
-    MutexLock l(mu_);
-    if (!pending_preloads_.empty()) {
-      return {false, absl::StrCat("opening ", absl::StrJoin(pending_preloads_, ", "),
-                                  " for preload (reading and identifying files)")};
-    }
+  if (const std::set<std::string> pending = preloads_->pending(); !pending.empty()) {
+    return {false, absl::StrCat("opening ", absl::StrJoin(pending, ", "),
+                                " for preload (reading and identifying files)")};
   }
-  std::vector<cache::Key> preloads;
-  {
-    MutexLock l(mu_);
-    preloads = preloads_;
-  }
-  for (const auto& key : preloads) {
+  for (const auto& key : preloads_->started()) {
     auto e = registry_.Find(key);
     if (e && registry_.StateOf(e) == cache::State::kLoading) {
       return {false, absl::StrCat("loading ", e->model, " (", e->progress.done(), " of ",

@@ -1,5 +1,5 @@
 // Daemon internals, defined across the files of its seams:
-//   daemon.cc        lifecycle (start, preloads, keeper adoption, teardown), Load, Evict,
+//   daemon.cc        composition and lifecycle (start, keeper adoption, teardown), Load, Evict,
 //                    Release, and the door to the policy (Authorize/Check, CallerOf)
 //   acquire.cc       the Acquire policy: stale check, hit, peer copy, load on miss,
 //                    mismatch diagnosis, and the lease it ends in
@@ -41,6 +41,7 @@
 #include "pkg/server/internal/integrity_service.h"
 #include "pkg/server/internal/lease_manager.h"
 #include "pkg/server/internal/model_catalog.h"
+#include "pkg/server/internal/preloads.h"
 #include "pkg/server/internal/publish_manager.h"
 #include "pkg/server/keeper/keeper_link.h"
 #include "pkg/server/messages/manifest.h"
@@ -65,9 +66,6 @@ class Daemon::Impl final : public metrics::StateSource {
   ~Impl() override;
 
   absl::Status Start();
-  // Opens every known spec and starts the loads of its ranks (options().preload), on the
-  // preload thread: the daemon serves meanwhile (opening may hash files for minutes).
-  void StartPreloads();
   // Requests the shutdown (any thread); Wait() then runs the teardown and returns after it.
   void Shutdown();
   void Wait();
@@ -161,19 +159,9 @@ class Daemon::Impl final : public metrics::StateSource {
   // Compile artifacts and their tokens: made in Start() (it reads --artifact_dir).
   std::unique_ptr<ArtifactService> artifacts_;
 
-  mutable Mutex mu_;
-  std::vector<cache::Key> preloads_ ABSL_GUARDED_BY(mu_);
-  // Specs whose preload has not registered its entries yet; Acquires by those names wait
-  // (wait_ready / load_on_miss) or answer UNAVAILABLE instead of a spurious miss.
-  std::set<std::string> pending_preloads_ ABSL_GUARDED_BY(mu_);
-  CondVar preload_cv_;
-  std::thread preload_thread_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // OK once `name` has no pending preload; UNAVAILABLE when `wait` is false (or at the
-  // deadline, or at shutdown).
-  absl::Status AwaitPreload(const std::string& name, bool wait,
-                            std::chrono::steady_clock::time_point deadline,
-                            const std::function<bool()>& gone);
+  // Preloads and the names pending until their entries are registered (preloads.h); made in
+  // Start(), after Access.
+  std::unique_ptr<Preloads> preloads_;
   // Keeper adoption: whether an entry the keeper holds may come back under the current
   // configuration (issue 25: a model removed from the spec file was revoked, and came back
   // at restart, possibly without the access rules the file would now give it).
