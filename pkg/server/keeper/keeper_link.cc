@@ -533,85 +533,17 @@ void KeeperLink::Evicted(const cache::Entry& e) {
 
 void KeeperLink::Run() {
   while (!stopping()) {
-    // Adopted entries: recorded without a request (their content, for the reconcile).
-    std::map<std::string, cache::Key> adopted;
-    {
-      MutexLock l(mu_);
-      adopted.swap(adopted_keys_);
-    }
-    for (const auto& [k, key] : adopted) {
-      auto e = registry_->Find(key);
-      if (!e) continue;
-      if (!registry_
-               ->WaitReady(e, std::chrono::steady_clock::now() + options_.io_timeout,
-                           [this] { return stopping(); })
-               .ok()) {
-        continue;
-      }
-      auto content = registry_->Content(e);
-      if (!content.ok()) continue;
-      MutexLock l(mu_);
-      deposited_[k] = Deposited{*content, (*content)->segments.size()};
-      Publish();
-    }
+    RecordAdopted();
     if (!conn_) {
       if (!Connect().ok()) {
         Idle(options_.retry);
         continue;
       }
     }
-    bool reconcile = !reconciled_;
-    {
-      MutexLock l(mu_);
-      reconcile = reconcile || overflow_;
-      overflow_ = false;
-    }
-    if (reconcile) {
-      if (absl::Status s = Reconcile(); !s.ok()) {
-        Lost(s);
-        // Another daemon owns the keeper: ask less often (each try is a connection).
-        Idle(s.code() == absl::StatusCode::kFailedPrecondition ? kRefusedRetries * options_.retry
-                                                               : options_.retry);
-        continue;
-      }
-    }
-    // Each mark stays pending (and counted in Status) until the keeper is in step with it;
-    // one made again meanwhile (a newer seq) is done again.
-    std::map<std::string, Mark> pending;
-    {
-      MutexLock l(mu_);
-      pending = pending_;
-    }
-    bool lost = false;
-    for (const auto& [k, mark] : pending) {
-      if (absl::Status s = Sync(mark); !s.ok()) {
-        Lost(s);
-        lost = true;
-        break;
-      }
-      MutexLock l(mu_);
-      auto it = pending_.find(k);
-      if (it != pending_.end() && it->second.seq == mark.seq) pending_.erase(it);
-    }
-    if (lost) continue;
-    // Artifacts: taken from the set before the sync, so a change meanwhile is seen again.
-    std::set<std::string> artifacts;
-    {
-      MutexLock l(mu_);
-      artifacts.swap(pending_artifacts_);
-    }
-    for (auto it = artifacts.begin(); it != artifacts.end(); ++it) {
-      if (absl::Status s = SyncArtifact(*it); !s.ok()) {
-        {
-          MutexLock l(mu_);
-          pending_artifacts_.insert(it, artifacts.end());  // not done: after the reconcile
-        }
-        Lost(s);
-        lost = true;
-        break;
-      }
-    }
-    if (lost || !pending.empty() || !artifacts.empty()) continue;  // more may have come
+    if (!ReconcileIfDue()) continue;
+    size_t marks = 0, artifacts = 0;
+    if (!SyncMarks(&marks) || !SyncChangedArtifacts(&artifacts)) continue;
+    if (marks != 0 || artifacts != 0) continue;  // more may have come
     Idle(options_.retry);
   }
   // Stopping: the keeper keeps what it holds (a daemon stopped for an upgrade adopts it).
@@ -622,6 +554,94 @@ void KeeperLink::Run() {
     Publish();
   }
   conn_.reset();
+}
+
+// Adopted entries: recorded without a request (their content, for the reconcile).
+void KeeperLink::RecordAdopted() {
+  std::map<std::string, cache::Key> adopted;
+  {
+    MutexLock l(mu_);
+    adopted.swap(adopted_keys_);
+  }
+  for (const auto& [k, key] : adopted) {
+    auto e = registry_->Find(key);
+    if (!e) continue;
+    if (!registry_
+             ->WaitReady(e, std::chrono::steady_clock::now() + options_.io_timeout,
+                         [this] { return stopping(); })
+             .ok()) {
+      continue;
+    }
+    auto content = registry_->Content(e);
+    if (!content.ok()) continue;
+    MutexLock l(mu_);
+    deposited_[k] = Deposited{*content, (*content)->segments.size()};
+    Publish();
+  }
+}
+
+// Decides whether the keeper needs a whole reconcile (a new connection, or marks past their
+// bound) and does it; false when it failed (the link is lost and the worker has idled).
+bool KeeperLink::ReconcileIfDue() {
+  bool reconcile = !reconciled_;
+  {
+    MutexLock l(mu_);
+    reconcile = reconcile || overflow_;
+    overflow_ = false;
+  }
+  if (!reconcile) return true;
+  if (absl::Status s = Reconcile(); !s.ok()) {
+    Lost(s);
+    // Another daemon owns the keeper: ask less often (each try is a connection).
+    Idle(s.code() == absl::StatusCode::kFailedPrecondition ? kRefusedRetries * options_.retry
+                                                           : options_.retry);
+    return false;
+  }
+  return true;
+}
+
+// Brings the keeper in step with each entry's mark; `synced`: the marks taken. Each mark
+// stays pending (and counted in Status) until the keeper is in step with it; one made again
+// meanwhile (a newer seq) is done again.
+bool KeeperLink::SyncMarks(size_t* synced) {
+  std::map<std::string, Mark> pending;
+  {
+    MutexLock l(mu_);
+    pending = pending_;
+  }
+  *synced = pending.size();
+  for (const auto& [k, mark] : pending) {
+    if (absl::Status s = Sync(mark); !s.ok()) {
+      Lost(s);
+      return false;
+    }
+    MutexLock l(mu_);
+    auto it = pending_.find(k);
+    if (it != pending_.end() && it->second.seq == mark.seq) pending_.erase(it);
+  }
+  return true;
+}
+
+// Brings the keeper in step with each changed artifact; `synced`: the ids taken. Taken from
+// the set before the sync, so a change meanwhile is seen again.
+bool KeeperLink::SyncChangedArtifacts(size_t* synced) {
+  std::set<std::string> artifacts;
+  {
+    MutexLock l(mu_);
+    artifacts.swap(pending_artifacts_);
+  }
+  *synced = artifacts.size();
+  for (auto it = artifacts.begin(); it != artifacts.end(); ++it) {
+    if (absl::Status s = SyncArtifact(*it); !s.ok()) {
+      {
+        MutexLock l(mu_);
+        pending_artifacts_.insert(it, artifacts.end());  // not done: after the reconcile
+      }
+      Lost(s);
+      return false;
+    }
+  }
+  return true;
 }
 
 void KeeperLink::Idle(std::chrono::milliseconds timeout) {

@@ -136,6 +136,12 @@ class KeeperLink final : public cache::EntryObserver {
                                   size_t* deposited);
   void ArtifactChanged(const std::string& id);
   void Run();
+  // The worker's steps (Run); a false return: the link was lost (the worker idles or
+  // reconnects next).
+  void RecordAdopted();
+  bool ReconcileIfDue();
+  bool SyncMarks(size_t* synced);
+  bool SyncChangedArtifacts(size_t* synced);
   // Waits for a wake-up, the keeper's hang-up or `timeout`, whichever comes first.
   void Idle(std::chrono::milliseconds timeout);
   void Wake();
