@@ -196,9 +196,19 @@ void PublishManager::Count(const std::string& model, const std::string& result) 
   if (options_.metrics != nullptr) options_.metrics->OnPublish(model, result);
 }
 
-absl::Status PublishManager::Begin(const PeerCred& caller, const std::string& slot,
-                                   const std::string& tenant, const v1::BeginPublishRequest& req,
-                                   v1::BeginPublishResponse* resp) {
+// What a begin publishes, resolved: the base model as it is now, the plan of the tensors,
+// the device and the fingerprint's inputs.
+struct PublishManager::Target {
+  std::shared_ptr<const load::OpenedModel> opened;
+  load::Plan plan;
+  std::string device;
+  spec::FingerprintInputs inputs;
+  uint64_t bytes = 0;  // the segments, rounded up to the backend's granularity
+};
+
+// Decides what a begin publishes (INVALID_ARGUMENT for a request that cannot be one).
+absl::StatusOr<PublishManager::Target> PublishManager::Resolve(const std::string& tenant,
+                                                               const v1::BeginPublishRequest& req) {
   if (req.model().empty()) {
     return absl::InvalidArgumentError("BeginPublish: model (the base checkpoint's spec) is empty");
   }
@@ -208,30 +218,35 @@ absl::Status PublishManager::Begin(const PeerCred& caller, const std::string& sl
                      "': env.engine and env.recipe are required (they name the processing in "
                      "the fingerprint)"));
   }
+  Target t;
   WC_ASSIGN_OR_RETURN(spec::Layout layout, admission_.LayoutFrom(req.layout()));
   WC_ASSIGN_OR_RETURN(Admission::AskedEnv asked, admission_.EnvFrom(req.env()));
-  WC_ASSIGN_OR_RETURN(auto opened, models_.Open(req.model(), /*refresh=*/false));
-  if (!opened->ChangedFiles().empty()) {  // identify the base as it is now
-    WC_ASSIGN_OR_RETURN(opened, models_.Open(req.model(), /*refresh=*/true));
+  WC_ASSIGN_OR_RETURN(t.opened, models_.Open(req.model(), /*refresh=*/false));
+  if (!t.opened->ChangedFiles().empty()) {  // identify the base as it is now
+    WC_ASSIGN_OR_RETURN(t.opened, models_.Open(req.model(), /*refresh=*/true));
   }
-  WC_ASSIGN_OR_RETURN(load::Plan plan, PlanPublished(req.tensors(), backend_->tensor_alignment(),
-                                                     backend_->max_segment_bytes()));
-  const std::string device = asked.device_uuid.empty()
-                                 ? DefaultDeviceForRank(backend_->Devices(), layout.tp_rank)
-                                 : asked.device_uuid;
+  WC_ASSIGN_OR_RETURN(t.plan, PlanPublished(req.tensors(), backend_->tensor_alignment(),
+                                            backend_->max_segment_bytes()));
+  t.device = asked.device_uuid.empty() ? DefaultDeviceForRank(backend_->Devices(), layout.tp_rank)
+                                       : asked.device_uuid;
   spec::Environment env = asked.env;
   env.tenant = tenant;
-  const spec::FingerprintInputs inputs = opened->Inputs(layout, env);
-  uint64_t bytes = 0;
-  for (uint64_t b : plan.segment_bytes) bytes += RoundUp(b, backend_->granularity());
+  t.inputs = t.opened->Inputs(layout, env);
+  for (uint64_t b : t.plan.segment_bytes) t.bytes += RoundUp(b, backend_->granularity());
+  return t;
+}
 
+absl::Status PublishManager::Begin(const PeerCred& caller, const std::string& slot,
+                                   const std::string& tenant, const v1::BeginPublishRequest& req,
+                                   v1::BeginPublishResponse* resp) {
+  WC_ASSIGN_OR_RETURN(Target t, Resolve(tenant, req));
   auto s = std::make_shared<Session>();
   s->model = req.model();
   s->owner = caller;
   s->slot = slot;
   s->begun = req.tensors();
-  s->device_uuid = device;
-  s->model_dir = opened->spec.model_dir;
+  s->device_uuid = t.device;
+  s->model_dir = t.opened->spec.model_dir;
   s->info.set_engine(req.env().engine());
   s->info.set_engine_version(req.env().engine_version());
   s->info.set_framework_version(req.env().framework_version());
@@ -240,18 +255,18 @@ absl::Status PublishManager::Begin(const PeerCred& caller, const std::string& sl
   s->info.set_uid(static_cast<int32_t>(caller.uid));
 
   cache::LoadRequest lr;
-  lr.key = {inputs.Digest(), device};
+  lr.key = {t.inputs.Digest(), t.device};
   lr.model = req.model();
-  lr.inputs = inputs;
-  lr.bytes = bytes;
+  lr.inputs = t.inputs;
+  lr.bytes = t.bytes;
   lr.source = "publish";
-  lr.files = opened->files;
+  lr.files = t.opened->files;
   // The load function holds the session: it outlives the manager's map entry.
   lr.load = [s, wait = s->WaitForOutcome()](cache::Entry& e) { return wait(e); };
   bool started = false;
   auto e = registry_.StartOrJoin(std::move(lr), &started);
-  resp->set_fingerprint(inputs.Digest());
-  resp->set_device_uuid(device);
+  resp->set_fingerprint(t.inputs.Digest());
+  resp->set_device_uuid(t.device);
   resp->set_backend(memory::BackendName(backend_->kind()));
   if (!e.ok()) {
     Count(req.model(), "error");
@@ -265,24 +280,41 @@ absl::Status PublishManager::Begin(const PeerCred& caller, const std::string& sl
     return absl::OkStatus();
   }
   s->entry = *e;
-  s->entry->progress.SetTotal(plan.total_bytes);
+  s->entry->progress.SetTotal(t.plan.total_bytes);
+  WC_ASSIGN_OR_RETURN(auto segments, AllocateSegments(*s, t.plan));
+  Issue(s, std::move(segments), std::move(t.plan), req, resp);
+  return absl::OkStatus();
+}
+
+// Allocates the publish's segments; when one cannot be, decides the begin failed: the entry
+// it started is discarded and the error names the segment.
+absl::StatusOr<std::vector<std::unique_ptr<memory::Segment>>> PublishManager::AllocateSegments(
+    Session& s, const load::Plan& plan) {
   std::vector<std::unique_ptr<memory::Segment>> segments;
   for (size_t i = 0; i < plan.segment_bytes.size(); ++i) {
-    auto seg = backend_->Allocate(device, plan.segment_bytes[i],
-                                  absl::StrCat("wc-publish-", req.model(), "-", i));
+    auto seg = backend_->Allocate(s.device_uuid, plan.segment_bytes[i],
+                                  absl::StrCat("wc-publish-", s.model, "-", i));
     if (!seg.ok()) {
-      s->Decide(seg.status());
-      registry_.WaitReady(s->entry, std::chrono::steady_clock::now() + std::chrono::seconds(10))
+      s.Decide(seg.status());
+      registry_.WaitReady(s.entry, std::chrono::steady_clock::now() + std::chrono::seconds(10))
           .IgnoreError();
-      registry_.Discard(s->entry);
-      Count(req.model(), "error");
+      registry_.Discard(s.entry);
+      Count(s.model, "error");
       return absl::Status(
           seg.status().code(),
-          absl::StrCat("BeginPublish of '", req.model(), "': segment ", i, " (",
-                       plan.segment_bytes[i], " bytes on ", device, "): ", seg.status().message()));
+          absl::StrCat("BeginPublish of '", s.model, "': segment ", i, " (", plan.segment_bytes[i],
+                       " bytes on ", s.device_uuid, "): ", seg.status().message()));
     }
     segments.push_back(std::move(seg).value());
   }
+  return segments;
+}
+
+// Issues the publish's id and token, answers with its segments and tensors, and registers it
+// for the handle channel's claim.
+void PublishManager::Issue(const std::shared_ptr<Session>& s,
+                           std::vector<std::unique_ptr<memory::Segment>> segments, load::Plan plan,
+                           const v1::BeginPublishRequest& req, v1::BeginPublishResponse* resp) {
   s->id = absl::StrCat(kIdPrefix, RandomHex(16));
   s->token = RandomHex(32);
   s->token_expires = std::chrono::steady_clock::now() + options_.token_ttl;
@@ -303,9 +335,8 @@ absl::Status PublishManager::Begin(const PeerCred& caller, const std::string& sl
     tokens_[s->token] = s->id;
   }
   WC_LOG_INFO("publish %s of %s (%s, recipe %s) begun by pid %d: %d segment(s) on %s", s->id,
-              req.model(), req.env().engine(), req.env().recipe(), static_cast<int>(caller.pid),
-              resp->segments_size(), device);
-  return absl::OkStatus();
+              req.model(), req.env().engine(), req.env().recipe(), static_cast<int>(s->owner.pid),
+              resp->segments_size(), s->device_uuid);
 }
 
 bool PublishManager::IsToken(const std::string& token) const {

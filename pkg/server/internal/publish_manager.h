@@ -25,6 +25,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -91,6 +92,14 @@ class PublishManager {
 
  private:
   struct Session;
+  struct Target;
+  // Begin's steps.
+  absl::StatusOr<Target> Resolve(const std::string& tenant, const v1::BeginPublishRequest& req);
+  absl::StatusOr<std::vector<std::unique_ptr<memory::Segment>>> AllocateSegments(
+      Session& s, const load::Plan& plan);
+  void Issue(const std::shared_ptr<Session>& s,
+             std::vector<std::unique_ptr<memory::Segment>> segments, load::Plan plan,
+             const v1::BeginPublishRequest& req, v1::BeginPublishResponse* resp);
   // Ends `s` without serving it (its segments freed, its entry removed) and counts it.
   void AbortSession(const std::shared_ptr<Session>& s, const std::string& why,
                     const std::string& result);

@@ -8,9 +8,7 @@
 #include <set>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 
@@ -22,7 +20,6 @@ namespace {
 constexpr int kRefusedRetries = 8;
 
 constexpr char kArtifactPrefix[] = "artifact/";
-bool IsArtifactKey(const std::string& key) { return absl::StartsWith(key, kArtifactPrefix); }
 
 // A keeper error that leaves the connection usable: its descriptor limit.
 bool KeepsTheConnection(const absl::Status& s) {
@@ -204,23 +201,6 @@ absl::Status KeeperLink::ReconcileArtifacts(const std::set<std::string>& held,
   return absl::OkStatus();
 }
 
-absl::Status KeeperLink::AdoptArtifact(keeper::KeeperClient::Entry held) {
-  if (artifacts_ == nullptr) return absl::FailedPreconditionError("no artifact store");
-  WC_ASSIGN_OR_RETURN(artifact::Record r, artifact::DecodeRecord(held.body));
-  if (ArtifactKey(r.id) != held.key) {
-    return absl::InvalidArgumentError(absl::StrCat("its record is of ", ArtifactKey(r.id)));
-  }
-  if (held.fds.size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(held.fds.size(), " descriptors, not 1"));
-  }
-  WC_ASSIGN_OR_RETURN(auto a, artifacts_->Adopt(std::move(held.fds[0]), r));
-  MutexLock l(mu_);
-  deposited_artifacts_[held.key] = a;  // the keeper holds it already
-  adopted_artifacts_++;
-  Publish();
-  return absl::OkStatus();
-}
-
 void KeeperLink::Publish() {
   if (metrics_ == nullptr) return;
   metrics_->SetKeeperUp(up_);
@@ -357,142 +337,6 @@ absl::Status KeeperLink::Reconcile() {
   return absl::OkStatus();
 }
 
-absl::Status KeeperLink::AdoptOne(keeper::KeeperClient::Entry held, const AdmitFn& admit,
-                                  const PublishedFn& published) {
-  WC_ASSIGN_OR_RETURN(AdoptableRecord a, DecodeKeeperRecord(held.body));
-  const v1::KeeperRecord& r = a.record;
-  if (KeeperKey(r.fingerprint(), r.device_uuid()) != held.key) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("its record is of ", KeeperKey(r.fingerprint(), r.device_uuid())));
-  }
-  if (r.backend() != memory::BackendName(backend_->kind())) {
-    return absl::FailedPreconditionError(absl::StrCat("exported by the ", r.backend(),
-                                                      " backend; this daemon runs ",
-                                                      memory::BackendName(backend_->kind())));
-  }
-  if (held.fds.size() != static_cast<size_t>(r.segment_sizes_size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(held.fds.size(), " descriptors for ", r.segment_sizes_size(), " segments"));
-  }
-  if (admit) WC_RETURN_IF_ERROR(admit(r));
-  // The stale check: the files the bytes came from must be those versions still.
-  if (auto changed = load::ChangedFiles(a.files); !changed.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("stale: ", absl::StrJoin(changed, "; ")));
-  }
-  auto content = std::make_shared<load::LoadedModel>();
-  for (size_t i = 0; i < held.fds.size(); ++i) {
-    WC_ASSIGN_OR_RETURN(auto seg, backend_->Adopt(r.device_uuid(), std::move(held.fds[i]),
-                                                  r.segment_sizes(static_cast<int>(i)),
-                                                  absl::StrCat(r.model(), " segment ", i)));
-    content->segments.push_back(std::move(seg));
-  }
-  content->plan = std::move(a.plan);
-  content->device_uuid = r.device_uuid();
-  content->model_dir = r.model_dir();
-  if (published && r.has_publisher()) published({r.fingerprint(), r.device_uuid()}, r.publisher());
-  cache::LoadRequest req;
-  req.key = {r.fingerprint(), r.device_uuid()};
-  req.model = r.model();
-  req.inputs = a.inputs;
-  req.bytes = content->resident_bytes();
-  req.source = "keeper";
-  req.files = std::move(a.files);
-  req.check_digests = AdoptionDigestCheck(r);
-  req.load = [content](cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
-    e.progress.SetTotal(content->plan.total_bytes);
-    e.progress.SetDone(content->plan.total_bytes);
-    auto out = std::make_unique<load::LoadedModel>();
-    out->plan = content->plan;
-    out->device_uuid = content->device_uuid;
-    out->model_dir = content->model_dir;
-    out->segments = std::move(content->segments);
-    return out;
-  };
-  bool started = false;
-  WC_ASSIGN_OR_RETURN(auto e, registry_->StartOrJoin(std::move(req), &started));
-  if (!started) return absl::AlreadyExistsError("the registry already has this entry");
-  WC_RETURN_IF_ERROR(
-      registry_->WaitReady(e, std::chrono::steady_clock::now() + std::chrono::seconds(30)));
-  if (metrics_ != nullptr) metrics_->OnAdopted(r.model());
-  return absl::OkStatus();
-}
-
-size_t KeeperLink::AdoptAll(const AdmitFn& admit, const PublishedFn& published) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto deadline = t0 + options_.claim_wait;
-  absl::StatusOr<std::vector<keeper::KeeperClient::Entry>> held;
-  while (true) {
-    if (absl::Status s = Connect(); !s.ok()) {
-      MutexLock l(mu_);
-      last_error_ = std::string(s.message());
-      WC_LOG_WARN(
-          "keeper: %s; nothing to adopt, every model loads from disk (will deposit once "
-          "a keeper answers)",
-          last_error_);
-      return 0;
-    }
-    held = conn_->Adopt();
-    if (held.ok()) break;
-    // Another daemon owns it: one that is exiting lets go within its shutdown timeout.
-    const bool owned = held.status().code() == absl::StatusCode::kFailedPrecondition;
-    if (owned && std::chrono::steady_clock::now() < deadline && !stopping()) {
-      if (!refused_logged_) {
-        WC_LOG_WARN("keeper: %s; waiting up to %.1f s for it to let go",
-                    std::string(held.status().message()),
-                    std::chrono::duration<double>(options_.claim_wait).count());
-        refused_logged_ = true;
-      }
-      Lost(held.status());
-      Idle(options_.retry);
-      continue;
-    }
-    if (!owned) {
-      WC_LOG_ERROR("keeper: adopt failed: %s; loading from disk",
-                   std::string(held.status().message()));
-    }
-    refused_logged_ = false;
-    Lost(held.status());
-    return 0;
-  }
-  {
-    MutexLock l(mu_);
-    up_ = true;
-    ever_connected_ = true;
-    Publish();
-  }
-  size_t adopted = 0, artifacts = 0;
-  std::vector<std::string> drop;
-  for (auto& h : *held) {
-    const std::string key = h.key;
-    const bool is_artifact = IsArtifactKey(key);
-    const absl::Status s =
-        is_artifact ? AdoptArtifact(std::move(h)) : AdoptOne(std::move(h), admit, published);
-    MutexLock l(mu_);
-    if (s.ok()) {
-      (is_artifact ? artifacts : adopted)++;
-      if (!is_artifact) adopted_++;
-      continue;
-    }
-    dropped_++;
-    last_error_ = absl::StrCat("adopt ", key.substr(0, 12), ": ", s.message());
-    WC_LOG_WARN("keeper: entry %s not adopted, dropped: %s", key, std::string(s.message()));
-    drop.push_back(key);
-  }
-  for (const auto& key : drop) {
-    if (auto s = conn_->Drop(key); !s.ok() && s.code() != absl::StatusCode::kNotFound) {
-      Lost(s);
-      break;
-    }
-  }
-  // In step: the keeper holds the adopted entries (recorded by BeforeReady) and nothing else.
-  reconciled_ = conn_ != nullptr;
-  WC_LOG_INFO("keeper: adopted %d entries and %d artifacts of %d held in %.3f s (no disk reads)",
-              static_cast<int>(adopted), static_cast<int>(artifacts),
-              static_cast<int>(held->size()),
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  return adopted;
-}
-
 void KeeperLink::StartWatch() {
   worker_ = std::thread([this] { Run(); });
 }
@@ -533,85 +377,17 @@ void KeeperLink::Evicted(const cache::Entry& e) {
 
 void KeeperLink::Run() {
   while (!stopping()) {
-    // Adopted entries: recorded without a request (their content, for the reconcile).
-    std::map<std::string, cache::Key> adopted;
-    {
-      MutexLock l(mu_);
-      adopted.swap(adopted_keys_);
-    }
-    for (const auto& [k, key] : adopted) {
-      auto e = registry_->Find(key);
-      if (!e) continue;
-      if (!registry_
-               ->WaitReady(e, std::chrono::steady_clock::now() + options_.io_timeout,
-                           [this] { return stopping(); })
-               .ok()) {
-        continue;
-      }
-      auto content = registry_->Content(e);
-      if (!content.ok()) continue;
-      MutexLock l(mu_);
-      deposited_[k] = Deposited{*content, (*content)->segments.size()};
-      Publish();
-    }
+    RecordAdopted();
     if (!conn_) {
       if (!Connect().ok()) {
         Idle(options_.retry);
         continue;
       }
     }
-    bool reconcile = !reconciled_;
-    {
-      MutexLock l(mu_);
-      reconcile = reconcile || overflow_;
-      overflow_ = false;
-    }
-    if (reconcile) {
-      if (absl::Status s = Reconcile(); !s.ok()) {
-        Lost(s);
-        // Another daemon owns the keeper: ask less often (each try is a connection).
-        Idle(s.code() == absl::StatusCode::kFailedPrecondition ? kRefusedRetries * options_.retry
-                                                               : options_.retry);
-        continue;
-      }
-    }
-    // Each mark stays pending (and counted in Status) until the keeper is in step with it;
-    // one made again meanwhile (a newer seq) is done again.
-    std::map<std::string, Mark> pending;
-    {
-      MutexLock l(mu_);
-      pending = pending_;
-    }
-    bool lost = false;
-    for (const auto& [k, mark] : pending) {
-      if (absl::Status s = Sync(mark); !s.ok()) {
-        Lost(s);
-        lost = true;
-        break;
-      }
-      MutexLock l(mu_);
-      auto it = pending_.find(k);
-      if (it != pending_.end() && it->second.seq == mark.seq) pending_.erase(it);
-    }
-    if (lost) continue;
-    // Artifacts: taken from the set before the sync, so a change meanwhile is seen again.
-    std::set<std::string> artifacts;
-    {
-      MutexLock l(mu_);
-      artifacts.swap(pending_artifacts_);
-    }
-    for (auto it = artifacts.begin(); it != artifacts.end(); ++it) {
-      if (absl::Status s = SyncArtifact(*it); !s.ok()) {
-        {
-          MutexLock l(mu_);
-          pending_artifacts_.insert(it, artifacts.end());  // not done: after the reconcile
-        }
-        Lost(s);
-        lost = true;
-        break;
-      }
-    }
-    if (lost || !pending.empty() || !artifacts.empty()) continue;  // more may have come
+    if (!ReconcileIfDue()) continue;
+    size_t marks = 0, artifacts = 0;
+    if (!SyncMarks(&marks) || !SyncChangedArtifacts(&artifacts)) continue;
+    if (marks != 0 || artifacts != 0) continue;  // more may have come
     Idle(options_.retry);
   }
   // Stopping: the keeper keeps what it holds (a daemon stopped for an upgrade adopts it).
@@ -622,6 +398,94 @@ void KeeperLink::Run() {
     Publish();
   }
   conn_.reset();
+}
+
+// Adopted entries: recorded without a request (their content, for the reconcile).
+void KeeperLink::RecordAdopted() {
+  std::map<std::string, cache::Key> adopted;
+  {
+    MutexLock l(mu_);
+    adopted.swap(adopted_keys_);
+  }
+  for (const auto& [k, key] : adopted) {
+    auto e = registry_->Find(key);
+    if (!e) continue;
+    if (!registry_
+             ->WaitReady(e, std::chrono::steady_clock::now() + options_.io_timeout,
+                         [this] { return stopping(); })
+             .ok()) {
+      continue;
+    }
+    auto content = registry_->Content(e);
+    if (!content.ok()) continue;
+    MutexLock l(mu_);
+    deposited_[k] = Deposited{*content, (*content)->segments.size()};
+    Publish();
+  }
+}
+
+// Decides whether the keeper needs a whole reconcile (a new connection, or marks past their
+// bound) and does it; false when it failed (the link is lost and the worker has idled).
+bool KeeperLink::ReconcileIfDue() {
+  bool reconcile = !reconciled_;
+  {
+    MutexLock l(mu_);
+    reconcile = reconcile || overflow_;
+    overflow_ = false;
+  }
+  if (!reconcile) return true;
+  if (absl::Status s = Reconcile(); !s.ok()) {
+    Lost(s);
+    // Another daemon owns the keeper: ask less often (each try is a connection).
+    Idle(s.code() == absl::StatusCode::kFailedPrecondition ? kRefusedRetries * options_.retry
+                                                           : options_.retry);
+    return false;
+  }
+  return true;
+}
+
+// Brings the keeper in step with each entry's mark; `synced`: the marks taken. Each mark
+// stays pending (and counted in Status) until the keeper is in step with it; one made again
+// meanwhile (a newer seq) is done again.
+bool KeeperLink::SyncMarks(size_t* synced) {
+  std::map<std::string, Mark> pending;
+  {
+    MutexLock l(mu_);
+    pending = pending_;
+  }
+  *synced = pending.size();
+  for (const auto& [k, mark] : pending) {
+    if (absl::Status s = Sync(mark); !s.ok()) {
+      Lost(s);
+      return false;
+    }
+    MutexLock l(mu_);
+    auto it = pending_.find(k);
+    if (it != pending_.end() && it->second.seq == mark.seq) pending_.erase(it);
+  }
+  return true;
+}
+
+// Brings the keeper in step with each changed artifact; `synced`: the ids taken. Taken from
+// the set before the sync, so a change meanwhile is seen again.
+bool KeeperLink::SyncChangedArtifacts(size_t* synced) {
+  std::set<std::string> artifacts;
+  {
+    MutexLock l(mu_);
+    artifacts.swap(pending_artifacts_);
+  }
+  *synced = artifacts.size();
+  for (auto it = artifacts.begin(); it != artifacts.end(); ++it) {
+    if (absl::Status s = SyncArtifact(*it); !s.ok()) {
+      {
+        MutexLock l(mu_);
+        pending_artifacts_.insert(it, artifacts.end());  // not done: after the reconcile
+      }
+      Lost(s);
+      return false;
+    }
+  }
+  return true;
 }
 
 void KeeperLink::Idle(std::chrono::milliseconds timeout) {

@@ -124,7 +124,8 @@ class KeeperLink final : public cache::EntryObserver {
   absl::Status DropKey(const std::string& key);
   // Brings the keeper in step with one key's entry (deposit, drop or nothing).
   absl::Status Sync(const Mark& mark);
-  // Adopts one entry; the reason when it cannot be (the caller drops it from the keeper).
+  // Adoption at start (keeper_adoption.cc; AdoptAll too). Adopts one entry; the reason
+  // when it cannot be (the caller drops it from the keeper).
   absl::Status AdoptOne(keeper::KeeperClient::Entry held, const AdmitFn& admit,
                         const PublishedFn& published);
   // Gives one artifact back to the store; the reason when it cannot be.
@@ -136,6 +137,12 @@ class KeeperLink final : public cache::EntryObserver {
                                   size_t* deposited);
   void ArtifactChanged(const std::string& id);
   void Run();
+  // The worker's steps (Run); a false return: the link was lost (the worker idles or
+  // reconnects next).
+  void RecordAdopted();
+  bool ReconcileIfDue();
+  bool SyncMarks(size_t* synced);
+  bool SyncChangedArtifacts(size_t* synced);
   // Waits for a wake-up, the keeper's hang-up or `timeout`, whichever comes first.
   void Idle(std::chrono::milliseconds timeout);
   void Wake();

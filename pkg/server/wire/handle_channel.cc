@@ -24,7 +24,29 @@ constexpr int kTickMs = 200;
 constexpr int kBackoffMs = 100;         // after EMFILE on accept
 constexpr int kSendTimeoutSeconds = 2;  // one descriptor batch to a peer that does not read
 
-struct Conn {
+void SendError(int fd, const std::string& msg) { (void)WriteAll(fd, FormatErrorLine(msg)); }
+
+// Sends a lease's descriptors on `fd` in batches. Blocking sends: they are tiny, but a peer
+// that never reads could still stop the loop's one thread once its socket buffer is full
+// (issue 26), so each send is bounded: past kSendTimeoutSeconds the connection ends.
+absl::Status SendDescriptors(int fd, const std::vector<int>& fds) {
+  int flags = ::fcntl(fd, F_GETFL);
+  ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  const timeval send_timeout{kSendTimeoutSeconds, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
+  absl::Status sent = absl::OkStatus();
+  for (size_t at = 0; at < fds.size() && sent.ok(); at += kMaxFdsPerMessage) {
+    size_t k = std::min(kMaxFdsPerMessage, fds.size() - at);
+    std::vector<int> batch(fds.begin() + at, fds.begin() + at + k);
+    sent = SendWithFds(fd, absl::StrCat("FDS ", k, "\n"), batch);
+  }
+  ::fcntl(fd, F_SETFL, flags);
+  return sent;
+}
+
+}  // namespace
+
+struct HandleChannel::Conn {
   ScopedFd fd;
   std::string buf;
   std::string lease_id;  // empty until the token is claimed
@@ -32,10 +54,6 @@ struct Conn {
   uid_t uid = static_cast<uid_t>(-1);  // the peer's, read at accept
   std::string slot;                    // of the socket it came in on; empty: the shared one
 };
-
-void SendError(int fd, const std::string& msg) { (void)WriteAll(fd, FormatErrorLine(msg)); }
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<HandleChannel>> HandleChannel::Start(const Options& options,
                                                                     ClaimFn claim, CloseFn close,
@@ -97,12 +115,7 @@ void HandleChannel::Notify(const std::string& lease_id, std::string line) {
 }
 
 void HandleChannel::Loop() {
-  std::map<int, Conn> conns;
-  auto end_conn = [&](std::map<int, Conn>::iterator it) {
-    std::string lease = it->second.lease_id;
-    conns.erase(it);  // closes the descriptor
-    if (!lease.empty()) close_(lease);
-  };
+  Conns conns;
   auto last_tick = std::chrono::steady_clock::now();
   auto backoff_until = std::chrono::steady_clock::time_point{};
   while (true) {
@@ -114,27 +127,8 @@ void HandleChannel::Loop() {
       closing.swap(to_close_);
       notifying.swap(to_notify_);
     }
-    for (auto& [fd, c] : conns) {
-      if (c.lease_id.empty()) continue;
-      auto [first, last] = notifying.equal_range(c.lease_id);
-      for (auto n = first; n != last; ++n) {
-        // A line of a few hundred bytes into a socket the client does not read from: only a
-        // full buffer (a client that ignored earlier events) drops it, never a wait here.
-        if (::send(fd, n->second.data(), n->second.size(), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-          WC_LOG_WARN("handle channel: event for lease %s not sent: %s", c.lease_id,
-                      std::string(::strerror(errno)));
-        }
-      }
-    }
-    for (auto it = conns.begin(); it != conns.end();) {
-      if (!it->second.lease_id.empty() && closing.count(it->second.lease_id)) {
-        auto next = std::next(it);
-        end_conn(it);
-        it = next;
-      } else {
-        ++it;
-      }
-    }
+    SendEvents(conns, notifying);
+    CloseLeases(conns, closing);
     const bool backing_off = std::chrono::steady_clock::now() < backoff_until;
     std::vector<pollfd> fds;
     fds.push_back({wake_.get(), POLLIN, 0});
@@ -152,119 +146,165 @@ void HandleChannel::Loop() {
       last_tick = now;
       if (tick_) tick_();
     }
-    // Connections that never completed the handshake: closed on every pass, also while the
-    // channel is otherwise idle.
-    for (auto it = conns.begin(); it != conns.end();) {
-      auto next = std::next(it);
-      if (it->second.lease_id.empty() && now - it->second.accepted > options_.handshake_timeout) {
-        SendError(it->second.fd.get(), "DEADLINE_EXCEEDED: handshake timed out");
-        end_conn(it);
-      }
-      it = next;
-    }
+    EndStaleHandshakes(conns, now);
     if (n <= 0) continue;
     if (fds[0].revents & POLLIN) {
       uint64_t v;
       (void)::read(wake_.get(), &v, sizeof v);
     }
     for (size_t li = 0; li < listening_.size() && !backing_off; ++li) {
-      if ((fds[li + 1].revents & POLLIN) == 0) continue;
-      int cfd = ::accept4(listening_[li].get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (cfd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
-        // Out of descriptors: the socket stays readable; poll without it for a while
-        // instead of spinning.
-        WC_LOG_WARN("handle channel: accept: %s; retrying in %d ms", std::strerror(errno),
-                    kBackoffMs);
+      if ((fds[li + 1].revents & POLLIN) != 0 && !Accept(conns, li)) {
         backoff_until = now + std::chrono::milliseconds(kBackoffMs);
         break;
-      }
-      if (cfd >= 0) {
-        Conn c;
-        c.fd.reset(cfd);
-        c.slot = li == 0 ? std::string() : options_.slot_sockets[li - 1].slot;
-        auto cred = GetPeerCred(cfd);
-        c.uid = cred.ok() ? cred->uid : static_cast<uid_t>(-1);
-        size_t mine = 0;
-        for (const auto& [fd, other] : conns) mine += other.uid == c.uid ? 1 : 0;
-        if (conns.size() >= options_.max_connections) {
-          SendError(cfd, absl::StrCat("RESOURCE_EXHAUSTED: the handle channel holds ", conns.size(),
-                                      " connections, its cap"));
-        } else if (mine >= options_.max_connections_per_uid) {
-          SendError(cfd, absl::StrCat("RESOURCE_EXHAUSTED: uid ", c.uid, " holds ", mine,
-                                      " handle connections, the cap per uid"));
-        } else {
-          conns.emplace(cfd, std::move(c));
-        }
       }
     }
     for (size_t i = first_conn; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       auto it = conns.find(fds[i].fd);
-      if (it == conns.end()) continue;
-      Conn& c = it->second;
-      char buf[kMaxLine];
-      ssize_t r = ::read(c.fd.get(), buf, sizeof buf);
-      if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-      if (r <= 0) {  // EOF or error: the lease (if any) ends here
-        end_conn(it);
-        continue;
-      }
-      if (!c.lease_id.empty()) continue;  // a leased client has nothing to say; ignore
-      c.buf.append(buf, r);
-      const Handshake handshake = ParseHandshake(c.buf);
-      if (handshake.state == Handshake::State::kIncomplete) continue;
-      if (handshake.state == Handshake::State::kError) {
-        SendError(c.fd.get(), "INVALID_ARGUMENT: " + handshake.error);
-        end_conn(it);
-        continue;
-      }
-      auto peer = GetPeerCred(c.fd.get());
-      if (!peer.ok()) {
-        SendError(c.fd.get(), std::string(peer.status().message()));
-        end_conn(it);
-        continue;
-      }
-      if (!options_.allowed_uids.empty() &&
-          std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(), peer->uid) ==
-              options_.allowed_uids.end()) {
-        WC_LOG_WARN("handle channel: refused uid %d (pid %d): not in the allowlist",
-                    static_cast<int>(peer->uid), static_cast<int>(peer->pid));
-        SendError(c.fd.get(), absl::StrCat("PERMISSION_DENIED: uid ", peer->uid,
-                                           " is not allowed (--allowed_uids)"));
-        end_conn(it);
-        continue;
-      }
-      auto grant = claim_(handshake.token, *peer, c.slot);
-      if (!grant.ok()) {
-        // The code first, so the client can tell a refusal from an ended lease.
-        SendError(c.fd.get(), absl::StrCat(absl::StatusCodeToString(grant.status().code()), ": ",
-                                           grant.status().message()));
-        end_conn(it);
-        continue;
-      }
-      // Blocking sends for the descriptor batches: they are tiny, but a peer that never reads
-      // could still stop this one thread once its socket buffer is full (issue 26), so each
-      // send is bounded: past kSendTimeoutSeconds the connection ends.
-      int flags = ::fcntl(c.fd.get(), F_GETFL);
-      ::fcntl(c.fd.get(), F_SETFL, flags & ~O_NONBLOCK);
-      const timeval send_timeout{kSendTimeoutSeconds, 0};
-      ::setsockopt(c.fd.get(), SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
-      absl::Status sent = absl::OkStatus();
-      for (size_t at = 0; at < grant->fds.size() && sent.ok(); at += kMaxFdsPerMessage) {
-        size_t k = std::min(kMaxFdsPerMessage, grant->fds.size() - at);
-        std::vector<int> batch(grant->fds.begin() + at, grant->fds.begin() + at + k);
-        sent = SendWithFds(c.fd.get(), absl::StrCat("FDS ", k, "\n"), batch);
-      }
-      ::fcntl(c.fd.get(), F_SETFL, flags);
-      c.lease_id = grant->lease_id;
-      if (!sent.ok()) {
-        WC_LOG_WARN("handle channel: sending descriptors to pid %d failed: %s",
-                    static_cast<int>(peer->pid), std::string(sent.message()));
-        end_conn(it);
+      if (it != conns.end()) Read(conns, it);
+    }
+  }
+  while (!conns.empty()) EndConn(conns, conns.begin());
+}
+
+// Closes a connection; its lease, if it has one, ends with it.
+void HandleChannel::EndConn(Conns& conns, Conns::iterator it) {
+  std::string lease = it->second.lease_id;
+  conns.erase(it);  // closes the descriptor
+  if (!lease.empty()) close_(lease);
+}
+
+// Sends the pending event lines to the connections of their leases.
+void HandleChannel::SendEvents(const Conns& conns,
+                               const std::multimap<std::string, std::string>& notifying) {
+  for (const auto& [fd, c] : conns) {
+    if (c.lease_id.empty()) continue;
+    auto [first, last] = notifying.equal_range(c.lease_id);
+    for (auto n = first; n != last; ++n) {
+      // A line of a few hundred bytes into a socket the client does not read from: only a
+      // full buffer (a client that ignored earlier events) drops it, never a wait here.
+      if (::send(fd, n->second.data(), n->second.size(), MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+        WC_LOG_WARN("handle channel: event for lease %s not sent: %s", c.lease_id,
+                    std::string(::strerror(errno)));
       }
     }
   }
-  while (!conns.empty()) end_conn(conns.begin());
+}
+
+// Ends the connections of the leases the daemon released (CloseLease).
+void HandleChannel::CloseLeases(Conns& conns, const std::set<std::string>& closing) {
+  for (auto it = conns.begin(); it != conns.end();) {
+    if (!it->second.lease_id.empty() && closing.count(it->second.lease_id)) {
+      auto next = std::next(it);
+      EndConn(conns, it);
+      it = next;
+    } else {
+      ++it;
+    }
+  }
+}
+
+// Connections that never completed the handshake: closed on every pass, also while the
+// channel is otherwise idle.
+void HandleChannel::EndStaleHandshakes(Conns& conns, std::chrono::steady_clock::time_point now) {
+  for (auto it = conns.begin(); it != conns.end();) {
+    auto next = std::next(it);
+    if (it->second.lease_id.empty() && now - it->second.accepted > options_.handshake_timeout) {
+      SendError(it->second.fd.get(), "DEADLINE_EXCEEDED: handshake timed out");
+      EndConn(conns, it);
+    }
+    it = next;
+  }
+}
+
+// Accepts a connection on listening socket `li` and decides whether it fits under the caps
+// (in all, per uid; past one it is answered and closed). False when this process is out of
+// descriptors: the socket stays readable, the loop polls without it for a while instead of
+// spinning.
+bool HandleChannel::Accept(Conns& conns, size_t li) {
+  int cfd = ::accept4(listening_[li].get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (cfd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
+    WC_LOG_WARN("handle channel: accept: %s; retrying in %d ms", std::strerror(errno), kBackoffMs);
+    return false;
+  }
+  if (cfd < 0) return true;
+  Conn c;
+  c.fd.reset(cfd);
+  c.slot = li == 0 ? std::string() : options_.slot_sockets[li - 1].slot;
+  auto cred = GetPeerCred(cfd);
+  c.uid = cred.ok() ? cred->uid : static_cast<uid_t>(-1);
+  size_t mine = 0;
+  for (const auto& [fd, other] : conns) mine += other.uid == c.uid ? 1 : 0;
+  if (conns.size() >= options_.max_connections) {
+    SendError(cfd, absl::StrCat("RESOURCE_EXHAUSTED: the handle channel holds ", conns.size(),
+                                " connections, its cap"));
+  } else if (mine >= options_.max_connections_per_uid) {
+    SendError(cfd, absl::StrCat("RESOURCE_EXHAUSTED: uid ", c.uid, " holds ", mine,
+                                " handle connections, the cap per uid"));
+  } else {
+    conns.emplace(cfd, std::move(c));
+  }
+  return true;
+}
+
+// Reads what a connection sent; decides when its handshake line is complete and well formed.
+// EOF or an error ends the connection, and its lease if it has one.
+void HandleChannel::Read(Conns& conns, Conns::iterator it) {
+  Conn& c = it->second;
+  char buf[kMaxLine];
+  ssize_t r = ::read(c.fd.get(), buf, sizeof buf);
+  if (r < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  if (r <= 0) {
+    EndConn(conns, it);
+    return;
+  }
+  if (!c.lease_id.empty()) return;  // a leased client has nothing to say; ignore
+  c.buf.append(buf, r);
+  const Handshake handshake = ParseHandshake(c.buf);
+  if (handshake.state == Handshake::State::kIncomplete) return;
+  if (handshake.state == Handshake::State::kError) {
+    SendError(c.fd.get(), "INVALID_ARGUMENT: " + handshake.error);
+    EndConn(conns, it);
+    return;
+  }
+  Claim(conns, it, handshake.token);
+}
+
+// Decides whether the peer may have the lease of `token` (the uid allowlist, then ClaimFn)
+// and sends it the lease's descriptors; a refusal is answered and the connection closed.
+void HandleChannel::Claim(Conns& conns, Conns::iterator it, const std::string& token) {
+  Conn& c = it->second;
+  auto peer = GetPeerCred(c.fd.get());
+  if (!peer.ok()) {
+    SendError(c.fd.get(), std::string(peer.status().message()));
+    EndConn(conns, it);
+    return;
+  }
+  if (!options_.allowed_uids.empty() &&
+      std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(), peer->uid) ==
+          options_.allowed_uids.end()) {
+    WC_LOG_WARN("handle channel: refused uid %d (pid %d): not in the allowlist",
+                static_cast<int>(peer->uid), static_cast<int>(peer->pid));
+    SendError(c.fd.get(), absl::StrCat("PERMISSION_DENIED: uid ", peer->uid,
+                                       " is not allowed (--allowed_uids)"));
+    EndConn(conns, it);
+    return;
+  }
+  auto grant = claim_(token, *peer, c.slot);
+  if (!grant.ok()) {
+    // The code first, so the client can tell a refusal from an ended lease.
+    SendError(c.fd.get(), absl::StrCat(absl::StatusCodeToString(grant.status().code()), ": ",
+                                       grant.status().message()));
+    EndConn(conns, it);
+    return;
+  }
+  const absl::Status sent = SendDescriptors(c.fd.get(), grant->fds);
+  c.lease_id = grant->lease_id;
+  if (!sent.ok()) {
+    WC_LOG_WARN("handle channel: sending descriptors to pid %d failed: %s",
+                static_cast<int>(peer->pid), std::string(sent.message()));
+    EndConn(conns, it);
+  }
 }
 
 }  // namespace weightcache::server

@@ -88,9 +88,22 @@ class HandleChannel {
   void Notify(const std::string& lease_id, std::string line);
 
  private:
+  // One connection: its socket, what it sent so far and its lease (handle_channel.cc). The
+  // loop thread owns them all, by descriptor.
+  struct Conn;
+  using Conns = std::map<int, Conn>;
+
   HandleChannel(Options options, std::vector<ScopedFd> listening, ScopedFd wake, ClaimFn claim,
                 CloseFn close, TickFn tick);
   void Loop();
+  // The loop's steps; they run on its thread only.
+  void EndConn(Conns& conns, Conns::iterator it);
+  void SendEvents(const Conns& conns, const std::multimap<std::string, std::string>& notifying);
+  void CloseLeases(Conns& conns, const std::set<std::string>& closing);
+  void EndStaleHandshakes(Conns& conns, std::chrono::steady_clock::time_point now);
+  bool Accept(Conns& conns, size_t li);
+  void Read(Conns& conns, Conns::iterator it);
+  void Claim(Conns& conns, Conns::iterator it, const std::string& token);
 
   const Options options_;
   std::vector<ScopedFd> listening_;  // [0]: `path`, then slot_sockets in order
