@@ -37,6 +37,18 @@ struct LlamaShape {
   uint64_t seed = 42;
   int shards = 1;  // >1 writes model-0000i-of-0000n.safetensors + index json
 };
+// The smallest Llama the tests load (1 layer, hidden 64, vocab 128: ~100 KB in BF16), for
+// suites that need a real checkpoint, not its size.
+inline LlamaShape TinyLlama() {
+  LlamaShape s;
+  s.layers = 1;
+  s.hidden = 64;
+  s.intermediate = 128;
+  s.heads = 2;
+  s.kv_heads = 1;
+  s.vocab = 128;
+  return s;
+}
 // Writes config.json (LlamaForCausalLM) and the safetensors file(s) into `dir`.
 absl::Status WriteLlamaCheckpoint(const std::string& dir, const LlamaShape& shape);
 

@@ -38,14 +38,7 @@ Caller On(uid_t uid) {
 class IntegrityServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    safetensors::LlamaShape shape;
-    shape.layers = 1;
-    shape.hidden = 64;
-    shape.intermediate = 128;
-    shape.heads = 2;
-    shape.kv_heads = 1;
-    shape.vocab = 128;
-    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", shape).ok());
+    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", safetensors::TinyLlama()).ok());
     spec::ModelSpec s;
     s.name = "m";
     s.model_dir = dir_ / "m";

@@ -25,14 +25,7 @@ using weightcache::testing::TempDir;
 class PreloadsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    safetensors::LlamaShape shape;
-    shape.layers = 1;
-    shape.hidden = 64;
-    shape.intermediate = 128;
-    shape.heads = 2;
-    shape.kv_heads = 1;
-    shape.vocab = 128;
-    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", shape).ok());
+    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", safetensors::TinyLlama()).ok());
     spec::ModelSpec m;
     m.name = "m";
     m.model_dir = dir_ / "m";

@@ -25,17 +25,6 @@ namespace {
 using ::testing::HasSubstr;
 using weightcache::testing::TempDir;
 
-safetensors::LlamaShape Tiny() {
-  safetensors::LlamaShape s;
-  s.layers = 1;
-  s.hidden = 64;
-  s.intermediate = 128;
-  s.heads = 2;
-  s.kv_heads = 1;
-  s.vocab = 128;
-  return s;
-}
-
 PeerCred Cred(uid_t uid) { return PeerCred{static_cast<pid_t>(4000 + uid), uid, uid}; }
 
 Caller CallerOf(uid_t uid) {
@@ -47,7 +36,7 @@ Caller CallerOf(uid_t uid) {
 class PublishManagerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", Tiny()).ok());
+    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", safetensors::TinyLlama()).ok());
     spec::ModelSpec s;
     s.name = "m";
     s.model_dir = dir_ / "m";
