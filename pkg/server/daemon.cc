@@ -78,35 +78,6 @@ std::string Daemon::Impl::handle_path() const {
   return options_.socket_dir + "/" + kHandleSocketName;
 }
 
-absl::Status Daemon::Impl::AdmitAdopted(const v1::KeeperRecord& r) {
-  const std::string& name = r.model();
-  if (auto current = models_.Spec(name)) {
-    // Still configured: its current spec, with its current access rules, serves it. Only
-    // if it still reads the directory the bytes came from.
-    if (current->model_dir != r.model_dir()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("model '", name, "' is now configured with model_dir ", current->model_dir,
-                       ", not ", r.model_dir(), " its cached copy came from"));
-    }
-    return absl::OkStatus();
-  }
-  if (r.defined_inline() && !r.spec_yaml().empty()) {
-    // An admin's inline spec stays defined across a restart, as the admin wrote it.
-    auto specs = spec::ParseSpecs(r.spec_yaml(), "keeper record of " + name);
-    if (!specs.ok()) return specs.status();
-    if (specs->size() != 1 || specs->front().name != name) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("keeper record of '", name, "': its spec_yaml is not that model's spec"));
-    }
-    models_.Define(specs->front());
-    return absl::OkStatus();
-  }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "model '", name,
-      "' is no longer configured (not in the spec file, and not an admin's inline spec): "
-      "revoked, its cached copy is not served again"));
-}
-
 // Start sequences the parts: the door and the stores first, what the keeper holds, the
 // sockets, then serving (handles, control, peers), and the background work last.
 absl::Status Daemon::Impl::Start() {
@@ -121,6 +92,10 @@ absl::Status Daemon::Impl::Start() {
       *access_, [h = hooks_](const std::string& model) {
         if (h != nullptr) h->BeforePreload(model);
       });
+  model_verbs_ = std::make_unique<ModelService>(
+      ModelService::Options{.refresh_interval = options_.refresh_interval,
+                            .namespace_rules = options_.namespace_rules.enabled},
+      backend_, registry_, models_, admission_, *access_);
   MakeIntegrity();
   WC_ASSIGN_OR_RETURN(auto store,
                       artifact::Store::Open({options_.artifact_budget_bytes,
@@ -206,10 +181,13 @@ void Daemon::Impl::AdoptFromKeeper() {
   keeper_->SetArtifacts(&artifacts_->store());
   // Before serving and before the preloads: what the keeper holds is ready at once, and
   // the preloads join it (only entries that were loading at the crash load again).
-  keeper_->AdoptAll([this](const v1::KeeperRecord& r) { return AdmitAdopted(r); },
-                    [this](const cache::Key& key, const v1::PublisherInfo& who) {
-                      publishes_.RecordPublisher(key, who);
-                    });
+  keeper_->AdoptAll(
+      [this](const v1::KeeperRecord& r) {
+        return models_.AdmitKept(r.model(), r.model_dir(), r.defined_inline(), r.spec_yaml());
+      },
+      [this](const cache::Key& key, const v1::PublisherInfo& who) {
+        publishes_.RecordPublisher(key, who);
+      });
   keeper_->StartWatch();
 }
 
@@ -258,23 +236,7 @@ absl::Status Daemon::Impl::StartHandleChannel() {
 
 absl::Status Daemon::Impl::StartControlServer() {
   service_ = MakeGrpcService(this);
-  grpc::ServerBuilder builder;
-  // No listening port: ControlListener accepts (peer credentials, caps, EMFILE back-off)
-  // and hands each connection over.
-  builder.RegisterService(service_.get());
-  builder.SetMaxReceiveMessageSize(1 << 20);  // requests are small; bound them
-  builder.SetMaxSendMessageSize(256 << 20);   // manifests of very large models
-  // Memory and threads bounded: a flood of streams or connections costs at most this.
-  grpc::ResourceQuota quota("weightcache-control");
-  quota.Resize(options_.grpc_memory_bytes);
-  quota.SetMaxThreads(options_.grpc_max_threads);
-  builder.SetResourceQuota(quota);
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 16);
-  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, 16 << 10);
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 30 * 60 * 1000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10 * 1000);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 3);
-  grpc_ = builder.BuildAndStart();
+  grpc_ = BuildControlServer(service_.get(), options_.grpc_memory_bytes, options_.grpc_max_threads);
   if (!grpc_) return absl::UnavailableError("gRPC: the control server did not start");
   ControlListener::Options lo;
   lo.path = control_path();
@@ -398,176 +360,6 @@ absl::Status Daemon::Impl::Release(const Caller& caller, const v1::ReleaseReques
     return absl::NotFoundError(absl::StrCat("lease ", req.lease_id(), " is not active"));
   }
   handles_->CloseLease(req.lease_id());
-  return absl::OkStatus();
-}
-
-absl::Status Daemon::Impl::Load(const Caller& caller, const v1::LoadRequest& req,
-                                const std::function<bool(const v1::LoadProgress&)>& publish) {
-  if (req.spec_yaml().empty()) return LoadDefined(caller, req.model(), req, publish);
-  WC_RETURN_IF_ERROR(access_->Authorize(caller, Verb::kDefine, {}));
-  WC_ASSIGN_OR_RETURN(auto specs, spec::ParseSpecs(req.spec_yaml(), "LoadRequest.spec_yaml"));
-  if (specs.size() != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("LoadRequest.spec_yaml: holds ", specs.size(), " specs; send exactly one"));
-  }
-  WC_RETURN_IF_ERROR(CheckIsolation(specs[0], options_.namespace_rules.enabled));
-  // An inline spec is defined by a Load that succeeds: a refused or failed one leaves the
-  // name as it was (undefined, or the spec file's or an earlier inline spec).
-  const ModelCatalog::Previous previous = models_.Define(specs[0]);
-  absl::Status s = LoadDefined(caller, specs[0].name, req, publish);
-  if (!s.ok()) models_.Restore(previous);
-  return s;
-}
-
-absl::Status Daemon::Impl::LoadDefined(
-    const Caller& caller, const std::string& name, const v1::LoadRequest& req,
-    const std::function<bool(const v1::LoadProgress&)>& publish) {
-  if (name.empty()) return absl::InvalidArgumentError("Load: set model or spec_yaml");
-  Object object = access_->ModelObject(name);
-  WC_RETURN_IF_ERROR(access_->Authorize(caller, Verb::kLoad, object));
-  // Load re-reads the files (and hashes what changed): an admin's always, an engine's at most
-  // once per --refresh_interval per model; in between it loads the identity read last, whose
-  // open files are the versions it describes (issue 25: every Load re-stat'ed and could
-  // re-hash).
-  const bool refresh =
-      access_->IsAdmin(caller) || models_.TakeRefresh(name, options_.refresh_interval);
-  WC_ASSIGN_OR_RETURN(auto opened, models_.Open(name, refresh));
-  // One rank when the request names it; else every rank of the spec.
-  std::vector<spec::Layout> layouts;
-  if (req.has_layout()) {
-    WC_ASSIGN_OR_RETURN(auto layout, admission_.LayoutFrom(req.layout()));
-    layouts.push_back(layout);
-  } else {
-    const auto& s = opened->spec;
-    std::vector<int> ranks = s.tp_ranks;
-    if (ranks.empty()) {
-      for (int r = 0; r < s.tp_size; ++r) ranks.push_back(r);
-    }
-    for (int r : ranks) layouts.push_back({s.tp_size, r, s.pp_size, s.pp_rank});
-  }
-  WC_ASSIGN_OR_RETURN(auto asked, admission_.EnvFrom(req.env()));
-  WC_ASSIGN_OR_RETURN(const std::vector<std::string> tenants,
-                      access_->TenantsToLoad(&caller, opened->spec));
-  std::vector<Admission::GroupRank> group;
-  for (const std::string& tenant : tenants) {
-    for (const auto& layout : layouts) {
-      spec::Environment env = asked.env;
-      env.tenant = tenant;
-      // No device named: the placement rule (rank r on the r-th device), at its capability.
-      const std::string device = asked.device_uuid.empty()
-                                     ? DefaultDeviceForRank(backend_->Devices(), layout.tp_rank)
-                                     : asked.device_uuid;
-      if (asked.device_uuid.empty() && req.env().compute_capability().empty()) {
-        for (const auto& d : backend_->Devices()) {
-          if (d.uuid == device) env.compute_capability = d.compute_capability;
-        }
-      }
-      group.push_back({layout, env, device});
-    }
-  }
-  std::vector<std::string> undeclared;
-  for (const auto& g : group) {
-    std::string why = admission_.UndeclaredPlacement(opened->spec, g.layout, g.env, g.device_uuid);
-    if (!why.empty()) undeclared.push_back(std::move(why));
-  }
-  if (!undeclared.empty()) {
-    object.undeclared_placement = absl::StrJoin(undeclared, "; ");
-    WC_RETURN_IF_ERROR(access_->Authorize(caller, Verb::kLoad, object));
-  }
-  // Several ranks load together: one pass over the files for all of them.
-  std::vector<std::shared_ptr<cache::Entry>> entries;
-  for (auto& e : admission_.StartGroupLoad(opened, group)) {
-    WC_RETURN_IF_ERROR(e.status());
-    entries.push_back(std::move(*e));
-  }
-  auto t0 = std::chrono::steady_clock::now();
-  while (true) {
-    v1::LoadProgress p;
-    p.set_model(name);
-    bool loading = false;
-    absl::Status failed;
-    for (const auto& e : entries) {
-      absl::Status s = registry_.WaitReady(e, std::chrono::steady_clock::now());
-      const bool rank_loading = s.code() == absl::StatusCode::kDeadlineExceeded;
-      auto* r = p.add_ranks();
-      LayoutToProto(e->inputs.layout, r->mutable_layout());
-      r->set_fingerprint(e->fingerprint);
-      r->set_device_uuid(e->device_uuid);
-      r->set_state(rank_loading ? "loading" : s.ok() ? "ready" : "failed");
-      r->set_bytes_done(e->progress.done());
-      r->set_bytes_total(e->progress.total());
-      if (!rank_loading && !s.ok()) {
-        r->set_error(std::string(s.message()));
-        if (failed.ok()) {
-          failed = absl::Status(s.code(), entries.size() == 1
-                                              ? std::string(s.message())
-                                              : absl::StrCat("tp rank ", e->inputs.layout.tp_rank,
-                                                             ": ", s.message()));
-        }
-      }
-      if (rank_loading && !loading) p.set_current_file(e->progress.file());
-      loading = loading || rank_loading;
-      p.set_bytes_done(p.bytes_done() + e->progress.done());
-      p.set_bytes_total(p.bytes_total() + e->progress.total());
-    }
-    p.set_fingerprint(entries.front()->fingerprint);
-    p.set_elapsed_seconds(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    p.set_state(loading ? "loading" : failed.ok() ? "ready" : "failed");
-    if (!loading && !failed.ok()) p.set_error(std::string(failed.message()));
-    if (!publish(p)) return absl::CancelledError("Load: client went away");
-    if (!loading) return failed;
-    // Until the first unfinished rank ends, or the next progress report is due.
-    for (const auto& e : entries) {
-      auto s =
-          registry_.WaitReady(e, std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
-      if (s.code() == absl::StatusCode::kDeadlineExceeded) break;
-    }
-  }
-}
-
-absl::Status Daemon::Impl::Evict(const Caller& caller, const v1::EvictRequest& req,
-                                 v1::EvictResponse* resp) {
-  WC_RETURN_IF_ERROR(access_->Authorize(caller, Verb::kEvict, {}));
-  // The entries to evict: every device's entry of the fingerprint, or of the spec.
-  std::vector<cache::Key> keys;
-  std::set<std::string> other_names;
-  if (req.target_case() == v1::EvictRequest::kFingerprint) {
-    for (const auto& e : registry_.FindAll(req.fingerprint())) keys.push_back(e->key);
-  } else if (req.target_case() == v1::EvictRequest::kModel) {
-    // A spec's entries: those it loaded, and those of other names that this spec reproduces
-    // in its own layout (same content, same tp/pp sizes). Those other names lose them too.
-    auto opened = models_.Open(req.model(), /*refresh=*/false);
-    for (const auto& s : registry_.Snapshot()) {
-      if (s.state == cache::State::kDraining) continue;
-      bool mine = s.model == req.model();
-      if (!mine && opened.ok()) mine = (*opened)->Reproduces(s.inputs, s.fingerprint);
-      if (!mine) continue;
-      keys.push_back({s.fingerprint, s.device_uuid});
-      for (const auto& n : models_.NamesOf(s)) {
-        if (n != req.model()) other_names.insert(n);
-      }
-    }
-    if (!opened.ok() && keys.empty()) return opened.status();  // an unknown name says so
-  } else {
-    return absl::InvalidArgumentError("Evict: set either model or fingerprint");
-  }
-  uint32_t n = 0, draining = 0;
-  for (const auto& key : keys) {
-    const auto r = registry_.Evict(key, "api");
-    n += r != cache::Registry::Evicted::kNone ? 1 : 0;
-    draining += r == cache::Registry::Evicted::kDraining ? 1 : 0;
-  }
-  if (n == 0) {
-    return absl::NotFoundError(absl::StrCat("nothing to evict for ",
-                                            req.target_case() == v1::EvictRequest::kModel
-                                                ? "model '" + req.model() + "'"
-                                                : "fingerprint " + req.fingerprint(),
-                                            " (not cached, or still loading)"));
-  }
-  resp->set_evicted(n);
-  resp->set_draining(draining);
-  for (const auto& name : other_names) resp->add_other_names(name);
   return absl::OkStatus();
 }
 

@@ -136,7 +136,7 @@ class GrpcService final : public v1::WeightCache::Service {
                     grpc::ServerWriter<v1::LoadProgress>* writer) override {
     auto caller = CallerOf(ctx);
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
-    return ToGrpc(ctx, impl_->Load(*caller, *req, [&](const v1::LoadProgress& p) {
+    return ToGrpc(ctx, impl_->model_verbs().Load(*caller, *req, [&](const v1::LoadProgress& p) {
       return !ctx->IsCancelled() && writer->Write(p);
     }));
   }
@@ -145,7 +145,7 @@ class GrpcService final : public v1::WeightCache::Service {
                      v1::EvictResponse* resp) override {
     auto caller = CallerOf(ctx);
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
-    return ToGrpc(ctx, impl_->Evict(*caller, *req, resp));
+    return ToGrpc(ctx, impl_->model_verbs().Evict(*caller, *req, resp));
   }
 
   grpc::Status BeginPublish(grpc::ServerContext* ctx, const v1::BeginPublishRequest* req,
@@ -236,6 +236,27 @@ class GrpcService final : public v1::WeightCache::Service {
 
 std::unique_ptr<grpc::Service> MakeGrpcService(Daemon::Impl* impl) {
   return std::make_unique<GrpcService>(impl);
+}
+
+std::unique_ptr<grpc::Server> BuildControlServer(grpc::Service* service, uint64_t memory_bytes,
+                                                 int max_threads) {
+  grpc::ServerBuilder builder;
+  // No listening port: ControlListener accepts (peer credentials, caps, EMFILE back-off)
+  // and hands each connection over.
+  builder.RegisterService(service);
+  builder.SetMaxReceiveMessageSize(1 << 20);  // requests are small; bound them
+  builder.SetMaxSendMessageSize(256 << 20);   // manifests of very large models
+  // Memory and threads bounded: a flood of streams or connections costs at most this.
+  grpc::ResourceQuota quota("weightcache-control");
+  quota.Resize(memory_bytes);
+  quota.SetMaxThreads(max_threads);
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 16);
+  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, 16 << 10);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 30 * 60 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10 * 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 3);
+  return builder.BuildAndStart();
 }
 
 }  // namespace weightcache::server

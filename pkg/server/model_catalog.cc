@@ -227,4 +227,33 @@ uint64_t ModelCatalog::hashed_bytes() const {
   return digests_ != nullptr ? digests_->hashed_bytes() : 0;
 }
 
+absl::Status ModelCatalog::AdmitKept(const std::string& name, const std::string& model_dir,
+                                     bool defined_inline, const std::string& spec_yaml) {
+  if (auto current = Spec(name)) {
+    // Still configured: its current spec, with its current access rules, serves it. Only
+    // if it still reads the directory the bytes came from.
+    if (current->model_dir != model_dir) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("model '", name, "' is now configured with model_dir ", current->model_dir,
+                       ", not ", model_dir, " its cached copy came from"));
+    }
+    return absl::OkStatus();
+  }
+  if (defined_inline && !spec_yaml.empty()) {
+    // An admin's inline spec stays defined across a restart, as the admin wrote it.
+    auto specs = spec::ParseSpecs(spec_yaml, "keeper record of " + name);
+    if (!specs.ok()) return specs.status();
+    if (specs->size() != 1 || specs->front().name != name) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("keeper record of '", name, "': its spec_yaml is not that model's spec"));
+    }
+    Define(specs->front());
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "model '", name,
+      "' is no longer configured (not in the spec file, and not an admin's inline spec): "
+      "revoked, its cached copy is not served again"));
+}
+
 }  // namespace weightcache::server

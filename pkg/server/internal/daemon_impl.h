@@ -41,6 +41,7 @@
 #include "pkg/server/internal/integrity_service.h"
 #include "pkg/server/internal/lease_manager.h"
 #include "pkg/server/internal/model_catalog.h"
+#include "pkg/server/internal/model_service.h"
 #include "pkg/server/internal/preloads.h"
 #include "pkg/server/internal/publish_manager.h"
 #include "pkg/server/keeper/keeper_link.h"
@@ -80,13 +81,8 @@ class Daemon::Impl final : public metrics::StateSource {
                        metrics::AcquireResult* result);
   absl::Status Release(const Caller& caller, const v1::ReleaseRequest& req);
   // Starts (or joins) a load; `publish` is called with progress until it ends.
-  absl::Status Load(const Caller& caller, const v1::LoadRequest& req,
-                    const std::function<bool(const v1::LoadProgress&)>& publish);
-  // Load of a model defined already (by the spec file, or by `req`'s inline spec just now).
-  absl::Status LoadDefined(const Caller& caller, const std::string& name,
-                           const v1::LoadRequest& req,
-                           const std::function<bool(const v1::LoadProgress&)>& publish);
-  absl::Status Evict(const Caller& caller, const v1::EvictRequest& req, v1::EvictResponse* resp);
+  // Load and Evict (model_service.h): made in Start(), after Access.
+  ModelService& model_verbs() { return *model_verbs_; }
   // What `caller` may see: with --namespace_rules, the models it may map (daemon.cc).
   void Status(const Caller& caller, v1::StatusResponse* resp);
   // Integrity (integrity_service.h): made in Start(), before anything is filled.
@@ -162,10 +158,7 @@ class Daemon::Impl final : public metrics::StateSource {
   // Preloads and the names pending until their entries are registered (preloads.h); made in
   // Start(), after Access.
   std::unique_ptr<Preloads> preloads_;
-  // Keeper adoption: whether an entry the keeper holds may come back under the current
-  // configuration (issue 25: a model removed from the spec file was revoked, and came back
-  // at restart, possibly without the access rules the file would now give it).
-  absl::Status AdmitAdopted(const v1::KeeperRecord& r);
+  std::unique_ptr<ModelService> model_verbs_;
 
   std::atomic<uint64_t> hits_{0}, misses_{0}, mismatches_{0}, rejected_{0}, errors_{0},
       peer_copies_{0}, stale_{0}, denied_{0};
@@ -208,5 +201,10 @@ class Daemon::Impl final : public metrics::StateSource {
 
 // The one place where absl::Status becomes grpc::Status lives in grpc_service.cc.
 std::unique_ptr<grpc::Service> MakeGrpcService(Daemon::Impl* impl);
+// The control server: `service` with no listening port (the control listener hands it each
+// connection), its memory and threads bounded, HTTP/2 limits set (grpc_service.cc). Null
+// when it did not start.
+std::unique_ptr<grpc::Server> BuildControlServer(grpc::Service* service, uint64_t memory_bytes,
+                                                 int max_threads);
 
 }  // namespace weightcache::server

@@ -36,6 +36,14 @@ class ModelCatalog {
   ModelCatalog(const std::vector<spec::ModelSpec>& specs, unsigned hash_threads,
                const std::vector<std::string>& model_roots, metrics::Metrics* metrics);
 
+  // Keeper adoption: whether an entry the keeper kept for model `name` (read from
+  // `model_dir`; `defined_inline` by an admin with `spec_yaml`) may come back under the current
+  // configuration. A model removed from the spec file was revoked, and must not come back at
+  // restart without the access rules the file would now give it (issue 25); an admin's inline
+  // spec is defined again as the admin wrote it.
+  absl::Status AdmitKept(const std::string& name, const std::string& model_dir, bool defined_inline,
+                         const std::string& spec_yaml);
+
   // The digest store (persisted at `path`; empty: memory only). Call once, before Open.
   absl::Status OpenDigestStore(const std::string& path);
 
