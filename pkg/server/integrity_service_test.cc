@@ -16,40 +16,22 @@
 
 #include "pkg/memory/backend.h"
 #include "pkg/safetensors/writer.h"
+#include "pkg/server/testing/core_parts.h"
 #include "pkg/server/wire/handle_message.h"
 #include "pkg/util/status_macros.h"
-#include "tests/testutil/temp_dir.h"
 
 namespace weightcache::server {
 namespace {
 
 using ::testing::HasSubstr;
-using weightcache::testing::TempDir;
 
-constexpr uid_t kAdmin = 7;
+using testing::kAdmin;
+using testing::On;
 
-Caller On(uid_t uid) {
-  Caller c;
-  c.cred.uid = uid;
-  c.accepted = std::chrono::steady_clock::now();
-  return c;
-}
-
-class IntegrityServiceTest : public ::testing::Test {
+class IntegrityServiceTest : public testing::CorePartsTest {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", safetensors::TinyLlama()).ok());
-    spec::ModelSpec s;
-    s.name = "m";
-    s.model_dir = dir_ / "m";
-    options_.specs = {s};
-    backend_ = memory::MakeHostBackend();
-    models_ =
-        std::make_unique<ModelCatalog>(options_.specs, 1, std::vector<std::string>{}, nullptr);
-    admission_ = std::make_unique<Admission>(options_, backend_.get(), registry_, nullptr);
-    PolicyOptions po;
-    po.admin_uids = {kAdmin};
-    access_ = std::make_unique<Access>(po, nullptr, *models_, nullptr, 16, nullptr);
+    MakeParts();
     IntegrityService::Links links;
     links.notify = [this](const std::string& id, const std::string& line) {
       told_.emplace_back(id, line);
@@ -70,8 +52,7 @@ class IntegrityServiceTest : public ::testing::Test {
   }
   void TearDown() override {
     service_->Stop();
-    registry_.Stop();
-    registry_.JoinLoads();
+    StopParts();
   }
   // A ready entry of "m", loaded from its checkpoint (and digested on the way).
   std::shared_ptr<cache::Entry> Loaded() {
@@ -92,13 +73,6 @@ class IntegrityServiceTest : public ::testing::Test {
     return resp;
   }
 
-  TempDir dir_;
-  DaemonOptions options_;
-  std::unique_ptr<memory::Backend> backend_;
-  cache::Registry registry_{0};
-  std::unique_ptr<ModelCatalog> models_;
-  std::unique_ptr<Admission> admission_;
-  std::unique_ptr<Access> access_;
   std::vector<std::pair<std::string, std::string>> told_;
   std::vector<std::string> held_;
   std::atomic<bool> corrupt_next_{false};

@@ -14,45 +14,24 @@
 
 #include "pkg/memory/backend.h"
 #include "pkg/safetensors/writer.h"
-#include "tests/testutil/temp_dir.h"
+#include "pkg/server/testing/core_parts.h"
 
 namespace weightcache::server {
 namespace {
 
 using ::testing::HasSubstr;
-using weightcache::testing::TempDir;
 
-constexpr uid_t kAdmin = 7;
+using testing::kAdmin;
+using testing::On;
 
-Caller On(uid_t uid) {
-  Caller c;
-  c.cred.uid = uid;
-  c.accepted = std::chrono::steady_clock::now();
-  return c;
-}
-
-class ModelServiceTest : public ::testing::Test {
+class ModelServiceTest : public testing::CorePartsTest {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", safetensors::TinyLlama()).ok());
-    spec::ModelSpec m;
-    m.name = "m";
-    m.model_dir = dir_ / "m";
-    options_.specs = {m};
-    backend_ = memory::MakeHostBackend();
-    models_ =
-        std::make_unique<ModelCatalog>(options_.specs, 1, std::vector<std::string>{}, nullptr);
-    admission_ = std::make_unique<Admission>(options_, backend_.get(), registry_, nullptr);
-    PolicyOptions po;
-    po.admin_uids = {kAdmin};
-    access_ = std::make_unique<Access>(po, nullptr, *models_, nullptr, 16, nullptr);
+    MakeParts();
     service_ = std::make_unique<ModelService>(ModelService::Options{}, backend_.get(), registry_,
                                               *models_, *admission_, *access_);
   }
-  void TearDown() override {
-    registry_.Stop();
-    registry_.JoinLoads();
-  }
+  void TearDown() override { StopParts(); }
   // A Load's status and the states it reported, in order.
   absl::Status Load(uid_t uid, const v1::LoadRequest& req, std::vector<std::string>* states) {
     return service_->Load(On(uid), req, [states](const v1::LoadProgress& p) {
@@ -64,13 +43,6 @@ class ModelServiceTest : public ::testing::Test {
     return "models:\n  - name: " + name + "\n    model_dir: " + dir + "\n";
   }
 
-  TempDir dir_;
-  DaemonOptions options_;
-  std::unique_ptr<memory::Backend> backend_;
-  cache::Registry registry_{0};
-  std::unique_ptr<ModelCatalog> models_;
-  std::unique_ptr<Admission> admission_;
-  std::unique_ptr<Access> access_;
   std::unique_ptr<ModelService> service_;
 };
 

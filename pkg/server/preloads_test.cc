@@ -14,30 +14,20 @@
 
 #include "pkg/memory/backend.h"
 #include "pkg/safetensors/writer.h"
-#include "tests/testutil/temp_dir.h"
+#include "pkg/server/testing/core_parts.h"
 
 namespace weightcache::server {
 namespace {
 
 using ::testing::HasSubstr;
-using weightcache::testing::TempDir;
 
-class PreloadsTest : public ::testing::Test {
+class PreloadsTest : public testing::CorePartsTest {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", safetensors::TinyLlama()).ok());
-    spec::ModelSpec m;
-    m.name = "m";
-    m.model_dir = dir_ / "m";
     spec::ModelSpec missing;
     missing.name = "missing";
     missing.model_dir = dir_ / "no-such-dir";
-    options_.specs = {missing, m};
-    backend_ = memory::MakeHostBackend();
-    models_ =
-        std::make_unique<ModelCatalog>(options_.specs, 1, std::vector<std::string>{}, nullptr);
-    admission_ = std::make_unique<Admission>(options_, backend_.get(), registry_, nullptr);
-    access_ = std::make_unique<Access>(PolicyOptions{}, nullptr, *models_, nullptr, 16, nullptr);
+    MakeParts({missing});
     preloads_ = std::make_unique<Preloads>(options_.specs, *models_, *admission_, *access_,
                                            [this](const std::string& model) {
                                              if (model == "m") opened_.wait();
@@ -46,8 +36,7 @@ class PreloadsTest : public ::testing::Test {
   void TearDown() override {
     if (!released_) open_.set_value();
     preloads_.reset();
-    registry_.Stop();
-    registry_.JoinLoads();
+    StopParts();
   }
   void ReleaseOpen() {
     released_ = true;
@@ -57,13 +46,6 @@ class PreloadsTest : public ::testing::Test {
     return std::chrono::steady_clock::now() + s;
   }
 
-  TempDir dir_;
-  DaemonOptions options_;
-  std::unique_ptr<memory::Backend> backend_;
-  cache::Registry registry_{0};
-  std::unique_ptr<ModelCatalog> models_;
-  std::unique_ptr<Admission> admission_;
-  std::unique_ptr<Access> access_;
   std::promise<void> open_;
   std::shared_future<void> opened_ = open_.get_future().share();
   bool released_ = false;

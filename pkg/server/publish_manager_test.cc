@@ -17,13 +17,12 @@
 #include "pkg/cache/registry.h"
 #include "pkg/memory/backend.h"
 #include "pkg/safetensors/writer.h"
-#include "tests/testutil/temp_dir.h"
+#include "pkg/server/testing/core_parts.h"
 
 namespace weightcache::server {
 namespace {
 
 using ::testing::HasSubstr;
-using weightcache::testing::TempDir;
 
 PeerCred Cred(uid_t uid) { return PeerCred{static_cast<pid_t>(4000 + uid), uid, uid}; }
 
@@ -33,26 +32,17 @@ Caller CallerOf(uid_t uid) {
   return c;
 }
 
-class PublishManagerTest : public ::testing::Test {
+class PublishManagerTest : public testing::CorePartsTest {
  protected:
   void SetUp() override {
-    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", safetensors::TinyLlama()).ok());
-    spec::ModelSpec s;
-    s.name = "m";
-    s.model_dir = dir_ / "m";
-    options_.specs = {s};
     options_.acquire_wait = std::chrono::seconds(20);
-    backend_ = memory::MakeHostBackend();
-    models_ =
-        std::make_unique<ModelCatalog>(options_.specs, 1, std::vector<std::string>{}, nullptr);
-    admission_ = std::make_unique<Admission>(options_, backend_.get(), registry_, nullptr);
+    MakeParts();
     publishes_ = std::make_unique<PublishManager>(options_, backend_.get(), registry_, *admission_,
                                                   *models_, dir_ / "handle.sock");
   }
   void TearDown() override {
     publishes_.reset();  // before the registry (its lifetime rule)
-    registry_.Stop();
-    registry_.JoinLoads();
+    StopParts();
   }
 
   static v1::BeginPublishRequest Request(const std::string& recipe, uint64_t floats = 1024) {
@@ -102,12 +92,6 @@ class PublishManagerTest : public ::testing::Test {
     return Entries();
   }
 
-  TempDir dir_;
-  DaemonOptions options_;
-  std::unique_ptr<memory::Backend> backend_;
-  cache::Registry registry_{0};
-  std::unique_ptr<ModelCatalog> models_;
-  std::unique_ptr<Admission> admission_;
   std::unique_ptr<PublishManager> publishes_;
 };
 

@@ -1,0 +1,67 @@
+// Test fixture: the core's shared parts without a daemon (host backend, a real registry,
+// catalog, admission and access) and model "m", a tiny checkpoint, for the unit suites of the
+// services that take those parts (integrity, preloads, model verbs). Test-only.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pkg/cache/registry.h"
+#include "pkg/memory/backend.h"
+#include "pkg/safetensors/writer.h"
+#include "pkg/server/internal/access.h"
+#include "pkg/server/internal/admission.h"
+#include "pkg/server/internal/model_catalog.h"
+#include "pkg/server/options.h"
+#include "tests/testutil/temp_dir.h"
+
+namespace weightcache::server::testing {
+
+// The admin on the engine socket; uid 0 is an engine (no role).
+inline constexpr uid_t kAdmin = 7;
+
+inline Caller On(uid_t uid) {
+  Caller c;
+  c.cred.uid = uid;
+  c.accepted = std::chrono::steady_clock::now();
+  return c;
+}
+
+class CorePartsTest : public ::testing::Test {
+ protected:
+  // `extra` specs are known besides "m".
+  void MakeParts(std::vector<spec::ModelSpec> extra = {}) {
+    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", safetensors::TinyLlama()).ok());
+    spec::ModelSpec m;
+    m.name = "m";
+    m.model_dir = dir_ / "m";
+    options_.specs = std::move(extra);
+    options_.specs.push_back(m);
+    backend_ = memory::MakeHostBackend();
+    models_ =
+        std::make_unique<ModelCatalog>(options_.specs, 1, std::vector<std::string>{}, nullptr);
+    admission_ = std::make_unique<Admission>(options_, backend_.get(), registry_, nullptr);
+    PolicyOptions po;
+    po.admin_uids = {kAdmin};
+    access_ = std::make_unique<Access>(po, nullptr, *models_, nullptr, 16, nullptr);
+  }
+  // Stop the unit under test first (its threads use the parts), then call this.
+  void StopParts() {
+    registry_.Stop();
+    registry_.JoinLoads();
+  }
+
+  weightcache::testing::TempDir dir_;
+  DaemonOptions options_;
+  std::unique_ptr<memory::Backend> backend_;
+  cache::Registry registry_{0};
+  std::unique_ptr<ModelCatalog> models_;
+  std::unique_ptr<Admission> admission_;
+  std::unique_ptr<Access> access_;
+};
+
+}  // namespace weightcache::server::testing
