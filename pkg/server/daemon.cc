@@ -96,6 +96,14 @@ absl::Status Daemon::Impl::Start() {
       ModelService::Options{.refresh_interval = options_.refresh_interval,
                             .namespace_rules = options_.namespace_rules.enabled},
       backend_, registry_, models_, admission_, *access_);
+  acquire_ = std::make_unique<AcquireService>(
+      AcquireService::Options{.acquire_wait = options_.acquire_wait,
+                              .peer_policy = options_.peer_policy,
+                              .handle_socket = handle_path(),
+                              .slot_handle_socket = SlotHandleSocketInContainer(
+                                  options_.socket_dir, options_.namespace_rules),
+                              .before_lease = BeforeLeaseHook()},
+      backend_, registry_, models_, admission_, leases_, *access_, *preloads_);
   MakeIntegrity();
   WC_ASSIGN_OR_RETURN(auto store,
                       artifact::Store::Open({options_.artifact_budget_bytes,

@@ -117,7 +117,7 @@ class GrpcService final : public v1::WeightCache::Service {
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
     std::string model;
     metrics::AcquireResult result;
-    absl::Status s = impl_->Acquire(*caller, *req, resp, &model, &result);
+    absl::Status s = impl_->acquire().Acquire(*caller, *req, resp, &model, &result);
     if (auto* m = impl_->options().metrics; m != nullptr) {
       m->OnAcquire(impl_->access().MetricModel(model), result,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -132,14 +132,15 @@ void Daemon::Impl::Status(const Caller& caller, v1::StatusResponse* resp) {
     }
   }
   if (artifacts_ != nullptr) artifacts_->AppendStatus(caller, filtered, visible, resp);
-  resp->set_acquire_hits(hits_);
-  resp->set_acquire_misses(misses_);
-  resp->set_acquire_mismatches(mismatches_);
-  resp->set_acquire_rejected(rejected_);
-  resp->set_acquire_errors(errors_);
-  resp->set_acquire_peer_copies(peer_copies_);
-  resp->set_acquire_stale(stale_);
-  resp->set_acquire_denied(denied_);
+  const AcquireService::Counts counts = acquire_->counts();
+  resp->set_acquire_hits(counts.hits);
+  resp->set_acquire_misses(counts.misses);
+  resp->set_acquire_mismatches(counts.mismatches);
+  resp->set_acquire_rejected(counts.rejected);
+  resp->set_acquire_errors(counts.errors);
+  resp->set_acquire_peer_copies(counts.peer_copies);
+  resp->set_acquire_stale(counts.stale);
+  resp->set_acquire_denied(counts.denied);
   resp->set_hashed_bytes(models_.hashed_bytes());
   if (keeper_) keeper_->Fill(resp->mutable_keeper());
   if (const metrics::StagingSnapshot s = Staging(); s.present) {

@@ -36,6 +36,7 @@
 #include "pkg/server/hooks.h"
 #include "pkg/server/integrity/scrubber.h"
 #include "pkg/server/internal/access.h"
+#include "pkg/server/internal/acquire_service.h"
 #include "pkg/server/internal/admission.h"
 #include "pkg/server/internal/artifacts.h"
 #include "pkg/server/internal/integrity_service.h"
@@ -76,9 +77,8 @@ class Daemon::Impl final : public metrics::StateSource {
   // Made in Start(), before anything serves.
   const Access& access() const { return *access_; }
 
-  absl::Status Acquire(const Caller& caller, const v1::AcquireRequest& req,
-                       v1::AcquireResponse* resp, std::string* model,
-                       metrics::AcquireResult* result);
+  // Acquire (acquire_service.h): made in Start(), after Access and the preloads.
+  AcquireService& acquire() { return *acquire_; }
   absl::Status Release(const Caller& caller, const v1::ReleaseRequest& req);
   // Starts (or joins) a load; `publish` is called with progress until it ends.
   // Load and Evict (model_service.h): made in Start(), after Access.
@@ -116,18 +116,6 @@ class Daemon::Impl final : public metrics::StateSource {
   std::string handle_path() const;
 
  private:
-  // Records the lease and its token and fills the response, labelled with `name` (the asked
-  // spec name; the entry's own for fingerprint requests). UNAVAILABLE when the entry was
-  // evicted meanwhile (no lease, no token). `packed_manifest`: the tensors go as the entry's
-  // serialized manifest (built once, manifests_), else as `tensors`.
-  absl::Status FillLease(const std::shared_ptr<cache::Entry>& e, const std::string& name,
-                         const Caller& caller, bool packed_manifest, v1::AcquireResponse* resp);
-  // Stale check of an Acquire by name: the asked spec's files against the versions it was
-  // opened with. Marks the entries that were served from the old versions stale. Returns the
-  // changes (empty: unchanged).
-  std::string CheckStale(const std::shared_ptr<const load::OpenedModel>& opened);
-  void Count(metrics::AcquireResult r);
-
   const DaemonOptions options_;
   memory::Backend* const backend_;
   DaemonHooks* const hooks_;  // null: none (production)
@@ -149,7 +137,6 @@ class Daemon::Impl final : public metrics::StateSource {
   ModelCatalog models_;
   Admission admission_;
   LeaseManager leases_;
-  ManifestCache manifests_;
   // After the registry: destroyed first, so publishes in flight end before it joins them.
   PublishManager publishes_;
   // Compile artifacts and their tokens: made in Start() (it reads --artifact_dir).
@@ -159,9 +146,7 @@ class Daemon::Impl final : public metrics::StateSource {
   // Start(), after Access.
   std::unique_ptr<Preloads> preloads_;
   std::unique_ptr<ModelService> model_verbs_;
-
-  std::atomic<uint64_t> hits_{0}, misses_{0}, mismatches_{0}, rejected_{0}, errors_{0},
-      peer_copies_{0}, stale_{0}, denied_{0};
+  std::unique_ptr<AcquireService> acquire_;
 
   // --namespace_rules: the slots' sockets, served by handles_ and control_.
   std::vector<SlotSockets> slots_;
