@@ -19,6 +19,7 @@
 #include "pkg/server/internal/access.h"
 #include "pkg/server/internal/daemon_impl.h"
 #include "pkg/server/internal/preloads.h"
+#include "pkg/server/internal/step_clock.h"
 #include "pkg/server/messages/layout_proto.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
@@ -67,17 +68,6 @@ Daemon::Impl::~Impl() {
   Teardown();
 }
 
-std::string Daemon::Impl::control_path() const {
-  return options_.socket_dir + "/" + kControlSocketName;
-}
-std::string Daemon::Impl::admin_path() const {
-  return options_.admin_socket_dir.empty() ? std::string()
-                                           : options_.admin_socket_dir + "/" + kControlSocketName;
-}
-std::string Daemon::Impl::handle_path() const {
-  return options_.socket_dir + "/" + kHandleSocketName;
-}
-
 // Start sequences the parts: the door and the stores first, what the keeper holds, the
 // sockets, then serving (handles, control, peers), and the background work last.
 absl::Status Daemon::Impl::Start() {
@@ -118,6 +108,18 @@ absl::Status Daemon::Impl::Start() {
   if (keeper_) AdoptFromKeeper();
   artifacts_->ReportResident();
   WC_RETURN_IF_ERROR(PrepareSockets());
+  status_ = std::make_unique<StatusView>(StatusView::Sources{
+      .backend = backend_,
+      .registry = &registry_,
+      .models = &models_,
+      .access = access_.get(),
+      .publishes = &publishes_,
+      .artifacts = artifacts_.get(),
+      .acquire = acquire_.get(),
+      .preloads = preloads_.get(),
+      .keeper = keeper_.get(),
+      .staging = staging_pool_.get(),
+      .control = [this]() -> const ControlListener* { return control_.get(); }});
   WC_RETURN_IF_ERROR(StartHandleChannel());
   // Preloads are opened (maybe hashed) on their own thread while the daemon serves; their
   // names are pending until their entries are registered, so a client never sees a daemon
@@ -282,16 +284,10 @@ void Daemon::Impl::Wait() {
 
 void Daemon::Impl::Teardown() {
   std::call_once(teardown_once_, [this] {
-    // Each step is timed: a teardown longer than a second logs which steps it waited on
-    // (and which loads were still running), so a slow shutdown explains itself.
-    const auto t0 = std::chrono::steady_clock::now();
-    auto mark = t0;
-    std::vector<std::pair<std::string, double>> steps;
-    auto step = [&](std::string what) {
-      const auto now = std::chrono::steady_clock::now();
-      steps.emplace_back(std::move(what), std::chrono::duration<double>(now - mark).count());
-      mark = now;
-    };
+    // Each step is timed (and the loads still running named), so a slow shutdown explains
+    // itself.
+    StepClock clock;
+    auto step = [&clock](std::string what) { clock.Step(std::move(what)); };
     // 1. Cancel: no new load starts, loads stop at their next chunk, waits in Acquire and
     //    Load return CANCELLED now (an Acquire waiting for a load would hold gRPC for up to
     //    --acquire_wait otherwise).
@@ -337,21 +333,7 @@ void Daemon::Impl::Teardown() {
     const std::vector<std::string> loads = registry_.JoinLoads();
     step(loads.empty() ? "load threads"
                        : absl::StrCat("load threads (", absl::StrJoin(loads, "; "), ")"));
-    const double total = std::chrono::duration<double>(mark - t0).count();
-    const double joined = steps.back().second;  // how long cancelled loads took to stop
-    if (total > 1.0) {
-      std::vector<std::string> waited;
-      for (const auto& [what, secs] : steps) {
-        if (secs >= 0.1) waited.push_back(absl::StrFormat("%s %.3f s", what, secs));
-      }
-      WC_LOG_WARN(
-          "shut down in %.3f s (load threads joined in %.3f s), longer than a second; it waited "
-          "on: %s",
-          total, joined,
-          waited.empty() ? "no single step over 0.1 s" : absl::StrJoin(waited, ", "));
-    } else {
-      WC_LOG_INFO("shut down in %.3f s (load threads joined in %.3f s)", total, joined);
-    }
+    clock.Report("load threads joined");
   });
 }
 
@@ -398,8 +380,8 @@ std::string Daemon::control_socket() const { return impl_->control_path(); }
 std::string Daemon::admin_socket() const { return impl_->admin_path(); }
 std::string Daemon::handle_socket() const { return impl_->handle_path(); }
 int Daemon::peer_port() const { return impl_->peer_port(); }
-std::pair<bool, std::string> Daemon::Readiness() const { return impl_->Readiness(); }
-const metrics::StateSource* Daemon::state_source() const { return impl_.get(); }
+std::pair<bool, std::string> Daemon::Readiness() const { return impl_->status().Readiness(); }
+const metrics::StateSource* Daemon::state_source() const { return &impl_->status(); }
 void Daemon::Wait() { impl_->Wait(); }
 void Daemon::Shutdown() { impl_->Shutdown(); }
 

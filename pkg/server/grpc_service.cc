@@ -223,7 +223,7 @@ class GrpcService final : public v1::WeightCache::Service {
                       v1::StatusResponse* resp) override {
     auto caller = CallerOf(ctx);
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
-    impl_->Status(*caller, resp);
+    impl_->status().Status(*caller, resp);
     return grpc::Status::OK;
   }
 

@@ -141,4 +141,16 @@ struct DaemonOptions {
   metrics::Metrics* metrics = nullptr;  // optional
 };
 
+// The daemon's sockets where its options put them: <socket_dir>/control.sock and
+// handle.sock; the admin socket's control.sock in admin_socket_dir ("" without one).
+inline std::string ControlSocketPath(const DaemonOptions& o) {
+  return o.socket_dir + "/" + kControlSocketName;
+}
+inline std::string HandleSocketPath(const DaemonOptions& o) {
+  return o.socket_dir + "/" + kHandleSocketName;
+}
+inline std::string AdminSocketPath(const DaemonOptions& o) {
+  return o.admin_socket_dir.empty() ? std::string() : o.admin_socket_dir + "/" + kControlSocketName;
+}
+
 }  // namespace weightcache::server

@@ -45,6 +45,7 @@
 #include "pkg/server/internal/model_service.h"
 #include "pkg/server/internal/preloads.h"
 #include "pkg/server/internal/publish_manager.h"
+#include "pkg/server/internal/status_view.h"
 #include "pkg/server/keeper/keeper_link.h"
 #include "pkg/server/messages/manifest.h"
 #include "pkg/server/peer/peer_exposures.h"
@@ -61,11 +62,11 @@ namespace weightcache::server {
 
 namespace v1 = ::weightcache::v1;
 
-class Daemon::Impl final : public metrics::StateSource {
+class Daemon::Impl final {
  public:
   // `hooks`: null in production (hooks.h).
   Impl(DaemonOptions options, memory::Backend* backend, DaemonHooks* hooks);
-  ~Impl() override;
+  ~Impl();
 
   absl::Status Start();
   // Requests the shutdown (any thread); Wait() then runs the teardown and returns after it.
@@ -83,11 +84,11 @@ class Daemon::Impl final : public metrics::StateSource {
   // Starts (or joins) a load; `publish` is called with progress until it ends.
   // Load and Evict (model_service.h): made in Start(), after Access.
   ModelService& model_verbs() { return *model_verbs_; }
-  // What `caller` may see: with --namespace_rules, the models it may map (daemon.cc).
-  void Status(const Caller& caller, v1::StatusResponse* resp);
+  // Status, readiness and the metrics' snapshots (status_view.h): made in Start(), before
+  // anything serves.
+  const StatusView& status() const { return *status_; }
   // Integrity (integrity_service.h): made in Start(), before anything is filled.
   IntegrityService& integrity() { return *integrity_; }
-  std::pair<bool, std::string> Readiness() const;
   // The publish RPCs' unit (publish_manager.h), once the caller passed the publish rule for
   // `model` (empty: commit and abort, which the session's owner checks bind); PERMISSION_DENIED
   // naming the rule otherwise (counted).
@@ -104,16 +105,10 @@ class Daemon::Impl final : public metrics::StateSource {
                                                            bool transfer);
   int peer_port() const { return peer_port_; }
 
-  // metrics::StateSource
-  std::vector<metrics::EntrySnapshot> Entries() const override;
-  std::vector<metrics::DeviceSnapshot> Devices() const override;
-  metrics::StagingSnapshot Staging() const override;
-  metrics::ControlSnapshot Control() const override;
-
   const DaemonOptions& options() const { return options_; }
-  std::string control_path() const;
-  std::string admin_path() const;  // "" without an admin socket
-  std::string handle_path() const;
+  std::string control_path() const { return ControlSocketPath(options_); }
+  std::string admin_path() const { return AdminSocketPath(options_); }  // "" without one
+  std::string handle_path() const { return HandleSocketPath(options_); }
 
  private:
   const DaemonOptions options_;
@@ -147,6 +142,7 @@ class Daemon::Impl final : public metrics::StateSource {
   std::unique_ptr<Preloads> preloads_;
   std::unique_ptr<ModelService> model_verbs_;
   std::unique_ptr<AcquireService> acquire_;
+  std::unique_ptr<StatusView> status_;
 
   // --namespace_rules: the slots' sockets, served by handles_ and control_.
   std::vector<SlotSockets> slots_;

@@ -33,12 +33,14 @@ inline Caller On(uid_t uid) {
 
 class CorePartsTest : public ::testing::Test {
  protected:
-  // `extra` specs are known besides "m".
-  void MakeParts(std::vector<spec::ModelSpec> extra = {}) {
+  // `extra` specs are known besides "m", which `m_namespaces` may map (empty: all).
+  void MakeParts(std::vector<spec::ModelSpec> extra = {},
+                 std::vector<std::string> m_namespaces = {}) {
     ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", safetensors::TinyLlama()).ok());
     spec::ModelSpec m;
     m.name = "m";
     m.model_dir = dir_ / "m";
+    m.allowed_namespaces = std::move(m_namespaces);
     options_.specs = std::move(extra);
     options_.specs.push_back(m);
     backend_ = memory::MakeHostBackend();

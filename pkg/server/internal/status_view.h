@@ -1,0 +1,85 @@
+// The daemon's view of itself: the Status RPC (entries, leases, known models, devices, what
+// each peer may see under the namespace rules), readiness, and the snapshots the scrape-time
+// metrics read. Reads the parts; owns nothing. Not a public header.
+//
+// Thread-safety: every method may be called from any thread. Lifetimes: the sources outlive
+// the view.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "pkg/cache/registry.h"
+#include "pkg/load/staging_pool.h"
+#include "pkg/memory/backend.h"
+#include "pkg/metrics/metrics.h"
+#include "pkg/server/internal/access.h"
+#include "pkg/server/internal/acquire_service.h"
+#include "pkg/server/internal/artifacts.h"
+#include "pkg/server/internal/model_catalog.h"
+#include "pkg/server/internal/preloads.h"
+#include "pkg/server/internal/publish_manager.h"
+#include "pkg/server/keeper/keeper_link.h"
+#include "pkg/server/wire/control_listener.h"
+#include "weightcache/v1/weightcache.pb.h"
+
+namespace weightcache::server {
+
+class StatusView final : public metrics::StateSource {
+ public:
+  // What the view reads. keeper, staging and artifacts may be null (the daemon runs without
+  // them); `control` answers null until the control listener exists.
+  struct Sources {
+    memory::Backend* backend = nullptr;
+    const cache::Registry* registry = nullptr;
+    const ModelCatalog* models = nullptr;
+    const Access* access = nullptr;
+    const PublishManager* publishes = nullptr;
+    const ArtifactService* artifacts = nullptr;
+    const AcquireService* acquire = nullptr;
+    const Preloads* preloads = nullptr;
+    const KeeperLink* keeper = nullptr;
+    const load::StagingPool* staging = nullptr;
+    std::function<const ControlListener*()> control;
+  };
+  explicit StatusView(Sources sources) : s_(std::move(sources)) {}
+
+  // What `caller` may see: with the namespace rules, the models it may map, the entries that
+  // serve them (under those names only) and, of their leases, those of its own socket; an
+  // admin sees everything. Counters and device rows stay whole.
+  void Status(const Caller& caller, v1::StatusResponse* resp) const;
+  // Ready when the control socket accepts and every preload is opened and loaded (or failed
+  // for good); the reason otherwise.
+  std::pair<bool, std::string> Readiness() const;
+
+  // metrics::StateSource
+  std::vector<metrics::EntrySnapshot> Entries() const override;
+  std::vector<metrics::DeviceSnapshot> Devices() const override;
+  metrics::StagingSnapshot Staging() const override;
+  metrics::ControlSnapshot Control() const override;
+
+ private:
+  // Whether `caller` may see model `name` (one rule decision per name and Status).
+  class Visibility;
+  // The entries `caller` may see, sorted by model, rank, device; per device the entries and
+  // bytes of all of them, and per visible name the ready tp ranks.
+  void AppendEntries(const Caller& caller, Visibility& visible, v1::StatusResponse* resp,
+                     std::map<std::string, std::pair<uint32_t, uint64_t>>* per_device,
+                     std::map<std::string, std::set<uint32_t>>* ready_ranks) const;
+  void AppendEntry(const Caller& caller, bool filtered, const cache::EntrySnapshot& s,
+                   const std::string& shown_name, const std::vector<std::string>& names,
+                   v1::StatusResponse* resp,
+                   std::map<std::string, std::set<uint32_t>>* ready_ranks) const;
+  void AppendModels(Visibility& visible,
+                    const std::map<std::string, std::set<uint32_t>>& ready_ranks,
+                    v1::StatusResponse* resp) const;
+  void AppendCounters(v1::StatusResponse* resp) const;
+
+  const Sources s_;
+};
+
+}  // namespace weightcache::server
