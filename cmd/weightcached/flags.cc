@@ -1,0 +1,446 @@
+// weightcached's flags: their definitions, and the daemon's options, backend and memory
+// budget read from them (flags.h). Every check names the flag it refuses.
+#include "cmd/weightcached/flags.h"
+
+#include <prometheus/registry.h>
+#include <signal.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "pkg/kube/device_plugin.h"
+#include "pkg/memory/cuda_backend.h"
+#include "pkg/metrics/http_server.h"
+#include "pkg/metrics/metrics.h"
+#include "pkg/peer/peer_set.h"
+#include "pkg/peer/tls.h"
+#include "pkg/server/daemon.h"
+#include "pkg/spec/spec.h"
+#include "pkg/util/flags_help.h"
+#include "pkg/util/log.h"
+#include "pkg/util/rlimit.h"
+#include "pkg/util/size_flag.h"
+#include "pkg/util/status_macros.h"
+#include "pkg/util/version.h"
+
+ABSL_FLAG(std::string, socket_dir, weightcache::server::kDefaultSocketDir,
+          "Directory for control.sock and handle.sock (created 0750)");
+ABSL_FLAG(std::vector<std::string>, spec_file, {},
+          "Model spec files (YAML/JSON) to know and preload, comma-separated");
+ABSL_FLAG(std::string, model, "",
+          "One model spec in flag form, e.g. name=llama,model_dir=/models/llama");
+ABSL_FLAG(bool, preload, true, "Load every known model at start");
+ABSL_FLAG(std::string, backend, "auto", "Memory backend: auto | host | cuda");
+ABSL_FLAG(std::string, memory_budget, "0",
+          "Most bytes the cache may hold per device, e.g. 120GiB, or a share of the smallest "
+          "device's memory, e.g. 80%; 0 means unlimited");
+ABSL_FLAG(std::vector<std::string>, allowed_uids, {},
+          "Uids allowed to connect to the control and handle sockets; empty: anyone who can "
+          "reach the sockets");
+ABSL_FLAG(std::string, admin_socket_dir, "",
+          "Directory of the admin socket (created 0700, control.sock in it): every peer there "
+          "is admin and publisher. Never a directory engine pods mount. Default: "
+          "<socket_dir>-admin; none: no admin socket");
+ABSL_FLAG(std::vector<std::string>, admin_uids, {},
+          "Admin uids on the engine socket: may define inline specs, evict, and end other "
+          "peers' leases. Default: nobody (use the admin socket)");
+ABSL_FLAG(std::vector<std::string>, admin_gids, {}, "Admin gids (see --admin_uids)");
+ABSL_FLAG(std::vector<std::string>, publish_uids, {},
+          "Uids that may publish weights they processed themselves (BeginPublish) on the "
+          "engine socket. Default: nobody (the admin socket may)");
+ABSL_FLAG(std::vector<std::string>, publish_gids, {},
+          "Gids that may publish (a peer's primary gid; see --publish_uids)");
+ABSL_FLAG(std::vector<std::string>, publish_namespaces, {},
+          "With --namespace_rules: pods of these namespaces may publish through their slot "
+          "socket. Default: none");
+ABSL_FLAG(std::vector<std::string>, model_roots, {},
+          "Directories model_dir must resolve under (symlinks followed), comma-separated; "
+          "empty: anywhere");
+ABSL_FLAG(double, refresh_interval, 10,
+          "Seconds: a non-admin Load re-reads a model's files (and hashes what changed) at "
+          "most this often; in between it loads the identity read last. Admins: every Load");
+ABSL_FLAG(int, max_connections, 2048, "Control connections open at once; more are closed");
+ABSL_FLAG(int, max_connections_per_uid, 256,
+          "Control connections per peer uid; past it that uid's requests are answered "
+          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, socket_gid, -1,
+          "Group id given the socket dir (0750) and sockets (0660), so engines running as "
+          "other uids in that group can connect; -1 keeps the daemon's group");
+ABSL_FLAG(std::string, metrics_address, weightcache::metrics::HttpServer::kDefaultAddress,
+          "Address of /metrics, /healthz, /readyz (IPv4:port or [IPv6]:port; 'off' disables)");
+ABSL_FLAG(int, read_threads, 16, "Parallel preads per load");
+ABSL_FLAG(std::string, artifact_budget, "1GiB",
+          "Host memory for compile artifacts (torch.compile caches, JIT cache directories) "
+          "that engines put and get; least recently used ones are dropped past it. 0: none");
+ABSL_FLAG(std::string, artifact_max_bytes, "512MiB", "Largest single compile artifact");
+ABSL_FLAG(std::string, artifact_dir, "",
+          "Directory (made 0700) where compile artifacts are also written, so they survive "
+          "a restart or a reboot; read back and checked against their SHA-256 when asked "
+          "for. Empty: memory only");
+ABSL_FLAG(std::string, staging_keep, "256MiB",
+          "GPU loads: page-locked staging memory kept pinned between loads (one 256 MiB ring; "
+          "saves pinning it again, ~0.1 s per load); 0 frees it after every load");
+ABSL_FLAG(bool, device_plugin, false, "Register a kubelet device plugin for the socket dir");
+ABSL_FLAG(std::string, kubelet_dir, "/var/lib/kubelet/device-plugins",
+          "Kubelet device-plugins directory (holds kubelet.sock)");
+ABSL_FLAG(int, device_plugin_slots, 64, "How many engine pods may hold the resource at once");
+ABSL_FLAG(std::string, device_plugin_resource, "weightcache.io/client", "Resource name");
+ABSL_FLAG(std::string, container_socket_dir, "",
+          "Where the socket dir appears in engine containers (default: the same path)");
+ABSL_FLAG(bool, namespace_rules, false,
+          "Enforce the models' allowed_namespaces: serve one socket dir per device-plugin slot "
+          "(<socket_dir>/slots/weightcache-<i>/, --device_plugin_slots of them; with "
+          "--device_plugin, Allocate mounts the slot's dir) and ask the kubelet's PodResources "
+          "API which pod holds a connection's slot. Restricted models are refused when the pod "
+          "cannot be identified, and on the shared socket to all but admin peers "
+          "(docs/security.md)");
+ABSL_FLAG(std::string, pod_resources_socket, "/var/lib/kubelet/pod-resources/kubelet.sock",
+          "The kubelet's PodResources API socket (--namespace_rules)");
+ABSL_FLAG(double, pod_resources_cache, 2,
+          "Seconds a PodResources answer is reused for connections accepted before it was "
+          "asked (--namespace_rules); a connection made later always asks afresh; 0: never reused");
+ABSL_FLAG(std::string, peer_policy, "copy",
+          "When an engine asks for a model-rank cached on another GPU of this node: copy "
+          "(GPU peer copy into a new entry on the engine's GPU, host-staged when P2P is "
+          "impossible) | host (always staged through pinned host memory) | miss (NOT_FOUND)");
+ABSL_FLAG(std::vector<std::string>, host_devices, {},
+          "Host backend only: names of fake devices to place segments on (e.g. "
+          "host-a,host-b), to rehearse multi-GPU placement and peer copies without a GPU; "
+          "default one device, 'host'");
+ABSL_FLAG(std::string, host_max_segment_bytes, "1GiB",
+          "Host backend only: the largest segment a model-rank is placed in (e.g. 1GiB, 4MiB). "
+          "A rank of several segments is pulled by peer fill over several holders at once "
+          "(striped), and segment sizes are part of what a peer's copy must match");
+ABSL_FLAG(std::string, digest_store, "",
+          "File remembering the content digest of each checkpoint file version, so a restart "
+          "does not hash the files again (default <socket_dir>-state/digests.json, in a 0700 "
+          "dir beside the socket dir, never in it: engines mount that one; 'none' keeps "
+          "digests in memory only)");
+ABSL_FLAG(double, shutdown_timeout, 10,
+          "Seconds from SIGTERM/SIGINT to exit, at most: loads and waits are cancelled at once, "
+          "RPCs in flight get min(1 s, a quarter of it) to finish; past it the process exits "
+          "anyway (0), removing its sockets. Engines keep what they mapped");
+ABSL_FLAG(std::string, keeper_socket, "/run/weightcache-keeper/keeper.sock",
+          "weightcache-keeper's socket: ready entries are deposited there and adopted back at "
+          "start, so the cache outlives a daemon crash or upgrade; 'off': no keeper");
+ABSL_FLAG(double, keeper_timeout, 5,
+          "Seconds one message to the keeper may take (connect, greeting, each reply) before the "
+          "daemon gives that connection up and connects again; clients never wait on it");
+ABSL_FLAG(double, scrub_interval, 30,
+          "Integrity: seconds between the starts of scrub passes, each digesting every resident "
+          "entry again and comparing it with its digest from when it was filled (a change marks "
+          "it corrupt and loads a clean copy); 0: no scrubbing");
+ABSL_FLAG(std::string, scrub_bandwidth, "50GB",
+          "Integrity: bytes per second a scrub pass may read (e.g. 50GB, 500MiB; 0: unthrottled). "
+          "At 50GB a bandwidth-bound kernel beside it on an H200 slowed by 0.06 %");
+ABSL_FLAG(std::string, peer_listen, "",
+          "Peer fill (issue 30): host:port where other nodes' daemons reach this one's peer API "
+          "(gRPC on TCP, mutual TLS: --peer_tls_*); e.g. 0.0.0.0:7443. Empty: off");
+ABSL_FLAG(int, peer_transfer_hold_seconds, 120,
+          "Peer API: how long a peer's pull keeps an entry's segments exposed (and its memory "
+          "held, even if evicted meanwhile); each Describe that asks for a transfer renews it");
+ABSL_FLAG(std::string, peers, "",
+          "Peer fill (issue 30): other nodes' daemons (comma-separated host:port of their "
+          "--peer_listen; a DNS name stands for every address it resolves to, e.g. the chart's "
+          "headless Service) asked for a model-rank before it is read from disk; a holder's "
+          "segments are pulled over UCX and checked against its digests, disk on any failure. "
+          "Uses --peer_tls_*. Empty: off");
+ABSL_FLAG(int, peer_describe_timeout_ms, 2000,
+          "Peer fill: how long each peer may take to answer whether it holds a model-rank");
+ABSL_FLAG(int, peer_pull_timeout_seconds, 300,
+          "Peer fill: how long one segment's pull (up to 1 GiB) may take before that source is "
+          "dropped");
+ABSL_FLAG(std::string, peer_tls_cert_file, "/etc/weightcache-peer/tls.crt",
+          "Peer API: this daemon's PEM certificate, signed by the fleet CA (--peer_tls_ca_file)");
+ABSL_FLAG(std::string, peer_tls_key_file, "/etc/weightcache-peer/tls.key",
+          "Peer API: the PEM private key of --peer_tls_cert_file");
+ABSL_FLAG(std::string, peer_tls_ca_file, "/etc/weightcache-peer/ca.crt",
+          "Peer API: the fleet CA (PEM); a peer must present a certificate it signed");
+ABSL_FLAG(std::string, peer_tls_server_name, "weightcache-peer",
+          "Peer API: the DNS name every daemon's certificate carries (peers are dialled by IP)");
+ABSL_FLAG(bool, verbose, false, "Debug logging");
+
+namespace weightcache {
+namespace {
+
+// Where the daemon serves and keeps its state, and what it does at start.
+void ReadPathFlags(server::DaemonOptions& opts) {
+  opts.socket_dir = absl::GetFlag(FLAGS_socket_dir);
+  opts.digest_store = absl::GetFlag(FLAGS_digest_store);
+  // Daemon state lives beside the engines' socket directory, never in it (they mount it).
+  std::string beside = opts.socket_dir;
+  while (beside.size() > 1 && beside.back() == '/') beside.pop_back();
+  if (opts.digest_store.empty()) opts.digest_store = beside + "-state/digests.json";
+  if (opts.digest_store == "none") opts.digest_store.clear();
+  opts.admin_socket_dir = absl::GetFlag(FLAGS_admin_socket_dir);
+  if (opts.admin_socket_dir.empty()) opts.admin_socket_dir = beside + "-admin";
+  if (opts.admin_socket_dir == "none") opts.admin_socket_dir.clear();
+  opts.publish_namespaces = absl::GetFlag(FLAGS_publish_namespaces);
+  opts.preload = absl::GetFlag(FLAGS_preload);
+  opts.keeper_socket = absl::GetFlag(FLAGS_keeper_socket);
+  if (opts.keeper_socket == "off") opts.keeper_socket.clear();
+}
+
+// Values that make no sense stop the daemon naming the flag, rather than being bent into
+// something else (issue 26: -7 as a gid, 0 read threads, a device named twice).
+absl::Status ReadCountFlags(server::DaemonOptions& opts) {
+  opts.socket_gid = absl::GetFlag(FLAGS_socket_gid);
+  if (opts.socket_gid < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--socket_gid: ", opts.socket_gid, " is not a group id (-1 keeps the daemon's group)"));
+  }
+  if (const int t = absl::GetFlag(FLAGS_read_threads); t < 1 || t > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("--read_threads: ", t, " is not in [1, 1024]"));
+  }
+  opts.read_threads = static_cast<unsigned>(absl::GetFlag(FLAGS_read_threads));
+  if (const int n = absl::GetFlag(FLAGS_device_plugin_slots); n < 1 || n > 100000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device_plugin_slots: ", n, " is not in [1, 100000]"));
+  }
+  std::set<std::string> seen;
+  for (const auto& d : absl::GetFlag(FLAGS_host_devices)) {
+    if (d.empty() || !seen.insert(d).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--host_devices: '", d, "' is ", d.empty() ? "empty" : "named twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The models the daemon knows (--spec_file, --model) and the sizes of what it keeps besides
+// them (staging memory, compile artifacts).
+absl::Status ReadModelFlags(server::DaemonOptions& opts) {
+  for (const auto& f : absl::GetFlag(FLAGS_spec_file)) {
+    WC_ASSIGN_OR_RETURN(auto specs, spec::LoadSpecFile(f));
+    opts.specs.insert(opts.specs.end(), specs.begin(), specs.end());
+  }
+  if (!absl::GetFlag(FLAGS_model).empty()) {
+    WC_ASSIGN_OR_RETURN(auto s, spec::ParseSpecFlag(absl::GetFlag(FLAGS_model)));
+    opts.specs.push_back(s);
+  }
+  WC_ASSIGN_OR_RETURN(opts.staging_keep_bytes,
+                      ParseByteSize(absl::GetFlag(FLAGS_staging_keep), "--staging_keep"));
+  WC_ASSIGN_OR_RETURN(opts.artifact_budget_bytes,
+                      ParseByteSize(absl::GetFlag(FLAGS_artifact_budget), "--artifact_budget"));
+  WC_ASSIGN_OR_RETURN(
+      opts.artifact_max_bytes,
+      ParseByteSize(absl::GetFlag(FLAGS_artifact_max_bytes), "--artifact_max_bytes"));
+  opts.artifact_dir = absl::GetFlag(FLAGS_artifact_dir);
+  return absl::OkStatus();
+}
+
+// Peer fill (issue 30): the peer API this daemon serves, the peers it asks, and their TLS,
+// read here so that a missing certificate stops the daemon at start, not at the first fill.
+absl::Status ReadPeerFlags(server::PeerOptions& out) {
+  out.listen = absl::GetFlag(FLAGS_peer_listen);
+  out.tls = {absl::GetFlag(FLAGS_peer_tls_cert_file), absl::GetFlag(FLAGS_peer_tls_key_file),
+             absl::GetFlag(FLAGS_peer_tls_ca_file), absl::GetFlag(FLAGS_peer_tls_server_name)};
+  out.transfer_hold = std::chrono::seconds(absl::GetFlag(FLAGS_peer_transfer_hold_seconds));
+  if (out.transfer_hold <= std::chrono::milliseconds(0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--peer_transfer_hold_seconds=", absl::GetFlag(FLAGS_peer_transfer_hold_seconds),
+        ": must be positive"));
+  }
+  if (const std::string peers = absl::GetFlag(FLAGS_peers); !peers.empty()) {
+    auto list = peer::ParsePeerList(peers);
+    if (!list.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--peers: ", list.status().message()));
+    }
+    out.peers = *std::move(list);
+  }
+  for (const auto& [flag, value] :
+       {std::pair{"--peer_describe_timeout_ms", absl::GetFlag(FLAGS_peer_describe_timeout_ms)},
+        std::pair{"--peer_pull_timeout_seconds", absl::GetFlag(FLAGS_peer_pull_timeout_seconds)}}) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, "=", value, ": must be positive"));
+    }
+  }
+  out.describe_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_peer_describe_timeout_ms));
+  out.pull_timeout = std::chrono::seconds(absl::GetFlag(FLAGS_peer_pull_timeout_seconds));
+  if (!out.listen.empty() || !out.peers.empty()) {
+    if (auto tls = peer::ReadTls(out.tls); !tls.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(out.listen.empty() ? "--peers" : "--peer_listen=" + out.listen, ": ",
+                       tls.status().message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Who may connect and in which role, where models may live, and how much one peer may ask.
+absl::Status ReadAccessFlags(server::DaemonOptions& opts) {
+  for (const auto& [flag, ids, out] :
+       {std::tuple{"--allowed_uids", absl::GetFlag(FLAGS_allowed_uids), &opts.allowed_uids},
+        std::tuple{"--admin_uids", absl::GetFlag(FLAGS_admin_uids), &opts.admin_uids},
+        std::tuple{"--admin_gids", absl::GetFlag(FLAGS_admin_gids), &opts.admin_gids},
+        std::tuple{"--publish_uids", absl::GetFlag(FLAGS_publish_uids), &opts.publish_uids},
+        std::tuple{"--publish_gids", absl::GetFlag(FLAGS_publish_gids), &opts.publish_gids}}) {
+    for (const auto& u : ids) {
+      uint32_t id;
+      if (!absl::SimpleAtoi(u, &id)) {
+        return absl::InvalidArgumentError(std::string(flag) + ": '" + u.substr(0, 64) +
+                                          "' is not a number");
+      }
+      out->push_back(id);
+    }
+  }
+  opts.model_roots = absl::GetFlag(FLAGS_model_roots);
+  if (const double r = absl::GetFlag(FLAGS_refresh_interval); !(r >= 0 && r <= 86400)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--refresh_interval: ", r, " is not in [0, 86400] seconds"));
+  }
+  opts.refresh_interval =
+      std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_refresh_interval) * 1000));
+  if (absl::GetFlag(FLAGS_max_connections) < 1 ||
+      absl::GetFlag(FLAGS_max_connections_per_uid) < 1) {
+    return absl::InvalidArgumentError(
+        "--max_connections and --max_connections_per_uid "
+        "must be at least 1");
+  }
+  opts.max_connections = static_cast<size_t>(absl::GetFlag(FLAGS_max_connections));
+  opts.max_connections_per_uid = static_cast<size_t>(absl::GetFlag(FLAGS_max_connections_per_uid));
+  return absl::OkStatus();
+}
+
+// How long shutting down, the keeper's messages and integrity scrubbing may take. Returns
+// --shutdown_timeout in seconds: the signal thread's watchdog needs it too.
+absl::StatusOr<double> ReadTimingFlags(server::DaemonOptions& opts) {
+  const double shutdown_timeout = absl::GetFlag(FLAGS_shutdown_timeout);
+  if (!(shutdown_timeout > 0 && shutdown_timeout <= 3600)) {
+    return absl::InvalidArgumentError("--shutdown_timeout: must be in (0, 3600] seconds");
+  }
+  // Loads and waits are cancelled first, so the RPCs left are short ones: 1 s is plenty, and
+  // it also bounds how long gRPC waits for idle client connections to go (clients with no call
+  // in flight notice the server's GOAWAY only at their next poll, up to 5 s later).
+  opts.shutdown_grace =
+      std::chrono::milliseconds(static_cast<int64_t>(std::min(1000.0, shutdown_timeout * 250)));
+  // A daemon that owns the keeper and is exiting lets go within its own --shutdown_timeout
+  // (the same flag, the same value across a DaemonSet's pods).
+  opts.keeper_claim_wait = std::chrono::milliseconds(static_cast<int64_t>(shutdown_timeout * 1000));
+  const double keeper_timeout = absl::GetFlag(FLAGS_keeper_timeout);
+  if (!(keeper_timeout >= 0.01 && keeper_timeout <= 3600)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--keeper_timeout: ", keeper_timeout, " is not in [0.01, 3600] seconds"));
+  }
+  opts.keeper_timeout = std::chrono::milliseconds(static_cast<int64_t>(keeper_timeout * 1000));
+  const double scrub_interval = absl::GetFlag(FLAGS_scrub_interval);
+  if (!(scrub_interval == 0 || (scrub_interval >= 0.05 && scrub_interval <= 86400))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--scrub_interval: ", scrub_interval, " is neither 0 (off) nor in [0.05, 86400] seconds"));
+  }
+  opts.scrub_interval = std::chrono::milliseconds(static_cast<int64_t>(scrub_interval * 1000));
+  WC_ASSIGN_OR_RETURN(const uint64_t scrub_bandwidth,
+                      ParseByteSize(absl::GetFlag(FLAGS_scrub_bandwidth), "--scrub_bandwidth"));
+  opts.scrub_bytes_per_second = static_cast<double>(scrub_bandwidth);
+  return shutdown_timeout;
+}
+
+// Per-model namespace rules (--namespace_rules): one socket dir per device-plugin slot, and
+// the kubelet's PodResources API to say which pod holds a slot.
+absl::Status ReadNamespaceRuleFlags(server::NamespaceRulesOptions& nr) {
+  if (!absl::GetFlag(FLAGS_namespace_rules)) return absl::OkStatus();
+  nr.enabled = true;
+  nr.slots = absl::GetFlag(FLAGS_device_plugin_slots);
+  nr.resource_name = absl::GetFlag(FLAGS_device_plugin_resource);
+  nr.pod_resources_socket = absl::GetFlag(FLAGS_pod_resources_socket);
+  nr.container_socket_dir = absl::GetFlag(FLAGS_container_socket_dir);
+  const double cache = absl::GetFlag(FLAGS_pod_resources_cache);
+  if (!(cache >= 0 && cache <= 3600)) {
+    return absl::InvalidArgumentError("--pod_resources_cache: must be in [0, 3600] seconds");
+  }
+  nr.cache_ttl = std::chrono::milliseconds(static_cast<int64_t>(cache * 1000));
+  if (nr.slots < 1 || nr.slots > 100000) {
+    return absl::InvalidArgumentError(
+        "--device_plugin_slots: must be in [1, 100000] (one socket dir per slot with "
+        "--namespace_rules)");
+  }
+  if (!absl::GetFlag(FLAGS_device_plugin)) {
+    WC_LOG_WARN(
+        "--namespace_rules without --device_plugin: slot sockets are served, but nothing "
+        "here gives pods a slot");
+  }
+  return absl::OkStatus();
+}
+
+// What Run builds from the flags before any backend exists.
+
+}  // namespace
+
+// The daemon's options from the flags, in the order the flags were always checked in: an
+// error names the first bad flag.
+absl::StatusOr<Options> OptionsFromFlags() {
+  Options o;
+  ReadPathFlags(o.daemon);
+  WC_RETURN_IF_ERROR(ReadCountFlags(o.daemon));
+  WC_RETURN_IF_ERROR(ReadModelFlags(o.daemon));
+  WC_RETURN_IF_ERROR(ReadPeerFlags(o.daemon.peer));
+  WC_RETURN_IF_ERROR(ReadAccessFlags(o.daemon));
+  // Descriptors are the daemon's working material (a connection, a lease's segments, a
+  // checkpoint file each, adopted entries): the soft limit goes up to the hard one. (Between
+  // the checks, as always: its log line comes before the later flags' errors.)
+  RaiseOpenFileLimit();
+  WC_ASSIGN_OR_RETURN(o.shutdown_timeout, ReadTimingFlags(o.daemon));
+  WC_RETURN_IF_ERROR(ReadNamespaceRuleFlags(o.daemon.namespace_rules));
+  WC_ASSIGN_OR_RETURN(o.daemon.peer_policy,
+                      server::ParsePeerPolicy(absl::GetFlag(FLAGS_peer_policy)));
+  return o;
+}
+
+// The memory backend --backend names. The host backend's own flags (--host_devices,
+// --host_max_segment_bytes) need --backend=host rather than being ignored.
+absl::StatusOr<std::unique_ptr<memory::Backend>> BackendFromFlags() {
+  const std::string host_segment = absl::GetFlag(FLAGS_host_max_segment_bytes);
+  WC_ASSIGN_OR_RETURN(const uint64_t host_segment_bytes,
+                      ParseByteSize(host_segment, "--host_max_segment_bytes"));
+  if (host_segment_bytes < 4096) {
+    return absl::InvalidArgumentError(absl::StrCat("--host_max_segment_bytes=", host_segment,
+                                                   ": a segment holds at least 4096 bytes"));
+  }
+  const bool host_options =
+      !absl::GetFlag(FLAGS_host_devices).empty() || host_segment_bytes != (1ull << 30);
+  if (!host_options) return memory::MakeBackend(absl::GetFlag(FLAGS_backend));
+  if (absl::GetFlag(FLAGS_backend) != "host") {
+    return absl::InvalidArgumentError(
+        "--host_devices and --host_max_segment_bytes need --backend=host");
+  }
+  memory::HostBackendOptions ho;
+  if (!absl::GetFlag(FLAGS_host_devices).empty())
+    ho.device_uuids = absl::GetFlag(FLAGS_host_devices);
+  ho.max_segment_bytes = host_segment_bytes;
+  return memory::MakeHostBackend(ho);
+}
+
+// --memory_budget, which may be a share of the smallest device's memory: known only once the
+// backend has found its devices.
+absl::Status SetMemoryBudget(const memory::Backend& backend, server::DaemonOptions& opts) {
+  uint64_t smallest = 0;
+  for (const auto& d : backend.Devices()) {
+    if (smallest == 0 || d.total_bytes < smallest) smallest = d.total_bytes;
+  }
+  WC_ASSIGN_OR_RETURN(
+      opts.memory_budget_bytes,
+      ParseByteSizeOrShare(absl::GetFlag(FLAGS_memory_budget), smallest, "--memory_budget"));
+  if (absl::GetFlag(FLAGS_memory_budget).find('%') != std::string::npos) {
+    WC_LOG_INFO("memory budget %s: %s per device (of %s)", absl::GetFlag(FLAGS_memory_budget),
+                FormatBytes(opts.memory_budget_bytes), FormatBytes(smallest));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace weightcache
