@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # pkg/server's layering (docs/architecture.md): the core (pkg/server/*.cc, internal/)
 # composes the parts in its subfolders (wire/, policy/, messages/, keeper/, peer/,
-# integrity/); a part never includes a header of the core, so it reaches the core only
+# integrity/, publish/); a part never includes a header of the core, so it reaches the core only
 # through interfaces it declares itself and builds, and is tested, without it. Tests in a
 # subfolder may drive a whole daemon (pkg/server/testing/), production code may not.
 # Also: no file in pkg/server, pkg/peer or cmd over 600 lines. Fails listing what it found.

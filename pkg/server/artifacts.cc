@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "pkg/metrics/metrics.h"
 #include "pkg/server/internal/lease_manager.h"
+#include "pkg/util/bytes.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 

@@ -37,7 +37,11 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend, DaemonHooks*
       models_(options_.specs, options_.read_threads, options_.model_roots, options_.metrics),
       admission_(options_, backend_, registry_, staging_pool_.get()),
       leases_(&registry_, options_.token_ttl),
-      publishes_(options_, backend_, registry_, admission_, models_, handle_path()) {
+      publish_base_(backend_, admission_, models_),
+      publishes_({.token_ttl = options_.token_ttl,
+                  .commit_wait = options_.acquire_wait,
+                  .metrics = options_.metrics},
+                 backend_, registry_, publish_base_, handle_path()) {
   registry_.SetLoadDoneCallback(
       [this](const cache::Entry& e, const absl::Status& st, double seconds) {
         if (options_.metrics != nullptr && st.ok()) {

@@ -12,20 +12,6 @@
 
 namespace weightcache::server {
 
-std::string RandomHex(size_t bytes) {
-  std::string raw(bytes, '\0');
-  // getrandom(2), not /dev/urandom: opening a file fails with EMFILE when the daemon's
-  // descriptors run out (a connection flood), and that aborted the daemon (issue 26).
-  // Reads of up to 256 bytes from the initialized pool are never short nor interrupted.
-  WC_CHECK(bytes <= 256);
-  ssize_t n;
-  do {
-    n = ::getrandom(raw.data(), bytes, 0);
-  } while (n < 0 && errno == EINTR);
-  WC_CHECK(n == static_cast<ssize_t>(bytes));
-  return HexEncode(raw.data(), raw.size());
-}
-
 absl::StatusOr<LeaseManager::Issued> LeaseManager::Issue(
     const std::shared_ptr<cache::Entry>& e, const std::string& name, const PeerCred& owner,
     const std::string& slot, const std::function<void(const std::string&)>& before_lease) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "pkg/server/internal/publish_base.h"
 #include "pkg/server/testing/core_parts.h"
 
 namespace weightcache::server {
@@ -39,8 +40,9 @@ class StatusViewTest : public testing::CorePartsTest {
             [this] { return absl::StatusOr<kube::DeviceHolders>(holders_); }),
         *models_, nullptr, 16, nullptr);
     leases_ = std::make_unique<LeaseManager>(&registry_, std::chrono::seconds(10));
-    publishes_ = std::make_unique<PublishManager>(options_, backend_.get(), registry_, *admission_,
-                                                  *models_, dir_ / "handle.sock");
+    base_ = std::make_unique<CorePublishBase>(backend_.get(), *admission_, *models_);
+    publishes_ = std::make_unique<PublishManager>(PublishManager::Options{}, backend_.get(),
+                                                  registry_, *base_, dir_ / "handle.sock");
     preloads_ =
         std::make_unique<Preloads>(options_.specs, *models_, *admission_, *access_, nullptr);
     acquire_ =
@@ -78,6 +80,7 @@ class StatusViewTest : public testing::CorePartsTest {
 
   kube::DeviceHolders holders_;
   std::unique_ptr<LeaseManager> leases_;
+  std::unique_ptr<CorePublishBase> base_;
   std::unique_ptr<PublishManager> publishes_;
   std::unique_ptr<Preloads> preloads_;
   std::unique_ptr<AcquireService> acquire_;

@@ -44,7 +44,7 @@
 #include "pkg/server/internal/model_catalog.h"
 #include "pkg/server/internal/model_service.h"
 #include "pkg/server/internal/preloads.h"
-#include "pkg/server/internal/publish_manager.h"
+#include "pkg/server/internal/publish_base.h"
 #include "pkg/server/internal/status_view.h"
 #include "pkg/server/keeper/keeper_link.h"
 #include "pkg/server/messages/manifest.h"
@@ -52,6 +52,7 @@
 #include "pkg/server/peer/peer_fill.h"
 #include "pkg/server/policy/namespace_rules.h"
 #include "pkg/server/policy/policy.h"
+#include "pkg/server/publish/publish_manager.h"
 #include "pkg/server/wire/control_listener.h"
 #include "pkg/server/wire/handle_channel.h"
 #include "pkg/util/mutex.h"
@@ -133,6 +134,7 @@ class Daemon::Impl final {
   Admission admission_;
   LeaseManager leases_;
   // After the registry: destroyed first, so publishes in flight end before it joins them.
+  CorePublishBase publish_base_;
   PublishManager publishes_;
   // Compile artifacts and their tokens: made in Start() (it reads --artifact_dir).
   std::unique_ptr<ArtifactService> artifacts_;

@@ -23,9 +23,6 @@
 
 namespace weightcache::server {
 
-// `bytes` random bytes as hex, from the kernel's CSPRNG (tokens must not be guessable).
-std::string RandomHex(size_t bytes);
-
 class LeaseManager {
  public:
   LeaseManager(cache::Registry* registry, std::chrono::seconds token_ttl)

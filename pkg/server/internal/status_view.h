@@ -22,8 +22,8 @@
 #include "pkg/server/internal/artifacts.h"
 #include "pkg/server/internal/model_catalog.h"
 #include "pkg/server/internal/preloads.h"
-#include "pkg/server/internal/publish_manager.h"
 #include "pkg/server/keeper/keeper_link.h"
+#include "pkg/server/publish/publish_manager.h"
 #include "pkg/server/wire/control_listener.h"
 #include "weightcache/v1/weightcache.pb.h"
 

@@ -9,11 +9,11 @@
 // CommitPublish checks the tensor list against the begin (a difference aborts), seals the
 // segments (host: F_SEAL_WRITE, which the kernel refuses while any writable mapping of the
 // memfd remains: the publisher must have unmapped first) and the entry becomes ready; later
-// Acquires map it read-only like a loaded entry. Not a public header.
+// Acquires map it read-only like a loaded entry. The publish library's interface to the core.
 //
 // Thread-safety: every method may be called from any thread (gRPC threads begin, commit and
-// abort; the handle channel's thread claims, closes and expires). Lifetimes: the options,
-// backend, registry, admission and catalog outlive the PublishManager; destroy it before the
+// abort; the handle channel's thread claims, closes and expires). Lifetimes: the backend,
+// registry, base (PublishBase) and metrics outlive the PublishManager; destroy it before the
 // registry (entries still publishing then fail as cancelled).
 #pragma once
 
@@ -30,16 +30,19 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "pkg/cache/registry.h"
+#include "pkg/load/model.h"
 #include "pkg/load/plan.h"
 #include "pkg/memory/backend.h"
-#include "pkg/server/internal/admission.h"
-#include "pkg/server/internal/model_catalog.h"
-#include "pkg/server/options.h"
 #include "pkg/server/wire/caller.h"
 #include "pkg/server/wire/handle_channel.h"
+#include "pkg/spec/spec.h"
 #include "pkg/util/mutex.h"
 #include "pkg/util/unix_socket.h"
 #include "weightcache/v1/weightcache.pb.h"
+
+namespace weightcache::metrics {
+class Metrics;
+}  // namespace weightcache::metrics
 
 namespace weightcache::server {
 
@@ -51,10 +54,33 @@ absl::StatusOr<load::Plan> PlanPublished(
     const google::protobuf::RepeatedPtrField<v1::PublishTensor>& tensors, uint64_t alignment,
     uint64_t max_segment_bytes);
 
+// What a publish asks of the daemon's models (the core implements it): where the request
+// places the weights, and the base checkpoint opened.
+class PublishBase {
+ public:
+  struct Placement {
+    spec::Layout layout;
+    spec::Environment env;    // the request's; the tenant is the publish's own
+    std::string device_uuid;  // the asked device, else the placement rule's for the rank
+  };
+  virtual ~PublishBase() = default;
+  // INVALID_ARGUMENT naming the field the request got wrong.
+  virtual absl::StatusOr<Placement> Place(const v1::Layout& layout,
+                                          const v1::Environment& env) const = 0;
+  // The base checkpoint's spec, opened (`refresh`: its files identified as they are now).
+  virtual absl::StatusOr<std::shared_ptr<const load::OpenedModel>> Open(const std::string& model,
+                                                                        bool refresh) = 0;
+};
+
 class PublishManager {
  public:
-  PublishManager(const DaemonOptions& options, memory::Backend* backend, cache::Registry& registry,
-                 Admission& admission, ModelCatalog& models, std::string handle_socket);
+  struct Options {
+    std::chrono::seconds token_ttl{10};     // an unclaimed token aborts its publish after this
+    std::chrono::seconds commit_wait{600};  // a commit's wait for the entry to turn ready
+    metrics::Metrics* metrics = nullptr;    // optional
+  };
+  PublishManager(Options options, memory::Backend* backend, cache::Registry& registry,
+                 PublishBase& base, std::string handle_socket);
   ~PublishManager();
   PublishManager(const PublishManager&) = delete;
   PublishManager& operator=(const PublishManager&) = delete;
@@ -107,11 +133,10 @@ class PublishManager {
                                                  const std::string& id);
   void Count(const std::string& model, const std::string& result);
 
-  const DaemonOptions& options_;
+  const Options options_;
   memory::Backend* const backend_;
   cache::Registry& registry_;
-  Admission& admission_;
-  ModelCatalog& models_;
+  PublishBase& base_;
   const std::string handle_socket_;
 
   mutable Mutex mu_;

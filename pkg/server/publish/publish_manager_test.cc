@@ -2,7 +2,7 @@
 // sockets): the session's rules — who may claim, commit and abort, a commit that differs from
 // its begin, a publisher that goes away, a token never claimed — each leaving no entry behind
 // when the publish does not complete.
-#include "pkg/server/internal/publish_manager.h"
+#include "pkg/server/publish/publish_manager.h"
 
 #include <sys/mman.h>
 
@@ -17,6 +17,7 @@
 #include "pkg/cache/registry.h"
 #include "pkg/memory/backend.h"
 #include "pkg/safetensors/writer.h"
+#include "pkg/server/internal/publish_base.h"
 #include "pkg/server/testing/core_parts.h"
 
 namespace weightcache::server {
@@ -37,8 +38,14 @@ class PublishManagerTest : public testing::CorePartsTest {
   void SetUp() override {
     options_.acquire_wait = std::chrono::seconds(20);
     MakeParts();
-    publishes_ = std::make_unique<PublishManager>(options_, backend_.get(), registry_, *admission_,
-                                                  *models_, dir_ / "handle.sock");
+    base_ = std::make_unique<CorePublishBase>(backend_.get(), *admission_, *models_);
+    MakePublishes(options_.token_ttl);
+  }
+  void MakePublishes(std::chrono::seconds token_ttl) {
+    publishes_.reset();
+    publishes_ = std::make_unique<PublishManager>(
+        PublishManager::Options{.token_ttl = token_ttl, .commit_wait = options_.acquire_wait},
+        backend_.get(), registry_, *base_, dir_ / "handle.sock");
   }
   void TearDown() override {
     publishes_.reset();  // before the registry (its lifetime rule)
@@ -92,6 +99,7 @@ class PublishManagerTest : public testing::CorePartsTest {
     return Entries();
   }
 
+  std::unique_ptr<CorePublishBase> base_;
   std::unique_ptr<PublishManager> publishes_;
 };
 
@@ -183,7 +191,7 @@ TEST_F(PublishManagerTest, APublisherWhoseConnectionClosesOrNeverClaimsLeavesNot
   EXPECT_FALSE(publishes_->OnClose("not-a-publish"));
   EXPECT_EQ(EntriesOnce(0), 0u);
 
-  options_.token_ttl = std::chrono::seconds(0);  // every unclaimed token has expired
+  MakePublishes(std::chrono::seconds(0));  // every unclaimed token has expired
   v1::BeginPublishResponse unclaimed;
   ASSERT_TRUE(publishes_->Begin(Cred(1000), "", "", Request("r5"), &unclaimed).ok());
   EXPECT_EQ(Entries(), 1u);

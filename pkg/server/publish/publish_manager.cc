@@ -1,4 +1,4 @@
-#include "pkg/server/internal/publish_manager.h"
+#include "pkg/server/publish/publish_manager.h"
 
 #include <unistd.h>
 
@@ -11,7 +11,6 @@
 #include "absl/strings/str_join.h"
 #include "pkg/load/loader.h"
 #include "pkg/metrics/metrics.h"
-#include "pkg/server/internal/lease_manager.h"
 #include "pkg/server/messages/manifest.h"
 #include "pkg/server/policy/namespace_rules.h"
 #include "pkg/util/bytes.h"
@@ -173,14 +172,12 @@ struct PublishManager::Session {
   }
 };
 
-PublishManager::PublishManager(const DaemonOptions& options, memory::Backend* backend,
-                               cache::Registry& registry, Admission& admission,
-                               ModelCatalog& models, std::string handle_socket)
+PublishManager::PublishManager(Options options, memory::Backend* backend, cache::Registry& registry,
+                               PublishBase& base, std::string handle_socket)
     : options_(options),
       backend_(backend),
       registry_(registry),
-      admission_(admission),
-      models_(models),
+      base_(base),
       handle_socket_(std::move(handle_socket)) {}
 
 PublishManager::~PublishManager() {
@@ -219,19 +216,17 @@ absl::StatusOr<PublishManager::Target> PublishManager::Resolve(const std::string
                      "the fingerprint)"));
   }
   Target t;
-  WC_ASSIGN_OR_RETURN(spec::Layout layout, admission_.LayoutFrom(req.layout()));
-  WC_ASSIGN_OR_RETURN(Admission::AskedEnv asked, admission_.EnvFrom(req.env()));
-  WC_ASSIGN_OR_RETURN(t.opened, models_.Open(req.model(), /*refresh=*/false));
+  WC_ASSIGN_OR_RETURN(PublishBase::Placement placed, base_.Place(req.layout(), req.env()));
+  WC_ASSIGN_OR_RETURN(t.opened, base_.Open(req.model(), /*refresh=*/false));
   if (!t.opened->ChangedFiles().empty()) {  // identify the base as it is now
-    WC_ASSIGN_OR_RETURN(t.opened, models_.Open(req.model(), /*refresh=*/true));
+    WC_ASSIGN_OR_RETURN(t.opened, base_.Open(req.model(), /*refresh=*/true));
   }
   WC_ASSIGN_OR_RETURN(t.plan, PlanPublished(req.tensors(), backend_->tensor_alignment(),
                                             backend_->max_segment_bytes()));
-  t.device = asked.device_uuid.empty() ? DefaultDeviceForRank(backend_->Devices(), layout.tp_rank)
-                                       : asked.device_uuid;
-  spec::Environment env = asked.env;
+  t.device = placed.device_uuid;
+  spec::Environment env = placed.env;
   env.tenant = tenant;
-  t.inputs = t.opened->Inputs(layout, env);
+  t.inputs = t.opened->Inputs(placed.layout, env);
   for (uint64_t b : t.plan.segment_bytes) t.bytes += RoundUp(b, backend_->granularity());
   return t;
 }
@@ -524,7 +519,7 @@ absl::Status PublishManager::Commit(const Caller& caller, const v1::CommitPublis
   RecordPublisher(s->entry->key, s->info);
   s->Decide(std::move(loaded));
   if (absl::Status st =
-          registry_.WaitReady(s->entry, caller.DeadlineOr(options_.acquire_wait), caller.gone);
+          registry_.WaitReady(s->entry, caller.DeadlineOr(options_.commit_wait), caller.gone);
       !st.ok()) {
     {
       MutexLock l(mu_);

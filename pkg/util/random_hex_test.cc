@@ -1,5 +1,3 @@
-#include "pkg/server/internal/lease_manager.h"
-
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -7,13 +5,14 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "pkg/util/bytes.h"
 #include "pkg/util/scoped_fd.h"
 
-namespace weightcache::server {
+namespace weightcache {
 namespace {
 
-// Finding (issue 26): RandomHex opened /dev/urandom and aborted the daemon when the open
-// failed, which it does with EMFILE exactly when a connection flood has used up the
+// Lease ids and tokens. Finding (issue 26): RandomHex opened /dev/urandom and aborted the daemon
+// when the open failed, which it does with EMFILE exactly when a connection flood has used up the
 // descriptors. It now asks getrandom(2), which needs none.
 TEST(RandomHex, WorksWithEveryDescriptorInUse) {
   struct rlimit old {};
@@ -37,4 +36,4 @@ TEST(RandomHex, WorksWithEveryDescriptorInUse) {
 }
 
 }  // namespace
-}  // namespace weightcache::server
+}  // namespace weightcache
