@@ -14,7 +14,8 @@
 #              command="OUT=$OUT bash tests/gpu/run-bench-compare-on-device.sh")
 # Environment: OUT (logs and tables), ACQUIRE_ARGS (default --sizes_gib=1,120
 # --tensors=1000,2000 --reps=5), LOAD_ARGS (default --sizes_gib=8 --tp=1,2,4,8
-# --configs=16:256:4:auto), ROUNDS (1: base then new; 2 fits a call only with smaller sizes).
+# --configs=16:256:4:auto), ROUNDS (1: base then new; 2 fits a call only with smaller sizes),
+# SECTIONS (acquire,load).
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 carry=${WC_CARRY_DIR:-$root/.device-carry}
@@ -42,10 +43,13 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
   for build in base new; do
     bin=$carry/bin
     [[ $build == base ]] && bin=$carry/base-bin
-    section "round $round, $build: gpu_acquire_bench"
-    timeout 240 "$bin/gpu_acquire_bench" ${ACQUIRE_ARGS:---sizes_gib=1,120 --tensors=1000,2000 --reps=5} \
-      >"$OUT/acquire-$build-$round.md" || rc=1
-    cat "$OUT/acquire-$build-$round.md"
+    if [[ ${SECTIONS:-acquire,load} == *acquire* ]]; then
+      section "round $round, $build: gpu_acquire_bench"
+      timeout 240 "$bin/gpu_acquire_bench" ${ACQUIRE_ARGS:---sizes_gib=1,120 --tensors=1000,2000 --reps=5} \
+        >"$OUT/acquire-$build-$round.md" || rc=1
+      cat "$OUT/acquire-$build-$round.md"
+    fi
+    [[ ${SECTIONS:-acquire,load} == *load* ]] || continue
     section "round $round, $build: load_bench"
     timeout 240 "$bin/load_bench" --dir="$dir" \
       ${LOAD_ARGS:---sizes_gib=8 --tp=1,2,4,8 --configs=16:256:4:auto} --deadline_s=200 \
