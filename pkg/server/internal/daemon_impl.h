@@ -1,15 +1,11 @@
-// Daemon internals, defined across the files of its seams:
-//   daemon.cc        composition and lifecycle (start, keeper adoption, teardown), Load, Evict,
-//                    Release, and the door to the policy (Authorize/Check, CallerOf)
-//   acquire.cc       the Acquire policy: stale check, hit, peer copy, load on miss,
-//                    mismatch diagnosis, and the lease it ends in
-//   status_view.cc   the Status view, readiness and the metrics' scrape-time snapshots
-//   integrity.cc     digests when entries are filled, the scrubber's findings (corrupt
-//                    entries out of service, lease holders told, clean copies), VerifyResident
-//   peer_service.cc  the peer API for other nodes' daemons (TCP, mutual TLS): Describe
-//   grpc_service.cc  the gRPC adapter. The parts it composes have a unit each: ModelCatalog
-// (specs, opened models, identity), Admission (placement, budget, loads and peer copies),
-// LeaseManager (leases and tokens bound to entries), cache::Registry (entries).
+// The daemon's composition (docs/architecture.md): Daemon::Impl owns the units and sequences
+// them. daemon.cc: construction, Start in its steps, Teardown in order, Release and the
+// publish rule. The units, each in its own file with its own suite: Access (every RPC's
+// door), Preloads, ModelService (Load, Evict), AcquireService, ArtifactService,
+// IntegrityService, StatusView; with ModelCatalog, Admission, LeaseManager, the registry and
+// the parts in the subfolders (wire/, policy/, messages/, keeper/, peer/, integrity/,
+// publish/). peer_service.cc: the peer API (Describe) on this Impl; grpc_service.cc: the gRPC
+// adapter over the accessors below.
 // Not a public header.
 #pragma once
 
