@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "pkg/metrics/metrics.h"
+#include "pkg/server/testing/core_parts.h"
 #include "pkg/server/testing/metric_sample.h"
 #include "prometheus/registry.h"
 
@@ -21,24 +22,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-spec::ModelSpec Spec(const std::string& name, std::vector<std::string> allowed = {},
-                     bool private_copies = false) {
-  spec::ModelSpec s;
-  s.name = name;
-  s.model_dir = "/nonexistent/" + name;
-  s.allowed_namespaces = std::move(allowed);
-  if (private_copies) s.isolation = spec::kIsolationNamespace;
-  return s;
-}
-
-Caller On(SocketKind socket, uid_t uid = 0, std::string slot = "") {
-  Caller c;
-  c.cred.uid = uid;
-  c.socket = socket;
-  c.slot = std::move(slot);
-  c.accepted = std::chrono::steady_clock::now();
-  return c;
-}
+using testing::On;
+using testing::OnSlot;
+using testing::Spec;
 
 class AccessTest : public ::testing::Test {
  protected:
@@ -85,7 +71,7 @@ TEST_F(AccessTest, AnUnknownConnectionIsRefusedAndAnOverCapOneIsToldItsCap) {
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(std::string(unknown.status().message()), HasSubstr("unknown peer (fd:9)"));
 
-  Caller over = On(SocketKind::kEngine, 1000);
+  Caller over = On(1000);
   over.over_cap = true;
   over.uid_connections = 4;
   peers_["fd:10"] = over;
@@ -95,7 +81,7 @@ TEST_F(AccessTest, AnUnknownConnectionIsRefusedAndAnOverCapOneIsToldItsCap) {
               HasSubstr("uid 1000 holds 4 connections, over the cap of 3 per uid"));
   EXPECT_EQ(Refusals("connection_cap"), 1);
 
-  peers_["fd:11"] = On(SocketKind::kEngine, 1000);
+  peers_["fd:11"] = On(1000);
   auto known = access_->CallerOf("fd:11");
   ASSERT_TRUE(known.ok()) << known.status();
   EXPECT_EQ(known->cred.uid, 1000u);
@@ -103,7 +89,7 @@ TEST_F(AccessTest, AnUnknownConnectionIsRefusedAndAnOverCapOneIsToldItsCap) {
 
 TEST_F(AccessTest, AuthorizeCountsARefusalUnderItsRuleAndCheckDoesNot) {
   Make(false);
-  const Caller root = On(SocketKind::kEngine);
+  const Caller root = On(0);
   const absl::Status checked = access_->Check(root, Verb::kEvict, {});
   EXPECT_EQ(checked.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(Refusals("admin"), 0);
@@ -111,8 +97,8 @@ TEST_F(AccessTest, AuthorizeCountsARefusalUnderItsRuleAndCheckDoesNot) {
   EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(refused.message(), checked.message());
   EXPECT_EQ(Refusals("admin"), 1);
-  EXPECT_TRUE(access_->Authorize(On(SocketKind::kEngine, 7), Verb::kEvict, {}).ok());
-  EXPECT_TRUE(access_->IsAdmin(On(SocketKind::kEngine, 7)));
+  EXPECT_TRUE(access_->Authorize(On(7), Verb::kEvict, {}).ok());
+  EXPECT_TRUE(access_->IsAdmin(On(7)));
   EXPECT_FALSE(access_->rules_on());
 }
 
@@ -132,7 +118,7 @@ TEST_F(AccessTest, APodOnItsSlotMapsItsNamespacesCopyAndAnAdminLoadsEveryListedO
   holders_.by_device["weightcache-1"] = {"team-b", "engine-b", "engine"};
   Make(true);
   EXPECT_TRUE(access_->rules_on());
-  const Caller pod = On(SocketKind::kSlot, 0, "weightcache-1");
+  const Caller pod = OnSlot("weightcache-1");
   auto tenant = access_->TenantFor(pod, "private");
   ASSERT_TRUE(tenant.ok()) << tenant.status();
   EXPECT_EQ(*tenant, "team-b");

@@ -11,6 +11,7 @@
 
 #include "pkg/metrics/metrics.h"
 #include "pkg/server/internal/artifacts.h"
+#include "pkg/server/testing/core_parts.h"
 #include "pkg/server/testing/metric_sample.h"
 #include "prometheus/registry.h"
 
@@ -20,26 +21,11 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr uid_t kPublisher = 1000;
-constexpr uid_t kAdmin = 7;
+using testing::kAdmin;
 constexpr uid_t kEngine = 0;
 
-spec::ModelSpec Spec(const std::string& name, std::vector<std::string> allowed = {}) {
-  spec::ModelSpec s;
-  s.name = name;
-  s.model_dir = "/nonexistent/" + name;
-  s.allowed_namespaces = std::move(allowed);
-  return s;
-}
-
-Caller On(uid_t uid, SocketKind socket = SocketKind::kEngine, std::string slot = "") {
-  Caller c;
-  c.cred.uid = uid;
-  c.cred.pid = 4242;
-  c.socket = socket;
-  c.slot = std::move(slot);
-  c.accepted = std::chrono::steady_clock::now();
-  return c;
-}
+using testing::On;
+using testing::Spec;
 
 v1::ArtifactKey Key(const std::string& model = "m") {
   v1::ArtifactKey k;

@@ -20,6 +20,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using testing::kAdmin;
 using testing::On;
+using testing::OnSlot;
 
 class StatusViewTest : public testing::CorePartsTest {
  protected:
@@ -70,12 +71,6 @@ class StatusViewTest : public testing::CorePartsTest {
     ASSERT_TRUE(
         registry_.WaitReady(*e, std::chrono::steady_clock::now() + std::chrono::seconds(30)).ok());
     ASSERT_TRUE(leases_->Issue(*e, "m", PeerCred{1, 0, 0}, "weightcache-0", nullptr).ok());
-  }
-  static Caller OnSlot(const std::string& slot) {
-    Caller c = On(0);
-    c.socket = SocketKind::kSlot;
-    c.slot = slot;
-    return c;
   }
 
   kube::DeviceHolders holders_;

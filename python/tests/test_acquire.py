@@ -124,7 +124,8 @@ def test_closed_weights_refuse_access(daemon):
 
 def test_check_is_quiet_while_the_daemon_reports_nothing(daemon):
     # Issue 27: check() polls the lease's connection for the daemon's "corrupt" event (the
-    # event itself is tested in C++: pkg/server/integrity/integrity_daemon_test.cc, tests/gpu/stack_gpu_test.cc).
+    # event itself is tested in C++: pkg/server/integrity/integrity_daemon_test.cc,
+    # pkg/server/integrity_service_test.cc, tests/gpu/stack_gpu_test.cc).
     w = weightcache.acquire("tiny", socket=daemon.socket)
     assert w.check() is None
     assert w.check(timeout=0.05) is None

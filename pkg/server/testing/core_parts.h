@@ -8,6 +8,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pkg/cache/registry.h"
@@ -24,11 +25,27 @@ namespace weightcache::server::testing {
 // The admin on the engine socket; uid 0 is an engine (no role).
 inline constexpr uid_t kAdmin = 7;
 
-inline Caller On(uid_t uid) {
+// A caller of uid `uid` (gid 0) on `socket` (a slot socket: `slot`'s), accepted now.
+inline Caller On(uid_t uid, SocketKind socket = SocketKind::kEngine, std::string slot = "") {
   Caller c;
   c.cred.uid = uid;
+  c.socket = socket;
+  c.slot = std::move(slot);
   c.accepted = std::chrono::steady_clock::now();
   return c;
+}
+// The pod on slot `slot` (uid 0, as the chart's engines run).
+inline Caller OnSlot(std::string slot) { return On(0, SocketKind::kSlot, std::move(slot)); }
+
+// A spec that is never opened (its directory does not exist): for rules, not loads.
+inline spec::ModelSpec Spec(const std::string& name, std::vector<std::string> allowed = {},
+                            bool private_copies = false) {
+  spec::ModelSpec s;
+  s.name = name;
+  s.model_dir = "/nonexistent/" + name;
+  s.allowed_namespaces = std::move(allowed);
+  if (private_copies) s.isolation = spec::kIsolationNamespace;
+  return s;
 }
 
 class CorePartsTest : public ::testing::Test {
