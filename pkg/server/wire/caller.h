@@ -10,6 +10,7 @@
 #include <functional>
 #include <string>
 
+#include "pkg/tenant/unit.h"
 #include "pkg/util/unix_socket.h"
 
 namespace weightcache::server {
@@ -29,6 +30,9 @@ struct Caller {
   PeerCred cred;
   SocketKind socket = SocketKind::kEngine;
   std::string slot;  // kSlot: the slot id (e.g. weightcache-3); empty otherwise
+  // The tenant unit (pod, slot or process) the connection belongs to: leases, caps, puts in
+  // flight and Status are per unit (pkg/tenant/unit.h), never per uid.
+  tenant::Unit unit;
   std::chrono::steady_clock::time_point accepted;
   bool over_cap = false;  // this uid held max_connections_per_uid already
   size_t uid_connections = 0;

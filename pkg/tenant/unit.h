@@ -1,0 +1,42 @@
+// The tenant unit: who a connection belongs to for leases, connection caps, puts in flight
+// and what Status shows (issue 47: every engine pod runs as root, so a uid names nobody).
+// Resolved once at accept from the peer's pid (SO_PEERCRED): the pod when its cgroup path
+// names one (cgroup.h), the device-plugin slot on a slot socket (one pod each), else the
+// process itself (pid and start time, so a reused pid is another unit). Uids stay for file
+// permissions and the role flags (policy.h). Depends on nothing of the daemon.
+//
+// Thread-safety: a plain value, copied freely.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+namespace weightcache::tenant {
+
+enum class UnitKind {
+  kUnknown,  // not resolved (a test's hand-made caller, or a peer whose pid is not visible)
+  kPod,      // a Kubernetes pod, from the cgroup path: `pod` is its UID
+  kSlot,     // a device-plugin slot socket (namespace rules): `slot` is its id
+  kProcess,  // outside Kubernetes: one process, `pid` started at `start_ticks`
+};
+
+struct Unit {
+  UnitKind kind = UnitKind::kUnknown;
+  std::string pod;        // kPod: the pod UID (dashes, lower case)
+  std::string slot;       // kSlot: the slot id
+  pid_t pid = 0;          // the connecting process (0: unknown)
+  uint64_t start_ticks = 0;  // its start time (/proc/PID/stat field 22), with pid its identity
+  std::string container;  // kPod: the container id from the cgroup path, for messages
+
+  // A key that is equal for connections of the same unit and differs otherwise:
+  // "pod:<uid>", "slot:<id>", "process:<pid>/<start>", "unknown:<pid>".
+  std::string Key() const;
+  // For messages: "pod 1234abcd-...", "slot weightcache-3", "process 812".
+  std::string Describe() const;
+
+  friend bool operator==(const Unit& a, const Unit& b) { return a.Key() == b.Key(); }
+};
+
+}  // namespace weightcache::tenant
