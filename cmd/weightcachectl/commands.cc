@@ -95,9 +95,9 @@ void PrintEntry(const v1::EntryInfo& e) {
       e.state() == "loading"
           ? absl::StrFormat("%.0f%%", e.bytes_done() * 100.0 / std::max<uint64_t>(1, e.bytes()))
           : FormatBytes(e.bytes());
-  std::printf("%-20s %-8s %-15s %11s %12s %8u %5u %6d %-12s %s%s\n", e.model().c_str(),
+  std::printf("%-20s %-8s %-15s %11s %12s %8u %5u %6u %-12s %s%s\n", e.model().c_str(),
               e.state().c_str(), Layout(e.layout()).c_str(), bytes.c_str(),
-              FormatBytes(e.tensor_bytes()).c_str(), e.tensors(), e.segments(), e.leases_size(),
+              FormatBytes(e.tensor_bytes()).c_str(), e.tensors(), e.segments(), e.lease_count(),
               e.fingerprint().substr(0, 12).c_str(), e.device_uuid().c_str(),
               SourceNote(e.source()));
   if (e.has_publisher()) {
@@ -119,8 +119,13 @@ void PrintEntry(const v1::EntryInfo& e) {
                 e.error().c_str());
   }
   for (const auto& l : e.leases()) {
-    std::printf("  lease %s pid %d uid %d age %.1fs\n", l.lease_id().substr(0, 12).c_str(), l.pid(),
-                l.uid(), l.age_seconds());
+    std::printf("  lease %s pid %d uid %d age %.1fs %s\n", l.lease_id().substr(0, 12).c_str(),
+                l.pid(), l.uid(), l.age_seconds(), l.owner().c_str());
+  }
+  // Leases of other pods are shown only as a count (docs/security.md, "A tenant is a pod").
+  if (e.lease_count() > static_cast<uint32_t>(e.leases_size())) {
+    std::printf("  %u more lease(s) of other pods\n",
+                e.lease_count() - static_cast<uint32_t>(e.leases_size()));
   }
 }
 

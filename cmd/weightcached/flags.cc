@@ -76,9 +76,10 @@ ABSL_FLAG(double, refresh_interval, 10,
           "Seconds: a non-admin Load re-reads a model's files (and hashes what changed) at "
           "most this often; in between it loads the identity read last. Admins: every Load");
 ABSL_FLAG(int, max_connections, 2048, "Control connections open at once; more are closed");
-ABSL_FLAG(int, max_connections_per_uid, 256,
-          "Control connections per peer uid; past it that uid's requests are answered "
-          "RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_connections_per_pod, 256,
+          "Control connections per tenant unit: the peer's pod (from its cgroup; needs "
+          "hostPID), its slot socket, or outside Kubernetes the process; past it that unit's "
+          "requests are answered RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, socket_gid, -1,
           "Group id given the socket dir (0750) and sockets (0660), so engines running as "
           "other uids in that group can connect; -1 keeps the daemon's group");
@@ -308,13 +309,13 @@ absl::Status ReadAccessFlags(server::DaemonOptions& opts) {
   opts.refresh_interval =
       std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_refresh_interval) * 1000));
   if (absl::GetFlag(FLAGS_max_connections) < 1 ||
-      absl::GetFlag(FLAGS_max_connections_per_uid) < 1) {
+      absl::GetFlag(FLAGS_max_connections_per_pod) < 1) {
     return absl::InvalidArgumentError(
-        "--max_connections and --max_connections_per_uid "
+        "--max_connections and --max_connections_per_pod "
         "must be at least 1");
   }
   opts.max_connections = static_cast<size_t>(absl::GetFlag(FLAGS_max_connections));
-  opts.max_connections_per_uid = static_cast<size_t>(absl::GetFlag(FLAGS_max_connections_per_uid));
+  opts.max_connections_per_pod = static_cast<size_t>(absl::GetFlag(FLAGS_max_connections_per_pod));
   return absl::OkStatus();
 }
 

@@ -64,9 +64,12 @@ struct LeaseRecord {
   int pid = 0;  // the process holding the descriptors (set when claimed)
   int uid = 0;
   std::chrono::steady_clock::time_point since;
-  int owner_uid = -1;    // who acquired it (control-plane peer): may release it
+  int owner_uid = -1;    // the uid that acquired it (for Status and messages)
   bool claimed = false;  // its descriptors were handed out (SetLeasePeer)
   std::string slot;      // the slot socket it was acquired on; empty: the shared one
+  // The tenant unit that acquired it (tenant::Unit::Key: "pod:<uid>", "slot:<id>",
+  // "process:<pid>/<start>"): only that unit, or an admin, may release it.
+  std::string owner_unit;
 };
 
 // Checks a fill's digests against what they must be (a peer copy: its source's; a keeper

@@ -81,7 +81,7 @@ void AddControl(const ControlSnapshot& c, std::vector<prometheus::MetricFamily>*
       CounterMetric({{"reason", "allowlist"}}, static_cast<double>(c.closed_allowlist)));
   closed->push_back(
       CounterMetric({{"reason", "max_connections"}}, static_cast<double>(c.closed_total)));
-  closed->push_back(CounterMetric({{"reason", "max_connections_per_uid"}},
+  closed->push_back(CounterMetric({{"reason", "max_connections_per_pod"}},
                                   static_cast<double>(c.closed_uid_cap)));
   family("weightcache_control_accept_errors_total",
          "accept(2) failures on the control sockets (out of descriptors: backed off, retried).",

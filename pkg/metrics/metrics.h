@@ -76,7 +76,7 @@ struct ControlSnapshot {
   uint64_t accepted = 0;
   uint64_t closed_allowlist = 0;  // uid not in --allowed_uids
   uint64_t closed_total = 0;      // --max_connections reached
-  uint64_t closed_uid_cap = 0;    // --max_connections_per_uid reached, and its told connections
+  uint64_t closed_uid_cap = 0;    // --max_connections_per_pod reached, and its told connections
   uint64_t accept_errors = 0;
 };
 

@@ -253,7 +253,7 @@ TEST(MetricsTest, TheControlListenersCountersAreExported) {
   const char* closed = "weightcache_control_connections_closed_at_accept_total";
   EXPECT_EQ(Value(v, closed, {{"reason", "allowlist"}}), 1.0);
   EXPECT_EQ(Value(v, closed, {{"reason", "max_connections"}}), 2.0);
-  EXPECT_EQ(Value(v, closed, {{"reason", "max_connections_per_uid"}}), 3.0);
+  EXPECT_EQ(Value(v, closed, {{"reason", "max_connections_per_pod"}}), 3.0);
   EXPECT_EQ(Value(v, "weightcache_control_accept_errors_total", {}), 4.0);
 }
 

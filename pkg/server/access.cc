@@ -10,13 +10,13 @@
 namespace weightcache::server {
 
 Access::Access(PolicyOptions policy, std::unique_ptr<NamespaceRules> rules,
-               const ModelCatalog& models, PeerLookup peer_of, size_t max_connections_per_uid,
+               const ModelCatalog& models, PeerLookup peer_of, size_t max_connections_per_pod,
                metrics::Metrics* metrics)
     : rules_(std::move(rules)),
       policy_(std::move(policy), rules_.get()),
       models_(models),
       peer_of_(std::move(peer_of)),
-      max_connections_per_uid_(max_connections_per_uid),
+      max_connections_per_pod_(max_connections_per_pod),
       metrics_(metrics) {}
 
 absl::StatusOr<Caller> Access::CallerOf(const std::string& grpc_peer) const {
@@ -27,9 +27,9 @@ absl::StatusOr<Caller> Access::CallerOf(const std::string& grpc_peer) const {
   if (c->over_cap) {
     if (metrics_ != nullptr) metrics_->OnRefused("connection_cap");
     return absl::ResourceExhaustedError(
-        absl::StrCat("control socket: uid ", c->cred.uid, " holds ", c->uid_connections,
-                     " connections, over the cap of ", max_connections_per_uid_,
-                     " per uid (--max_connections_per_uid); close some and reconnect"));
+        absl::StrCat("control socket: ", c->unit.Describe(), " holds ", c->unit_connections,
+                     " connections, over the cap of ", max_connections_per_pod_,
+                     " per pod (--max_connections_per_pod); close some and reconnect"));
   }
   return *c;
 }

@@ -46,7 +46,7 @@ class AccessTest : public ::testing::Test {
           if (it == peers_.end()) return std::nullopt;
           return it->second;
         },
-        /*max_connections_per_uid=*/3, &metrics_);
+        /*max_connections_per_pod=*/3, &metrics_);
   }
   double Refusals(const std::string& rule) {
     return testing::Sample(registry_, "weightcache_refusals_total", {{"rule", rule}}, 0);
@@ -73,12 +73,12 @@ TEST_F(AccessTest, AnUnknownConnectionIsRefusedAndAnOverCapOneIsToldItsCap) {
 
   Caller over = On(1000);
   over.over_cap = true;
-  over.uid_connections = 4;
+  over.unit_connections = 4;
   peers_["fd:10"] = over;
   auto capped = access_->CallerOf("fd:10");
   EXPECT_EQ(capped.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(capped.status().message()),
-              HasSubstr("uid 1000 holds 4 connections, over the cap of 3 per uid"));
+              HasSubstr("process 1001 holds 4 connections, over the cap of 3 per pod"));
   EXPECT_EQ(Refusals("connection_cap"), 1);
 
   peers_["fd:11"] = On(1000);

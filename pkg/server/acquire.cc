@@ -323,7 +323,7 @@ absl::Status AcquireService::FillLease(const std::shared_ptr<cache::Entry>& e,
                                        const std::string& name, const Caller& caller,
                                        bool packed_manifest, v1::AcquireResponse* resp) {
   WC_ASSIGN_OR_RETURN(LeaseManager::Issued issued,
-                      leases_.Issue(e, name, caller.cred, caller.slot, options_.before_lease));
+                      leases_.Issue(e, name, caller, options_.before_lease));
   const std::shared_ptr<const load::LoadedModel>& content = issued.content;
   std::string model_dir = content->model_dir;
   // The asked spec: same content as the entry's (that is what the fingerprint says), and the

@@ -270,7 +270,7 @@ TEST_F(ArtifactsTest, AnArtifactTokenIsClaimedOnceAndHoldsNoLease) {
   EXPECT_EQ(claim(), "ERR 0");
   auto st = client_->Status();
   ASSERT_TRUE(st.ok());
-  for (const auto& e : st->entries()) EXPECT_EQ(e.leases_size(), 0) << e.DebugString();
+  for (const auto& e : st->entries()) EXPECT_EQ(e.lease_count(), 0u) << e.DebugString();
 }
 
 TEST_F(ArtifactsTest, AnAdminEvictsAndTheDirectoryKeepsThemAcrossARestart) {

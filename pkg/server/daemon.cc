@@ -169,7 +169,7 @@ absl::Status Daemon::Impl::MakeAccess() {
       [this](const std::string& grpc_peer) {
         return control_ ? control_->PeerOf(grpc_peer) : std::nullopt;
       },
-      options_.max_connections_per_uid, options_.metrics);
+      options_.max_connections_per_pod, options_.metrics);
   return absl::OkStatus();
 }
 
@@ -258,7 +258,7 @@ absl::Status Daemon::Impl::StartControlServer() {
   lo.admin_path = admin_path();
   lo.allowed_uids = options_.allowed_uids;
   lo.max_connections = options_.max_connections;
-  lo.max_connections_per_uid = options_.max_connections_per_uid;
+  lo.max_connections_per_pod = options_.max_connections_per_pod;
   if (options_.metrics != nullptr) {
     lo.on_relay_closed = [m = options_.metrics](const std::string& limit) {
       m->OnRefused("http2_" + limit);
@@ -346,7 +346,7 @@ absl::Status Daemon::Impl::Release(const Caller& caller, const v1::ReleaseReques
   if (lease) {
     Object o;
     o.lease = req.lease_id();
-    o.owner_uid = static_cast<uid_t>(lease->owner_uid);
+    o.owner_unit = lease->owner_unit;
     o.owner_slot = lease->slot;
     WC_RETURN_IF_ERROR(access_->Authorize(caller, Verb::kRelease, o));
   }

@@ -121,7 +121,7 @@ TEST_F(DaemonInProcessTest, TokenOfAnEvictedEntryDoesNotClaimTheReloadedOne) {
   ASSERT_TRUE(st.ok());
   ASSERT_EQ(st->entries_size(), 1) << st->DebugString();
   EXPECT_EQ(st->entries(0).state(), "ready");
-  EXPECT_EQ(st->entries(0).leases_size(), 0);
+  EXPECT_EQ(st->entries(0).lease_count(), 0u);
 }
 
 // A client that asks for the packed manifest gets the entries an older client gets as

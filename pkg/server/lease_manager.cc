@@ -13,21 +13,23 @@
 namespace weightcache::server {
 
 absl::StatusOr<LeaseManager::Issued> LeaseManager::Issue(
-    const std::shared_ptr<cache::Entry>& e, const std::string& name, const PeerCred& owner,
-    const std::string& slot, const std::function<void(const std::string&)>& before_lease) {
+    const std::shared_ptr<cache::Entry>& e, const std::string& name, const Caller& owner,
+    const std::function<void(const std::string&)>& before_lease) {
+  const std::string& slot = owner.slot;
   const std::string evicted =
       absl::StrCat("model '", name, "' was evicted between its lookup and its lease; ask again");
   auto content = registry_->Content(e);
   if (!content.ok()) return absl::UnavailableError(evicted);
   if (before_lease) before_lease(name);
   Issued out{RandomHex(16), RandomHex(32), *std::move(content)};
-  cache::LeaseRecord rec{out.lease_id,
-                         static_cast<int>(owner.pid),
-                         static_cast<int>(owner.uid),
-                         std::chrono::steady_clock::now(),
-                         static_cast<int>(owner.uid),
-                         /*claimed=*/false,
-                         slot};
+  cache::LeaseRecord rec;
+  rec.id = out.lease_id;
+  rec.pid = static_cast<int>(owner.cred.pid);
+  rec.uid = static_cast<int>(owner.cred.uid);
+  rec.since = std::chrono::steady_clock::now();
+  rec.owner_uid = static_cast<int>(owner.cred.uid);
+  rec.owner_unit = owner.unit.Key();
+  rec.slot = slot;
   if (!registry_->AddLease(e, rec).ok()) return absl::UnavailableError(evicted);
   MutexLock l(mu_);
   tokens_[out.token] = {out.lease_id, e, std::chrono::steady_clock::now() + token_ttl_, slot};

@@ -103,7 +103,7 @@ struct DaemonOptions {
   std::vector<std::string> model_roots;
   // Control connections open at once, in all and per peer uid (see ControlListener).
   size_t max_connections = 2048;
-  size_t max_connections_per_uid = 256;
+  size_t max_connections_per_pod = 256;
   // Memory gRPC may use for the control plane (requests, streams, buffers) and its threads.
   uint64_t grpc_memory_bytes = 256ull << 20;
   int grpc_max_threads = 128;

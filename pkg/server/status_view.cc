@@ -26,8 +26,12 @@ std::pair<std::string, std::string> ShownState(const cache::EntrySnapshot& s) {
 class StatusView::Visibility {
  public:
   Visibility(const Access& access, const Caller& caller)
-      : access_(access), caller_(caller), filtered_(access.rules_on() && !access.IsAdmin(caller)) {}
+      : access_(access),
+        caller_(caller),
+        admin_(access.IsAdmin(caller)),
+        filtered_(access.rules_on() && !admin_) {}
   bool filtered() const { return filtered_; }
+  bool admin() const { return admin_; }
   bool operator()(const std::string& name) {
     if (!filtered_) return true;
     auto [it, fresh] = may_map_.try_emplace(name, false);
@@ -38,6 +42,7 @@ class StatusView::Visibility {
  private:
   const Access& access_;
   const Caller& caller_;
+  const bool admin_;
   const bool filtered_;
   std::map<std::string, bool> may_map_;
 };
@@ -98,12 +103,12 @@ void StatusView::AppendEntries(const Caller& caller, Visibility& visible, v1::St
       object.tenant = s.inputs.env.tenant;
       if (!s_.access->Allows(caller, Verb::kStatus, object)) continue;
     }
-    AppendEntry(caller, visible.filtered(), s, model_visible ? s.model : names.front(), names, resp,
+    AppendEntry(caller, visible.admin(), s, model_visible ? s.model : names.front(), names, resp,
                 ready_ranks);
   }
 }
 
-void StatusView::AppendEntry(const Caller& caller, bool filtered, const cache::EntrySnapshot& s,
+void StatusView::AppendEntry(const Caller& caller, bool admin, const cache::EntrySnapshot& s,
                              const std::string& shown_name, const std::vector<std::string>& names,
                              v1::StatusResponse* resp,
                              std::map<std::string, std::set<uint32_t>>* ready_ranks) const {
@@ -137,11 +142,16 @@ void StatusView::AppendEntry(const Caller& caller, bool filtered, const cache::E
       (*ready_ranks)[n].insert(static_cast<uint32_t>(s.inputs.layout.tp_rank));
     }
   }
+  // Others' leases only as a count (issue 47: every root pod read every lease id here and
+  // released them all). A peer the daemon cannot place owns none it could see.
   const auto now = std::chrono::steady_clock::now();
+  e->set_lease_count(static_cast<uint32_t>(s.leases.size()));
+  const std::string mine = caller.unit.kind == tenant::UnitKind::kUnknown ? "" : caller.unit.Key();
   for (const auto& l : s.leases) {
-    if (filtered && l.slot != caller.slot) continue;
+    if (!admin && (mine.empty() || l.owner_unit != mine)) continue;
     auto* li = e->add_leases();
     li->set_lease_id(l.id);
+    li->set_owner(l.owner_unit);
     li->set_pid(l.pid);
     li->set_uid(l.uid);
     li->set_age_seconds(std::chrono::duration<double>(now - l.since).count());
@@ -235,7 +245,7 @@ metrics::ControlSnapshot StatusView::Control() const {
   s.accepted = c.accepted;
   s.closed_allowlist = c.refused_uid;
   s.closed_total = c.refused_total;
-  s.closed_uid_cap = c.refused_uid_cap;
+  s.closed_uid_cap = c.refused_unit_cap;
   s.accept_errors = c.accept_errors;
   return s;
 }

@@ -32,6 +32,9 @@ class StatusViewTest : public testing::CorePartsTest {
     MakeParts({b}, /*m_namespaces=*/{"team-a"});
     // The pod on slot weightcache-1 is team-b's.
     holders_.by_device["weightcache-1"] = {"team-b", "engine-b", "engine"};
+    // Slots weightcache-0 and weightcache-2 hold two pods of team-a.
+    holders_.by_device["weightcache-0"] = {"team-a", "engine-a0", "engine"};
+    holders_.by_device["weightcache-2"] = {"team-a", "engine-a2", "engine"};
     PolicyOptions po;
     po.admin_uids = {kAdmin};
     access_ = std::make_unique<Access>(
@@ -70,7 +73,7 @@ class StatusViewTest : public testing::CorePartsTest {
     ASSERT_TRUE(e.ok()) << e.status();
     ASSERT_TRUE(
         registry_.WaitReady(*e, std::chrono::steady_clock::now() + std::chrono::seconds(30)).ok());
-    ASSERT_TRUE(leases_->Issue(*e, "m", PeerCred{1, 0, 0}, "weightcache-0", nullptr).ok());
+    ASSERT_TRUE(leases_->Issue(*e, "m", OnSlot("weightcache-0"), nullptr).ok());
   }
 
   kube::DeviceHolders holders_;
@@ -102,6 +105,27 @@ TEST_F(StatusViewTest, APodSeesOnlyTheModelsItMayMapAndAnAdminSeesEverything) {
   EXPECT_THAT(pod.known_models(), ElementsAre("b-only"));
   ASSERT_EQ(pod.devices_size(), 1);
   EXPECT_EQ(pod.devices(0).entries(), 1u);  // device rows stay whole
+}
+
+// Issue 47, finding 1: any root engine read every lease id from Status and released them
+// all. A pod sees its own leases; another pod of the same namespace sees the entry and how
+// many leases it has, not their ids.
+TEST_F(StatusViewTest, APodSeesItsOwnLeasesAndOnlyACountOfOthers) {
+  LoadM();
+  v1::StatusResponse owner, neighbour, admin;
+  view_->Status(OnSlot("weightcache-0"), &owner);
+  view_->Status(OnSlot("weightcache-2"), &neighbour);
+  view_->Status(On(kAdmin), &admin);
+  ASSERT_EQ(owner.entries_size(), 1);
+  ASSERT_EQ(owner.entries(0).leases_size(), 1);
+  EXPECT_EQ(owner.entries(0).leases(0).owner(), "slot:weightcache-0");
+  EXPECT_EQ(owner.entries(0).lease_count(), 1u);
+  ASSERT_EQ(neighbour.entries_size(), 1);
+  EXPECT_EQ(neighbour.entries(0).leases_size(), 0);
+  EXPECT_EQ(neighbour.entries(0).lease_count(), 1u);
+  ASSERT_EQ(admin.entries_size(), 1);
+  EXPECT_EQ(admin.entries(0).leases_size(), 1);
+  EXPECT_EQ(admin.entries(0).leases(0).lease_id(), owner.entries(0).leases(0).lease_id());
 }
 
 TEST_F(StatusViewTest, NotReadyWhileAPreloadIsPendingThenReady) {

@@ -24,17 +24,26 @@ enum class UnitKind {
 
 struct Unit {
   UnitKind kind = UnitKind::kUnknown;
-  std::string pod;        // kPod: the pod UID (dashes, lower case)
-  std::string slot;       // kSlot: the slot id
-  pid_t pid = 0;          // the connecting process (0: unknown)
+  std::string pod;           // kPod: the pod UID (dashes, lower case)
+  std::string slot;          // kSlot: the slot id
+  pid_t pid = 0;             // the connecting process (0: unknown)
   uint64_t start_ticks = 0;  // its start time (/proc/PID/stat field 22), with pid its identity
-  std::string container;  // kPod: the container id from the cgroup path, for messages
+  std::string container;     // kPod: the container id from the cgroup path, for messages
 
   // A key that is equal for connections of the same unit and differs otherwise:
   // "pod:<uid>", "slot:<id>", "process:<pid>/<start>", "unknown:<pid>".
   std::string Key() const;
   // For messages: "pod 1234abcd-...", "slot weightcache-3", "process 812".
   std::string Describe() const;
+
+  // The unit of a connection on a device-plugin slot socket (one pod each).
+  static Unit OfSlot(std::string slot, pid_t pid) {
+    Unit u;
+    u.kind = UnitKind::kSlot;
+    u.slot = std::move(slot);
+    u.pid = pid;
+    return u;
+  }
 
   friend bool operator==(const Unit& a, const Unit& b) { return a.Key() == b.Key(); }
 };

@@ -1,6 +1,7 @@
 // The control plane under an unprivileged peer and under floods (issue 14), real processes on
 // the host backend: admin-only operations refused to another uid (through setpriv, as root),
-// model roots, the per-uid connection cap, and a descriptor flood the daemon survives.
+// model roots, the connection cap per process (tenancy_test: per pod), and a descriptor flood the
+// daemon survives.
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -94,7 +95,7 @@ TEST_F(HardeningTest, AnotherUidCannotRedefineEvictOrEndOthersLeases) {
   auto line = releaser.ReadLine(20s);
   releaser.Wait();
   EXPECT_THAT(line.value_or(""), HasSubstr("PERMISSION_DENIED"));
-  EXPECT_THAT(line.value_or(""), HasSubstr("belongs to uid 0"));
+  EXPECT_THAT(line.value_or(""), HasSubstr("was acquired by another pod or process"));
   auto st = client_->Status();
   ASSERT_TRUE(st.ok());
   ASSERT_EQ(st->entries_size(), 1);
@@ -160,32 +161,23 @@ ScopedFd RawConnect(const std::string& path) {
   return fd.ok() ? std::move(fd).value() : ScopedFd();
 }
 
-TEST_F(HardeningTest, AUidOverItsConnectionCapIsToldSo) {
-  Start({"--max_connections_per_uid=3"});
-  // The harness's client holds one connection; two raw ones fill this uid's cap.
+// Issue 47, finding 2: the cap was per uid, so one root process (or pod) holding its cap left
+// every other root client refused. Outside Kubernetes the process is the unit: this test
+// process filling its cap (and the connections over it) leaves weightcachectl, another
+// process of the same uid, served. (Told-so past the cap: tenancy_test, with pods.)
+TEST_F(HardeningTest, AProcessOverItsConnectionCapDoesNotStarveAnotherOfTheSameUid) {
+  Start({"--max_connections_per_pod=3"});
+  // The harness's client holds one connection; raw ones fill this process's cap and the 4
+  // over-cap connections it may hold.
   std::vector<ScopedFd> held;
-  for (int i = 0; i < 2; ++i) held.push_back(RawConnect(socket_dir() + "/control.sock"));
-  // Another process (its own connection; clients in one process share theirs).
-  testing::ToolRun over;
-  for (int i = 0; i < 100; ++i) {  // bounded: until the listener has accepted the raw ones
-    over = testing::RunTool({WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "status"},
-                            dir_ / "c.err");
-    if (over.rc != 0) break;
-    std::this_thread::sleep_for(20ms);
-  }
-  EXPECT_EQ(over.rc, 2) << over.out;
-  EXPECT_THAT(over.out, HasSubstr("RESOURCE_EXHAUSTED"));
-  EXPECT_THAT(over.out, HasSubstr("over the cap of 3 per uid (--max_connections_per_uid)"));
-  // Once they go, a new connection is served again.
-  held.clear();
-  testing::ToolRun again;
-  for (int i = 0; i < 100; ++i) {  // bounded poll: reaping runs every 200 ms
-    again = testing::RunTool({WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "status"},
+  for (int i = 0; i < 8; ++i) held.push_back(RawConnect(socket_dir() + "/control.sock"));
+  testing::ToolRun other;
+  for (int i = 0; i < 5; ++i) {
+    other = testing::RunTool({WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "status"},
                              dir_ / "c.err");
-    if (again.rc == 0) break;
-    std::this_thread::sleep_for(50ms);
+    EXPECT_EQ(other.rc, 0) << other.out;  // before: RESOURCE_EXHAUSTED "... per uid"
   }
-  EXPECT_EQ(again.rc, 0) << again.out;
+  EXPECT_THAT(other.out, Not(HasSubstr("RESOURCE_EXHAUSTED")));
 }
 
 // Finding (issue 26): every name a peer asked for became a metric label until the 256 slots

@@ -305,7 +305,7 @@ TEST_F(IdentityTest, NamesSharingAnEntryAndEvictionByExactSpec) {
   EXPECT_EQ(ev->other_names(0), "llama");
   st = WaitStatus([](const auto& s) { return s.entries_size() == 1; });
   EXPECT_EQ(st.entries(0).state(), "draining");
-  EXPECT_EQ(st.entries(0).leases_size(), 1);
+  EXPECT_EQ(st.entries(0).lease_count(), 1u);
   EXPECT_GT(st.entries(0).bytes(), 0u);
   EXPECT_EQ(Acquire("llama").status().code(), absl::StatusCode::kNotFound);
   held->reset();  // the lease ends: the entry goes

@@ -107,10 +107,12 @@ for helm in "${helms[@]}"; do
   for flag in --socket_dir=/run/weightcache --spec_file=/etc/weightcache/models.yaml \
               --backend=auto --metrics_address=0.0.0.0:9464 --device_plugin \
               --kubelet_dir=/var/lib/kubelet/device-plugins --device_plugin_slots=64 \
-              --model_roots=/models --max_connections_per_uid=256; do
+              --model_roots=/models --max_connections_per_pod=256; do
     expect "flag $flag" has "$ds" "^            - ${flag}\$"
   done
   expect "no --memory_budget by default" lacks "$ds" 'memory-budget'
+  # A tenant is a pod (issue 47): the daemon reads its peers' cgroups, so it sees their pids.
+  expect "hostPID for pod identity" has "$ds" '^      hostPID: true$'
   # Roles are granted, never implied: no role flag for the engine socket by default, the
   # admin socket in the daemon's own emptyDir, daemon state outside the engines' socket dir.
   expect "no admin or publish uids by default" lacks "$ds" '_uids=|_gids=|publish_namespaces'

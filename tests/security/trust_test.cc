@@ -345,7 +345,7 @@ TEST_F(TrustTest, MemoryKeptAfterALeaseStaysCountedAgainstTheBudget) {
     testing::WaitForStatus(
         *admin,
         [](const v1::StatusResponse& s) {
-          return s.entries_size() == 1 && s.entries(0).leases_size() == 0;
+          return s.entries_size() == 1 && s.entries(0).lease_count() == 0;
         },
         10s);
     auto evicted = admin->Evict("m", "");

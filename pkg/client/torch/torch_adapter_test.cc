@@ -81,7 +81,7 @@ class TorchAdapterTest : public ::testing::Test {
     auto st = client_->Status();
     EXPECT_TRUE(st.ok()) << st.status();
     int n = 0;
-    for (const auto& e : st->entries()) n += e.leases_size();
+    for (const auto& e : st->entries()) n += static_cast<int>(e.lease_count());
     return n;
   }
 

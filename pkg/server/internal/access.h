@@ -33,10 +33,10 @@ class Access {
   // for a connection it does not know.
   using PeerLookup = std::function<std::optional<Caller>(const std::string& grpc_peer)>;
 
-  // `rules`: the namespace rules (null: off). `max_connections_per_uid`: the cap an over-cap
+  // `rules`: the namespace rules (null: off). `max_connections_per_pod`: the cap an over-cap
   // caller is told of.
   Access(PolicyOptions policy, std::unique_ptr<NamespaceRules> rules, const ModelCatalog& models,
-         PeerLookup peer_of, size_t max_connections_per_uid, metrics::Metrics* metrics);
+         PeerLookup peer_of, size_t max_connections_per_pod, metrics::Metrics* metrics);
   Access(const Access&) = delete;
   Access& operator=(const Access&) = delete;
 
@@ -76,7 +76,7 @@ class Access {
   const Policy policy_;
   const ModelCatalog& models_;
   const PeerLookup peer_of_;
-  const size_t max_connections_per_uid_;
+  const size_t max_connections_per_pod_;
   metrics::Metrics* const metrics_;
 };
 

@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "pkg/cache/registry.h"
+#include "pkg/server/wire/caller.h"
 #include "pkg/server/wire/handle_channel.h"
 #include "pkg/util/mutex.h"
 
@@ -37,12 +38,13 @@ class LeaseManager {
   // `name` when `e` is no longer ready (evicted between the caller's lookup and now): then
   // there is neither a lease nor a token. `before_lease` (tests) runs just before the lease
   // is recorded.
-  // `owner` (the acquiring peer) may release the lease; recorded with its pid until the
-  // claim names the process that holds the descriptors. `slot`: the slot socket the Acquire
+  // `owner` (the acquiring peer: its credentials and tenant unit; the unit may release the
+  // lease) is recorded with its pid until the claim names the process that holds the
+  // descriptors. `slot`: the slot socket the Acquire
   // came in on (empty: the shared one); the token is claimable on that slot's handle socket
   // only.
   absl::StatusOr<Issued> Issue(const std::shared_ptr<cache::Entry>& e, const std::string& name,
-                               const PeerCred& owner, const std::string& slot,
+                               const Caller& owner,
                                const std::function<void(const std::string&)>& before_lease);
   // The handle channel's claim: the token's own entry's descriptors, once. PERMISSION_DENIED
   // (the token stays claimable where it belongs) when `slot` is not the token's.

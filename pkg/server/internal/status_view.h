@@ -48,9 +48,10 @@ class StatusView final : public metrics::StateSource {
   };
   explicit StatusView(Sources sources) : s_(std::move(sources)) {}
 
-  // What `caller` may see: with the namespace rules, the models it may map, the entries that
-  // serve them (under those names only) and, of their leases, those of its own socket; an
-  // admin sees everything. Counters and device rows stay whole.
+  // What `caller` may see: with the namespace rules, the models it may map and the entries
+  // that serve them (under those names only); of every entry's leases, those of its own
+  // tenant unit (pod, slot or process) and the count of all; an admin sees everything. Counters and
+  // device rows stay whole.
   void Status(const Caller& caller, v1::StatusResponse* resp) const;
   // Ready when the control socket accepts and every preload is opened and loaded (or failed
   // for good); the reason otherwise.
@@ -70,7 +71,7 @@ class StatusView final : public metrics::StateSource {
   void AppendEntries(const Caller& caller, Visibility& visible, v1::StatusResponse* resp,
                      std::map<std::string, std::pair<uint32_t, uint64_t>>* per_device,
                      std::map<std::string, std::set<uint32_t>>* ready_ranks) const;
-  void AppendEntry(const Caller& caller, bool filtered, const cache::EntrySnapshot& s,
+  void AppendEntry(const Caller& caller, bool admin, const cache::EntrySnapshot& s,
                    const std::string& shown_name, const std::vector<std::string>& names,
                    v1::StatusResponse* resp,
                    std::map<std::string, std::set<uint32_t>>* ready_ranks) const;

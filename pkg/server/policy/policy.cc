@@ -166,19 +166,29 @@ Decision Policy::Decide(const Caller& caller, Verb verb, const Object& object) c
     case Verb::kRelease: {
       if (IsAdmin(caller)) return Decision::Allow();
       const std::string lease = absl::StrCat("lease ", object.lease.substr(0, 12));
-      if (object.owner_uid && *object.owner_uid != caller.cred.uid) {
+      // Issue 47: every engine pod runs as root, so "the same uid" let any pod end every
+      // other pod's leases. The owner is the unit that acquired it; the reason does not name
+      // another tenant's pod. A peer whose pid the daemon cannot see (no hostPID) cannot be
+      // told from other such peers: it releases nothing (its handle connection still ends
+      // its lease when closed).
+      if (caller.unit.kind == tenant::UnitKind::kUnknown) {
         return Deny("lease_owner",
-                    absl::StrCat(lease, " belongs to uid ", *object.owner_uid,
-                                 "; only its owner or an admin", admin_hint, " may release it"));
+                    absl::StrCat(lease, ": this connection's pod could not be told (",
+                                 caller.unit.Describe(),
+                                 ": run the daemon with hostPID); close the lease's handle "
+                                 "connection to end it, or ask an admin",
+                                 admin_hint));
       }
-      // With namespace rules a uid says little (pods of many namespaces run as root): a
-      // lease is released only through the socket it was acquired on (its pod's slot).
-      if (rules_ != nullptr && object.owner_uid && object.owner_slot != caller.slot) {
-        return Deny("namespace",
-                    absl::StrCat(lease, " was acquired on ", SocketOfSlot(object.owner_slot),
-                                 " and this connection came in on ", SocketOfSlot(caller.slot),
-                                 "; with --namespace_rules only the socket it was acquired on "
-                                 "or an admin may release it"));
+      if (object.owner_unit && *object.owner_unit != caller.unit.Key()) {
+        const std::string owner = object.owner_slot.empty()
+                                      ? std::string("pod or process")
+                                      : "slot's pod (" + SocketOfSlot(object.owner_slot) + ")";
+        return Deny("lease_owner",
+                    absl::StrCat(lease, " was acquired by another ", owner,
+                                 " than this connection's (", caller.unit.Describe(),
+                                 "); only the pod that acquired it (outside Kubernetes, the "
+                                 "process) or an admin",
+                                 admin_hint, " may release it"));
       }
       return Decision::Allow();
     }

@@ -12,7 +12,9 @@
 //   define    admin                         -
 //   evict     admin                         -
 //   verify    admin                         - (a resident check spends device bandwidth)
-//   release   the lease's owner, or admin   with namespace rules: the lease's own socket
+//   release   the lease's owner, or admin   the owner is the tenant unit that acquired it:
+//                                           its pod (slot with namespace rules), outside
+//                                           Kubernetes its process; never 'the same uid'
 //   publish   publisher                     map rule of the base model
 //
 // Roles are granted, never implied (issue 25: every root engine was admin and publisher):
@@ -64,8 +66,9 @@ struct Object {
   // The model's spec's allowed_namespaces (empty: open to all); nullopt: the model is not
   // known (its lookup fails later with NOT_FOUND, which says more than a refusal).
   std::optional<std::vector<std::string>> allowed_namespaces;
-  // release: the lease's owner and the slot it was acquired on.
-  std::optional<uid_t> owner_uid;
+  // release: the tenant unit that acquired the lease (tenant::Unit::Key; "" for a lease
+  // recorded without one: only admins may release it) and the slot it was acquired on.
+  std::optional<std::string> owner_unit;
   std::string owner_slot;
   std::string lease;  // for messages
   // A private copy's namespace (spec isolation: namespace) when the verb acts on one entry:

@@ -16,13 +16,21 @@ namespace weightcache::server {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
+// A caller in a pod of its own ("pod-<uid>"), or on its slot.
 Caller On(SocketKind socket, uid_t uid = 0, gid_t gid = 0, std::string slot = "") {
   Caller c;
   c.cred.uid = uid;
   c.cred.gid = gid;
   c.socket = socket;
-  c.slot = std::move(slot);
+  c.slot = slot;
+  if (slot.empty()) {
+    c.unit.kind = tenant::UnitKind::kPod;
+    c.unit.pod = "pod-" + std::to_string(uid);
+  } else {
+    c.unit = tenant::Unit::OfSlot(slot, 1);
+  }
   c.accepted = std::chrono::steady_clock::now();
   return c;
 }
@@ -34,11 +42,12 @@ Object Model(const std::string& name, std::vector<std::string> allowed = {}) {
   return o;
 }
 
-Object LeaseOf(uid_t owner, std::string slot = "") {
+// A lease acquired by `owner` (its unit's key, as the lease manager records it).
+Object LeaseOf(const Caller& owner) {
   Object o;
   o.lease = "lease-0123456789abcdef";
-  o.owner_uid = owner;
-  o.owner_slot = std::move(slot);
+  o.owner_unit = owner.unit.Key();
+  o.owner_slot = owner.slot;
   return o;
 }
 
@@ -60,11 +69,43 @@ TEST(Policy, RootOnTheEngineSocketHoldsNoRoleByDefault) {
   for (Verb v : {Verb::kAcquire, Verb::kLoad, Verb::kStatus}) {
     EXPECT_TRUE(p.Decide(root, v, Model("m")).allowed) << VerbName(v);
   }
-  EXPECT_TRUE(p.Decide(root, Verb::kRelease, LeaseOf(0)).allowed);
-  const Decision other = p.Decide(root, Verb::kRelease, LeaseOf(1000));
+  EXPECT_TRUE(p.Decide(root, Verb::kRelease, LeaseOf(root)).allowed);
+  const Decision other = p.Decide(root, Verb::kRelease, LeaseOf(On(SocketKind::kEngine, 1000)));
   EXPECT_FALSE(other.allowed);
   EXPECT_EQ(other.rule, "lease_owner");
-  EXPECT_THAT(other.reason, HasSubstr("lease lease-012345 belongs to uid 1000"));
+  EXPECT_THAT(other.reason, HasSubstr("lease lease-012345 was acquired by another pod"));
+}
+
+// Issue 47, finding 1: policy.cc let a uid release any lease of the same uid (and this suite
+// asserted it); every engine pod is root, so any pod read the lease ids from Status and
+// ended them all. The owner is the pod.
+TEST(Policy, ARootPodCannotReleaseAnotherRootPodsLease) {
+  Policy p({}, nullptr);
+  Caller a = On(SocketKind::kEngine);
+  Caller b = On(SocketKind::kEngine);
+  b.unit.pod = "another-pod";
+  const Decision d = p.Decide(b, Verb::kRelease, LeaseOf(a));
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.rule, "lease_owner");
+  EXPECT_THAT(d.reason, HasSubstr("this connection's (pod another-pod)"));
+  EXPECT_THAT(d.reason, Not(HasSubstr("pod-0")));  // the owner's pod is not named
+  EXPECT_TRUE(p.Decide(a, Verb::kRelease, LeaseOf(a)).allowed);
+  // Outside Kubernetes the process is the unit: another process of the same uid may not.
+  Caller p1 = On(SocketKind::kEngine), p2 = On(SocketKind::kEngine);
+  p1.unit = {};
+  p1.unit.kind = tenant::UnitKind::kProcess;
+  p1.unit.pid = 10;
+  p1.unit.start_ticks = 5;
+  p2.unit = p1.unit;
+  p2.unit.pid = 11;
+  EXPECT_FALSE(p.Decide(p2, Verb::kRelease, LeaseOf(p1)).allowed);
+  EXPECT_TRUE(p.Decide(p1, Verb::kRelease, LeaseOf(p1)).allowed);
+  // A peer the daemon cannot place (pid not visible) releases nothing, not even "its own".
+  Caller unseen = On(SocketKind::kEngine);
+  unseen.unit = {};
+  const Decision u = p.Decide(unseen, Verb::kRelease, LeaseOf(unseen));
+  EXPECT_FALSE(u.allowed);
+  EXPECT_THAT(u.reason, HasSubstr("hostPID"));
 }
 
 TEST(Policy, TheAdminSocketIsAdminAndPublisher) {
@@ -77,7 +118,7 @@ TEST(Policy, TheAdminSocketIsAdminAndPublisher) {
     EXPECT_TRUE(p.Decide(op, v, {}).allowed);
   }
   EXPECT_TRUE(p.Decide(op, Verb::kPublish, Model("m")).allowed);
-  EXPECT_TRUE(p.Decide(op, Verb::kRelease, LeaseOf(0)).allowed);
+  EXPECT_TRUE(p.Decide(op, Verb::kRelease, LeaseOf(On(SocketKind::kEngine))).allowed);
   // A refusal elsewhere says where admin operations go.
   EXPECT_THAT(p.Decide(On(SocketKind::kEngine), Verb::kEvict, {}).reason,
               HasSubstr("the admin socket /run/weightcache-admin/control.sock"));
@@ -138,10 +179,11 @@ TEST(Policy, SlotSocketsAreNeverAdminAndPublishByNamespace) {
   EXPECT_FALSE(empty.allowed);
   EXPECT_THAT(empty.reason, HasSubstr("could not be identified"));
   // A lease is released on the socket it was acquired on only.
-  EXPECT_TRUE(p.Decide(a, Verb::kRelease, LeaseOf(0, "weightcache-1")).allowed);
-  const Decision cross = p.Decide(b, Verb::kRelease, LeaseOf(0, "weightcache-1"));
+  EXPECT_TRUE(p.Decide(a, Verb::kRelease, LeaseOf(a)).allowed);
+  const Decision cross = p.Decide(b, Verb::kRelease, LeaseOf(a));
   EXPECT_FALSE(cross.allowed);
-  EXPECT_EQ(cross.rule, "namespace");
+  EXPECT_EQ(cross.rule, "lease_owner");
+  EXPECT_THAT(cross.reason, HasSubstr("slot's pod (slot weightcache-1's socket)"));
 }
 
 // isolation: namespace. A private copy is mapped and seen only by pods of its namespace (and

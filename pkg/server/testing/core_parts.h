@@ -26,11 +26,20 @@ namespace weightcache::server::testing {
 inline constexpr uid_t kAdmin = 7;
 
 // A caller of uid `uid` (gid 0) on `socket` (a slot socket: `slot`'s), accepted now.
+// Its tenant unit: the slot on a slot socket, else a process of its own (pid uid + 1).
 inline Caller On(uid_t uid, SocketKind socket = SocketKind::kEngine, std::string slot = "") {
   Caller c;
   c.cred.uid = uid;
+  c.cred.pid = static_cast<pid_t>(uid + 1);
   c.socket = socket;
   c.slot = std::move(slot);
+  if (c.slot.empty()) {
+    c.unit.kind = tenant::UnitKind::kProcess;
+    c.unit.pid = c.cred.pid;
+    c.unit.start_ticks = 1;
+  } else {
+    c.unit = tenant::Unit::OfSlot(c.slot, c.cred.pid);
+  }
   c.accepted = std::chrono::steady_clock::now();
   return c;
 }

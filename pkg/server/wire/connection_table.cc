@@ -2,14 +2,14 @@
 
 namespace weightcache::server {
 
-ConnectionTable::Admission ConnectionTable::Admit(uid_t uid) const {
+ConnectionTable::Admission ConnectionTable::Admit(const std::string& unit) const {
   if (conns_.size() >= limits_.max_connections) return Admission::kCloseTotal;
-  const size_t mine = OfUid(uid);
-  if (mine < limits_.max_connections_per_uid) return Admission::kServe;
-  if (mine < limits_.max_connections_per_uid + limits_.over_cap_held) {
+  const size_t mine = OfUnit(unit);
+  if (mine < limits_.max_connections_per_pod) return Admission::kServe;
+  if (mine < limits_.max_connections_per_pod + limits_.over_cap_held) {
     return Admission::kServeOverCap;
   }
-  return Admission::kCloseUidCap;
+  return Admission::kCloseUnitCap;
 }
 
 void ConnectionTable::Insert(int fd, uint64_t ino, Caller caller) {
@@ -18,7 +18,7 @@ void ConnectionTable::Insert(int fd, uint64_t ino, Caller caller) {
     Release(it->second);
     conns_.erase(it);
   }
-  ++per_uid_[caller.cred.uid];
+  ++per_unit_[caller.unit.Key()];
   conns_[fd] = Conn{std::move(caller), ino};
 }
 
@@ -26,7 +26,7 @@ std::optional<Caller> ConnectionTable::Find(int fd, uint64_t ino) const {
   auto it = conns_.find(fd);
   if (it == conns_.end() || ino == 0 || it->second.ino != ino) return std::nullopt;
   Caller c = it->second.caller;
-  c.uid_connections = OfUid(c.cred.uid);
+  c.unit_connections = OfUnit(c.unit.Key());
   return c;
 }
 
@@ -44,14 +44,14 @@ size_t ConnectionTable::Reap(const std::function<uint64_t(int fd)>& inode_of) {
   return gone;
 }
 
-size_t ConnectionTable::OfUid(uid_t uid) const {
-  auto it = per_uid_.find(uid);
-  return it == per_uid_.end() ? 0 : it->second;
+size_t ConnectionTable::OfUnit(const std::string& unit) const {
+  auto it = per_unit_.find(unit);
+  return it == per_unit_.end() ? 0 : it->second;
 }
 
 void ConnectionTable::Release(const Conn& c) {
-  auto u = per_uid_.find(c.caller.cred.uid);
-  if (u != per_uid_.end() && --u->second == 0) per_uid_.erase(u);
+  auto u = per_unit_.find(c.caller.unit.Key());
+  if (u != per_unit_.end() && --u->second == 0) per_unit_.erase(u);
 }
 
 }  // namespace weightcache::server

@@ -7,18 +7,22 @@
 namespace weightcache::server {
 namespace {
 
-Caller Of(uid_t uid, const std::string& slot = "") {
+// A caller in pod "p<n>" (uid n as well, unless told otherwise).
+Caller Of(int n, const std::string& slot = "", uid_t uid = static_cast<uid_t>(-1)) {
   Caller c;
-  c.cred.uid = uid;
-  c.cred.pid = 100 + static_cast<pid_t>(uid);
+  c.cred.uid = uid == static_cast<uid_t>(-1) ? static_cast<uid_t>(n) : uid;
+  c.cred.pid = 100 + n;
   c.slot = slot;
+  c.unit.kind = tenant::UnitKind::kPod;
+  c.unit.pod = "p" + std::to_string(n);
   return c;
 }
+std::string Key(int n) { return Of(n).unit.Key(); }
 
 ConnectionTable::Limits Small() {
   ConnectionTable::Limits l;
   l.max_connections = 10;
-  l.max_connections_per_uid = 2;
+  l.max_connections_per_pod = 2;
   l.over_cap_held = 1;
   return l;
 }
@@ -27,17 +31,17 @@ using Admission = ConnectionTable::Admission;
 
 // Finding (issue 26): when gRPC closed a connection and the kernel gave its number to the
 // next accepted connection before the listener reaped, the old entry was overwritten and its
-// uid's count never went down: after enough such events a uid was "over its cap" until the
+// unit's count never went down: after enough such events a unit was "over its cap" until the
 // daemon restarted.
 TEST(ConnectionTable, AReusedNumberReleasesTheClosedConnectionsCount) {
   ConnectionTable t(Small());
   for (uint64_t ino = 1; ino <= 100; ++ino) t.Insert(7, ino, Of(0));  // one number, 100 sockets
   EXPECT_EQ(t.size(), 1u);
-  EXPECT_EQ(t.OfUid(0), 1u);
-  EXPECT_EQ(t.Admit(0), Admission::kServe);
-  t.Insert(7, 101, Of(5));  // taken by another uid
-  EXPECT_EQ(t.OfUid(0), 0u);
-  EXPECT_EQ(t.OfUid(5), 1u);
+  EXPECT_EQ(t.OfUnit(Key(0)), 1u);
+  EXPECT_EQ(t.Admit(Key(0)), Admission::kServe);
+  t.Insert(7, 101, Of(5));  // taken by another pod
+  EXPECT_EQ(t.OfUnit(Key(0)), 0u);
+  EXPECT_EQ(t.OfUnit(Key(5)), 1u);
 }
 
 // The caller is found only while the number names the socket it was recorded with: a call
@@ -49,7 +53,7 @@ TEST(ConnectionTable, ACallerIsFoundOnlyUnderItsOwnSocket) {
   ASSERT_TRUE(c.has_value());
   EXPECT_EQ(c->cred.uid, 3u);
   EXPECT_EQ(c->slot, "slot-a");
-  EXPECT_EQ(c->uid_connections, 1u);
+  EXPECT_EQ(c->unit_connections, 1u);
   EXPECT_FALSE(t.Find(7, 71).has_value()) << "another socket under the same number";
   EXPECT_FALSE(t.Find(7, 0).has_value()) << "a closed descriptor";
   EXPECT_FALSE(t.Find(8, 70).has_value());
@@ -63,21 +67,21 @@ TEST(ConnectionTable, PastItsCapAUidIsToldOnAFewConnectionsAndClosedOnTheRest) {
   int fd = 10;
   std::map<Admission, int> seen;
   for (int i = 0; i < 50; ++i) {
-    const Admission a = t.Admit(0);
+    const Admission a = t.Admit(Key(0));
     ++seen[a];
     if (a == Admission::kServe || a == Admission::kServeOverCap) t.Insert(fd++, 1000 + i, Of(0));
   }
   EXPECT_EQ(seen[Admission::kServe], 2);
   EXPECT_EQ(seen[Admission::kServeOverCap], 1);
-  EXPECT_EQ(seen[Admission::kCloseUidCap], 47);
+  EXPECT_EQ(seen[Admission::kCloseUnitCap], 47);
   EXPECT_EQ(t.size(), 3u);
-  // Other uids still get in, up to the total.
-  for (uid_t u = 1; u <= 7; ++u) {
-    ASSERT_EQ(t.Admit(u), Admission::kServe) << u;
+  // Other pods still get in, up to the total.
+  for (int u = 1; u <= 7; ++u) {
+    ASSERT_EQ(t.Admit(Key(u)), Admission::kServe) << u;
     t.Insert(fd++, 2000 + u, Of(u));
   }
   EXPECT_EQ(t.size(), 10u);
-  EXPECT_EQ(t.Admit(8), Admission::kCloseTotal);
+  EXPECT_EQ(t.Admit(Key(8)), Admission::kCloseTotal);
 }
 
 TEST(ConnectionTable, ReapDropsClosedAndReusedNumbersAndFreesTheirCounts) {
@@ -88,12 +92,26 @@ TEST(ConnectionTable, ReapDropsClosedAndReusedNumbersAndFreesTheirCounts) {
   std::map<int, uint64_t> now{{4, 40}, {5, 0 /* closed */}, {6, 61 /* reused */}};
   EXPECT_EQ(t.Reap([&now](int fd) { return now[fd]; }), 2u);
   EXPECT_EQ(t.size(), 1u);
-  EXPECT_EQ(t.OfUid(1), 1u);
-  EXPECT_EQ(t.OfUid(2), 0u);
+  EXPECT_EQ(t.OfUnit(Key(1)), 1u);
+  EXPECT_EQ(t.OfUnit(Key(2)), 0u);
   EXPECT_TRUE(t.Find(4, 40).has_value());
   t.Clear();
   EXPECT_EQ(t.size(), 0u);
-  EXPECT_EQ(t.OfUid(1), 0u);
+  EXPECT_EQ(t.OfUnit(Key(1)), 0u);
+}
+
+// Issue 47, finding 2: the caps were per uid, and every engine pod is root: a pod holding its
+// cap left every other root pod refused (0/5 Acquires beside 300 idle connections). The
+// cap is per pod: pod 2, also uid 0, is served while pod 1 is past its cap.
+TEST(ConnectionTable, APodPastItsCapLeavesAnotherPodOfTheSameUidServed) {
+  ConnectionTable t(Small());
+  int fd = 10;
+  for (int i = 0; i < 3; ++i) t.Insert(fd++, 100 + i, Of(1, "", /*uid=*/0));
+  EXPECT_EQ(t.Admit(Key(1)), Admission::kCloseUnitCap);
+  EXPECT_EQ(t.Admit(Key(2)), Admission::kServe);
+  t.Insert(fd++, 200, Of(2, "", /*uid=*/0));
+  EXPECT_EQ(t.OfUnit(Key(2)), 1u);
+  EXPECT_EQ(t.Find(fd - 1, 200)->unit_connections, 1u);
 }
 
 }  // namespace

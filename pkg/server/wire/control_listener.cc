@@ -64,11 +64,12 @@ absl::StatusOr<std::unique_ptr<ControlListener>> ControlListener::Start(Options 
 ControlListener::ControlListener(Options options, std::vector<Listening> listening, ScopedFd wake,
                                  std::unique_ptr<ConnectionRelay> relay, Serve serve)
     : options_(std::move(options)),
+      resolver_(options_.proc_root),
       listening_(std::move(listening)),
       wake_(std::move(wake)),
       relay_(std::move(relay)),
       serve_(std::move(serve)),
-      conns_(ConnectionTable::Limits{options_.max_connections, options_.max_connections_per_uid,
+      conns_(ConnectionTable::Limits{options_.max_connections, options_.max_connections_per_pod,
                                      options_.over_cap_held}) {
   thread_ = std::thread(&ControlListener::Loop, this);
 }
@@ -165,8 +166,11 @@ bool ControlListener::AcceptFrom(const Listening& from) {
     }
     if (!healthy_.exchange(true)) WC_LOG_INFO("control socket: accepting again");
     auto cred = GetPeerCred(conn.get());
-    MutexLock l(mu_);
     if (!cred.ok()) continue;  // the peer went away
+    // The unit, read before the lock: the peer's /proc entry (two small files).
+    tenant::Unit unit = from.kind == SocketKind::kSlot ? tenant::Unit::OfSlot(from.slot, cred->pid)
+                                                       : resolver_.Resolve(cred->pid);
+    MutexLock l(mu_);
     const auto& allowed = options_.allowed_uids;
     if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), cred->uid) == allowed.end()) {
       counters_.refused_uid++;
@@ -175,33 +179,33 @@ bool ControlListener::AcceptFrom(const Listening& from) {
       continue;
     }
     Reap();
-    const ConnectionTable::Admission admit = conns_.Admit(cred->uid);
+    const ConnectionTable::Admission admit = conns_.Admit(unit.Key());
     if (admit == ConnectionTable::Admission::kCloseTotal) {
       counters_.refused_total++;
-      WC_LOG_WARN("control socket: %d connections open (--max_connections); uid %d closed",
-                  conns_.size(), cred->uid);
+      WC_LOG_WARN("control socket: %d connections open (--max_connections); %s closed",
+                  conns_.size(), unit.Describe());
       continue;
     }
-    if (admit == ConnectionTable::Admission::kCloseUidCap) {
-      // Logged once per burst: the uid already holds connections that tell it why.
-      if (counters_.refused_uid_cap++ % 1024 == 0) {
+    if (admit == ConnectionTable::Admission::kCloseUnitCap) {
+      // Logged once per burst: the unit already holds connections that tell it why.
+      if (counters_.refused_unit_cap++ % 1024 == 0) {
         WC_LOG_WARN(
-            "control socket: uid %d holds %d connections, past --max_connections_per_uid=%d "
+            "control socket: %s holds %d connections, past --max_connections_per_pod=%d "
             "and %d more that are answered RESOURCE_EXHAUSTED; closed at accept",
-            cred->uid, conns_.OfUid(cred->uid), options_.max_connections_per_uid,
+            unit.Describe(), conns_.OfUnit(unit.Key()), options_.max_connections_per_pod,
             options_.over_cap_held);
       }
       continue;
     }
     Caller caller;
     caller.cred = *cred;
+    caller.unit = std::move(unit);
     caller.over_cap = admit == ConnectionTable::Admission::kServeOverCap;
     caller.slot = from.slot;
     caller.socket = from.kind;
     caller.accepted = std::chrono::steady_clock::now();
-    auto fd =
-        relay_->Add(std::move(conn), absl::StrCat("uid ", cred->uid, " pid ", cred->pid,
-                                                  from.slot.empty() ? "" : " slot " + from.slot));
+    auto fd = relay_->Add(std::move(conn), absl::StrCat(caller.unit.Describe(), " uid ", cred->uid,
+                                                        " pid ", cred->pid));
     if (!fd.ok()) {  // out of descriptors for the socket pair: as for accept
       counters_.accept_errors++;
       if (healthy_.exchange(false)) {

@@ -38,6 +38,7 @@
 #include "pkg/server/wire/caller.h"
 #include "pkg/server/wire/connection_relay.h"
 #include "pkg/server/wire/connection_table.h"
+#include "pkg/tenant/resolve.h"
 #include "pkg/util/mutex.h"
 #include "pkg/util/scoped_fd.h"
 #include "pkg/util/unix_socket.h"
@@ -59,13 +60,16 @@ class ControlListener {
     // connections are SocketKind::kAdmin (policy.h).
     std::string admin_path;
     std::vector<uid_t> allowed_uids;  // empty: anyone who can reach the socket
-    // Connections open at once: past `max_connections` new ones are closed at once; a uid
-    // past `max_connections_per_uid` is served only RESOURCE_EXHAUSTED answers (see
+    // Connections open at once: past `max_connections` new ones are closed at once; a tenant
+    // unit (the peer's pod, its slot, or the process: pkg/tenant) past
+    // `max_connections_per_pod` is served only RESOURCE_EXHAUSTED answers (see
     // Caller::over_cap) on up to `over_cap_held` connections so it learns why, and past
     // those its new connections are closed at accept.
     size_t max_connections = 2048;
-    size_t max_connections_per_uid = 256;
+    size_t max_connections_per_pod = 256;
     size_t over_cap_held = 4;
+    // Where the peers' /proc entries are read to resolve their pods (tests: a fixture tree).
+    std::string proc_root = "/proc";
     // HTTP/2 streams one connection may hold open (connection_relay.h): past it, closed.
     size_t max_streams_per_connection = 64;
     // Told of each connection the relay closed for a limit (ConnectionRelay::Options).
@@ -90,10 +94,10 @@ class ControlListener {
 
   struct Counters {
     uint64_t accepted = 0;
-    uint64_t refused_uid = 0;      // not in the allowlist: closed
-    uint64_t refused_total = 0;    // past max_connections: closed
-    uint64_t refused_uid_cap = 0;  // past a uid's cap and its over-cap connections: closed
-    uint64_t accept_errors = 0;    // EMFILE and the like (backed off, retried)
+    uint64_t refused_uid = 0;       // not in the allowlist: closed
+    uint64_t refused_total = 0;     // past max_connections: closed
+    uint64_t refused_unit_cap = 0;  // past a unit's cap and its over-cap connections: closed
+    uint64_t accept_errors = 0;     // EMFILE and the like (backed off, retried)
     size_t open = 0;
   };
   Counters counters() const;
@@ -117,6 +121,7 @@ class ControlListener {
   void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
+  const tenant::Resolver resolver_;
   std::vector<Listening> listening_;  // [0]: control.sock
   ScopedFd wake_;
   std::unique_ptr<ConnectionRelay> relay_;

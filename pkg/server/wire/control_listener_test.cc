@@ -93,7 +93,7 @@ class ControlListenerTest : public ::testing::Test {
 TEST_F(ControlListenerTest, AUidPastItsCapIsClosedAtAcceptBeyondItsToldConnections) {
   ControlListener::Options o;
   o.max_connections = 100;
-  o.max_connections_per_uid = 2;
+  o.max_connections_per_pod = 2;
   o.over_cap_held = 1;
   Start(std::move(o));
   std::vector<ScopedFd> conns;
@@ -101,9 +101,9 @@ TEST_F(ControlListenerTest, AUidPastItsCapIsClosedAtAcceptBeyondItsToldConnectio
     conns.push_back(Connect(path()));
     ASSERT_TRUE(conns.back().valid());
   }
-  const auto c = CountersOnce([](const auto& c) { return c.accepted + c.refused_uid_cap == 8; });
+  const auto c = CountersOnce([](const auto& c) { return c.accepted + c.refused_unit_cap == 8; });
   EXPECT_EQ(c.accepted, 3u);
-  EXPECT_EQ(c.refused_uid_cap, 5u);
+  EXPECT_EQ(c.refused_unit_cap, 5u);
   EXPECT_EQ(c.open, 3u);
   // Accepted in the order they connected (the backlog is a queue): the first three stay.
   for (int i = 0; i < 8; ++i) {

@@ -51,8 +51,8 @@ struct HandleChannel::Conn {
   std::string buf;
   std::string lease_id;  // empty until the token is claimed
   std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
-  uid_t uid = static_cast<uid_t>(-1);  // the peer's, read at accept
-  std::string slot;                    // of the socket it came in on; empty: the shared one
+  tenant::Unit unit;  // the peer's, read at accept
+  std::string slot;   // of the socket it came in on; empty: the shared one
 };
 
 absl::StatusOr<std::unique_ptr<HandleChannel>> HandleChannel::Start(const Options& options,
@@ -76,6 +76,7 @@ absl::StatusOr<std::unique_ptr<HandleChannel>> HandleChannel::Start(const Option
 HandleChannel::HandleChannel(Options options, std::vector<ScopedFd> listening, ScopedFd wake,
                              ClaimFn claim, CloseFn close, TickFn tick)
     : options_(std::move(options)),
+      resolver_(options_.proc_root),
       listening_(std::move(listening)),
       wake_(std::move(wake)),
       claim_(std::move(claim)),
@@ -218,7 +219,7 @@ void HandleChannel::EndStaleHandshakes(Conns& conns, std::chrono::steady_clock::
 }
 
 // Accepts a connection on listening socket `li` and decides whether it fits under the caps
-// (in all, per uid; past one it is answered and closed). False when this process is out of
+// (in all, per tenant unit; past one it is answered and closed). False when this process is out of
 // descriptors: the socket stays readable, the loop polls without it for a while instead of
 // spinning.
 bool HandleChannel::Accept(Conns& conns, size_t li) {
@@ -232,15 +233,17 @@ bool HandleChannel::Accept(Conns& conns, size_t li) {
   c.fd.reset(cfd);
   c.slot = li == 0 ? std::string() : options_.slot_sockets[li - 1].slot;
   auto cred = GetPeerCred(cfd);
-  c.uid = cred.ok() ? cred->uid : static_cast<uid_t>(-1);
+  const pid_t pid = cred.ok() ? cred->pid : 0;
+  c.unit = c.slot.empty() ? resolver_.Resolve(pid) : tenant::Unit::OfSlot(c.slot, pid);
+  const std::string key = c.unit.Key();
   size_t mine = 0;
-  for (const auto& [fd, other] : conns) mine += other.uid == c.uid ? 1 : 0;
+  for (const auto& [fd, other] : conns) mine += other.unit.Key() == key ? 1 : 0;
   if (conns.size() >= options_.max_connections) {
     SendError(cfd, absl::StrCat("RESOURCE_EXHAUSTED: the handle channel holds ", conns.size(),
                                 " connections, its cap"));
-  } else if (mine >= options_.max_connections_per_uid) {
-    SendError(cfd, absl::StrCat("RESOURCE_EXHAUSTED: uid ", c.uid, " holds ", mine,
-                                " handle connections, the cap per uid"));
+  } else if (mine >= options_.max_connections_per_pod) {
+    SendError(cfd, absl::StrCat("RESOURCE_EXHAUSTED: ", c.unit.Describe(), " holds ", mine,
+                                " handle connections, the cap per pod"));
   } else {
     conns.emplace(cfd, std::move(c));
   }

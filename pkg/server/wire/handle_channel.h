@@ -34,6 +34,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "pkg/tenant/resolve.h"
 #include "pkg/util/mutex.h"
 #include "pkg/util/scoped_fd.h"
 #include "pkg/util/unix_socket.h"
@@ -67,12 +68,16 @@ class HandleChannel {
     std::vector<SlotSocket> slot_sockets;
     mode_t mode = 0660;
     std::vector<uid_t> allowed_uids;  // empty: any peer that can reach the socket
-    // Connections open at once, in all and per peer uid (leases included): past either cap a
-    // new connection is answered "ERR RESOURCE_EXHAUSTED: ..." and closed, so one peer cannot
-    // crowd out the others. Connections silent past the handshake timeout (5 s) are closed.
+    // Connections open at once, in all and per tenant unit (the peer's pod, slot or process:
+    // pkg/tenant; leases included): past either cap a new connection is answered
+    // "ERR RESOURCE_EXHAUSTED: ..." and closed, so one pod cannot crowd out the others (issue
+    // 47: per uid, one root pod's 1,100 idle connections left every other pod 0/5 claims).
+    // Connections silent past the handshake timeout (5 s) are closed.
     size_t max_connections = 4096;
-    size_t max_connections_per_uid = 1024;
+    size_t max_connections_per_pod = 1024;
     std::chrono::milliseconds handshake_timeout{5000};
+    // Where the peers' /proc entries are read to resolve their pods (tests: a fixture tree).
+    std::string proc_root = "/proc";
   };
 
   static absl::StatusOr<std::unique_ptr<HandleChannel>> Start(const Options& options, ClaimFn claim,
@@ -106,6 +111,7 @@ class HandleChannel {
   void Claim(Conns& conns, Conns::iterator it, const std::string& token);
 
   const Options options_;
+  const tenant::Resolver resolver_;
   std::vector<ScopedFd> listening_;  // [0]: `path`, then slot_sockets in order
   ScopedFd wake_;                    // eventfd: stop and CloseLease requests
   ClaimFn claim_;

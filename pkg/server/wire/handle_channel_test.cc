@@ -208,11 +208,11 @@ TEST_F(HandleChannelTest, SilentConnectionsAreClosedWhileTheChannelIsIdle) {
 }
 
 // One peer holding many connections gets RESOURCE_EXHAUSTED saying so; others are not starved
-// by the total cap first (the per-uid cap is below it).
+// by the total cap first (the cap per unit is below it).
 TEST_F(HandleChannelTest, APeerOverItsConnectionCapIsToldSo) {
   channel_.reset();
   HandleChannel::Options o;
-  o.max_connections_per_uid = 2;
+  o.max_connections_per_pod = 2;
   Start(o);
   std::vector<ScopedFd> held;
   held.push_back(Connect());
@@ -220,13 +220,38 @@ TEST_F(HandleChannelTest, APeerOverItsConnectionCapIsToldSo) {
   ScopedFd over = Connect();
   auto line = ReadLine(over.get(), 4096);
   ASSERT_TRUE(line.ok()) << line.status();
-  EXPECT_THAT(*line, ::testing::StartsWith("ERR RESOURCE_EXHAUSTED: uid "));
-  EXPECT_THAT(*line, ::testing::HasSubstr("handle connections, the cap per uid"));
+  EXPECT_THAT(*line, ::testing::StartsWith("ERR RESOURCE_EXHAUSTED: process "));
+  EXPECT_THAT(*line, ::testing::HasSubstr("handle connections, the cap per pod"));
   // The held ones still work.
   ASSERT_TRUE(WriteAll(held[0].get(), "WCH1 goodtoken\n").ok());
   auto fds = RecvWithFds(held[0].get(), 256);
   ASSERT_TRUE(fds.ok()) << fds.status();
   EXPECT_EQ(fds->fds.size(), 2u);
+}
+
+// Issue 47, finding 2: the cap was per uid, and every pod is root: with namespace rules, one
+// pod's 1,100 idle handle connections left the pod on another slot 0/5 claims ("uid 0 holds
+// 1024 handle connections"). A slot is one pod: its connections count against it alone.
+TEST_F(HandleChannelTest, APodOverItsCapDoesNotStarveThePodOnAnotherSlot) {
+  channel_.reset();
+  HandleChannel::Options o;
+  o.max_connections_per_pod = 3;
+  o.slot_sockets = {{"weightcache-0", dir_ / "h0.sock"}, {"weightcache-1", dir_ / "h1.sock"}};
+  Start(o);
+  std::vector<ScopedFd> held;
+  for (int i = 0; i < 3; ++i) held.push_back(Connect("h1.sock"));
+  ScopedFd over = Connect("h1.sock");
+  auto refused = ReadLine(over.get(), 4096);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_THAT(*refused,
+              ::testing::StartsWith("ERR RESOURCE_EXHAUSTED: slot weightcache-1 holds 3"));
+  for (int i = 0; i < 5; ++i) {
+    ScopedFd mine = Connect("h0.sock");
+    ASSERT_TRUE(WriteAll(mine.get(), "WCH1 goodtoken\n").ok());
+    auto fds = RecvWithFds(mine.get(), 256);
+    ASSERT_TRUE(fds.ok()) << "claim " << i << ": " << fds.status();
+    EXPECT_EQ(fds->fds.size(), 2u);
+  }
 }
 
 }  // namespace
