@@ -17,7 +17,9 @@
 #include "pkg/util/log.h"
 
 ABSL_FLAG(std::string, socket, weightcache::keeper::kDefaultSocket,
-          "The keeper's socket (its directory is created 0700); weightcached's --keeper_socket");
+          "The keeper's socket; weightcached's --keeper_socket. A missing directory is created "
+          "0700; an existing one is used as it is when safe (owned by this uid or root, not "
+          "writable by others unless sticky); only a stale socket at the path is replaced");
 ABSL_FLAG(std::vector<std::string>, allowed_uids, {},
           "Uids that may deposit and adopt (the daemon's); default: the keeper's own uid");
 ABSL_FLAG(uint64_t, max_fds, 0,

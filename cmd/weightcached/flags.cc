@@ -40,7 +40,9 @@
 #include "pkg/util/version.h"
 
 ABSL_FLAG(std::string, socket_dir, weightcache::server::kDefaultSocketDir,
-          "Directory for control.sock and handle.sock (created 0750)");
+          "Directory for control.sock and handle.sock: created 0750 when missing; an existing "
+          "one is used as it is when safe (owned by this uid or root, not writable by others "
+          "unless sticky; docs/security.md, \"Paths\"), never chmod'ed");
 ABSL_FLAG(std::vector<std::string>, spec_file, {},
           "Model spec files (YAML/JSON) to know and preload, comma-separated");
 ABSL_FLAG(std::string, model, "",
@@ -54,7 +56,8 @@ ABSL_FLAG(std::vector<std::string>, allowed_uids, {},
           "Uids allowed to connect to the control and handle sockets; empty: anyone who can "
           "reach the sockets");
 ABSL_FLAG(std::string, admin_socket_dir, "",
-          "Directory of the admin socket (created 0700, control.sock in it): every peer there "
+          "Directory of the admin socket (created 0700 when missing, used as it is when safe; "
+          "control.sock in it): every peer there "
           "is admin and publisher. Never a directory engine pods mount. Default: "
           "<socket_dir>-admin; none: no admin socket");
 ABSL_FLAG(std::vector<std::string>, admin_uids, {},
@@ -81,8 +84,9 @@ ABSL_FLAG(int, max_connections_per_pod, 256,
           "hostPID), its slot socket, or outside Kubernetes the process; past it that unit's "
           "requests are answered RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, socket_gid, -1,
-          "Group id given the socket dir (0750) and sockets (0660), so engines running as "
-          "other uids in that group can connect; -1 keeps the daemon's group");
+          "Group id given the sockets (0660) and a socket dir the daemon creates (0750), so "
+          "engines running as other uids in that group can connect (an existing dir must let "
+          "them search it); -1 keeps the daemon's group");
 ABSL_FLAG(std::string, metrics_address, weightcache::metrics::HttpServer::kDefaultAddress,
           "Address of /metrics, /healthz, /readyz (IPv4:port or [IPv6]:port; 'off' disables)");
 ABSL_FLAG(int, read_threads, 16, "Parallel preads per load");

@@ -31,11 +31,16 @@ absl::StatusOr<std::unique_ptr<Keeper>> Keeper::Start(KeeperOptions options) {
     options.max_fds = limit - kReservedFds;
   }
   const std::string& path = options.socket_path;
+  // Errors name the flag (the keeper's only path). A directory it finds is used as it is
+  // (never chmod'ed: it may be /tmp); a file at the path is removed only when it is a
+  // stale socket (unix_socket.h).
+  const std::string label = "--socket=" + path;
   const auto slash = path.rfind('/');
   if (slash != std::string::npos && slash > 0) {
-    WC_RETURN_IF_ERROR(PrepareSocketDir(path.substr(0, slash), 0700));
+    WC_RETURN_IF_ERROR(Annotate(PrepareSocketDir(path.substr(0, slash), 0700), label));
   }
-  WC_RETURN_IF_ERROR(RemoveStaleSocket(path, SOCK_SEQPACKET));
+  WC_RETURN_IF_ERROR(
+      RemoveStaleSocket(path, {.type = SOCK_SEQPACKET, .label = label, .server = "keeper"}));
   WC_ASSIGN_OR_RETURN(ScopedFd listener, ListenUnix(path, 0600, 16, SOCK_SEQPACKET));
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) return ErrnoStatus(errno, "pipe2");

@@ -47,7 +47,7 @@ namespace weightcache::keeper {
 inline constexpr const char* kDefaultSocket = "/run/weightcache-keeper/keeper.sock";
 
 struct KeeperOptions {
-  std::string socket_path = kDefaultSocket;  // its directory is created 0700
+  std::string socket_path = kDefaultSocket;  // a missing directory is created 0700
   std::vector<uid_t> allowed_uids;           // empty: the keeper's own uid
   // Descriptors it may hold for entries; 0: the open-file limit (raised to the hard limit
   // at start) less kReservedFds for its sockets.

@@ -78,7 +78,10 @@ absl::Status Daemon::Impl::Start() {
   for (const auto& s : options_.specs) {
     WC_RETURN_IF_ERROR(CheckIsolation(s, options_.namespace_rules.enabled));
   }
-  WC_RETURN_IF_ERROR(PrepareSocketDir(options_.socket_dir, 0750));
+  // Created 0750 (group --socket_gid) when missing; an existing one (the chart's hostPath) is
+  // used as it is when safe, never chmod'ed or chown'ed (unix_socket.h).
+  WC_RETURN_IF_ERROR(Annotate(PrepareSocketDir(options_.socket_dir, 0750, options_.socket_gid),
+                              "--socket_dir=" + options_.socket_dir));
   WC_RETURN_IF_ERROR(models_.OpenDigestStore(options_.digest_store));
   WC_RETURN_IF_ERROR(MakeAccess());
   preloads_ = std::make_unique<Preloads>(
@@ -133,9 +136,9 @@ absl::Status Daemon::Impl::Start() {
   WC_RETURN_IF_ERROR(StartPeerServer());
   WC_RETURN_IF_ERROR(StartPeerFill());
   if (options_.socket_gid >= 0) {
-    // Engines running as other uids reach the sockets through this group (dir 0750,
-    // sockets 0660); the handle channel's uid allowlist still applies.
-    for (const std::string& p : {options_.socket_dir, control_path(), handle_path()}) {
+    // Engines running as other uids reach the sockets through this group (sockets 0660; the
+    // directory got it when it was created); the handle channel's uid allowlist still applies.
+    for (const std::string& p : {control_path(), handle_path()}) {
       WC_RETURN_IF_ERROR(ChangeGroup(p, options_.socket_gid));
     }
     WC_RETURN_IF_ERROR(GroupSlotSockets(slots_, options_.socket_gid));
@@ -206,16 +209,17 @@ void Daemon::Impl::AdoptFromKeeper() {
 }
 
 absl::Status Daemon::Impl::PrepareSockets() {
-  WC_RETURN_IF_ERROR(RemoveStaleSocket(control_path()));
-  WC_RETURN_IF_ERROR(RemoveStaleSocket(handle_path()));
+  WC_RETURN_IF_ERROR(RemoveStaleSocket(control_path(), {.server = "daemon"}));
+  WC_RETURN_IF_ERROR(RemoveStaleSocket(handle_path(), {.server = "daemon"}));
   if (const auto& nr = options_.namespace_rules; nr.enabled) {
     WC_ASSIGN_OR_RETURN(slots_,
                         PrepareSlotDirs(options_.socket_dir, nr.slots, options_.socket_gid));
   }
   if (!options_.admin_socket_dir.empty()) {
-    // The daemon's alone: 0700, never given the engines' group.
-    WC_RETURN_IF_ERROR(PrepareSocketDir(options_.admin_socket_dir, 0700));
-    WC_RETURN_IF_ERROR(RemoveStaleSocket(admin_path()));
+    // The daemon's alone: created 0700, never given the engines' group (the socket is 0600).
+    WC_RETURN_IF_ERROR(Annotate(PrepareSocketDir(options_.admin_socket_dir, 0700),
+                                "--admin_socket_dir=" + options_.admin_socket_dir));
+    WC_RETURN_IF_ERROR(RemoveStaleSocket(admin_path(), {.server = "daemon"}));
   }
   return absl::OkStatus();
 }

@@ -88,7 +88,8 @@ struct DaemonOptions {
   // Roles are granted, never implied (policy.h has the table). Admin: define inline specs,
   // evict, end other peers' leases; publisher: BeginPublish. Engines (any allowed peer)
   // acquire, release their own leases, load known specs and read status.
-  // The admin socket's directory (created 0700; control.sock in it): every peer there is
+  // The admin socket's directory (created 0700 when missing, else used as it is when
+  // PrepareSocketDir accepts it; control.sock in it): every peer there is
   // admin and publisher. It must be a directory that no engine pod mounts. Empty: none.
   std::string admin_socket_dir;
   // On the engine socket (<socket_dir>/control.sock) only: admins and publishers by uid or
@@ -107,7 +108,9 @@ struct DaemonOptions {
   // Memory gRPC may use for the control plane (requests, streams, buffers) and its threads.
   uint64_t grpc_memory_bytes = 256ull << 20;
   int grpc_max_threads = 128;
-  int socket_gid = -1;  // >= 0: group owning the socket dir and sockets (engines' group)
+  // >= 0: group of the sockets and of the socket dir when the daemon creates it (engines'
+  // group); an existing dir is never chown'ed and must let this group search it.
+  int socket_gid = -1;
   std::chrono::seconds token_ttl{10};      // an unclaimed token ends its lease after this
   std::chrono::seconds acquire_wait{600};  // wait_ready / load_on_miss bound
   // A non-admin Load re-reads a model's files at most this often (admins: every Load).

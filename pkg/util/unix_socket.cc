@@ -11,8 +11,10 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"
+#include "pkg/util/status_macros.h"
 
 namespace weightcache {
 namespace {
@@ -38,54 +40,151 @@ absl::Status ChangeGroup(const std::string& path, int gid) {
   return absl::OkStatus();
 }
 
-absl::Status PrepareSocketDir(const std::string& dir, mode_t mode) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec)
-    return absl::PermissionDeniedError(absl::StrCat("create socket dir ", dir, ": ", ec.message()));
-  struct stat st;
-  if (::lstat(dir.c_str(), &st) != 0) return ErrnoStatus(errno, "lstat", dir);
+namespace {
+
+std::string Octal(mode_t mode) { return absl::StrFormat("%04o", mode & 07777); }
+
+const char* TypeName(mode_t mode) {
+  return S_ISREG(mode)    ? "a regular file"
+         : S_ISDIR(mode)  ? "a directory"
+         : S_ISLNK(mode)  ? "a symlink"
+         : S_ISFIFO(mode) ? "a FIFO"
+         : S_ISSOCK(mode) ? "a socket"
+         : S_ISCHR(mode)  ? "a character device"
+         : S_ISBLK(mode)  ? "a block device"
+                          : "something that is not a socket";
+}
+
+// Whether an existing `dir` (lstat'ed as `st`) may hold our sockets as it is
+// (unix_socket.h, PrepareSocketDir). Never changes it.
+absl::Status CheckExistingSocketDir(const std::string& dir, const struct stat& st, int gid) {
+  const std::string found = absl::StrCat(" (mode ", Octal(st.st_mode), ", owner uid ", st.st_uid,
+                                         " gid ", st.st_gid, ")");
   if (!S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("socket dir ", dir, " is not a directory (a symlink or a file is refused)"));
+    return absl::FailedPreconditionError(absl::StrCat(dir, ": ", TypeName(st.st_mode),
+                                                      " is there, not a directory", found,
+                                                      "; remove it or name another path"));
   }
-  if (st.st_uid != ::geteuid()) {
-    return absl::PermissionDeniedError(absl::StrCat("socket dir ", dir, " is owned by uid ",
-                                                    st.st_uid, ", not by this process (uid ",
-                                                    ::geteuid(), ")"));
+  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "directory ", dir, found, " belongs to another user (this process is uid ", ::geteuid(),
+        "), who could replace the sockets in it; name a directory of this uid or root"));
   }
-  if (::chmod(dir.c_str(), mode) != 0) return ErrnoStatus(errno, "chmod", dir);
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (st.st_mode & S_ISVTX) == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "directory ", dir, found,
+        " is writable by its group or others without the sticky bit: they could replace the "
+        "sockets in it; name a directory only its owner can write (e.g. 0755, or 1777 like "
+        "/tmp), or one that does not exist yet (it is then created)"));
+  }
+  const bool group_search = static_cast<int>(st.st_gid) == gid && (st.st_mode & S_IXGRP) != 0;
+  if (gid >= 0 && (st.st_mode & S_IXOTH) == 0 && !group_search) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "directory ", dir, found, " is not searchable by group ", gid,
+        " (--socket_gid), so engines of that group could not reach the sockets; give it group ",
+        gid, " with g+x (or o+x), or name a directory that does not exist yet"));
+  }
   return absl::OkStatus();
 }
 
-absl::Status RemoveStaleSocket(const std::string& path, int type) {
+// Creates the last component of `dir` (its parent exists) with exactly `mode` and group
+// `gid`. False when something is already there (EEXIST): the caller checks it as existing.
+absl::StatusOr<bool> MakeSocketDir(const std::string& dir, mode_t mode, int gid) {
+  if (::mkdir(dir.c_str(), mode) != 0) {
+    if (errno == EEXIST) return false;
+    return ErrnoStatus(errno, "mkdir (socket dir)", dir);
+  }
+  // What we just made: fchmod (the umask may have cleared bits of `mode`) and fchown it
+  // through a descriptor, never following a symlink put in its place.
+  ScopedFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) return ErrnoStatus(errno, "open (socket dir just created)", dir);
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat", dir);
+  if (st.st_uid != ::geteuid()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "socket dir ", dir, " was replaced right after this process created it (now uid ",
+        st.st_uid, "); refusing it"));
+  }
+  if (::fchmod(fd.get(), mode) != 0) return ErrnoStatus(errno, "fchmod", dir);
+  if (gid >= 0 && ::fchown(fd.get(), static_cast<uid_t>(-1), static_cast<gid_t>(gid)) != 0) {
+    return ErrnoStatus(errno, "chown to group " + std::to_string(gid), dir);
+  }
+  WC_LOG_INFO("created socket dir %s (mode %s%s)", dir, Octal(mode),
+              gid >= 0 ? absl::StrCat(", group ", gid) : std::string());
+  return true;
+}
+
+// 0 when a server accepts a connection at `path` now, else connect()'s errno. Never waits
+// for room in a full backlog (EAGAIN).
+int ProbeConnect(const sockaddr_un& addr, int type) {
+  ScopedFd fd(::socket(AF_UNIX, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd) return errno;
+  int rc;
+  do {
+    rc = ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  } while (rc != 0 && errno == EINTR);
+  return rc == 0 ? 0 : errno;
+}
+
+}  // namespace
+
+absl::Status PrepareSocketDir(const std::string& dir, mode_t mode, int gid) {
+  if (dir.empty()) return absl::InvalidArgumentError("socket dir: empty path");
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    struct stat st;
+    if (::lstat(dir.c_str(), &st) == 0) {
+      WC_RETURN_IF_ERROR(CheckExistingSocketDir(dir, st, gid));
+      WC_LOG_DEBUG("socket dir %s exists (mode %s, uid %d, gid %d): used as it is", dir,
+                   Octal(st.st_mode), static_cast<long long>(st.st_uid),
+                   static_cast<long long>(st.st_gid));
+      return absl::OkStatus();
+    }
+    if (errno != ENOENT) return ErrnoStatus(errno, "lstat (socket dir)", dir);
+    const std::filesystem::path parent = std::filesystem::path(dir).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    if (ec) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("create the parents of socket dir ", dir, ": ", ec.message()));
+    }
+    WC_ASSIGN_OR_RETURN(const bool created, MakeSocketDir(dir, mode, gid));
+    if (created) return absl::OkStatus();
+    // Another process made it between lstat and mkdir: check it as an existing one.
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("socket dir ", dir, " keeps appearing and vanishing; refusing it"));
+}
+
+absl::Status RemoveStaleSocket(const std::string& path, const StaleSocketCheck& check) {
+  const std::string& label = check.label.empty() ? path : check.label;
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return absl::OkStatus();
-    return ErrnoStatus(errno, "lstat", path);
+    return ErrnoStatus(errno, "lstat", label);
   }
   if (!S_ISSOCK(st.st_mode)) {
-    const char* what = S_ISREG(st.st_mode)    ? "a regular file"
-                       : S_ISDIR(st.st_mode)  ? "a directory"
-                       : S_ISLNK(st.st_mode)  ? "a symlink"
-                       : S_ISFIFO(st.st_mode) ? "a FIFO"
-                                              : "not a socket";
-    if (S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          path, " is ", what, " owned by uid ", st.st_uid, ", not a socket; refusing to remove it",
-          S_ISDIR(st.st_mode) ? "" : " (only what this daemon's own uid owns is replaced)"));
-    }
-    if (::unlink(path.c_str()) != 0) return ErrnoStatus(errno, "unlink", path);
-    WC_LOG_WARN("%s was %s, not a socket; removed it (this uid owns it) to listen there", path,
-                what);
-    return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat(label, ": ", TypeName(st.st_mode), " is there (not a socket; owner uid ",
+                     st.st_uid, "); remove it or name another path"));
   }
-  auto live = ConnectUnix(path, type);
-  if (live.ok()) {
-    return absl::AlreadyExistsError(
-        absl::StrCat(path, ": another server is answering on this socket"));
+  WC_ASSIGN_OR_RETURN(const sockaddr_un addr, Address(path));
+  const int err = ProbeConnect(addr, check.type);
+  if (err == 0 || err == EAGAIN) {
+    return absl::AlreadyExistsError(absl::StrCat(label, ": another ", check.server, " listens on ",
+                                                 path, err == 0 ? "" : " (its backlog is full)",
+                                                 "; stop it or name another path"));
   }
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoStatus(errno, "unlink", path);
+  if (err != ECONNREFUSED) {
+    const std::string why = err == EPROTOTYPE
+                                ? std::string("a socket of another type is bound there")
+                                : std::string(ErrnoStatus(err, "connect", path).message());
+    return absl::FailedPreconditionError(absl::StrCat(label,
+                                                      ": a socket is there that is not stale (",
+                                                      why, "); remove it or name another path"));
+  }
+  // Stale: nobody listens. Only a socket is unlinked, and only after the probe said so.
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoStatus(errno, "unlink", label);
+  WC_LOG_INFO("%s: removed a stale socket (nobody listened on it)", label);
   return absl::OkStatus();
 }
 
@@ -97,6 +196,8 @@ absl::StatusOr<ScopedFd> ListenUnix(const std::string& path, mode_t mode, int ba
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&*addr), sizeof(*addr)) != 0) {
     return ErrnoStatus(errno, "bind", path);
   }
+  // The socket this call just bound: in a directory PrepareSocketDir accepted, nobody else
+  // can have put something else at `path` since.
   if (::chmod(path.c_str(), mode) != 0) return ErrnoStatus(errno, "chmod", path);
   if (::listen(fd.get(), backlog) != 0) return ErrnoStatus(errno, "listen", path);
   return fd;

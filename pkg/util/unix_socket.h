@@ -17,21 +17,43 @@ namespace weightcache {
 // Most descriptors one message carries (the kernel's SCM_MAX_FD is 253).
 inline constexpr size_t kMaxFdsPerMessage = 64;
 
-// Creates `dir` (and parents) if missing with `mode`, then checks it is a real directory
-// (not a symlink) owned by this user and tightens its mode to `mode`.
-absl::Status PrepareSocketDir(const std::string& dir, mode_t mode);
+// Makes `dir` ready to hold this process's listening sockets without changing anything it
+// did not create (issue 47):
+//  - missing: creates it (missing parents with the default mode), the last component with
+//    exactly `mode` and, when `gid` >= 0, group `gid`;
+//  - present: uses it as it is when it is acceptable, and refuses it (FAILED_PRECONDITION
+//    naming the directory, what was found and what to do) otherwise; its mode and owner are
+//    never changed. Acceptable (docs/security.md, "Paths"): a directory, not a symlink;
+//    owned by this process's uid or by root; not writable by group or others unless the
+//    sticky bit is set (then nobody but a file's owner, the directory's owner and root may
+//    remove or rename what is in it, so nobody else can replace the sockets); and when
+//    `gid` >= 0, searchable by that group (o+x, or group `gid` with g+x), so that the
+//    engines given that group reach the sockets.
+// Only `dir` itself is checked: its parents are the operator's.
+absl::Status PrepareSocketDir(const std::string& dir, mode_t mode, int gid = -1);
 
-// Gives `path` (a socket or its directory) group `gid`, so that processes of that group reach
-// it; the error names the path and the group.
+// Gives `path` (a socket this process bound, or a directory it created) group `gid`, so that
+// processes of that group reach it; the error names the path and the group.
 absl::Status ChangeGroup(const std::string& path, int gid);
 
-// Removes a stale socket file at `path`, or a file that is not a socket (a regular file, a
-// FIFO, a symlink: what an engine with write access could have put there to keep the daemon
-// from starting) when this process's uid owns it; refuses (FAILED_PRECONDITION naming the
-// type and owner) a directory or a non-socket of another uid, and a socket a live server
-// still answers on (ALREADY_EXISTS). `type` is the socket
-// type the server would listen with (a live SOCK_SEQPACKET server refuses a stream connect).
-absl::Status RemoveStaleSocket(const std::string& path, int type = SOCK_STREAM);
+// How RemoveStaleSocket checks and names the path.
+struct StaleSocketCheck {
+  // The socket type the server would listen with: a live server of another type refuses a
+  // connect with EPROTOTYPE, which is refused here too.
+  int type = SOCK_STREAM;
+  // How errors name the path (e.g. "--socket=/run/k/keeper.sock"); empty: the path.
+  std::string label;
+  // Who would be listening there, for the error (e.g. "keeper").
+  std::string server = "server";
+};
+
+// Makes room for a listener at `path`: nothing there is fine; a stale socket (a socket file
+// nobody listens on: connect() gets ECONNREFUSED) is unlinked; anything else is left where
+// it is and refused by name: a live socket (ALREADY_EXISTS, "another keeper listens on
+// ..."), a regular file, FIFO, symlink or directory (FAILED_PRECONDITION, "a regular file
+// is there (not a socket); remove it or name another path"), or a socket whose connect
+// fails otherwise (a full backlog, a socket of another type, no permission).
+absl::Status RemoveStaleSocket(const std::string& path, const StaleSocketCheck& check = {});
 
 // A listening socket of `type` (SOCK_STREAM, or SOCK_SEQPACKET for the keeper, whose
 // messages keep their boundaries) bound at `path` (which must not exist), chmod'ed to `mode`.

@@ -118,6 +118,9 @@ for helm in "${helms[@]}"; do
   expect "no admin or publish uids by default" lacks "$ds" '_uids=|_gids=|publish_namespaces'
   expect "admin socket in the daemon's own directory" has "$ds" '^            - --admin_socket_dir=/run/weightcache-admin$'
   expect "admin socket dir is an emptyDir" after "$ds" '- name: admin-socket$' 1 'emptyDir: \{\}'
+  # The kubelet makes an emptyDir 0777, which the daemon refuses (it never chmods what it did
+  # not create): an init container makes it the daemon's alone first (issue 47).
+  expect "admin socket dir made 0700 before the daemon starts" has "$ds" '^          command: \["chmod", "0700", "/run/weightcache-admin"\]$'
   expect "digest store outside the socket dir" has "$ds" '^            - --digest_store=/var/lib/weightcache/digests.json$'
   expect "no keeper by default" has "$ds" '^            - --keeper_socket=off$'
   expect "artifact budget" has "$ds" '^            - --artifact_budget=1GiB$'
@@ -151,6 +154,7 @@ for helm in "${helms[@]}"; do
   expect "publish gids" has "$ds" '^            - --publish_gids=3000$'
   expect "publish namespaces" has "$ds" '^            - --publish_namespaces=team-a$'
   expect "admin socket dir" has "$ds" '^            - --admin_socket_dir=/run/wc-admin$'
+  expect "the init container chmods that admin socket dir" has "$ds" '^          command: \["chmod", "0700", "/run/wc-admin"\]$'
   expect "state dir" has "$ds" '^            - --digest_store=/var/lib/wc-state/digests.json$'
   expect "artifacts persisted under the state dir" has "$ds" '^            - --artifact_dir=/var/lib/wc-state/artifacts$'
   expect "artifact sizes" has "$ds" '^            - --artifact_max_bytes=1GiB$'

@@ -31,8 +31,8 @@ absl::StatusOr<std::unique_ptr<NamespaceRules>> NamespaceRules::Create(
 absl::StatusOr<std::vector<SlotSockets>> PrepareSlotDirs(const std::string& socket_dir, int slots,
                                                          int socket_gid) {
   const std::string root = socket_dir + "/" + kube::kSlotsDirName;
-  WC_RETURN_IF_ERROR(PrepareSocketDir(root, 0750));
-  if (socket_gid >= 0) WC_RETURN_IF_ERROR(ChangeGroup(root, socket_gid));
+  // Created 0750 with the engines' group; existing ones (a previous run's) used as they are.
+  WC_RETURN_IF_ERROR(PrepareSocketDir(root, 0750, socket_gid));
   std::vector<SlotSockets> out;
   for (int i = 0; i < slots; ++i) {
     SlotSockets s;
@@ -40,10 +40,9 @@ absl::StatusOr<std::vector<SlotSockets>> PrepareSlotDirs(const std::string& sock
     s.dir = kube::SlotSocketDir(socket_dir, s.slot);
     s.control = s.dir + "/" + kube::kControlSocketName;
     s.handle = s.dir + "/" + kube::kHandleSocketName;
-    WC_RETURN_IF_ERROR(PrepareSocketDir(s.dir, 0750));
-    if (socket_gid >= 0) WC_RETURN_IF_ERROR(ChangeGroup(s.dir, socket_gid));
-    WC_RETURN_IF_ERROR(RemoveStaleSocket(s.control));
-    WC_RETURN_IF_ERROR(RemoveStaleSocket(s.handle));
+    WC_RETURN_IF_ERROR(PrepareSocketDir(s.dir, 0750, socket_gid));
+    WC_RETURN_IF_ERROR(RemoveStaleSocket(s.control, {.server = "daemon"}));
+    WC_RETURN_IF_ERROR(RemoveStaleSocket(s.handle, {.server = "daemon"}));
     out.push_back(std::move(s));
   }
   return out;

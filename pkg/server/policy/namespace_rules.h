@@ -90,8 +90,10 @@ struct SlotSockets {
   std::string slot;  // the device id, e.g. weightcache-3
   std::string dir, control, handle;
 };
-// Creates <socket_dir>/slots/ and one directory per slot (0750; group `socket_gid` when >= 0),
-// and removes stale sockets in them (ALREADY_EXISTS when a live daemon answers there).
+// Creates <socket_dir>/slots/ and one directory per slot (0750; group `socket_gid` when >= 0)
+// where missing, uses existing ones as they are when safe (PrepareSocketDir: never chmod'ed
+// or chown'ed), and removes stale sockets in them (ALREADY_EXISTS when a live daemon answers
+// there; anything but a socket is refused, not removed).
 absl::StatusOr<std::vector<SlotSockets>> PrepareSlotDirs(const std::string& socket_dir, int slots,
                                                          int socket_gid);
 // The handle socket as an engine on a slot sees it: its slot's directory is mounted at
