@@ -48,6 +48,7 @@ ln -s ..data/tls.crt tls/tls.crt
 ln -s ..data/tls.key tls/tls.key
 swap() { ln -sfn "../..$1" tls/..data.tmp && mv -T tls/..data.tmp tls/..data; }  # as the kubelet
 
+: >out  # the background job opens it later: the port loop below must find it there
 "$bin" --address=127.0.0.1:0 --tls_cert_file=tls/tls.crt --tls_key_file=tls/tls.key \
   --reload_interval=100ms --max_body_bytes=65536 >out 2>err &
 pid=$!

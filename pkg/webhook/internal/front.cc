@@ -192,6 +192,7 @@ class Front::Impl {
   int open_ = 0;
   uint64_t buffered_ = 0;  // bytes in conns_' buffers
   bool paused_ = false;
+  Clock::time_point resume_at_ = Clock::time_point::max();  // after EMFILE
 
   // Loop -> workers, and back.
   std::mutex mu_;
@@ -275,7 +276,9 @@ void Front::Impl::Count(std::atomic<uint64_t>& counter, const char* what) {
 void Front::Impl::Run() {
   std::vector<epoll_event> events(256);
   while (!stop_) {
-    const int timeout = timers_.empty() ? -1 : MsUntil(timers_.begin()->first);
+    Clock::time_point next = resume_at_;
+    if (!timers_.empty()) next = std::min(next, timers_.begin()->first);
+    const int timeout = next == Clock::time_point::max() ? -1 : MsUntil(next);
     const int n = ::epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), timeout);
     for (int i = 0; i < n; ++i) {
       const int fd = events[i].data.fd;
@@ -290,6 +293,10 @@ void Front::Impl::Run() {
       }
     }
     Expire();
+    if (Clock::now() >= resume_at_) {
+      resume_at_ = Clock::time_point::max();
+      if (open_ < o_.max_connections) PauseAccepting(false);
+    }
   }
 }
 
@@ -300,7 +307,11 @@ void Front::Impl::Accept() {
     const int fd =
         ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE) PauseAccepting(true);  // until one closes
+      if (errno == EMFILE || errno == ENFILE) {  // until one closes, or 100 ms
+        WC_LOG_WARN("webhook: accept: %s: pausing 100 ms", std::strerror(errno));
+        PauseAccepting(true);
+        resume_at_ = Clock::now() + std::chrono::milliseconds(100);
+      }
       if (errno != EINTR && errno != ECONNABORTED) return;
       continue;
     }
