@@ -22,11 +22,24 @@ ABSL_FLAG(std::string, tls_key_file, "/etc/weightcache-webhook/tls/tls.key",
 ABSL_FLAG(absl::Duration, reload_interval, absl::Seconds(5),
           "How often the certificate files are checked for a change");
 ABSL_FLAG(uint64_t, max_body_bytes, 4 << 20, "Largest request body accepted (413 past it)");
-ABSL_FLAG(int, request_timeout_ms, 10000, "A request must arrive within this");
+ABSL_FLAG(int, request_timeout_ms, 10000,
+          "A request thread's read or write that stalls this long ends the connection");
 ABSL_FLAG(int, connection_deadline_ms, 3000,
-          "A connection is shut down this long after its TLS handshake began, whatever it does "
-          "(a slow client holds a request thread at most this long)");
-ABSL_FLAG(int, threads, 32, "Request threads (one per open connection)");
+          "A request must arrive whole within this of its first byte, or its connection is "
+          "closed");
+ABSL_FLAG(int, handshake_timeout_ms, 1000,
+          "A TLS handshake must finish within this of the accept (an API server's takes "
+          "milliseconds), or its connection is closed");
+ABSL_FLAG(int, listen_backlog, 1024, "Connections the kernel queues before they are accepted");
+ABSL_FLAG(int, max_connections_per_source, 256,
+          "Connections open at once from one IP address; one more is closed at accept (the API "
+          "server sends one connection per review in flight, at most its "
+          "--max-mutating-requests-inflight, 200 by default)");
+ABSL_FLAG(int, max_connections, 1024,
+          "Connections open at once in all; more wait in the listen backlog");
+ABSL_FLAG(int, threads, 32,
+          "Request threads: they run complete requests only (one thread accepts connections, "
+          "does their TLS handshakes and reads their requests)");
 ABSL_FLAG(bool, verbose, false, "Debug logging");
 
 namespace weightcache {
@@ -43,6 +56,10 @@ int Run() {
   o.request_timeout_ms = absl::GetFlag(FLAGS_request_timeout_ms);
   o.num_threads = absl::GetFlag(FLAGS_threads);
   o.connection_deadline_ms = absl::GetFlag(FLAGS_connection_deadline_ms);
+  o.handshake_timeout_ms = absl::GetFlag(FLAGS_handshake_timeout_ms);
+  o.listen_backlog = absl::GetFlag(FLAGS_listen_backlog);
+  o.max_connections_per_source = absl::GetFlag(FLAGS_max_connections_per_source);
+  o.max_connections = absl::GetFlag(FLAGS_max_connections);
   if (o.reload_interval <= absl::ZeroDuration()) {
     std::fprintf(stderr, "weightcache-webhook: --reload_interval must be positive\n");
     return 2;

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <fstream>
@@ -20,8 +21,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "pkg/util/log.h"
-#include "pkg/util/unix_socket.h"
 #include "pkg/util/untrusted_text.h"
+#include "pkg/webhook/internal/front.h"
 #include "pkg/webhook/mutate.h"
 
 namespace weightcache::webhook {
@@ -125,48 +126,8 @@ absl::StatusOr<std::pair<std::string, int>> ParseAddress(const std::string& addr
 
 constexpr const char* kText = "text/plain; charset=utf-8";
 
-}  // namespace
-
-Server::Server(ServerOptions options) : options_(std::move(options)) {}
-
-absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
-  absl::StatusOr<std::pair<std::string, int>> address = ParseAddress(options.address);
-  if (!address.ok()) return address.status();
-  if (options.num_threads < 1 || options.request_timeout_ms < 1 ||
-      options.connection_deadline_ms < 1) {
-    return absl::InvalidArgumentError(
-        "webhook: num_threads, request_timeout_ms and connection_deadline_ms must be >= 1");
-  }
-  std::unique_ptr<Server> server(new Server(std::move(options)));
-  const ServerOptions& o = server->options_;
-  server->stamp_ = Stamp(o.cert_file) + "|" + Stamp(o.key_file);
-  absl::StatusOr<std::shared_ptr<const KeyPair>> pair = LoadPair(o.cert_file, o.key_file);
-  if (!pair.ok()) return pair.status();
-  {
-    absl::MutexLock lock(&server->mu_);
-    server->pair_ = *std::move(pair);
-  }
-
-  // Every handshake takes the current pair through the certificate callback.
-  Server* self = server.get();
-  server->http_ = std::make_unique<httplib::SSLServer>([self](SSL_CTX& ctx) {
-    SSL_CTX_set_min_proto_version(&ctx, TLS1_2_VERSION);
-    SSL_CTX_set_cert_cb(&ctx, &Server::CertCallback, self);
-    SSL_CTX_set_app_data(&ctx, self);
-    SSL_CTX_set_info_callback(&ctx, &Server::InfoCallback);
-    return true;
-  });
-  httplib::SSLServer& http = *server->http_;
-  if (!http.is_valid()) {
-    return absl::InternalError(absl::StrCat("webhook: TLS context: ", SslErrors()));
-  }
-  const int threads = o.num_threads;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  const auto timeout = std::chrono::milliseconds(o.request_timeout_ms);
-  http.set_read_timeout(timeout);
-  http.set_write_timeout(timeout);
-  http.set_keep_alive_timeout(5);
-  http.set_payload_max_length(o.max_body_bytes);
+// Registers /mutate and /healthz and the error and exception handlers.
+void Route(httplib::Server& http, uint64_t max_body_bytes) {
   http.Post("/mutate", [](const httplib::Request& req, httplib::Response& res) {
     absl::StatusOr<std::string> answer = ReviewAdmission(req.body);
     if (!answer.ok()) {
@@ -181,7 +142,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   http.Get("/healthz",
            [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", kText); });
   http.set_error_handler(
-      [limit = o.max_body_bytes](const httplib::Request& req, httplib::Response& res) {
+      [limit = max_body_bytes](const httplib::Request& req, httplib::Response& res) {
         if (res.status == 413) {
           res.set_content(absl::StrCat("request body larger than ", limit, " bytes\n"), kText);
         } else if (res.status == 404) {
@@ -203,22 +164,82 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
         res.status = 500;
         res.set_content(absl::StrCat("webhook internal error: ", what, "\n"), kText);
       });
+}
 
-  const auto& [host, port] = *address;
-  server->port_ =
-      port == 0 ? http.bind_to_any_port(host) : (http.bind_to_port(host, port) ? port : -1);
-  if (server->port_ <= 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "webhook: cannot listen on ", QuoteTruncated(o.address), ": ", std::strerror(errno)));
+}  // namespace
+
+// httplib's request parsing, routing and response writing, run by the front's workers on a
+// connection whose TLS session the front set up (httplib never listens here).
+class Router : public httplib::Server {
+ public:
+  bool Serve(httplib::Stream& stream, bool close, bool& closed) {
+    return process_request(stream, close, closed, nullptr);
   }
-  server->listener_ = std::thread([self] {
-    self->http_->listen_after_bind();
-    self->listener_done_.Notify();
-  });
+};
+
+Server::Server(ServerOptions options) : options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
+  absl::StatusOr<std::pair<std::string, int>> address = ParseAddress(options.address);
+  if (!address.ok()) return address.status();
+  if (options.num_threads < 1 || options.request_timeout_ms < 1 ||
+      options.connection_deadline_ms < 1 || options.handshake_timeout_ms < 1 ||
+      options.listen_backlog < 1 || options.max_connections < 1 ||
+      options.max_connections_per_source < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "webhook: num_threads (", options.num_threads, "), request_timeout_ms (",
+        options.request_timeout_ms, "), connection_deadline_ms (", options.connection_deadline_ms,
+        "), handshake_timeout_ms (", options.handshake_timeout_ms, "), listen_backlog (",
+        options.listen_backlog, "), max_connections (", options.max_connections,
+        ") and max_connections_per_source (", options.max_connections_per_source,
+        ") must be >= 1"));
+  }
+  std::unique_ptr<Server> server(new Server(std::move(options)));
+  const ServerOptions& o = server->options_;
+  server->stamp_ = Stamp(o.cert_file) + "|" + Stamp(o.key_file);
+  absl::StatusOr<std::shared_ptr<const KeyPair>> pair = LoadPair(o.cert_file, o.key_file);
+  if (!pair.ok()) return pair.status();
+  {
+    absl::MutexLock lock(&server->mu_);
+    server->pair_ = *std::move(pair);
+  }
+
+  // Every handshake takes the current pair through the certificate callback.
+  server->ctx_ = {SSL_CTX_new(TLS_server_method()), &SSL_CTX_free};
+  SSL_CTX* ctx = server->ctx_.get();
+  if (ctx == nullptr || SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION) != 1) {
+    return absl::InternalError(absl::StrCat("webhook: TLS context: ", SslErrors()));
+  }
+  SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION);
+  SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);  // idle connections keep no 16 KiB buffers
+  Server* self = server.get();
+  SSL_CTX_set_cert_cb(ctx, &Server::CertCallback, self);
+
+  server->router_ = std::make_unique<Router>();
+  Router& router = *server->router_;
+  router.set_payload_max_length(o.max_body_bytes);
+  router.set_keep_alive_timeout(5);
+  Route(router, o.max_body_bytes);
+
+  internal::FrontOptions f;
+  f.listen_backlog = o.listen_backlog;
+  f.handshake_timeout_ms = o.handshake_timeout_ms;
+  f.request_deadline_ms = o.connection_deadline_ms;
+  f.io_timeout_ms = o.request_timeout_ms;
+  f.idle_timeout_ms = 5000;
+  f.max_connections = o.max_connections;
+  f.max_connections_per_source = o.max_connections_per_source;
+  f.num_threads = o.num_threads;
+  f.prefetch_body_bytes = std::min<uint64_t>(o.max_body_bytes, f.prefetch_body_bytes);
+  const auto& [host, port] = *address;
+  absl::StatusOr<std::unique_ptr<internal::Front>> front = internal::Front::Start(
+      host, port, ctx, f, [&router](httplib::Stream& s, bool close, bool& closed) {
+        return router.Serve(s, close, closed);
+      });
+  if (!front.ok()) return front.status();
+  server->front_ = *std::move(front);
+  server->port_ = server->front_->port();
   server->watcher_ = std::thread([self] { self->Watch(); });
-  server->reaper_ = std::thread([self] {
-    while (!self->stop_.WaitForNotificationWithTimeout(absl::Milliseconds(100))) self->Reap();
-  });
   WC_LOG_INFO("webhook: serving HTTPS /mutate /healthz on %s (port %d), certificate %s", o.address,
               server->port_, o.cert_file);
   return server;
@@ -227,52 +248,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
 Server::~Server() {
   stop_.Notify();
   if (watcher_.joinable()) watcher_.join();
-  if (reaper_.joinable()) reaper_.join();
-  if (listener_.joinable()) {
-    // stop() is a no-op until the listener has started: repeat it until the listener returns.
-    do {
-      http_->stop();
-    } while (!listener_done_.WaitForNotificationWithTimeout(absl::Milliseconds(20)));
-    listener_.join();
-  }
+  front_.reset();  // joins its threads before the router and the context go
 }
 
-void Server::InfoCallback(const ssl_st* ssl, int where, int /*ret*/) {
-  if ((where & SSL_CB_HANDSHAKE_START) == 0) return;
-  auto* self = static_cast<Server*>(SSL_CTX_get_app_data(SSL_get_SSL_CTX(ssl)));
-  const int fd = SSL_get_fd(ssl);
-  const uint64_t inode = SocketInode(fd);
-  if (self == nullptr || inode == 0) return;
-  absl::MutexLock lock(&self->deadlines_mu_);
-  Deadline& d = self->deadlines_[fd];
-  if (d.inode == inode) return;  // a renegotiation: the first handshake's deadline stands
-  d.inode = inode;
-  d.at = std::chrono::steady_clock::now() +
-         std::chrono::milliseconds(self->options_.connection_deadline_ms);
-}
-
-void Server::Reap() {
-  const auto now = std::chrono::steady_clock::now();
-  absl::MutexLock lock(&deadlines_mu_);
-  for (auto it = deadlines_.begin(); it != deadlines_.end();) {
-    if (SocketInode(it->first) != it->second.inode) {
-      it = deadlines_.erase(it);  // closed (and perhaps taken again by another socket)
-    } else if (now >= it->second.at) {
-      // Checked just before: the number still names this connection's socket. shutdown(2)
-      // ends its blocked read or write; the worker then closes it.
-      ::shutdown(it->first, SHUT_RDWR);
-      if (cut_++ % 100 == 0) {  // a flood of slow clients is logged, not echoed
-        WC_LOG_WARN(
-            "webhook: a connection was still open %d ms after its handshake began: shut down "
-            "(--connection_deadline_ms; %d so far)",
-            options_.connection_deadline_ms, cut_);
-      }
-      it = deadlines_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
+ConnectionStats Server::connection_stats() const { return front_->stats(); }
 
 int Server::reloads() const {
   absl::MutexLock lock(&mu_);

@@ -13,24 +13,29 @@
 // then on, through OpenSSL's certificate callback: the listening socket and the connections in
 // flight are not touched.
 //
-// Bounds: request bodies over `max_body_bytes` are answered 413 without being read; a socket
-// read or write that stalls for `request_timeout_ms` ends the connection; and every
-// connection is shut down `connection_deadline_ms` after its TLS handshake began, whatever
-// it is doing. Each connection holds one of `num_threads` workers while it lives: without the
-// deadline, clients trickling a byte a second held every worker for as long as they liked
-// and the API server's reviews waited past its timeout (issue 26: 23 s with 16 of them).
-// With it, a slow client holds a worker at most the deadline, and a review waits at most
-// about ceil(slow clients / num_threads) deadlines.
+// Connections (issue 47): one thread accepts, completes TLS handshakes and reads each request
+// whole on non-blocking sockets; `num_threads` workers run complete requests only
+// (internal/front.h). Before, each connection held a worker from its accept, handshake
+// included, and the listen backlog was httplib's 5: 128 slow clients that reconnected pushed a
+// good review to 5.2-8.1 s, past the API server's 5 s timeout (failurePolicy Ignore: the pod
+// was admitted unmutated). Now a slow client costs a descriptor and a TLS session until its
+// deadline, and the API server's review is answered beside it.
+// Bounds: a listen backlog of `listen_backlog`; a handshake must finish within
+// `handshake_timeout_ms` of the accept (an API server's takes milliseconds); a request must
+// arrive whole within `connection_deadline_ms` of its first byte, and a worker's read or write
+// stalls at most `request_timeout_ms`; an idle kept-alive connection is closed after 5 s;
+// request bodies over `max_body_bytes` are answered 413 without being read; at most
+// `max_connections_per_source` connections from one IP address at once (one more is closed at
+// accept) and `max_connections` in all (more wait in the backlog).
 //
-// Thread-safety: Start, the destructor and reloads() are for any one thread; handlers run on
-// the library's worker threads. The server stops (joining every thread) in its destructor.
+// Thread-safety: Start, the destructor, reloads() and connection_stats() are for any one thread;
+// handlers run on the front's worker threads. The server stops (joining every thread) in its
+// destructor.
 #pragma once
 
 #include <sys/types.h>
 
-#include <chrono>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -40,14 +45,15 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "pkg/webhook/connection_stats.h"
 
 struct ssl_st;
-
-namespace httplib {
-class SSLServer;
-}
+struct ssl_ctx_st;
 
 namespace weightcache::webhook {
+namespace internal {
+class Front;
+}
 
 struct ServerOptions {
   // IPv4:port to listen on; port 0 picks a free one (port() says which).
@@ -59,9 +65,19 @@ struct ServerOptions {
   int request_timeout_ms = 10000;
   int connection_deadline_ms = 3000;
   int num_threads = 32;
+  int listen_backlog = 1024;  // the kernel caps it at net.core.somaxconn (4096 since Linux 5.4)
+  int handshake_timeout_ms = 1000;
+  // The API server sends every review of its instance from one address, one connection per
+  // review in flight (HTTP/1.1), and admits at most --max-mutating-requests-inflight (200 by
+  // default) mutating requests at once: 256 lets one instance send a review for each of them
+  // to a single replica, and still keeps one other address from holding more than a quarter of
+  // max_connections.
+  int max_connections_per_source = 256;
+  int max_connections = 1024;
 };
 
 struct KeyPair;  // parsed certificate chain and key (server.cc)
+class Router;    // httplib's routing and HTTP parsing, run on a stream (server.cc)
 
 class Server {
  public:
@@ -75,6 +91,7 @@ class Server {
   int port() const { return port_; }
   // How many times a changed pair was loaded and is being served.
   int reloads() const;
+  ConnectionStats connection_stats() const;
 
  private:
   explicit Server(ServerOptions options);
@@ -84,20 +101,8 @@ class Server {
   std::shared_ptr<const KeyPair> current() const;
 
   static int CertCallback(ssl_st* ssl, void* self);
-  // SSL_CB_HANDSHAKE_START: the connection's deadline starts (ssl's SSL_CTX app data: this).
-  static void InfoCallback(const ssl_st* ssl, int where, int ret);
-  // Shuts down the connections past their deadline (reaper thread, every 100 ms).
-  void Reap();
-
-  struct Deadline {
-    uint64_t inode = 0;  // the socket's: a closed number taken again has another
-    std::chrono::steady_clock::time_point at;
-  };
 
   const ServerOptions options_;
-  std::unique_ptr<httplib::SSLServer> http_;
-  std::thread listener_;
-  absl::Notification listener_done_;
   int port_ = 0;
   std::string stamp_;  // identity of the files last attempted (watcher thread only)
   mutable absl::Mutex mu_;
@@ -105,10 +110,9 @@ class Server {
   int reloads_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Notification stop_;
   std::thread watcher_;
-  absl::Mutex deadlines_mu_;
-  std::map<int, Deadline> deadlines_ ABSL_GUARDED_BY(deadlines_mu_);  // by socket descriptor
-  uint64_t cut_ ABSL_GUARDED_BY(deadlines_mu_) = 0;
-  std::thread reaper_;
+  std::unique_ptr<ssl_ctx_st, void (*)(ssl_ctx_st*)> ctx_{nullptr, nullptr};
+  std::unique_ptr<Router> router_;
+  std::unique_ptr<internal::Front> front_;  // destroyed first: its workers use router_, ctx_
 };
 
 }  // namespace weightcache::webhook

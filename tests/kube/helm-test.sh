@@ -263,6 +263,10 @@ for helm in "${helms[@]}"; do
   expect "webhook: 2 replicas" has "$work/wd.yaml" '^  replicas: 2$'
   expect "webhook: command" has "$work/wd.yaml" 'command: \["weightcache-webhook"\]'
   expect "webhook: cert flag" has "$work/wd.yaml" '- --tls_cert_file=/etc/weightcache-webhook/tls/tls\.crt$'
+  expect "webhook: handshake timeout" has "$work/wd.yaml" '- --handshake_timeout_ms=1000$'
+  expect "webhook: per-source limit" has "$work/wd.yaml" '- --max_connections_per_source=256$'
+  expect_fail "schema: webhook handshake timeout 0" 'handshakeTimeoutMs' "$helm" template wc "$chart" \
+    --set webhook.enabled=true --set webhook.handshakeTimeoutMs=0
   expect "webhook: HTTPS probe" after "$work/wd.yaml" 'readinessProbe:' 4 'scheme: HTTPS'
   expect "webhook: no token" has "$work/wd.yaml" 'automountServiceAccountToken: false'
   expect "webhook: PDB" after <(doc "$w" PodDisruptionBudget) '^spec:' 1 'minAvailable: 1'
