@@ -13,7 +13,9 @@
 //   evict     admin                         -
 //   verify    admin                         - (a resident check spends device bandwidth)
 //   release   the lease's owner, or admin   with namespace rules: the lease's own socket
-//   publish   publisher                     map rule of the base model
+//   publish   publisher                     the spec's `publishers:` when it names any
+//                                           (admins excepted), then the map rule of the
+//                                           base model
 //
 // Roles are granted, never implied (issue 25: every root engine was admin and publisher):
 //   - admin socket (--admin_socket_dir, a directory no engine pod mounts): admin and
@@ -68,6 +70,9 @@ struct Object {
   std::optional<uid_t> owner_uid;
   std::string owner_slot;
   std::string lease;  // for messages
+  // publish: the model's spec's `publishers:` (namespace names, "uid:<n>"); empty: any
+  // publisher.
+  std::vector<std::string> publishers;
   // A private copy's namespace (spec isolation: namespace) when the verb acts on one entry:
   // only pods of that namespace (and admins) may map or see it.
   std::string tenant;
@@ -101,6 +106,9 @@ class Policy {
 
  private:
   Decision MapRule(const Caller& caller, const Object& object) const;
+  // The spec's `publishers:` for a non-admin publisher: its pod's namespace (slot socket) or
+  // "uid:<uid>" (engine socket) must be listed.
+  Decision PublishersRule(const Caller& caller, const Object& object) const;
   std::string Who(const Caller& caller) const;
 
   const PolicyOptions options_;
