@@ -227,13 +227,15 @@ TEST_F(ArtifactsTest, ASilentPutIsCancelledAndPutsAtOnceAreCapped) {
   auto stub = Stub();
   grpc::ClientContext silent;
   v1::PutArtifactResponse resp;
+  // Before the stream opens: the daemon's idle clock starts when its handler does, which
+  // may be before the first Write returns here.
+  const auto t0 = std::chrono::steady_clock::now();
   auto w = stub->PutArtifact(&silent, &resp);
   v1::PutArtifactRequest first;  // the key and part of the bytes, then nothing
   *first.mutable_key() = Key("silent");
   first.set_size(100);
   first.set_data("part");
   ASSERT_TRUE(w->Write(first));
-  const auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(WaitForPutsInFlight(1), 1u);  // the silent stream's handler runs
   const absl::Status second = client_->PutArtifact(Key("k"), "kernels").status();
   ASSERT_EQ(second.code(), absl::StatusCode::kResourceExhausted) << second;
