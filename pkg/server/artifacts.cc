@@ -169,7 +169,10 @@ absl::Status ArtifactService::Put(const Caller& caller,
                                   v1::PutArtifactResponse* resp,
                                   const std::function<void()>& cancel) {
   // Counted before the first message: a client that never sends one holds a thread too.
-  auto ticket = puts_.Begin(caller.unit, cancel);
+  // A unit not resolved at accept is told apart by its peer's pid (SO_PEERCRED).
+  tenant::Unit unit = caller.unit;
+  if (unit.kind == tenant::UnitKind::kUnknown && unit.pid == 0) unit.pid = caller.cred.pid;
+  auto ticket = puts_.Begin(unit, cancel);
   if (!ticket.ok()) {
     Count("", "put", ticket.status(), 0);
     return ticket.status();
