@@ -98,6 +98,12 @@ ABSL_FLAG(std::string, artifact_dir, "",
           "Directory (made 0700) where compile artifacts are also written, so they survive "
           "a restart or a reboot; read back and checked against their SHA-256 when asked "
           "for. Empty: memory only");
+ABSL_FLAG(std::string, artifact_dir_budget, "10GiB",
+          "Bytes of compile artifacts --artifact_dir may hold; past it the least recently "
+          "used are removed from it (memory keeps what it holds). 0: no limit");
+ABSL_FLAG(int, artifact_max_puts_per_unit, 2,
+          "Compile-artifact puts one pod (or slot, or process outside Kubernetes) may have in "
+          "progress at once; each reserves its declared size of --artifact_budget while it runs");
 ABSL_FLAG(std::string, staging_keep, "256MiB",
           "GPU loads: page-locked staging memory kept pinned between loads (one 256 MiB ring; "
           "saves pinning it again, ~0.1 s per load); 0 frees it after every load");
@@ -247,6 +253,15 @@ absl::Status ReadModelFlags(server::DaemonOptions& opts) {
       opts.artifact_max_bytes,
       ParseByteSize(absl::GetFlag(FLAGS_artifact_max_bytes), "--artifact_max_bytes"));
   opts.artifact_dir = absl::GetFlag(FLAGS_artifact_dir);
+  WC_ASSIGN_OR_RETURN(
+      opts.artifact_dir_budget_bytes,
+      ParseByteSize(absl::GetFlag(FLAGS_artifact_dir_budget), "--artifact_dir_budget"));
+  const int per_unit = absl::GetFlag(FLAGS_artifact_max_puts_per_unit);
+  if (per_unit < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--artifact_max_puts_per_unit must be at least 1, got ", per_unit));
+  }
+  opts.artifact_max_puts_per_unit = static_cast<size_t>(per_unit);
   return absl::OkStatus();
 }
 

@@ -9,12 +9,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
-#include <sstream>
-#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "pkg/artifact/internal/files.h"
 #include "pkg/identity/identity.h"
 #include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"
@@ -23,155 +21,13 @@
 namespace weightcache::artifact {
 namespace {
 
-constexpr size_t kMaxField = 256;
-
-// Every field of a key, in the order the id hashes them (const or not, as `k` is).
-template <typename K>
-auto Fields(K& k) {
-  using S = std::conditional_t<std::is_const_v<K>, const std::string, std::string>;
-  return std::vector<std::pair<const char*, S*>>{{"kind", &k.kind},
-                                                 {"model", &k.model},
-                                                 {"fingerprint", &k.fingerprint},
-                                                 {"engine", &k.engine},
-                                                 {"engine_version", &k.engine_version},
-                                                 {"torch_version", &k.torch_version},
-                                                 {"triton_version", &k.triton_version},
-                                                 {"cuda_version", &k.cuda_version},
-                                                 {"compute_capability", &k.compute_capability},
-                                                 {"settings_hash", &k.settings_hash},
-                                                 {"tenant", &k.tenant}};
-}
+constexpr size_t kMaxRecordBytes = 64 << 10;  // an artifact's JSON record on disk
 
 double UnixNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// Seals `fd` (a memfd of exactly its final size) for good and returns a read-only
-// descriptor of it: what readers get.
-absl::StatusOr<ScopedFd> SealReadOnly(int fd, const std::string& what) {
-  constexpr int kSeals = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
-  if (::fcntl(fd, F_ADD_SEALS, kSeals) != 0) return ErrnoStatus(errno, "F_ADD_SEALS", what);
-  const std::string self = absl::StrCat("/proc/self/fd/", fd);
-  ScopedFd ro(::open(self.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!ro) return ErrnoStatus(errno, "reopen read-only", what);
-  return ro;
-}
-
-absl::StatusOr<ScopedFd> NewMemfd(const std::string& id, uint64_t size) {
-  ScopedFd fd(::memfd_create(("wc-" + id.substr(0, 20)).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd) return ErrnoStatus(errno, "memfd_create", id);
-  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
-    return ErrnoStatus(errno, "ftruncate memfd", id);
-  }
-  return fd;
-}
-
-absl::Status CopyAll(int from, int to, uint64_t size, const std::string& what) {
-  std::vector<char> buf(4 << 20);
-  uint64_t off = 0;
-  while (off < size) {
-    const size_t want = std::min<uint64_t>(buf.size(), size - off);
-    const ssize_t n = ::pread(from, buf.data(), want, static_cast<off_t>(off));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoStatus(errno, "read", what);
-    if (n == 0) return absl::DataLossError(absl::StrCat(what, ": ends at byte ", off));
-    for (ssize_t done = 0; done < n;) {
-      const ssize_t w = ::pwrite(to, buf.data() + done, static_cast<size_t>(n - done),
-                                 static_cast<off_t>(off + done));
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) return ErrnoStatus(errno, "write", what);
-      done += w;
-    }
-    off += static_cast<uint64_t>(n);
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
-
-absl::Status ValidateKey(const Key& key) {
-  for (const auto& [name, value] : Fields(key)) {
-    if (value->size() > kMaxField) {
-      return absl::InvalidArgumentError(absl::StrCat("artifact key field '", name, "' is ",
-                                                     value->size(), " bytes; at most ", kMaxField));
-    }
-    for (const char c : *value) {
-      if (c <= ' ' || c > '~') {
-        return absl::InvalidArgumentError(
-            absl::StrCat("artifact key field '", name,
-                         "' holds a character that is not printable ASCII or is a space (byte ",
-                         static_cast<int>(static_cast<unsigned char>(c)), ")"));
-      }
-    }
-  }
-  for (const auto* required : {"kind", "model", "fingerprint"}) {
-    for (const auto& [name, value] : Fields(key)) {
-      if (std::string_view(name) == required && value->empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("artifact key field '", name, "' is required"));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
-
-std::string IdOf(const Key& key) {
-  std::string encoded;
-  for (const auto& [name, value] : Fields(key)) {
-    absl::StrAppend(&encoded, name, "=", value->size(), ":", *value, ";");
-  }
-  return "art-" + identity::Sha256Hex(encoded);
-}
-
-std::string EncodeRecord(const Artifact& a) {
-  nlohmann::json key;
-  for (const auto& [name, value] : Fields(a.key())) key[name] = *value;
-  const nlohmann::json j = {{"format", 1},
-                            {"id", a.id()},
-                            {"key", key},
-                            {"bytes", a.bytes()},
-                            {"sha256", a.sha256()},
-                            {"publisher",
-                             {{"pid", a.publisher().pid},
-                              {"uid", a.publisher().uid},
-                              {"slot", a.publisher().slot},
-                              {"unix_seconds", a.publisher().unix_seconds}}}};
-  return j.dump(1);
-}
-
-absl::StatusOr<Record> DecodeRecord(std::string_view json) {
-  Record r;
-  try {
-    const auto j = nlohmann::json::parse(json);
-    if (j.at("format").get<int>() != 1) {
-      return absl::InvalidArgumentError("artifact record: format is not 1");
-    }
-    for (const auto& [name, value] : Fields(r.key)) {
-      *value = j.at("key").at(name).get<std::string>();
-    }
-    r.id = j.at("id").get<std::string>();
-    r.bytes = j.at("bytes").get<uint64_t>();
-    r.sha256 = j.at("sha256").get<std::string>();
-    r.publisher.pid = j.at("publisher").at("pid").get<pid_t>();
-    r.publisher.uid = j.at("publisher").at("uid").get<uid_t>();
-    r.publisher.slot = j.at("publisher").at("slot").get<std::string>();
-    r.publisher.unix_seconds = j.at("publisher").at("unix_seconds").get<double>();
-  } catch (const std::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("artifact record: ", e.what()));
-  }
-  if (auto v = ValidateKey(r.key); !v.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("artifact record: ", v.message()));
-  }
-  if (IdOf(r.key) != r.id) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("artifact record: id ", r.id, " is not its key's (", IdOf(r.key), ")"));
-  }
-  if (r.bytes == 0 || r.sha256.size() != 64) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("artifact record ", r.id, ": bytes must be > 0 and sha256 64 hex digits"));
-  }
-  return r;
-}
 
 // ---- PutSlot ------------------------------------------------------------------------------
 
@@ -179,7 +35,7 @@ PutSlot::PutSlot(Store* store, Key key, std::string id, uint64_t size, ScopedFd 
     : store_(store), key_(std::move(key)), id_(std::move(id)), size_(size), fd_(std::move(fd)) {}
 
 PutSlot::~PutSlot() {
-  if (!done_) store_->EndPut(id_);
+  if (!done_) store_->EndPut(id_, size_);
 }
 
 absl::Status PutSlot::Append(std::string_view data) {
@@ -219,6 +75,7 @@ absl::StatusOr<std::shared_ptr<const Artifact>> PutSlot::Commit(const Publisher&
     MutexLock l(store_->mu_);
     done_ = true;
     store_->putting_.erase(id_);
+    store_->reserved_bytes_ -= size_;  // becomes resident: Insert finds the room it kept
     store_->cv_.NotifyAll();
     WC_RETURN_IF_ERROR(store_->Insert(a, &changed));
   }
@@ -247,10 +104,10 @@ absl::Status Store::IndexDir() {
   for (const auto& f : std::filesystem::directory_iterator(dir, ec)) {
     if (f.path().extension() != ".json") continue;
     const std::string path = f.path().string();
-    std::ifstream in(path);
-    std::stringstream text;
-    text << in.rdbuf();
-    auto meta = DecodeRecord(text.str());
+    struct stat st {};
+    // A record is small; a FIFO or a link in its place is skipped, never waited on.
+    auto text = ReadRegular(path, kMaxRecordBytes, &st);
+    absl::StatusOr<Record> meta = text.ok() ? DecodeRecord(*text) : text.status();
     if (meta.ok() && f.path().stem().string() != meta->id) {
       meta = absl::InvalidArgumentError("its file name is not its id");
     }
@@ -259,12 +116,20 @@ absl::Status Store::IndexDir() {
                   std::string(meta.status().message()).c_str());
       continue;
     }
+    const auto used = std::chrono::system_clock::time_point(
+        std::chrono::duration_cast<std::chrono::system_clock::duration>(
+            std::chrono::seconds(st.st_mtim.tv_sec) +
+            std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
     MutexLock l(mu_);
-    spilled_[meta->id] = Spilled{meta->key, meta->bytes, meta->sha256, meta->publisher};
+    if (spilled_.count(meta->id) == 0) disk_bytes_ += meta->bytes;
+    spilled_[meta->id] = Spilled{meta->key, meta->bytes, meta->sha256, meta->publisher, used};
   }
   if (ec) return ErrnoStatus(ec.value(), "read --artifact_dir", dir);
   MutexLock l(mu_);
-  WC_LOG_INFO("artifact dir %s: %zu artifacts", dir.c_str(), spilled_.size());
+  // A budget lowered since the last run: the least recently used go now.
+  MakeDirRoom(0, "");
+  WC_LOG_INFO("artifact dir %s: %zu artifacts, %llu bytes", dir.c_str(), spilled_.size(),
+              static_cast<unsigned long long>(disk_bytes_));
   return absl::OkStatus();
 }
 
@@ -281,37 +146,48 @@ absl::StatusOr<std::unique_ptr<PutSlot>> Store::BeginPut(const Key& key, uint64_
                      " bytes exceed the artifact budget of ", options_.budget_bytes, " bytes"));
   }
   std::string id = IdOf(key);
+  std::vector<std::string> dropped;
   {
     MutexLock l(mu_);
     if (resident_.count(id) != 0 || spilled_.count(id) != 0) {
       return absl::AlreadyExistsError(absl::StrCat("artifact ", id, " is stored already"));
     }
-    if (!putting_.insert(id).second) {
+    if (putting_.count(id) != 0) {
       return absl::AbortedError(
           absl::StrCat("artifact ", id, " is being put by another engine: get it with wait"));
     }
+    // The declared size is reserved now, before a byte comes: puts in flight can never hold
+    // more than the budget between them, however slowly they send.
+    if (reserved_bytes_ + size > options_.budget_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "artifact ", key.kind, " of model '", key.model, "': its ", size,
+          " declared bytes do not fit the artifact budget of ", options_.budget_bytes,
+          " bytes (--artifact_budget) beside the ", reserved_bytes_, " bytes reserved by ",
+          putting_.size(), " put(s) in flight; try again when they end"));
+    }
+    putting_.insert(id);
+    reserved_bytes_ += size;
+    DropResident(0, &dropped);
   }
+  Notify(dropped);
   auto fd = NewMemfd(id, size);
   if (!fd.ok()) {
-    EndPut(id);
+    EndPut(id, size);
     return fd.status();
   }
   return std::unique_ptr<PutSlot>(new PutSlot(this, key, std::move(id), size, std::move(*fd)));
 }
 
-void Store::EndPut(const std::string& id) {
+void Store::EndPut(const std::string& id, uint64_t reserved) {
   MutexLock l(mu_);
   putting_.erase(id);
+  reserved_bytes_ -= reserved;
   cv_.NotifyAll();
 }
 
-absl::Status Store::Insert(std::shared_ptr<const Artifact> a, std::vector<std::string>* dropped) {
-  if (a->bytes() > options_.budget_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("artifact ", a->id(), ": ", a->bytes(),
-                                                     " bytes exceed the artifact budget of ",
-                                                     options_.budget_bytes, " bytes"));
-  }
-  while (resident_bytes_ + a->bytes() > options_.budget_bytes && !resident_.empty()) {
+void Store::DropResident(uint64_t incoming, std::vector<std::string>* dropped) {
+  while (resident_bytes_ + reserved_bytes_ + incoming > options_.budget_bytes &&
+         !resident_.empty()) {
     auto lru = resident_.begin();
     for (auto it = resident_.begin(); it != resident_.end(); ++it) {
       if (it->second.used < lru->second.used) lru = it;
@@ -324,18 +200,82 @@ absl::Status Store::Insert(std::shared_ptr<const Artifact> a, std::vector<std::s
     resident_.erase(lru);
     ++evictions_;
   }
+}
+
+absl::Status Store::Insert(std::shared_ptr<const Artifact> a, std::vector<std::string>* dropped) {
+  if (reserved_bytes_ + a->bytes() > options_.budget_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("artifact ", a->id(), ": ", a->bytes(),
+                     " bytes do not fit the artifact budget of ", options_.budget_bytes,
+                     " bytes beside the ", reserved_bytes_, " bytes reserved by puts in flight"));
+  }
+  DropResident(a->bytes(), dropped);
   resident_bytes_ += a->bytes();
   const std::string id = a->id();
   resident_[id] = Resident{std::move(a), std::chrono::steady_clock::now()};
   return absl::OkStatus();
 }
 
+std::vector<std::string> Store::MakeDirRoom(uint64_t incoming, const std::string& keep) {
+  std::vector<std::string> gone;
+  const uint64_t budget = options_.dir_budget_bytes;
+  while (budget != 0 && disk_bytes_ + incoming > budget) {
+    auto lru = spilled_.end();
+    for (auto it = spilled_.begin(); it != spilled_.end(); ++it) {
+      if (it->first != keep && (lru == spilled_.end() || it->second.used < lru->second.used)) {
+        lru = it;
+      }
+    }
+    if (lru == spilled_.end()) break;
+    WC_LOG_INFO("artifact %s (%llu bytes) removed from %s for --artifact_dir_budget",
+                lru->first.c_str(), static_cast<unsigned long long>(lru->second.bytes),
+                options_.dir.c_str());
+    disk_bytes_ -= lru->second.bytes;
+    gone.push_back(lru->first);
+    spilled_.erase(lru);
+    ++dir_evictions_;
+  }
+  // Under the lock: a put of the same id that starts now finds it gone and writes afresh.
+  UnlinkFiles(gone);
+  disk_bytes_ += incoming;
+  return gone;
+}
+
+void Store::UnlinkFiles(const std::vector<std::string>& ids) const {
+  for (const auto& id : ids) {
+    const std::string base = options_.dir + "/" + id;
+    ::unlink((base + ".json").c_str());  // first: without it the blob is not indexed
+    ::unlink((base + ".blob").c_str());
+  }
+}
+
+void Store::TouchOnDisk(const std::string& id) {
+  {
+    MutexLock l(mu_);
+    auto it = spilled_.find(id);
+    if (it == spilled_.end()) return;
+    it->second.used = std::chrono::system_clock::now();
+  }
+  // The order across a restart (IndexDir reads it back); a failure only loses that.
+  ::utimensat(AT_FDCWD, (options_.dir + "/" + id + ".json").c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
+}
+
 void Store::Spill(const Artifact& a) {
   if (options_.dir.empty()) return;
+  if (options_.dir_budget_bytes != 0 && a.bytes() > options_.dir_budget_bytes) {
+    WC_LOG_WARN("artifact %s (%llu bytes) not written to %s: larger than --artifact_dir_budget",
+                a.id().c_str(), static_cast<unsigned long long>(a.bytes()), options_.dir.c_str());
+    return;
+  }
+  {
+    MutexLock l(mu_);
+    MakeDirRoom(a.bytes(), a.id());  // counts its bytes now; given back if the write fails
+  }
   const std::string base = options_.dir + "/" + a.id();
   const std::string blob_tmp = base + ".blob.tmp", meta_tmp = base + ".json.tmp";
   auto write = [&]() -> absl::Status {
-    ScopedFd out(::open(blob_tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    ScopedFd out(
+        ::open(blob_tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (!out) return ErrnoStatus(errno, "create", blob_tmp);
     WC_RETURN_IF_ERROR(CopyAll(a.fd(), out.get(), a.bytes(), blob_tmp));
     if (::fsync(out.get()) != 0) return ErrnoStatus(errno, "fsync", blob_tmp);
@@ -359,28 +299,33 @@ void Store::Spill(const Artifact& a) {
                 std::string(s.message()).c_str());
     ::unlink(blob_tmp.c_str());
     ::unlink(meta_tmp.c_str());
+    MutexLock l(mu_);
+    disk_bytes_ -= a.bytes();
     return;
   }
   MutexLock l(mu_);
-  spilled_[a.id()] = Spilled{a.key(), a.bytes(), a.sha256(), a.publisher()};
+  spilled_[a.id()] =
+      Spilled{a.key(), a.bytes(), a.sha256(), a.publisher(), std::chrono::system_clock::now()};
 }
 
 absl::StatusOr<std::shared_ptr<const Artifact>> Store::ReadSpilled(const std::string& id,
                                                                    const Spilled& s) {
   const std::string base = options_.dir + "/" + id;
   const std::string blob = base + ".blob";
-  ScopedFd in(::open(blob.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!in) return ErrnoStatus(errno, "open", blob);
   struct stat st {};
-  if (::fstat(in.get(), &st) != 0) return ErrnoStatus(errno, "fstat", blob);
+  // Never blocks: a FIFO, a directory or a link in the blob's place is refused at once.
+  auto in = OpenRegular(blob, &st);
+  if (!in.ok() && in.status().code() == absl::StatusCode::kNotFound) return in.status();
   std::string bad;
-  if (static_cast<uint64_t>(st.st_size) != s.bytes) {
+  if (!in.ok()) {
+    bad = std::string(in.status().message());
+  } else if (static_cast<uint64_t>(st.st_size) != s.bytes) {
     bad = absl::StrCat(blob, " holds ", st.st_size, " bytes, its metadata says ", s.bytes);
   }
   std::shared_ptr<const Artifact> a;
   if (bad.empty()) {
     WC_ASSIGN_OR_RETURN(ScopedFd fd, NewMemfd(id, s.bytes));
-    WC_RETURN_IF_ERROR(CopyAll(in.get(), fd.get(), s.bytes, blob));
+    WC_RETURN_IF_ERROR(CopyAll(in->get(), fd.get(), s.bytes, blob));
     WC_ASSIGN_OR_RETURN(ScopedFd ro, SealReadOnly(fd.get(), id));
     WC_ASSIGN_OR_RETURN(std::string sha, identity::Sha256File(ro.get(), s.bytes, blob));
     if (sha != s.sha256) {
@@ -394,7 +339,7 @@ absl::StatusOr<std::shared_ptr<const Artifact>> Store::ReadSpilled(const std::st
     ::rename(blob.c_str(), (blob + ".bad").c_str());
     ::rename((base + ".json").c_str(), (base + ".json.bad").c_str());
     MutexLock l(mu_);
-    spilled_.erase(id);
+    if (spilled_.erase(id) != 0) disk_bytes_ -= s.bytes;
     WC_LOG_ERROR("artifact %s set aside: %s", id.c_str(), bad.c_str());
     return absl::DataLossError(absl::StrCat("artifact ", id, " on disk is damaged: ", bad));
   }
@@ -420,6 +365,9 @@ absl::StatusOr<std::shared_ptr<const Artifact>> Store::Get(
     }
     if (auto it = resident_.find(id); it != resident_.end()) {
       it->second.used = std::chrono::steady_clock::now();
+      if (auto d = spilled_.find(id); d != spilled_.end()) {
+        d->second.used = std::chrono::system_clock::now();
+      }
       return it->second.artifact;
     }
     auto it = spilled_.find(id);
@@ -430,6 +378,7 @@ absl::StatusOr<std::shared_ptr<const Artifact>> Store::Get(
     spilled = it->second;
   }
   WC_ASSIGN_OR_RETURN(auto a, ReadSpilled(id, spilled));
+  TouchOnDisk(id);
   std::vector<std::string> changed;
   {
     MutexLock l(mu_);
@@ -514,7 +463,11 @@ bool Store::Evict(const std::string& id) {
       resident_.erase(it);
       found = was_resident = true;
     }
-    found = spilled_.erase(id) != 0 || found;
+    if (auto it = spilled_.find(id); it != spilled_.end()) {
+      disk_bytes_ -= it->second.bytes;
+      spilled_.erase(it);
+      found = true;
+    }
   }
   if (was_resident) Notify({id});
   if (found && !options_.dir.empty()) {
@@ -566,6 +519,10 @@ Usage Store::usage() const {
   u.on_disk = spilled_.size();
   u.evictions = evictions_;
   u.puts_in_flight = putting_.size();
+  u.reserved_bytes = reserved_bytes_;
+  u.disk_bytes = disk_bytes_;
+  u.dir_budget_bytes = options_.dir_budget_bytes;
+  u.dir_evictions = dir_evictions_;
   return u;
 }
 

@@ -6,6 +6,12 @@
 // restart or a reboot. Knows nothing of gRPC or of who may put or get: the daemon decides
 // that (pkg/server/artifacts.cc) before it calls in.
 //
+// Memory: every put in flight reserves its declared size against the budget when it begins,
+// so resident bytes plus reservations never exceed it (issue 47: eight puts that declared
+// 60 MiB each and trickled their bytes held 472 MiB against a 100 MiB budget), and a put
+// holds at most what it reserved. The directory (when used) has a budget of its own, its
+// least recently used blobs removed past it, and is read through regular files only.
+//
 // Single flight: one put per key at a time. A second put of a key in flight is refused
 // (ABORTED: wait with Get, or compile too and put later, which then finds it stored); a put
 // whose writer goes away before Commit leaves nothing, so no reader ever sees a torn blob.
@@ -62,6 +68,9 @@ struct Publisher {
   uid_t uid = 0;
   std::string slot;  // the slot socket it came in on (namespace rules), else empty
   double unix_seconds = 0;
+  // Put through the admin's door (the daemon says so): with namespace rules, only such an
+  // artifact outside a namespace's pool is served to pods (records before issue 47 say false).
+  bool admin = false;
 };
 
 // A stored artifact: a sealed memfd (no write, grow or shrink, ever) and what describes it.
@@ -109,6 +118,9 @@ struct StoreOptions {
   uint64_t budget_bytes = 1ull << 30;        // host memory for all artifacts; 0: none stored
   uint64_t max_artifact_bytes = 1ull << 30;  // one blob
   std::string dir;  // write-through directory (0700, made if missing); empty: memory only
+  // Bytes of blobs the directory may hold (0: no limit); past it the least recently used
+  // (put or got; across restarts by the metadata file's mtime) are removed from it.
+  uint64_t dir_budget_bytes = 0;
 };
 
 class Store;
@@ -158,6 +170,10 @@ struct Usage {
   uint64_t on_disk = 0;
   uint64_t evictions = 0;  // dropped from memory for the budget since start
   uint64_t puts_in_flight = 0;
+  uint64_t reserved_bytes = 0;  // declared by the puts in flight; resident + reserved <= budget
+  uint64_t disk_bytes = 0;      // blobs in the directory
+  uint64_t dir_budget_bytes = 0;
+  uint64_t dir_evictions = 0;  // removed from the directory for its budget since start
 };
 
 class Store {
@@ -171,11 +187,17 @@ class Store {
   Store& operator=(const Store&) = delete;
 
   // ALREADY_EXISTS when stored, ABORTED when another put of the key is in flight,
-  // INVALID_ARGUMENT for a bad key or a size over max_artifact_bytes (or 0).
+  // INVALID_ARGUMENT for a bad key or a size over max_artifact_bytes (or 0),
+  // RESOURCE_EXHAUSTED (naming the budget and the reservations) when `size` does not fit
+  // beside the other puts' reservations. On success `size` bytes are reserved until the slot
+  // commits or is destroyed; resident artifacts are dropped, least recently used first, to
+  // keep resident + reserved within the budget.
   absl::StatusOr<std::unique_ptr<PutSlot>> BeginPut(const Key& key, uint64_t size);
   // NOT_FOUND when absent. With `wait`, a put in flight is waited for until `deadline` or
-  // until `gone` says the asker left. Reading a spilled one back: DATA_LOSS when its bytes no
-  // longer match their digest (the files are then renamed *.bad).
+  // until `gone` says the asker left. Reading a spilled one back never blocks on the file:
+  // DATA_LOSS naming the blob when it is not a regular file (a symlink, a FIFO, a directory),
+  // its size is not its record's, or its bytes no longer match their digest (the files are
+  // then renamed *.bad and leave the index).
   absl::StatusOr<std::shared_ptr<const Artifact>> Get(
       const Key& key, bool wait = false, std::chrono::steady_clock::time_point deadline = {},
       const std::function<bool()>& gone = nullptr);
@@ -211,8 +233,21 @@ class Store {
     uint64_t bytes = 0;
     std::string sha256;
     Publisher publisher;
+    std::chrono::system_clock::time_point used;  // last put or get (the directory's LRU)
   };
   absl::Status IndexDir();
+  // Removes the directory's least recently used blobs (never `keep`), files included, until
+  // `incoming` more bytes fit its budget, then counts `incoming` as on disk; the ids removed.
+  std::vector<std::string> MakeDirRoom(uint64_t incoming, const std::string& keep)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnlinkFiles(const std::vector<std::string>& ids) const;
+  // A get of `id`: the directory's LRU order, and its metadata file's mtime (across restarts).
+  void TouchOnDisk(const std::string& id);
+  // Drops resident artifacts, least recently used first, until resident + reserved +
+  // `incoming` fit the budget (or none is left); their ids into `dropped`.
+  void DropResident(uint64_t incoming, std::vector<std::string>* dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes `a` resident; RESOURCE_EXHAUSTED when the reservations leave it no room.
   // `dropped`: the ids that left memory to make room (to notify once the lock is released).
   absl::Status Insert(std::shared_ptr<const Artifact> a, std::vector<std::string>* dropped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -220,7 +255,8 @@ class Store {
   void Spill(const Artifact& a);
   absl::StatusOr<std::shared_ptr<const Artifact>> ReadSpilled(const std::string& id,
                                                               const Spilled& s);
-  void EndPut(const std::string& id);
+  // A put that ends uncommitted: the key is free again and its reservation released.
+  void EndPut(const std::string& id, uint64_t reserved);
 
   const StoreOptions options_;
   mutable Mutex mu_;
@@ -230,7 +266,10 @@ class Store {
   std::set<std::string> putting_ ABSL_GUARDED_BY(mu_);
   std::function<void(const std::string&)> changed_;
   uint64_t resident_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t disk_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t dir_evictions_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace weightcache::artifact

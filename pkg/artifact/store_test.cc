@@ -1,12 +1,16 @@
 #include "pkg/artifact/store.h"
 
 #include <fcntl.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
 #include <thread>
 
 namespace weightcache::artifact {
@@ -314,6 +318,153 @@ TEST(ArtifactStore, ABadRecordIsRefusedNamingWhatIsWrong) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(bad.status().message()).find("is not its key's"), std::string::npos)
       << bad.status();
+}
+
+constexpr uint64_t kMiB = 1 << 20;
+
+// Issue 47, finding 4: eight puts that each declared 60 MiB and trickled a byte at a time
+// were all begun against a 100 MiB budget (472 MiB held; the store counted 1,020 bytes
+// resident). Now a put reserves its declared size when it begins: floor(100/60) = 1 is
+// taken, the other seven are refused at once naming the budget and the reservations, and
+// a small put still fits beside it.
+TEST(ArtifactStore, PutsInFlightReserveTheirDeclaredSizeAgainstTheBudget) {
+  auto s = Store::Open({.budget_bytes = 100 * kMiB, .max_artifact_bytes = 100 * kMiB, .dir = ""});
+  ASSERT_TRUE(s.ok());
+  std::vector<std::unique_ptr<PutSlot>> slow;
+  int refused = 0;
+  for (int i = 0; i < 8; ++i) {
+    auto slot = (*s)->BeginPut(MakeKey("slow-" + std::to_string(i)), 60 * kMiB);
+    if (!slot.ok()) {
+      ++refused;
+      EXPECT_EQ(slot.status().code(), absl::StatusCode::kResourceExhausted);
+      EXPECT_THAT(std::string(slot.status().message()),
+                  ::testing::AllOf(::testing::HasSubstr("--artifact_budget"),
+                                   ::testing::HasSubstr("62914560 bytes reserved by 1 put")));
+      continue;
+    }
+    ASSERT_TRUE((*slot)->Append("x").ok());
+    slow.push_back(std::move(*slot));
+    const Usage u = (*s)->usage();
+    EXPECT_LE(u.resident_bytes + u.reserved_bytes, u.budget_bytes);
+  }
+  EXPECT_EQ(slow.size(), 1u) << "old code: all 8 begun";
+  EXPECT_EQ(refused, 7);
+  EXPECT_EQ((*s)->usage().reserved_bytes, 60 * kMiB);
+  // Another put that fits beside the reservation is stored.
+  ASSERT_NE(Put(**s, MakeKey("small"), std::string(kMiB, 's')), nullptr);
+  Usage u = (*s)->usage();
+  EXPECT_EQ(u.resident_bytes, kMiB);
+  EXPECT_LE(u.resident_bytes + u.reserved_bytes, u.budget_bytes);
+  // The abandoned put gives its reservation back.
+  slow.clear();
+  EXPECT_EQ((*s)->usage().reserved_bytes, 0u);
+  EXPECT_EQ((*s)->usage().puts_in_flight, 0u);
+}
+
+TEST(ArtifactStore, AReservationDropsResidentArtifactsAndACommitKeepsItsRoom) {
+  auto s = Store::Open({.budget_bytes = 100, .max_artifact_bytes = 100, .dir = ""});
+  ASSERT_TRUE(s.ok());
+  ASSERT_NE(Put(**s, MakeKey("old"), std::string(50, 'o')), nullptr);
+  auto slot = (*s)->BeginPut(MakeKey("new"), 60);
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  Usage u = (*s)->usage();
+  EXPECT_EQ(u.resident_bytes, 0u) << "the least recently used made room for the reservation";
+  EXPECT_EQ(u.reserved_bytes, 60u);
+  // While it runs, nothing else may take its room: a 50-byte put is refused at once.
+  EXPECT_EQ((*s)->BeginPut(MakeKey("other"), 50).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE((*slot)->Append(std::string(60, 'n')).ok());
+  ASSERT_TRUE((*slot)->Commit({}).ok());
+  u = (*s)->usage();
+  EXPECT_EQ(u.resident_bytes, 60u);
+  EXPECT_EQ(u.reserved_bytes, 0u);
+}
+
+// Issue 47, finding 8: a blob in --artifact_dir that was a symlink to a FIFO hung
+// GetArtifact past its deadline (open waits for a writer). Each non-regular blob, and one of
+// the wrong size, is now refused at once, naming the blob; on the old code the FIFO's Get
+// never returns (the test then fails at its 5 s bound and unblocks it with a writer).
+TEST(ArtifactStore, ABlobThatIsNotItsRegularFileIsRefusedAtOnce) {
+  TempDir dir;
+  const std::string elsewhere = dir.path() + "-fifo";
+  ASSERT_EQ(::mkfifo(elsewhere.c_str(), 0600), 0);
+  struct Case {
+    const char* what;
+    std::function<void(const std::string& blob)> plant;
+  };
+  const std::vector<Case> cases = {
+      {"a symbolic link to a FIFO",
+       [&](const std::string& b) { ASSERT_EQ(::symlink(elsewhere.c_str(), b.c_str()), 0); }},
+      {"a FIFO", [](const std::string& b) { ASSERT_EQ(::mkfifo(b.c_str(), 0600), 0); }},
+      {"a directory", [](const std::string& b) { ASSERT_EQ(::mkdir(b.c_str(), 0700), 0); }},
+      {"a file of another size", [](const std::string& b) { std::ofstream(b) << "short"; }},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].what);
+    const Key k = MakeKey("case-" + std::to_string(i));
+    std::string blob;
+    {
+      auto s = Store::Open({.dir = dir.path()});
+      ASSERT_TRUE(s.ok());
+      auto a = Put(**s, k, "sixteen bytes!!!");
+      ASSERT_NE(a, nullptr);
+      blob = dir.path() + "/" + a->id() + ".blob";
+    }
+    ASSERT_EQ(::unlink(blob.c_str()), 0);
+    cases[i].plant(blob);
+    auto s = Store::Open({.dir = dir.path()});
+    ASSERT_TRUE(s.ok());
+    const auto t0 = std::chrono::steady_clock::now();
+    auto got = std::async(std::launch::async, [&] { return (*s)->Get(k); });
+    if (got.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+      ADD_FAILURE() << "Get still blocked after 5 s";
+      const int w = ::open(elsewhere.c_str(), O_WRONLY | O_NONBLOCK);  // lets the old code go
+      const int w2 = ::open(blob.c_str(), O_WRONLY | O_NONBLOCK);
+      if (w >= 0) ::close(w);
+      if (w2 >= 0) ::close(w2);
+    }
+    auto r = got.get();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr(blob));
+    EXPECT_EQ((*s)->usage().on_disk, 0u) << "set aside, out of the index";
+  }
+  ::unlink(elsewhere.c_str());
+}
+
+TEST(ArtifactStore, TheDirectoryBudgetRemovesTheLeastRecentlyUsedBlob) {
+  TempDir dir;
+  auto s = Store::Open({.budget_bytes = 1 << 20,
+                        .max_artifact_bytes = 1 << 20,
+                        .dir = dir.path(),
+                        .dir_budget_bytes = 25});
+  ASSERT_TRUE(s.ok());
+  auto a = Put(**s, MakeKey("a"), "aaaaaaaaaa");
+  auto b = Put(**s, MakeKey("b"), "bbbbbbbbbb");
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE((*s)->Get(MakeKey("a")).ok());  // a is used after b: b is the oldest now
+  auto c = Put(**s, MakeKey("c"), "cccccccccc");
+  ASSERT_NE(c, nullptr);
+  auto on_disk = [&](const std::shared_ptr<const Artifact>& x) {
+    return std::filesystem::exists(dir.path() + "/" + x->id() + ".blob") &&
+           std::filesystem::exists(dir.path() + "/" + x->id() + ".json");
+  };
+  EXPECT_TRUE(on_disk(a));
+  EXPECT_FALSE(on_disk(b));
+  EXPECT_TRUE(on_disk(c));
+  const Usage u = (*s)->usage();
+  EXPECT_EQ(u.disk_bytes, 20u);
+  EXPECT_EQ(u.on_disk, 2u);
+  EXPECT_EQ(u.dir_evictions, 1u);
+  // Memory still serves the one that left the directory.
+  EXPECT_TRUE((*s)->Get(MakeKey("b")).ok());
+  // Reopened with a smaller budget, the least recently written goes at once (a before c).
+  s->reset();
+  auto small = Store::Open({.dir = dir.path(), .dir_budget_bytes = 10});
+  ASSERT_TRUE(small.ok());
+  EXPECT_EQ((*small)->usage().on_disk, 1u);
+  EXPECT_FALSE(on_disk(a));
+  EXPECT_TRUE(on_disk(c));
 }
 
 }  // namespace weightcache::artifact

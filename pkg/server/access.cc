@@ -70,6 +70,7 @@ Object Access::ModelObject(const std::string& name) const {
   o.model = name;
   if (const std::optional<spec::ModelSpec> spec = models_.Spec(name)) {
     o.allowed_namespaces = spec->allowed_namespaces;
+    o.publishers = spec->publishers;
   }
   return o;
 }
@@ -78,6 +79,14 @@ absl::StatusOr<std::string> Access::TenantFor(const Caller& caller, const std::s
   const std::optional<spec::ModelSpec> spec = models_.Spec(name);
   if (!spec || !spec->Private()) return std::string();
   return policy_.TenantOf(caller, name);
+}
+
+absl::StatusOr<std::string> Access::ArtifactPool(const Caller& caller,
+                                                 const std::string& name) const {
+  if (rules_ == nullptr) return TenantFor(caller, name);
+  if (policy_.IsAdmin(caller)) return std::string();
+  if (caller.socket == SocketKind::kSlot) return policy_.TenantOf(caller, name);
+  return absl::StrCat("uid:", caller.cred.uid);
 }
 
 absl::StatusOr<std::vector<std::string>> Access::TenantsToLoad(const Caller* caller,

@@ -5,8 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "pkg/metrics/metrics.h"
@@ -38,19 +43,44 @@ v1::ArtifactKey Key(const std::string& model = "m") {
 
 class ArtifactServiceTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { Make(); }
+  // The service, with the namespace rules on or off (slots 1 and 2: pods of team-a and
+  // team-b, both publishing namespaces), a store of `store` and puts watched per `puts`.
+  void Make(bool rules_on = false, artifact::StoreOptions store_options = {},
+            PutWatch::Options puts = {}) {
+    service_.reset();
+    access_.reset();
+    std::unique_ptr<NamespaceRules> rules;
+    if (rules_on) {
+      kube::DeviceHolders holders;
+      holders.by_device["weightcache-1"] = {"team-a", "engine-a", "engine"};
+      holders.by_device["weightcache-2"] = {"team-b", "engine-b", "engine"};
+      rules = std::make_unique<NamespaceRules>(NamespaceRules::Options{}, [holders] {
+        return absl::StatusOr<kube::DeviceHolders>(holders);
+      });
+    }
     PolicyOptions po;
     po.admin_uids = {kAdmin};
     po.publish_uids = {kPublisher};
-    access_ = std::make_unique<Access>(po, nullptr, models_, nullptr, 16, &metrics_);
-    auto store = artifact::Store::Open({});
+    po.publish_namespaces = {"team-a", "team-b"};
+    access_ = std::make_unique<Access>(po, std::move(rules), models_, nullptr, 16, &metrics_);
+    auto store = artifact::Store::Open(std::move(store_options));
     ASSERT_TRUE(store.ok()) << store.status();
     service_ = std::make_unique<ArtifactService>(
         ArtifactService::Options{.handle_socket = "/run/wc/handle.sock",
                                  .slot_handle_socket = "/wc/handle.sock",
                                  .dir = "",
-                                 .token_ttl = std::chrono::seconds(10)},
+                                 .token_ttl = std::chrono::seconds(10),
+                                 .puts = puts},
         std::move(store).value(), *access_, models_, &metrics_);
+  }
+  // A get of `key` by `who`: the artifact's id, or the error.
+  absl::StatusOr<std::string> GetId(const Caller& who, const v1::ArtifactKey& key) {
+    v1::GetArtifactRequest req;
+    *req.mutable_key() = key;
+    v1::GetArtifactResponse got;
+    if (absl::Status s = service_->Get(who, req, &got); !s.ok()) return s;
+    return got.id();
   }
   // A put of `bytes` in messages of at most `chunk` bytes.
   absl::Status Put(const Caller& who, const v1::ArtifactKey& key, const std::string& bytes,
@@ -70,14 +100,22 @@ class ArtifactServiceTest : public ::testing::Test {
           at += chunk;
           return true;
         },
-        resp);
+        resp, [] {});
   }
   double Artifacts(const std::string& op, const std::string& result) {
     return testing::Sample(registry_, "weightcache_artifact_requests_total",
                            {{"op", op}, {"result", result}}, 0);
   }
 
-  ModelCatalog models_{{Spec("m"), Spec("a-only", {"team-a"})}, 1, {}, nullptr};
+  static spec::ModelSpec WithPublishers(spec::ModelSpec s, std::vector<std::string> p) {
+    s.publishers = std::move(p);
+    return s;
+  }
+  ModelCatalog models_{{Spec("m"), Spec("a-only", {"team-a"}),
+                        WithPublishers(Spec("b-publishes"), {"team-b", "uid:1000"})},
+                       1,
+                       {},
+                       nullptr};
   prometheus::Registry registry_;
   metrics::Metrics metrics_{registry_, metrics::BuildInfo{"t", "none", "host"}};
   std::unique_ptr<Access> access_;
@@ -164,6 +202,238 @@ TEST_F(ArtifactServiceTest, AFilteredStatusShowsOnlyTheModelsTheCallerMaySee) {
       &shown);
   ASSERT_EQ(shown.artifacts_size(), 1);
   EXPECT_EQ(shown.artifacts(0).key().model(), "m");
+}
+
+// Issue 47, finding 3: with the namespace rules on, a shared model's artifacts were one pool,
+// so team-a's publisher could put under the very key team-b's engines compute (every field
+// predictable) and team-b's compile_cache loaded and ran it; the first put won and
+// persisted. Now every key carries the putter's pool: team-b misses, puts its own, and an
+// admin's put is what both namespaces share.
+TEST_F(ArtifactServiceTest, WithNamespaceRulesEachNamespacePutsIntoItsOwnPool) {
+  Make(/*rules_on=*/true);
+  const Caller team_a = testing::OnSlot("weightcache-1");
+  const Caller team_b = testing::OnSlot("weightcache-2");
+  v1::PutArtifactResponse planted;
+  ASSERT_TRUE(Put(team_a, Key(), "team-a's code", &planted).ok());
+  auto b_sees = GetId(team_b, Key());
+  EXPECT_EQ(b_sees.status().code(), absl::StatusCode::kNotFound)
+      << "old code: team-b was served team-a's " << planted.id();
+  auto a_sees = GetId(team_a, Key());
+  ASSERT_TRUE(a_sees.ok()) << a_sees.status();
+  EXPECT_EQ(*a_sees, planted.id());
+
+  // team-b's own put of the same key is its own artifact (old code: ALREADY_EXISTS).
+  v1::PutArtifactResponse own;
+  ASSERT_TRUE(Put(team_b, Key(), "team-b's code", &own).ok());
+  EXPECT_NE(own.id(), planted.id());
+  EXPECT_EQ(GetId(team_b, Key()).value_or(""), own.id());
+
+  // An admin's put is seen by both (their own pool first, then the admin's).
+  v1::ArtifactKey shared = Key();
+  shared.set_settings_hash("mode=max-autotune");
+  v1::PutArtifactResponse admins;
+  ASSERT_TRUE(Put(On(kEngine, SocketKind::kAdmin), shared, "vetted", &admins).ok());
+  EXPECT_EQ(GetId(team_a, shared).value_or(""), admins.id());
+  EXPECT_EQ(GetId(team_b, shared).value_or(""), admins.id());
+  // Status shows team-b its own pool's and the admin's, not team-a's.
+  v1::StatusResponse shown;
+  service_->AppendStatus(
+      team_b, /*filtered=*/true, [](const std::string&) { return true; }, &shown);
+  std::set<std::string> ids;
+  for (const auto& a : shown.artifacts()) ids.insert(a.id());
+  EXPECT_EQ(ids, std::set<std::string>({own.id(), admins.id()}));
+
+  // Outside every namespace's pool, only an admin's put vouches for itself: one a publisher
+  // put there before pools existed is not served to pods.
+  v1::ArtifactKey legacy = Key();
+  legacy.set_settings_hash("mode=legacy");
+  auto slot = service_->store().BeginPut(KeyFromWire(legacy, ""), 4);
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  ASSERT_TRUE((*slot)->Append("old!").ok());
+  ASSERT_TRUE((*slot)->Commit({.pid = 1, .uid = 0, .slot = "weightcache-1"}).ok());
+  EXPECT_EQ(GetId(team_b, legacy).status().code(), absl::StatusCode::kNotFound);
+}
+
+// A spec's `publishers:` says who may publish for the model; a refusal names the rule.
+TEST_F(ArtifactServiceTest, ASpecsPublishersRefuseEveryoneElseNamingTheRule) {
+  Make(/*rules_on=*/true);
+  v1::PutArtifactResponse put;
+  const absl::Status a = Put(testing::OnSlot("weightcache-1"), Key("b-publishes"), "x", &put);
+  EXPECT_EQ(a.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(a.message()),
+              ::testing::AllOf(HasSubstr("publishers: [team-b, uid:1000]"),
+                               HasSubstr("this pod (team-a/engine-a) is in 'team-a'")));
+  EXPECT_EQ(testing::Sample(registry_, "weightcache_refusals_total", {{"rule", "publishers"}}, 0),
+            1);
+  EXPECT_TRUE(Put(testing::OnSlot("weightcache-2"), Key("b-publishes"), "x", &put).ok());
+  EXPECT_TRUE(Put(On(kPublisher), Key("b-publishes"), "y", &put).ok()) << "uid:1000 is listed";
+  EXPECT_TRUE(Put(On(kAdmin), Key("b-publishes"), "z", &put).ok()) << "admins always";
+  // Without the rules, the listed uid publishes as well.
+  Make(/*rules_on=*/false);
+  EXPECT_TRUE(Put(On(kPublisher), Key("b-publishes"), "y", &put).ok());
+}
+
+// A put whose reads the test controls: the key and `declared` size with one byte, then a
+// byte every `every` (0: nothing) until the watchdog cancels it or Release().
+class SlowPut {
+ public:
+  SlowPut(ArtifactService& service, Caller who, v1::ArtifactKey key, uint64_t declared,
+          std::chrono::milliseconds every = std::chrono::milliseconds(0))
+      : thread_([this, &service, who = std::move(who), key = std::move(key), declared, every] {
+          int reads = 0;
+          v1::PutArtifactResponse resp;
+          const absl::Status s = service.Put(
+              who,
+              [&](v1::PutArtifactRequest* m) {
+                std::unique_lock l(mu_);
+                if (reads++ == 0) {
+                  *m->mutable_key() = key;
+                  m->set_size(declared);
+                  m->set_data("x");
+                  return true;
+                }
+                started_ = true;  // past BeginPut: its reservation is held
+                cv_.notify_all();
+                const auto wait = every.count() > 0 ? every : std::chrono::hours(1);
+                if (cv_.wait_for(l, wait, [&] { return ended_; })) return false;
+                m->set_data("x");
+                return true;
+              },
+              &resp,
+              [this] {
+                std::lock_guard l(mu_);
+                ended_ = true;
+                cancelled_ = true;
+                cv_.notify_all();
+              });
+          std::lock_guard l(mu_);
+          status_ = s;
+          returned_ = started_ = true;
+          cv_.notify_all();
+        }) {}
+  ~SlowPut() {
+    Release();
+    thread_.join();
+  }
+  // Until the put holds its reservation and reads on, or returned.
+  void WaitStarted() {
+    std::unique_lock l(mu_);
+    cv_.wait(l, [&] { return started_; });
+  }
+  // Until it returned: its status.
+  absl::Status Wait() {
+    std::unique_lock l(mu_);
+    cv_.wait(l, [&] { return returned_; });
+    return status_;
+  }
+  bool returned() {
+    std::lock_guard l(mu_);
+    return returned_;
+  }
+  bool cancelled() {
+    std::lock_guard l(mu_);
+    return cancelled_;
+  }
+  void Release() {
+    std::lock_guard l(mu_);
+    ended_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool started_ = false, ended_ = false, returned_ = false, cancelled_ = false;
+  absl::Status status_;
+  std::thread thread_;  // last
+};
+
+// A caller whose unit accept has not resolved (kUnknown, pid 0): told apart by its peer pid.
+Caller OfPeerPid(uid_t uid, pid_t pid) {
+  Caller c = On(uid);
+  c.cred.pid = pid;
+  return c;
+}
+
+Caller OfUnit(uid_t uid, pid_t pid) {
+  Caller c = On(uid);
+  c.unit.kind = tenant::UnitKind::kProcess;
+  c.unit.pid = pid;
+  return c;
+}
+
+constexpr uint64_t kMiB = 1 << 20;
+
+// Issue 47, finding 4: eight puts that each declared 60 MiB and sent a byte every 6 s held
+// 472 MiB against a 100 MiB --artifact_budget (the daemon counted 1,020 bytes resident) and
+// refused every other publisher ("8 artifact puts are in progress") for up to 300 s. Now
+// each reserves its declared size at its first message: floor(100/60) = 1 is taken, the
+// other seven are refused at once naming the budget, resident + reserved stays within it,
+// and another tenant's small put still succeeds.
+TEST_F(ArtifactServiceTest, EightSlow60MiBPutsCannotExceedA100MiBBudget) {
+  Make(false, {.budget_bytes = 100 * kMiB, .max_artifact_bytes = 100 * kMiB, .dir = ""});
+  std::vector<std::unique_ptr<SlowPut>> puts;
+  int refused = 0;
+  for (int i = 0; i < 8; ++i) {
+    auto k = Key();
+    k.set_settings_hash("slow-" + std::to_string(i));
+    puts.push_back(std::make_unique<SlowPut>(*service_, OfUnit(kPublisher, 100 + i), k, 60 * kMiB));
+    puts.back()->WaitStarted();
+    if (puts.back()->returned()) {
+      const absl::Status s = puts.back()->Wait();
+      EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+      EXPECT_THAT(std::string(s.message()), HasSubstr("reserved by 1 put(s) in flight"));
+      EXPECT_THAT(std::string(s.message()), HasSubstr("--artifact_budget"));
+      ++refused;
+    }
+    const artifact::Usage u = service_->store().usage();
+    EXPECT_LE(u.resident_bytes + u.reserved_bytes, u.budget_bytes);
+  }
+  EXPECT_EQ(refused, 7) << "old code: all 8 taken";
+  EXPECT_EQ(service_->store().usage().reserved_bytes, 60 * kMiB);
+  v1::PutArtifactResponse small;
+  ASSERT_TRUE(Put(OfUnit(kPublisher, 999), Key("a-only"), std::string(4096, 's'), &small).ok());
+  EXPECT_EQ(Artifacts("put", "busy"), 7);
+  puts.clear();  // released: fewer bytes than declared, nothing stored, reservations back
+  EXPECT_EQ(service_->store().usage().reserved_bytes, 0u);
+}
+
+// At most a few puts in flight per tenant unit (a pod, never a uid: every engine is root);
+// here units that accept did not resolve, told apart by their peers' pids.
+TEST_F(ArtifactServiceTest, APodHasAtMostItsCapOfPutsInFlight) {
+  Make(false, {}, {.max_total = 8, .max_per_unit = 2});
+  std::vector<std::unique_ptr<SlowPut>> mine;
+  for (int i = 0; i < 2; ++i) {
+    auto k = Key();
+    k.set_settings_hash("a-" + std::to_string(i));
+    mine.push_back(std::make_unique<SlowPut>(*service_, OfPeerPid(kPublisher, 41), k, 100));
+    mine.back()->WaitStarted();
+    ASSERT_FALSE(mine.back()->returned()) << mine.back()->Wait();
+  }
+  v1::PutArtifactResponse put;
+  const absl::Status third = Put(OfPeerPid(kPublisher, 41), Key(), "x", &put);
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(third.message()),
+              ::testing::AllOf(HasSubstr("(pid 41) has 2 artifact puts in progress"),
+                               HasSubstr("--artifact_max_puts_per_unit")));
+  EXPECT_TRUE(Put(OfPeerPid(kPublisher, 42), Key(), "x", &put).ok()) << "another unit is not held";
+}
+
+// A put that trickles (a byte every 20 ms: fewer than 64 KiB per idle window) is ended by
+// the watchdog, and its reservation is free again at once (old: held up to 300 s).
+TEST_F(ArtifactServiceTest, AStalledPutIsEndedAndItsReservationFreed) {
+  Make(false, {.budget_bytes = 100 * kMiB, .max_artifact_bytes = 100 * kMiB, .dir = ""},
+       {.idle = std::chrono::milliseconds(300)});
+  const auto t0 = std::chrono::steady_clock::now();
+  SlowPut slow(*service_, OfUnit(kPublisher, 7), Key(), 60 * kMiB, std::chrono::milliseconds(20));
+  const absl::Status s = slow.Wait();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+  EXPECT_TRUE(slow.cancelled());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("stalled"));
+  EXPECT_EQ(service_->store().usage().reserved_bytes, 0u);
+  v1::PutArtifactResponse put;
+  EXPECT_TRUE(Put(OfUnit(kPublisher, 8), Key(), std::string(kMiB, 'z'), &put).ok());
 }
 
 }  // namespace

@@ -109,7 +109,8 @@ ArtifactService::ArtifactService(Options options, std::unique_ptr<artifact::Stor
       access_(access),
       models_(models),
       metrics_(metrics),
-      grants_(options_.token_ttl) {}
+      grants_(options_.token_ttl),
+      puts_(options_.puts) {}
 
 void ArtifactService::ReportResident() {
   if (metrics_ != nullptr) metrics_->SetArtifactResidentBytes(store_->usage().resident_bytes);
@@ -130,9 +131,8 @@ absl::StatusOr<artifact::Key> ArtifactService::KeyFor(const Caller& caller,
   } else {
     WC_RETURN_IF_ERROR(access_.Authorize(caller, verb, access_.ModelObject(key.model())));
   }
-  // A private model's artifacts are its namespace's, like its weights.
-  WC_ASSIGN_OR_RETURN(std::string tenant, access_.TenantFor(caller, key.model()));
-  return KeyFromWire(key, tenant);
+  WC_ASSIGN_OR_RETURN(std::string pool, access_.ArtifactPool(caller, key.model()));
+  return KeyFromWire(key, pool);
 }
 
 void ArtifactService::Count(const std::string& model, const char* op, const absl::Status& s,
@@ -151,6 +151,7 @@ void ArtifactService::Count(const std::string& model, const char* op, const absl
       result = "exists";
       break;
     case absl::StatusCode::kAborted:
+    case absl::StatusCode::kResourceExhausted:
       result = "busy";
       break;
     case absl::StatusCode::kPermissionDenied:
@@ -165,11 +166,32 @@ void ArtifactService::Count(const std::string& model, const char* op, const absl
 
 absl::Status ArtifactService::Put(const Caller& caller,
                                   const std::function<bool(v1::PutArtifactRequest*)>& read,
-                                  v1::PutArtifactResponse* resp) {
+                                  v1::PutArtifactResponse* resp,
+                                  const std::function<void()>& cancel) {
+  // Counted before the first message: a client that never sends one holds a thread too.
+  // Per tenant unit (the pod, slot or process resolved at accept).
+  auto ticket = puts_.Begin(caller.unit, cancel);
+  if (!ticket.ok()) {
+    Count("", "put", ticket.status(), 0);
+    return ticket.status();
+  }
+  const auto watched = [&](v1::PutArtifactRequest* m) {
+    const bool more = read(m);
+    if (more) {
+      puts_.Progress(*ticket, m->data().size());
+    } else {
+      puts_.Finished(*ticket);
+    }
+    return more;
+  };
   v1::PutArtifactRequest msg;
-  if (!read(&msg)) return absl::InvalidArgumentError("PutArtifact: no message");
-  const std::string model = msg.key().model();
-  absl::Status s = Store(caller, &msg, read, resp);
+  const bool first = watched(&msg);
+  const std::string model = access_.MetricModel(msg.key().model());
+  absl::Status s = first ? Store(caller, &msg, watched, resp)
+                         : absl::InvalidArgumentError("PutArtifact: no message");
+  if (std::string why = puts_.End(*ticket); !why.empty() && !s.ok()) {
+    s = absl::DeadlineExceededError(why);
+  }
   Count(model, "put", s, resp->bytes());
   return s;
 }
@@ -179,6 +201,7 @@ absl::Status ArtifactService::Store(const Caller& caller, v1::PutArtifactRequest
                                     v1::PutArtifactResponse* resp) {
   v1::PutArtifactRequest& msg = *first;
   WC_ASSIGN_OR_RETURN(artifact::Key key, KeyFor(caller, msg.key(), Verb::kPublish));
+  // Reserves msg.size() of the budget, or RESOURCE_EXHAUSTED at once.
   WC_ASSIGN_OR_RETURN(auto slot, store_->BeginPut(key, msg.size()));
   do {
     WC_RETURN_IF_ERROR(slot->Append(msg.data()));
@@ -189,12 +212,13 @@ absl::Status ArtifactService::Store(const Caller& caller, v1::PutArtifactRequest
   who.pid = caller.cred.pid;
   who.uid = caller.cred.uid;
   who.slot = caller.slot;
+  who.admin = access_.IsAdmin(caller);
   WC_ASSIGN_OR_RETURN(auto a, slot->Commit(who));
-  WC_LOG_INFO("artifact %s put: %s of model '%s'%s, %llu bytes, by uid %d pid %d", a->id().c_str(),
-              key.kind.c_str(), key.model.c_str(),
-              key.tenant.empty() ? "" : (" (namespace " + key.tenant + ")").c_str(),
+  WC_LOG_INFO("artifact %s put: %s of model '%s'%s, %llu bytes, by uid %d pid %d (%s)",
+              a->id().c_str(), key.kind.c_str(), key.model.c_str(),
+              key.tenant.empty() ? "" : (" (pool " + key.tenant + ")").c_str(),
               static_cast<unsigned long long>(a->bytes()), static_cast<int>(who.uid),
-              static_cast<int>(who.pid));
+              static_cast<int>(who.pid), caller.unit.Describe().c_str());
   resp->set_id(a->id());
   resp->set_bytes(a->bytes());
   resp->set_sha256(a->sha256());
@@ -211,8 +235,7 @@ absl::Status ArtifactService::Get(const Caller& caller, const v1::GetArtifactReq
 absl::Status ArtifactService::Serve(const Caller& caller, const v1::GetArtifactRequest& req,
                                     v1::GetArtifactResponse* resp) {
   WC_ASSIGN_OR_RETURN(artifact::Key key, KeyFor(caller, req.key(), Verb::kAcquire));
-  const auto deadline = caller.DeadlineOr(std::chrono::milliseconds(req.wait_ms()));
-  WC_ASSIGN_OR_RETURN(auto a, store_->Get(key, req.wait_ms() > 0, deadline, caller.gone));
+  WC_ASSIGN_OR_RETURN(auto a, Lookup(caller, std::move(key), req));
   resp->set_id(a->id());
   resp->set_bytes(a->bytes());
   resp->set_sha256(a->sha256());
@@ -228,6 +251,24 @@ absl::Status ArtifactService::Serve(const Caller& caller, const v1::GetArtifactR
   InfoToWire(info, resp->mutable_info());
   resp->set_token(grants_.Issue(std::move(a), caller.slot));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const artifact::Artifact>> ArtifactService::Lookup(
+    const Caller& caller, artifact::Key key, const v1::GetArtifactRequest& req) {
+  const auto deadline = caller.DeadlineOr(std::chrono::milliseconds(req.wait_ms()));
+  auto own = store_->Get(key, req.wait_ms() > 0, deadline, caller.gone);
+  if (key.tenant.empty() || own.status().code() != absl::StatusCode::kNotFound) return own;
+  // Not in the caller's pool: an admin's, the one pool every pod trusts besides its own.
+  key.tenant.clear();
+  auto admins = store_->Get(key, req.wait_ms() > 0, deadline, caller.gone);
+  if (!admins.ok()) return admins.status().code() == absl::StatusCode::kNotFound ? own : admins;
+  if (!(*admins)->publisher().admin) {
+    // Put outside any pool by a non-admin, before pools existed: nobody vouches for it.
+    WC_LOG_WARN("artifact %s not served to %s: put before namespace pools, not by an admin",
+                (*admins)->id().c_str(), caller.unit.Describe().c_str());
+    return own;
+  }
+  return admins;
 }
 
 absl::Status ArtifactService::Evict(const Caller& caller, const v1::EvictArtifactsRequest& req,
@@ -260,10 +301,10 @@ void ArtifactService::AppendStatus(const Caller& caller, bool filtered,
   for (const auto& i : store_->List()) {
     if (filtered) {
       if (!visible(i.key.model)) continue;
+      // Another pool's artifacts are not this caller's to see (its own and the admin's are).
       if (!i.key.tenant.empty()) {
-        Object object = access_.ModelObject(i.key.model);
-        object.tenant = i.key.tenant;
-        if (!access_.Allows(caller, Verb::kStatus, object)) continue;
+        auto mine = access_.ArtifactPool(caller, i.key.model);
+        if (!mine.ok() || *mine != i.key.tenant) continue;
       }
     }
     InfoToWire(i, resp->add_artifacts());
@@ -275,6 +316,9 @@ void ArtifactService::AppendStatus(const Caller& caller, bool filtered,
   usage->set_evictions(u.evictions);
   usage->set_dir(options_.dir);
   usage->set_puts_in_flight(u.puts_in_flight);
+  usage->set_reserved_bytes(u.reserved_bytes);
+  usage->set_disk_bytes(u.disk_bytes);
+  usage->set_dir_budget_bytes(u.dir_budget_bytes);
 }
 
 }  // namespace weightcache::server

@@ -1,6 +1,7 @@
 // Compile artifacts through the daemon (issue 29): put and get over the real sockets, the
 // roles that guard them, single flight, an abandoned put, eviction, and the directory that
 // keeps them across a restart.
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -226,13 +227,15 @@ TEST_F(ArtifactsTest, ASilentPutIsCancelledAndPutsAtOnceAreCapped) {
   auto stub = Stub();
   grpc::ClientContext silent;
   v1::PutArtifactResponse resp;
+  // Before the stream opens: the daemon's idle clock starts when its handler does, which
+  // may be before the first Write returns here.
+  const auto t0 = std::chrono::steady_clock::now();
   auto w = stub->PutArtifact(&silent, &resp);
   v1::PutArtifactRequest first;  // the key and part of the bytes, then nothing
   *first.mutable_key() = Key("silent");
   first.set_size(100);
   first.set_data("part");
   ASSERT_TRUE(w->Write(first));
-  const auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(WaitForPutsInFlight(1), 1u);  // the silent stream's handler runs
   const absl::Status second = client_->PutArtifact(Key("k"), "kernels").status();
   ASSERT_EQ(second.code(), absl::StatusCode::kResourceExhausted) << second;
@@ -305,6 +308,58 @@ TEST_F(ArtifactsTest, AnAdminEvictsAndTheDirectoryKeepsThemAcrossARestart) {
   ASSERT_EQ(s->artifacts_size(), 1);
   EXPECT_TRUE(s->artifacts(0).on_disk());
   EXPECT_EQ(s->artifact_usage().dir(), art_dir);
+}
+
+// Issue 47, finding 8: a blob in --artifact_dir that was a symlink to a FIFO hung GetArtifact
+// past its deadline (open waited for a writer), and SIGTERM then needed the watchdog
+// (11.45 s). Now it is refused at once, naming the blob, and the daemon stops promptly. On
+// the old code the get ends DEADLINE_EXCEEDED at 5 s (the test then unblocks the FIFO so it
+// does not hang).
+TEST_F(ArtifactsTest, ABlobThatIsAFifoIsRefusedAndShutdownIsPrompt) {
+  const std::string art_dir = dir_ / "artifacts";
+  std::string id;
+  {
+    DaemonOptions o;
+    o.artifact_dir = art_dir;
+    Start(std::move(o));
+    auto put = client_->PutArtifact(Key(), "kernels");
+    ASSERT_TRUE(put.ok()) << put.status();
+    id = put->id();
+    client_.reset();
+    daemon_->Shutdown();
+    daemon_->Wait();
+    daemon_.reset();
+  }
+  const std::string blob = art_dir + "/" + id + ".blob";
+  const std::string fifo = dir_ / "elsewhere.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ASSERT_EQ(::unlink(blob.c_str()), 0);
+  ASSERT_EQ(::symlink(fifo.c_str(), blob.c_str()), 0);
+  DaemonOptions o;
+  o.artifact_dir = art_dir;
+  Start(std::move(o));
+  auto stub = Stub();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::GetArtifactRequest req;
+  *req.mutable_key() = Key();
+  v1::GetArtifactResponse resp;
+  const auto t0 = std::chrono::steady_clock::now();
+  const grpc::Status got = stub->GetArtifact(&ctx, req, &resp);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_EQ(got.error_code(), grpc::StatusCode::DATA_LOSS) << got.error_message();
+  EXPECT_THAT(got.error_message(), HasSubstr(blob));
+  EXPECT_THAT(got.error_message(), HasSubstr("symbolic link"));
+  if (got.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    const int w = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // lets the old code go
+    if (w >= 0) ::close(w);
+  }
+  client_.reset();
+  const auto t1 = std::chrono::steady_clock::now();
+  daemon_->Shutdown();
+  daemon_->Wait();
+  EXPECT_LT(std::chrono::steady_clock::now() - t1, std::chrono::seconds(5));
+  daemon_.reset();
 }
 
 }  // namespace

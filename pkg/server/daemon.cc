@@ -102,15 +102,19 @@ absl::Status Daemon::Impl::Start() {
                               .before_lease = BeforeLeaseHook()},
       backend_, registry_, models_, admission_, leases_, *access_, *preloads_);
   MakeIntegrity();
-  WC_ASSIGN_OR_RETURN(auto store,
-                      artifact::Store::Open({options_.artifact_budget_bytes,
-                                             options_.artifact_max_bytes, options_.artifact_dir}));
+  WC_ASSIGN_OR_RETURN(auto store, artifact::Store::Open(
+                                      {options_.artifact_budget_bytes, options_.artifact_max_bytes,
+                                       options_.artifact_dir, options_.artifact_dir_budget_bytes}));
   artifacts_ = std::make_unique<ArtifactService>(
       ArtifactService::Options{.handle_socket = handle_path(),
                                .slot_handle_socket = SlotHandleSocketInContainer(
                                    options_.socket_dir, options_.namespace_rules),
                                .dir = options_.artifact_dir,
-                               .token_ttl = options_.token_ttl},
+                               .token_ttl = options_.token_ttl,
+                               .puts = {.max_total = options_.artifact_max_puts,
+                                        .max_per_unit = options_.artifact_max_puts_per_unit,
+                                        .idle = options_.artifact_put_idle,
+                                        .total = options_.artifact_put_total}},
       std::move(store), *access_, models_, options_.metrics);
   if (keeper_) AdoptFromKeeper();
   artifacts_->ReportResident();

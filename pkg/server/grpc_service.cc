@@ -2,97 +2,17 @@
 // grpc::Status in exactly one place (ToGrpc, internal/grpc_status.h). A bad request never takes the
 // daemon down: every handler returns a status.
 #include <chrono>
-#include <map>
-#include <set>
-#include <thread>
 
-#include "absl/strings/str_cat.h"
 #include "pkg/server/internal/daemon_impl.h"
 #include "pkg/server/internal/grpc_status.h"
-#include "pkg/util/mutex.h"
 #include "weightcache/v1/weightcache.grpc.pb.h"
 
 namespace weightcache::server {
 namespace {
 
-// Client streams hold a gRPC thread while they run and gRPC's synchronous API has no read
-// timeout: a put whose client stops sending would hold its thread for good, and enough of
-// them every thread (any peer can open one: the key, hence the role check, comes in the
-// first message). So puts are counted (at most `max` at once) and a watchdog thread cancels
-// one whose client is silent past `idle` or that runs past `total`.
-class StreamWatch {
- public:
-  StreamWatch(size_t max, std::chrono::milliseconds idle, std::chrono::milliseconds total)
-      : max_(max), idle_(idle), total_(total), thread_([this] { Run(); }) {}
-  ~StreamWatch() {
-    {
-      MutexLock l(mu_);
-      stop_ = true;
-      cv_.NotifyAll();
-    }
-    thread_.join();
-  }
-  // RESOURCE_EXHAUSTED when `max` streams run already.
-  absl::Status Begin(grpc::ServerContext* ctx) {
-    MutexLock l(mu_);
-    if (streams_.size() >= max_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          max_, " artifact puts are in progress, the most at once; try again shortly"));
-    }
-    const auto now = std::chrono::steady_clock::now();
-    streams_[ctx] = {now, now};
-    return absl::OkStatus();
-  }
-  void Progress(grpc::ServerContext* ctx) {
-    MutexLock l(mu_);
-    if (auto it = streams_.find(ctx); it != streams_.end()) {
-      it->second.last = std::chrono::steady_clock::now();
-    }
-  }
-  // Whether the watchdog cancelled it (then it is what the client is told).
-  bool End(grpc::ServerContext* ctx) {
-    MutexLock l(mu_);
-    streams_.erase(ctx);
-    return cancelled_.erase(ctx) != 0;
-  }
-  std::string Why() const {
-    return absl::StrCat("the put sent nothing for ", idle_.count(), " ms or ran past ",
-                        total_.count(), " ms: cancelled");
-  }
-
- private:
-  struct Times {
-    std::chrono::steady_clock::time_point began, last;
-  };
-  void Run() {
-    MutexLock l(mu_);
-    while (!stop_) {
-      const auto now = std::chrono::steady_clock::now();
-      for (auto& [ctx, t] : streams_) {
-        if (cancelled_.count(ctx) == 0 && (now - t.last > idle_ || now - t.began > total_)) {
-          cancelled_.insert(ctx);
-          ctx->TryCancel();  // its pending Read returns false
-        }
-      }
-      cv_.WaitUntil(mu_, now + std::chrono::milliseconds(100));
-    }
-  }
-  const size_t max_;
-  const std::chrono::milliseconds idle_, total_;
-  Mutex mu_;
-  CondVar cv_;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::map<grpc::ServerContext*, Times> streams_ ABSL_GUARDED_BY(mu_);
-  std::set<grpc::ServerContext*> cancelled_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;  // last: it starts once the rest is made
-};
-
 class GrpcService final : public v1::WeightCache::Service {
  public:
-  explicit GrpcService(Daemon::Impl* impl)
-      : impl_(impl),
-        puts_(impl->options().artifact_max_puts, impl->options().artifact_put_idle,
-              impl->options().artifact_put_total) {}
+  explicit GrpcService(Daemon::Impl* impl) : impl_(impl) {}
 
   // Who calls, bound to this call: waits end when its client gives up or at its deadline.
   absl::StatusOr<Caller> CallerOf(grpc::ServerContext* ctx) {
@@ -192,17 +112,11 @@ class GrpcService final : public v1::WeightCache::Service {
                            v1::PutArtifactResponse* resp) override {
     auto caller = CallerOf(ctx);
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
-    if (auto s = puts_.Begin(ctx); !s.ok()) return ToGrpc(ctx, s);
-    absl::Status s = impl_->artifacts().Put(
-        *caller,
-        [&](v1::PutArtifactRequest* m) {
-          const bool more = reader->Read(m);
-          puts_.Progress(ctx);
-          return more;
-        },
-        resp);
-    if (puts_.End(ctx)) s = absl::DeadlineExceededError(puts_.Why());
-    return ToGrpc(ctx, s);
+    // Counted per tenant unit, its size reserved, a stalled one ended (artifacts.h): the
+    // watchdog cancels the call, whose pending Read then returns false.
+    return ToGrpc(ctx, impl_->artifacts().Put(
+                           *caller, [&](v1::PutArtifactRequest* m) { return reader->Read(m); },
+                           resp, [ctx] { ctx->TryCancel(); }));
   }
 
   grpc::Status GetArtifact(grpc::ServerContext* ctx, const v1::GetArtifactRequest* req,
@@ -229,7 +143,6 @@ class GrpcService final : public v1::WeightCache::Service {
 
  private:
   Daemon::Impl* const impl_;
-  StreamWatch puts_;
 };
 
 }  // namespace

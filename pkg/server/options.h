@@ -76,10 +76,14 @@ struct DaemonOptions {
   uint64_t artifact_budget_bytes = 1ull << 30;
   uint64_t artifact_max_bytes = 512ull << 20;
   std::string artifact_dir;
-  // A put is a client stream that holds a gRPC thread while it runs: at most this many at
-  // once (more: RESOURCE_EXHAUSTED at once), each cancelled when its client sends nothing for
-  // `artifact_put_idle` or takes longer than `artifact_put_total` in all.
+  uint64_t artifact_dir_budget_bytes = 0;  // the directory's blobs (LRU past it); 0: no limit
+  // A put is a client stream that holds a gRPC thread, and a reservation of its declared
+  // size in the budget, while it runs: at most this many at once and
+  // `artifact_max_puts_per_unit` per tenant unit (more: RESOURCE_EXHAUSTED at once), each
+  // ended when fewer than 64 KiB came in `artifact_put_idle` or it takes longer than
+  // `artifact_put_total` in all (publish/put_watch.h).
   size_t artifact_max_puts = 8;
+  size_t artifact_max_puts_per_unit = 2;
   std::chrono::milliseconds artifact_put_idle{10000};
   std::chrono::milliseconds artifact_put_total{300000};
   // Who may connect (control and handle sockets, SO_PEERCRED); empty: anyone who can reach

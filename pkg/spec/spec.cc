@@ -41,7 +41,8 @@ constexpr const char* kKeys[] = {"version",
                                  "quantization",
                                  "layout",
                                  "allowed_namespaces",
-                                 "isolation"};
+                                 "isolation",
+                                 "publishers"};
 // Most entries of allowed_namespaces (a node shared by more teams than this lists none).
 constexpr size_t kMaxAllowedNamespaces = 256;
 constexpr size_t kMaxNamespaceLength = 63;
@@ -213,6 +214,15 @@ absl::Status ForEachScalar(
 
 absl::Status SetFromNode(const std::string& key, const YAML::Node& value, ModelSpec* spec) {
   if (value.IsNull()) return absl::OkStatus();  // an explicit null keeps the default
+  if (key == "publishers") {
+    spec->publishers.clear();
+    return ForEachScalar(key, value, "a list of namespace names and uid:<n>",
+                         "a namespace name or uid:<n>",
+                         [&](const std::string&, const YAML::Node& item) {
+                           spec->publishers.push_back(item.Scalar());
+                           return absl::OkStatus();
+                         });
+  }
   if (key == "allowed_namespaces") {
     spec->allowed_namespaces.clear();
     return ForEachScalar(key, value, "a list of namespace names", "a namespace name",
@@ -396,6 +406,45 @@ absl::Status ValidateNamespaces(const ModelSpec& spec) {
   return absl::OkStatus();
 }
 
+// publishers: bounded, each a namespace name or uid:<n>, no repeats; a bare number is
+// ambiguous (a namespace may be all digits) and refused with the way to write a uid.
+absl::Status ValidatePublishers(const ModelSpec& spec) {
+  const auto& list = spec.publishers;
+  if (list.size() > kMaxAllowedNamespaces) {
+    return Invalid("publishers", absl::StrCat("model ", Quote(spec.name), " lists ", list.size(),
+                                              " publishers, more than ", kMaxAllowedNamespaces));
+  }
+  std::map<std::string, size_t> seen;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string field = absl::StrCat("publishers[", i, "]");
+    const std::string& p = list[i];
+    const auto all_digits = [](const std::string& t) {
+      return !t.empty() && t.find_first_not_of("0123456789") == std::string::npos;
+    };
+    if (all_digits(p)) {
+      return Invalid(field, absl::StrCat("model ", Quote(spec.name), ": ", Quote(p),
+                                         " is ambiguous: write a uid as \"uid:", p, "\""));
+    }
+    if (p.rfind("uid:", 0) == 0) {
+      const std::string n = p.substr(4);
+      if (!all_digits(n) || n.size() > 10 || std::stoull(n) > 0xffffffffull) {
+        return Invalid(field, absl::StrCat("model ", Quote(spec.name), ": ", Quote(p),
+                                           " is not uid:<n> with n a uid (0 to 4294967295)"));
+      }
+    } else if (!IsNamespaceName(p)) {
+      return Invalid(field, absl::StrCat("model ", Quote(spec.name), ": ", Quote(p),
+                                         " is neither a Kubernetes namespace name (a DNS-1123 "
+                                         "label) nor uid:<n>"));
+    }
+    auto [it, inserted] = seen.emplace(p, i);
+    if (!inserted) {
+      return Invalid(field, absl::StrCat("model ", Quote(spec.name), ": duplicate publisher ",
+                                         Quote(p), " (also publishers[", it->second, "])"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status Validate(const ModelSpec& spec) {
@@ -464,7 +513,8 @@ absl::Status Validate(const ModelSpec& spec) {
                    absl::StrCat("model ", Quote(spec.name), ": must be one of ",
                                 absl::StrJoin(kIsolations, ", "), ", got ", Quote(spec.isolation)));
   }
-  return ValidateNamespaces(spec);
+  WC_RETURN_IF_ERROR(ValidateNamespaces(spec));
+  return ValidatePublishers(spec);
 }
 
 absl::StatusOr<std::vector<ModelSpec>> ParseSpecs(const std::string& text,
@@ -545,6 +595,10 @@ absl::StatusOr<ModelSpec> ParseSpecFlag(const std::string& flag) {
         spec.allowed_namespaces.push_back(item);
         continue;
       }
+      if (last_key == "publishers" && !item.empty()) {
+        spec.publishers.push_back(item);
+        continue;
+      }
       if (last_key == "tp_ranks" && !item.empty()) {
         int rank = 0;
         WC_RETURN_IF_ERROR(InContext(
@@ -570,6 +624,11 @@ absl::StatusOr<ModelSpec> ParseSpecFlag(const std::string& flag) {
     if (key == "allowed_namespaces") {
       spec.allowed_namespaces.clear();
       if (!value.empty()) spec.allowed_namespaces.push_back(value);
+      continue;
+    }
+    if (key == "publishers") {
+      spec.publishers.clear();
+      if (!value.empty()) spec.publishers.push_back(value);
       continue;
     }
     if (key == "tp_ranks") {
@@ -613,6 +672,11 @@ std::string ToYaml(const ModelSpec& spec) {
   }
   if (spec.isolation != kIsolationShared) {
     out << YAML::Key << "isolation" << YAML::Value << YAML::DoubleQuoted << spec.isolation;
+  }
+  if (!spec.publishers.empty()) {
+    out << YAML::Key << "publishers" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (const auto& p : spec.publishers) out << YAML::DoubleQuoted << p;
+    out << YAML::EndSeq;
   }
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";

@@ -23,6 +23,10 @@
 //   isolation: shared                # optional: shared (one copy for every namespace that
 //                                    # may map it) | namespace (a private copy per namespace,
 //                                    # needs --namespace_rules; docs/security.md)
+//   publishers: [team-a, uid:1000]   # optional: who may publish for it (compile artifacts,
+//                                    # published weights): namespaces of pods on slot
+//                                    # sockets, uid:<n> on the engine socket; admins always;
+//                                    # empty: every granted publisher
 #pragma once
 
 #include <cstddef>
@@ -72,6 +76,11 @@ struct ModelSpec {
   // descriptors could write (docs/security.md). Needs the daemon's --namespace_rules.
   std::string isolation = kIsolationShared;
   bool Private() const { return isolation == kIsolationNamespace; }
+  // Who may publish for the model (its compile artifacts, which are code its engines run,
+  // and published weights), besides admins: Kubernetes namespace names (a pod's, on its
+  // slot socket) and "uid:<n>" (a peer on the engine socket); unique. Empty: every granted
+  // publisher. An access rule: never in the fingerprint.
+  std::vector<std::string> publishers;
 };
 
 // Whether `name` is a Kubernetes namespace name: a DNS-1123 label, [a-z0-9]([-a-z0-9]*[a-z0-9])?

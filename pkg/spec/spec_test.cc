@@ -217,7 +217,7 @@ TEST(SpecParse, UnknownKeyNamesKeyAndSource) {
   ExpectInvalid("name: a\nmodel_dir: /a\ntp: 2\n",
                 "specs.yaml: unknown key \"tp\" (known: version, name, model_dir, architecture, "
                 "revision, tp_size, tp_ranks, pp_size, pp_rank, dtype, quantization, layout, "
-                "allowed_namespaces, isolation)");
+                "allowed_namespaces, isolation, publishers)");
   ExpectInvalid("models:\n  - {name: a, model_dir: /a}\nname: b\n",
                 "specs.yaml: unknown key \"name\" beside `models:` (keys go in each model)");
 }
@@ -370,7 +370,7 @@ TEST(SpecFlag, Errors) {
          "flag: unknown key \"tp\" (known: version, name, model_dir, "
          "architecture, revision, tp_size, tp_ranks, pp_size, "
          "pp_rank, dtype, quantization, layout, "
-         "allowed_namespaces, isolation)");
+         "allowed_namespaces, isolation, publishers)");
   expect("name=a,model_dir=/a,tp_size=x", "flag: tp_size: must be an integer, got \"x\"");
   expect("name=a,model_dir=/a,tp_size=0", "flag: tp_size: must be >= 1, got 0");
   expect("name=a,model_dir=/a,tp_size=2,tp_ranks=0,5",
@@ -624,6 +624,40 @@ TEST(SpecIsolation, ParsedValidatedAndRoundTripped) {
   ExpectInvalid("name: llama\nmodel_dir: /a\nisolation: tenant\n",
                 "specs.yaml: isolation: model \"llama\": must be one of shared, namespace, got "
                 "\"tenant\"");
+}
+
+// publishers: who may publish for a model (issue 47), namespaces and uid:<n>, from YAML and
+// flags; bad entries name the model, the entry and how to write it; absent: any publisher.
+TEST(SpecPublishers, ParsedValidatedAndRoundTripped) {
+  EXPECT_TRUE(ParseOne("name: a\nmodel_dir: /a\n").publishers.empty());
+  const ModelSpec p = ParseOne("name: a\nmodel_dir: /a\npublishers: [team-a, \"uid:1000\"]\n");
+  EXPECT_EQ(p.publishers, std::vector<std::string>({"team-a", "uid:1000"}));
+  auto flag = ParseSpecFlag("name=a,model_dir=/a,publishers=team-b,uid:0");
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  EXPECT_EQ(flag->publishers, std::vector<std::string>({"team-b", "uid:0"}));
+  EXPECT_EQ(ParseOne(ToYaml(p)).publishers, p.publishers);
+  ModelSpec open;
+  open.name = "llama";
+  open.model_dir = "/m";
+  EXPECT_THAT(ToYaml(open), ::testing::Not(HasSubstr("publishers")));
+  ExpectInvalid("name: llama\nmodel_dir: /a\npublishers: [1000]\n",
+                "specs.yaml: publishers[0]: model \"llama\": \"1000\" is ambiguous: write a uid "
+                "as \"uid:1000\"");
+  ExpectInvalid("name: llama\nmodel_dir: /a\npublishers: [\"uid:x\"]\n",
+                "specs.yaml: publishers[0]: model \"llama\": \"uid:x\" is not uid:<n> with n a "
+                "uid (0 to 4294967295)");
+  ExpectInvalid("name: llama\nmodel_dir: /a\npublishers: [\"uid:4294967296\"]\n",
+                "specs.yaml: publishers[0]: model \"llama\": \"uid:4294967296\" is not uid:<n> "
+                "with n a uid (0 to 4294967295)");
+  ExpectInvalid("name: llama\nmodel_dir: /a\npublishers: [Team_A]\n",
+                "specs.yaml: publishers[0]: model \"llama\": \"Team_A\" is neither a Kubernetes "
+                "namespace name (a DNS-1123 label) nor uid:<n>");
+  ExpectInvalid("name: llama\nmodel_dir: /a\npublishers: [a, b, a]\n",
+                "specs.yaml: publishers[2]: model \"llama\": duplicate publisher \"a\" (also "
+                "publishers[0])");
+  ExpectInvalid("name: llama\nmodel_dir: /a\npublishers: team-a\n",
+                "specs.yaml: publishers: must be a list of namespace names and uid:<n>, got "
+                "\"team-a\"");
 }
 
 }  // namespace

@@ -62,6 +62,13 @@ class Access {
   // The namespace whose private copy of model `name` (isolation: namespace) `caller` maps:
   // its pod's (Policy::TenantOf); "" for a shared model.
   absl::StatusOr<std::string> TenantFor(const Caller& caller, const std::string& name) const;
+  // The pool of compile artifacts `caller` puts into and looks in first for model `name`
+  // (issue 47: a shared model's artifacts were one pool, so one namespace's publisher could
+  // plant code under the key another's engines compute). With the namespace rules: its pod's
+  // namespace on a slot socket (PERMISSION_DENIED when the pod cannot be identified), "" for
+  // an admin (the pool every pod may also read), "uid:<uid>" for a granted publisher on the
+  // engine socket. Without them: "" (a private model's namespace, as TenantFor).
+  absl::StatusOr<std::string> ArtifactPool(const Caller& caller, const std::string& name) const;
   // The copies a Load of `spec` fills: {""} for a shared model; for a private one, the
   // caller's namespace from a slot socket, every allowed namespace's from any other (an
   // admin's or a preload's, `caller` null; FAILED_PRECONDITION when the spec lists none).

@@ -19,6 +19,7 @@
 #include "pkg/artifact/store.h"
 #include "pkg/server/internal/access.h"
 #include "pkg/server/internal/model_catalog.h"
+#include "pkg/server/publish/put_watch.h"
 #include "pkg/server/wire/handle_channel.h"
 #include "pkg/util/mutex.h"
 #include "weightcache/v1/weightcache.pb.h"
@@ -48,9 +49,19 @@ class ArtifactGrants {
   std::map<std::string, Pending> tokens_ ABSL_GUARDED_BY(mu_);
 };
 
-// The artifact RPCs. Put needs the publish role and the model's map rule (an artifact is
-// code the engines of that model will run); get the model's map rule (a private model: the
-// caller's namespace's copy); evict is admin's. Each is counted in the metrics by result.
+// The artifact RPCs. Put needs the publish role, the model's map rule and its spec's
+// `publishers:` (an artifact is code the engines of that model will run); get the model's
+// map rule; evict is admin's. Each is counted in the metrics by result.
+//
+// Pools (issue 47): artifacts are code, so who put one decides who runs it. With the
+// namespace rules every key carries the putter's pool (Access::ArtifactPool: its pod's
+// namespace, or "" for an admin), shared models included, and a pod gets its namespace's
+// artifact or, failing that, an admin's; never another namespace's, whose publisher could
+// otherwise plant code under the key this pod computes. Without the rules there is one pool
+// (granted publishers are trusted by every engine).
+//
+// Puts in flight: each reserves its declared size in the store at its first message, at
+// most a few per tenant unit and in all (PutWatch), and one that stalls is ended.
 class ArtifactService {
  public:
   struct Options {
@@ -58,6 +69,7 @@ class ArtifactService {
     std::string slot_handle_socket;  // on a slot socket: the slot's, as its engines see it
     std::string dir;                 // --artifact_dir, for Status ("" none)
     std::chrono::seconds token_ttl{10};
+    PutWatch::Options puts;
   };
   // `access`, `models` and `metrics` (may be null) outlive the service.
   ArtifactService(Options options, std::unique_ptr<artifact::Store> store, const Access& access,
@@ -65,9 +77,13 @@ class ArtifactService {
   ArtifactService(const ArtifactService&) = delete;
   ArtifactService& operator=(const ArtifactService&) = delete;
 
-  // `read` yields the put's messages in order (false at the end of the stream).
+  // `read` yields the put's messages in order (false at the end of the stream); `cancel`
+  // makes a pending `read` return false (the watchdog's, for a stalled put; not called
+  // once Put returned). RESOURCE_EXHAUSTED at once when the caller's unit, or the daemon,
+  // has the most puts in flight, or the declared size does not fit the budget beside the
+  // reservations; DEADLINE_EXCEEDED saying why when the watchdog ended it.
   absl::Status Put(const Caller& caller, const std::function<bool(v1::PutArtifactRequest*)>& read,
-                   v1::PutArtifactResponse* resp);
+                   v1::PutArtifactResponse* resp, const std::function<void()>& cancel);
   absl::Status Get(const Caller& caller, const v1::GetArtifactRequest& req,
                    v1::GetArtifactResponse* resp);
   absl::Status Evict(const Caller& caller, const v1::EvictArtifactsRequest& req,
@@ -91,10 +107,14 @@ class ArtifactService {
   absl::Status Serve(const Caller& caller, const v1::GetArtifactRequest& req,
                      v1::GetArtifactResponse* resp);
   void Count(const std::string& model, const char* op, const absl::Status& s, uint64_t bytes);
-  // The store's key for a wire key, once `caller` passed `verb`'s rule for its model
-  // (kPublish: the publish role too). NOT_FOUND for a model the daemon does not know.
+  // The store's key for a wire key in `caller`'s pool, once `caller` passed `verb`'s rule
+  // for its model (kPublish: the publish role and `publishers:` too). NOT_FOUND for a model
+  // the daemon does not know.
   absl::StatusOr<artifact::Key> KeyFor(const Caller& caller, const v1::ArtifactKey& key,
                                        Verb verb) const;
+  // A get's artifact: the caller's pool's, else (namespace rules on) an admin's.
+  absl::StatusOr<std::shared_ptr<const artifact::Artifact>> Lookup(
+      const Caller& caller, artifact::Key key, const v1::GetArtifactRequest& req);
 
   const Options options_;
   const std::unique_ptr<artifact::Store> store_;
@@ -102,6 +122,7 @@ class ArtifactService {
   const ModelCatalog& models_;
   metrics::Metrics* const metrics_;
   ArtifactGrants grants_;
+  PutWatch puts_;
 };
 
 // Wire conversions.

@@ -132,6 +132,30 @@ Decision Policy::MapRule(const Caller& caller, const Object& object) const {
   return Deny("namespace", std::string(s.message()));
 }
 
+Decision Policy::PublishersRule(const Caller& caller, const Object& object) const {
+  if (object.publishers.empty() || IsAdmin(caller)) return Decision::Allow();
+  std::string me, why;
+  if (caller.socket == SocketKind::kSlot && rules_ != nullptr) {
+    auto pod = rules_->PodOf(caller.slot, caller.accepted);
+    if (!pod.ok()) {
+      why = absl::StrCat("the pod on slot ", caller.slot,
+                         " could not be identified (fail closed): ", pod.status().message());
+    } else {
+      me = pod->ns;
+      why = absl::StrCat("this pod (", pod->ns, "/", pod->name, ") is in '", pod->ns, "'");
+    }
+  } else if (caller.socket == SocketKind::kEngine) {
+    me = absl::StrCat("uid:", caller.cred.uid);
+    why = absl::StrCat("this peer is ", me);
+  } else {
+    why = "nothing names this caller's namespace";
+  }
+  if (!me.empty() && Has(object.publishers, me)) return Decision::Allow();
+  return Deny("publishers", absl::StrCat(Who(caller), " may not publish for model '", object.model,
+                                         "': its spec names who may (publishers: [",
+                                         absl::StrJoin(object.publishers, ", "), "]) and ", why));
+}
+
 Decision Policy::Decide(const Caller& caller, Verb verb, const Object& object) const {
   const std::string admin_hint =
       options_.admin_socket.empty()
@@ -204,6 +228,7 @@ Decision Policy::Decide(const Caller& caller, Verb verb, const Object& object) c
                                  "granted)",
                                  why));
       }
+      if (Decision d = PublishersRule(caller, object); !d.allowed) return d;
       // Published weights are served under the base model's name: its rule guards who may
       // publish them too.
       return MapRule(caller, object);

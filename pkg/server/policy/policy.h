@@ -15,7 +15,9 @@
 //   release   the lease's owner, or admin   the owner is the tenant unit that acquired it:
 //                                           its pod (slot with namespace rules), outside
 //                                           Kubernetes its process; never 'the same uid'
-//   publish   publisher                     map rule of the base model
+//   publish   publisher                     the spec's `publishers:` when it names any
+//                                           (admins excepted), then the map rule of the
+//                                           base model
 //
 // Roles are granted, never implied (issue 25: every root engine was admin and publisher):
 //   - admin socket (--admin_socket_dir, a directory no engine pod mounts): admin and
@@ -71,6 +73,9 @@ struct Object {
   std::optional<std::string> owner_unit;
   std::string owner_slot;
   std::string lease;  // for messages
+  // publish: the model's spec's `publishers:` (namespace names, "uid:<n>"); empty: any
+  // publisher.
+  std::vector<std::string> publishers;
   // A private copy's namespace (spec isolation: namespace) when the verb acts on one entry:
   // only pods of that namespace (and admins) may map or see it.
   std::string tenant;
@@ -104,6 +109,9 @@ class Policy {
 
  private:
   Decision MapRule(const Caller& caller, const Object& object) const;
+  // The spec's `publishers:` for a non-admin publisher: its pod's namespace (slot socket) or
+  // "uid:<uid>" (engine socket) must be listed.
+  Decision PublishersRule(const Caller& caller, const Object& object) const;
   std::string Who(const Caller& caller) const;
 
   const PolicyOptions options_;
