@@ -349,14 +349,9 @@ class SlowPut {
 };
 
 // A caller whose unit accept has not resolved (kUnknown, pid 0): told apart by its peer pid.
-Caller OfPeerPid(uid_t uid, pid_t pid) {
-  Caller c = On(uid);
-  c.cred.pid = pid;
-  return c;
-}
-
 Caller OfUnit(uid_t uid, pid_t pid) {
   Caller c = On(uid);
+  c.cred.pid = pid;
   c.unit.kind = tenant::UnitKind::kProcess;
   c.unit.pid = pid;
   return c;
@@ -406,17 +401,17 @@ TEST_F(ArtifactServiceTest, APodHasAtMostItsCapOfPutsInFlight) {
   for (int i = 0; i < 2; ++i) {
     auto k = Key();
     k.set_settings_hash("a-" + std::to_string(i));
-    mine.push_back(std::make_unique<SlowPut>(*service_, OfPeerPid(kPublisher, 41), k, 100));
+    mine.push_back(std::make_unique<SlowPut>(*service_, OfUnit(kPublisher, 41), k, 100));
     mine.back()->WaitStarted();
     ASSERT_FALSE(mine.back()->returned()) << mine.back()->Wait();
   }
   v1::PutArtifactResponse put;
-  const absl::Status third = Put(OfPeerPid(kPublisher, 41), Key(), "x", &put);
+  const absl::Status third = Put(OfUnit(kPublisher, 41), Key(), "x", &put);
   EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(third.message()),
-              ::testing::AllOf(HasSubstr("(pid 41) has 2 artifact puts in progress"),
+              ::testing::AllOf(HasSubstr("process 41 has 2 artifact puts in progress"),
                                HasSubstr("--artifact_max_puts_per_unit")));
-  EXPECT_TRUE(Put(OfPeerPid(kPublisher, 42), Key(), "x", &put).ok()) << "another unit is not held";
+  EXPECT_TRUE(Put(OfUnit(kPublisher, 42), Key(), "x", &put).ok()) << "another unit is not held";
 }
 
 // A put that trickles (a byte every 20 ms: fewer than 64 KiB per idle window) is ended by
