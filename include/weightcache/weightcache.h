@@ -207,9 +207,12 @@ WC_API wc_status wc_lease_find(const wc_lease* lease, const char* name, wc_tenso
  * through a writable import, a stray kernel, a memory error) it stops serving them, loads a
  * clean copy for new acquires and tells every lease holder. WC_OK, or WC_DATA_LOSS once the
  * daemon reported this lease's memory corrupt (*error names the segment and bytes), on this
- * and every later call. Waits up to `timeout_ms` for news (0: only looks; one system call).
- * On WC_DATA_LOSS stop using the weights: acquire again (the clean copy) or restart. Any
- * thread. */
+ * and every later call. WC_UNAVAILABLE ("unknown: the daemon connection is gone") once the
+ * lease's handle connection closed (the daemon ended or restarted) without such a report, on
+ * this and every later call: the memory stays mapped and readable, but nobody watches it for
+ * this process any more; acquire again to be watched. A WC_DATA_LOSS stays WC_DATA_LOSS.
+ * Waits up to `timeout_ms` for news (0: only looks; one system call). On WC_DATA_LOSS stop
+ * using the weights: acquire again (the clean copy) or restart. Any thread. */
 WC_API wc_status wc_lease_check(const wc_lease* lease, int timeout_ms, char** error);
 
 /* Ends a lease by id through the control API (the daemon's Release). Closing the wc_lease is

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
@@ -88,7 +89,7 @@ absl::Status Lease::Check(std::chrono::milliseconds timeout) const {
     if (::poll(&p, 1, static_cast<int>(timeout.count())) > 0) {
       char buf[512];
       const ssize_t n = ::recv(handle_conn_.get(), buf, sizeof buf, MSG_DONTWAIT);
-      if (n == 0) {
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
         daemon_closed_ = true;  // the daemon ended (or restarted): no more news comes here
       } else if (n > 0) {
         events_.append(buf, static_cast<size_t>(n));
@@ -102,9 +103,19 @@ absl::Status Lease::Check(std::chrono::milliseconds timeout) const {
       if (events_.size() > 4096) events_.clear();  // not a line the protocol sends
     }
   }
+  // A corrupt verdict read before the connection closed stays the answer: it is the worse news.
   if (!corrupt_.empty()) {
     return absl::DataLossError(absl::StrCat("lease ", id_, " of model ", model_,
                                             ": the daemon found its memory corrupt: ", corrupt_));
+  }
+  if (daemon_closed_ || !handle_conn_) {
+    // Issue 48: this used to be OK forever after, so an engine whose daemon restarted polled
+    // "clean" on memory nobody scrubbed for it any more (and was never told of a corruption).
+    return absl::UnavailableError(absl::StrCat(
+        "lease ", id_, " of model ", model_,
+        ": unknown: the daemon connection is gone (the daemon ended or restarted), so nobody "
+        "tells this process about corruption of these weights any more; they stay mapped and "
+        "readable: acquire again to be watched"));
   }
   return absl::OkStatus();
 }

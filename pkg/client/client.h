@@ -145,9 +145,13 @@ class Lease {
   // through a writable import, a stray kernel, a memory error -- it stops serving them, loads
   // a clean copy for new Acquires and tells every lease holder on its handle connection.
   // Returns DATA_LOSS with the daemon's message (segment and byte range) once told, on this
-  // and every later call, else OK. Waits up to `timeout` for news (0: only looks; a poll
-  // costs one system call). An engine that sees DATA_LOSS should stop using these weights:
-  // re-acquire (it gets the clean copy) or restart. Any thread.
+  // and every later call. Once the lease's handle connection closed (the daemon ended or
+  // restarted) and no corruption was told before, UNAVAILABLE ("unknown: the daemon
+  // connection is gone"), on this and every later call: nobody watches these weights for this
+  // process any more (the memory stays mapped and readable); acquire again to be watched.
+  // Else OK. Waits up to `timeout` for news (0: only looks; a poll costs one system call). An
+  // engine that sees DATA_LOSS should stop using these weights: re-acquire (it gets the clean
+  // copy) or restart. Any thread.
   absl::Status Check(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) const;
 
  private:

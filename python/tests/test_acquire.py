@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import weightcache
-from conftest import run_python, tensor_sha, wait_until
+from conftest import Daemon, run_python, tensor_sha, wait_until
 
 
 def test_every_tensor_equals_the_checkpoint(daemon, tiny_tensors):
@@ -134,6 +134,26 @@ def test_check_is_quiet_while_the_daemon_reports_nothing(daemon):
     w.close()
     with pytest.raises(weightcache.WeightcacheError, match="closed"):
         w.check()
+
+
+def test_check_after_the_daemon_went_raises_daemon_gone(tmp_path, checkpoints):
+    # Issue 48: check() used to return None forever once the lease's daemon connection closed,
+    # so an engine polled "clean" on weights nobody watched any more. Now DaemonGone
+    # (UNAVAILABLE), on every later call; the tensors stay readable.
+    d = Daemon(tmp_path, [{"name": "tiny", "model_dir": str(checkpoints["tiny"])}])
+    try:
+        d.wait_ready(["tiny"])
+        w = weightcache.acquire("tiny", socket=d.socket)
+        assert w.check() is None
+    finally:
+        d.stop()
+    for _ in range(2):
+        with pytest.raises(weightcache.DaemonGone, match="the daemon connection is gone") as e:
+            w.check(timeout=10)
+        assert isinstance(e.value, weightcache.DaemonUnavailable)
+        assert e.value.code == "UNAVAILABLE" and "tiny" in e.value.message
+    assert w["model.norm.weight"].numel() > 0
+    w.close()
 
 
 def test_unknown_tensor_is_a_key_error_naming_it(daemon):

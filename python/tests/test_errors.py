@@ -21,6 +21,13 @@ def test_a_corrupt_lease_is_corrupt_weights():
     assert "segment 0" in e.message
 
 
+def test_a_gone_daemon_connection_is_daemon_gone():
+    e = error_from_status(14, "UNAVAILABLE", "lease 1a2b of model m: unknown: the daemon "
+                          "connection is gone (the daemon ended or restarted), ...")
+    assert isinstance(e, weightcache.DaemonGone) and e.code == "UNAVAILABLE"
+    assert isinstance(e, weightcache.DaemonUnavailable)
+
+
 def test_uncached_rank_is_a_cache_miss(daemon):
     # No test loads rank 1 of "other".
     with pytest.raises(weightcache.CacheMiss) as e:

@@ -9,7 +9,8 @@ Modes (``mode=`` or ``$WEIGHTCACHE_MODE``): ``client`` (default: use the running
 ``$WEIGHTCACHE_SOCKET``), ``spawn`` (start a per-user daemon when none answers), ``off``
 (never touch the daemon; call ``fallback``). Errors are :class:`WeightcacheError` subclasses:
 :class:`CacheMiss`, :class:`FingerprintMismatch` (``.diff``), :class:`UnsupportedQuantization`,
-:class:`StaleWeights`, :class:`DaemonUnavailable`.
+:class:`StaleWeights`, :class:`CorruptWeights`, :class:`DaemonUnavailable` (and its
+:class:`DaemonGone` from ``Weights.check``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ._errors import (
     BindError,
     CacheMiss,
     CorruptWeights,
+    DaemonGone,
     DaemonUnavailable,
     FieldDiff,
     FingerprintMismatch,
@@ -50,6 +52,7 @@ __all__ = [
     "CacheMiss",
     "CompileCacheResult",
     "CorruptWeights",
+    "DaemonGone",
     "DaemonUnavailable",
     "FieldDiff",
     "FingerprintMismatch",

@@ -24,6 +24,13 @@ class DaemonUnavailable(WeightcacheError):
     """No daemon answers on the socket (none running, or a wrong ``WEIGHTCACHE_SOCKET``)."""
 
 
+class DaemonGone(DaemonUnavailable):
+    """A lease's daemon connection is gone (the daemon ended or restarted): ``Weights.check``
+    can no longer say whether the weights are clean, so it raises this instead of returning
+    None (code ``UNAVAILABLE``). The tensors stay mapped and readable; acquire again to be
+    told of corruption. A :class:`CorruptWeights` already raised is raised again instead."""
+
+
 class CacheMiss(WeightcacheError):
     """The daemon does not hold this model-rank (or does not know the model)."""
 
@@ -104,6 +111,8 @@ def error_from_status(code: int, name: str, message: str) -> WeightcacheError:
         return CorruptWeights(message, name)
     if code == 12 and "quantization" in message:  # UNIMPLEMENTED
         return UnsupportedQuantization(message, name)
+    if code == 14 and "the daemon connection is gone" in message:  # UNAVAILABLE, lease check
+        return DaemonGone(message, name)
     if code == 14 and ("daemon unreachable" in message or "does not exist" in message):
         return DaemonUnavailable(message, name)  # UNAVAILABLE from connecting
     return WeightcacheError(message, name)

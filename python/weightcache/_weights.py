@@ -143,7 +143,20 @@ class Weights(Mapping[str, Any]):
         memory changed after it was sealed (integrity scrubbing; the message names the segment
         and bytes); returns None while it has not. Waits up to ``timeout`` seconds for news
         (0: only looks, one system call: cheap enough to call every step). On the exception,
-        stop using these weights: acquire again (the daemon loads a clean copy) or restart."""
+        stop using these weights: acquire again (the daemon loads a clean copy) or restart.
+
+        Raises :class:`DaemonGone` (a :class:`DaemonUnavailable`) once the lease's daemon
+        connection is gone (the daemon ended or restarted) and no corruption was reported
+        before: nobody watches these weights for this process any more. They stay readable;
+        acquire again to be watched. Example::
+
+            try:
+                w.check()
+            except weightcache.CorruptWeights:
+                w = weightcache.acquire(w.model)   # the clean copy
+            except weightcache.DaemonGone:
+                pass                               # unwatched until the next acquire
+        """
         if self._lease is None:
             raise WeightcacheError(f"Weights of '{self.model}' are closed")
         if timeout < 0:

@@ -151,6 +151,38 @@ TEST_F(IntegrityTest, ACorruptEntryLeavesServiceItsHolderIsToldAndACleanCopyServ
   EXPECT_EQ(entries[0].state(), "ready");
 }
 
+// Issue 48: once the daemon is gone, Check() says so (UNAVAILABLE, "unknown: the daemon
+// connection is gone") on every call; it used to answer OK forever after the handle connection
+// closed, so an engine polled "clean" on weights nobody watched. A corrupt verdict read before
+// the daemon went stays DATA_LOSS.
+TEST_F(IntegrityTest, CheckAfterTheDaemonWentIsNeverClean) {
+  Start(0ms);
+  auto quiet = Acquire();
+  auto told = Acquire();
+  ASSERT_NE(quiet, nullptr);
+  ASSERT_NE(told, nullptr);
+  ASSERT_TRUE(quiet->Check().ok());
+  corrupt_next_ = true;
+  ASSERT_TRUE(client_->VerifyResident("m").ok());
+  ASSERT_EQ(told->Check(10s).code(), absl::StatusCode::kDataLoss);
+  // `quiet` was told as well (same entry): acquire a fresh, clean lease to stand for an engine
+  // that was told nothing.
+  auto fresh = Acquire();
+  ASSERT_NE(fresh, nullptr);
+  ASSERT_TRUE(fresh->Check().ok());
+
+  client_.reset();
+  daemon_.reset();               // the daemon ends: every handle connection closes
+  for (int i = 0; i < 2; ++i) {  // the first call reads the close, the second remembers it
+    const absl::Status gone = fresh->Check(10s);
+    EXPECT_EQ(gone.code(), absl::StatusCode::kUnavailable) << gone;
+    EXPECT_THAT(std::string(gone.message()), HasSubstr("unknown: the daemon connection is gone"));
+    EXPECT_THAT(std::string(gone.message()), HasSubstr(fresh->id()));
+  }
+  EXPECT_EQ(told->Check(10s).code(), absl::StatusCode::kDataLoss);  // the worse news stays
+  EXPECT_NE(fresh->Find(fresh->tensors()[0].name), nullptr);        // still mapped
+}
+
 // VerifyResident checks at once, in the daemon: clean, then corrupt with the same detail the
 // scrubber logs; the corrupt entry is out of service (the next answer is about the copy).
 TEST_F(IntegrityTest, VerifyResidentChecksNowAndFindsTheChange) {
