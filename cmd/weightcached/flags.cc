@@ -160,6 +160,10 @@ ABSL_FLAG(double, scrub_interval, 30,
 ABSL_FLAG(std::string, scrub_bandwidth, "50GB",
           "Integrity: bytes per second a scrub pass may read (e.g. 50GB, 500MiB; 0: unthrottled). "
           "At 50GB a bandwidth-bound kernel beside it on an H200 slowed by 0.06 %");
+ABSL_FLAG(double, corrupt_reload_interval, 600,
+          "Integrity: seconds within which an entry found corrupt again is not reloaded (its "
+          "reload could evict other tenants' entries each time; Status and the log say so); "
+          "0: every finding reloads");
 ABSL_FLAG(std::string, peer_listen, "",
           "Peer fill (issue 30): host:port where other nodes' daemons reach this one's peer API "
           "(gRPC on TCP, mutual TLS: --peer_tls_*); e.g. 0.0.0.0:7443. Empty: off");
@@ -368,6 +372,13 @@ absl::StatusOr<double> ReadTimingFlags(server::DaemonOptions& opts) {
   WC_ASSIGN_OR_RETURN(const uint64_t scrub_bandwidth,
                       ParseByteSize(absl::GetFlag(FLAGS_scrub_bandwidth), "--scrub_bandwidth"));
   opts.scrub_bytes_per_second = static_cast<double>(scrub_bandwidth);
+  const double reload_interval = absl::GetFlag(FLAGS_corrupt_reload_interval);
+  if (!(reload_interval >= 0 && reload_interval <= 7 * 86400)) {
+    return absl::InvalidArgumentError(absl::StrCat("--corrupt_reload_interval: ", reload_interval,
+                                                   " is not in [0, 604800] seconds"));
+  }
+  opts.corrupt_reload_interval =
+      std::chrono::milliseconds(static_cast<int64_t>(reload_interval * 1000));
   return shutdown_timeout;
 }
 

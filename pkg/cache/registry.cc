@@ -382,7 +382,7 @@ bool Registry::RemoveLease(const std::string& lease_id) {
     e->leases.erase(lease_id);
     e->last_used = std::chrono::steady_clock::now();
     if (e->state == State::kDraining && e->leases.empty()) {
-      drop = std::move(e->loaded);
+      drop = std::move(e->watched);
       e->reserved_bytes = 0;
       e->state = State::kGone;
       draining_.erase(std::remove(draining_.begin(), draining_.end(), e), draining_.end());
@@ -451,6 +451,9 @@ Registry::Evicted Registry::EvictLocked(const Key& key, const std::string& reaso
     // Clients map it: keep it visible and counted until their leases end, but drop the
     // daemon's reference now, so the memory goes the moment the last client unmaps it.
     e->state = State::kDraining;
+    // The daemon's serving reference goes; a watching one stays while it is not corrupt, so
+    // the scrubber can tell its holders if it changes (the memory is theirs until they unmap).
+    if (e->corrupt.empty()) e->watched = e->loaded;
     drop->push_back(std::move(e->loaded));
     draining_.push_back(e);
     WC_LOG_INFO("evicted model %s (%s, reason %s); draining: %d lease(s) still map it", e->model,
@@ -538,6 +541,28 @@ std::vector<std::shared_ptr<Entry>> Registry::ReadyEntries() const {
   return out;
 }
 
+std::vector<std::shared_ptr<Entry>> Registry::WatchedEntries() const {
+  MutexLock l(mu_);
+  std::vector<std::shared_ptr<Entry>> out;
+  for (const auto& [key, e] : entries_) {
+    if (e->state == State::kReady) out.push_back(e);
+  }
+  for (const auto& e : draining_) {
+    if (e->watched != nullptr) out.push_back(e);
+  }
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<const load::LoadedModel>> Registry::WatchedContent(
+    const std::shared_ptr<Entry>& e) const {
+  MutexLock l(mu_);
+  if (e->state == State::kReady && e->loaded != nullptr) return e->loaded;
+  if (e->state == State::kDraining && e->watched != nullptr) return e->watched;
+  return absl::FailedPreconditionError(
+      absl::StrCat("model ", e->model, " (", e->key.ToString(), ") is ", StateName(e->state),
+                   e->corrupt.empty() ? "" : " and corrupt", ": nothing to check"));
+}
+
 std::shared_ptr<const std::vector<integrity::SegmentDigest>> Registry::Digests(
     const std::shared_ptr<Entry>& e) const {
   MutexLock l(mu_);
@@ -556,7 +581,8 @@ void Registry::MarkVerified(const std::shared_ptr<Entry>& e) {
   e->verified_at = std::chrono::steady_clock::now();
 }
 
-Registry::Evicted Registry::MarkCorrupt(const std::shared_ptr<Entry>& e, const std::string& what) {
+Registry::Evicted Registry::MarkCorrupt(const std::shared_ptr<Entry>& e, const std::string& what,
+                                        State* was) {
   std::vector<std::shared_ptr<const load::LoadedModel>> drop;
   std::vector<std::shared_ptr<Entry>> evicted;
   EvictFn on_evict;
@@ -564,10 +590,15 @@ Registry::Evicted Registry::MarkCorrupt(const std::shared_ptr<Entry>& e, const s
   Evicted result = Evicted::kNone;
   {
     MutexLock l(mu_);
+    if (was != nullptr) *was = e->state;
+    const bool first = e->corrupt.empty();
     e->corrupt = what;
     auto it = entries_.find(e->key);
     if (it != entries_.end() && it->second == e) {
       result = EvictLocked(e->key, "corrupt", &drop, &evicted);
+    } else if (e->state == State::kDraining && first) {
+      drop.push_back(std::move(e->watched));  // freed when its holders unmap it
+      result = Evicted::kDraining;
     }
     on_evict = on_evict_;
     observer = observer_;

@@ -118,6 +118,9 @@ class Entry {
   std::chrono::steady_clock::time_point verified_at;  // digest taken or last matched
   std::string corrupt;          // non-empty: what changed in memory after it was sealed
   DigestCheckFn check_digests;  // LoadRequest::check_digests
+  // While draining and not corrupt: the content its lease holders still map, kept so the
+  // scrubber goes on checking it (issue 48); dropped with its last lease or when found corrupt.
+  std::shared_ptr<const load::LoadedModel> watched;
 };
 
 struct EntrySnapshot {
@@ -254,8 +257,15 @@ class Registry {
   // Marks a live entry stale with what changed (status shows it); a no-op when it is gone.
   void MarkStale(const std::shared_ptr<Entry>& e, const std::string& what);
 
-  // Integrity. Ready entries in key order (what a scrub pass visits).
+  // Integrity. Ready entries in key order.
   std::vector<std::shared_ptr<Entry>> ReadyEntries() const;
+  // What a scrub pass visits: the ready entries in key order, then the draining ones that are
+  // not corrupt (evicted, still mapped by leases: their holders are told of a change too).
+  std::vector<std::shared_ptr<Entry>> WatchedEntries() const;
+  // The content of a ready entry, or of a draining one that is not corrupt (what its lease
+  // holders map), for checking only, never for serving; FAILED_PRECONDITION otherwise.
+  absl::StatusOr<std::shared_ptr<const load::LoadedModel>> WatchedContent(
+      const std::shared_ptr<Entry>& e) const;
   // The digests taken when `e` was filled; null when none were taken.
   std::shared_ptr<const std::vector<integrity::SegmentDigest>> Digests(
       const std::shared_ptr<Entry>& e) const;
@@ -265,9 +275,12 @@ class Registry {
   void MarkVerified(const std::shared_ptr<Entry>& e);
   // `e`'s memory changed after it was sealed: it is marked corrupt with `what` and evicted
   // (reason "corrupt"): never found or served again, draining while leases map it. The
-  // result of the eviction (kNone when it was no longer the live entry of its key; it is
-  // marked all the same).
-  Evicted MarkCorrupt(const std::shared_ptr<Entry>& e, const std::string& what);
+  // result of the eviction: kGone or kDraining for a ready entry; kDraining for a draining
+  // entry not marked corrupt before (it stays draining, no longer watched); kNone when it was
+  // marked corrupt before or is otherwise not live (it is marked all the same). `was`, when
+  // not null, receives its state before.
+  Evicted MarkCorrupt(const std::shared_ptr<Entry>& e, const std::string& what,
+                      State* was = nullptr);
 
   std::vector<EntrySnapshot> Snapshot() const;
   uint64_t budget_bytes() const { return budget_; }

@@ -119,18 +119,22 @@ absl::Status Daemon::Impl::Start() {
   if (keeper_) AdoptFromKeeper();
   artifacts_->ReportResident();
   WC_RETURN_IF_ERROR(PrepareSockets());
-  status_ = std::make_unique<StatusView>(StatusView::Sources{
-      .backend = backend_,
-      .registry = &registry_,
-      .models = &models_,
-      .access = access_.get(),
-      .publishes = &publishes_,
-      .artifacts = artifacts_.get(),
-      .acquire = acquire_.get(),
-      .preloads = preloads_.get(),
-      .keeper = keeper_.get(),
-      .staging = staging_pool_.get(),
-      .control = [this]() -> const ControlListener* { return control_.get(); }});
+  status_ = std::make_unique<StatusView>(
+      StatusView::Sources{.backend = backend_,
+                          .registry = &registry_,
+                          .models = &models_,
+                          .access = access_.get(),
+                          .publishes = &publishes_,
+                          .artifacts = artifacts_.get(),
+                          .acquire = acquire_.get(),
+                          .preloads = preloads_.get(),
+                          .keeper = keeper_.get(),
+                          .staging = staging_pool_.get(),
+                          .control = [this]() -> const ControlListener* { return control_.get(); },
+                          .integrity_findings =
+                              [this](v1::StatusResponse* resp) {
+                                if (integrity_) integrity_->AppendFindings(resp);
+                              }});
   WC_RETURN_IF_ERROR(StartHandleChannel());
   // Preloads are opened (maybe hashed) on their own thread while the daemon serves; their
   // names are pending until their entries are registered, so a client never sees a daemon
@@ -188,8 +192,10 @@ void Daemon::Impl::MakeIntegrity() {
   links.hold = [this](const std::string& model) { return preloads_->Hold(model); };
   links.release = [this](const std::string& model) { preloads_->Release(model); };
   integrity_ = std::make_unique<IntegrityService>(
-      Scrubber::Options{options_.scrub_interval, options_.scrub_bytes_per_second}, backend_->kind(),
-      registry_, models_, admission_, *access_, std::move(links), options_.metrics,
+      IntegrityService::Options{.scrub = {options_.scrub_interval, options_.scrub_bytes_per_second},
+                                .reload_interval = options_.corrupt_reload_interval},
+      backend_->kind(), registry_, models_, admission_, *access_, std::move(links),
+      options_.metrics,
       hooks_ == nullptr
           ? Scrubber::DigestHook()
           : [h = hooks_](const std::string& model, size_t segment, std::vector<uint64_t>* chunks) {

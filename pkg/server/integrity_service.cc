@@ -10,7 +10,7 @@
 
 namespace weightcache::server {
 
-IntegrityService::IntegrityService(Scrubber::Options scrub, memory::BackendKind kind,
+IntegrityService::IntegrityService(Options options, memory::BackendKind kind,
                                    cache::Registry& registry, ModelCatalog& models,
                                    Admission& admission, const Access& access, Links links,
                                    metrics::Metrics* metrics, Scrubber::DigestHook digest_hook)
@@ -19,7 +19,8 @@ IntegrityService::IntegrityService(Scrubber::Options scrub, memory::BackendKind 
       admission_(admission),
       access_(access),
       links_(std::move(links)),
-      metrics_(metrics) {
+      metrics_(metrics),
+      reload_interval_(options.reload_interval) {
   // Every fill (disk, peer copy, publish commit, keeper adoption) is digested before the entry
   // is ready: a GPU reads it at HBM speed; the host backend hashes on the CPU.
   registry_.SetDigester([kind](const cache::Entry& e, const load::LoadedModel& m)
@@ -43,7 +44,7 @@ IntegrityService::IntegrityService(Scrubber::Options scrub, memory::BackendKind 
     return out;
   });
   scrubber_ = std::make_unique<Scrubber>(
-      scrub, kind, registry_, metrics_,
+      options.scrub, kind, registry_, metrics_,
       [this](const std::shared_ptr<cache::Entry>& e, const std::string& what) {
         OnCorrupt(e, what);
       },
@@ -54,27 +55,36 @@ void IntegrityService::OnCorrupt(const std::shared_ptr<cache::Entry>& e, const s
   const std::vector<std::string> leases = registry_.LeaseIds(e);
   // Until the clean copy's load is registered, Acquires by the model's name wait for it
   // (as during a preload) instead of answering a miss between the eviction and the reload.
-  const bool held = links_.hold(e->model);
+  // A draining entry serves nobody new: nothing to wait for.
+  const bool serving = registry_.StateOf(e) == cache::State::kReady;
+  const bool held = serving && links_.hold(e->model);
   auto end_pending = [&] {
     if (held) links_.release(e->model);
   };
   // Out of service first: from here no Acquire is handed this entry.
-  if (registry_.MarkCorrupt(e, what) == cache::Registry::Evicted::kNone) {
+  cache::State was = cache::State::kGone;
+  if (registry_.MarkCorrupt(e, what, &was) == cache::Registry::Evicted::kNone) {
     end_pending();
     return;  // already out of service (found twice at once)
   }
+  const bool draining = was == cache::State::kDraining;
   WC_LOG_ERROR(
-      "integrity: model %s rank %d (%s, from %s) is corrupt, its memory changed after it was "
+      "integrity: model %s rank %d (%s, from %s%s) is corrupt, its memory changed after it was "
       "sealed: %s; out of service, %d lease holder(s) told, freed when their leases end",
-      e->model, e->inputs.layout.tp_rank, e->key.ToString(), e->source, what, leases.size());
+      e->model, e->inputs.layout.tp_rank, e->key.ToString(), e->source,
+      draining ? ", evicted and draining" : "", what, leases.size());
   if (metrics_ != nullptr) metrics_->OnIntegrityFailure(e->model);
   const std::string line = FormatEventLine(kEventCorrupt, absl::StrCat(e->model, ": ", what));
   for (const auto& id : leases) links_.notify(id, line);
-  ReloadCorrupt(e);
+  // Issue 48: a finding with no lease on it used to leave no trace once its entry was gone.
+  const std::string reload =
+      draining ? "none: it was evicted before it was found (draining), nothing serves it"
+               : ReloadCorrupt(e);
+  Record(e, what, was, leases.size(), reload);
   end_pending();
 }
 
-void IntegrityService::ReloadCorrupt(const std::shared_ptr<cache::Entry>& e) {
+std::string IntegrityService::ReloadCorrupt(const std::shared_ptr<cache::Entry>& e) {
   // The keeper holds the same memory: it is no clean source. The checkpoint is; weights an
   // engine published come back when it publishes them again.
   if (e->source == "publish") {
@@ -82,23 +92,75 @@ void IntegrityService::ReloadCorrupt(const std::shared_ptr<cache::Entry>& e) {
         "integrity: model %s was published by an engine: no clean copy is loaded until it "
         "is published again",
         e->model);
-    return;
+    return "none: published by an engine, it comes back when published again";
+  }
+  // Issue 48: a model corrupted over and over reloaded each time, and each reload may evict
+  // other tenants' unleased entries for the budget. At most one reload per key and interval.
+  const auto now = std::chrono::steady_clock::now();
+  {
+    MutexLock l(mu_);
+    auto last = reloaded_.find(e->key);
+    if (last != reloaded_.end() && now - last->second < reload_interval_) {
+      const std::string why = absl::StrCat(
+          "none: found corrupt again ",
+          std::chrono::duration_cast<std::chrono::seconds>(now - last->second).count(),
+          " s after its last clean copy was loaded; at most one reload per ",
+          std::chrono::duration_cast<std::chrono::seconds>(reload_interval_).count(), " s",
+          " (--corrupt_reload_interval), so that it cannot evict other tenants' entries each "
+          "time; an Acquire that may load, or weightcachectl load, loads it");
+      WC_LOG_ERROR("integrity: clean copy of model %s rank %d on %s not loaded: %s", e->model,
+                   e->inputs.layout.tp_rank, e->device_uuid, why);
+      return why;
+    }
   }
   auto opened = models_.Open(e->model, /*refresh=*/false);
   if (!opened.ok()) {
     WC_LOG_ERROR("integrity: clean copy of model %s not loaded: %s", e->model,
                  std::string(opened.status().message()));
-    return;
+    return absl::StrCat("none: ", opened.status().message());
   }
   auto started = admission_.StartLoad(*opened, e->inputs.layout, e->inputs.env, e->device_uuid);
   if (!started.ok()) {
     WC_LOG_ERROR("integrity: clean copy of model %s rank %d on %s not loaded: %s", e->model,
                  e->inputs.layout.tp_rank, e->device_uuid, std::string(started.status().message()));
-    return;
+    return absl::StrCat("none: ", started.status().message());
+  }
+  {
+    MutexLock l(mu_);
+    reloaded_[e->key] = now;
   }
   WC_LOG_INFO("integrity: loading a clean copy of model %s rank %d on %s (fingerprint %s)",
               e->model, e->inputs.layout.tp_rank, e->device_uuid,
               (*started)->fingerprint.substr(0, 12));
+  return absl::StrCat("loading a clean copy (fingerprint ", (*started)->fingerprint.substr(0, 12),
+                      ")");
+}
+
+void IntegrityService::Record(const std::shared_ptr<cache::Entry>& e, const std::string& what,
+                              cache::State was, size_t told, const std::string& reload) {
+  Finding f;
+  f.at = std::chrono::steady_clock::now();
+  f.info.set_model(e->model);
+  f.info.set_fingerprint(e->fingerprint);
+  f.info.set_device_uuid(e->device_uuid);
+  LayoutToProto(e->inputs.layout, f.info.mutable_layout());
+  f.info.set_detail(what);
+  f.info.set_was(cache::StateName(was));
+  f.info.set_leases_told(static_cast<uint32_t>(told));
+  f.info.set_reload(reload);
+  MutexLock l(mu_);
+  findings_.push_back(std::move(f));
+  while (findings_.size() > kMaxFindings) findings_.pop_front();
+}
+
+void IntegrityService::AppendFindings(v1::StatusResponse* resp) const {
+  const auto now = std::chrono::steady_clock::now();
+  MutexLock l(mu_);
+  for (const auto& f : findings_) {
+    auto* out = resp->add_integrity_findings();
+    *out = f.info;
+    out->set_seconds_ago(std::chrono::duration<double>(now - f.at).count());
+  }
 }
 
 absl::Status IntegrityService::VerifyResident(const Caller& caller,

@@ -128,6 +128,10 @@ struct DaemonOptions {
   // At 50 GB/s a bandwidth-bound kernel beside it on the H200 lost 0.06 % (docs/benchmarks.md).
   std::chrono::milliseconds scrub_interval{30000};
   double scrub_bytes_per_second = 50e9;
+  // A clean copy of an entry found corrupt is loaded at most once per this interval per
+  // entry key (issue 48): a model corrupted over and over must not evict other tenants'
+  // entries for its reloads each time. 0: every finding reloads.
+  std::chrono::milliseconds corrupt_reload_interval{600000};
   unsigned read_threads = 16;
   // GPU loads: page-locked staging memory kept pinned between loads (one ring: pinning it
   // again costs ~0.1 s per load, a third of a page-cache-hot 8 GiB load); 0 frees it after

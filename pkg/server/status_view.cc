@@ -61,6 +61,7 @@ void StatusView::Status(const Caller& caller, v1::StatusResponse* resp) const {
   }
   AppendCounters(resp);
   if (s_.keeper != nullptr) s_.keeper->Fill(resp->mutable_keeper());
+  if (visible.admin() && s_.integrity_findings) s_.integrity_findings(resp);
   if (const metrics::StagingSnapshot st = Staging(); st.present) {
     resp->mutable_staging()->set_idle_bytes(st.idle_bytes);
     resp->mutable_staging()->set_in_use_bytes(st.in_use_bytes);

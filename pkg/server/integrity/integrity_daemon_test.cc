@@ -183,6 +183,33 @@ TEST_F(IntegrityTest, CheckAfterTheDaemonWentIsNeverClean) {
   EXPECT_NE(fresh->Find(fresh->tensors()[0].name), nullptr);        // still mapped
 }
 
+// Issue 48: an entry evicted while a lease maps it (draining) is still scrubbed, and its
+// holder is told when it changes. The scrubber used to visit ready entries only, so an engine
+// computing with an evicted entry was never told.
+TEST_F(IntegrityTest, ADrainingEntryIsStillScrubbedAndItsHolderTold) {
+  Start(50ms);
+  auto held = Acquire();
+  ASSERT_NE(held, nullptr);
+  auto evicted = client_->Evict("m", "");
+  ASSERT_TRUE(evicted.ok()) << evicted.status();
+  auto entries = Entries();
+  ASSERT_EQ(entries.size(), 1u);
+  ASSERT_EQ(entries[0].state(), "draining");
+
+  corrupt_next_ = true;
+  const absl::Status told = held->Check(30s);
+  ASSERT_EQ(told.code(), absl::StatusCode::kDataLoss) << told;
+  EXPECT_THAT(std::string(told.message()), HasSubstr("bytes [2097152, 3145728) changed"));
+  EXPECT_EQ(Counter("weightcache_integrity_failures_total", "m"), 1);
+  // Recorded for admins; not reloaded (it had been evicted: nothing served it).
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_EQ(st->integrity_findings_size(), 1);
+  EXPECT_EQ(st->integrity_findings(0).was(), "draining");
+  EXPECT_EQ(st->integrity_findings(0).leases_told(), 1u);
+  EXPECT_THAT(st->integrity_findings(0).reload(), HasSubstr("none: it was evicted"));
+}
+
 // VerifyResident checks at once, in the daemon: clean, then corrupt with the same detail the
 // scrubber logs; the corrupt entry is out of service (the next answer is about the copy).
 TEST_F(IntegrityTest, VerifyResidentChecksNowAndFindsTheChange) {

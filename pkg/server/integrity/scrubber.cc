@@ -47,15 +47,16 @@ void Scrubber::Loop() {
     const auto start = std::chrono::steady_clock::now();
     uint64_t bytes = 0;
     size_t entries = 0, corrupt = 0;
-    for (const auto& e : registry_.ReadyEntries()) {
+    // Draining entries too: evicted, but engines still compute with them (issue 48).
+    for (const auto& e : registry_.WatchedEntries()) {
       if (stopping()) return;
       const Result r = Verify(e, options_.bytes_per_second);
       bytes += r.bytes;
       ++entries;
       if (r.kind == Result::Kind::kCorrupt) ++corrupt;
       if (r.kind == Result::Kind::kError && !stopping()) {
-        // An entry evicted during its check is not a finding.
-        if (registry_.StateOf(e) == cache::State::kReady) {
+        // An entry evicted (or drained) during its check is not a finding.
+        if (registry_.WatchedContent(e).ok()) {
           WC_LOG_WARN("integrity: model %s (%s) not checked: %s", e->model, e->key.ToString(),
                       r.detail);
         }
@@ -81,7 +82,7 @@ Scrubber::Result Scrubber::Verify(const std::shared_ptr<cache::Entry>& e, double
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return r;
   };
-  auto content = registry_.Content(e);
+  auto content = registry_.WatchedContent(e);
   if (!content.ok()) return finish(Result::Kind::kError, std::string(content.status().message()));
   const auto expected = registry_.Digests(e);
   if (expected == nullptr || expected->size() != (*content)->segments.size()) {

@@ -1,5 +1,6 @@
 // The integrity scrubber (issue 27, docs/integrity.md). One thread runs a pass every
-// `interval`: each ready entry's segments are digested again (integrity::DigestSegment: a
+// `interval`: each ready entry's segments (and each draining one's, while leases map it and
+// it is not corrupt) are digested again (integrity::DigestSegment: a
 // kernel on a lowest-priority stream on GPUs, the CPU on the host backend) at most
 // `bytes_per_second`, and compared with the digests the registry took when the entry was
 // filled. A difference is handed to `on_corrupt` with the segments and byte ranges that
@@ -62,8 +63,8 @@ class Scrubber {
   void Stop();
 
   // Digests `e` now at `bytes_per_second` (0: unthrottled) and compares: clean (the entry is
-  // marked verified), corrupt (on_corrupt was called), or error (not ready, no digests, a
-  // device error, stopped).
+  // marked verified), corrupt (on_corrupt was called), or error (neither ready nor watched
+  // while draining, no digests, a device error, stopped).
   Result Verify(const std::shared_ptr<cache::Entry>& e, double bytes_per_second);
 
   // Scrub passes completed since start.

@@ -1,7 +1,8 @@
 // The daemon's integrity service (issue 27, docs/integrity.md): every fill digested before
 // its entry is ready (the registry's digester), the scrubber that re-digests ready entries,
-// what a finding means (the entry out of service, its lease holders told, a clean copy loaded
-// from the checkpoint), and VerifyResident. Not a public header.
+// what a finding means (the entry out of service, its lease holders told, the finding recorded
+// for Status, a clean copy loaded from the checkpoint at most once per interval), and
+// VerifyResident. Not a public header.
 //
 // Thread-safety: every method may be called from any thread; OnCorrupt runs on the scrubber's
 // thread (or a VerifyResident's gRPC thread). Lifetimes: the registry, catalog, admission,
@@ -9,7 +10,10 @@
 // findings are told through it).
 #pragma once
 
+#include <chrono>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -20,6 +24,7 @@
 #include "pkg/server/internal/access.h"
 #include "pkg/server/internal/admission.h"
 #include "pkg/server/internal/model_catalog.h"
+#include "pkg/util/mutex.h"
 #include "weightcache/v1/weightcache.pb.h"
 
 namespace weightcache::metrics {
@@ -39,8 +44,14 @@ class IntegrityService {
     std::function<bool(const std::string& model)> hold;
     std::function<void(const std::string& model)> release;
   };
+  struct Options {
+    Scrubber::Options scrub;
+    // An entry key found corrupt again within this interval of its last reload is not
+    // reloaded (DaemonOptions::corrupt_reload_interval); 0: every finding reloads.
+    std::chrono::milliseconds reload_interval{600000};
+  };
   // Sets the registry's digester. `digest_hook`: tests only (DaemonHooks), empty otherwise.
-  IntegrityService(Scrubber::Options scrub, memory::BackendKind kind, cache::Registry& registry,
+  IntegrityService(Options options, memory::BackendKind kind, cache::Registry& registry,
                    ModelCatalog& models, Admission& admission, const Access& access, Links links,
                    metrics::Metrics* metrics, Scrubber::DigestHook digest_hook);
   IntegrityService(const IntegrityService&) = delete;
@@ -55,11 +66,19 @@ class IntegrityService {
   absl::Status VerifyResident(const Caller& caller, const v1::VerifyResidentRequest& req,
                               v1::VerifyResidentResponse* resp);
   // A finding: `e`'s memory changed (`what` says where). Out of service first, then its lease
-  // holders told and a clean copy loaded (not for published weights: no checkpoint has them).
+  // holders told, recorded (AppendFindings; also when no lease maps it) and, when it was
+  // serving, a clean copy loaded (not for published weights: no checkpoint has them; not
+  // twice within reload_interval). A draining entry (evicted, still mapped) is not reloaded.
   void OnCorrupt(const std::shared_ptr<cache::Entry>& e, const std::string& what);
+  // The last kMaxFindings findings, oldest first (StatusResponse.integrity_findings).
+  static constexpr size_t kMaxFindings = 32;
+  void AppendFindings(v1::StatusResponse* resp) const;
 
  private:
-  void ReloadCorrupt(const std::shared_ptr<cache::Entry>& e);
+  // Loads a clean copy of `e`; returns what was done, or why nothing was.
+  std::string ReloadCorrupt(const std::shared_ptr<cache::Entry>& e);
+  void Record(const std::shared_ptr<cache::Entry>& e, const std::string& what, cache::State was,
+              size_t told, const std::string& reload);
 
   cache::Registry& registry_;
   ModelCatalog& models_;
@@ -67,6 +86,15 @@ class IntegrityService {
   const Access& access_;
   const Links links_;
   metrics::Metrics* const metrics_;
+  const std::chrono::milliseconds reload_interval_;
+  mutable Mutex mu_;
+  // When a clean copy of each entry key was last loaded after a finding.
+  std::map<cache::Key, std::chrono::steady_clock::time_point> reloaded_ ABSL_GUARDED_BY(mu_);
+  struct Finding {
+    std::chrono::steady_clock::time_point at;
+    v1::IntegrityFinding info;
+  };
+  std::deque<Finding> findings_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Scrubber> scrubber_;
 };
 

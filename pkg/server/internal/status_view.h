@@ -45,6 +45,8 @@ class StatusView final : public metrics::StateSource {
     const KeeperLink* keeper = nullptr;
     const load::StagingPool* staging = nullptr;
     std::function<const ControlListener*()> control;
+    // Appends the integrity findings (admins only); may be empty.
+    std::function<void(v1::StatusResponse*)> integrity_findings;
   };
   explicit StatusView(Sources sources) : s_(std::move(sources)) {}
 
