@@ -101,7 +101,7 @@ std::string IntegrityService::ReloadCorrupt(const std::shared_ptr<cache::Entry>&
     MutexLock l(mu_);
     auto last = reloaded_.find(e->key);
     if (last != reloaded_.end() && now - last->second < reload_interval_) {
-      const std::string why = absl::StrCat(
+      std::string why = absl::StrCat(
           "none: found corrupt again ",
           std::chrono::duration_cast<std::chrono::seconds>(now - last->second).count(),
           " s after its last clean copy was loaded; at most one reload per ",
