@@ -123,7 +123,8 @@ absl::Status Daemon::Impl::Start() {
       .preloads = preloads_.get(),
       .keeper = keeper_.get(),
       .staging = staging_pool_.get(),
-      .control = [this]() -> const ControlListener* { return control_.get(); }});
+      .control = [this]() -> const ControlListener* { return control_.get(); },
+      .peer_port = [this]() -> const PeerPort* { return peer_source_.load(); }});
   WC_RETURN_IF_ERROR(StartHandleChannel());
   // Preloads are opened (maybe hashed) on their own thread while the daemon serves; their
   // names are pending until their entries are registered, so a client never sees a daemon
@@ -311,10 +312,8 @@ void Daemon::Impl::Teardown() {
     WC_LOG_DEBUG("teardown: loads and waits cancelled");
     // 2. Stop accepting and drain the RPCs in flight, bounded; the server before the service
     //    it calls into (gRPC requires the service to outlive the server).
-    if (peer_grpc_) {
-      peer_grpc_->Shutdown(std::chrono::system_clock::now() + options_.shutdown_grace);
-      peer_grpc_->Wait();
-      peer_exposures_.reset();  // no Describe runs now; pulls in flight fail at the peers
+    if (!options_.peer.listen.empty()) {
+      StopPeerServer();
       step("peer API");
     }
     if (grpc_) {
