@@ -170,6 +170,16 @@ ABSL_FLAG(std::string, peer_listen, "",
 ABSL_FLAG(int, peer_transfer_hold_seconds, 120,
           "Peer API: how long a peer's pull keeps an entry's segments exposed (and its memory "
           "held, even if evicted meanwhile); each Describe that asks for a transfer renews it");
+ABSL_FLAG(int, peer_max_connections, 1024,
+          "Peer API: connections its port holds at once (a daemon keeps one to each peer it "
+          "asks). At the cap the oldest connection still in its TLS handshake is closed to "
+          "make room, and a newcomer when every one is past it");
+ABSL_FLAG(int, peer_max_connections_per_address, 16,
+          "Peer API: connections one source address may hold at once; past it, closed at "
+          "accept");
+ABSL_FLAG(int, peer_handshake_timeout_ms, 10000,
+          "Peer API: how long a connection may take to complete its TLS handshake before it is "
+          "closed");
 ABSL_FLAG(std::string, peers, "",
           "Peer fill (issue 30): other nodes' daemons (comma-separated host:port of their "
           "--peer_listen; a DNS name stands for every address it resolves to, e.g. the chart's "
@@ -295,6 +305,19 @@ absl::Status ReadPeerFlags(server::PeerOptions& out) {
       return absl::InvalidArgumentError(absl::StrCat(flag, "=", value, ": must be positive"));
     }
   }
+  for (const auto& [flag, value] :
+       {std::pair{"--peer_max_connections", absl::GetFlag(FLAGS_peer_max_connections)},
+        std::pair{"--peer_max_connections_per_address",
+                  absl::GetFlag(FLAGS_peer_max_connections_per_address)},
+        std::pair{"--peer_handshake_timeout_ms", absl::GetFlag(FLAGS_peer_handshake_timeout_ms)}}) {
+    if (value <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, "=", value, ": must be positive"));
+    }
+  }
+  out.max_connections = static_cast<size_t>(absl::GetFlag(FLAGS_peer_max_connections));
+  out.max_connections_per_address =
+      static_cast<size_t>(absl::GetFlag(FLAGS_peer_max_connections_per_address));
+  out.handshake_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_peer_handshake_timeout_ms));
   out.describe_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_peer_describe_timeout_ms));
   out.pull_timeout = std::chrono::seconds(absl::GetFlag(FLAGS_peer_pull_timeout_seconds));
   if (!out.listen.empty() || !out.peers.empty()) {

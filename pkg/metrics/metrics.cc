@@ -89,6 +89,37 @@ void AddControl(const ControlSnapshot& c, std::vector<prometheus::MetricFamily>*
       ->push_back(CounterMetric({}, static_cast<double>(c.accept_errors)));
 }
 
+void AddPeerPort(const PeerPortSnapshot& p, std::vector<prometheus::MetricFamily>* out) {
+  auto family = [out](const char* name, const char* help, prometheus::MetricType type) {
+    out->push_back(prometheus::MetricFamily{name, help, type, {}});
+    return &out->back().metric;
+  };
+  family("weightcache_peer_connections", "Connections the peer API's port holds now.",
+         prometheus::MetricType::Gauge)
+      ->push_back(GaugeMetric({}, static_cast<double>(p.open)));
+  family("weightcache_peer_connections_accepted_total",
+         "Connections the peer API's port accepted since start.", prometheus::MetricType::Counter)
+      ->push_back(CounterMetric({}, static_cast<double>(p.accepted)));
+  family("weightcache_peer_connections_relayed_total",
+         "Connections the peer API's port handed to its gRPC server (once their client spoke) "
+         "since start.",
+         prometheus::MetricType::Counter)
+      ->push_back(CounterMetric({}, static_cast<double>(p.relayed)));
+  auto* refused = family("weightcache_peer_refusals_total",
+                         "Connections the peer API's port closed for a bound, by reason: total "
+                         "(--peer_max_connections), per_address "
+                         "(--peer_max_connections_per_address), handshake_deadline "
+                         "(--peer_handshake_timeout_ms), not_tls, descriptors (out of descriptors: "
+                         "backed off).",
+                         prometheus::MetricType::Counter);
+  for (const auto& [reason, n] :
+       {std::pair{"total", p.refused_total}, std::pair{"per_address", p.refused_per_address},
+        std::pair{"handshake_deadline", p.refused_handshake},
+        std::pair{"not_tls", p.refused_not_tls}, std::pair{"descriptors", p.refused_descriptors}}) {
+    refused->push_back(CounterMetric({{"reason", reason}}, static_cast<double>(n)));
+  }
+}
+
 // Scrape-time gauges computed from a StateSource.
 class StateCollector final : public prometheus::Collectable {
  public:
@@ -106,6 +137,7 @@ class StateCollector final : public prometheus::Collectable {
     const std::vector<DeviceSnapshot> devices = source_->Devices();
     const StagingSnapshot staging = source_->Staging();
     const ControlSnapshot control = source_->Control();
+    const PeerPortSnapshot peer_port = source_->PeerPortState();
 
     std::map<std::pair<std::string, std::string>, uint64_t> resident;  // (model, device)
     std::map<std::string, uint64_t> leases;                            // model
@@ -201,6 +233,7 @@ class StateCollector final : public prometheus::Collectable {
       out.push_back(std::move(f));
     }
     if (control.present) AddControl(control, &out);
+    if (peer_port.present) AddPeerPort(peer_port, &out);
     return out;
   }
 

@@ -80,6 +80,21 @@ struct ControlSnapshot {
   uint64_t accept_errors = 0;
 };
 
+// The peer API's TCP port (issue 47, pkg/server/peer/peer_port.h): connections held now,
+// and since start the ones accepted, the ones handed to its gRPC server (once their client
+// spoke) and the ones closed by a bound, by reason.
+struct PeerPortSnapshot {
+  bool present = false;  // false: no peer API: no series
+  uint64_t open = 0;
+  uint64_t accepted = 0;
+  uint64_t relayed = 0;
+  uint64_t refused_total = 0;        // --peer_max_connections
+  uint64_t refused_per_address = 0;  // --peer_max_connections_per_address
+  uint64_t refused_handshake = 0;    // --peer_handshake_timeout_ms
+  uint64_t refused_not_tls = 0;      // bytes that are not TLS records
+  uint64_t refused_descriptors = 0;  // out of descriptors (accept backed off)
+};
+
 // What the scrape-time gauges read. Implemented by the registry owner (the server).
 class StateSource {
  public:
@@ -88,6 +103,7 @@ class StateSource {
   virtual std::vector<DeviceSnapshot> Devices() const = 0;
   virtual StagingSnapshot Staging() const { return {}; }
   virtual ControlSnapshot Control() const { return {}; }
+  virtual PeerPortSnapshot PeerPortState() const { return {}; }
 };
 
 struct BuildInfo {

@@ -225,10 +225,12 @@ class FakeState : public StateSource {
   std::vector<DeviceSnapshot> Devices() const override { return devices; }
   StagingSnapshot Staging() const override { return staging; }
   ControlSnapshot Control() const override { return control; }
+  PeerPortSnapshot PeerPortState() const override { return peer_port; }
   std::vector<EntrySnapshot> entries;
   std::vector<DeviceSnapshot> devices;
   StagingSnapshot staging;
   ControlSnapshot control;
+  PeerPortSnapshot peer_port;
 };
 
 // Issue 26: the listener's counters (open, accepted, closed at accept by rule, accept
@@ -255,6 +257,36 @@ TEST(MetricsTest, TheControlListenersCountersAreExported) {
   EXPECT_EQ(Value(v, closed, {{"reason", "max_connections"}}), 2.0);
   EXPECT_EQ(Value(v, closed, {{"reason", "max_connections_per_pod"}}), 3.0);
   EXPECT_EQ(Value(v, "weightcache_control_accept_errors_total", {}), 4.0);
+}
+
+// Issue 47: the peer API's port, its connections and what it closed by reason; no series
+// without a peer API.
+TEST(MetricsTest, ThePeerPortsCountersAreExported) {
+  prometheus::Registry registry;
+  Metrics m(registry, TestBuild());
+  FakeState state;
+  m.SetStateSource(&state);
+  auto collectable = m.collectable();
+  EXPECT_EQ(Value(Snapshot(*collectable), "weightcache_peer_connections", {}), std::nullopt);
+  state.peer_port = {.present = true,
+                     .open = 9,
+                     .accepted = 50,
+                     .relayed = 40,
+                     .refused_total = 1,
+                     .refused_per_address = 2,
+                     .refused_handshake = 3,
+                     .refused_not_tls = 4,
+                     .refused_descriptors = 5};
+  Values v = Snapshot(*collectable);
+  EXPECT_EQ(Value(v, "weightcache_peer_connections", {}), 9.0);
+  EXPECT_EQ(Value(v, "weightcache_peer_connections_accepted_total", {}), 50.0);
+  EXPECT_EQ(Value(v, "weightcache_peer_connections_relayed_total", {}), 40.0);
+  const char* refused = "weightcache_peer_refusals_total";
+  EXPECT_EQ(Value(v, refused, {{"reason", "total"}}), 1.0);
+  EXPECT_EQ(Value(v, refused, {{"reason", "per_address"}}), 2.0);
+  EXPECT_EQ(Value(v, refused, {{"reason", "handshake_deadline"}}), 3.0);
+  EXPECT_EQ(Value(v, refused, {{"reason", "not_tls"}}), 4.0);
+  EXPECT_EQ(Value(v, refused, {{"reason", "descriptors"}}), 5.0);
 }
 
 TEST(MetricsTest, StagingMemoryIsReportedOnlyWhereThereIsAPool) {

@@ -119,22 +119,23 @@ absl::Status Daemon::Impl::Start() {
   if (keeper_) AdoptFromKeeper();
   artifacts_->ReportResident();
   WC_RETURN_IF_ERROR(PrepareSockets());
-  status_ = std::make_unique<StatusView>(
-      StatusView::Sources{.backend = backend_,
-                          .registry = &registry_,
-                          .models = &models_,
-                          .access = access_.get(),
-                          .publishes = &publishes_,
-                          .artifacts = artifacts_.get(),
-                          .acquire = acquire_.get(),
-                          .preloads = preloads_.get(),
-                          .keeper = keeper_.get(),
-                          .staging = staging_pool_.get(),
-                          .control = [this]() -> const ControlListener* { return control_.get(); },
-                          .integrity_findings =
-                              [this](v1::StatusResponse* resp) {
-                                if (integrity_) integrity_->AppendFindings(resp);
-                              }});
+  status_ = std::make_unique<StatusView>(StatusView::Sources{
+      .backend = backend_,
+      .registry = &registry_,
+      .models = &models_,
+      .access = access_.get(),
+      .publishes = &publishes_,
+      .artifacts = artifacts_.get(),
+      .acquire = acquire_.get(),
+      .preloads = preloads_.get(),
+      .keeper = keeper_.get(),
+      .staging = staging_pool_.get(),
+      .control = [this]() -> const ControlListener* { return control_.get(); },
+      .integrity_findings =
+          [this](v1::StatusResponse* resp) {
+            if (integrity_) integrity_->AppendFindings(resp);
+          },
+      .peer_port = [this]() -> const PeerPort* { return peer_source_.load(); }});
   WC_RETURN_IF_ERROR(StartHandleChannel());
   // Preloads are opened (maybe hashed) on their own thread while the daemon serves; their
   // names are pending until their entries are registered, so a client never sees a daemon
@@ -325,10 +326,8 @@ void Daemon::Impl::Teardown() {
     WC_LOG_DEBUG("teardown: loads and waits cancelled");
     // 2. Stop accepting and drain the RPCs in flight, bounded; the server before the service
     //    it calls into (gRPC requires the service to outlive the server).
-    if (peer_grpc_) {
-      peer_grpc_->Shutdown(std::chrono::system_clock::now() + options_.shutdown_grace);
-      peer_grpc_->Wait();
-      peer_exposures_.reset();  // no Describe runs now; pulls in flight fail at the peers
+    if (!options_.peer.listen.empty()) {
+      StopPeerServer();
       step("peer API");
     }
     if (grpc_) {

@@ -54,6 +54,13 @@ struct PeerOptions {
   // How long a Describe that asks for a transfer keeps the segments exposed (and the
   // content alive); each such Describe renews it. A pull longer than this asks again.
   std::chrono::milliseconds transfer_hold{120000};
+  // The port in front of gRPC (issue 47; pkg/server/peer/peer_port.h): connections open at
+  // once in all and per source address (a daemon keeps one to each peer it asks, so a fleet
+  // of hundreds of nodes needs hundreds), and how long one may take to complete its TLS
+  // handshake (also gRPC's own handshake timeout).
+  size_t max_connections = 1024;
+  size_t max_connections_per_address = 16;
+  std::chrono::milliseconds handshake_timeout{10000};
   // Peer fill (issue 30): the other nodes' daemons to ask before a load reads from disk
   // (`--peers`; a name stands for every address it resolves to). Empty: no peer fill. Uses
   // `tls` as a client; this daemon's own peer port is left out of the list.

@@ -1,14 +1,23 @@
 // The peer API (proto/weightcache/v1/peer.proto) for other nodes' daemons: its own gRPC
-// server on TCP, mutual TLS required (pkg/peer/tls.h: a peer is whoever presents a
-// certificate the fleet CA signed), and Describe: the record of a ready entry, so the asker
-// can fill its own copy and check every segment against the digests in it.
+// server, mutual TLS required (pkg/peer/tls.h: a peer is whoever presents a certificate the
+// fleet CA signed), and Describe: the record of a ready entry, so the asker can fill its own
+// copy and check every segment against the digests in it.
+// The TCP port is the PeerPort's (pkg/server/peer/peer_port.h, issue 47): it accepts, caps
+// the connections in all and per source address, closes those without a handshake by a
+// deadline, and relays the bytes to the gRPC server, which does the TLS on a Unix socket in a
+// private directory (gRPC 1.51 takes no accepted descriptor with TLS credentials).
 // What is described: only shared entries (a namespace's private copy is that tenant's on
 // this node) filled from a checkpoint (disk, a keeper adoption, another device, another
 // node): an engine's published weights are the publisher's claim on this node, which
 // another node has no way to check against a checkpoint.
+#include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -16,6 +25,8 @@
 #include "pkg/server/internal/daemon_impl.h"
 #include "pkg/server/internal/grpc_status.h"
 #include "pkg/server/keeper/keeper_record.h"
+#include "pkg/server/peer/peer_port.h"
+#include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 #include "weightcache/v1/peer.grpc.pb.h"
@@ -36,14 +47,15 @@ class PeerService final : public v1::WeightCachePeer::Service {
   grpc::Status Describe(grpc::ServerContext* ctx, const v1::PeerDescribeRequest* req,
                         v1::PeerDescribeResponse* resp) override {
     auto r = impl_->DescribeForPeer(req->fingerprint(), req->transfer());
+    // gRPC sees the relay's Unix socket; the port knows the TCP source behind it.
+    const std::string who = impl_->PeerSource(ctx->peer());
     if (!r.ok()) {
-      WC_LOG_INFO("peer %s: describe %s: %s", ctx->peer(), req->fingerprint().substr(0, 12),
+      WC_LOG_INFO("peer %s: describe %s: %s", who, req->fingerprint().substr(0, 12),
                   std::string(r.status().message()));
       return ToGrpc(ctx, r.status());
     }
-    WC_LOG_INFO("peer %s: described %s (%s, %.1f MiB%s)", ctx->peer(),
-                req->fingerprint().substr(0, 12), r->source(),
-                static_cast<double>(r->total_bytes()) / (1 << 20),
+    WC_LOG_INFO("peer %s: described %s (%s, %.1f MiB%s)", who, req->fingerprint().substr(0, 12),
+                r->source(), static_cast<double>(r->total_bytes()) / (1 << 20),
                 req->transfer() ? ", exposed for a pull" : "");
     *resp = std::move(r).value();
     return grpc::Status::OK;
@@ -80,6 +92,30 @@ absl::StatusOr<v1::PeerDescribeResponse> Daemon::Impl::DescribeForPeer(
       absl::StrCat("no ready shared entry with fingerprint ", fingerprint.substr(0, 12)));
 }
 
+std::string Daemon::Impl::PeerSource(const std::string& grpc_peer) const {
+  // Set once the port runs, after gRPC started (anyone reaching gRPC's socket directly
+  // would call before).
+  const PeerPort* port = peer_source_.load();
+  return port != nullptr ? port->SourceOf(grpc_peer) : grpc_peer;
+}
+
+namespace {
+
+// A directory only this user may enter, for the gRPC server's Unix socket: under $TMPDIR (or
+// /tmp), never the socket directory engines mount. Its path must leave room for the socket's
+// name in sockaddr_un (108 bytes).
+absl::StatusOr<std::string> MakePrivateDir() {
+  std::string base = "/tmp";
+  if (const char* t = ::getenv("TMPDIR"); t != nullptr && t[0] == '/' && std::strlen(t) < 60) {
+    base = t;
+  }
+  std::string tmpl = base + "/weightcache-peer.XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) return ErrnoStatus(errno, "mkdtemp", tmpl);
+  return tmpl;  // mkdtemp makes it 0700
+}
+
+}  // namespace
+
 absl::Status Daemon::Impl::StartPeerServer() {
   const PeerOptions& o = options_.peer;
   if (o.listen.empty()) return absl::OkStatus();
@@ -95,8 +131,11 @@ absl::Status Daemon::Impl::StartPeerServer() {
   peer_exposures_ = std::make_unique<PeerExposures>(ucx.ok() ? *std::move(ucx) : nullptr, why,
                                                     backend_->kind(), o.transfer_hold);
   peer_service_ = std::make_unique<PeerService>(this);
+  WC_ASSIGN_OR_RETURN(peer_dir_, MakePrivateDir());
+  const std::string backend_path = peer_dir_ + "/grpc.sock";
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(o.listen, peer::ServerCredentials(tls), &peer_port_);
+  int bound = 0;
+  builder.AddListeningPort("unix:" + backend_path, peer::ServerCredentials(tls), &bound);
   builder.RegisterService(peer_service_.get());
   builder.SetMaxReceiveMessageSize(4 << 10);  // a fingerprint
   builder.SetMaxSendMessageSize(256 << 20);   // records of very large models
@@ -106,13 +145,51 @@ absl::Status Daemon::Impl::StartPeerServer() {
   builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 16);
   builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, 16 << 10);
+  // gRPC's own deadline for the TLS handshake and the client's HTTP/2 settings, twice the
+  // port's: the port closes what completes no handshake first (and counts it); this one
+  // closes a client that completed TLS but never speaks HTTP/2. An idle peer's connection is
+  // closed after 30 min (its channel connects again when it next asks).
+  builder.AddChannelArgument(
+      GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+      static_cast<int>(std::min<int64_t>(2 * o.handshake_timeout.count(), 24 * 3600 * 1000)));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 30 * 60 * 1000);
   peer_grpc_ = builder.BuildAndStart();
-  if (!peer_grpc_ || peer_port_ == 0) {
+  if (!peer_grpc_ || bound == 0) {
     return absl::UnavailableError(
-        absl::StrCat("peer API: cannot listen on ", o.listen, " (--peer_listen)"));
+        absl::StrCat("peer API: cannot listen on ", backend_path, " (its gRPC socket)"));
   }
-  WC_LOG_INFO("peer API on %s (port %d), mutual TLS, CA %s", o.listen, peer_port_, o.tls.ca_file);
+  auto port = PeerPort::Start({.listen = o.listen,
+                               .backend_path = backend_path,
+                               .max_connections = o.max_connections,
+                               .max_connections_per_address = o.max_connections_per_address,
+                               .handshake_timeout = o.handshake_timeout});
+  if (!port.ok()) return port.status();  // Teardown stops the gRPC server
+  peer_listener_ = *std::move(port);
+  peer_source_ = peer_listener_.get();
+  peer_port_ = peer_listener_->port();
+  WC_LOG_INFO(
+      "peer API on %s (port %d), mutual TLS, CA %s; at most %d connections, %d per address, "
+      "handshakes within %d ms",
+      o.listen, peer_port_, o.tls.ca_file, o.max_connections, o.max_connections_per_address,
+      o.handshake_timeout.count());
   return absl::OkStatus();
+}
+
+void Daemon::Impl::StopPeerServer() {
+  // The port stops accepting; the connections it relays stay until gRPC has drained, so the
+  // calls in flight get their answers.
+  if (peer_listener_) peer_listener_->StopAccepting();
+  if (peer_grpc_) {
+    peer_grpc_->Shutdown(std::chrono::system_clock::now() + options_.shutdown_grace);
+    peer_grpc_->Wait();
+  }
+  // The listener object stays (its counters answer the metrics until the daemon goes).
+  if (peer_listener_) peer_listener_->CloseConnections();
+  peer_exposures_.reset();  // no Describe runs now; pulls in flight fail at the peers
+  if (!peer_dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(peer_dir_, ec);
+  }
 }
 
 absl::Status Daemon::Impl::StartPeerFill() {

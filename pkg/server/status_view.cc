@@ -251,6 +251,21 @@ metrics::ControlSnapshot StatusView::Control() const {
   return s;
 }
 
+metrics::PeerPortSnapshot StatusView::PeerPortState() const {
+  const server::PeerPort* port = s_.peer_port ? s_.peer_port() : nullptr;
+  if (port == nullptr) return {};
+  const server::PeerPort::Counters c = port->counters();
+  return {.present = true,
+          .open = c.open,
+          .accepted = c.accepted,
+          .relayed = c.relayed,
+          .refused_total = c.refused_total,
+          .refused_per_address = c.refused_per_address,
+          .refused_handshake = c.refused_handshake,
+          .refused_not_tls = c.refused_not_tls,
+          .refused_descriptors = c.refused_descriptors};
+}
+
 std::vector<metrics::DeviceSnapshot> StatusView::Devices() const {
   std::map<std::string, uint64_t> used;
   for (const auto& s : s_.registry->Snapshot())

@@ -105,7 +105,10 @@ safetensors::LlamaShape SmallLlama() {
 int MetricsPort(const std::string& log_path) {
   std::smatch m;
   const std::string log = ReadFileOrEmpty(log_path);
-  return std::regex_search(log, m, std::regex("\\(port ([0-9]+)\\)")) ? std::stoi(m[1]) : -1;
+  // The metrics server's line: the peer API logs a "(port N)" of its own.
+  return std::regex_search(log, m, std::regex("metrics http: [^\n]*\\(port ([0-9]+)\\)"))
+             ? std::stoi(m[1])
+             : -1;
 }
 
 std::string Scrape(int port) {

@@ -314,6 +314,9 @@ for helm in "${helms[@]}"; do
   expect "peer fill off by default" lacks "$d" 'peer_listen|weightcache-peer'
   expect "peer: flags" has "$ds" '^            - --peer_listen=0\.0\.0\.0:7500$'
   expect "peer: CA flag" has "$ds" '^            - --peer_tls_ca_file=/etc/weightcache-peer/ca\.crt$'
+  expect "peer: port caps" has "$ds" '^            - --peer_max_connections=300$'
+  expect "peer: port caps per address" has "$ds" '^            - --peer_max_connections_per_address=4$'
+  expect "peer: handshake deadline" has "$ds" '^            - --peer_handshake_timeout_ms=5000$'
   expect "peer: container port" after "$ds" '- name: peer$' 1 'containerPort: 7500$'
   expect "peer: Secret mounted read-only" after "$ds" '- name: peer-tls$' 2 'readOnly: true$'
   expect "peer: Secret volume" after "$ds" 'secretName: wc-weightcache-peer-tls$' 1 'defaultMode: 0400$'
@@ -351,6 +354,10 @@ for helm in "${helms[@]}"; do
   "$helm" template wc "$chart" --namespace wc --set peerFill.enabled=true >"$pd" 2>"$work/err" \
     || bad "template peer defaults: $(cat "$work/err")"
   expect "peer defaults: --peers" has "$pd" '^            - --peers=wc-weightcache-peers\.wc\.svc:7443$'
+  expect "peer defaults: port caps" has "$pd" '^            - --peer_max_connections=1024$'
+  expect "peer defaults: port caps per address" has "$pd" \
+    '^            - --peer_max_connections_per_address=16$'
+  expect "peer defaults: handshake deadline" has "$pd" '^            - --peer_handshake_timeout_ms=10000$'
   expect "peer defaults: UCX port range" after "$pd" '- name: UCX_TCP_PORT_RANGE$' 1 'value: "7444-7459"$'
   expect "peer defaults: UCX over TCP" after "$pd" '- name: UCX_TLS$' 1 'value: "tcp"$'
   peer_ingress "$pd" >"$work/peer-np.yaml"
@@ -383,6 +390,10 @@ for helm in "${helms[@]}"; do
     "$helm" template wc "$chart" --set peerFill.enabled=true,peerFill.ucx.portRange=7440-7450
   expect_fail "UCX port range holding the metrics port" 'holds metrics.port \(9464\)' \
     "$helm" template wc "$chart" --set peerFill.enabled=true,peerFill.ucx.portRange=9460-9470
+  expect_fail "schema: peer port cap 0" 'maxConnections' \
+    "$helm" template wc "$chart" --set peerFill.maxConnections=0
+  expect_fail "schema: peer handshake deadline 0" 'handshakeTimeoutMs' \
+    "$helm" template wc "$chart" --set peerFill.handshakeTimeoutMs=0
   expect_fail "schema: peers without a port" 'peers.*[Dd]oes not match pattern' \
     "$helm" template wc "$chart" --set-string peerFill.peers=gpu-b
   expect_fail "schema: UCX transports" 'transports.*[Dd]oes not match pattern' \

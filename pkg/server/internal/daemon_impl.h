@@ -46,6 +46,7 @@
 #include "pkg/server/messages/manifest.h"
 #include "pkg/server/peer/peer_exposures.h"
 #include "pkg/server/peer/peer_fill.h"
+#include "pkg/server/peer/peer_port.h"
 #include "pkg/server/policy/namespace_rules.h"
 #include "pkg/server/policy/policy.h"
 #include "pkg/server/publish/publish_manager.h"
@@ -101,6 +102,8 @@ class Daemon::Impl final {
   absl::StatusOr<v1::PeerDescribeResponse> DescribeForPeer(const std::string& fingerprint,
                                                            bool transfer);
   int peer_port() const { return peer_port_; }
+  // The TCP source ("ipv4:10.1.2.3:40512") behind gRPC's peer string of a peer API call.
+  std::string PeerSource(const std::string& grpc_peer) const;
 
   const DaemonOptions& options() const { return options_; }
   std::string control_path() const { return ControlSocketPath(options_); }
@@ -160,13 +163,18 @@ class Daemon::Impl final {
   absl::Status PrepareSockets();
   absl::Status StartHandleChannel();
   absl::Status StartControlServer();
-  // The peer API (options().peer.listen): its own server on TCP with mutual TLS, started
-  // after the control server, stopped before it.
+  // The peer API (options().peer.listen): its own server with mutual TLS behind the peer
+  // port (peer_port.h), started after the control server, stopped before it.
   absl::Status StartPeerServer();
+  void StopPeerServer();
   // Peer fill's client side (options().peer.peers), after StartPeerServer.
   absl::Status StartPeerFill();
   std::unique_ptr<grpc::Server> peer_grpc_;
   std::unique_ptr<grpc::Service> peer_service_;
+  // The TCP port in front of peer_grpc_; stays after Teardown for the metrics' readers.
+  std::unique_ptr<PeerPort> peer_listener_;
+  std::atomic<const PeerPort*> peer_source_{nullptr};  // peer_listener_, for PeerSource
+  std::string peer_dir_;  // the private directory of peer_grpc_'s Unix socket
   int peer_port_ = 0;
   // With the peer API: segments exposed for other daemons' pulls; gone after peer_grpc_.
   std::unique_ptr<PeerExposures> peer_exposures_;

@@ -23,6 +23,7 @@
 #include "pkg/server/internal/model_catalog.h"
 #include "pkg/server/internal/preloads.h"
 #include "pkg/server/keeper/keeper_link.h"
+#include "pkg/server/peer/peer_port.h"
 #include "pkg/server/publish/publish_manager.h"
 #include "pkg/server/wire/control_listener.h"
 #include "weightcache/v1/weightcache.pb.h"
@@ -47,6 +48,8 @@ class StatusView final : public metrics::StateSource {
     std::function<const ControlListener*()> control;
     // Appends the integrity findings (admins only); may be empty.
     std::function<void(v1::StatusResponse*)> integrity_findings;
+    // The peer API's port (issue 47); answers null without one.
+    std::function<const PeerPort*()> peer_port;
   };
   explicit StatusView(Sources sources) : s_(std::move(sources)) {}
 
@@ -64,6 +67,7 @@ class StatusView final : public metrics::StateSource {
   std::vector<metrics::DeviceSnapshot> Devices() const override;
   metrics::StagingSnapshot Staging() const override;
   metrics::ControlSnapshot Control() const override;
+  metrics::PeerPortSnapshot PeerPortState() const override;
 
  private:
   // Whether `caller` may see model `name` (one rule decision per name and Status).

@@ -2,23 +2,65 @@
 // TCP with mutual TLS; callers with the fleet's certificates, with another CA's, without a
 // certificate and without TLS; transfers: every segment pulled over UCX (TCP) byte-equal to
 // what engines map, exposures that lapse, and a daemon whose UCX did not start.
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "pkg/metrics/metrics.h"
 #include "pkg/peer/client.h"
 #include "pkg/peer/testing/test_ca.h"
 #include "pkg/peer/ucx_transfer.h"
 #include "pkg/server/keeper/keeper_record.h"
 #include "pkg/server/testing/in_process_daemon.h"
+#include "pkg/util/scoped_fd.h"
 #include "weightcache/v1/peer.grpc.pb.h"
 
 namespace weightcache::server {
 namespace {
 
 constexpr std::chrono::seconds kCall{10};
+
+// A TCP connection to 127.0.0.1:`port` from address `from` (all of 127/8 is local), that
+// sends nothing.
+ScopedFd ConnectFrom(const std::string& from, int port) {
+  ScopedFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  ::inet_pton(AF_INET, from.c_str(), &src.sin_addr);
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_port = htons(static_cast<uint16_t>(port));
+  dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (!fd || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&src), sizeof src) != 0 ||
+      ::connect(fd.get(), reinterpret_cast<sockaddr*>(&dst), sizeof dst) != 0) {
+    return ScopedFd();
+  }
+  return fd;
+}
+
+// Whether the other side closed `fd` (EOF or reset); does not wait.
+bool ClosedNow(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  char c;
+  const ssize_t r = ::recv(fd, &c, 1, MSG_DONTWAIT);
+  return r == 0 || (r < 0 && errno != EAGAIN);
+}
+
+size_t OpenDescriptors() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
 
 class PeerServiceTest : public testing::DaemonInProcessTest {
  protected:
@@ -33,11 +75,13 @@ class PeerServiceTest : public testing::DaemonInProcessTest {
     server_files_ = {server->cert_file, server->key_file, fleet_ca_};
     client_files_ = {client->cert_file, client->key_file, fleet_ca_};
   }
-  void StartWithPeerApi(std::chrono::milliseconds hold = std::chrono::seconds(120)) {
+  void StartWithPeerApi(std::chrono::milliseconds hold = std::chrono::seconds(120),
+                        const std::function<void(PeerOptions&)>& more = {}) {
     DaemonOptions o;
     o.peer.listen = "127.0.0.1:0";
     o.peer.transfer_hold = hold;
     o.peer.tls = server_files_;
+    if (more) more(o.peer);
     Start(std::move(o));
     ASSERT_GT(daemon_->peer_port(), 0);
     address_ = "127.0.0.1:" + std::to_string(daemon_->peer_port());
@@ -244,6 +288,89 @@ TEST_F(PeerTransferTest, WithoutUcxRecordsAreStillDescribedAndTransfersRefusedBy
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
   EXPECT_NE(r.status().message().find("no transfers from this daemon: UCX"), std::string::npos)
       << r.status();
+}
+
+// Finding (issue 47): the peer port accepted any number of TCP connections before TLS; 3 x
+// 6,700 idle ones took all 20,000 of the daemon's descriptors and a peer's Describe timed out.
+// Now the port holds at most --peer_max_connections (per source address
+// --peer_max_connections_per_address), closes the rest, makes room for a newcomer by closing
+// the oldest connection still in its handshake, and closes every connection that completes
+// no handshake by --peer_handshake_timeout_ms.
+TEST_F(PeerServiceTest, AFloodOfIdleConnectionsIsBoundedAndAPeerStillGetsItsAnswer) {
+  constexpr size_t kCap = 64, kPerAddress = 16;
+  StartWithPeerApi(std::chrono::seconds(120), [](PeerOptions& p) {
+    p.max_connections = kCap;
+    p.max_connections_per_address = kPerAddress;
+    p.handshake_timeout = std::chrono::seconds(3);
+  });
+  const std::string fp = ReadyFingerprint();
+  ASSERT_FALSE(fp.empty());
+  auto counters = [this] { return daemon_->state_source()->PeerPortState(); };
+  auto counters_once = [&](const std::function<bool(const metrics::PeerPortSnapshot&)>& done) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    auto c = counters();
+    while (!done(c) && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      c = counters();
+    }
+    return c;
+  };
+  ASSERT_TRUE(counters().present);
+  const size_t fds_before = OpenDescriptors();
+  const int port = daemon_->peer_port();
+  std::vector<ScopedFd> flood;
+  // 300 idle connections from one address: it keeps its 16.
+  for (int i = 0; i < 300; ++i) flood.push_back(ConnectFrom("127.0.0.2", port));
+  auto c = counters_once([](const auto& c) { return c.refused_per_address == 300 - kPerAddress; });
+  EXPECT_EQ(c.refused_per_address, 300 - kPerAddress);
+  EXPECT_EQ(c.open, kPerAddress);
+  // 300 more from 30 addresses, 10 each: the total cap holds, each newcomer closing the
+  // oldest connection still in its handshake.
+  for (int i = 0; i < 300; ++i) {
+    flood.push_back(ConnectFrom("127.0.0." + std::to_string(3 + i % 30), port));
+  }
+  c = counters_once([](const auto& c) { return c.accepted == 600 - (300 - kPerAddress); });
+  EXPECT_EQ(c.accepted, kPerAddress + 300);
+  EXPECT_EQ(c.refused_total, kPerAddress + 300 - kCap);
+  EXPECT_EQ(c.open, kCap);
+  for (const auto& fd : flood) ASSERT_TRUE(fd) << "a connect failed";
+  // (a) The connections past the caps were closed by the daemon, the newest ones kept.
+  size_t closed = 0;
+  for (int tries = 0; tries < 300 && closed != 600 - kCap; ++tries) {
+    closed = 0;
+    for (const auto& fd : flood) closed += ClosedNow(fd.get()) ? 1 : 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(closed, 600 - kCap);
+  for (size_t i = flood.size() - kCap; i < flood.size(); ++i) {
+    EXPECT_FALSE(ClosedNow(flood[i].get())) << i;
+  }
+  // (b) The daemon's descriptors are bounded: one per connection it holds, whatever the
+  // flood (idle connections never reach gRPC; a relayed one would cost three). The test's own
+  // 600 sockets are in the count too. Before: one per connection, 600, in gRPC.
+  const size_t fds_flood = OpenDescriptors();
+  EXPECT_LE(fds_flood, fds_before + flood.size() + kCap + 16)
+      << fds_before << " descriptors before";
+  EXPECT_EQ(c.relayed, 0u);
+  // (c) A fleet peer still gets its answer, from 127.0.0.1, during the flood: its connection
+  // takes the place of the oldest one still in its handshake.
+  auto peer = Peer(client_files_);  // kept: its connection stays open
+  auto r = peer->Describe(fp, kCall);
+  EXPECT_TRUE(r.ok()) << r.status();
+  c = counters();
+  EXPECT_EQ(c.refused_total, kPerAddress + 300 - kCap + 1);
+  EXPECT_EQ(c.open, kCap);
+  // (d) The flood's connections complete no handshake: closed at the deadline; the peer's
+  // stays.
+  c = counters_once([](const auto& c) { return c.open == 1; });
+  EXPECT_EQ(c.open, 1u);
+  EXPECT_EQ(c.refused_handshake, kCap - 1);
+  EXPECT_EQ(c.refused_not_tls, 0u);
+  EXPECT_EQ(c.refused_descriptors, 0u);
+  for (const auto& fd : flood) EXPECT_TRUE(ClosedNow(fd.get()));
+  flood.clear();
+  EXPECT_TRUE(peer->Describe(fp, kCall).ok());
+  EXPECT_LE(OpenDescriptors(), fds_before + 1 + 3 + 16);  // the peer's connection, both ends
 }
 
 TEST_F(PeerServiceTest, WithoutListenThereIsNoPeerApi) {

@@ -1,0 +1,575 @@
+#include "pkg/server/peer/peer_port.h"
+
+#include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "pkg/server/peer/peer_port_sockets.h"
+#include "pkg/util/errno_status.h"
+#include "pkg/util/log.h"
+
+namespace weightcache::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kBufferBytes = 32 << 10;  // two TLS records of the largest size
+constexpr int kBackoffMs = 100;            // after EMFILE/ENFILE
+// gRPC 1.51's listener stops accepting for good after one EMFILE (measured; later releases
+// retry), so gRPC must never be the one that finds the descriptor table full. A connection is
+// handed to it only while this many descriptors are free (the relay's socket, gRPC's accepted
+// end, and a margin for the process's other threads), and until gRPC has read the bytes
+// passed to it (so accepted it: SIOCOUTQ of the relay's end is 0) this thread takes no
+// descriptor at all: no accept, no hand-over, no probe (a failing probe holds every free
+// descriptor for a moment).
+constexpr int kHeadroom = 8;
+constexpr int kUnreadRetryMs = 1;  // how often to look whether gRPC has read
+constexpr int kBacklog = 1024;
+constexpr uint64_t kWakeId = ~uint64_t{0};
+constexpr uint64_t kListenBase = ~uint64_t{0} - 1;  // listening socket i: kListenBase - i
+
+constexpr char kTotal[] = "total";
+constexpr char kPerAddress[] = "per_address";
+constexpr char kHandshake[] = "handshake_deadline";
+constexpr char kNotTls[] = "not_tls";
+constexpr char kDescriptors[] = "descriptors";
+
+// One direction's bytes in flight; the buffer exists only while bytes are in it, so an idle
+// connection costs none.
+struct Pipe {
+  std::unique_ptr<char[]> buf;
+  size_t begin = 0;
+  size_t end = 0;
+  bool room() const { return end < kBufferBytes; }
+  bool empty() const { return begin == end; }
+  // >0 bytes read, 0 end of file, <0 nothing now (-EAGAIN) or an error (-errno).
+  ssize_t ReadFrom(int fd) {
+    if (!buf) buf.reset(new char[kBufferBytes]);
+    const ssize_t r = ::recv(fd, buf.get() + end, kBufferBytes - end, MSG_DONTWAIT);
+    if (r < 0) return -errno;
+    end += static_cast<size_t>(r);
+    return r;
+  }
+  // Writes what is buffered to `fd`; false on an error other than "would block".
+  bool WriteTo(int fd) {
+    while (!empty()) {
+      const ssize_t w = ::send(fd, buf.get() + begin, end - begin, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (w < 0) return errno == EAGAIN || errno == EINTR;
+      begin += static_cast<size_t>(w);
+    }
+    Clear();
+    return true;
+  }
+  void Clear() {
+    begin = end = 0;
+    buf.reset();
+  }
+};
+
+void Wake(int fd) {
+  uint64_t one = 1;
+  (void)::write(fd, &one, sizeof one);
+}
+
+}  // namespace
+
+struct PeerPort::Conn {
+  uint64_t id = 0;
+  TcpSource from;    // the IP (the per-address cap's key) and what logs and SourceOf name
+  std::string name;  // gRPC's peer string for the relay's socket ("unix-abstract:...")
+  ScopedFd client;
+  ScopedFd inner;  // the relay's end of the connection to gRPC; none until the hand-over
+  Pipe up;         // client -> gRPC
+  Pipe down;       // gRPC -> client
+  TlsRecordScanner from_client{/*first_must_be_handshake=*/true};
+  TlsRecordScanner from_server{/*first_must_be_handshake=*/false};
+  bool client_watched = false;
+  bool inner_watched = false;
+  bool waiting = false;           // in waiting_: its first bytes are in, gRPC not yet asked
+  bool client_sent_data = false;  // a complete application-data record came from the client
+  bool established = false;       // ... and the server answered with application data
+  bool server_spoke = false;      // any byte came from gRPC
+  bool server_done = false;       // gRPC closed its end: flush `down`, then close
+  const char* closed_for = nullptr;
+};
+
+absl::StatusOr<std::unique_ptr<PeerPort>> PeerPort::Start(Options options) {
+  int port = 0;
+  auto listening = ListenTcp(options.listen, kBacklog, &port);
+  if (!listening.ok()) {
+    return absl::UnavailableError(absl::StrCat("peer API: cannot listen on ", options.listen,
+                                               " (--peer_listen): ", listening.status().message()));
+  }
+  ScopedFd epoll(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll) return ErrnoStatus(errno, "epoll_create1");
+  ScopedFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake) return ErrnoStatus(errno, "eventfd");
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kWakeId;
+  if (::epoll_ctl(epoll.get(), EPOLL_CTL_ADD, wake.get(), &ev) != 0) {
+    return ErrnoStatus(errno, "epoll_ctl");
+  }
+  return std::unique_ptr<PeerPort>(new PeerPort(std::move(options), *std::move(listening), port,
+                                                std::move(epoll), std::move(wake)));
+}
+
+PeerPort::PeerPort(Options options, std::vector<ScopedFd> listening, int port, ScopedFd epoll,
+                   ScopedFd wake)
+    : options_(std::move(options)),
+      listening_(std::move(listening)),
+      port_(port),
+      epoll_(std::move(epoll)),
+      wake_(std::move(wake)) {
+  WatchListening(true);
+  thread_ = std::thread(&PeerPort::Loop, this);
+}
+
+PeerPort::~PeerPort() {
+  stop_ = true;
+  Wake(wake_.get());
+  if (thread_.joinable()) thread_.join();
+}
+
+void PeerPort::StopAccepting() {
+  stop_accepting_ = true;
+  Wake(wake_.get());
+  MutexLock l(mu_);
+  while (!accepting_stopped_ && !loop_ended_) cv_.Wait(mu_);
+}
+
+void PeerPort::CloseConnections() {
+  stop_accepting_ = true;
+  close_all_ = true;
+  Wake(wake_.get());
+  MutexLock l(mu_);
+  while (!connections_closed_ && !loop_ended_) cv_.Wait(mu_);
+}
+
+std::string PeerPort::SourceOf(const std::string& grpc_peer) const {
+  MutexLock l(mu_);
+  auto it = sources_.find(grpc_peer);
+  return it == sources_.end() ? grpc_peer : it->second;
+}
+
+PeerPort::Counters PeerPort::counters() const {
+  MutexLock l(mu_);
+  return counters_;
+}
+
+void PeerPort::WatchListening(bool on) {
+  for (size_t i = 0; i < listening_.size(); ++i) {
+    if (on) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = kListenBase - i;
+      (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listening_[i].get(), &ev);
+    } else {
+      (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, listening_[i].get(), nullptr);
+    }
+  }
+}
+
+void PeerPort::Watch(Conn& c) {
+  // Level-triggered interest from the buffers' state (as ConnectionRelay::Watch): read a side
+  // only while its buffer has room, wait for writability only while there is something to
+  // write. Before the hand-over the client's first bytes stay buffered.
+  epoll_event ce{};
+  ce.events = (c.up.room() && !c.server_done ? EPOLLIN : 0u) | (c.down.empty() ? 0u : EPOLLOUT);
+  ce.data.u64 = c.id << 1;
+  (void)::epoll_ctl(epoll_.get(), c.client_watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c.client.get(),
+                    &ce);
+  c.client_watched = true;
+  if (!c.inner) return;
+  if (c.server_done) {
+    // A closed end reports hang-up for ever: stop watching it.
+    if (c.inner_watched) (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c.inner.get(), nullptr);
+    c.inner_watched = false;
+    return;
+  }
+  epoll_event ie{};
+  ie.events = (c.down.room() ? EPOLLIN : 0u) | (c.up.empty() ? 0u : EPOLLOUT);
+  ie.data.u64 = (c.id << 1) | 1;
+  (void)::epoll_ctl(epoll_.get(), c.inner_watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c.inner.get(),
+                    &ie);
+  c.inner_watched = true;
+}
+
+bool PeerPort::Pump(Conn& c) {
+  for (bool moved = true; moved;) {
+    moved = false;
+    if (c.up.room() && !c.server_done) {
+      const size_t before = c.up.end;
+      const ssize_t r = c.up.ReadFrom(c.client.get());
+      if (r == 0 || (r < 0 && r != -EAGAIN && r != -EINTR)) return false;  // client gone
+      if (r > 0) {
+        if (!c.from_client.Feed(c.up.buf.get() + before, static_cast<size_t>(r))) {
+          c.closed_for = kNotTls;  // never passed on
+          return false;
+        }
+        if (c.from_client.application_data_completed() > 0) c.client_sent_data = true;
+        moved = true;
+      }
+      if (c.up.empty()) c.up.Clear();  // nothing read: no buffer kept
+    }
+    if (!c.inner) break;  // not handed to gRPC yet: its bytes wait in `up`
+    if (!c.up.empty() && !c.up.WriteTo(c.inner.get())) c.server_done = true;
+    if (c.server_done) c.up.Clear();  // nobody left to read it
+    if (c.down.room() && !c.server_done) {
+      const size_t before = c.down.end;
+      const ssize_t r = c.down.ReadFrom(c.inner.get());
+      if (r == 0 || (r < 0 && r != -EAGAIN && r != -EINTR)) {
+        c.server_done = true;
+      } else if (r > 0) {
+        c.server_spoke = true;
+        const uint64_t seen = c.from_server.application_data_started();
+        (void)c.from_server.Feed(c.down.buf.get() + before, static_cast<size_t>(r));
+        if (c.client_sent_data && c.from_server.application_data_started() > seen) {
+          c.established = true;
+        }
+        moved = true;
+      }
+      if (c.down.empty()) c.down.Clear();
+    }
+    if (!c.down.empty() && !c.down.WriteTo(c.client.get())) return false;
+  }
+  return !(c.server_done && c.down.empty());
+}
+
+void PeerPort::Close(uint64_t id, const char* reason) {
+  auto it = conns_.find(id);
+  if (it == conns_.end()) return;
+  const Conn& c = *it->second;
+  if (auto a = per_address_.find(c.from.address); a != per_address_.end() && --a->second == 0) {
+    per_address_.erase(a);
+  }
+  uint64_t n = 0;
+  {
+    MutexLock l(mu_);
+    if (!c.name.empty()) sources_.erase(c.name);
+    if (reason == kTotal) n = ++counters_.refused_total;
+    if (reason == kHandshake) n = ++counters_.refused_handshake;
+    if (reason == kNotTls) n = ++counters_.refused_not_tls;
+    if (reason == kDescriptors) n = ++counters_.refused_descriptors;
+    counters_.open = conns_.size() - 1;
+  }
+  // The first of a kind and every 1024th after: a flood does not flood the log.
+  if (reason == kTotal && n % 1024 == 1) {
+    WC_LOG_WARN(
+        "peer port: %s closed in its handshake to make room: %d connections open "
+        "(--peer_max_connections; %d so closed since start)",
+        c.from.source, options_.max_connections, n);
+  } else if (reason == kHandshake && n % 1024 == 1) {
+    WC_LOG_WARN(
+        "peer port: %s closed: no TLS handshake completed within %d ms "
+        "(--peer_handshake_timeout_ms; %d so closed since start)",
+        c.from.source, options_.handshake_timeout.count(), n);
+  } else if (reason == kNotTls && n % 1024 == 1) {
+    WC_LOG_WARN("peer port: %s closed: its bytes are not TLS (%d so closed since start)",
+                c.from.source, n);
+  }
+  if (reason == kHandshake && c.inner && !c.server_spoke && silent_server_++ % 1024 == 0) {
+    // A live gRPC answers a ClientHello within milliseconds, or closes.
+    WC_LOG_ERROR(
+        "peer port: %s: the peer API's gRPC server answered nothing in %d ms: is it still "
+        "accepting? (gRPC 1.51 stops for good after one EMFILE)",
+        c.from.source, options_.handshake_timeout.count());
+  }
+  conns_.erase(it);  // closes both sockets: gRPC sees its end close
+}
+
+void PeerPort::OutOfDescriptors(std::atomic<bool>& ok, const std::string& what, int err) {
+  if (ok.exchange(false)) {
+    WC_LOG_ERROR(
+        "peer port: %s: %s; retrying every %d ms until descriptors are free (raise the "
+        "open-file limit?)",
+        what, std::strerror(err), kBackoffMs);
+  }
+}
+
+void PeerPort::Refuse(const char* reason, const std::string& source) {
+  uint64_t n = 0;
+  {
+    MutexLock l(mu_);
+    n = reason == kPerAddress ? ++counters_.refused_per_address
+        : reason == kTotal    ? ++counters_.refused_total
+                              : ++counters_.refused_descriptors;
+  }
+  if (n % 1024 != 1) return;
+  if (reason == kPerAddress) {
+    WC_LOG_WARN(
+        "peer port: %s closed at accept: its address holds %d connections "
+        "(--peer_max_connections_per_address; %d so closed since start)",
+        source, options_.max_connections_per_address, n);
+  } else if (reason == kTotal) {
+    WC_LOG_WARN(
+        "peer port: %s closed at accept: %d connections open, every one past its handshake "
+        "(--peer_max_connections; %d so closed since start)",
+        source, options_.max_connections, n);
+  }
+}
+
+bool PeerPort::MakeRoom() {
+  // The oldest connection still in its handshake goes: a flood of connections that never
+  // complete one cannot keep a real peer out for long.
+  while (!pending_.empty()) {
+    const uint64_t id = pending_.front().second;
+    pending_.pop_front();
+    auto it = conns_.find(id);
+    if (it == conns_.end() || it->second->established) continue;
+    Close(id, kTotal);
+    return true;
+  }
+  return false;
+}
+
+PeerPort::AcceptResult PeerPort::AcceptFrom(size_t i) {
+  for (int k = 0; k < 64 && !stop_; ++k) {
+    // A connection gRPC has not accepted yet needs a descriptor there: none taken meanwhile.
+    if (Unread() > 0) return AcceptResult::kPause;
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    ScopedFd client(::accept4(listening_[i].get(), reinterpret_cast<sockaddr*>(&ss), &len,
+                              SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (!client) {
+      const int err = errno;
+      if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR || err == ECONNABORTED ||
+          err == EPROTO || err == EPERM) {
+        return AcceptResult::kDrained;
+      }
+      Refuse(kDescriptors, "");
+      if (IsOutOfDescriptors(err)) {
+        OutOfDescriptors(accept_ok_, "accept", err);
+      } else {
+        WC_LOG_ERROR("peer port: accept: %s; retrying in %d ms", std::strerror(err), kBackoffMs);
+      }
+      return AcceptResult::kBackOff;
+    }
+    if (!accept_ok_.exchange(true)) WC_LOG_INFO("peer port: accepting again");
+    TcpSource from = TcpSourceOf(ss);
+    if (auto a = per_address_.find(from.address);
+        a != per_address_.end() && a->second >= options_.max_connections_per_address) {
+      Refuse(kPerAddress, from.source);
+      continue;
+    }
+    if (conns_.size() >= options_.max_connections && !MakeRoom()) {
+      Refuse(kTotal, from.source);
+      continue;
+    }
+    const int one = 1;
+    (void)::setsockopt(client.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    auto c = std::make_unique<Conn>();
+    c->id = next_id_++;
+    c->from = std::move(from);
+    c->client = std::move(client);
+    Watch(*c);
+    ++per_address_[c->from.address];
+    pending_.emplace_back(Clock::now() + options_.handshake_timeout, c->id);
+    {
+      MutexLock l(mu_);
+      counters_.accepted++;
+      counters_.open = conns_.size() + 1;
+    }
+    conns_[c->id] = std::move(c);
+  }
+  return AcceptResult::kDrained;
+}
+
+bool PeerPort::HandOver(Conn& c) {
+  int err = 0;
+  auto inner = ConnectNamed(options_.backend_path, &err);
+  if (!inner.ok()) {
+    if (IsOutOfDescriptors(err)) {
+      OutOfDescriptors(handover_ok_, "socket for the relay", err);
+    } else {  // EAGAIN: gRPC's backlog is full; ECONNREFUSED/ENOENT: it is gone
+      WC_LOG_WARN("peer port: %s closed: the peer API's gRPC socket did not take it: %s",
+                  c.from.source, std::string(inner.status().message()));
+    }
+    return false;
+  }
+  c.inner = std::move(inner->fd);
+  c.name = inner->name;
+  MutexLock l(mu_);
+  if (!c.name.empty()) sources_[c.name] = c.from.source;
+  counters_.relayed++;
+  return true;
+}
+
+size_t PeerPort::Unread() {
+  unread_.erase(
+      std::remove_if(unread_.begin(), unread_.end(),
+                     [this](uint64_t id) {
+                       auto u = conns_.find(id);
+                       if (u == conns_.end() || u->second->server_spoke || u->second->server_done) {
+                         return true;
+                       }
+                       // Bytes gRPC has not read are still ours (unix(7) SIOCOUTQ).
+                       int outq = 0;
+                       return ::ioctl(u->second->inner.get(), SIOCOUTQ, &outq) != 0 || outq == 0;
+                     }),
+      unread_.end());
+  return unread_.size();
+}
+
+Clock::time_point PeerPort::ServeWaiting() {
+  while (!waiting_.empty()) {
+    auto it = conns_.find(waiting_.front());
+    if (it == conns_.end() || it->second->inner) {
+      waiting_.pop_front();
+      continue;
+    }
+    // One at a time: the last one handed over first accepted (and read) by gRPC.
+    if (Unread() > 0) return Clock::now() + std::chrono::milliseconds(kUnreadRetryMs);
+    if (const int err = DescriptorHeadroom(epoll_.get(), kHeadroom); err != 0) {
+      OutOfDescriptors(
+          handover_ok_,
+          absl::StrCat("fewer than ", kHeadroom, " descriptors free to hand a connection to gRPC"),
+          err);
+      return Clock::now() + std::chrono::milliseconds(kBackoffMs);
+    }
+    waiting_.pop_front();
+    Conn& c = *it->second;
+    c.waiting = false;
+    if (!HandOver(c)) {
+      Close(c.id, kDescriptors);
+      continue;
+    }
+    if (!Pump(c)) {  // its first bytes on to gRPC
+      Close(c.id, c.closed_for);
+      continue;
+    }
+    Watch(c);
+    unread_.push_back(c.id);
+    if (!handover_ok_.exchange(true)) WC_LOG_INFO("peer port: handing connections to gRPC again");
+  }
+  return Clock::time_point::max();
+}
+
+void PeerPort::Tick(Clock::time_point now) {
+  if (stop_accepting_ && listening_on_) {
+    if (!backing_off_) WatchListening(false);
+    listening_.clear();  // closes the sockets: new connections are refused by the kernel
+    listening_on_ = false;
+    MutexLock l(mu_);
+    accepting_stopped_ = true;
+    cv_.NotifyAll();
+  }
+  if (close_all_) {
+    conns_.clear();
+    per_address_.clear();
+    pending_.clear();
+    waiting_.clear();
+    unread_.clear();
+    MutexLock l(mu_);
+    sources_.clear();
+    counters_.open = 0;
+    connections_closed_ = true;
+    cv_.NotifyAll();
+  }
+  if (backing_off_ && listening_on_ && now >= backoff_until_) {
+    WatchListening(true);
+    backing_off_ = false;
+  }
+  // Connections past their handshake deadline (pending_ is in accept order, so in deadline
+  // order too).
+  while (!pending_.empty() && pending_.front().first <= now) {
+    const uint64_t id = pending_.front().second;
+    pending_.pop_front();
+    auto it = conns_.find(id);
+    if (it != conns_.end() && !it->second->established) Close(id, kHandshake);
+  }
+  if (now >= serve_waiting_at_) serve_waiting_at_ = ServeWaiting();
+}
+
+int PeerPort::TimeoutMs(Clock::time_point now) const {
+  auto wake_at = serve_waiting_at_;
+  if (!pending_.empty()) wake_at = std::min(wake_at, pending_.front().first);
+  if (backing_off_) wake_at = std::min(wake_at, backoff_until_);
+  if (wake_at == Clock::time_point::max()) return -1;
+  return static_cast<int>(
+      std::max<int64_t>(1, std::chrono::ceil<std::chrono::milliseconds>(wake_at - now).count()));
+}
+
+void PeerPort::OnEvent(uint64_t data, uint32_t events) {
+  if (data == kWakeId) {
+    uint64_t v;
+    (void)::read(wake_.get(), &v, sizeof v);
+    return;
+  }
+  if (data > kListenBase - listening_.size() && data <= kListenBase) {
+    if (!listening_on_ || backing_off_) return;
+    const AcceptResult r = AcceptFrom(static_cast<size_t>(kListenBase - data));
+    if (r != AcceptResult::kDrained) {
+      WatchListening(false);  // level-triggered: a pending connection would spin
+      backing_off_ = true;
+      backoff_until_ =
+          Clock::now() +
+          std::chrono::milliseconds(r == AcceptResult::kBackOff ? kBackoffMs : kUnreadRetryMs);
+    }
+    return;
+  }
+  auto it = conns_.find(data >> 1);
+  if (it == conns_.end()) return;  // closed earlier in this batch
+  Conn& c = *it->second;
+  if (events & (EPOLLHUP | EPOLLERR)) {
+    if ((data & 1) == 0) {
+      Close(c.id, nullptr);  // the client is gone
+      return;
+    }
+    c.server_done = true;
+  }
+  if (!Pump(c)) {
+    Close(c.id, c.closed_for);
+    return;
+  }
+  Watch(c);
+  if (!c.inner && !c.up.empty() && !c.waiting) {  // its first bytes: gRPC is asked to take it
+    c.waiting = true;
+    waiting_.push_back(c.id);
+    // At once, unless the queue already waits for descriptors or for gRPC to read.
+    if (serve_waiting_at_ == Clock::time_point::max()) serve_waiting_at_ = Clock::now();
+  }
+}
+
+void PeerPort::Loop() {
+  epoll_event events[64];
+  int failures = 0;
+  while (!stop_) {
+    const auto now = Clock::now();
+    Tick(now);
+    const int n = ::epoll_wait(epoll_.get(), events, 64, TimeoutMs(now));
+    if (n < 0 && errno != EINTR) {
+      // Never expected (EBADF, EFAULT, EINVAL are bugs): retry, and abort when it keeps
+      // failing so the daemon restarts rather than look alive with its peer port dead.
+      const int err = errno;
+      WC_LOG_ERROR("peer port: epoll_wait: %s (%d in a row)", std::strerror(err), ++failures);
+      if (failures >= 50) {
+        WC_LOG_ERROR("peer port: epoll_wait keeps failing; aborting so the daemon restarts");
+        std::abort();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;
+    }
+    failures = 0;
+    for (int i = 0; i < n && !stop_; ++i) OnEvent(events[i].data.u64, events[i].events);
+  }
+  conns_.clear();
+  MutexLock l(mu_);
+  sources_.clear();
+  counters_.open = 0;
+  loop_ended_ = true;
+  cv_.NotifyAll();
+}
+
+}  // namespace weightcache::server
