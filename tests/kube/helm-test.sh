@@ -157,6 +157,7 @@ for helm in "${helms[@]}"; do
   expect "the init container chmods that admin socket dir" has "$ds" '^          command: \["chmod", "0700", "/run/wc-admin"\]$'
   expect "state dir" has "$ds" '^            - --digest_store=/var/lib/wc-state/digests.json$'
   expect "artifacts persisted under the state dir" has "$ds" '^            - --artifact_dir=/var/lib/wc-state/artifacts$'
+  expect "artifact dir budget" has "$ds" '^            - --artifact_dir_budget=2GiB$'
   expect "artifact sizes" has "$ds" '^            - --artifact_max_bytes=1GiB$'
   expect "models PVC" after "$ds" 'persistentVolumeClaim:$' 1 'claimName: model-store$'
   expect "custom kubelet dir" after "$ds" 'hostPath:$' 1 'path: /var/lib/k0s/kubelet/device-plugins$'
