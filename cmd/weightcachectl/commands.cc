@@ -192,6 +192,19 @@ void PrintKeeper(const v1::StatusResponse& st) {
   if (!k.last_error().empty()) std::printf("  last keeper error: %s\n", k.last_error().c_str());
 }
 
+// Integrity findings (issue 48; shown to admins only): every corruption the daemon found,
+// leased or not, and what it did about a clean copy.
+void PrintFindings(const v1::StatusResponse& st) {
+  if (st.integrity_findings().empty()) return;
+  std::printf("\nintegrity findings (newest last):\n");
+  for (const auto& f : st.integrity_findings()) {
+    std::printf("  %.0fs ago %s %s rank %u on %s (was %s, %u lease holder(s) told): %s; %s\n",
+                f.seconds_ago(), f.model().c_str(), f.fingerprint().substr(0, 12).c_str(),
+                f.layout().tp_rank(), f.device_uuid().c_str(), f.was().c_str(), f.leases_told(),
+                f.detail().c_str(), f.reload().c_str());
+  }
+}
+
 int Status(client::Client& c) {
   auto st = c.Status();
   if (!st.ok()) return Error(st.status());
@@ -207,6 +220,7 @@ int Status(client::Client& c) {
   PrintDevices(*st);
   PrintCounters(*st);
   PrintKeeper(*st);
+  PrintFindings(*st);
   return 0;
 }
 
