@@ -102,6 +102,35 @@ absl::Status Daemon::Impl::Start() {
                               .before_lease = BeforeLeaseHook()},
       backend_, registry_, models_, admission_, leases_, *access_, *preloads_);
   MakeIntegrity();
+  WC_RETURN_IF_ERROR(MakeArtifacts());
+  if (keeper_) AdoptFromKeeper();
+  artifacts_->ReportResident();
+  WC_RETURN_IF_ERROR(PrepareSockets());
+  MakeStatusView();
+  WC_RETURN_IF_ERROR(StartHandleChannel());
+  // Preloads are opened (maybe hashed) on their own thread while the daemon serves; their
+  // names are pending until their entries are registered, so a client never sees a daemon
+  // that knows a model but has no entry for it yet as a miss (it waits or hears why).
+  preloads_->MarkPending();
+  WC_RETURN_IF_ERROR(StartControlServer());
+  WC_RETURN_IF_ERROR(StartPeerServer());
+  WC_RETURN_IF_ERROR(StartPeerFill());
+  WC_RETURN_IF_ERROR(ShareSocketsWithGroup());
+  integrity_->Start();
+  preloads_->Start();
+  WC_LOG_INFO(
+      "serving on %s (handles on %s%s), backend %s, peer policy %s%s", control_path(),
+      handle_path(), admin_path().empty() ? "; no admin socket" : "; admin socket " + admin_path(),
+      memory::BackendName(backend_->kind()), PeerPolicyName(options_.peer_policy),
+      access_->rules_on() ? absl::StrCat("; namespace rules on, ", slots_.size(),
+                                         " slot sockets under ", options_.socket_dir, "/slots")
+                          : "");
+  return absl::OkStatus();
+}
+
+// The compile-artifact store and its service (issue 47: per-namespace pools, reservations,
+// puts per tenant unit).
+absl::Status Daemon::Impl::MakeArtifacts() {
   WC_ASSIGN_OR_RETURN(auto store, artifact::Store::Open(
                                       {options_.artifact_budget_bytes, options_.artifact_max_bytes,
                                        options_.artifact_dir, options_.artifact_dir_budget_bytes}));
@@ -116,9 +145,10 @@ absl::Status Daemon::Impl::Start() {
                                         .idle = options_.artifact_put_idle,
                                         .total = options_.artifact_put_total}},
       std::move(store), *access_, models_, options_.metrics);
-  if (keeper_) AdoptFromKeeper();
-  artifacts_->ReportResident();
-  WC_RETURN_IF_ERROR(PrepareSockets());
+  return absl::OkStatus();
+}
+
+void Daemon::Impl::MakeStatusView() {
   status_ = std::make_unique<StatusView>(StatusView::Sources{
       .backend = backend_,
       .registry = &registry_,
@@ -136,31 +166,18 @@ absl::Status Daemon::Impl::Start() {
             if (integrity_) integrity_->AppendFindings(resp);
           },
       .peer_port = [this]() -> const PeerPort* { return peer_source_.load(); }});
-  WC_RETURN_IF_ERROR(StartHandleChannel());
-  // Preloads are opened (maybe hashed) on their own thread while the daemon serves; their
-  // names are pending until their entries are registered, so a client never sees a daemon
-  // that knows a model but has no entry for it yet as a miss (it waits or hears why).
-  preloads_->MarkPending();
-  WC_RETURN_IF_ERROR(StartControlServer());
-  WC_RETURN_IF_ERROR(StartPeerServer());
-  WC_RETURN_IF_ERROR(StartPeerFill());
-  if (options_.socket_gid >= 0) {
-    // Engines running as other uids reach the sockets through this group (sockets 0660; the
-    // directory got it when it was created); the handle channel's uid allowlist still applies.
-    for (const std::string& p : {control_path(), handle_path()}) {
-      WC_RETURN_IF_ERROR(ChangeGroup(p, options_.socket_gid));
-    }
-    WC_RETURN_IF_ERROR(GroupSlotSockets(slots_, options_.socket_gid));
+}
+
+// Engines running as other uids reach the sockets through --socket_gid (sockets 0660; the
+// directory got the group when the daemon created it).
+absl::Status Daemon::Impl::ShareSocketsWithGroup() {
+  if (options_.socket_gid < 0) return absl::OkStatus();
+  // Engines running as other uids reach the sockets through this group (sockets 0660; the
+  // directory got it when it was created); the handle channel's uid allowlist still applies.
+  for (const std::string& p : {control_path(), handle_path()}) {
+    WC_RETURN_IF_ERROR(ChangeGroup(p, options_.socket_gid));
   }
-  integrity_->Start();
-  preloads_->Start();
-  WC_LOG_INFO(
-      "serving on %s (handles on %s%s), backend %s, peer policy %s%s", control_path(),
-      handle_path(), admin_path().empty() ? "; no admin socket" : "; admin socket " + admin_path(),
-      memory::BackendName(backend_->kind()), PeerPolicyName(options_.peer_policy),
-      access_->rules_on() ? absl::StrCat("; namespace rules on, ", slots_.size(),
-                                         " slot sockets under ", options_.socket_dir, "/slots")
-                          : "");
+  WC_RETURN_IF_ERROR(GroupSlotSockets(slots_, options_.socket_gid));
   return absl::OkStatus();
 }
 
@@ -220,8 +237,8 @@ void Daemon::Impl::AdoptFromKeeper() {
 }
 
 absl::Status Daemon::Impl::PrepareSockets() {
-  WC_RETURN_IF_ERROR(RemoveStaleSocket(control_path(), {.server = "daemon"}));
-  WC_RETURN_IF_ERROR(RemoveStaleSocket(handle_path(), {.server = "daemon"}));
+  WC_RETURN_IF_ERROR(RemoveStaleSocket(control_path(), {.label = "", .server = "daemon"}));
+  WC_RETURN_IF_ERROR(RemoveStaleSocket(handle_path(), {.label = "", .server = "daemon"}));
   if (const auto& nr = options_.namespace_rules; nr.enabled) {
     WC_ASSIGN_OR_RETURN(slots_,
                         PrepareSlotDirs(options_.socket_dir, nr.slots, options_.socket_gid));
@@ -230,7 +247,7 @@ absl::Status Daemon::Impl::PrepareSockets() {
     // The daemon's alone: created 0700, never given the engines' group (the socket is 0600).
     WC_RETURN_IF_ERROR(Annotate(PrepareSocketDir(options_.admin_socket_dir, 0700),
                                 "--admin_socket_dir=" + options_.admin_socket_dir));
-    WC_RETURN_IF_ERROR(RemoveStaleSocket(admin_path(), {.server = "daemon"}));
+    WC_RETURN_IF_ERROR(RemoveStaleSocket(admin_path(), {.label = "", .server = "daemon"}));
   }
   return absl::OkStatus();
 }

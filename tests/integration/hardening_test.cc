@@ -32,8 +32,6 @@ using ::testing::Not;
 using testing::Process;
 using testing::TempDir;
 
-constexpr uid_t kNobody = 65534;
-
 class HardeningTest : public ::testing::Test {
  protected:
   void SetUp() override {

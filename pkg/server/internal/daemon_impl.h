@@ -159,6 +159,9 @@ class Daemon::Impl final {
   // Start()'s steps, in its order (daemon.cc).
   absl::Status MakeAccess();
   void MakeIntegrity();
+  absl::Status MakeArtifacts();
+  void MakeStatusView();
+  absl::Status ShareSocketsWithGroup();
   void AdoptFromKeeper();
   absl::Status PrepareSockets();
   absl::Status StartHandleChannel();

@@ -41,8 +41,8 @@ absl::StatusOr<std::vector<SlotSockets>> PrepareSlotDirs(const std::string& sock
     s.control = s.dir + "/" + kube::kControlSocketName;
     s.handle = s.dir + "/" + kube::kHandleSocketName;
     WC_RETURN_IF_ERROR(PrepareSocketDir(s.dir, 0750, socket_gid));
-    WC_RETURN_IF_ERROR(RemoveStaleSocket(s.control, {.server = "daemon"}));
-    WC_RETURN_IF_ERROR(RemoveStaleSocket(s.handle, {.server = "daemon"}));
+    WC_RETURN_IF_ERROR(RemoveStaleSocket(s.control, {.label = "", .server = "daemon"}));
+    WC_RETURN_IF_ERROR(RemoveStaleSocket(s.handle, {.label = "", .server = "daemon"}));
     out.push_back(std::move(s));
   }
   return out;
