@@ -74,13 +74,16 @@ void IntegrityService::OnCorrupt(const std::shared_ptr<cache::Entry>& e, const s
       e->model, e->inputs.layout.tp_rank, e->key.ToString(), e->source,
       draining ? ", evicted and draining" : "", what, leases.size());
   if (metrics_ != nullptr) metrics_->OnIntegrityFailure(e->model);
+  // Issue 48: a finding with no lease on it used to leave no trace once its entry was gone.
+  // Recorded before the holders are told (a holder that hears of it finds it in Status), and
+  // they are told before the reload is decided (opening the model may read its files).
+  const uint64_t seq =
+      Record(e, what, was, leases.size(),
+             draining ? "none: it was evicted before it was found (draining), nothing serves it"
+                      : "deciding");
   const std::string line = FormatEventLine(kEventCorrupt, absl::StrCat(e->model, ": ", what));
   for (const auto& id : leases) links_.notify(id, line);
-  // Issue 48: a finding with no lease on it used to leave no trace once its entry was gone.
-  const std::string reload =
-      draining ? "none: it was evicted before it was found (draining), nothing serves it"
-               : ReloadCorrupt(e);
-  Record(e, what, was, leases.size(), reload);
+  if (!draining) SetReload(seq, ReloadCorrupt(e));
   end_pending();
 }
 
@@ -136,8 +139,8 @@ std::string IntegrityService::ReloadCorrupt(const std::shared_ptr<cache::Entry>&
                       ")");
 }
 
-void IntegrityService::Record(const std::shared_ptr<cache::Entry>& e, const std::string& what,
-                              cache::State was, size_t told, const std::string& reload) {
+uint64_t IntegrityService::Record(const std::shared_ptr<cache::Entry>& e, const std::string& what,
+                                  cache::State was, size_t told, const std::string& reload) {
   Finding f;
   f.at = std::chrono::steady_clock::now();
   f.info.set_model(e->model);
@@ -149,8 +152,17 @@ void IntegrityService::Record(const std::shared_ptr<cache::Entry>& e, const std:
   f.info.set_leases_told(static_cast<uint32_t>(told));
   f.info.set_reload(reload);
   MutexLock l(mu_);
+  f.seq = ++next_seq_;
   findings_.push_back(std::move(f));
   while (findings_.size() > kMaxFindings) findings_.pop_front();
+  return next_seq_;
+}
+
+void IntegrityService::SetReload(uint64_t seq, const std::string& reload) {
+  MutexLock l(mu_);
+  for (auto& f : findings_) {
+    if (f.seq == seq) f.info.set_reload(reload);
+  }
 }
 
 void IntegrityService::AppendFindings(v1::StatusResponse* resp) const {

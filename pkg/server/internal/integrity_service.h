@@ -77,8 +77,11 @@ class IntegrityService {
  private:
   // Loads a clean copy of `e`; returns what was done, or why nothing was.
   std::string ReloadCorrupt(const std::shared_ptr<cache::Entry>& e);
-  void Record(const std::shared_ptr<cache::Entry>& e, const std::string& what, cache::State was,
-              size_t told, const std::string& reload);
+  // Keeps a finding for Status (the last kMaxFindings); returns its number for SetReload.
+  uint64_t Record(const std::shared_ptr<cache::Entry>& e, const std::string& what, cache::State was,
+                  size_t told, const std::string& reload);
+  // What was done about a clean copy, once decided (the finding may have gone already).
+  void SetReload(uint64_t seq, const std::string& reload);
 
   cache::Registry& registry_;
   ModelCatalog& models_;
@@ -91,9 +94,11 @@ class IntegrityService {
   // When a clean copy of each entry key was last loaded after a finding.
   std::map<cache::Key, std::chrono::steady_clock::time_point> reloaded_ ABSL_GUARDED_BY(mu_);
   struct Finding {
+    uint64_t seq = 0;  // Record's answer, for SetReload
     std::chrono::steady_clock::time_point at;
     v1::IntegrityFinding info;
   };
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Finding> findings_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Scrubber> scrubber_;
 };
