@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "pkg/server/peer/peer_port_sockets.h"
+#include "pkg/util/epoll_loop.h"
 #include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"
 
@@ -544,24 +545,11 @@ void PeerPort::OnEvent(uint64_t data, uint32_t events) {
 
 void PeerPort::Loop() {
   epoll_event events[64];
-  int failures = 0;
+  EpollWaiter waiter("peer port");
   while (!stop_) {
     const auto now = Clock::now();
     Tick(now);
-    const int n = ::epoll_wait(epoll_.get(), events, 64, TimeoutMs(now));
-    if (n < 0 && errno != EINTR) {
-      // Never expected (EBADF, EFAULT, EINVAL are bugs): retry, and abort when it keeps
-      // failing so the daemon restarts rather than look alive with its peer port dead.
-      const int err = errno;
-      WC_LOG_ERROR("peer port: epoll_wait: %s (%d in a row)", std::strerror(err), ++failures);
-      if (failures >= 50) {
-        WC_LOG_ERROR("peer port: epoll_wait keeps failing; aborting so the daemon restarts");
-        std::abort();
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      continue;
-    }
-    failures = 0;
+    const int n = waiter.Wait(epoll_.get(), events, 64, TimeoutMs(now));
     for (int i = 0; i < n && !stop_; ++i) OnEvent(events[i].data.u64, events[i].events);
   }
   conns_.clear();

@@ -25,12 +25,14 @@
 #include "pkg/util/mutex.h"
 #include "pkg/util/scoped_fd.h"
 #include "pkg/util/unix_socket.h"
+#include "tests/testutil/tcp.h"
 #include "tests/testutil/temp_dir.h"
 
 namespace weightcache::server {
 namespace {
 
 using namespace std::chrono_literals;
+using weightcache::testing::ConnectFrom;
 using weightcache::testing::TempDir;
 
 // A record of each kind the scanner reads: a (fake) ClientHello, then application data.
@@ -112,22 +114,6 @@ class EchoBackend {
   size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
-
-// A TCP connection to 127.0.0.1:`port` from address `from` (e.g. "127.0.0.2").
-ScopedFd ConnectFrom(const std::string& from, int port) {
-  ScopedFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd) return fd;
-  sockaddr_in src{};
-  src.sin_family = AF_INET;
-  ::inet_pton(AF_INET, from.c_str(), &src.sin_addr);
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&src), sizeof src) != 0) return ScopedFd();
-  sockaddr_in dst{};
-  dst.sin_family = AF_INET;
-  dst.sin_port = htons(static_cast<uint16_t>(port));
-  dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&dst), sizeof dst) != 0) return ScopedFd();
-  return fd;
-}
 
 int LocalPort(int fd) {
   sockaddr_in a{};

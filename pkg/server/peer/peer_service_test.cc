@@ -22,45 +22,17 @@
 #include "pkg/server/keeper/keeper_record.h"
 #include "pkg/server/testing/in_process_daemon.h"
 #include "pkg/util/scoped_fd.h"
+#include "tests/testutil/tcp.h"
 #include "weightcache/v1/peer.grpc.pb.h"
 
 namespace weightcache::server {
 namespace {
 
+using weightcache::testing::ClosedNow;
+using weightcache::testing::ConnectFrom;
+using weightcache::testing::OpenDescriptors;
+
 constexpr std::chrono::seconds kCall{10};
-
-// A TCP connection to 127.0.0.1:`port` from address `from` (all of 127/8 is local), that
-// sends nothing.
-ScopedFd ConnectFrom(const std::string& from, int port) {
-  ScopedFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in src{};
-  src.sin_family = AF_INET;
-  ::inet_pton(AF_INET, from.c_str(), &src.sin_addr);
-  sockaddr_in dst{};
-  dst.sin_family = AF_INET;
-  dst.sin_port = htons(static_cast<uint16_t>(port));
-  dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (!fd || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&src), sizeof src) != 0 ||
-      ::connect(fd.get(), reinterpret_cast<sockaddr*>(&dst), sizeof dst) != 0) {
-    return ScopedFd();
-  }
-  return fd;
-}
-
-// Whether the other side closed `fd` (EOF or reset); does not wait.
-bool ClosedNow(int fd) {
-  pollfd p{fd, POLLIN, 0};
-  if (::poll(&p, 1, 0) <= 0) return false;
-  char c;
-  const ssize_t r = ::recv(fd, &c, 1, MSG_DONTWAIT);
-  return r == 0 || (r < 0 && errno != EAGAIN);
-}
-
-size_t OpenDescriptors() {
-  size_t n = 0;
-  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
-  return n;
-}
 
 class PeerServiceTest : public testing::DaemonInProcessTest {
  protected:

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "pkg/server/wire/http2_streams.h"
+#include "pkg/util/epoll_loop.h"
 #include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"
 
@@ -204,23 +205,9 @@ void ConnectionRelay::Loop() {
   std::map<uint64_t, std::unique_ptr<Conn>> conns;
   uint64_t next_id = 1;
   epoll_event events[64];
-  int failures = 0;  // epoll_wait errors in a row
+  EpollWaiter waiter("control relay");
   while (!stop_) {
-    const int n = ::epoll_wait(epoll_.get(), events, 64, -1);
-    if (n < 0 && errno != EINTR) {
-      // Never expected (EBADF, EFAULT, EINVAL are bugs). Leaving the loop would leave every
-      // control connection unserved while the daemon looks alive (issue 26): retry, and when
-      // it keeps failing end the process so that it is restarted (the keeper keeps the cache).
-      const int err = errno;
-      WC_LOG_ERROR("control relay: epoll_wait: %s (%d in a row)", std::strerror(err), ++failures);
-      if (failures >= 50) {
-        WC_LOG_ERROR("control relay: epoll_wait keeps failing; aborting so the daemon restarts");
-        std::abort();
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      continue;
-    }
-    failures = 0;
+    const int n = waiter.Wait(epoll_.get(), events, 64, -1);
     for (int i = 0; i < n; ++i) {
       if (events[i].data.u64 == kWakeId) {
         uint64_t v;
