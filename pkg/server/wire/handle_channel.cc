@@ -51,8 +51,9 @@ struct HandleChannel::Conn {
   std::string buf;
   std::string lease_id;  // empty until the token is claimed
   std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
-  tenant::Unit unit;  // the peer's, read at accept
-  std::string slot;   // of the socket it came in on; empty: the shared one
+  tenant::Unit unit;     // the peer's, read at accept
+  std::string unit_key;  // unit.Key(), made once: every accept compares it with each connection's
+  std::string slot;      // of the socket it came in on; empty: the shared one
 };
 
 absl::StatusOr<std::unique_ptr<HandleChannel>> HandleChannel::Start(const Options& options,
@@ -235,9 +236,9 @@ bool HandleChannel::Accept(Conns& conns, size_t li) {
   auto cred = GetPeerCred(cfd);
   const pid_t pid = cred.ok() ? cred->pid : 0;
   c.unit = c.slot.empty() ? resolver_.Resolve(pid) : tenant::Unit::OfSlot(c.slot, pid);
-  const std::string key = c.unit.Key();
+  c.unit_key = c.unit.Key();
   size_t mine = 0;
-  for (const auto& [fd, other] : conns) mine += other.unit.Key() == key ? 1 : 0;
+  for (const auto& [fd, other] : conns) mine += other.unit_key == c.unit_key ? 1 : 0;
   if (conns.size() >= options_.max_connections) {
     SendError(cfd, absl::StrCat("RESOURCE_EXHAUSTED: the handle channel holds ", conns.size(),
                                 " connections, its cap"));
