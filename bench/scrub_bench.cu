@@ -1,7 +1,8 @@
 // scrub_bench: the integrity scrubber's cost on a GPU (issue 27, docs/benchmarks.md).
 //  1. Digest throughput: integrity::DigestSegment over sealed cuda-vmm segments (the daemon's
 //     own path: a read-only mapping of the exported descriptor, the kernel on a lowest-priority
-//     stream), unthrottled.
+//     stream), unthrottled; then the kernels alone, the scrub digest (secret-keyed NH) and a
+//     fill's digest (NH + sha256-tree, issue 48).
 //  2. A co-located "engine": a bandwidth-bound kernel (read+write of a 4 GiB working set) on a
 //     highest-priority stream, alone and beside a scrubber looping DigestSegment at a budget.
 // Prints markdown tables. Usage: scrub_bench [--gib=N (resident, default 32)] [--reps=N]
@@ -150,7 +151,15 @@ int main(int argc, char** argv) {
   const integrity::internal::Pacer no_pacing(unthrottled);
   if (!passes("digest pass, kernel only (mapped beforehand)", [&](size_t i) {
         return integrity::internal::DigestDevice(dev.uuid, views[i]->base(0), segs[i]->size(),
-                                                 no_pacing);
+                                                 no_pacing, integrity::ProcessKey(), false);
+      })) {
+    return 1;
+  }
+  // What a fill computes (issue 48): the scrub digest and the cryptographic one (sha256-tree);
+  // the difference from the pass above is the SHA-256 kernel's time.
+  if (!passes("scrub + sha256-tree digest (fill), kernels only", [&](size_t i) {
+        return integrity::internal::DigestDevice(dev.uuid, views[i]->base(0), segs[i]->size(),
+                                                 no_pacing, integrity::ProcessKey(), true);
       })) {
     return 1;
   }

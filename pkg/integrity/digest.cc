@@ -1,29 +1,77 @@
 #include "pkg/integrity/digest.h"
 
+#include <sys/mman.h>
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 
 namespace weightcache::integrity {
+namespace {
 
-uint64_t DigestBytes(const std::byte* p, uint64_t n, uint64_t offset) {
+void Draw(ScrubKey* key) {
+  key->words.resize(kKeyWords);
+  auto* out = reinterpret_cast<unsigned char*>(key->words.data());
+  size_t have = 0;
+  const size_t want = key->words.size() * sizeof(uint32_t);
+  while (have < want) {
+    const ssize_t n = getrandom(out + have, want - have, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      std::fprintf(stderr, "weightcache: the integrity key cannot be drawn: getrandom: %s\n",
+                   std::strerror(errno));
+      std::abort();
+    }
+    have += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+ScrubKey DrawScrubKey() {
+  ScrubKey key;
+  Draw(&key);
+  return key;
+}
+
+const ScrubKey& ProcessKey() {
+  static const ScrubKey* key = [] {
+    auto* k = new ScrubKey();  // never destroyed: digests may run until the process exits
+    Draw(k);
+    auto* out = reinterpret_cast<unsigned char*>(k->words.data());
+    const size_t want = k->words.size() * sizeof(uint32_t);
+    // Not in core dumps (best effort: the pages may share a mapping with other heap data).
+    const uintptr_t page = 4096;
+    const uintptr_t begin = (reinterpret_cast<uintptr_t>(out) + page - 1) & ~(page - 1);
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(out) + want) & ~(page - 1);
+    if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTDUMP);
+    return k;
+  }();
+  return *key;
+}
+
+uint64_t DigestBytes(const ScrubKey& key, const std::byte* p, uint64_t n, uint64_t offset) {
   uint64_t acc = 0;
-  uint64_t k = offset / 4;  // 32-bit word index in the segment
+  const uint32_t* k = key.words.data() + (offset % kChunkBytes) / 4;  // this word's keys
   for (uint64_t i = 0; i + kWordBytes <= n; i += kWordBytes, k += 4) {
     uint32_t v[4];
     std::memcpy(v, p + i, sizeof v);
-    acc += static_cast<uint64_t>(v[0] + NhKey(k)) * (v[1] + NhKey(k + 1)) +
-           static_cast<uint64_t>(v[2] + NhKey(k + 2)) * (v[3] + NhKey(k + 3));
+    acc += static_cast<uint64_t>(v[0] + k[0]) * (v[1] + k[1]) +
+           static_cast<uint64_t>(v[2] + k[2]) * (v[3] + k[3]);
   }
   return acc;
 }
 
-SegmentDigest DigestHost(const std::byte* p, uint64_t size) {
+SegmentDigest DigestHost(const ScrubKey& key, const std::byte* p, uint64_t size) {
   SegmentDigest d;
   d.chunks.reserve(ChunkCount(size));
   for (uint64_t off = 0; off < size; off += kChunkBytes) {
-    d.chunks.push_back(DigestBytes(p + off, std::min(kChunkBytes, size - off), off));
+    d.chunks.push_back(DigestBytes(key, p + off, std::min(kChunkBytes, size - off), off));
   }
   return d;
 }
@@ -69,16 +117,6 @@ std::string DescribeChanges(const std::vector<SegmentDigest>& expected,
                     DescribeRanges(ranges), " changed");
   }
   return what;
-}
-
-uint64_t Fold(const SegmentDigest& d) {
-  uint64_t h = 0xCBF29CE484222325ull ^ d.chunks.size();
-  for (uint64_t c : d.chunks) {
-    h ^= c;
-    h *= 0x100000001B3ull;
-    h ^= h >> 29;
-  }
-  return h;
 }
 
 }  // namespace weightcache::integrity

@@ -1,15 +1,21 @@
-// Content digests of resident memory (issue 27): one 64-bit value per 1 MiB chunk of a
+// Content digests of resident memory (issues 27, 48): one 64-bit value per 1 MiB chunk of a
 // segment, so a change is located to the chunk (and byte range) it touched.
 //
-// The function is NH (the UMAC family): over 16-byte words (x, y, z, w) at word position i,
-//   sum_i  (x + K(4i)) * (y + K(4i+1)) + (z + K(4i+2)) * (w + K(4i+3))   mod 2^64
-// with 32-bit additions, 32x32->64-bit products and a key K derived from the 32-bit word's
-// position in its segment. The threat is change, not forgery: any single changed word alters
-// its chunk's value unless its partner word plus key is 0 mod 2^32 (probability 2^-32), and
-// the sum is order-independent, so a GPU reduction gives the same value as this CPU one.
-// The GPU kernel (digest_cuda.cu) computes exactly DigestChunk's value.
+// The function is NH (the UMAC family): over the 16-byte words (x, y, z, w) of a chunk, at
+// word position i within the chunk,
+//   sum_i  (x + K[4i]) * (y + K[4i+1]) + (z + K[4i+2]) * (w + K[4i+3])   mod 2^64
+// with 32-bit additions and 32x32->64-bit products. K is a ScrubKey: one secret, uniformly
+// random 32-bit key per 32-bit word position of a chunk, drawn from getrandom when the
+// process starts and kept in its memory only (docs/integrity.md, "What an engine can
+// forge"). For two different chunks of equal length chosen without knowledge of K, the
+// values collide with probability at most 2^-32 (NH is 2^-32-almost-universal); whoever
+// knows K can balance any edit, which is why K never leaves the process. The sum is
+// order-independent, so the GPU reduction (digest_cuda.cu) equals DigestBytes bit for bit.
 //
-// Thread-safety: pure functions.
+// These values mean something only inside the process that drew the key: what leaves it
+// (keeper records, peer records) carries the cryptographic digest (crypto_digest.h).
+//
+// Thread-safety: pure functions; ProcessKey is drawn once, thread-safely.
 #pragma once
 
 #include <cstddef>
@@ -22,27 +28,40 @@ namespace weightcache::integrity {
 inline constexpr uint64_t kChunkBytes = 1ull << 20;
 // Digested lengths are multiples of this (segment sizes are multiples of the page size).
 inline constexpr uint64_t kWordBytes = 16;
+// One key per 32-bit word of a chunk.
+inline constexpr uint64_t kKeyWords = kChunkBytes / 4;
 
-// The key of 32-bit word `i` of a segment (shared with the kernel).
-inline uint32_t NhKey(uint64_t i) {
-  uint32_t x =
-      static_cast<uint32_t>(i) * 0x9E3779B1u + static_cast<uint32_t>(i >> 32) * 0x85EBCA77u;
-  return x ^ (x >> 15);
-}
+// The NH key: kKeyWords values (`words[j]` keys the j-th 32-bit word of every chunk).
+struct ScrubKey {
+  std::vector<uint32_t> words;
+};
+
+// A fresh key from getrandom; the process ends, naming the cause, when no random bytes can
+// be had.
+ScrubKey DrawScrubKey();
+
+// This process's key, drawn with getrandom at the first call (the daemon calls it at start);
+// the process ends, naming the cause, when no random bytes can be had. Never logged, never
+// sent anywhere; excluded from core dumps.
+const ScrubKey& ProcessKey();
 
 // One value per chunk, in order; the last chunk may be shorter than kChunkBytes.
 struct SegmentDigest {
   std::vector<uint64_t> chunks;
+  // The segment's cryptographic digest (crypto_digest.h: 32 bytes), when it was asked for;
+  // empty otherwise.
+  std::string sha256;
   // Spelled out: the kernel's translation unit is C++17 (nvcc), without defaulted ==.
-  bool operator==(const SegmentDigest& o) const { return chunks == o.chunks; }
+  bool operator==(const SegmentDigest& o) const { return chunks == o.chunks && sha256 == o.sha256; }
 };
 
-// The value of the `n` bytes at `p` (n a multiple of kWordBytes), which sit at byte `offset`
-// of their segment (a multiple of kWordBytes): the NH sum above over those words.
-uint64_t DigestBytes(const std::byte* p, uint64_t n, uint64_t offset);
+// The value of the `n` bytes at `p` (n a multiple of kWordBytes, at most the rest of the
+// chunk), which sit at byte `offset` of their segment (a multiple of kWordBytes): the NH sum
+// above over those words, under `key`.
+uint64_t DigestBytes(const ScrubKey& key, const std::byte* p, uint64_t n, uint64_t offset);
 
 // The chunk values of `size` bytes at `p`, a whole segment held in host memory.
-SegmentDigest DigestHost(const std::byte* p, uint64_t size);
+SegmentDigest DigestHost(const ScrubKey& key, const std::byte* p, uint64_t size);
 
 // Number of chunks of a segment of `size` bytes.
 inline size_t ChunkCount(uint64_t size) { return (size + kChunkBytes - 1) / kChunkBytes; }
@@ -58,9 +77,6 @@ std::vector<ByteRange> ChangedRanges(const SegmentDigest& expected, const Segmen
                                      uint64_t size);
 // "[a, b), [c, d)" for logs; at most `max` ranges, then "and N more".
 std::string DescribeRanges(const std::vector<ByteRange>& ranges, size_t max = 4);
-
-// One value for the whole segment (the chunk values folded in order), for records and logs.
-uint64_t Fold(const SegmentDigest& d);
 
 // What differs between the digests of the same segments taken twice: "" when nothing, else
 // "segment 3 of 8: bytes [a, b) changed; ..." (segments of different chunk counts: the whole

@@ -1,4 +1,5 @@
-// Digests of sealed segments, computed the way a client sees the memory: the segment's
+// Digests of sealed segments (digest.h under ProcessKey(), and crypto_digest.h when asked),
+// computed the way a client sees the memory: the segment's
 // descriptor is mapped read-only (memory::MapReadOnly, the client path) and hashed in place
 // (digest.h) -- on the GPU by a kernel on a lowest-priority stream for cuda-vmm, on the CPU
 // for the host backend (whose sealed memfds cannot change, but take the same path so the
@@ -27,10 +28,15 @@ struct Pace {
   std::function<bool()> stop;
 };
 
+// What a digest computes: the scrub digest under this process's key (always), and the
+// cryptographic digest too (crypto_digest.h) -- at fill time, for records and adoption.
+enum class Want { kScrub, kScrubAndCrypto };
+
 // The digest of sealed segment `segment` of backend `kind`. INVALID_ARGUMENT when its size is
 // not a multiple of kWordBytes; the mapping's or the device's error otherwise (naming the
 // segment's device); CANCELLED when `pace.stop` said so.
 absl::StatusOr<SegmentDigest> DigestSegment(memory::BackendKind kind,
-                                            const memory::Segment& segment, const Pace& pace);
+                                            const memory::Segment& segment, const Pace& pace,
+                                            Want want = Want::kScrub);
 
 }  // namespace weightcache::integrity

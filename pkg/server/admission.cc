@@ -240,12 +240,12 @@ std::vector<FillSource> Admission::FillSources(const load::OpenedModel& model,
 // The rest of a peer fill that kept some segments (FillReport::partial): the segments it
 // lacks loaded from disk (load::PlanSegments) and put in their places. A filled segment that
 // the part had to take as well (a quantized weight's scale elsewhere) is read again; only
-// the segments still from peers keep their checked folds in `verified`.
+// the segments still from peers keep their checked digests in `verified`.
 static absl::StatusOr<std::unique_ptr<load::LoadedModel>> LoadRest(
     const load::OpenedModel& model, std::unique_ptr<load::LoadedModel> partial,
     memory::Backend& backend, const std::string& device, const std::string& label,
     const load::LoadOptions& lopts, load::LoadProgress* progress,
-    std::vector<std::optional<uint64_t>>* verified) {
+    std::vector<std::string>* verified) {
   std::vector<bool> missing(partial->segments.size());
   for (size_t i = 0; i < missing.size(); ++i) missing[i] = partial->segments[i] == nullptr;
   load::PlanPart part = load::PlanSegments(partial->plan, std::move(missing));
@@ -254,7 +254,7 @@ static absl::StatusOr<std::unique_ptr<load::LoadedModel>> LoadRest(
   for (size_t j = 0; j < part.segments.size(); ++j) {
     const uint32_t i = part.segments[j];
     partial->segments[i] = std::move(rest->segments[j]);
-    (*verified)[i].reset();
+    (*verified)[i].clear();
   }
   partial->stats = rest->stats;
   return partial;
@@ -267,9 +267,9 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartFill(
   // The registry digests what the load returns: a filled entry's digests must be those each
   // segment matched during the fill (the same memory, sealed: nothing changed in between).
   // After a fallback, the disk's bytes are their own truth.
-  // Per segment: the fold it was checked against when it came from a peer, none when it came
-  // from disk.
-  auto verified = std::make_shared<std::vector<std::optional<uint64_t>>>();
+  // Per segment: the cryptographic digest it was checked against when it came from a peer,
+  // empty when it came from disk.
+  auto verified = std::make_shared<std::vector<std::string>>();
   p.request.check_digests =
       [verified](const std::vector<integrity::SegmentDigest>& got) -> absl::Status {
     if (verified->empty()) return absl::OkStatus();
@@ -278,7 +278,7 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartFill(
                                               verified->size(), " filled segments"));
     }
     for (size_t i = 0; i < got.size(); ++i) {
-      if ((*verified)[i] && integrity::Fold(got[i]) != *(*verified)[i]) {
+      if (!(*verified)[i].empty() && got[i].sha256 != (*verified)[i]) {
         return absl::DataLossError(absl::StrCat(
             "peer fill: segment ", i, " changed between its check and the entry's digest"));
       }
@@ -297,7 +297,7 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartFill(
     auto filled = fill->Fill(*sources, plan, model->spec.name, model->spec.model_dir, device, label,
                              &e.progress, &why, &report);
     // Read by check_digests, on this thread, once the load returns.
-    verified->assign(report.folds.begin(), report.folds.end());
+    *verified = report.sha256;
     if (filled.ok()) {
       WC_RETURN_IF_ERROR(FilesUnchanged(*model));
       return filled;

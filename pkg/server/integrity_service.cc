@@ -22,7 +22,9 @@ IntegrityService::IntegrityService(Options options, memory::BackendKind kind,
       metrics_(metrics),
       reload_interval_(options.reload_interval) {
   // Every fill (disk, peer copy, publish commit, keeper adoption) is digested before the entry
-  // is ready: a GPU reads it at HBM speed; the host backend hashes on the CPU.
+  // is ready: the scrub digest (this process's key), which later passes compare, and the
+  // cryptographic one, which records carry (keeper, peers) and adoption checks. A GPU
+  // computes both; the host backend hashes on the CPU.
   registry_.SetDigester([kind](const cache::Entry& e, const load::LoadedModel& m)
                             -> absl::StatusOr<std::vector<integrity::SegmentDigest>> {
     std::vector<integrity::SegmentDigest> out;
@@ -33,7 +35,7 @@ IntegrityService::IntegrityService(Options options, memory::BackendKind kind,
     integrity::Pace pace;
     pace.stop = [&e] { return e.progress.cancelled(); };
     for (const auto& seg : m.segments) {
-      auto d = integrity::DigestSegment(kind, *seg, pace);
+      auto d = integrity::DigestSegment(kind, *seg, pace, integrity::Want::kScrubAndCrypto);
       if (!d.ok()) {
         return absl::Status(
             d.status().code(),

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "pkg/integrity/crypto_digest.h"
 #include "pkg/integrity/digest.h"
 #include "pkg/safetensors/safetensors.h"
 #include "pkg/server/messages/layout_proto.h"
@@ -14,7 +15,9 @@ namespace {
 
 // KeeperRecord.format: bump when a field's meaning changes; an older record is then dropped
 // (and reloaded from disk) instead of being misread.
-constexpr uint32_t kRecordFormat = 1;
+// 2 (issue 48): segment_sha256 replaced segment_digest_folds, whose key was public. A record
+// of format 1 is refused: its memory is freed and loaded again.
+constexpr uint32_t kRecordFormat = 2;
 
 absl::StatusOr<load::PlannedTensor> GetTensor(const v1::TensorEntry& m, const v1::KeeperRecord& r) {
   load::PlannedTensor t;
@@ -48,7 +51,7 @@ std::string EncodeKeeperRecord(const cache::Entry& e, const load::LoadedModel& c
                                const std::vector<integrity::SegmentDigest>* digests) {
   v1::KeeperRecord r;
   if (digests != nullptr) {
-    for (const auto& d : *digests) r.add_segment_digest_folds(integrity::Fold(d));
+    for (const auto& d : *digests) r.add_segment_sha256(d.sha256);
   }
   if (publisher != nullptr) *r.mutable_publisher() = *publisher;
   r.set_format(kRecordFormat);
@@ -102,17 +105,19 @@ std::string EncodeKeeperRecord(const cache::Entry& e, const load::LoadedModel& c
 }
 
 cache::DigestCheckFn AdoptionDigestCheck(const v1::KeeperRecord& r) {
-  if (r.segment_digest_folds().empty()) return nullptr;
-  std::vector<uint64_t> folds(r.segment_digest_folds().begin(), r.segment_digest_folds().end());
-  return [folds](const std::vector<integrity::SegmentDigest>& got) -> absl::Status {
-    if (got.size() != folds.size()) {
+  std::vector<std::string> want(r.segment_sha256().begin(), r.segment_sha256().end());
+  return [want](const std::vector<integrity::SegmentDigest>& got) -> absl::Status {
+    if (got.size() != want.size()) {
       return absl::DataLossError(absl::StrCat("adopted ", got.size(), " segments; the record has ",
-                                              folds.size(), " digests"));
+                                              want.size(), " digests"));
     }
     std::string changed;
     for (size_t i = 0; i < got.size(); ++i) {
-      if (integrity::Fold(got[i]) != folds[i])
-        absl::StrAppend(&changed, changed.empty() ? "" : ", ", i);
+      if (got[i].sha256.empty() || got[i].sha256 != want[i]) {
+        absl::StrAppend(&changed, changed.empty() ? "" : ", ", i, " (",
+                        integrity::CryptoDigestText(got[i].sha256), " where the record has ",
+                        integrity::CryptoDigestText(want[i]), ")");
+      }
     }
     if (changed.empty()) return absl::OkStatus();
     return absl::DataLossError(absl::StrCat(
@@ -167,6 +172,15 @@ absl::StatusOr<AdoptableRecord> DecodeKeeperRecord(const std::string& body) {
     return absl::InvalidArgumentError(absl::StrCat("keeper record of model '", r.model(),
                                                    "': ", r.segment_sizes_size(), " segments and ",
                                                    r.segment_used_size(), " used sizes"));
+  }
+  // Without a cryptographic digest per segment nothing vouches for the memory.
+  bool sized = r.segment_sha256_size() == r.segment_sizes_size();
+  for (const auto& d : r.segment_sha256()) sized = sized && d.size() == integrity::kSha256Bytes;
+  if (!sized) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keeper record of model '", r.model(), "': ", r.segment_sha256_size(),
+                     " cryptographic digests for ", r.segment_sizes_size(),
+                     " segments (each of 32 bytes): its memory cannot be checked"));
   }
   out.plan.segment_bytes.assign(r.segment_used().begin(), r.segment_used().end());
   out.plan.total_bytes = r.total_bytes();

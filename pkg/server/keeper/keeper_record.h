@@ -26,13 +26,15 @@ struct RecordedSpec {
   std::string yaml;             // canonical YAML; empty when unknown
   bool defined_inline = false;  // an admin's inline spec, not the spec file's
 };
-// `digests`: the entry's segment digests (their folds go into the record); may be null.
+// `digests`: the entry's segment digests (their cryptographic digests go into the record); a
+// record without them is refused when decoded.
 std::string EncodeKeeperRecord(const cache::Entry& e, const load::LoadedModel& content,
                                const std::string& backend, const RecordedSpec& spec,
                                const v1::PublisherInfo* publisher = nullptr,
                                const std::vector<integrity::SegmentDigest>* digests = nullptr);
 // The adoption check of a record's digests (cache::LoadRequest::check_digests): DATA_LOSS
-// naming the segments whose digest differs from the record's; empty when the record has none.
+// naming the segments whose cryptographic digest differs from the record's (the registry's
+// digester computes them over the adopted memory).
 cache::DigestCheckFn AdoptionDigestCheck(const v1::KeeperRecord& r);
 struct AdoptableRecord {
   v1::KeeperRecord record;

@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "pkg/integrity/crypto_digest.h"
 #include "pkg/memory/backend.h"
 
 namespace weightcache::server {
@@ -49,9 +50,14 @@ struct Fixture {
     t.offset = 0;
     t.nbytes = 8192;
     content.plan.tensors.push_back(t);
+    memory::Segment& s0 = *content.segments[0];
+    digests.push_back({{7}, integrity::CryptoDigestHost(s0.host_data(), s0.size())});
   }
+  // The segment's digests as the registry takes them at fill.
+  std::vector<integrity::SegmentDigest> digests;
   std::string Encode() const {
-    return EncodeKeeperRecord(*entry, content, "host", RecordedSpec{"name: m\n", true});
+    return EncodeKeeperRecord(*entry, content, "host", RecordedSpec{"name: m\n", true}, nullptr,
+                              &digests);
   }
 };
 
@@ -89,27 +95,55 @@ TEST(KeeperRecordTest, APrivateCopysNamespaceSurvivesTheRecord) {
   EXPECT_EQ(a->inputs.Digest(), f.entry->fingerprint);
 }
 
-// Issue 27: the record carries each segment's digest fold; the adoption check refuses memory
-// that changed while the keeper held it, naming the segment; older records are not checked.
-TEST(KeeperRecordTest, TheDigestsAtDepositAreCheckedAtAdoption) {
+// Issue 48: the record carries each segment's cryptographic digest, and the adoption check
+// compares those, naming the segment and both digests. The scrub digest is not part of it:
+// the adopting daemon drew another key, so its scrub values differ for the same bytes.
+TEST(KeeperRecordTest, TheCryptographicDigestsAtDepositAreCheckedAtAdoption) {
   Fixture f;
-  const std::vector<integrity::SegmentDigest> at_deposit = {{{1, 2, 3}}, {{4, 5}}};
-  auto a = DecodeKeeperRecord(EncodeKeeperRecord(
-      *f.entry, f.content, "host", RecordedSpec{"name: m\n", true}, nullptr, &at_deposit));
+  auto a = DecodeKeeperRecord(f.Encode());
   ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_EQ(a->record.segment_digest_folds_size(), 2);
+  ASSERT_EQ(a->record.segment_sha256_size(), 1);
+  EXPECT_EQ(a->record.segment_sha256(0), f.digests[0].sha256);
   auto check = AdoptionDigestCheck(a->record);
   ASSERT_TRUE(check);
-  EXPECT_TRUE(check(at_deposit).ok());
-  auto changed = at_deposit;
-  changed[1].chunks[1] ^= 1;
+  EXPECT_TRUE(check(f.digests).ok());
+  auto rekeyed = f.digests;  // the same bytes, digested by a daemon with another key
+  rekeyed[0].chunks[0] ^= 0x1234;
+  EXPECT_TRUE(check(rekeyed).ok());
+  auto changed = f.digests;
+  changed[0].sha256[5] ^= 1;
   const absl::Status st = check(changed);
   EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("segment(s) 1 of 2 differ"));
-  EXPECT_EQ(check({at_deposit[0]}).code(), absl::StatusCode::kDataLoss);
-  auto old = DecodeKeeperRecord(f.Encode());  // a record without digests
-  ASSERT_TRUE(old.ok());
-  EXPECT_FALSE(AdoptionDigestCheck(old->record));
+  EXPECT_THAT(
+      std::string(st.message()),
+      ::testing::HasSubstr("segment(s) 0 (" + integrity::CryptoDigestText(changed[0].sha256) +
+                           " where the record has " +
+                           integrity::CryptoDigestText(f.digests[0].sha256) + ")"));
+  auto scrub_only = f.digests;  // a digest without its cryptographic part vouches for nothing
+  scrub_only[0].sha256.clear();
+  EXPECT_EQ(check(scrub_only).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(check({}).code(), absl::StatusCode::kDataLoss);
+}
+
+// A record without a cryptographic digest per segment (one deposited without digests, or of
+// issue 27's format with public-key folds) is refused, not adopted unchecked.
+TEST(KeeperRecordTest, ARecordWithoutCryptographicDigestsIsRefused) {
+  Fixture f;
+  auto none = DecodeKeeperRecord(
+      EncodeKeeperRecord(*f.entry, f.content, "host", RecordedSpec{"name: m\n", true}));
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(none.status().message()),
+              ::testing::HasSubstr("0 cryptographic digests for 1 segments"));
+  v1::KeeperRecord r;
+  ASSERT_TRUE(r.ParseFromString(f.Encode()));
+  r.set_segment_sha256(0, "short");
+  EXPECT_FALSE(DecodeKeeperRecord(r.SerializeAsString()).ok());
+  r.set_format(1);  // issue 27's records
+  auto old = DecodeKeeperRecord(r.SerializeAsString());
+  ASSERT_FALSE(old.ok());
+  EXPECT_THAT(std::string(old.status().message()),
+              ::testing::HasSubstr("keeper record format 1; this daemon reads format 2"));
 }
 
 TEST(KeeperRecordTest, ARecordWhoseInputsDoNotGiveItsFingerprintIsRefused) {

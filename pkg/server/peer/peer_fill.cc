@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "pkg/integrity/crypto_digest.h"
 #include "pkg/integrity/digest.h"
 #include "pkg/integrity/segment_digest.h"
 #include "pkg/util/log.h"
@@ -130,12 +131,8 @@ std::vector<FillSource> PeerFill::Find(const std::string& fingerprint, const loa
       refuse(absl::StrCat("its tensors are placed otherwise: ", d));
       continue;
     }
+    // DecodeKeeperRecord refused a record without a cryptographic digest per segment.
     const int segments = static_cast<int>(plan.segment_bytes.size());
-    if (r.segment_digest_folds_size() != segments) {
-      refuse(absl::StrCat("its record has ", r.segment_digest_folds_size(), " digests for ",
-                          segments, " segments: the bytes could not be checked"));
-      continue;
-    }
     const v1::PeerTransfer& t = h.response.transfer();
     if (t.worker_address().empty() || t.regions_size() != segments) {
       refuse(absl::StrCat("its answer offers ", t.regions_size(), " regions for ", segments,
@@ -231,7 +228,7 @@ class FillRun {
         n_(job.plan.segment_bytes.size()),
         out_(std::make_unique<load::LoadedModel>()),
         by_source_(job.sources.size(), 0),
-        folds_(n_, 0),
+        sha256_(n_),
         done_(n_, false) {
     out_->plan = job.plan;
     out_->device_uuid = job.device;
@@ -275,7 +272,7 @@ class FillRun {
   std::deque<size_t> todo_ ABSL_GUARDED_BY(mu_);
   size_t filled_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<size_t> by_source_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint64_t> folds_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> sha256_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> done_ ABSL_GUARDED_BY(mu_);  // filled and checked
   std::vector<Drop> drops_ ABSL_GUARDED_BY(mu_);
   // This daemon's own failure (allocation, sealing): no source helps.
@@ -401,7 +398,7 @@ void FillRun::Pull(size_t source_index) {
     MutexLock l(mu_);
     ++filled_;
     ++by_source_[source_index];
-    folds_[i] = src.record.record.segment_digest_folds(static_cast<int>(i));
+    sha256_[i] = src.record.record.segment_sha256(static_cast<int>(i));
     done_[i] = true;
   }
 }
@@ -470,10 +467,10 @@ bool FillRun::CheckSegment(const FillSource& src, size_t i, uint64_t counted) {
   integrity::Pace pace;
   load::LoadProgress* progress = job_.progress;
   pace.stop = [progress] { return progress != nullptr && progress->cancelled(); };
-  auto d = integrity::DigestSegment(backend_->kind(), *seg, pace);
+  auto d = integrity::DigestSegment(backend_->kind(), *seg, pace, integrity::Want::kScrubAndCrypto);
   if (!d.ok()) return fatal(d.status());
-  const uint64_t want = src.record.record.segment_digest_folds(static_cast<int>(i));
-  if (integrity::Fold(*d) != want) {
+  const std::string& want = src.record.record.segment_sha256(static_cast<int>(i));
+  if (d->sha256 != want) {
     // A sealed segment cannot be written again: a fresh one takes its place.
     auto fresh = NewSegment(i);
     if (!fresh.ok()) return fatal(fresh.status());
@@ -481,7 +478,9 @@ bool FillRun::CheckSegment(const FillSource& src, size_t i, uint64_t counted) {
     moved_.fetch_sub(counted);
     DropSource(src, i, FillFallback::kDigest,
                absl::DataLossError(
-                   absl::StrCat("segment ", i, " differs from the digest in its own record")));
+                   absl::StrCat("segment ", i, " differs from the digest in its own record (",
+                                integrity::CryptoDigestText(d->sha256), " where the record has ",
+                                integrity::CryptoDigestText(want), ")")));
     return false;
   }
   if (seg->size() > counted) {
@@ -526,7 +525,7 @@ absl::StatusOr<std::unique_ptr<load::LoadedModel>> FillRun::Conclude(
   MutexLock l(mu_);
   if (report != nullptr) {
     report->segments_by_source = by_source_;
-    report->folds = folds_;
+    report->sha256 = sha256_;
   }
   if (!fatal_.ok()) return Fail(failure, FillFallback::kMemory, fatal_);
   if (job_.progress != nullptr && job_.progress->cancelled()) {

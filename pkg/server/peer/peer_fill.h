@@ -70,9 +70,9 @@ struct FillFailure {
 // each segment matched.
 struct FillReport {
   std::vector<size_t> segments_by_source;
-  // Per segment, the digest fold it was checked against (its source's record's); 0 for a
-  // segment not filled (`partial` says which were).
-  std::vector<uint64_t> folds;
+  // Per segment, the cryptographic digest it was checked against (its source's record's);
+  // empty for a segment not filled (`partial` says which were).
+  std::vector<std::string> sha256;
   // Set when the fill failed because every source was dropped after some segments were
   // filled: the rank with those segments (sealed, checked) and null in place of the others,
   // for the caller to load only the rest from disk (load::PlanSegments). Null after any

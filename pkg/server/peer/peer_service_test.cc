@@ -89,7 +89,7 @@ TEST_F(PeerServiceTest, AFleetPeerGetsTheRecordOfAReadyEntryWithItsDigests) {
   EXPECT_EQ(rec->record.backend(), "host");
   ASSERT_GT(rec->record.segment_sizes_size(), 0);
   // One digest per segment: what the filling daemon checks its copy against.
-  EXPECT_EQ(rec->record.segment_digest_folds_size(), rec->record.segment_sizes_size());
+  EXPECT_EQ(rec->record.segment_sha256_size(), rec->record.segment_sizes_size());
 }
 
 TEST_F(PeerServiceTest, AFingerprintNotHeldIsNotFound) {
