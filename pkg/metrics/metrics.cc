@@ -207,17 +207,14 @@ class StateCollector final : public prometheus::Collectable {
     }
     {
       prometheus::MetricFamily f{
-          "weightcache_integrity_verified_age_seconds",
-          "Seconds since every segment of a resident entry last matched its digest (taken when "
-          "it was filled, checked by the scrubber), per model, rank and device.",
+          "weightcache_integrity_overdue_entries",
+          "Ready entries whose segments have not all matched their digests for two scrub "
+          "intervals and a minute: scrubbing is not keeping up, or fails (the log says why).",
           prometheus::MetricType::Gauge,
           {}};
-      for (const EntrySnapshot& e : entries) {
-        if (e.verified_seconds_ago < 0) continue;
-        f.metric.push_back(GaugeMetric(
-            {{"device", e.device}, {"model", e.model}, {"rank", std::to_string(e.tp_rank)}},
-            e.verified_seconds_ago));
-      }
+      size_t overdue = 0;
+      for (const EntrySnapshot& e : entries) overdue += e.verify_overdue ? 1 : 0;
+      f.metric.push_back(GaugeMetric({}, static_cast<double>(overdue)));
       out.push_back(std::move(f));
     }
     if (staging.present) {

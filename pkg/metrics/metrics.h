@@ -50,9 +50,10 @@ struct EntrySnapshot {
   uint64_t bytes = 0;
   uint64_t leases = 0;
   int tp_rank = 0;
-  // Seconds since every segment last matched its digest (integrity scrubbing); -1: the
-  // entry has no digests (not ready, or corrupt).
-  double verified_seconds_ago = -1;
+  // A ready entry whose segments have not all matched their digests (integrity scrubbing)
+  // for two scrub intervals and a minute. Not the age itself: that would tell whoever
+  // scrapes when the last pass ended (issue 48).
+  bool verify_overdue = false;
 };
 struct DeviceSnapshot {
   std::string device;  // GPU UUID or "host"

@@ -304,8 +304,8 @@ TEST(MetricsTest, StagingMemoryIsReportedOnlyWhereThereIsAPool) {
   EXPECT_EQ(Value(v, "weightcache_staging_pinned_bytes", {{"state", "in_use"}}), 67108864.0);
 }
 
-// Issue 27: corrupt entries are counted by state; ready entries report how long ago their
-// digests last matched; checks and failures are counters.
+// Issue 27: corrupt entries are counted by state; checks and failures are counters. Issue 48:
+// entries overdue for a check are counted, and no series tells when an entry was last checked.
 TEST(MetricsTest, IntegrityIsReported) {
   prometheus::Registry registry;
   Metrics m(registry, TestBuild());
@@ -314,20 +314,19 @@ TEST(MetricsTest, IntegrityIsReported) {
   auto collectable = m.collectable();
   EntrySnapshot ready{"llama", "ready", "GPU-a", 100, 1};
   ready.tp_rank = 3;
-  ready.verified_seconds_ago = 12.5;
+  EntrySnapshot late = ready;
+  late.verify_overdue = true;
   state.entries = {
-      ready, {"llama", "corrupt", "GPU-a", 100, 1}, {"qwen", "loading", "GPU-a", 0, 0}};
+      ready, late, {"llama", "corrupt", "GPU-a", 100, 1}, {"qwen", "loading", "GPU-a", 0, 0}};
   m.OnIntegrityCheck();
   m.OnIntegrityCheck();
   m.OnIntegrityFailure("llama");
   Values v = Snapshot(*collectable);
   EXPECT_EQ(Value(v, "weightcache_models", {{"state", "corrupt"}}), 1.0);
+  EXPECT_EQ(Value(v, "weightcache_integrity_overdue_entries", {}), 1.0);
   EXPECT_EQ(Value(v, "weightcache_integrity_verified_age_seconds",
                   {{"model", "llama"}, {"rank", "3"}, {"device", "GPU-a"}}),
-            12.5);
-  EXPECT_EQ(Value(v, "weightcache_integrity_verified_age_seconds",
-                  {{"model", "qwen"}, {"rank", "0"}, {"device", "GPU-a"}}),
-            std::nullopt);  // no digests: no series
+            std::nullopt);
   EXPECT_EQ(Value(Snapshot(registry.Collect()), "weightcache_integrity_checks_total", {}), 2.0);
   EXPECT_EQ(Value(Snapshot(registry.Collect()), "weightcache_integrity_failures_total",
                   {{"model", "llama"}}),
@@ -341,12 +340,13 @@ TEST(MetricsTest, ScrapeTimeGaugesReflectTheStateSource) {
   m.SetStateSource(&state);
   auto collectable = m.collectable();
 
-  // Empty source: every state reported at 0, no per-model series.
+  // Empty source: every state reported at 0, no per-model series; no entry is overdue.
   Values v = Snapshot(*collectable);
   for (const char* s : {"loading", "ready", "stale", "draining", "evicting", "failed", "corrupt"}) {
     EXPECT_EQ(Value(v, "weightcache_models", {{"state", s}}), 0.0) << s;
   }
-  EXPECT_EQ(v.size(), 7u);
+  EXPECT_EQ(Value(v, "weightcache_integrity_overdue_entries", {}), 0.0);
+  EXPECT_EQ(v.size(), 8u);
 
   state.entries = {
       {"llama", "ready", "GPU-a", 100, 2},

@@ -149,23 +149,24 @@ absl::Status Daemon::Impl::MakeArtifacts() {
 }
 
 void Daemon::Impl::MakeStatusView() {
-  status_ = std::make_unique<StatusView>(StatusView::Sources{
-      .backend = backend_,
-      .registry = &registry_,
-      .models = &models_,
-      .access = access_.get(),
-      .publishes = &publishes_,
-      .artifacts = artifacts_.get(),
-      .acquire = acquire_.get(),
-      .preloads = preloads_.get(),
-      .keeper = keeper_.get(),
-      .staging = staging_pool_.get(),
-      .control = [this]() -> const ControlListener* { return control_.get(); },
-      .integrity_findings =
-          [this](v1::StatusResponse* resp) {
-            if (integrity_) integrity_->AppendFindings(resp);
-          },
-      .peer_port = [this]() -> const PeerPort* { return peer_source_.load(); }});
+  status_ = std::make_unique<StatusView>(
+      StatusView::Sources{.backend = backend_,
+                          .registry = &registry_,
+                          .models = &models_,
+                          .access = access_.get(),
+                          .publishes = &publishes_,
+                          .artifacts = artifacts_.get(),
+                          .acquire = acquire_.get(),
+                          .preloads = preloads_.get(),
+                          .keeper = keeper_.get(),
+                          .staging = staging_pool_.get(),
+                          .control = [this]() -> const ControlListener* { return control_.get(); },
+                          .integrity_findings =
+                              [this](v1::StatusResponse* resp) {
+                                if (integrity_) integrity_->AppendFindings(resp);
+                              },
+                          .peer_port = [this]() -> const PeerPort* { return peer_source_.load(); },
+                          .scrub_interval = options_.scrub_interval});
 }
 
 // Engines running as other uids reach the sockets through --socket_gid (sockets 0660; the

@@ -119,7 +119,8 @@ void StatusView::AppendEntry(const Caller& caller, bool admin, const cache::Entr
   const auto [state, error] = ShownState(s);
   e->set_state(state);
   e->set_error(error);
-  e->set_verified_seconds_ago(s.verified_seconds_ago);
+  // When its last pass ended tells an engine how long a write may stay unseen (issue 48).
+  e->set_verified_seconds_ago(admin ? s.verified_seconds_ago : -1);
   e->set_bytes(s.bytes);
   e->set_tensor_bytes(s.tensor_bytes);
   e->set_tensors(static_cast<uint32_t>(s.tensors));
@@ -224,7 +225,10 @@ std::vector<metrics::EntrySnapshot> StatusView::Entries() const {
     m.bytes = s.bytes;
     m.leases = s.leases.size();
     m.tp_rank = s.inputs.layout.tp_rank;
-    m.verified_seconds_ago = s.state == cache::State::kReady ? s.verified_seconds_ago : -1;
+    m.verify_overdue =
+        s.state == cache::State::kReady && s.verified_seconds_ago >= 0 &&
+        s_.scrub_interval.count() > 0 &&
+        s.verified_seconds_ago > 2 * std::chrono::duration<double>(s_.scrub_interval).count() + 60;
     out.push_back(std::move(m));
   }
   return out;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "pkg/integrity/digest.h"
 #include "pkg/server/internal/publish_base.h"
 #include "pkg/server/testing/core_parts.h"
 
@@ -151,6 +152,24 @@ TEST_F(StatusViewTest, TheMetricsSnapshotsCountEveryEntryByDevice) {
   const auto devices = view_->Devices();
   ASSERT_EQ(devices.size(), 1u);
   EXPECT_EQ(devices[0].cache_bytes, entries[0].bytes);
+}
+
+// Issue 48: when an entry last matched its digests tells an engine how long a write stays
+// unseen, so only an admin sees it; a pod sees -1 (it used to see the age).
+TEST_F(StatusViewTest, OnlyAnAdminSeesWhenAnEntryWasLastVerified) {
+  registry_.SetDigester(
+      [](const cache::Entry&,
+         const load::LoadedModel& m) -> absl::StatusOr<std::vector<integrity::SegmentDigest>> {
+        return std::vector<integrity::SegmentDigest>(m.segments.size());
+      });
+  LoadM();
+  v1::StatusResponse admin, pod;
+  view_->Status(On(kAdmin), &admin);
+  view_->Status(OnSlot("weightcache-0"), &pod);
+  ASSERT_EQ(admin.entries_size(), 1);
+  ASSERT_EQ(pod.entries_size(), 1);
+  EXPECT_GE(admin.entries(0).verified_seconds_ago(), 0);
+  EXPECT_EQ(pod.entries(0).verified_seconds_ago(), -1);
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -40,14 +42,19 @@ class IntegrityTest : public testing::DaemonInProcessTest {
     metrics_ =
         std::make_unique<metrics::Metrics>(registry_, metrics::BuildInfo{"t", "none", "host"});
   }
-  void Start(std::chrono::milliseconds scrub_interval) {
+  void Start(std::chrono::milliseconds scrub_interval, std::vector<spec::ModelSpec> more = {}) {
     DaemonOptions o;
+    o.specs = std::move(more);
     o.metrics = metrics_.get();
     o.scrub_interval = scrub_interval;
     o.scrub_bytes_per_second = 0;
     // One digest of segment 0 changes in its third chunk, once, when the test says so.
     hooks_.before_digest_compare = [this](const std::string& model, size_t segment,
                                           std::vector<uint64_t>* chunks) {
+      if (segment == 0) {
+        std::lock_guard<std::mutex> l(seen_mu_);
+        seen_.push_back({std::chrono::steady_clock::now(), model});
+      }
       if (model == "m" && segment == 0 && chunks->size() > 2 && corrupt_next_.exchange(false)) {
         (*chunks)[2] ^= 1;
       }
@@ -85,7 +92,76 @@ class IntegrityTest : public testing::DaemonInProcessTest {
   prometheus::Registry registry_;
   std::unique_ptr<metrics::Metrics> metrics_;
   std::atomic<bool> corrupt_next_{false};
+  // Every scrub digest of a segment 0: when, and of which model.
+  struct Seen {
+    std::chrono::steady_clock::time_point at;
+    std::string model;
+  };
+  std::mutex seen_mu_;
+  std::vector<Seen> seen_;
 };
+
+// Issue 48: passes start at a random point of each interval and visit the entries in a random
+// order, so an engine cannot time a write and its undoing between them. They used to start
+// every interval exactly, in the registry's order.
+TEST_F(IntegrityTest, PassesComeAtRandomTimesInARandomOrder) {
+  constexpr auto kInterval = 100ms;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m2", testing::SmallLlama()).ok());
+  spec::ModelSpec m2;
+  m2.name = "m2";
+  m2.model_dir = dir_ / "m2";
+  Start(kInterval, {m2});
+  client::AcquireOptions o;
+  o.wait_ready = true;
+  std::vector<std::unique_ptr<client::Lease>> held;
+  for (const char* model : {"m", "m2"}) {  // two entries
+    o.model = model;
+    auto l = client_->Acquire(o);
+    ASSERT_TRUE(l.ok()) << l.status();
+    held.push_back(std::move(l).value());
+  }
+  {
+    std::lock_guard<std::mutex> l(seen_mu_);
+    seen_.clear();  // from here on, every pass digests both
+  }
+  // A pass: the two models' digests back to back (milliseconds apart; passes are about an
+  // interval apart). Pairs split by a stall of the machine are left out, not misread.
+  struct Pass {
+    double start;
+    std::string first;
+  };
+  constexpr size_t kPasses = 24;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<Pass> passes;
+  while (passes.size() < kPasses && std::chrono::steady_clock::now() - t0 < 60s) {
+    std::this_thread::sleep_for(20ms);
+    std::lock_guard<std::mutex> l(seen_mu_);
+    passes.clear();
+    for (size_t i = 0; i + 1 < seen_.size(); ++i) {
+      if (seen_[i].model != seen_[i + 1].model && seen_[i + 1].at - seen_[i].at < kInterval / 4) {
+        passes.push_back({std::chrono::duration<double>(seen_[i].at - t0).count(), seen_[i].model});
+        ++i;
+      }
+    }
+  }
+  ASSERT_GE(passes.size(), kPasses);
+  std::set<std::string> led;
+  std::vector<double> starts;
+  for (const auto& p : passes) {
+    led.insert(p.first);
+    starts.push_back(p.start);
+  }
+  EXPECT_EQ(led.size(), 2u) << "every pass visited the same entry first";
+  // Passes at fixed times are at least an interval apart (the next starts an interval after
+  // the last began; a busy machine only delays it). At random points of their windows, two
+  // starts are closer than 0.9 interval with probability about 0.4 each, so over 20 gaps
+  // (independent but for shared windows) at least one is, but for about 3e-5.
+  double shortest = 1e9;
+  for (size_t j = 1; j < starts.size(); ++j)
+    shortest = std::min(shortest, starts[j] - starts[j - 1]);
+  EXPECT_LT(shortest, 0.9 * std::chrono::duration<double>(kInterval).count())
+      << "every pass began at least an interval after the one before";
+}
 
 // The scrubber finds the change: the entry leaves service (state corrupt, naming segment and
 // bytes), the lease holder's Check() says so, a clean copy serves new Acquires with the same

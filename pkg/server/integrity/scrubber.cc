@@ -1,5 +1,8 @@
 #include "pkg/server/integrity/scrubber.h"
 
+#include <algorithm>
+#include <random>
+
 #include "absl/strings/str_cat.h"
 #include "pkg/integrity/digest.h"
 #include "pkg/metrics/metrics.h"
@@ -42,13 +45,32 @@ uint64_t Scrubber::passes() const {
   return passes_;
 }
 
+// Passes at unpredictable times (issue 48): time is cut into windows of one interval, and
+// each window has one pass, started at a random point of the window such that it should end
+// inside it (the last pass's length is the guess), over the entries in a random order. An
+// engine that writes then restores its write cannot time it between passes, and a change
+// is still found within two intervals (one pass per window).
 void Scrubber::Loop() {
+  std::mt19937_64 rng(std::random_device{}());
+  auto window = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::duration last_pass{0};
   while (!stopping()) {
-    const auto start = std::chrono::steady_clock::now();
+    const auto room = std::max(std::chrono::steady_clock::duration{0},
+                               std::chrono::steady_clock::duration(options_.interval) - last_pass);
+    const auto start =
+        window + std::chrono::steady_clock::duration(std::uniform_int_distribution<int64_t>(
+                     0, std::max<int64_t>(room.count(), 0))(rng));
+    {
+      MutexLock l(mu_);
+      while (!stop_ && std::chrono::steady_clock::now() < start) cv_.WaitUntil(mu_, start);
+      if (stop_) return;
+    }
     uint64_t bytes = 0;
     size_t entries = 0, corrupt = 0;
     // Draining entries too: evicted, but engines still compute with them (issue 48).
-    for (const auto& e : registry_.WatchedEntries()) {
+    auto watched = registry_.WatchedEntries();
+    std::shuffle(watched.begin(), watched.end(), rng);
+    for (const auto& e : watched) {
       if (stopping()) return;
       const Result r = Verify(e, options_.bytes_per_second);
       bytes += r.bytes;
@@ -62,14 +84,19 @@ void Scrubber::Loop() {
         }
       }
     }
-    const double secs =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const auto end = std::chrono::steady_clock::now();
+    last_pass = end - start;
     WC_LOG_DEBUG("integrity: scrub pass over %d entries, %d bytes in %.3f s, %d corrupt", entries,
-                 bytes, secs, corrupt);
+                 bytes, std::chrono::duration<double>(last_pass).count(), corrupt);
+    {
+      MutexLock l(mu_);
+      ++passes_;
+    }
+    // The next window; a pass that overran its window starts the next one now.
+    window = std::max(window + options_.interval, end);
+    // Not before the end of this window: one pass per window.
     MutexLock l(mu_);
-    ++passes_;
-    const auto next = start + options_.interval;
-    while (!stop_ && std::chrono::steady_clock::now() < next) cv_.WaitUntil(mu_, next);
+    while (!stop_ && std::chrono::steady_clock::now() < window) cv_.WaitUntil(mu_, window);
   }
 }
 

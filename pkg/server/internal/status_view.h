@@ -50,6 +50,9 @@ class StatusView final : public metrics::StateSource {
     std::function<void(v1::StatusResponse*)> integrity_findings;
     // The peer API's port (issue 47); answers null without one.
     std::function<const PeerPort*()> peer_port;
+    // The scrubber's interval (0: off): an entry not verified for two of them plus a minute
+    // is overdue (metrics).
+    std::chrono::milliseconds scrub_interval{0};
   };
   explicit StatusView(Sources sources) : s_(std::move(sources)) {}
 

@@ -37,6 +37,7 @@ class DaemonInProcessTest : public ::testing::Test {
     backend_ = memory::MakeHostBackend();
   }
   // Unless `o` says otherwise, this uid is granted admin and publisher on the engine socket.
+  // The daemon serves "m" and the specs in `o.specs`.
   void Start(DaemonOptions o) {
     o.socket_dir = dir_ / "s";
     if (o.admin_uids.empty()) o.admin_uids = {::geteuid()};
@@ -45,7 +46,7 @@ class DaemonInProcessTest : public ::testing::Test {
     spec::ModelSpec s;
     s.name = "m";
     s.model_dir = dir_ / "m";
-    o.specs = {s};
+    o.specs.insert(o.specs.begin(), s);  // "m", and any others the test names
     auto d = DaemonHooksAccess::Start(std::move(o), backend_.get(), &hooks_);
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = std::move(d).value();
