@@ -407,7 +407,9 @@ namespace {
 // the load's reads are parallel and out of order, so the check is a second pass, through the
 // page cache where the load's reads left the pages). The result is given back only when both
 // succeed: a file that hashes otherwise than pinned fails the load with DATA_LOSS naming it,
-// and the segments loaded from it are released here, never sealed into a ready entry.
+// and the segments loaded from it are released here, before any entry could serve them. A
+// mismatch does not stop the load early (it is found when both are done); a cancellation
+// after the load's reads ended waits for the check to finish.
 template <typename Loaded>
 absl::StatusOr<Loaded> WithPinsChecked(const OpenedModel& model, const LoadOptions& options,
                                        LoadProgress* progress,
