@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <map>
 #include <thread>
 
@@ -409,18 +410,22 @@ namespace {
 // succeed: a file that hashes otherwise than pinned fails the load with DATA_LOSS naming it,
 // and the segments loaded from it are released here, before any entry could serve them. A
 // mismatch does not stop the load early (it is found when both are done); a cancellation
-// after the load's reads ended waits for the check to finish.
+// stops both.
 template <typename Loaded>
 absl::StatusOr<Loaded> WithPinsChecked(const OpenedModel& model, const LoadOptions& options,
                                        LoadProgress* progress,
                                        const std::function<absl::StatusOr<Loaded>()>& load) {
   if (!model.pinned()) return load();
   std::atomic<bool> stop{false};
-  absl::Status verified;
-  std::thread verifier([&] { verified = VerifyPinned(model, options.read_threads, &stop); });
+  std::future<absl::Status> check = std::async(
+      std::launch::async, [&] { return VerifyPinned(model, options.read_threads, &stop); });
   absl::StatusOr<Loaded> loaded = load();
-  if (!loaded.ok() || (progress != nullptr && progress->cancelled())) stop = true;
-  verifier.join();
+  if (!loaded.ok()) stop = true;
+  // A cancellation (the daemon stopping, the entry's load cancelled) stops the check too.
+  while (check.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
+    if (progress != nullptr && progress->cancelled()) stop = true;
+  }
+  const absl::Status verified = check.get();
   if (!verified.ok() && (loaded.ok() || verified.code() == absl::StatusCode::kDataLoss)) {
     return verified;  // a mismatch says more than the load's own failure
   }

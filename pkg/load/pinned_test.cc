@@ -171,6 +171,25 @@ TEST(PinnedDigests, ATensorParallelGroupLoadChecksThePinsToo) {
                         identity::Sha256Hex(FileBytes(dir.path() + "/model.safetensors"))));
 }
 
+// A cancelled load (the daemon stopping) stops the check of the pins too, and says CANCELLED.
+TEST(PinnedDigests, ACancelledLoadStopsTheCheckToo) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {.shards = 2}).ok());
+  spec::ModelSpec s = SpecFor(dir.path());
+  s.digests = Sha256Of(dir.path());
+  auto store = MemoryStore();
+  auto m = OpenModel(s, {.digests = store.get()});
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto backend = memory::MakeHostBackend();
+  auto plan = PlanRank(**m, {}, {});
+  ASSERT_TRUE(plan.ok());
+  LoadProgress progress;
+  progress.Cancel();
+  auto loaded = LoadRank(**m, *plan, *backend, "", "tiny", {}, &progress);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kCancelled) << loaded.status();
+}
+
 TEST(PinnedDigests, PinsMustNameExactlyTheCheckpointsFiles) {
   TempDir dir;
   ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {.shards = 2}).ok());
