@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "cmd/weightcachectl/pin.h"
 #include "pkg/client/client.h"
 #include "pkg/load/loader.h"
 #include "pkg/load/model.h"
@@ -221,6 +222,19 @@ int Status(client::Client& c) {
   PrintCounters(*st);
   PrintKeeper(*st);
   PrintFindings(*st);
+  return 0;
+}
+
+// The `digests:` block of a model the daemon has hashed (pin.h).
+int Pin(client::Client& c, const std::vector<std::string>& args) {
+  if (args.size() != 1) {
+    return Error(absl::InvalidArgumentError("usage: weightcachectl pin MODEL"));
+  }
+  auto st = c.Status();
+  if (!st.ok()) return Error(st.status());
+  auto block = PinBlock(*st, args[0]);
+  if (!block.ok()) return Error(block.status());
+  std::fputs(block->c_str(), stdout);
   return 0;
 }
 
@@ -545,8 +559,10 @@ int RunCommand(const std::string& command, const std::vector<std::string>& args,
   if (command == "evict") return Evict(*c, args, ctx);
   if (command == "verify") return Verify(*c, args, ctx);
   if (command == "evict-artifacts") return EvictArtifacts(*c, args);
-  return Error(absl::InvalidArgumentError(absl::StrCat(
-      "unknown command '", command, "' (status, list, load, evict, evict-artifacts, verify)")));
+  if (command == "pin") return Pin(*c, args);
+  return Error(absl::InvalidArgumentError(
+      absl::StrCat("unknown command '", command,
+                   "' (status, list, load, evict, evict-artifacts, verify, pin)")));
 }
 
 }  // namespace

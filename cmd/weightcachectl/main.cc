@@ -48,6 +48,8 @@ int main(int argc, char** argv) {
       "                                           map and compare every byte with the files\n"
       "  weightcachectl verify --resident MODEL   the daemon checks its resident copy against\n"
       "                                           the digests taken when it was filled\n"
+      "  weightcachectl pin MODEL                 the spec's digests: block (each file's\n"
+      "                                           SHA-256) for a model this node hashed (admin)\n"
       "  weightcachectl demo-checkpoint DIR       write a small Llama-shaped checkpoint";
   weightcache::HandleHelpFlag(argc, argv, usage, {"cmd/weightcachectl/"});
   absl::SetProgramUsageMessage(usage);

@@ -1,14 +1,16 @@
-// Weights identity by content. A checkpoint file is identified by a digest of its bytes,
-// never by its name, header or size alone (a base model and its fine-tune have identical
-// headers). The digest comes, cheapest first, from:
+// Weights identity by content. A checkpoint file is identified by the SHA-256 of its bytes
+// ("sha256:<64 hex>"), never by its name, header or size alone (a base model and its
+// fine-tune have identical headers). The digest comes, cheapest first, from:
+//   0. the spec's pinned `digests:` (spec.h): the admin's word, taken without reading the
+//      file; the loader checks it against the bytes whenever it reads them (load::LoadRank);
 //   1. the DigestStore: digests this daemon computed earlier from the bytes, keyed by the
 //      file version they were computed from (device, inode, size, mtime_ns, ctime_ns), kept
 //      in a small state file so a daemon restart does not hash again;
 //   2. a Hugging Face cache blob: snapshot files are links to blobs/<sha256 of the contents>,
-//      so the link target's name is the digest ("sha256:<64 hex>") -- a claim that whoever
-//      wrote the file chose, so it is verified (SHA-256 of the file) before it is used;
-//   3. hashing the file (SHA-256 over 64 MiB chunks in parallel, then over the size and the
-//      chunk digests: "sha256c:<64 hex>").
+//      so the link target's name is the digest -- a claim that whoever wrote the file chose,
+//      so it is verified (SHA-256 of the file) before it is used;
+//   3. hashing the file (one sequential SHA-256: the same digest as 1 and 2, and as the one
+//      a spec pins, so every node names the same bytes alike however it learnt the digest).
 // Every digest is cryptographic: the identity is shared across tenants, and a writer of a
 // file must not be able to give it another file's digest.
 // A FileStat taken when the digest was resolved tells later whether the file changed
@@ -59,7 +61,10 @@ std::string DescribeChange(const std::string& name, const FileStat& before,
 std::optional<std::string> HuggingFaceBlobDigest(const std::string& path);
 
 // Hashes `size` bytes of `fd` from offset 0 with up to `threads` parallel preads:
-// "sha256c:<64 hex>". `what` names the file in errors. When `cancel` is set and becomes true,
+// "sha256c:<64 hex>" (SHA-256 of 64 MiB chunks, then of the size and the chunk digests).
+// Identities used it before issue 48 (a digest no one outside the daemon computes, so a spec
+// could not pin it); the store no longer trusts it, bench/digest_bench compares the costs.
+// `what` names the file in errors. When `cancel` is set and becomes true,
 // stops within one 4 MiB read with CANCELLED.
 absl::StatusOr<std::string> HashFile(int fd, uint64_t size, unsigned threads,
                                      const std::string& what,
@@ -73,7 +78,8 @@ absl::StatusOr<std::string> Sha256File(int fd, uint64_t size, const std::string&
 // The plain SHA-256 of `data`: "<64 hex>".
 std::string Sha256Hex(std::string_view data);
 
-enum class DigestSource { kBlobName, kStore, kHashed };  // kBlobName: verified
+// kBlobName: verified; kPinned: the spec's `digests:`, not read (yet) on this node.
+enum class DigestSource { kBlobName, kStore, kHashed, kPinned };
 const char* DigestSourceName(DigestSource s);
 
 struct ResolvedDigest {
@@ -99,10 +105,11 @@ class DigestStore {
   // logged, not returned: the digest is still right, only a restart would hash again.
   void Record(const FileStat& st, const std::string& digest);
 
-  // The content digest of the open file `fd` (at `path`): store, verified blob name, or
-  // hashing. UNAVAILABLE when the file changed while it was hashed; DATA_LOSS when a blob's
-  // name does not match its bytes.
-  absl::StatusOr<ResolvedDigest> Resolve(const std::string& path, int fd, unsigned threads,
+  // The content digest of the open file `fd` (at `path`), "sha256:<hex>": store, verified
+  // blob name, or hashing. UNAVAILABLE when the file changed while it was hashed; DATA_LOSS
+  // when a blob's name does not match its bytes. A store entry of the older "sha256c:" kind
+  // is hashed again (once per file version).
+  absl::StatusOr<ResolvedDigest> Resolve(const std::string& path, int fd,
                                          const std::atomic<bool>* cancel = nullptr);
 
   // Bytes read by Resolve() to hash files since this store was opened.

@@ -147,12 +147,12 @@ TEST(DigestStoreTest, ResolveHashesOnceAndSurvivesARestart) {
     auto store = DigestStore::Open(state);
     ASSERT_TRUE(store.ok()) << store.status();
     ScopedFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
-    auto r = (*store)->Resolve(p, fd.get(), 2);
+    auto r = (*store)->Resolve(p, fd.get());
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->source, DigestSource::kHashed);
     EXPECT_EQ((*store)->hashed_bytes(), 1u << 20);
     first = r->digest;
-    auto again = (*store)->Resolve(p, fd.get(), 2);
+    auto again = (*store)->Resolve(p, fd.get());
     ASSERT_TRUE(again.ok());
     EXPECT_EQ(again->source, DigestSource::kStore);
     EXPECT_EQ((*store)->hashed_bytes(), 1u << 20);
@@ -162,7 +162,7 @@ TEST(DigestStoreTest, ResolveHashesOnceAndSurvivesARestart) {
   ASSERT_TRUE(store.ok());
   EXPECT_EQ((*store)->size(), 1u);
   ScopedFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
-  auto r = (*store)->Resolve(p, fd.get(), 2);
+  auto r = (*store)->Resolve(p, fd.get());
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->source, DigestSource::kStore);
   EXPECT_EQ(r->digest, first);
@@ -171,7 +171,7 @@ TEST(DigestStoreTest, ResolveHashesOnceAndSurvivesARestart) {
   // Rewritten in place with the same bytes but a new version: hashed again, same digest.
   Write(p, Bytes(1 << 20, 2));
   ScopedFd fd2(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
-  auto r2 = (*store)->Resolve(p, fd2.get(), 2);
+  auto r2 = (*store)->Resolve(p, fd2.get());
   ASSERT_TRUE(r2.ok());
   EXPECT_EQ(r2->source, DigestSource::kHashed);
   EXPECT_EQ(r2->digest, first);
@@ -203,17 +203,17 @@ TEST(DigestStoreTest, ABlobNameIsVerifiedAgainstItsBytes) {
   ASSERT_TRUE(store.ok());
   const std::string good = dir / "snapshots/rev/good.safetensors";
   ScopedFd g(::open(good.c_str(), O_RDONLY | O_CLOEXEC));
-  auto r = (*store)->Resolve(good, g.get(), 2);
+  auto r = (*store)->Resolve(good, g.get());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->digest, "sha256:" + real);
   EXPECT_EQ(r->source, DigestSource::kBlobName);
-  EXPECT_EQ((*store)->hashed_bytes(), 3u);           // verified by reading it
-  auto again = (*store)->Resolve(good, g.get(), 2);  // once per file version
+  EXPECT_EQ((*store)->hashed_bytes(), 3u);        // verified by reading it
+  auto again = (*store)->Resolve(good, g.get());  // once per file version
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->source, DigestSource::kStore);
   const std::string bad = dir / "snapshots/rev/bad.safetensors";
   ScopedFd b(::open(bad.c_str(), O_RDONLY | O_CLOEXEC));
-  auto forgery = (*store)->Resolve(bad, b.get(), 2);
+  auto forgery = (*store)->Resolve(bad, b.get());
   EXPECT_EQ(forgery.status().code(), absl::StatusCode::kDataLoss) << forgery.status();
   EXPECT_THAT(std::string(forgery.status().message()),
               HasSubstr("bad.safetensors: its Hugging Face blob name says sha256:bbbb"));
@@ -236,10 +236,42 @@ TEST(DigestStoreTest, NonCryptographicDigestsOfAnOldStoreAreHashedAgain) {
   auto store = DigestStore::Open(dir / "digests.json");
   ASSERT_TRUE(store.ok());
   ScopedFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
-  auto r = (*store)->Resolve(p, fd.get(), 2);
+  auto r = (*store)->Resolve(p, fd.get());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->source, DigestSource::kHashed);
-  EXPECT_THAT(r->digest, StartsWith("sha256c:"));
+  EXPECT_EQ(r->digest, "sha256:" + Sha256Hex(Bytes(4096, 3)));
+}
+
+// Issue 48: a file is named by its plain SHA-256, what `sha256sum` prints and a spec pins,
+// whoever computed it. A store entry of the chunked kind used before ("sha256c:", which
+// nothing outside the daemon computes) is hashed again, once per file version.
+TEST(DigestStoreTest, HashingGivesThePlainSha256AndChunkedDigestsAreHashedAgain) {
+  TempDir dir;
+  const std::string p = dir / "model.safetensors";
+  const std::string bytes = Bytes(3 << 20, 4);
+  Write(p, bytes);
+  auto st = StatPath(p);
+  ASSERT_TRUE(st.ok());
+  ScopedFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+  auto chunked = HashFile(fd.get(), st->size, 2, p);
+  ASSERT_TRUE(chunked.ok());
+  {
+    auto store = DigestStore::Open(dir / "digests.json");
+    ASSERT_TRUE(store.ok());
+    (*store)->Record(*st, *chunked);
+  }
+  auto store = DigestStore::Open(dir / "digests.json");
+  ASSERT_TRUE(store.ok());
+  auto r = (*store)->Resolve(p, fd.get());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->source, DigestSource::kHashed);
+  EXPECT_EQ(r->digest, "sha256:" + Sha256Hex(bytes));
+  EXPECT_EQ((*store)->hashed_bytes(), bytes.size());
+  auto again = (*store)->Resolve(p, fd.get());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->source, DigestSource::kStore);
+  EXPECT_EQ(again->digest, r->digest);
+  EXPECT_EQ((*store)->hashed_bytes(), bytes.size());
 }
 
 // Writes a 4 KiB file at `p` and records its digest in a store persisted at `state`.
@@ -248,7 +280,7 @@ void StoreOneDigest(const std::string& p, const std::string& state) {
   auto store = DigestStore::Open(state);
   ASSERT_TRUE(store.ok()) << store.status();
   ScopedFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
-  ASSERT_TRUE((*store)->Resolve(p, fd.get(), 1).ok());
+  ASSERT_TRUE((*store)->Resolve(p, fd.get()).ok());
 }
 
 // Finding (issue 25): the digest store was trusted at start with no integrity check, so
@@ -264,7 +296,7 @@ TEST(DigestStoreTest, ATamperedStoreIsDiscardedAndTheFileHashedAgain) {
   ASSERT_EQ(::stat((state + ".key").c_str(), &key), 0);
   EXPECT_EQ(key.st_mode & 0777, 0600u);
   // The attacker's edit: this file version now claims another model's digest.
-  const std::string forged = "sha256c:" + std::string(64, 'a');
+  const std::string forged = "sha256:" + std::string(64, 'a');
   auto j = nlohmann::json::parse(Read(state));
   j["entries"][0]["digest"] = forged;
   Write(state, j.dump());
@@ -276,7 +308,7 @@ TEST(DigestStoreTest, ATamperedStoreIsDiscardedAndTheFileHashedAgain) {
   EXPECT_THAT(log, HasSubstr("HMAC does not match"));
   EXPECT_TRUE(std::filesystem::exists(state + ".bad"));
   ScopedFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
-  auto r = (*store)->Resolve(p, fd.get(), 1);
+  auto r = (*store)->Resolve(p, fd.get());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->source, DigestSource::kHashed);
   EXPECT_NE(r->digest, forged);

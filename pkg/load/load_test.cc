@@ -102,7 +102,7 @@ TEST(OpenModel, ReadsConfigDtypeAndFingerprintInputs) {
   auto in = (*m)->Inputs({}, {});
   ASSERT_EQ(in.files.size(), 1u);
   EXPECT_EQ(in.files[0].name, "model.safetensors");
-  EXPECT_EQ(in.files[0].content.substr(0, 8), "sha256c:");
+  EXPECT_EQ(in.files[0].content.substr(0, 7), "sha256:");
   EXPECT_TRUE((*m)->ChangedFiles().empty());
 }
 

@@ -6,9 +6,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <future>
 #include <map>
 #include <thread>
 
@@ -216,7 +219,14 @@ bool AllCuda(const LoadedModel& m) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::unique_ptr<LoadedModel>>> LoadRanks(
+// The reads and copies of LoadRank and LoadRanks; the public functions add the check of
+// pinned digests beside them (WithPinsChecked).
+static absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRankReading(
+    const OpenedModel& model, Plan planned, memory::Backend& backend,
+    const std::string& device_uuid, const std::string& label, const LoadOptions& options,
+    LoadProgress* progress);
+
+static absl::StatusOr<std::vector<std::unique_ptr<LoadedModel>>> LoadRanksReading(
     const OpenedModel& model, std::vector<Plan> plans, memory::Backend& backend,
     const std::vector<std::string>& device_uuids, const std::vector<std::string>& labels,
     const LoadOptions& options, LoadProgress* progress) {
@@ -226,8 +236,8 @@ absl::StatusOr<std::vector<std::unique_ptr<LoadedModel>>> LoadRanks(
                                                    labels.size(), " labels"));
   }
   if (plans.size() == 1) {
-    WC_ASSIGN_OR_RETURN(auto one, LoadRank(model, std::move(plans[0]), backend, device_uuids[0],
-                                           labels[0], options, progress));
+    WC_ASSIGN_OR_RETURN(auto one, LoadRankReading(model, std::move(plans[0]), backend,
+                                                  device_uuids[0], labels[0], options, progress));
     std::vector<std::unique_ptr<LoadedModel>> out;
     out.push_back(std::move(one));
     return out;
@@ -255,12 +265,10 @@ absl::StatusOr<std::vector<std::unique_ptr<LoadedModel>>> LoadRanks(
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(const OpenedModel& model, Plan planned,
-                                                      memory::Backend& backend,
-                                                      const std::string& device_uuid,
-                                                      const std::string& label,
-                                                      const LoadOptions& options,
-                                                      LoadProgress* progress) {
+static absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRankReading(
+    const OpenedModel& model, Plan planned, memory::Backend& backend,
+    const std::string& device_uuid, const std::string& label, const LoadOptions& options,
+    LoadProgress* progress) {
   const auto started = std::chrono::steady_clock::now();
   WC_ASSIGN_OR_RETURN(auto out,
                       AllocateRank(model, std::move(planned), backend, device_uuid, label));
@@ -391,6 +399,63 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(const OpenedModel& model, 
   out->stats.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return out;
+}
+
+namespace {
+
+// Runs `load` (which reads the checkpoint) while the spec's pinned digests are checked against
+// the files beside it (VerifyPinned, on its own threads: the files' SHA-256 is sequential and
+// the load's reads are parallel and out of order, so the check is a second pass, through the
+// page cache where the load's reads left the pages). The result is given back only when both
+// succeed: a file that hashes otherwise than pinned fails the load with DATA_LOSS naming it,
+// and the segments loaded from it are released here, before any entry could serve them. A
+// mismatch does not stop the load early (it is found when both are done); a cancellation
+// stops both.
+template <typename Loaded>
+absl::StatusOr<Loaded> WithPinsChecked(const OpenedModel& model, const LoadOptions& options,
+                                       LoadProgress* progress,
+                                       const std::function<absl::StatusOr<Loaded>()>& load) {
+  if (!model.pinned()) return load();
+  std::atomic<bool> stop{false};
+  std::future<absl::Status> check = std::async(
+      std::launch::async, [&] { return VerifyPinned(model, options.read_threads, &stop); });
+  absl::StatusOr<Loaded> loaded = load();
+  if (!loaded.ok()) stop = true;
+  // A cancellation (the daemon stopping, the entry's load cancelled) stops the check too.
+  while (check.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
+    if (progress != nullptr && progress->cancelled()) stop = true;
+  }
+  const absl::Status verified = check.get();
+  if (!verified.ok() && (loaded.ok() || verified.code() == absl::StatusCode::kDataLoss)) {
+    return verified;  // a mismatch says more than the load's own failure
+  }
+  return loaded;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::unique_ptr<LoadedModel>>> LoadRanks(
+    const OpenedModel& model, std::vector<Plan> plans, memory::Backend& backend,
+    const std::vector<std::string>& device_uuids, const std::vector<std::string>& labels,
+    const LoadOptions& options, LoadProgress* progress) {
+  using Loaded = std::vector<std::unique_ptr<LoadedModel>>;
+  return WithPinsChecked<Loaded>(model, options, progress, [&]() -> absl::StatusOr<Loaded> {
+    return LoadRanksReading(model, std::move(plans), backend, device_uuids, labels, options,
+                            progress);
+  });
+}
+
+absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(const OpenedModel& model, Plan planned,
+                                                      memory::Backend& backend,
+                                                      const std::string& device_uuid,
+                                                      const std::string& label,
+                                                      const LoadOptions& options,
+                                                      LoadProgress* progress) {
+  using Loaded = std::unique_ptr<LoadedModel>;
+  return WithPinsChecked<Loaded>(model, options, progress, [&]() -> absl::StatusOr<Loaded> {
+    return LoadRankReading(model, std::move(planned), backend, device_uuid, label, options,
+                           progress);
+  });
 }
 
 }  // namespace weightcache::load

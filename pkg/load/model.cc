@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "pkg/load/internal/pinned.h"
 #include "pkg/util/status_macros.h"
 
 namespace weightcache::load {
@@ -107,6 +108,7 @@ absl::StatusOr<std::shared_ptr<const OpenedModel>> OpenModel(const spec::ModelSp
   }
   std::string arch = s.architecture.empty() ? config.architecture : s.architecture;
   WC_ASSIGN_OR_RETURN(safetensors::Checkpoint ckpt, safetensors::Checkpoint::Open(s.model_dir));
+  WC_RETURN_IF_ERROR(internal::CheckPinsCover(s, ckpt));
   WC_ASSIGN_OR_RETURN(DType stored, StoredDType(ckpt, quant.method == "fp8_block"));
   std::string dtype = ShortDTypeName(stored);
   if (s.dtype != "auto" && s.dtype != dtype) {
@@ -121,38 +123,38 @@ absl::StatusOr<std::shared_ptr<const OpenedModel>> OpenModel(const spec::ModelSp
     WC_ASSIGN_OR_RETURN(private_store, identity::DigestStore::Open(""));
     store = private_store.get();
   }
-  // Files are identified in parallel, each with a share of the threads: a verified Hugging
-  // Face blob is one sequential SHA-256 (~1 GB/s a core), so a sharded checkpoint needs its
-  // files side by side to hash at more than one core's speed.
+  // Files are identified in parallel: a file this node has not seen is one sequential
+  // SHA-256 (~1 GB/s a core), so a sharded checkpoint needs its files side by side to hash at
+  // more than one core's speed. Pinned files are not read.
   const auto& ckfiles = ckpt.files();
   std::vector<SourceFile> files(ckfiles.size());
   std::vector<absl::Status> errors(ckfiles.size());
-  const unsigned threads = std::max(1u, options.hash_threads);
-  const unsigned workers =
-      static_cast<unsigned>(std::clamp<size_t>(threads, 1, std::max<size_t>(1, ckfiles.size())));
-  const unsigned per_file = std::max(1u, threads / workers);
+  const unsigned workers = static_cast<unsigned>(std::clamp<size_t>(
+      std::max(1u, options.hash_threads), 1, std::max<size_t>(1, ckfiles.size())));
   std::atomic<size_t> next{0};
+  auto identify_one = [&](const safetensors::File& f) -> absl::StatusOr<SourceFile> {
+    const std::string& path = f.info().path;
+    if (s.digests.count(f.info().name) != 0 && options.content_digests) {
+      return internal::PinnedSource(s, f.info().name, path, f.fd(), store);
+    }
+    SourceFile sf{f.info().name, path, {}, "", identity::DigestSource::kHashed};
+    if (store == nullptr) {
+      WC_ASSIGN_OR_RETURN(sf.stat, identity::StatFd(f.fd(), path));
+      return sf;
+    }
+    WC_ASSIGN_OR_RETURN(identity::ResolvedDigest r, store->Resolve(path, f.fd(), options.cancel));
+    sf.stat = r.stat;
+    sf.digest = std::move(r.digest);
+    sf.digest_source = r.source;
+    return sf;
+  };
   auto identify = [&] {
     for (size_t i = next++; i < ckfiles.size(); i = next++) {
-      const auto& f = ckfiles[i];
-      SourceFile& sf = files[i];
-      sf = {f.info().name, f.info().path, {}, "", identity::DigestSource::kHashed};
-      if (store != nullptr) {
-        auto r = store->Resolve(f.info().path, f.fd(), per_file, options.cancel);
-        if (!r.ok()) {
-          errors[i] = r.status();
-          continue;
-        }
-        sf.stat = r->stat;
-        sf.digest = std::move(r->digest);
-        sf.digest_source = r->source;
+      auto sf = identify_one(ckfiles[i]);
+      if (sf.ok()) {
+        files[i] = std::move(*sf);
       } else {
-        auto st = identity::StatFd(f.fd(), f.info().path);
-        if (!st.ok()) {
-          errors[i] = st.status();
-          continue;
-        }
-        sf.stat = *st;
+        errors[i] = sf.status();
       }
     }
   };
@@ -161,9 +163,9 @@ absl::StatusOr<std::shared_ptr<const OpenedModel>> OpenModel(const spec::ModelSp
   identify();
   for (auto& t : pool) t.join();
   for (const auto& e : errors) WC_RETURN_IF_ERROR(e);
-  return std::make_shared<const OpenedModel>(OpenedModel{s, std::move(config), std::move(quant),
-                                                         std::move(arch), std::move(dtype),
-                                                         std::move(ckpt), std::move(files)});
+  return std::make_shared<const OpenedModel>(
+      OpenedModel{s, std::move(config), std::move(quant), std::move(arch), std::move(dtype),
+                  std::move(ckpt), std::move(files), options.digests});
 }
 
 }  // namespace weightcache::load

@@ -25,7 +25,9 @@ struct SourceFile {
   std::string name;  // basename
   std::string path;
   identity::FileStat stat;  // the version `digest` describes
-  std::string digest;       // "sha256:..." / "sha256c:..."; empty when digests were not asked
+  std::string digest;       // "sha256:<hex>"; empty when digests were not asked
+  // kPinned: `digest` is the spec's, not (yet) checked against the bytes on this node; the
+  // loader checks it as it loads (VerifyPinned). kStore/kHashed/kBlobName: from the bytes.
   identity::DigestSource digest_source = identity::DigestSource::kHashed;
 };
 
@@ -42,6 +44,10 @@ struct OpenedModel {
   std::string dtype;         // served dtype: "bf16", "fp16", "fp32", "fp8_e4m3"
   safetensors::Checkpoint checkpoint;
   std::vector<SourceFile> files;  // in checkpoint.files() order
+  // Where the loader looks up and records the digests it checks pinned files against (the
+  // daemon's store, which outlives every OpenedModel); null: a memory-only one per check.
+  identity::DigestStore* digests = nullptr;
+  bool pinned() const { return !spec.digests.empty(); }
 
   // Fingerprint inputs of this model served for `layout` in `env`.
   spec::FingerprintInputs Inputs(const spec::Layout& layout, const spec::Environment& env) const;
@@ -65,7 +71,25 @@ struct OpenOptions {
 // Short dtype name used in fingerprints and the API for a safetensors dtype ("bf16").
 std::string ShortDTypeName(safetensors::DType dtype);
 
+// With pinned digests (spec `digests:`), no file is read for its digest: each is taken from
+// the spec, unless the store already knows this file version by another SHA-256 (DATA_LOSS
+// naming the file and both digests, before anything is loaded). A pin for a file that is not
+// in the checkpoint, or a checkpoint file without one, is INVALID_ARGUMENT naming the model
+// and the files.
 absl::StatusOr<std::shared_ptr<const OpenedModel>> OpenModel(const spec::ModelSpec& spec,
                                                              const OpenOptions& options = {});
+
+// Checks the pinned files of `model` against their bytes: each file version's SHA-256 from
+// `model.digests` when known there, else hashed from the file (recorded there), files side
+// by side on up to `threads` threads. DATA_LOSS naming the model, the file and both digests
+// when one differs; UNAVAILABLE when a file changed since the model was opened; CANCELLED
+// when `cancel` turns true. OK at once for an unpinned model.
+absl::Status VerifyPinned(const OpenedModel& model, unsigned threads,
+                          const std::atomic<bool>* cancel);
+
+// Whether `status` is a refusal because a file hashes otherwise than its pinned digest (from
+// VerifyPinned, a load, or OpenModel): a marker payload, so callers count it (metrics)
+// without reading the message.
+bool IsPinnedDigestMismatch(const absl::Status& status);
 
 }  // namespace weightcache::load

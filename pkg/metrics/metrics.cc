@@ -295,6 +295,11 @@ struct Metrics::Impl {
                            "http2_streams, http2_header_block, http2_resets: a control connection "
                            "closed for an HTTP/2 limit).")
                      .Register(registry)),
+        pinned_mismatches(prometheus::BuildCounter()
+                              .Name("weightcache_pinned_digest_mismatches_total")
+                              .Help("Loads and opens refused because a checkpoint file hashes "
+                                    "otherwise than the spec's pinned digest, by model.")
+                              .Register(registry)),
         keeper_up(prometheus::BuildGauge()
                       .Name("weightcache_keeper_up")
                       .Help("1 while the daemon is connected to its keeper, else 0.")
@@ -400,6 +405,7 @@ struct Metrics::Impl {
   prometheus::Family<prometheus::Counter>& load_bytes;
   prometheus::Family<prometheus::Counter>& evictions;
   prometheus::Family<prometheus::Counter>& refusals;
+  prometheus::Family<prometheus::Counter>& pinned_mismatches;
   prometheus::Gauge& keeper_up;
   prometheus::Gauge& keeper_fds;
   prometheus::Family<prometheus::Counter>& adopted;
@@ -457,6 +463,10 @@ void Metrics::OnPublish(const std::string& model, const std::string& result) {
 
 void Metrics::OnRefused(const std::string& rule) {
   impl_->refusals.Add({{"rule", rule}}).Increment();
+}
+
+void Metrics::OnPinnedDigestMismatch(const std::string& model) {
+  impl_->pinned_mismatches.Add({{"model", impl_->ModelLabel(model)}}).Increment();
 }
 
 void Metrics::OnIntegrityCheck() { impl_->integrity_checks.Increment(); }

@@ -149,6 +149,9 @@ class Metrics {
   // A control-plane request refused by an authorization rule or a connection cap.
   // `rule`: admin | lease_owner | model_roots | allowlist | connection_cap | publish.
   void OnRefused(const std::string& rule);
+  // A load or open of `model` refused because a checkpoint file hashes otherwise than the
+  // spec's pinned digest (load::IsPinnedDigestMismatch).
+  void OnPinnedDigestMismatch(const std::string& model);
   // Integrity: a resident entry's digests were checked (scrub pass or verify), and when a
   // check found changed memory (the entry became corrupt).
   void OnIntegrityCheck();

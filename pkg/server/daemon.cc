@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "pkg/load/loader.h"
+#include "pkg/load/model.h"
 #include "pkg/load/plan.h"
 #include "pkg/server/hooks.h"
 #include "pkg/server/internal/access.h"
@@ -46,6 +47,9 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend, DaemonHooks*
       [this](const cache::Entry& e, const absl::Status& st, double seconds) {
         if (options_.metrics != nullptr && st.ok()) {
           options_.metrics->OnLoad(e.model, e.source, seconds, e.progress.total());
+        }
+        if (options_.metrics != nullptr && load::IsPinnedDigestMismatch(st)) {
+          options_.metrics->OnPinnedDigestMismatch(e.model);
         }
       });
   registry_.SetLingeringSource(

@@ -179,6 +179,9 @@ absl::StatusOr<std::shared_ptr<const load::OpenedModel>> ModelCatalog::Open(cons
       if (!opened.ok()) break;
     }
   }
+  if (!opened.ok() && metrics_ != nullptr && load::IsPinnedDigestMismatch(opened.status())) {
+    metrics_->OnPinnedDigestMismatch(name);
+  }
   MutexLock l(mu_);
   if (!opened.ok()) {
     open_errors_[name] = std::string(opened.status().message());

@@ -163,6 +163,9 @@ void StatusView::AppendEntry(const Caller& caller, bool admin, const cache::Entr
 void StatusView::AppendModels(Visibility& visible,
                               const std::map<std::string, std::set<uint32_t>>& ready_ranks,
                               v1::StatusResponse* resp) const {
+  // Admins see the files' digests (weightcachectl pin).
+  std::map<std::string, std::shared_ptr<const load::OpenedModel>> opened;
+  if (visible.admin()) opened = s_.models->Opened();
   for (const auto& [sp, refused] : s_.models->List()) {
     const std::string& name = sp.name;
     if (!visible(name)) continue;
@@ -180,6 +183,22 @@ void StatusView::AppendModels(Visibility& visible,
     m->set_refused(refused);
     for (const auto& ns : sp.allowed_namespaces) m->add_allowed_namespaces(ns);
     m->set_isolation(sp.isolation);
+    AppendFiles(opened, name, m);
+  }
+}
+
+// The content digests of `name`'s files as opened (for `weightcachectl pin`).
+void StatusView::AppendFiles(
+    const std::map<std::string, std::shared_ptr<const load::OpenedModel>>& opened,
+    const std::string& name, v1::KnownModel* m) {
+  auto it = opened.find(name);
+  if (it == opened.end()) return;
+  for (const auto& f : it->second->files) {
+    auto* cf = m->add_files();
+    cf->set_name(f.name);
+    cf->set_size(f.stat.size);
+    cf->set_digest(f.digest);
+    cf->set_source(identity::DigestSourceName(f.digest_source));
   }
 }
 

@@ -42,7 +42,8 @@ constexpr const char* kKeys[] = {"version",
                                  "layout",
                                  "allowed_namespaces",
                                  "isolation",
-                                 "publishers"};
+                                 "publishers",
+                                 "digests"};
 
 std::string KnownKeys() { return absl::StrJoin(kKeys, ", "); }
 
@@ -157,8 +158,40 @@ absl::Status ForEachScalar(
   return absl::OkStatus();
 }
 
+// `digests:`, a mapping of file name to SHA-256; hex digits are lowercased (sha256sum prints
+// lowercase, some tools uppercase) so that one digest has one spelling in the fingerprint.
+// What the names and values must be is Validate's.
+absl::Status SetDigests(const YAML::Node& value, ModelSpec* spec) {
+  if (!value.IsMap()) {
+    return Invalid("digests", absl::StrCat("must be a mapping of checkpoint file name to its "
+                                           "SHA-256, got ",
+                                           NodeKind(value)));
+  }
+  spec->digests.clear();
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    if (!it->first.IsScalar()) {
+      return Invalid("digests", absl::StrCat("keys must be file names, got ", NodeKind(it->first)));
+    }
+    const std::string file = it->first.Scalar();
+    const std::string field = absl::StrCat("digests[", Quote(file), "]");
+    if (!it->second.IsScalar()) {
+      return Invalid(field,
+                     absl::StrCat("must be a SHA-256 (64 hex digits), got ", NodeKind(it->second)));
+    }
+    std::string digest = it->second.Scalar();
+    for (auto& c : digest) {
+      if (c >= 'A' && c <= 'F') c = static_cast<char>(c - 'A' + 'a');
+    }
+    if (!spec->digests.emplace(file, std::move(digest)).second) {
+      return Invalid(field, "duplicate file name");
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SetFromNode(const std::string& key, const YAML::Node& value, ModelSpec* spec) {
   if (value.IsNull()) return absl::OkStatus();  // an explicit null keeps the default
+  if (key == "digests") return SetDigests(value, spec);
   if (key == "publishers") {
     spec->publishers.clear();
     return ForEachScalar(key, value, "a list of namespace names and uid:<n>",
@@ -413,6 +446,12 @@ absl::StatusOr<ModelSpec> ParseSpecFlag(const std::string& flag) {
       return absl::InvalidArgumentError(absl::StrCat(source, ": duplicate key ", Quote(key)));
     }
     last_key = key;
+    if (key == "digests") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source,
+                       ": digests: a mapping of file name to SHA-256, which the flag form "
+                       "cannot hold; pin digests in a spec file (--spec_file)"));
+    }
     if (key == "allowed_namespaces") {
       spec.allowed_namespaces.clear();
       if (!value.empty()) spec.allowed_namespaces.push_back(value);
@@ -469,6 +508,13 @@ std::string ToYaml(const ModelSpec& spec) {
     out << YAML::Key << "publishers" << YAML::Value << YAML::Flow << YAML::BeginSeq;
     for (const auto& p : spec.publishers) out << YAML::DoubleQuoted << p;
     out << YAML::EndSeq;
+  }
+  if (!spec.digests.empty()) {
+    out << YAML::Key << "digests" << YAML::Value << YAML::BeginMap;
+    for (const auto& [file, digest] : spec.digests) {
+      out << YAML::Key << YAML::DoubleQuoted << file << YAML::Value << YAML::DoubleQuoted << digest;
+    }
+    out << YAML::EndMap;
   }
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";

@@ -27,10 +27,16 @@
 //                                    # published weights): namespaces of pods on slot
 //                                    # sockets, uid:<n> on the engine socket; admins always;
 //                                    # empty: every granted publisher
+//   digests:                         # optional: each checkpoint file's SHA-256 (64 hex
+//     model.safetensors: 9f86d0...   # digits; `weightcachectl pin` prints the block), by
+//                                    # file name: the daemon names the weights by them
+//                                    # without reading the files, and a load from disk
+//                                    # refuses a file whose bytes hash otherwise
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -81,7 +87,18 @@ struct ModelSpec {
   // slot socket) and "uid:<n>" (a peer on the engine socket); unique. Empty: every granted
   // publisher. An access rule: never in the fingerprint.
   std::vector<std::string> publishers;
+  // Pinned digests: checkpoint file name (a basename, e.g. "model-00001-of-00002.safetensors")
+  // -> the SHA-256 of its whole contents, 64 lowercase hex digits (ParseSpecs lowercases).
+  // Empty: the daemon computes them (pkg/identity). When set, every file of the checkpoint
+  // needs one and each must name a file of it (checked when the model is opened, since the
+  // spec alone does not list the files: load::OpenModel); they give the content identity
+  // without a read, and a load from disk refuses bytes that hash otherwise. Part of the
+  // fingerprint only through the content digests they stand for (the same as hashing gives).
+  std::map<std::string, std::string> digests;
 };
+
+// Whether `digest` is a SHA-256 as a spec pins it: exactly 64 lowercase hex digits.
+bool IsSha256Hex(const std::string& digest);
 
 // Whether `name` is a Kubernetes namespace name: a DNS-1123 label, [a-z0-9]([-a-z0-9]*[a-z0-9])?
 // of at most 63 characters.
@@ -101,7 +118,8 @@ absl::StatusOr<std::vector<ModelSpec>> ParseSpecs(const std::string& text,
 absl::StatusOr<std::vector<ModelSpec>> LoadSpecFile(const std::string& path);
 
 // Parses the flag form: comma-separated key=value, e.g.
-// "name=llama,model_dir=/m/llama,tp_size=1,tp_ranks=0". Keys as in YAML.
+// "name=llama,model_dir=/m/llama,tp_size=1,tp_ranks=0". Keys as in YAML, but for `digests`
+// (a mapping: spec files and inline Load specs only).
 absl::StatusOr<ModelSpec> ParseSpecFlag(const std::string& flag);
 
 // Renders a spec as canonical YAML (round-trips through ParseSpecs).

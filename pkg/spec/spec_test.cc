@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
@@ -217,7 +218,7 @@ TEST(SpecParse, UnknownKeyNamesKeyAndSource) {
   ExpectInvalid("name: a\nmodel_dir: /a\ntp: 2\n",
                 "specs.yaml: unknown key \"tp\" (known: version, name, model_dir, architecture, "
                 "revision, tp_size, tp_ranks, pp_size, pp_rank, dtype, quantization, layout, "
-                "allowed_namespaces, isolation, publishers)");
+                "allowed_namespaces, isolation, publishers, digests)");
   ExpectInvalid("models:\n  - {name: a, model_dir: /a}\nname: b\n",
                 "specs.yaml: unknown key \"name\" beside `models:` (keys go in each model)");
 }
@@ -370,7 +371,7 @@ TEST(SpecFlag, Errors) {
          "flag: unknown key \"tp\" (known: version, name, model_dir, "
          "architecture, revision, tp_size, tp_ranks, pp_size, "
          "pp_rank, dtype, quantization, layout, "
-         "allowed_namespaces, isolation, publishers)");
+         "allowed_namespaces, isolation, publishers, digests)");
   expect("name=a,model_dir=/a,tp_size=x", "flag: tp_size: must be an integer, got \"x\"");
   expect("name=a,model_dir=/a,tp_size=0", "flag: tp_size: must be >= 1, got 0");
   expect("name=a,model_dir=/a,tp_size=2,tp_ranks=0,5",
@@ -658,6 +659,57 @@ TEST(SpecPublishers, ParsedValidatedAndRoundTripped) {
   ExpectInvalid("name: llama\nmodel_dir: /a\npublishers: team-a\n",
                 "specs.yaml: publishers: must be a list of namespace names and uid:<n>, got "
                 "\"team-a\"");
+}
+
+// Pinned digests (issue 48): a mapping of checkpoint file name to SHA-256, lowercased,
+// round-tripped, and refused at spec load when a name or a digest is malformed.
+TEST(SpecDigests, ParsedLowercasedAndRoundTripped) {
+  const std::string a(64, 'a');
+  const std::string b = "0123456789ABCDEF0123456789abcdef0123456789abcdef0123456789ABCDEF";
+  ModelSpec s = ParseOne("name: llama\nmodel_dir: /a\ndigests:\n  model-00001.safetensors: " + a +
+                         "\n  model-00002.safetensors: \"" + b + "\"\n");
+  ASSERT_EQ(s.digests.size(), 2u);
+  EXPECT_EQ(s.digests.at("model-00001.safetensors"), a);
+  EXPECT_EQ(s.digests.at("model-00002.safetensors"), absl::AsciiStrToLower(b));
+  auto again = ParseSpecs(ToYaml(s), "canonical");
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << ToYaml(s);
+  EXPECT_EQ(again->front().digests, s.digests);
+  // JSON too (a digest of digits only stays a string).
+  const std::string digits(64, '7');
+  ModelSpec j = ParseOne(R"({"name": "j", "model_dir": "/a", "digests": {"m.safetensors": ")" +
+                         digits + "\"}}");
+  EXPECT_EQ(j.digests.at("m.safetensors"), digits);
+  // Absent: empty, and the canonical text of an unpinned spec has no digests key.
+  EXPECT_TRUE(ParseOne("name: x\nmodel_dir: /a\n").digests.empty());
+  EXPECT_THAT(ToYaml(ParseOne("name: x\nmodel_dir: /a\n")), ::testing::Not(HasSubstr("digests")));
+}
+
+TEST(SpecDigests, MalformedDigestsAndNamesNameTheModelTheFileAndWhatIsWrong) {
+  ExpectInvalid("name: llama\nmodel_dir: /a\ndigests:\n  model.safetensors: abc123\n",
+                "specs.yaml: digests[\"model.safetensors\"]: model \"llama\": must be the file's "
+                "SHA-256, 64 hex digits, got \"abc123\" (6 characters)");
+  ExpectInvalid(
+      "name: llama\nmodel_dir: /a\ndigests:\n  model.safetensors: " + std::string(63, 'a') + "g\n",
+      "specs.yaml: digests[\"model.safetensors\"]: model \"llama\": must be the file's "
+      "SHA-256, 64 hex digits, got \"" +
+          std::string(63, 'a') + "g\" (64 characters)");
+  ExpectInvalid("name: llama\nmodel_dir: /a\ndigests:\n  sub/model.safetensors: " +
+                    std::string(64, 'a') + "\n",
+                "specs.yaml: digests[\"sub/model.safetensors\"]: model \"llama\": must name a "
+                "checkpoint file of model_dir (a file name ending in .safetensors, no directory)");
+  ExpectInvalid(
+      "name: llama\nmodel_dir: /a\ndigests:\n  config.json: " + std::string(64, 'a') + "\n",
+      "specs.yaml: digests[\"config.json\"]: model \"llama\": must name a checkpoint "
+      "file of model_dir (a file name ending in .safetensors, no directory)");
+  ExpectInvalid("name: llama\nmodel_dir: /a\ndigests: [abc]\n",
+                "specs.yaml: digests: must be a mapping of checkpoint file name to its SHA-256, "
+                "got a list");
+  ExpectInvalid("name: llama\nmodel_dir: /a\ndigests:\n  m.safetensors: [a]\n",
+                "specs.yaml: digests[\"m.safetensors\"]: must be a SHA-256 (64 hex digits), got a "
+                "list");
+  auto flag = ParseSpecFlag("name=x,model_dir=/a,digests=m.safetensors");
+  ASSERT_FALSE(flag.ok());
+  EXPECT_THAT(std::string(flag.status().message()), HasSubstr("pin digests in a spec file"));
 }
 
 }  // namespace

@@ -1,9 +1,11 @@
 // Validation of a ModelSpec: bounds, names, enumerations and the access lists
 // (allowed_namespaces, publishers). Apart from the parsing (spec.cc), which calls Validate on
 // every spec it reads.
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -143,7 +145,38 @@ absl::Status ValidatePublishers(const ModelSpec& spec) {
       });
 }
 
+// Pinned digests (spec `digests`): each key a plain checkpoint file name, each value a
+// SHA-256. Whether they cover the checkpoint is known only once its files are listed
+// (load::OpenModel).
+constexpr size_t kMaxFileNameLength = 255;  // NAME_MAX
+
+absl::Status ValidateDigests(const ModelSpec& spec) {
+  for (const auto& [file, digest] : spec.digests) {
+    const std::string field = absl::StrCat("digests[", Quote(file), "]");
+    const std::string model = absl::StrCat("model ", Quote(spec.name), ": ");
+    WC_RETURN_IF_ERROR(CheckText(field, file, kMaxFileNameLength));
+    if (file.empty() || file.find('/') != std::string::npos || file == "." || file == ".." ||
+        file.size() <= std::string_view(".safetensors").size() ||
+        file.compare(file.size() - 12, 12, ".safetensors") != 0) {
+      return Invalid(field, model +
+                                "must name a checkpoint file of model_dir (a file name "
+                                "ending in .safetensors, no directory)");
+    }
+    if (!IsSha256Hex(digest)) {
+      return Invalid(field, absl::StrCat(model, "must be the file's SHA-256, 64 hex digits, got ",
+                                         Quote(digest), " (", digest.size(), " characters)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+bool IsSha256Hex(const std::string& digest) {
+  return digest.size() == 64 && std::all_of(digest.begin(), digest.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
 
 absl::Status Validate(const ModelSpec& spec) {
   if (spec.version != kSpecVersion) {
@@ -212,6 +245,7 @@ absl::Status Validate(const ModelSpec& spec) {
                                 absl::StrJoin(kIsolations, ", "), ", got ", Quote(spec.isolation)));
   }
   WC_RETURN_IF_ERROR(ValidateNamespaces(spec));
+  WC_RETURN_IF_ERROR(ValidateDigests(spec));
   return ValidatePublishers(spec);
 }
 

@@ -1,12 +1,15 @@
 // Weights identity, end to end on the host backend (issue 11): content decides the
 // fingerprint, changed files are stale and never a hit, verify compares with the asked spec's
 // files, every rank loads, names that share an entry, draining entries, and the CLI.
+#include "pkg/identity/identity.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -96,6 +99,20 @@ class IdentityTest : public ::testing::Test {
   testing::ToolRun Ctl(std::vector<std::string> args) {
     args.insert(args.begin(), {WEIGHTCACHECTL_PATH, "--socket=" + socket_dir()});
     return testing::RunTool(args, dir_ / "ctl.err");
+  }
+
+  // weightcachectl on the admin socket (the operator's, which `pin` needs).
+  testing::ToolRun AdminCtl(std::vector<std::string> args) {
+    args.insert(args.begin(), {WEIGHTCACHECTL_PATH, "--socket=" + socket_dir() + "-admin"});
+    return testing::RunTool(args, dir_ / "ctl.err");
+  }
+
+  // The SHA-256 of a file, as sha256sum prints it (apart from the daemon's code path).
+  static std::string Sha256Of(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return identity::Sha256Hex(ss.str());
   }
 
   v1::StatusResponse WaitStatus(const std::function<bool(const v1::StatusResponse&)>& pred) {
@@ -348,6 +365,126 @@ TEST_F(IdentityTest, HelpAndListSayWhatUsersNeed) {
   EXPECT_EQ(bad.rc, 2);
   EXPECT_THAT(bad.out, ::testing::Not(HasSubstr("0.0%")));
   EXPECT_THAT(bad.out, HasSubstr("awq"));
+}
+
+// Issue 48, pinned digests: `pin` prints the block of a model this node hashed; a daemon
+// given it names the same weights without reading a byte (the fingerprint it looks the
+// model up by comes from the pins: hashed_bytes stays 0), and its load, which reads the
+// files anyway, checks them and keys the entry by the same fingerprint as the hashing node.
+TEST_F(IdentityTest, PinPrintsTheDigestsAndAPinnedDaemonNamesTheSameWeightsWithoutHashing) {
+  Write("a", 42);
+  const std::string file = dir_ / "a/model.safetensors";
+  const uint64_t size = std::filesystem::file_size(file);
+  Start("models:\n" + Spec("m", "a"));
+  auto st = WaitStatus(
+      [](const auto& s) { return s.entries_size() == 1 && s.entries(0).state() == "ready"; });
+  EXPECT_EQ(st.hashed_bytes(), size);
+  const std::string hashed_fp = st.entries(0).fingerprint();
+  testing::ToolRun pin = AdminCtl({"pin", "m"});
+  ASSERT_EQ(pin.rc, 0) << pin.out;
+  const std::string line = "  model.safetensors: " + Sha256Of(file) + "\n";
+  EXPECT_THAT(pin.out, HasSubstr("\ndigests:\n" + line)) << pin.out;
+  // Engines are not told (admin only).
+  testing::ToolRun engine = Ctl({"pin", "m"});
+  EXPECT_EQ(engine.rc, 2);
+  EXPECT_THAT(engine.out, HasSubstr("admins only"));
+  Stop();
+
+  // Another node: the block pasted into its spec, an empty digest store, nothing preloaded.
+  std::string pinned = "models:\n" + Spec("m", "a") + "    digests:\n    " + line;
+  Start(pinned, {"--preload=false", "--digest_store=" + dir_ / "other-state/digests.json"});
+  auto miss = Acquire("m");
+  EXPECT_FALSE(miss.ok());
+  auto cold = client_->Status();
+  ASSERT_TRUE(cold.ok());
+  EXPECT_EQ(cold->hashed_bytes(), 0u);  // the model was opened and named, not a byte hashed
+  testing::ToolRun told = AdminCtl({"pin", "m"});
+  EXPECT_EQ(told.rc, 0) << told.out;
+  EXPECT_THAT(told.out,
+              HasSubstr(Sha256Of(file) + "  # the spec's own pin: not read on this node"));
+  auto loaded = Acquire("m", /*load=*/true);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ((*loaded)->fingerprint(), hashed_fp);
+  EXPECT_EQ(Mapped(**loaded, kTensor), DiskBytes(dir_ / "a", kTensor));
+  auto after = client_->Status();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->hashed_bytes(), size);  // the load checked the pin, once
+}
+
+// A load whose files hash otherwise than pinned is refused naming the file and both digests
+// (Status, log, metric); the entry never becomes ready and nothing else is lost.
+TEST_F(IdentityTest, FilesThatHashOtherwiseThanPinnedAreRefusedAndNothingElseIsLost) {
+  Write("a", 42);
+  Write("b", 43);  // a "fine-tune": same file names, other bytes
+  const std::string a = Sha256Of(dir_ / "a/model.safetensors");
+  const std::string b = Sha256Of(dir_ / "b/model.safetensors");
+  const std::string pins = "    digests: {model.safetensors: " + a + "}\n";
+  // "bad" names other weights than "good" (a revision of its own): had it the same identity,
+  // "good"'s verified copy would serve it, which is right but not what is tested here.
+  Start("models:\n" + Spec("good", "a") + pins + Spec("bad", "b") + pins + "    revision: other\n" +
+            Spec("plain", "b"),
+        {"--metrics_address=127.0.0.1:0"});
+  auto st = WaitStatus([](const auto& s) {
+    int settled = 0;
+    for (const auto& e : s.entries()) settled += e.state() == "ready" || e.state() == "failed";
+    return settled == 3;
+  });
+  const std::string why =
+      "model 'bad': pinned digest mismatch: model.safetensors hashes to "
+      "sha256:" +
+      b + " but the spec pins sha256:" + a +
+      "; refused: the file is not the checkpoint the spec names";
+  for (const auto& e : st.entries()) {
+    if (e.model() == "bad") {
+      EXPECT_EQ(e.state(), "failed");
+      EXPECT_EQ(e.error(), why);
+    } else {
+      EXPECT_EQ(e.state(), "ready") << e.model() << ": " << e.error();
+    }
+  }
+  auto bad = Acquire("bad");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("pinned digest mismatch"));
+  auto good = Acquire("good");
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_EQ(Mapped(**good, kTensor), DiskBytes(dir_ / "a", kTensor));
+  auto plain = Acquire("plain");  // the same bytes as "bad", unpinned: served
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(Mapped(**plain, kTensor), DiskBytes(dir_ / "b", kTensor));
+  EXPECT_THAT(testing::ReadFileOrEmpty(dir_ / "daemon.log"), HasSubstr(why));
+  const int port = testing::MetricsPort(dir_ / "daemon.log");
+  ASSERT_GT(port, 0);
+  EXPECT_THAT(testing::Scrape(port),
+              HasSubstr("weightcache_pinned_digest_mismatches_total{model=\"bad\"} 1"));
+}
+
+// Bad pins: a malformed digest stops the spec file at load (the daemon does not start),
+// naming the model and the file; pins that do not cover the checkpoint refuse that model
+// (list says why), the others are served.
+TEST_F(IdentityTest, MalformedOrIncompletePinsAreClearErrors) {
+  Write("a", 42);
+  std::ofstream(dir_ / "bad.yaml") << "models:\n"
+                                   << Spec("m", "a") << "    digests: {model.safetensors: 12ab}\n";
+  testing::ToolRun d =
+      testing::RunTool({WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir(), "--backend=host",
+                        "--metrics_address=off", "--spec_file=" + dir_ / "bad.yaml"},
+                       dir_ / "d.err");
+  EXPECT_NE(d.rc, 0);
+  EXPECT_THAT(d.out, HasSubstr("models[0].digests[\"model.safetensors\"]: model \"m\": must be "
+                               "the file's SHA-256, 64 hex digits, got \"12ab\" (4 characters)"));
+  const std::string sha = Sha256Of(dir_ / "a/model.safetensors");
+  Start("models:\n" + Spec("extra", "a") + "    digests: {model.safetensors: " + sha +
+            ", model-2.safetensors: " + sha + "}\n" + Spec("ok", "a"),
+        {"--preload=false"});
+  auto extra = Acquire("extra", /*load=*/true);
+  ASSERT_FALSE(extra.ok());
+  EXPECT_THAT(std::string(extra.status().message()),
+              HasSubstr("model 'extra': digests: a digest is pinned for \"model-2.safetensors\", "
+                        "which is not a checkpoint file of " +
+                        dir_ / "a"));
+  testing::ToolRun list = Ctl({"list"});
+  EXPECT_THAT(list.out, HasSubstr("refused: model 'extra': digests: a digest is pinned for"));
+  EXPECT_TRUE(Acquire("ok", /*load=*/true).ok());
 }
 
 }  // namespace

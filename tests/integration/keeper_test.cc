@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pkg/client/client.h"
+#include "pkg/identity/identity.h"
 #include "pkg/keeper/client.h"
 #include "pkg/safetensors/writer.h"
 #include "pkg/util/unix_socket.h"
@@ -133,6 +134,13 @@ class KeeperTest : public ::testing::Test {
         within);
   }
 
+  // SIGKILLs the daemon and waits for it; its client goes with it.
+  void Crash(Process& daemon) {
+    daemon.Kill(SIGKILL);
+    daemon.Wait();
+    client_.reset();
+  }
+
   std::string KeeperStats() {
     auto c = keeper::KeeperClient::Connect(keeper_sock());
     if (!c.ok()) return std::string(c.status().message());
@@ -159,9 +167,7 @@ TEST_F(KeeperTest, SigkilledDaemonRestartsServingFromTheKeeperWithoutReadingTheC
   const std::string fingerprint = Entry(*st, "m")->fingerprint();
   auto before = StartClient();  // maps the daemon's copy and keeps it
 
-  daemon->Kill(SIGKILL);
-  daemon->Wait();
-  client_.reset();
+  Crash(*daemon);
   daemon = StartDaemon();
   ASSERT_TRUE(daemon);
   st = client_->Status();
@@ -192,6 +198,54 @@ TEST_F(KeeperTest, SigkilledDaemonRestartsServingFromTheKeeperWithoutReadingTheC
   EXPECT_TRUE(before->WriteLine("still there"));
   before->CloseStdin();
   EXPECT_EQ(before->Wait(), 0);
+}
+
+// Issue 48, pinned digests: a restarted daemon that has lost its digest store (a new node
+// disk, a wiped state dir) but is given the files' SHA-256 in its spec names the kept entry
+// without reading the checkpoint: the same fingerprint, 0 bytes hashed, the entry served.
+// Without the pins the same restart must hash every file to know what it holds.
+TEST_F(KeeperTest, APinnedSpecNamesAKeptEntryWithoutHashingAfterTheDigestStoreIsLost) {
+  auto keeper = StartKeeper();
+  auto daemon = StartDaemon();
+  ASSERT_TRUE(daemon);
+  const v1::StatusResponse first = WaitInStep();
+  EXPECT_EQ(first.hashed_bytes(), model_bytes_);  // the first node hashed the file
+  const std::string fingerprint = Entry(first, "m")->fingerprint();
+  std::ifstream in(dir_ / "m/model.safetensors", std::ios::binary);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  std::ofstream(dir_ / "pinned.yaml")
+      << "models:\n  - name: m\n    model_dir: " << dir_ / "m"
+      << "\n    digests:\n      model.safetensors: " << identity::Sha256Hex(bytes.str()) << "\n";
+  Crash(*daemon);
+
+  std::vector<std::string> argv;
+  for (const auto& a : DaemonArgv()) {
+    if (a.rfind("--model=", 0) != 0) argv.push_back(a);
+  }
+  argv.push_back("--spec_file=" + dir_ / "pinned.yaml");
+  argv.push_back("--digest_store=" + dir_ / "empty-state/digests.json");
+  auto d = testing::StartDaemon(argv, socket_dir(), dir_ / "daemon.log",
+                                [](const v1::StatusResponse& s) {
+                                  const auto* e = Entry(s, "m");
+                                  return e != nullptr && e->state() == "ready";
+                                });
+  ASSERT_TRUE(d.ok()) << d.status();
+  daemon = std::move(d->process);
+  client_ = std::move(d->client);
+  auto client = StartClient();  // an Acquire by name: the fingerprint from the pins
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok());
+  const auto* e = Entry(*st, "m");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->source(), "keeper");
+  EXPECT_EQ(e->fingerprint(), fingerprint);
+  EXPECT_GE(st->acquire_hits(), 1u) << st->DebugString();
+  EXPECT_EQ(st->hashed_bytes(), 0u);
+  const uint64_t rchar = ProcIo(daemon->pid(), "rchar");
+  EXPECT_LT(rchar, model_bytes_ / 8) << "the restarted daemon read " << rchar << " bytes";
+  client->CloseStdin();
+  EXPECT_EQ(client->Wait(), 0);
 }
 
 // Without a keeper (--keeper_socket=off) status says so in a plain line, not as a warning about

@@ -210,6 +210,13 @@ for helm in "${helms[@]}"; do
     "$helm" template wc "$chart" --set 'models[0].name=x,models[0].model_dir=/m,models[0].isolation=namespace'
   expect_fail "schema: bad isolation" 'isolation' "$helm" template wc "$chart" \
     --set 'models[0].name=x,models[0].model_dir=/m,models[0].isolation=tenant'
+  # Pinned digests pass through per model, and the schema refuses malformed ones.
+  expect "ConfigMap spec digests" after "$cm" '^ *digests:$' 2 \
+    'model-00002-of-00002\.safetensors: "?60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752"?$'
+  expect_fail "schema: digest not 64 hex" 'digests|pattern' "$helm" template wc "$chart" \
+    --set 'models[0].name=x,models[0].model_dir=/m,models[0].digests.model\.safetensors=abc'
+  expect_fail "schema: digest for a non-checkpoint file" 'digests|additional' "$helm" template wc "$chart" \
+    --set "models[0].name=x,models[0].model_dir=/m,models[0].digests.config\.json=$(printf 'a%.0s' {1..64})"
 
   # Device plugin off: no flag, no kubelet hostPath.
   "$helm" template wc "$chart" --set devicePlugin.enabled=false >"$work/nodp.yaml"

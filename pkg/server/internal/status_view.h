@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
@@ -87,6 +88,9 @@ class StatusView final : public metrics::StateSource {
   void AppendModels(Visibility& visible,
                     const std::map<std::string, std::set<uint32_t>>& ready_ranks,
                     v1::StatusResponse* resp) const;
+  static void AppendFiles(
+      const std::map<std::string, std::shared_ptr<const load::OpenedModel>>& opened,
+      const std::string& name, v1::KnownModel* m);
   void AppendCounters(v1::StatusResponse* resp) const;
 
   const Sources s_;

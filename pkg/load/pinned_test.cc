@@ -1,0 +1,225 @@
+// Pinned digests (issue 48): the spec names each checkpoint file's SHA-256. Opening then
+// reads no file for its digest and names the weights as a node that hashed them does; a load
+// from disk checks the bytes and refuses a file that hashes otherwise; pins that do not cover
+// the checkpoint exactly are refused naming the model and the files.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "pkg/identity/identity.h"
+#include "pkg/load/loader.h"
+#include "pkg/load/model.h"
+#include "pkg/load/plan.h"
+#include "pkg/memory/backend.h"
+#include "pkg/safetensors/writer.h"
+#include "tests/testutil/temp_dir.h"
+
+namespace weightcache::load {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::TempDir;
+
+spec::ModelSpec SpecFor(const std::string& dir) { return {.name = "tiny", .model_dir = dir}; }
+
+std::string FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Every *.safetensors file of `dir` by name, with the SHA-256 of its bytes (what sha256sum
+// prints, computed here apart from the daemon's code path).
+std::map<std::string, std::string> Sha256Of(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() != ".safetensors") continue;
+    out[e.path().filename().string()] = identity::Sha256Hex(FileBytes(e.path().string()));
+  }
+  return out;
+}
+
+std::unique_ptr<identity::DigestStore> MemoryStore() {
+  auto s = identity::DigestStore::Open("");
+  EXPECT_TRUE(s.ok());
+  return std::move(s).value();
+}
+
+uint64_t DirBytes(const std::string& dir) {
+  uint64_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() == ".safetensors") n += std::filesystem::file_size(e.path());
+  }
+  return n;
+}
+
+TEST(PinnedDigests, TheFingerprintNeedsNoReadAndEqualsAHashingNodes) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {.shards = 3}).ok());
+  // A node that hashed the files.
+  auto hashing_store = MemoryStore();
+  auto hashed = OpenModel(SpecFor(dir.path()), {.digests = hashing_store.get()});
+  ASSERT_TRUE(hashed.ok()) << hashed.status();
+  EXPECT_EQ(hashing_store->hashed_bytes(), DirBytes(dir.path()));
+  // A node told the digests.
+  spec::ModelSpec pinned = SpecFor(dir.path());
+  pinned.digests = Sha256Of(dir.path());
+  ASSERT_EQ(pinned.digests.size(), 3u);
+  auto cold_store = MemoryStore();
+  auto told = OpenModel(pinned, {.digests = cold_store.get()});
+  ASSERT_TRUE(told.ok()) << told.status();
+  EXPECT_EQ(cold_store->hashed_bytes(), 0u);  // not a checkpoint byte read for identity
+  for (const auto& f : (*told)->files) {
+    EXPECT_EQ(f.digest_source, identity::DigestSource::kPinned) << f.name;
+  }
+  const spec::Environment env;
+  for (int rank = 0; rank < 2; ++rank) {
+    const spec::Layout layout{.tp_size = 2, .tp_rank = rank};
+    EXPECT_EQ((*told)->Inputs(layout, env).Digest(), (*hashed)->Inputs(layout, env).Digest());
+  }
+  // And a node that hashed before knows a pin agrees without reading: source "digest store".
+  pinned.digests = Sha256Of(dir.path());
+  auto known = OpenModel(pinned, {.digests = hashing_store.get()});
+  ASSERT_TRUE(known.ok()) << known.status();
+  EXPECT_EQ(known.value()->files[0].digest_source, identity::DigestSource::kStore);
+}
+
+TEST(PinnedDigests, ALoadChecksTheBytesAndRefusesAFileThatHashesOtherwise) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {.shards = 2}).ok());
+  spec::ModelSpec s = SpecFor(dir.path());
+  s.digests = Sha256Of(dir.path());
+  const std::string victim = "model-00002-of-00002.safetensors";
+  const std::string right = s.digests.at(victim);
+  std::string wrong = right;
+  wrong[0] = wrong[0] == 'a' ? 'b' : 'a';
+  s.digests[victim] = wrong;
+  auto store = MemoryStore();
+  auto m = OpenModel(s, {.digests = store.get()});
+  ASSERT_TRUE(m.ok()) << m.status();  // opening takes the pins on trust...
+  EXPECT_EQ(store->hashed_bytes(), 0u);
+  auto backend = memory::MakeHostBackend();
+  auto plan = PlanRank(**m, {}, {});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  LoadProgress progress;
+  auto loaded = LoadRank(**m, *plan, *backend, "", "tiny", {}, &progress);
+  ASSERT_FALSE(loaded.ok());  // ...the load does not
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss) << loaded.status();
+  EXPECT_TRUE(IsPinnedDigestMismatch(loaded.status()));
+  EXPECT_EQ(std::string(loaded.status().message()),
+            "model 'tiny': pinned digest mismatch: " + victim + " hashes to sha256:" + right +
+                " but the spec pins sha256:" + wrong +
+                "; refused: the file is not the checkpoint the spec names");
+  EXPECT_EQ(store->hashed_bytes(), DirBytes(dir.path()));  // each file read once to check it
+  // The store remembers what this version hashes to: the next open refuses at once.
+  auto again = OpenModel(s, {.digests = store.get()});
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(IsPinnedDigestMismatch(again.status()));
+  EXPECT_THAT(std::string(again.status().message()),
+              HasSubstr(victim + " hashes to sha256:" + right +
+                        " (this node read it) but the "
+                        "spec pins sha256:" +
+                        wrong));
+  EXPECT_EQ(store->hashed_bytes(), DirBytes(dir.path()));
+
+  // The right pins load, with the bytes of the files.
+  s.digests[victim] = right;
+  auto good = OpenModel(s, {.digests = store.get()});
+  ASSERT_TRUE(good.ok()) << good.status();
+  auto group = PlanRank(**good, {}, {});
+  ASSERT_TRUE(group.ok());
+  auto fine = LoadRanks(**good, {*group}, *backend, {""}, {"tiny"}, {}, &progress);
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  for (const auto& t : (*fine)[0]->plan.tensors) {
+    const auto& file = (*good)->checkpoint.files()[t.file_index].info();
+    std::string got(t.nbytes, '\0');
+    ASSERT_EQ(::pread((*fine)[0]->segments[t.segment]->fd(), got.data(), t.nbytes,
+                      static_cast<off_t>(t.offset)),
+              static_cast<ssize_t>(t.nbytes));
+    ASSERT_EQ(got, FileBytes(file.path).substr(t.file_offset, t.nbytes)) << t.name;
+  }
+}
+
+TEST(PinnedDigests, ATensorParallelGroupLoadChecksThePinsToo) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {}).ok());
+  spec::ModelSpec s = SpecFor(dir.path());
+  s.tp_size = 2;
+  s.digests = {{"model.safetensors", std::string(64, 'e')}};
+  auto m = OpenModel(s);
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::vector<Plan> plans;
+  for (int r = 0; r < 2; ++r) {
+    auto p = PlanRank(**m, {2, r, 1, 0}, {256, 1ull << 30, true});
+    ASSERT_TRUE(p.ok()) << p.status();
+    plans.push_back(*p);
+  }
+  auto backend = memory::MakeHostBackend();
+  auto loaded = LoadRanks(**m, plans, *backend, {"", ""}, {"r0", "r1"}, {}, nullptr);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(loaded.status().message()),
+              HasSubstr("model.safetensors hashes to sha256:" +
+                        identity::Sha256Hex(FileBytes(dir.path() + "/model.safetensors"))));
+}
+
+// A cancelled load (the daemon stopping) stops the check of the pins too, and says CANCELLED.
+TEST(PinnedDigests, ACancelledLoadStopsTheCheckToo) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {.shards = 2}).ok());
+  spec::ModelSpec s = SpecFor(dir.path());
+  s.digests = Sha256Of(dir.path());
+  auto store = MemoryStore();
+  auto m = OpenModel(s, {.digests = store.get()});
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto backend = memory::MakeHostBackend();
+  auto plan = PlanRank(**m, {}, {});
+  ASSERT_TRUE(plan.ok());
+  LoadProgress progress;
+  progress.Cancel();
+  auto loaded = LoadRank(**m, *plan, *backend, "", "tiny", {}, &progress);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kCancelled) << loaded.status();
+}
+
+TEST(PinnedDigests, PinsMustNameExactlyTheCheckpointsFiles) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {.shards = 2}).ok());
+  const auto digests = Sha256Of(dir.path());
+  const std::string files =
+      " (the checkpoint's files: model-00001-of-00002.safetensors, "
+      "model-00002-of-00002.safetensors; `weightcachectl pin tiny` prints the block on a node "
+      "that hashed them)";
+  // A file left out while another is pinned.
+  spec::ModelSpec partial = SpecFor(dir.path());
+  partial.digests = {*digests.begin()};
+  auto m = OpenModel(partial);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(m.status().message()),
+            "model 'tiny': digests: checkpoint file \"model-00002-of-00002.safetensors\" has no "
+            "pinned digest (when any file is pinned, every one must be)" +
+                files);
+  // A pin for a file the checkpoint does not have.
+  spec::ModelSpec extra = SpecFor(dir.path());
+  extra.digests = digests;
+  extra.digests["model-00003-of-00002.safetensors"] = std::string(64, 'c');
+  m = OpenModel(extra);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(std::string(m.status().message()),
+            "model 'tiny': digests: a digest is pinned for \"model-00003-of-00002.safetensors\", "
+            "which is not a checkpoint file of " +
+                dir.path() + files);
+}
+
+}  // namespace
+}  // namespace weightcache::load
