@@ -129,6 +129,13 @@ def test_a_package_that_does_not_load_falls_back_with_the_reason_logged(daemon, 
                       socket=daemon.socket)
         with pytest.raises(aoti.PackageError, match="a miss.*no module to build it from"):
             aoti.load("tiny", w, example_inputs=(X,), settings="3", socket=daemon.socket)
+        # make_module: the module is built only when needed (here: the miss), once.
+        made = []
+        got = aoti.load("tiny", w, make_module=lambda: made.append(1) or m,
+                        example_inputs=(X,), settings="3", socket=daemon.socket)
+        assert made == [1] and got.source == "eager" and torch.equal(got(X), m(X))
+        with pytest.raises(weightcache.WeightcacheError, match="loader='fast'"):
+            aoti.load("tiny", w, module=m, loader="fast", socket=daemon.socket)
 
 
 def test_a_damaged_package_is_refused_and_its_key_freed_for_the_rebuilt_one(

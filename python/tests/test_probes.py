@@ -49,6 +49,10 @@ def test_the_node_step_writes_what_an_engine_here_decides_and_the_engine_applies
     env = {"TORCHINDUCTOR_VEC_ISA_OK": "0"}
     probes.apply(path=str(f), environ=env)
     assert env == {"TORCHINDUCTOR_VEC_ISA_OK": "0"}
+    # Switched off: nothing applied (torch probes as it would without weightcache).
+    env = {"WEIGHTCACHE_NODE_PROBES": "off"}
+    assert probes.apply(path=str(f), environ=env).source == "off"
+    assert env == {"WEIGHTCACHE_NODE_PROBES": "off"}
 
 
 def test_the_file_is_found_beside_the_socket(tmp_path, monkeypatch):

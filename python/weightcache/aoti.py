@@ -225,7 +225,7 @@ def _device_index(device: Any) -> int:
                                        else torch.cuda.current_device())
 
 
-def load_package_file(path: str, *, device: Any = None) -> Any:
+def load_package_file(path: str, *, device: Any = None, loader: str = "direct") -> Any:
     """Loads a .pt2 package; the result has ``constant_fqns()``, ``load_constants(dict)``
     (user-managed) and is called like the exported module. Uses torch's C++ loader directly:
     torch._inductor.aoti_load_package first runs Inductor's CPU vector-ISA probe (a compiler
@@ -240,6 +240,10 @@ def load_package_file(path: str, *, device: Any = None) -> Any:
     if loader_cls is None:
         raise PackageError(f"torch {torch.__version__} has no AOTInductor package loader "
                            f"(torch._C._aoti.AOTIModelPackageLoader; torch 2.6 or later)")
+    if loader == "torch":
+        import torch._inductor
+
+        return _Public(torch._inductor.aoti_load_package(path))
     try:
         # (path, model name, run_single_threaded, num_runners, device_index): torch 2.8-2.11.
         return _Loaded(loader_cls(path, "model", False, 1, _device_index(device)))
@@ -275,7 +279,7 @@ def _scratch_dir() -> str:
 
 
 def _load_blob(blob: bytes, weights: Mapping[str, Any], device: Any,
-               seconds: Dict[str, float]) -> Tuple[Any, int]:
+               seconds: Dict[str, float], loader: str = "direct") -> Tuple[Any, int]:
     package, bindings, constants = unpack(blob)
     tmp = _scratch_dir()  # 0700: nobody else swaps the file between write and load
     try:
@@ -283,7 +287,7 @@ def _load_blob(blob: bytes, weights: Mapping[str, Any], device: Any,
         with open(path, "wb") as f:
             f.write(package)
         t = time.perf_counter()
-        loaded = load_package_file(path, device=device)
+        loaded = load_package_file(path, device=device, loader=loader)
         seconds["load"] = time.perf_counter() - t
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # the loader extracted what it keeps
@@ -365,15 +369,24 @@ def package_key(model: str, fingerprint: str, *, example_inputs: Sequence[Any] =
                         **versions)
 
 
-def load(model: str, weights: Any, *, module: Any = None, example_inputs: Sequence[Any] = (),
+def load(model: str, weights: Any, *, module: Any = None,
+         make_module: Optional[Callable[[], Any]] = None, example_inputs: Sequence[Any] = (),
          settings: Any = None, engine: str = "", engine_version: str = "", device: Any = None,
          inductor_configs: Optional[Dict[str, Any]] = None, fallback: Optional[str] = "compile",
-         wait: float = 0.0, socket: Optional[str] = None) -> AotiModel:
+         wait: float = 0.0, loader: str = "direct",
+         socket: Optional[str] = None) -> AotiModel:
     """The compiled model for ``weights`` (a :class:`weightcache.Weights`): the daemon's
     package when it has one that loads, else built from ``module`` (bound to ``weights``) and
-    ``example_inputs``, and put for the next engine. ``fallback``: ``"compile"``
-    (``torch.compile(module)``, or the module where torch has no compile), ``"eager"``, or
-    None (raise instead). ``device`` defaults to the weights' device."""
+    ``example_inputs``, and put for the next engine. ``make_module``: instead of ``module``,
+    called only when the module is needed (a miss or a failure), so that a hit never builds
+    it (nor imports transformers). ``fallback``: ``"compile"`` (``torch.compile(module)``, or
+    the module where torch has no compile), ``"eager"``, or None (raise instead). ``loader``:
+    ``"direct"`` (torch's C++ package loader) or ``"torch"``
+    (``torch._inductor.aoti_load_package``, which runs Inductor's CPU probe first).
+    ``device`` defaults to the weights' device."""
+    if loader not in ("direct", "torch"):
+        raise WeightcacheError(f"weightcache.aoti.load: loader={loader!r}; "
+                               f"use 'direct' or 'torch'")
     decision = probes.apply(socket=socket)  # before anything imports torch._inductor
     if device is None and len(weights):
         device = weights[next(iter(weights))].device
@@ -392,7 +405,7 @@ def load(model: str, weights: Any, *, module: Any = None, example_inputs: Sequen
     seconds["get"] = time.perf_counter() - t
     if blob is not None:
         try:
-            loaded, n = _load_blob(blob, weights, device, seconds)
+            loaded, n = _load_blob(blob, weights, device, seconds, loader)
             return AotiModel(loaded, key, "artifact", constants=n, package_bytes=len(blob),
                              seconds=seconds, probes=decision)
         except Exception as e:  # a package that does not load is never the engine's crash
@@ -400,6 +413,8 @@ def load(model: str, weights: Any, *, module: Any = None, example_inputs: Sequen
             log.warning("weightcache.aoti: %s; rebuilding", reason)
     elif not reason:
         reason = "no package in the daemon for this key (a miss)"
+    if module is None and make_module is not None:
+        module = make_module()
     if module is None:
         raise PackageError(f"weightcache.aoti: {reason}, and no module to build it from")
     put = False
@@ -411,7 +426,7 @@ def load(model: str, weights: Any, *, module: Any = None, example_inputs: Sequen
             put = put_artifact(key, built, socket=socket)
         except WeightcacheError as e:  # e.g. no publish role: the next engine builds too
             log.warning("weightcache.aoti: package built but not put: %s", e)
-        loaded, n = _load_blob(built, weights, device, seconds)
+        loaded, n = _load_blob(built, weights, device, seconds, loader)
         return AotiModel(loaded, key, "built", reason=reason, put=put, constants=n,
                          package_bytes=len(built), seconds=seconds, probes=decision)
     except Exception as e:

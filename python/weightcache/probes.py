@@ -207,8 +207,12 @@ def apply(*, socket: Optional[str] = None, path: Optional[str] = None,
           environ: Optional[MutableMapping[str, str]] = None) -> Decision:
     """Applies the node's decision (or this process's own) as environment, before torch's
     Inductor is imported; variables already set are left as they are (an explicit setting
-    wins). Never raises for a bad decision file: it is ignored with a warning."""
+    wins). Never raises for a bad decision file: it is ignored with a warning.
+    ``WEIGHTCACHE_NODE_PROBES=off`` in the environment: nothing is applied (torch probes as
+    it would without weightcache; source ``"off"``)."""
     environ = os.environ if environ is None else environ
+    if environ.get("WEIGHTCACHE_NODE_PROBES") == "off":
+        return Decision(machine=platform.machine(), cpu_isa=[], probe_flags=[], source="off")
     p = Path(path) if path else default_path(socket)
     decision: Optional[Decision] = None
     if p is not None and (path or p.exists()):
