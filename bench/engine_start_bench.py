@@ -65,20 +65,12 @@ def _emit(rec):
 
 
 def _module(work, model_name):
-    import torch
+    from aoti_bench import _wrapped  # the same Logits wrapper (bench/ is on sys.path)
     from weightcache.transformers import from_pretrained
-
-    class Logits(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, x):
-            return self.m(input_ids=x, use_cache=False).logits
 
     m = from_pretrained(os.path.join(work, "llama"), model=model_name, device="cuda:0",
                         fallback=False).eval()
-    return Logits(m).eval()
+    return _wrapped(m)
 
 
 def child(mode, run, work, model_name):

@@ -37,20 +37,9 @@ grep -m1 'model name' /proc/cpuinfo; nproc
 work=$(mktemp -d /tmp/wc-es.XXXXXX)
 export PYTHONPATH=$carry/python WEIGHTCACHE_SOCKET=$work/s
 unset WEIGHTCACHE_LIB WEIGHTCACHE_MODE WEIGHTCACHE_MODEL TORCHINDUCTOR_VEC_ISA_OK WEIGHTCACHE_NODE_PROBES
-timeout 120 "$PY" "$root/bench/compile_cache_bench.py" make "$work" || exit 1
-LD_LIBRARY_PATH=$carry/lib "$carry/bin/weightcached" --socket_dir="$work/s" --backend=cuda \
-  --metrics_address=off --preload=false --spec_file="$work/specs.json" \
-  --publish_uids="$(id -u)" >"$OUT/weightcached.log" 2>&1 &
-daemon=$!
-trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null' EXIT
-set +x
-for _ in $(seq 300); do
-  "$PY" -m weightcache status >/dev/null 2>&1 && break
-  kill -0 "$daemon" 2>/dev/null || { cat "$OUT/weightcached.log"; exit 1; }
-  sleep 0.1
-done
+echo "+ serving llama-1b (model written, weightcached started, loaded)"; set +x  # (its wait loop would print 300 lines)
+MAKE_TIMEOUT=120 LOAD_TIMEOUT=120 source "$root/tests/gpu/serve-llama-on-device.sh"
 set -x
-timeout 120 "$PY" -m weightcache load llama-1b || exit 1
 # The node step (in Kubernetes: the DaemonSet, as root, into the socket dir engines mount).
 "$PY" -m weightcache node-probes --write "$work/s" && cp "$work/s/node-probes.json" "$OUT/"
 ls -la "$work/s"
