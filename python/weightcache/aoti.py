@@ -177,6 +177,9 @@ class _Loaded:
         self._pytree = pytree
         self._in = pytree.treespec_loads(spec[0])
         self._out = pytree.treespec_loads(spec[1])
+        # boxed_run (torch 2.6+) frees the inputs as it goes, as AOTICompiledModel does;
+        # run where a torch has only that.
+        self._run = getattr(loader, "boxed_run", None) or loader.run
 
     def constant_fqns(self) -> List[str]:
         return list(self.loader.get_constant_fqns())
@@ -195,7 +198,7 @@ class _Loaded:
 
         flat = [x for x in self._pytree.tree_flatten((args, kwargs))[0]
                 if isinstance(x, torch.Tensor)]
-        return self._pytree.tree_unflatten(self.loader.boxed_run(flat), self._out)
+        return self._pytree.tree_unflatten(self._run(flat), self._out)
 
 
 class _Public:
