@@ -166,9 +166,80 @@ def run_child(mode, run, work, model_name, timeout):
 def _fmt(vals):
     if not vals:
         return "-"
+
+    def f(v):
+        return f"{v:.4f}" if abs(v) < 0.1 else f"{v:.2f}"
+
     if len(vals) == 1:
-        return f"{vals[0]:.2f}"
-    return f"{statistics.median(vals):.2f} ({min(vals):.2f}-{max(vals):.2f})"
+        return f(vals[0])
+    return f"{f(statistics.median(vals))} ({f(min(vals))}-{f(max(vals))})"
+
+
+def report(work, results, build, skipped):
+    import torch
+
+    def logits(mode, run):
+        p = os.path.join(work, f"logits-{mode}-{run}.pt")
+        return torch.load(p) if os.path.exists(p) else None
+
+    ref = {"aoti": logits("aoti-build", 1), "aoti-torch": logits("aoti-build", 1),
+           "cold": logits("cold", 1), "cc": logits("cold", 1)}
+    print(f"\n## engine_start_bench: Llama hidden 2048, 16 layers, bf16, 128 tokens, weights "
+          f"mapped from weightcached; fresh processes, empty Inductor and Triton caches; "
+          f"torch {torch.__version__}, "
+          f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}\n")
+    print("| mode | runs | imports s | map s | artifact get s | package load s | bind s | "
+          "first forward s | total s | subprocesses | logits |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for mode in ["cold", "cc", "aoti", "aoti-torch"]:
+        rs = [r for r in results if r["mode"] == mode and "error" not in r]
+        bad = [r for r in results if r["mode"] == mode and "error" in r]
+        if not rs and not bad:
+            continue
+        same = []
+        for r in rs:
+            mine, want = logits(mode, r["run"]), ref[mode]
+            same.append(mine is not None and want is not None and torch.equal(mine, want))
+        verdict = (f"{sum(same)}/{len(same)} bit-equal to "
+                   f"{'the building process' if mode.startswith('aoti') else 'cold run 1'}")
+        procs = [len(r.get("subprocesses", [])) for r in rs]
+        cols = " | ".join(_fmt([r[p] for r in rs]) for p in PHASES)
+        nprocs = (f"{int(statistics.median(procs))} ({min(procs)}-{max(procs)})"
+                  if procs else "-")
+        print(f"| {mode} | {len(rs)}{f' (+{len(bad)} failed)' if bad else ''} | {cols} | "
+              f"{nprocs} | {verdict} |")
+    print("\nmedian (min-max) over the runs. map: acquire (connect, map); for cold and cc also "
+          "importing transformers and building the module around the mapped weights (aoti "
+          "builds no module on a hit). cold/cc: artifact get is compile_cache's entry "
+          "(GetArtifact + load_cache_artifacts) and the compile happens inside the first "
+          "forward. aoti: get/load/bind as weightcache.aoti.load timed them.")
+    for mode in ("aoti", "aoti-torch"):
+        r = next((r for r in results if r["mode"] == mode and "probes" in r), None)
+        if r is not None:
+            print(f"{mode}: probe decision from {r['probes']!r} (node: node-probes.json, self: "
+                  f"decided in the process), TORCHINDUCTOR_VEC_ISA_OK={r['vec_isa_ok']!r}; "
+                  f"aoti.load outside its timed steps {r.get('aoti_load_other_s', 0):.3f} s")
+    if build is not None:
+        shown = {k: v for k, v in build.items() if k != "subprocesses"}
+        print(f"\naoti-build (not counted): {json.dumps(shown)}")
+    eager = logits("cold", 1)
+    aot = logits("aoti", 1)
+    if eager is not None and aot is not None:
+        print(f"aoti run 1 vs cold run 1: max abs diff {(aot - eager).abs().max().item():.3g}")
+    print("\n### subprocesses each mode's first run started (seconds from its start, command)")
+    for mode in ["cold", "cc", "aoti", "aoti-torch"]:
+        r = next((r for r in results if r["mode"] == mode and "subprocesses" in r), None)
+        if r is None:
+            continue
+        print(f"\n{mode} run {r['run']}: {len(r['subprocesses'])}")
+        for t, ev, cmd in r["subprocesses"][:40]:
+            print(f"  {t:8.2f}  {ev:16s} {cmd}")
+    for r in results:
+        if "error" in r:
+            print(f"\nFAILED {r['mode']} run {r['run']}: {r['error']}")
+    if skipped:
+        print("\nskipped (budget): " + "; ".join(skipped))
+    return results and all("error" not in r for r in results)
 
 
 def main():
@@ -217,57 +288,9 @@ def main():
                 continue  # once: what the probes cost and which they are
             go(mode, run)
 
-    import torch
-
-    def logits(mode, run):
-        p = os.path.join(a.work, f"logits-{mode}-{run}.pt")
-        return torch.load(p) if os.path.exists(p) else None
-
-    ref = {"aoti": logits("aoti-build", 1), "aoti-torch": logits("aoti-build", 1),
-           "cold": logits("cold", 1), "cc": logits("cold", 1)}
-    print(f"\n## engine_start_bench: Llama hidden 2048, 16 layers, bf16, 128 tokens, weights "
-          f"mapped from weightcached; fresh processes, empty Inductor and Triton caches; "
-          f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}\n")
-    print("| mode | runs | imports s | map s | artifact get s | package load s | bind s | "
-          "first forward s | total s | subprocesses | logits |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for mode in ["cold", "cc", "aoti", "aoti-torch"]:
-        rs = [r for r in results if r["mode"] == mode and "error" not in r]
-        bad = [r for r in results if r["mode"] == mode and "error" in r]
-        if not rs and not bad:
-            continue
-        same = []
-        for r in rs:
-            mine, want = logits(mode, r["run"]), ref[mode]
-            same.append(mine is not None and want is not None and torch.equal(mine, want))
-        verdict = (f"{sum(same)}/{len(same)} bit-equal to "
-                   f"{'the building process' if mode.startswith('aoti') else 'cold run 1'}")
-        procs = [len(r.get("subprocesses", [])) for r in rs]
-        cols = " | ".join(_fmt([r[p] for r in rs]) for p in PHASES)
-        print(f"| {mode} | {len(rs)}{f' (+{len(bad)} failed)' if bad else ''} | {cols} | "
-              f"{_fmt(procs) if procs else '-'} | {verdict} |")
-    if build is not None:
-        shown = {k: v for k, v in build.items() if k != "subprocesses"}
-        print(f"\naoti-build (not counted): {json.dumps(shown)}")
-    eager = logits("cold", 1)
-    aot = logits("aoti", 1)
-    if eager is not None and aot is not None:
-        print(f"aoti run 1 vs cold run 1: max abs diff {(aot - eager).abs().max().item():.3g}")
-    print("\n### subprocesses each mode's first run started (seconds from its start, command)")
-    for mode in ["cold", "cc", "aoti", "aoti-torch"]:
-        r = next((r for r in results if r["mode"] == mode and "subprocesses" in r), None)
-        if r is None:
-            continue
-        print(f"\n{mode} run {r['run']}: {len(r['subprocesses'])}")
-        for t, ev, cmd in r["subprocesses"][:40]:
-            print(f"  {t:8.2f}  {ev:16s} {cmd}")
-    for r in results:
-        if "error" in r:
-            print(f"\nFAILED {r['mode']} run {r['run']}: {r['error']}")
-    if skipped:
-        print("\nskipped (budget): " + "; ".join(skipped))
+    ok = report(a.work, results, build, skipped)
     print(f"\nbench wall time {time.time() - T0:.1f} s")
-    return 0 if results and all("error" not in r for r in results) else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
