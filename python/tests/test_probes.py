@@ -145,3 +145,17 @@ def test_writing_into_a_missing_directory_names_it(tmp_path):
                         str(tmp_path / "nope")], capture_output=True, text=True)
     assert p.returncode == 1
     assert f"{tmp_path / 'nope'} is not a directory" in p.stderr
+
+
+def test_the_daemon_writes_the_same_decision_beside_its_socket_and_engines_apply_it(
+        daemon, tmp_path):
+    # weightcached writes node-probes.json into the socket dir at start (pkg/server/
+    # node_probes.cc): byte for byte what the Python node step writes on this machine.
+    written = Path(daemon.socket) / probes.FILE_NAME
+    assert written.exists(), sorted(os.listdir(daemon.socket))
+    assert oct(written.stat().st_mode & 0o777) == "0o644"
+    assert written.read_bytes() == probes.write(str(tmp_path)).read_bytes()
+    env = {}
+    d = probes.apply(socket=daemon.socket, environ=env)
+    assert d.source == "node" and d.path == str(written)
+    assert env == probes.decide().env

@@ -6,8 +6,9 @@ The one that costs seconds is the CPU vector-ISA check: for every ISA the CPU's 
 ``python -c`` to load it (about 2.8 s each on the H200 machine, ten of them on a CPU with
 AVX-512 and AMX). Its answer is a property of the node's CPU, so it is decided once per node:
 
-- on the node, ``python -m weightcache node-probes --write DIR`` (DIR: the socket directory
-  that engine pods mount read-only) writes ``node-probes.json``;
+- on the node, ``weightcached`` writes ``node-probes.json`` at start into the socket
+  directory and every slot directory (what engine pods mount read-only); without a daemon,
+  ``python -m weightcache node-probes --write DIR`` writes the same bytes;
 - in an engine, :func:`apply` (called by :mod:`weightcache.aoti` before torch's Inductor is
   imported) reads that file when it can be trusted and agrees with this process's own view of
   the CPU, and otherwise decides the same thing itself from ``/proc/cpuinfo``; then it sets
