@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # On the GPU machine, in ONE call of at most 600 s: issue 49's engine start measured. Writes
 # the ~0.84 B Llama (bench/compile_cache_bench.py make), serves it with weightcached
-# (cuda-vmm, this uid a publisher, artifacts in memory), writes the node's probe decision
-# (python -m weightcache node-probes --write <socket dir>), then bench/engine_start_bench.py:
+# (cuda-vmm, this uid a publisher, artifacts in memory; it writes the node's probe decision,
+# node-probes.json, into its socket dir), then bench/engine_start_bench.py:
 # fresh processes, cold / compile_cache hit / AOTInductor package from the daemon, 5 runs each
 # as the budget allows (what it skipped is printed), logits compared, every subprocess each
 # run starts recorded. Then, if time is left and strace exists, one package load through
 # torch's own loader with weightcache's probe decision off, under strace -f (every execve:
 # the probes torch runs, confirmed outside Python too).
 #
-#   here:  bash tests/gpu/prepare-python-carry.sh [CUDA build dir]
+#   here:  bash tests/gpu/prepare-python-carry.sh [CUDA build dir of this tree]
 #   then:  run(carry=[".device-carry-py"], command="bash tests/gpu/run-engine-start-on-device.sh")
 # Results under $OUT (default /tmp/wc-es-out): engine-start.md (the table), engine-start-gpu.log
 # (everything), weightcached.log, node-probes.json, strace-execve.txt.
@@ -40,8 +40,16 @@ unset WEIGHTCACHE_LIB WEIGHTCACHE_MODE WEIGHTCACHE_MODEL TORCHINDUCTOR_VEC_ISA_O
 echo "+ serving llama-1b (model written, weightcached started, loaded)"; set +x  # (its wait loop would print 300 lines)
 MAKE_TIMEOUT=120 LOAD_TIMEOUT=120 source "$root/tests/gpu/serve-llama-on-device.sh"
 set -x
-# The node step (in Kubernetes: the DaemonSet, as root, into the socket dir engines mount).
-"$PY" -m weightcache node-probes --write "$work/s" && cp "$work/s/node-probes.json" "$OUT/"
+# The node's probe decision: weightcached writes it at start into the socket dir (this
+# branch's daemon); a carry with an older daemon gets it from the Python node step instead.
+if [[ -f $work/s/node-probes.json ]]; then
+  echo "node-probes.json written by weightcached"
+else
+  echo "no node-probes.json from weightcached (an older daemon in the carry?): the Python node step writes it"
+  "$PY" -m weightcache node-probes --write "$work/s"
+fi
+cp "$work/s/node-probes.json" "$OUT/"; cat "$work/s/node-probes.json"
+"$PY" -m weightcache node-probes
 ls -la "$work/s"
 budget=$(( TOTAL - SECONDS - 45 ))
 rc=0
@@ -53,7 +61,7 @@ if command -v strace >/dev/null && (( left > 50 )) && [[ $MODES == *aoti* ]]; th
   caches=$(mktemp -d "$work/caches-strace-XXXX")
   BENCH_SPAWNED=$("$PY" -c 'import time; print(repr(time.time()))') WEIGHTCACHE_NODE_PROBES=off \
     TORCHINDUCTOR_CACHE_DIR=$caches/inductor TRITON_CACHE_DIR=$caches/triton \
-    timeout $(( left - 10 )) strace -f -qq -e trace=execve -o "$OUT/strace-execve.txt" \
+    timeout $(( left - 10 )) strace -f -qq -s 300 -e trace=execve -o "$OUT/strace-execve.txt" \
     "$PY" "$root/bench/engine_start_bench.py" --child aoti-torch --run 9 --work "$work" \
     --model llama-1b | tail -c 3000
   grep -c execve "$OUT/strace-execve.txt"
