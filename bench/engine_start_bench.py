@@ -126,6 +126,11 @@ def child(mode, run, work, model_name):
             rec["error"] = f"not from the artifact: {fn.source}: {fn.reason}"
         if mode == "aoti-build" and fn.source != "built":
             rec["error"] = f"the build process did not build: {fn.source}: {fn.reason}"
+        if mode == "aoti-build":  # the node's answer against Inductor's own CPU check
+            from torch._inductor.cpu_vec_isa import x86_isa_checker
+
+            rec.update(inductor_isa=x86_isa_checker(),
+                       node_isa=fn.probes.cpu_isa if fn.probes else None)
         rec["aoti_load_other_s"] = t_ready - t_map - sum(s.values())  # probes, unpacking
     rec.update(map_s=t_map - t_import, first_forward_s=t_first - t_ready,
                total_s=t_first - t_start, subprocesses=procs)
@@ -222,6 +227,10 @@ def report(work, results, build, skipped):
     if build is not None:
         shown = {k: v for k, v in build.items() if k != "subprocesses"}
         print(f"\naoti-build (not counted): {json.dumps(shown)}")
+        if "inductor_isa" in build:
+            same = sorted(build["inductor_isa"]) == sorted(build["node_isa"] or [])
+            print(f"CPU ISA: node decision {build['node_isa']}, Inductor's x86_isa_checker "
+                  f"{build['inductor_isa']}: {'equal' if same else 'DIFFERENT'}")
     eager = logits("cold", 1)
     aot = logits("aoti", 1)
     if eager is not None and aot is not None:
