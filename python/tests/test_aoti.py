@@ -68,8 +68,35 @@ def test_the_artifact_round_trips_and_a_malformed_one_is_named(tmp_path):
 def test_mapped_weights_are_bound_by_name_and_the_rest_packed(daemon):
     with weightcache.acquire("tiny", socket=daemon.socket) as w:
         bindings, constants = aoti._split_constants(_bound(w), w)
-    assert bindings == {"norm": "model.norm.weight", "lm_head.weight": "lm_head.weight"}
-    assert list(constants) == ["scale"]
+        assert bindings == {"norm": "model.norm.weight", "lm_head.weight": "lm_head.weight"}
+        assert list(constants) == ["scale"]
+        # The module bound to another lease (as transformers.from_pretrained acquires its
+        # own): other addresses, the same weights by name and contents.
+        with weightcache.acquire("tiny", socket=daemon.socket) as w2:
+            outer = torch.nn.Module()
+            outer.m = torch.nn.Module()
+            outer.m.model = torch.nn.Module()
+            outer.m.model.embed_tokens = torch.nn.Embedding(8192, 256, dtype=torch.bfloat16)
+            weightcache.bind(outer.m, w2, strict=False)
+            assert outer.m.model.embed_tokens.weight.data_ptr() != \
+                w["model.embed_tokens.weight"].data_ptr()
+            bindings, constants = aoti._split_constants(outer, w)
+        assert bindings == {"m.model.embed_tokens.weight": "model.embed_tokens.weight"}
+        assert constants == {}
+        # Same name and shape, other contents: not a weight; and too much of that is refused.
+        outer.m.model.embed_tokens.weight = torch.nn.Parameter(
+            torch.zeros(8192, 256, dtype=torch.bfloat16))
+        monkey = aoti._MAX_CONSTANT_BYTES
+        try:
+            bindings, constants = aoti._split_constants(outer, w)
+            assert bindings == {} and list(constants) == ["m.model.embed_tokens.weight"]
+            aoti._MAX_CONSTANT_BYTES = 1 << 20
+            with pytest.raises(aoti.PackageError,
+                               match="4194304 bytes of tensors that are not the mapped weights "
+                                     r"\(largest: m.model.embed_tokens.weight\)"):
+                aoti._split_constants(outer, w)
+        finally:
+            aoti._MAX_CONSTANT_BYTES = monkey
 
 
 def test_a_package_for_another_torch_cuda_or_gpu_is_never_fetched(daemon, caplog):

@@ -302,22 +302,47 @@ def _load_blob(blob: bytes, weights: Mapping[str, Any], device: Any,
 
 # --- building -----------------------------------------------------------------------------
 
+# Constants packed into the artifact beyond this are a module that does not run on the
+# mapped weights (a copy of them would be put as code's baggage): refused, naming them.
+_MAX_CONSTANT_BYTES = 256 << 20
+
+
 def _split_constants(module: Any, weights: Mapping[str, Any]) -> Tuple[Dict[str, str],
                                                                       Dict[str, Any]]:
-    """Which of the module's parameters and buffers are mapped weights (same memory, shape,
-    strides and dtype as a tensor of ``weights``: bound by name at load) and which are not
-    (packed into the artifact)."""
+    """Which of the module's parameters and buffers are mapped weights (bound by name at
+    load) and which are not (packed into the artifact). A tensor is a weight when it *is*
+    one of ``weights`` (same memory, shape, strides, dtype), or — the module bound to another
+    lease of the same weights, mapped at other addresses — when a weight whose name ends its
+    FQN has its shape, strides and dtype and equal contents."""
+    import torch
+
     by_ptr = {}
     for name in weights:
         t = weights[name]
         by_ptr[(t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)] = name
+    names = sorted(weights, key=len, reverse=True)  # the longest name that ends the FQN
     bindings, constants = {}, {}
     for fqn, t in list(module.named_parameters()) + list(module.named_buffers()):
         k = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype)
         if k in by_ptr:
             bindings[fqn] = by_ptr[k]
+            continue
+        for n in names:
+            if fqn != n and not fqn.endswith("." + n):
+                continue
+            w = weights[n]
+            if (tuple(w.shape), tuple(w.stride()), w.dtype) == k[1:] and \
+                    w.device == t.device and torch.equal(w, t.detach()):
+                bindings[fqn] = n
+                break
         else:
             constants[fqn] = t.detach()
+    total = sum(t.numel() * t.element_size() for t in constants.values())
+    if total > _MAX_CONSTANT_BYTES:
+        big = sorted(constants, key=lambda f: -constants[f].numel() * constants[f].element_size())
+        raise PackageError(f"the module holds {total} bytes of tensors that are not the mapped "
+                           f"weights (largest: {', '.join(big[:3])}): bind it to the weights "
+                           f"(weightcache.bind) before building its package")
     return bindings, constants
 
 
