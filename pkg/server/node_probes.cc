@@ -100,7 +100,10 @@ std::string ThisNodeProbesJson() {
 absl::Status WriteNodeProbes(const std::string& dir, absl::string_view json) {
   const std::string path = absl::StrCat(dir, "/", kNodeProbesFile);
   const std::string tmp = absl::StrCat(dir, "/.", kNodeProbesFile, ".", ::getpid());
-  ScopedFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644));
+  // A file left at the temporary name (a crash, or someone who may write the directory) is
+  // removed, never reused: O_EXCL makes this write's file a new one, owned by the daemon.
+  ::unlink(tmp.c_str());
+  ScopedFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
   if (!fd.valid()) return ErrnoStatus(errno, "open", tmp);
   const std::string text = absl::StrCat(json, "\n");
   // 0644 whatever the umask: engines of every uid read it.

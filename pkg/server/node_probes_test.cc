@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 
@@ -54,6 +55,36 @@ TEST(NodeProbes, TheFileIsWrittenWholeWithMode0644) {
   auto missing = WriteNodeProbes(dir + "/nope", "{}");
   EXPECT_FALSE(missing.ok());
   EXPECT_NE(missing.message().find(dir + "/nope/.node-probes.json"), std::string::npos) << missing;
+  std::filesystem::remove_all(dir);
+}
+
+// Attack: whoever may write the directory leaves a file (theirs) or a link at the temporary
+// name, so that the decision engines read is their file. Answer: it is removed, the write's
+// file is a new one (O_EXCL), the daemon's, and a link's target is never touched.
+TEST(NodeProbes, AFileOrLinkLeftAtTheTemporaryNameIsNeverReused) {
+  char tmpl[] = "/tmp/wc-node-probes-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string tmp = dir + "/." + kNodeProbesFile + "." + std::to_string(::getpid());
+  const std::string target = dir + "/elsewhere";
+  std::ofstream(target) << "untouched";
+  for (const bool link : {false, true}) {
+    if (link) {
+      std::filesystem::create_symlink(target, tmp);
+    } else {
+      std::ofstream(tmp) << "theirs";
+      if (::geteuid() == 0) ASSERT_EQ(::chown(tmp.c_str(), 65534, 65534), 0);
+    }
+    ASSERT_TRUE(WriteNodeProbes(dir, "{\"version\": 1}").ok()) << (link ? "link" : "file");
+    struct stat st {};
+    ASSERT_EQ(::lstat((dir + "/" + kNodeProbesFile).c_str(), &st), 0);
+    EXPECT_TRUE(S_ISREG(st.st_mode));
+    EXPECT_EQ(st.st_uid, ::geteuid()) << (link ? "link" : "file");
+    EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(tmp)));
+  }
+  std::ifstream in(target);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "untouched");
   std::filesystem::remove_all(dir);
 }
 
