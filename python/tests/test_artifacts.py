@@ -82,6 +82,21 @@ def test_restore_dir_refuses_members_outside_the_directory(daemon, tmp_path):
     assert not (tmp_path / "escaped.txt").exists()
 
 
+def test_compile_cache_applies_the_nodes_probe_decision_first(daemon, monkeypatch, caplog):
+    from weightcache import probes
+
+    monkeypatch.delenv("TORCHINDUCTOR_VEC_ISA_OK", raising=False)
+    monkeypatch.setattr(torch, "compiler", types.SimpleNamespace(
+        load_cache_artifacts=lambda blob: None, save_cache_artifacts=lambda: None),
+        raising=False)
+    # The daemon's socket dir holds no decision: this process decides, from its CPU.
+    with weightcache.compile_cache("tiny", _key(daemon)["fingerprint"], settings={"p": 1},
+                                   socket=daemon.socket):
+        assert os.environ.get("TORCHINDUCTOR_VEC_ISA_OK") == probes.decide().env.get(
+            "TORCHINDUCTOR_VEC_ISA_OK")
+    assert not [r for r in caplog.records if "probe decision" in r.getMessage()]
+
+
 def test_compile_cache_saves_on_a_miss_and_loads_on_the_next_start(daemon, monkeypatch):
     # torch's two cache calls, recorded (the real ones run on the H200: bench/compile_cache_probe.py).
     calls = []

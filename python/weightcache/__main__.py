@@ -5,6 +5,8 @@
     python -m weightcache verify MODEL [--tp-rank R --tp-size N] [--model-dir DIR]
     python -m weightcache evict MODEL | --fingerprint FP
     python -m weightcache stop          (the daemon that spawn mode started for this user)
+    python -m weightcache node-probes [--write DIR]   (the node's probe decision: print it,
+                                        or write DIR/node-probes.json; weightcache.probes)
 
 ``--socket`` (before the command) names control.sock or its directory; default
 ``$WEIGHTCACHE_SOCKET``. Exit status 0 on success, 1 on an error (printed to stderr).
@@ -100,6 +102,20 @@ def _stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def _node_probes(args: argparse.Namespace) -> int:
+    from . import probes
+
+    if args.write:
+        try:
+            path = probes.write(args.write)
+        except (probes.ProbeError, OSError) as e:
+            raise WeightcacheError(f"node-probes --write {args.write}: {e}") from e
+        print(f"wrote {path}")
+    else:
+        print(json.dumps(probes.decide().as_json(), sort_keys=True))
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m weightcache", description=__doc__.split("\n")[0])
     p.add_argument("--socket", help="control.sock or its directory (default $WEIGHTCACHE_SOCKET)")
@@ -124,6 +140,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     s.set_defaults(run=_evict)
     s = sub.add_parser("stop", help="stop the daemon spawn mode started for this user")
     s.set_defaults(run=_stop)
+    s = sub.add_parser("node-probes", help="the node's answers to torch's start-up probes")
+    s.add_argument("--write", metavar="DIR",
+                   help="write DIR/node-probes.json (the socket dir engines mount)")
+    s.set_defaults(run=_node_probes)
     args = p.parse_args(argv)
     try:
         return args.run(args)

@@ -201,7 +201,11 @@ def compile_cache(model: str, fingerprint: str, *, settings: Any = None, engine:
     (``torch.compiler.load_cache_artifacts``). After, when there were none: torch's caches are
     saved (``torch.compiler.save_cache_artifacts``) and put, for the next engine. Needs torch
     2.6 or later. A failure to put is not the engine's failure: it is recorded in the result's
-    ``put`` (False)."""
+    ``put`` (False). The node's probe decision (:mod:`weightcache.probes`) is applied first,
+    so the compile does not probe the CPU again."""
+    from . import probes
+
+    probes.apply(socket=socket)
     import torch
 
     compiler = getattr(torch, "compiler", None)

@@ -28,18 +28,7 @@ nvidia-smi -L
 work=$(mktemp -d /tmp/wc-cc.XXXXXX)
 export PYTHONPATH=$carry/python WEIGHTCACHE_SOCKET=$work/s
 unset WEIGHTCACHE_LIB WEIGHTCACHE_MODE WEIGHTCACHE_MODEL
-timeout 600 "$PY" "$root/bench/compile_cache_bench.py" make "$work" || exit 1
-LD_LIBRARY_PATH=$carry/lib "$carry/bin/weightcached" --socket_dir="$work/s" --backend=cuda \
-  --metrics_address=off --preload=false --spec_file="$work/specs.json" \
-  --publish_uids="$(id -u)" >"$OUT/weightcached.log" 2>&1 &
-daemon=$!
-trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null' EXIT
-for _ in $(seq 300); do
-  "$PY" -m weightcache status >/dev/null 2>&1 && break
-  kill -0 "$daemon" 2>/dev/null || { cat "$OUT/weightcached.log"; exit 1; }
-  sleep 0.1
-done
-timeout 300 "$PY" -m weightcache load llama-1b || exit 1
+source "$root/tests/gpu/serve-llama-on-device.sh"
 rc=0
 if [[ -n $CC_MODES ]]; then
   timeout 900 "$PY" "$root/bench/compile_cache_bench.py" --work "$work" --model llama-1b \

@@ -86,10 +86,12 @@ class NamespaceRulesTest : public ::testing::Test {
 };
 
 TEST_F(NamespaceRulesTest, PodsInAllowedNamespacesMapOthersAreDeniedAndCounted) {
-  // Each slot has its own directory with both sockets, 0750.
+  // Each slot has its own directory with both sockets, 0750, and the node's probe decision
+  // (the directory is all its pod mounts; issue 49).
   for (int i = 0; i < 4; ++i) {
     EXPECT_TRUE(std::filesystem::is_socket(slot_dir(i) + "/control.sock")) << i;
     EXPECT_TRUE(std::filesystem::is_socket(slot_dir(i) + "/handle.sock")) << i;
+    EXPECT_TRUE(std::filesystem::is_regular_file(slot_dir(i) + "/node-probes.json")) << i;
     EXPECT_EQ(std::filesystem::status(slot_dir(i)).permissions() & std::filesystem::perms::all,
               std::filesystem::perms(0750));
   }

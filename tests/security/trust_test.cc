@@ -35,6 +35,7 @@
 #include "pkg/identity/identity.h"
 #include "pkg/keeper/client.h"
 #include "pkg/safetensors/writer.h"
+#include "pkg/server/node_probes.h"
 #include "pkg/util/scoped_fd.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/process.h"
@@ -151,10 +152,17 @@ TEST_F(TrustTest, ThroughAReadOnlyMountEnginesConnectButCannotReplaceTheSockets)
 
 // Attack: the digest store lived in <socket_dir>/state/, which every engine mounted: an
 // engine could assign any digest to any file version. Answer: the engines' directory holds
-// the sockets and nothing else; daemon state lives beside it.
+// the sockets and nothing else of the daemon's; daemon state lives beside it. The one file
+// there is for engines: the node's probe decision (issue 49), 0644, which they believe only
+// when it matches their own CPU.
 TEST_F(TrustTest, TheEnginesDirectoryHoldsOnlySockets) {
   Start();
+  EXPECT_TRUE(std::filesystem::exists(socket_dir() + "/" + server::kNodeProbesFile));
   for (const auto& f : std::filesystem::recursive_directory_iterator(socket_dir())) {
+    if (f.path().filename() == server::kNodeProbesFile) {
+      EXPECT_EQ(f.status().permissions(), std::filesystem::perms(0644)) << f.path();
+      continue;
+    }
     EXPECT_TRUE(f.is_socket() || f.is_directory()) << f.path() << " is in the engines' mount";
   }
   EXPECT_TRUE(std::filesystem::exists(socket_dir() + "-state/digests.json"));
