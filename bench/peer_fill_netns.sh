@@ -135,7 +135,7 @@ for ((run = 0; run < runs; run++)); do
   cache=$(drop_cache)
   start a "$ns_a" 10.78.0.1
   line_a=$(ready a)
-  start b "$ns_b" 10.78.0.2 --peers=10.78.0.1:7443
+  start b "$ns_b" 10.78.0.2 --peers=10.78.0.1:7443 --peer_trust=single
   line_b=$(ready b)
   fill=$(grep "peer fill of m: .* GB/s" "$dir/b.log" | tail -1 || true)
   if [[ $line_b != *"from peer_fill)"* || -z $fill ]]; then

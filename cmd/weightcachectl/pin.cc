@@ -1,6 +1,7 @@
 #include "cmd/weightcachectl/pin.h"
 
 #include <algorithm>
+#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -50,6 +51,25 @@ absl::StatusOr<std::string> PinBlock(const v1::StatusResponse& status, const std
     absl::StrAppend(
         &out, "  ", f->name(), ": ", f->digest().substr(prefix.size()),
         f->source() == "pinned" ? "  # the spec's own pin: not read on this node yet" : "", "\n");
+  }
+  // Per fingerprint this node holds ready, its segments' digests (issue 48): a peer fill of
+  // that fingerprint is then served only with them (docs/peer-fill.md, "Anchors").
+  std::map<std::string, const v1::EntryInfo*> held;
+  for (const auto& e : status.entries()) {
+    if (e.model() == model && e.state() == "ready" && !e.segment_sha256().empty()) {
+      held.emplace(e.fingerprint(), &e);
+    }
+  }
+  if (!held.empty()) {
+    absl::StrAppend(&out,
+                    "# Each segment's sha256-tree digest, per fingerprint (layout, dtype, GPU) "
+                    "this node holds:\nsegment_digests:\n");
+    for (const auto& [fp, e] : held) {
+      absl::StrAppend(&out, "  ", fp, ":  # tp ", e->layout().tp_rank(), "/",
+                      std::max(1u, e->layout().tp_size()), " on ",
+                      e->device_uuid().empty() ? "host" : e->device_uuid(), "\n");
+      for (const auto& d : e->segment_sha256()) absl::StrAppend(&out, "    - ", d, "\n");
+    }
   }
   return out;
 }

@@ -186,6 +186,11 @@ ABSL_FLAG(std::string, peers, "",
           "headless Service) asked for a model-rank before it is read from disk; a holder's "
           "segments are pulled over UCX and checked against its digests, disk on any failure. "
           "Uses --peer_tls_*. Empty: off");
+ABSL_FLAG(std::string, peer_trust, "quorum",
+          "Peer fill (issue 48): whose record a fill believes when the spec pins no segment "
+          "digests for the fingerprint. quorum: the same segment digests from 2 holders with "
+          "distinct certificate names (per-node certificates), else the disk; single: any one "
+          "holder, trusting every node that holds the fleet's certificate");
 ABSL_FLAG(int, peer_describe_timeout_ms, 2000,
           "Peer fill: how long each peer may take to answer whether it holds a model-rank");
 ABSL_FLAG(int, peer_pull_timeout_seconds, 300,
@@ -298,6 +303,9 @@ absl::Status ReadPeerFlags(server::PeerOptions& out) {
     }
     out.peers = *std::move(list);
   }
+  auto trust = server::ParsePeerTrust(absl::GetFlag(FLAGS_peer_trust));
+  if (!trust.ok()) return trust.status();
+  out.trust = *trust;
   for (const auto& [flag, value] :
        {std::pair{"--peer_describe_timeout_ms", absl::GetFlag(FLAGS_peer_describe_timeout_ms)},
         std::pair{"--peer_pull_timeout_seconds", absl::GetFlag(FLAGS_peer_pull_timeout_seconds)}}) {

@@ -441,6 +441,7 @@ std::vector<EntrySnapshot> Registry::Snapshot() const {
     s.corrupt = e->corrupt;
     if (e->digests) {
       s.verified_seconds_ago = std::chrono::duration<double>(now - e->verified_at).count();
+      for (const auto& d : *e->digests) s.segment_sha256.push_back(d.sha256);
     }
     s.bytes_done = e->progress.done();
     s.bytes_total = e->progress.total();

@@ -134,6 +134,8 @@ struct EntrySnapshot {
   std::string corrupt;  // what changed in memory; empty unless marked corrupt
   // Seconds since its digests were taken or last matched in full; -1 without digests.
   double verified_seconds_ago = -1;
+  // Each segment's cryptographic digest taken at its fill (32 raw bytes each); empty without.
+  std::vector<std::string> segment_sha256;
   uint64_t bytes = 0;         // resident (allocated)
   uint64_t tensor_bytes = 0;  // the tensors' own bytes
   uint64_t bytes_done = 0;

@@ -328,9 +328,15 @@ struct Metrics::Impl {
         peer_fill_fallbacks(prometheus::BuildCounter()
                                 .Name("weightcache_peer_fill_fallbacks_total")
                                 .Help("Loads that asked the peers and read from disk instead, by "
-                                      "model and reason (not_held, record, transfer, timeout, "
-                                      "digest, memory).")
+                                      "model and reason (not_held, record, anchor, transfer, "
+                                      "timeout, digest, memory).")
                                 .Register(registry)),
+        peer_fill_anchors(prometheus::BuildCounter()
+                              .Name("weightcache_peer_fill_anchor_total")
+                              .Help("Fills from other nodes' daemons whose segments were served, "
+                                    "by model and what vouched for the holders' records (anchor: "
+                                    "pinned, quorum, single).")
+                              .Register(registry)),
         integrity_checks(prometheus::BuildCounter()
                              .Name("weightcache_integrity_checks_total")
                              .Help("Resident entries whose every segment was digested again and "
@@ -412,6 +418,7 @@ struct Metrics::Impl {
   prometheus::Family<prometheus::Counter>& peer_fill_bytes;
   prometheus::Family<prometheus::Histogram>& peer_fill_seconds;
   prometheus::Family<prometheus::Counter>& peer_fill_fallbacks;
+  prometheus::Family<prometheus::Counter>& peer_fill_anchors;
   prometheus::Counter& integrity_checks;
   prometheus::Family<prometheus::Counter>& integrity_failures;
   prometheus::Family<prometheus::Counter>& publishes;
@@ -505,6 +512,11 @@ void Metrics::OnPeerFill(const std::string& model, double seconds, uint64_t byte
 void Metrics::OnPeerFillBytes(const std::string& model, uint64_t bytes) {
   impl_->peer_fill_bytes.Add({{"model", impl_->ModelLabel(model)}})
       .Increment(static_cast<double>(bytes));
+}
+
+void Metrics::OnPeerFillAnchor(const std::string& model, const std::string& anchor) {
+  impl_->peer_fill_anchors.Add({{"model", impl_->ModelLabel(model)}, {"anchor", anchor}})
+      .Increment();
 }
 
 void Metrics::OnPeerFillFallback(const std::string& model, const std::string& reason) {

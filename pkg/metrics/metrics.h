@@ -164,12 +164,15 @@ class Metrics {
   void OnAdopted(const std::string& model);
   // Peer fill (issue 30): a model-rank filled from other nodes' daemons (its bytes and
   // seconds), and a load that asked the peers and read from disk instead, by reason
-  // (not_held | record | transfer | timeout | digest | memory: peer_fill.h).
+  // (not_held | record | anchor | transfer | timeout | digest | memory: peer_fill.h).
   void OnPeerFill(const std::string& model, double seconds, uint64_t bytes);
   // The bytes of a fill that failed part way and kept what it filled (the rest read from
   // disk): counted in weightcache_peer_fill_bytes_total, not as a fill's seconds.
   void OnPeerFillBytes(const std::string& model, uint64_t bytes);
   void OnPeerFillFallback(const std::string& model, const std::string& reason);
+  // What vouched for the records of a fill whose segments were served (issue 48): anchor
+  // pinned | quorum | single (pkg/server/peer/fill_anchor.h).
+  void OnPeerFillAnchor(const std::string& model, const std::string& anchor);
   // Compile artifacts (issue 29): each get or put that ended, by model, op (get | put) and
   // result (get: hit | miss | refused | error; put: stored | exists | busy | refused |
   // error), the bytes a hit served or a put stored, and what the store holds in memory.

@@ -17,7 +17,8 @@ std::unique_ptr<PeerClient> PeerClient::Make(const std::string& address, const T
 
 absl::StatusOr<v1::PeerDescribeResponse> PeerClient::Describe(const std::string& fingerprint,
                                                               std::chrono::milliseconds timeout,
-                                                              bool transfer) {
+                                                              bool transfer,
+                                                              std::string* identity) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + timeout);
   v1::PeerDescribeRequest req;
@@ -25,7 +26,10 @@ absl::StatusOr<v1::PeerDescribeResponse> PeerClient::Describe(const std::string&
   req.set_transfer(transfer);
   v1::PeerDescribeResponse resp;
   const grpc::Status s = stub_->Describe(&ctx, req, &resp);
-  if (s.ok()) return resp;
+  if (s.ok()) {
+    if (identity != nullptr) *identity = CertificateName(*ctx.auth_context());
+    return resp;
+  }
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
                       absl::StrCat("peer ", address_, ": ", s.error_message()));
 }

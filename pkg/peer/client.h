@@ -25,9 +25,12 @@ class PeerClient {
   // (either side's certificate not signed by the CA, or the server's not for server_name);
   // DEADLINE_EXCEEDED after `timeout`. With `transfer`, the peer also exposes the segments
   // for a pull (PeerDescribeResponse.transfer).
+  // `identity` (may be null) receives the answering daemon's certificate name (its common
+  // name: per node, when the fleet issues per-node certificates; tls.h CertificateName).
   absl::StatusOr<v1::PeerDescribeResponse> Describe(const std::string& fingerprint,
                                                     std::chrono::milliseconds timeout,
-                                                    bool transfer = false);
+                                                    bool transfer = false,
+                                                    std::string* identity = nullptr);
 
   const std::string& address() const { return address_; }
 

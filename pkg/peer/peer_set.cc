@@ -153,11 +153,12 @@ PeerSurvey PeerSet::Survey(const std::string& fingerprint, bool transfer) {
   KeepOnly(addresses);
   std::vector<absl::StatusOr<v1::PeerDescribeResponse>> answers(addresses.size(),
                                                                 absl::UnknownError("not asked"));
+  std::vector<std::string> identities(addresses.size());
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < addresses.size();) {
       std::shared_ptr<PeerClient> c = ClientFor(addresses[i]);
-      answers[i] = c->Describe(fingerprint, options_.describe_timeout, transfer);
+      answers[i] = c->Describe(fingerprint, options_.describe_timeout, transfer, &identities[i]);
       const absl::StatusCode code = answers[i].status().code();
       if (code != absl::StatusCode::kOk && code != absl::StatusCode::kNotFound) {
         Forget(addresses[i], c.get());
@@ -172,7 +173,7 @@ PeerSurvey PeerSet::Survey(const std::string& fingerprint, bool transfer) {
   for (std::thread& t : pool) t.join();
   for (size_t i = 0; i < addresses.size(); ++i) {
     if (answers[i].ok()) {
-      survey.holders.push_back({addresses[i], *std::move(answers[i])});
+      survey.holders.push_back({addresses[i], *std::move(answers[i]), identities[i]});
     } else if (answers[i].status().code() == absl::StatusCode::kNotFound) {
       survey.without.push_back(addresses[i]);
     } else {

@@ -52,6 +52,7 @@ struct PeerSetOptions {
 struct PeerHolder {
   std::string address;  // "ip:port" as dialled
   v1::PeerDescribeResponse response;
+  std::string identity;  // its certificate's name (PeerClient::Describe)
 };
 struct PeerFailure {
   std::string address;  // the entry, when its name did not resolve

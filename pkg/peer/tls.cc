@@ -1,5 +1,6 @@
 #include "pkg/peer/tls.h"
 
+#include <grpcpp/security/auth_context.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
 #include <unistd.h>
@@ -84,6 +85,18 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsMaterial& 
   o.pem_private_key = m.key_pem;
   o.pem_cert_chain = m.cert_pem;
   return grpc::SslCredentials(o);
+}
+
+std::string CertificateName(const grpc::AuthContext& ctx) {
+  const auto names = ctx.FindPropertyValues("x509_common_name");
+  return names.empty() ? "" : std::string(names.front().data(), names.front().size());
+}
+
+bool CarriesPeerName(const grpc::AuthContext& ctx, const std::string& server_name) {
+  for (const auto& san : ctx.FindPropertyValues("x509_subject_alternative_name")) {
+    if (std::string_view(san.data(), san.size()) == server_name) return true;
+  }
+  return false;
 }
 
 }  // namespace weightcache::peer

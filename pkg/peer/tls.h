@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 
 namespace grpc {
+class AuthContext;
 class ServerCredentials;
 class ChannelCredentials;
 }  // namespace grpc
@@ -43,5 +44,13 @@ absl::StatusOr<TlsMaterial> ReadTls(const TlsFiles& files);
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsMaterial& m);
 // Client side: presents this daemon's certificate, verifies the server's against the CA.
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsMaterial& m);
+
+// Identities (issue 48): with per-node certificates (each node's common name its own, every
+// one carrying `server_name` as a DNS SAN), a peer's identity is its certificate's common
+// name; "" when the certificate has none (or the call had no TLS).
+std::string CertificateName(const grpc::AuthContext& ctx);
+// Whether the other side's certificate carries `server_name` among its DNS SANs: a peer
+// certificate of the fleet, not some other certificate the same CA signed.
+bool CarriesPeerName(const grpc::AuthContext& ctx, const std::string& server_name);
 
 }  // namespace weightcache::peer

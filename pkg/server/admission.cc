@@ -4,6 +4,7 @@
 #include <chrono>
 #include <optional>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "pkg/integrity/digest.h"
@@ -228,7 +229,13 @@ std::vector<FillSource> Admission::FillSources(const load::OpenedModel& model,
   // Private copies are this node's (peers never describe them).
   if (fill == nullptr || !p.request.inputs.env.tenant.empty()) return {};
   FillFailure why{FillFallback::kNotHeld, absl::OkStatus()};
-  auto sources = fill->Find(p.fingerprint, p.plan, &why);
+  // The spec's pinned segment digests of this fingerprint (hex, validated), as raw bytes.
+  std::vector<std::string> pinned;
+  if (auto it = model.spec.segment_digests.find(p.fingerprint);
+      it != model.spec.segment_digests.end()) {
+    for (const auto& hex : it->second) pinned.push_back(absl::HexStringToBytes(hex));
+  }
+  auto sources = fill->Find(p.fingerprint, p.plan, pinned, &why);
   if (sources.empty()) {
     fill->CountFallback(model.spec.name, why.reason);
     WC_LOG_INFO("peer fill of %s rank %d: %s; loading from disk", model.spec.name,

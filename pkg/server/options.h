@@ -18,6 +18,7 @@
 #include "pkg/memory/backend.h"
 #include "pkg/peer/peer_set.h"
 #include "pkg/peer/tls.h"
+#include "pkg/server/peer/fill_anchor.h"
 #include "pkg/server/policy/namespace_rules_options.h"
 #include "pkg/spec/spec.h"
 
@@ -67,6 +68,10 @@ struct PeerOptions {
   std::vector<peer::PeerName> peers;
   std::chrono::milliseconds describe_timeout{2000};  // each peer's answer to the survey
   std::chrono::milliseconds pull_timeout{300000};    // each segment's pull (up to 1 GiB)
+  // Which holders a fill may believe without the spec's pinned segment digests (issue 48,
+  // pkg/server/peer/fill_anchor.h): two with distinct certificate names that agree
+  // (quorum), or any one (single: trusting every node holding the fleet's certificate).
+  PeerTrust trust = PeerTrust::kQuorum;
 };
 
 struct DaemonOptions {

@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "pkg/peer/tls.h"
 #include "pkg/peer/ucx_transfer.h"
 #include "pkg/server/internal/daemon_impl.h"
 #include "pkg/server/internal/grpc_status.h"
@@ -42,19 +43,31 @@ std::string HostName() {
 
 class PeerService final : public v1::WeightCachePeer::Service {
  public:
-  explicit PeerService(Daemon::Impl* impl) : impl_(impl) {}
+  PeerService(Daemon::Impl* impl, std::string server_name)
+      : impl_(impl), server_name_(std::move(server_name)) {}
 
   grpc::Status Describe(grpc::ServerContext* ctx, const v1::PeerDescribeRequest* req,
                         v1::PeerDescribeResponse* resp) override {
-    auto r = impl_->DescribeForPeer(req->fingerprint(), req->transfer());
     // gRPC sees the relay's Unix socket; the port knows the TCP source behind it.
     const std::string who = impl_->PeerSource(ctx->peer());
+    // The CA may sign other certificates too (a webhook's, an operator's): a peer is one
+    // that carries the fleet's peer name (issue 48).
+    if (!peer::CarriesPeerName(*ctx->auth_context(), server_name_)) {
+      const std::string name = peer::CertificateName(*ctx->auth_context());
+      WC_LOG_WARN("peer %s: refused: its certificate '%s' does not carry the peer name '%s'", who,
+                  name, server_name_);
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                          absl::StrCat("certificate '", name, "' does not carry the fleet's peer ",
+                                       "name '", server_name_, "' as a DNS SAN: not a peer"));
+    }
+    auto r = impl_->DescribeForPeer(req->fingerprint(), req->transfer());
     if (!r.ok()) {
       WC_LOG_INFO("peer %s: describe %s: %s", who, req->fingerprint().substr(0, 12),
                   std::string(r.status().message()));
       return ToGrpc(ctx, r.status());
     }
-    WC_LOG_INFO("peer %s: described %s (%s, %.1f MiB%s)", who, req->fingerprint().substr(0, 12),
+    WC_LOG_INFO("peer %s (%s): described %s (%s, %.1f MiB%s)", who,
+                peer::CertificateName(*ctx->auth_context()), req->fingerprint().substr(0, 12),
                 r->source(), static_cast<double>(r->total_bytes()) / (1 << 20),
                 req->transfer() ? ", exposed for a pull" : "");
     *resp = std::move(r).value();
@@ -63,6 +76,7 @@ class PeerService final : public v1::WeightCachePeer::Service {
 
  private:
   Daemon::Impl* const impl_;
+  const std::string server_name_;
 };
 
 }  // namespace
@@ -130,7 +144,7 @@ absl::Status Daemon::Impl::StartPeerServer() {
   }
   peer_exposures_ = std::make_unique<PeerExposures>(ucx.ok() ? *std::move(ucx) : nullptr, why,
                                                     backend_->kind(), o.transfer_hold);
-  peer_service_ = std::make_unique<PeerService>(this);
+  peer_service_ = std::make_unique<PeerService>(this, o.tls.server_name);
   WC_ASSIGN_OR_RETURN(peer_dir_, MakePrivateDir());
   const std::string backend_path = peer_dir_ + "/grpc.sock";
   grpc::ServerBuilder builder;
@@ -199,6 +213,7 @@ absl::Status Daemon::Impl::StartPeerFill() {
   WC_ASSIGN_OR_RETURN(f.peers.tls, peer::ReadTls(o.tls));
   f.peers.peers = o.peers;
   f.peers.self_port = static_cast<uint16_t>(peer_port_);
+  f.trust = o.trust;
   f.peers.describe_timeout = o.describe_timeout;
   f.pull.timeout = o.pull_timeout;
   peer_fill_ =

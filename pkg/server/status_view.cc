@@ -5,6 +5,7 @@
 #include <chrono>
 #include <tuple>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "pkg/server/messages/layout_proto.h"
@@ -121,6 +122,11 @@ void StatusView::AppendEntry(const Caller& caller, bool admin, const cache::Entr
   e->set_error(error);
   // When its last pass ended tells an engine how long a write may stay unseen (issue 48).
   e->set_verified_seconds_ago(admin ? s.verified_seconds_ago : -1);
+  if (admin) {
+    for (const auto& d : s.segment_sha256) {
+      if (!d.empty()) e->add_segment_sha256(absl::BytesToHexString(d));
+    }
+  }
   e->set_bytes(s.bytes);
   e->set_tensor_bytes(s.tensor_bytes);
   e->set_tensors(static_cast<uint32_t>(s.tensors));

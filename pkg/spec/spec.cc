@@ -43,7 +43,8 @@ constexpr const char* kKeys[] = {"version",
                                  "allowed_namespaces",
                                  "isolation",
                                  "publishers",
-                                 "digests"};
+                                 "digests",
+                                 "segment_digests"};
 
 std::string KnownKeys() { return absl::StrJoin(kKeys, ", "); }
 
@@ -189,9 +190,53 @@ absl::Status SetDigests(const YAML::Node& value, ModelSpec* spec) {
   return absl::OkStatus();
 }
 
+// `segment_digests:`, a mapping of fingerprint to the list of its segments' digests; hex
+// digits lowercased. What they must be is Validate's.
+absl::Status SetSegmentDigests(const YAML::Node& value, ModelSpec* spec) {
+  if (!value.IsMap()) {
+    return Invalid("segment_digests",
+                   absl::StrCat("must be a mapping of fingerprint to the list of its segments' "
+                                "digests, got ",
+                                NodeKind(value)));
+  }
+  spec->segment_digests.clear();
+  auto lower = [](std::string s) {
+    for (auto& c : s) {
+      if (c >= 'A' && c <= 'F') c = static_cast<char>(c - 'A' + 'a');
+    }
+    return s;
+  };
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    if (!it->first.IsScalar()) {
+      return Invalid("segment_digests",
+                     absl::StrCat("keys must be fingerprints, got ", NodeKind(it->first)));
+    }
+    const std::string fp = lower(it->first.Scalar());
+    const std::string field = absl::StrCat("segment_digests[", Quote(fp), "]");
+    if (!it->second.IsSequence()) {
+      return Invalid(field,
+                     absl::StrCat("must be a list of segment digests, got ", NodeKind(it->second)));
+    }
+    std::vector<std::string> list;
+    for (size_t i = 0; i < it->second.size(); ++i) {
+      if (!it->second[i].IsScalar()) {
+        return Invalid(
+            absl::StrCat(field, "[", i, "]"),
+            absl::StrCat("must be a digest (64 hex digits), got ", NodeKind(it->second[i])));
+      }
+      list.push_back(lower(it->second[i].Scalar()));
+    }
+    if (!spec->segment_digests.emplace(fp, std::move(list)).second) {
+      return Invalid(field, "duplicate fingerprint");
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SetFromNode(const std::string& key, const YAML::Node& value, ModelSpec* spec) {
   if (value.IsNull()) return absl::OkStatus();  // an explicit null keeps the default
   if (key == "digests") return SetDigests(value, spec);
+  if (key == "segment_digests") return SetSegmentDigests(value, spec);
   if (key == "publishers") {
     spec->publishers.clear();
     return ForEachScalar(key, value, "a list of namespace names and uid:<n>",
@@ -446,11 +491,11 @@ absl::StatusOr<ModelSpec> ParseSpecFlag(const std::string& flag) {
       return absl::InvalidArgumentError(absl::StrCat(source, ": duplicate key ", Quote(key)));
     }
     last_key = key;
-    if (key == "digests") {
+    if (key == "digests" || key == "segment_digests") {
       return absl::InvalidArgumentError(
-          absl::StrCat(source,
-                       ": digests: a mapping of file name to SHA-256, which the flag form "
-                       "cannot hold; pin digests in a spec file (--spec_file)"));
+          absl::StrCat(source, ": ", key,
+                       ": a mapping, which the flag form cannot hold; pin digests in a spec file "
+                       "(--spec_file)"));
     }
     if (key == "allowed_namespaces") {
       spec.allowed_namespaces.clear();
@@ -513,6 +558,15 @@ std::string ToYaml(const ModelSpec& spec) {
     out << YAML::Key << "digests" << YAML::Value << YAML::BeginMap;
     for (const auto& [file, digest] : spec.digests) {
       out << YAML::Key << YAML::DoubleQuoted << file << YAML::Value << YAML::DoubleQuoted << digest;
+    }
+    out << YAML::EndMap;
+  }
+  if (!spec.segment_digests.empty()) {
+    out << YAML::Key << "segment_digests" << YAML::Value << YAML::BeginMap;
+    for (const auto& [fp, list] : spec.segment_digests) {
+      out << YAML::Key << YAML::DoubleQuoted << fp << YAML::Value << YAML::Flow << YAML::BeginSeq;
+      for (const auto& d : list) out << YAML::DoubleQuoted << d;
+      out << YAML::EndSeq;
     }
     out << YAML::EndMap;
   }

@@ -32,6 +32,9 @@
 //                                    # file name: the daemon names the weights by them
 //                                    # without reading the files, and a load from disk
 //                                    # refuses a file whose bytes hash otherwise
+//   segment_digests:                 # optional: per fingerprint, each segment's sha256-tree
+//     3f2a...: [9c1d..., 77e0...]    # root (weightcachectl pin); a peer fill of it is
+//                                    # served only with these
 #pragma once
 
 #include <cstddef>
@@ -95,6 +98,12 @@ struct ModelSpec {
   // without a read, and a load from disk refuses bytes that hash otherwise. Part of the
   // fingerprint only through the content digests they stand for (the same as hashing gives).
   std::map<std::string, std::string> digests;
+  // Pinned segment digests (issue 48): fingerprint (64 hex digits) -> each segment's
+  // cryptographic digest (pkg/integrity/crypto_digest.h, sha256-tree v1; 64 lowercase hex
+  // digits), in segment order, as `weightcachectl pin` prints them for the fingerprints a
+  // node holds. A peer fill of that fingerprint is served only with these segment digests
+  // (docs/peer-fill.md, "Anchors"). Never in the fingerprint.
+  std::map<std::string, std::vector<std::string>> segment_digests;
 };
 
 // Whether `digest` is a SHA-256 as a spec pins it: exactly 64 lowercase hex digits.

@@ -218,7 +218,7 @@ TEST(SpecParse, UnknownKeyNamesKeyAndSource) {
   ExpectInvalid("name: a\nmodel_dir: /a\ntp: 2\n",
                 "specs.yaml: unknown key \"tp\" (known: version, name, model_dir, architecture, "
                 "revision, tp_size, tp_ranks, pp_size, pp_rank, dtype, quantization, layout, "
-                "allowed_namespaces, isolation, publishers, digests)");
+                "allowed_namespaces, isolation, publishers, digests, segment_digests)");
   ExpectInvalid("models:\n  - {name: a, model_dir: /a}\nname: b\n",
                 "specs.yaml: unknown key \"name\" beside `models:` (keys go in each model)");
 }
@@ -371,7 +371,7 @@ TEST(SpecFlag, Errors) {
          "flag: unknown key \"tp\" (known: version, name, model_dir, "
          "architecture, revision, tp_size, tp_ranks, pp_size, "
          "pp_rank, dtype, quantization, layout, "
-         "allowed_namespaces, isolation, publishers, digests)");
+         "allowed_namespaces, isolation, publishers, digests, segment_digests)");
   expect("name=a,model_dir=/a,tp_size=x", "flag: tp_size: must be an integer, got \"x\"");
   expect("name=a,model_dir=/a,tp_size=0", "flag: tp_size: must be >= 1, got 0");
   expect("name=a,model_dir=/a,tp_size=2,tp_ranks=0,5",
@@ -710,6 +710,33 @@ TEST(SpecDigests, MalformedDigestsAndNamesNameTheModelTheFileAndWhatIsWrong) {
   auto flag = ParseSpecFlag("name=x,model_dir=/a,digests=m.safetensors");
   ASSERT_FALSE(flag.ok());
   EXPECT_THAT(std::string(flag.status().message()), HasSubstr("pin digests in a spec file"));
+}
+
+// Issue 48: pinned segment digests, per fingerprint; each bad one named with the model.
+TEST(SpecParse, SegmentDigestsArePerFingerprintAndEachIsChecked) {
+  const std::string fp(64, 'a'), d0(64, 'B'), d1(64, 'c');
+  auto ok = ParseSpecs("models:\n  - name: m\n    model_dir: /m\n    segment_digests:\n      " +
+                           fp + ": [" + d0 + ", " + d1 + "]\n",
+                       "specs.yaml");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  ASSERT_EQ((*ok)[0].segment_digests.size(), 1u);
+  EXPECT_EQ((*ok)[0].segment_digests.at(fp), (std::vector<std::string>{std::string(64, 'b'), d1}));
+  for (const auto& [yaml, want] : std::vector<std::pair<std::string, std::string>>{
+           {fp + ": [abc]",
+            "segment_digests[\"" + fp + "\"][0]: model \"m\": must be a segment's digest"},
+           {"abc: [" + d1 + "]", "keys must be fingerprints"},
+           {fp + ": []", "lists no segment digest"},
+           {fp + ": " + d1, "must be a list of segment digests"}}) {
+    auto bad = ParseSpecs(
+        "models:\n  - name: m\n    model_dir: /m\n    segment_digests:\n      " + yaml + "\n",
+        "specs.yaml");
+    ASSERT_FALSE(bad.ok()) << yaml;
+    EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr(want)) << yaml;
+  }
+  auto flag = ParseSpecFlag("name=m,model_dir=/m,segment_digests=x");
+  ASSERT_FALSE(flag.ok());
+  EXPECT_THAT(std::string(flag.status().message()),
+              ::testing::HasSubstr("segment_digests: a mapping, which the flag form cannot hold"));
 }
 
 }  // namespace

@@ -170,6 +170,28 @@ absl::Status ValidateDigests(const ModelSpec& spec) {
   return absl::OkStatus();
 }
 
+// Pinned segment digests: each key a fingerprint and each value a non-empty list of
+// segment digests, all 64 hex digits.
+absl::Status ValidateSegmentDigests(const ModelSpec& spec) {
+  const std::string model = absl::StrCat("model ", Quote(spec.name), ": ");
+  for (const auto& [fp, list] : spec.segment_digests) {
+    const std::string field = absl::StrCat("segment_digests[", Quote(fp), "]");
+    if (!IsSha256Hex(fp)) {
+      return Invalid(field, absl::StrCat(model, "keys must be fingerprints, 64 hex digits, got ",
+                                         fp.size(), " characters"));
+    }
+    if (list.empty()) return Invalid(field, model + "lists no segment digest");
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (!IsSha256Hex(list[i])) {
+        return Invalid(absl::StrCat(field, "[", i, "]"),
+                       absl::StrCat(model, "must be a segment's digest, 64 hex digits, got ",
+                                    Quote(list[i]), " (", list[i].size(), " characters)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool IsSha256Hex(const std::string& digest) {
@@ -246,6 +268,7 @@ absl::Status Validate(const ModelSpec& spec) {
   }
   WC_RETURN_IF_ERROR(ValidateNamespaces(spec));
   WC_RETURN_IF_ERROR(ValidateDigests(spec));
+  WC_RETURN_IF_ERROR(ValidateSegmentDigests(spec));
   return ValidatePublishers(spec);
 }
 

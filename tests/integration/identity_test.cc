@@ -384,6 +384,12 @@ TEST_F(IdentityTest, PinPrintsTheDigestsAndAPinnedDaemonNamesTheSameWeightsWitho
   ASSERT_EQ(pin.rc, 0) << pin.out;
   const std::string line = "  model.safetensors: " + Sha256Of(file) + "\n";
   EXPECT_THAT(pin.out, HasSubstr("\ndigests:\n" + line)) << pin.out;
+  // And each segment's cryptographic digest per fingerprint held (issue 48): the block a
+  // spec pins for peer fills. Another node that loads the same fingerprint computes the same.
+  const size_t seg_at = pin.out.find("\nsegment_digests:\n  " + hashed_fp + ":");
+  ASSERT_NE(seg_at, std::string::npos) << pin.out;
+  const std::string segments = pin.out.substr(seg_at);
+  EXPECT_THAT(segments, ::testing::ContainsRegex("\n    - [0-9a-f]{64}\n")) << pin.out;
   // Engines are not told (admin only).
   testing::ToolRun engine = Ctl({"pin", "m"});
   EXPECT_EQ(engine.rc, 2);
@@ -409,6 +415,9 @@ TEST_F(IdentityTest, PinPrintsTheDigestsAndAPinnedDaemonNamesTheSameWeightsWitho
   auto after = client_->Status();
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->hashed_bytes(), size);  // the load checked the pin, once
+  testing::ToolRun again = AdminCtl({"pin", "m"});
+  ASSERT_EQ(again.rc, 0) << again.out;
+  EXPECT_THAT(again.out, HasSubstr(segments)) << again.out;
 }
 
 // A load whose files hash otherwise than pinned is refused naming the file and both digests

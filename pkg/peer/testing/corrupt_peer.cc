@@ -6,8 +6,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "pkg/integrity/crypto_digest.h"
 #include "pkg/peer/client.h"
 #include "pkg/peer/ucx_transfer.h"
+#include "weightcache/v1/keeper_record.pb.h"
 #include "weightcache/v1/peer.grpc.pb.h"
 
 namespace weightcache::peer::testing {
@@ -85,6 +87,15 @@ absl::StatusOr<std::unique_ptr<CorruptPeer>> CorruptPeer::Start(const CorruptPee
     auto* r = mine.add_regions();
     r->set_length(region->length);
     r->set_token(region->token);
+  }
+  if (o.forge_record) {
+    v1::KeeperRecord r;
+    if (!r.ParseFromString(answer->record()) || r.segment_sha256_size() <= o.bad_segment) {
+      return absl::InvalidArgumentError("corrupt peer: the honest record cannot be forged");
+    }
+    const auto& bad = s->copies[o.bad_segment];
+    r.set_segment_sha256(o.bad_segment, integrity::CryptoDigestHost(bad.data(), bad.size()));
+    answer->set_record(r.SerializeAsString());
   }
   *answer->mutable_transfer() = mine;
   answer->set_node("corrupt-peer");

@@ -3,7 +3,8 @@
 // transfer, pulls every segment, flips one byte of one segment, and from then on describes
 // the fingerprint with the honest daemon's record (its digests are those of the true bytes)
 // while serving its own, corrupted copy. A filling daemon must catch the segment and not use
-// it (issue 30: "a source that serves a corrupted segment").
+// it (issue 30: "a source that serves a corrupted segment"). With `forge_record`, its record
+// names the altered bytes' digest instead: self-consistent (issue 48).
 #pragma once
 
 #include <memory>
@@ -21,6 +22,10 @@ struct CorruptPeerOptions {
   std::string honest_address;          // "host:port" of the honest daemon's peer API
   std::string fingerprint;
   int bad_segment = 0;  // the segment whose first byte is flipped
+  // Issue 48: the record it describes carries the cryptographic digest of its altered
+  // segment instead of the honest one, so record and bytes agree: only an anchor the
+  // source does not control (pinned digests, a quorum of other holders) catches it.
+  bool forge_record = false;
 };
 
 class CorruptPeer {

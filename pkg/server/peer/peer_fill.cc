@@ -29,60 +29,10 @@ const char* FillFallbackName(FillFallback r) {
       return "digest";
     case FillFallback::kMemory:
       return "memory";
+    case FillFallback::kAnchor:
+      return "anchor";
   }
   return "unknown";
-}
-
-namespace {
-
-std::string DescribeTensorPlacement(const load::PlannedTensor& t) {
-  std::string out(safetensors::DTypeName(t.dtype));
-  absl::StrAppend(&out, "[", absl::StrJoin(t.shape, ","), "] at segment ", t.segment);
-  absl::StrAppend(&out, " offset ", t.offset, ", ", t.nbytes, " bytes");
-  return out;
-}
-
-std::string TensorsDifference(const char* what, const std::vector<load::PlannedTensor>& mine,
-                              const std::vector<load::PlannedTensor>& theirs) {
-  if (mine.size() != theirs.size()) {
-    return absl::StrCat(mine.size(), " ", what, " here, ", theirs.size(), " at the source");
-  }
-  for (size_t i = 0; i < mine.size(); ++i) {
-    const auto& a = mine[i];
-    const auto& b = theirs[i];
-    if (a.name != b.name) {
-      return absl::StrCat(what, " ", i, " is '", a.name, "' here, '", b.name, "' at the source");
-    }
-    if (a.dtype != b.dtype || a.shape != b.shape || a.segment != b.segment ||
-        a.offset != b.offset || a.nbytes != b.nbytes || a.strides != b.strides) {
-      return absl::StrCat("'", a.name, "' is ", DescribeTensorPlacement(a), " here, ",
-                          DescribeTensorPlacement(b), " at the source");
-    }
-  }
-  return "";
-}
-
-// The one status a set of dropped sources leaves: the reason of the last one dropped
-// (every source was tried), with every source's story.
-struct Drop {
-  std::string address;
-  FillFallback reason;
-  absl::Status status;
-};
-
-}  // namespace
-
-std::string PlanDifference(const load::Plan& mine, const load::Plan& theirs) {
-  if (mine.segment_bytes != theirs.segment_bytes) {
-    return absl::StrCat("segments of [", absl::StrJoin(mine.segment_bytes, ", "), "] bytes here, [",
-                        absl::StrJoin(theirs.segment_bytes, ", "), "] at the source");
-  }
-  if (mine.total_bytes != theirs.total_bytes) {
-    return absl::StrCat(mine.total_bytes, " tensor bytes here, ", theirs.total_bytes,
-                        " at the source");
-  }
-  if (auto d = TensorsDifference("tensors", mine.tensors, theirs.tensors); !d.empty()) return d;
-  return TensorsDifference("views", mine.views, theirs.views);
 }
 
 PeerFill::PeerFill(PeerFillOptions options, memory::Backend* backend, metrics::Metrics* metrics,
@@ -97,71 +47,15 @@ void PeerFill::CountFallback(const std::string& model, FillFallback reason) cons
   if (metrics_ != nullptr) metrics_->OnPeerFillFallback(model, FillFallbackName(reason));
 }
 
-std::vector<FillSource> PeerFill::Find(const std::string& fingerprint, const load::Plan& plan,
-                                       FillFailure* failure) {
-  peer::PeerSurvey survey = peers_.Survey(fingerprint, /*transfer=*/true);
-  for (const auto& f : survey.failures) {
-    WC_LOG_INFO("peer fill: %s not asked about %s: %s", f.address, fingerprint.substr(0, 12),
-                std::string(f.status.message()));
-  }
-  std::vector<FillSource> out;
-  std::vector<std::string> refused;
-  const std::string backend = memory::BackendName(backend_->kind());
-  for (auto& h : survey.holders) {
-    auto refuse = [&](const std::string& why) {
-      refused.push_back(absl::StrCat(h.address, ": ", why));
-      WC_LOG_WARN("peer fill: the record of %s from %s refused: %s", fingerprint.substr(0, 12),
-                  h.address, why);
-    };
-    auto a = DecodeKeeperRecord(h.response.record());
-    if (!a.ok()) {
-      refuse(std::string(a.status().message()));
-      continue;
-    }
-    const v1::KeeperRecord& r = a->record;
-    if (r.fingerprint() != fingerprint) {
-      refuse(absl::StrCat("it is the record of fingerprint ", r.fingerprint().substr(0, 12)));
-      continue;
-    }
-    if (r.backend() != backend) {
-      refuse(absl::StrCat("its copy is in ", r.backend(), " memory; this daemon runs ", backend));
-      continue;
-    }
-    if (auto d = PlanDifference(plan, a->plan); !d.empty()) {
-      refuse(absl::StrCat("its tensors are placed otherwise: ", d));
-      continue;
-    }
-    // DecodeKeeperRecord refused a record without a cryptographic digest per segment.
-    const int segments = static_cast<int>(plan.segment_bytes.size());
-    const v1::PeerTransfer& t = h.response.transfer();
-    if (t.worker_address().empty() || t.regions_size() != segments) {
-      refuse(absl::StrCat("its answer offers ", t.regions_size(), " regions for ", segments,
-                          " segments"));
-      continue;
-    }
-    FillSource s;
-    s.address = h.address;
-    s.node = h.response.node();
-    s.record = *std::move(a);
-    s.transfer = t;
-    out.push_back(std::move(s));
-  }
-  if (out.empty() && failure != nullptr) {
-    if (!refused.empty()) {
-      *failure = {FillFallback::kRecord,
-                  absl::FailedPreconditionError(absl::StrCat("every holder's record was refused: ",
-                                                             absl::StrJoin(refused, "; ")))};
-    } else {
-      *failure = {FillFallback::kNotHeld,
-                  absl::NotFoundError(absl::StrCat("no peer holds ", fingerprint.substr(0, 12),
-                                                   " (", survey.asked(), " asked, ",
-                                                   survey.failures.size(), " did not answer)"))};
-    }
-  }
-  return out;
-}
-
 namespace {
+
+// The one status a set of dropped sources leaves: the reason of the last one dropped
+// (every source was tried), with every source's story.
+struct Drop {
+  std::string address;
+  FillFallback reason;
+  absl::Status status;
+};
 
 // Records why a fill failed, for the caller, and returns the status.
 absl::Status Fail(FillFailure* failure, FillFallback reason, absl::Status s) {
@@ -509,7 +403,10 @@ absl::Status FillRun::FallBack(metrics::Metrics* metrics, FillReport* report,
         kept += out_->segments[i]->size();
       }
     }
-    if (metrics != nullptr) metrics->OnPeerFillBytes(job_.model, kept);
+    if (metrics != nullptr) {
+      metrics->OnPeerFillBytes(job_.model, kept);
+      metrics->OnPeerFillAnchor(job_.model, job_.sources.front().anchor);
+    }
     report->partial = std::move(out_);
   }
   return Fail(failure, reason,
@@ -542,7 +439,10 @@ absl::StatusOr<std::unique_ptr<load::LoadedModel>> FillRun::Conclude(
   WC_LOG_INFO("peer fill of %s: %d bytes in %d segments from %s in %.3f s (%.2f GB/s)", job_.model,
               total_, static_cast<int>(n_), absl::StrJoin(from, ", "), secs,
               secs > 0 ? static_cast<double>(total_) / secs / 1e9 : 0.0);
-  if (metrics != nullptr) metrics->OnPeerFill(job_.model, secs, total_);
+  if (metrics != nullptr) {
+    metrics->OnPeerFill(job_.model, secs, total_);
+    metrics->OnPeerFillAnchor(job_.model, job_.sources.front().anchor);
+  }
   return std::move(out_);
 }
 

@@ -27,6 +27,7 @@
 #include "pkg/peer/peer_set.h"
 #include "pkg/peer/ucx_transfer.h"
 #include "pkg/server/keeper/keeper_record.h"
+#include "pkg/server/peer/fill_anchor.h"
 #include "weightcache/v1/peer.pb.h"
 
 namespace weightcache::server {
@@ -40,6 +41,7 @@ enum class FillFallback {
   kTimeout,   // a pull passed its deadline on every source left
   kDigest,    // a pulled segment differed from its source's record
   kMemory,    // this daemon could not allocate or seal the segments
+  kAnchor,    // holders answered, but nothing vouches for their records (fill_anchor.h)
 };
 const char* FillFallbackName(FillFallback r);
 
@@ -50,12 +52,16 @@ struct PeerFillOptions {
   // Pulls into a GPU segment go through a host buffer of this many bytes per source: taken
   // from the daemon's pinned staging pool when there is one (a pageable buffer otherwise).
   uint64_t bounce_bytes = 64ull << 20;
+  // Which holders' records may be believed without pinned segment digests (fill_anchor.h).
+  PeerTrust trust = PeerTrust::kQuorum;
 };
 
 // A holder that can serve the fill: its address, decoded record and transfer.
 struct FillSource {
   std::string address;
-  std::string node;  // its host name, from its answer
+  std::string node;      // its host name, from its answer
+  std::string identity;  // its certificate's name
+  std::string anchor;    // what vouched for its record: "pinned", "quorum" or "single"
   AdoptableRecord record;
   v1::PeerTransfer transfer;
 };
@@ -90,8 +96,11 @@ class PeerFill {
   // The sources for `fingerprint` whose records agree with `plan` (this daemon's plan of the
   // rank on `device`'s backend), in the order the peers answered. Empty, with the failure
   // set, when there is none: kNotHeld, or kRecord when every holder's record was refused.
+  // Only holders whose records match the anchor are sources (fill_anchor.h: `pinned`, the
+  // spec's segment digests for this fingerprint, 32 raw bytes each, or empty); kAnchor when
+  // there is none.
   std::vector<FillSource> Find(const std::string& fingerprint, const load::Plan& plan,
-                               FillFailure* failure);
+                               const std::vector<std::string>& pinned, FillFailure* failure);
 
   // Fills `plan` (of `model`, whose checkpoint is `model_dir`) on `device` from `sources`
   // (at least one), segments labelled "<label>/<i>", sealed and checked against the

@@ -13,10 +13,13 @@
 
 #include <cstring>
 #include <map>
+#include <optional>
 
+#include "absl/strings/escaping.h"
 #include "gtest/gtest.h"
 #include "pkg/memory/mapping.h"
 #include "pkg/metrics/metrics.h"
+#include "pkg/peer/client.h"
 #include "pkg/peer/testing/corrupt_peer.h"
 #include "pkg/peer/testing/test_ca.h"
 #include "pkg/server/testing/in_process_daemon.h"
@@ -38,6 +41,7 @@ class PeerFillTest : public testing::DaemonInProcessTest {
     backend_ = memory::MakeHostBackend(bo);
     auto ca = peer::testing::TestCa::Create(dir_.path(), "fleet");
     ASSERT_TRUE(ca.ok()) << ca.status();
+    ca_ = *ca;
     auto a = ca->Issue("node-a", peer::kDefaultServerName);
     auto b = ca->Issue("node-b", peer::kDefaultServerName);
     ASSERT_TRUE(a.ok() && b.ok());
@@ -48,6 +52,7 @@ class PeerFillTest : public testing::DaemonInProcessTest {
     b_tls_ = *tls;
   }
   void TearDown() override {
+    held_.clear();
     clients_.clear();
     others_.clear();
     ::unsetenv("UCX_TLS");
@@ -79,9 +84,12 @@ class PeerFillTest : public testing::DaemonInProcessTest {
     spec::ModelSpec s;
     s.name = "m";
     s.model_dir = dir_ / "m";
+    s.digests = file_digests_;
+    s.segment_digests = segment_digests_;
     o.specs = {s};
     o.peer.listen = "127.0.0.1:0";
     o.peer.tls = b_files_;
+    o.peer.trust = trust_;
     o.peer.peers = std::move(peers);
     o.peer.describe_timeout = std::chrono::seconds(10);
     o.metrics = m;
@@ -106,6 +114,18 @@ class PeerFillTest : public testing::DaemonInProcessTest {
     o.load_on_miss = true;
     o.timeout = std::chrono::seconds(60);
     return clients_.at(name)->Acquire(o);
+  }
+  // Starts daemon `name` asking `peers`, acquires "m" there (filled or loaded), checks its
+  // bytes are A's and returns its entry. The lease stays held.
+  v1::EntryInfo AcquireOnNew(const std::string& name, std::vector<peer::PeerName> peers,
+                             metrics::Metrics* m = nullptr) {
+    if (StartOther(name, std::move(peers), false, m) == nullptr) return {};
+    auto lease = AcquireFrom(name);
+    EXPECT_TRUE(lease.ok()) << lease.status();
+    if (!lease.ok()) return {};
+    ExpectSameBytesAsA(**lease);
+    held_.push_back(*std::move(lease));
+    return EntryOf(name);
   }
   // The entry of "m" as `name`'s daemon reports it.
   v1::EntryInfo EntryOf(const std::string& name) {
@@ -133,13 +153,20 @@ class PeerFillTest : public testing::DaemonInProcessTest {
   double Sample(const std::string& name, const std::map<std::string, std::string>& labels) {
     return testing::Sample(registry_, name, labels, 0);
   }
-  PeerFillOptions FillOptions(std::vector<peer::PeerName> peers) {
+  PeerFillOptions FillOptions(std::vector<peer::PeerName> peers,
+                              PeerTrust trust = PeerTrust::kQuorum) {
     PeerFillOptions o;
+    o.trust = trust;
     o.peers.peers = std::move(peers);
     o.peers.tls = b_tls_;
     o.peers.describe_timeout = std::chrono::seconds(10);
     return o;
   }
+  // What the daemons StartOther starts believe, and their spec's pins (issue 48).
+  PeerTrust trust_ = PeerTrust::kQuorum;
+  std::optional<peer::testing::TestCa> ca_;  // the fleet's
+  std::map<std::string, std::string> file_digests_;
+  std::map<std::string, std::vector<std::string>> segment_digests_;
   peer::TlsFiles a_files_, b_files_;
   peer::TlsMaterial b_tls_;
   std::string fingerprint_;
@@ -149,9 +176,11 @@ class PeerFillTest : public testing::DaemonInProcessTest {
   metrics::Metrics metrics_{registry_, {}};
   std::vector<std::unique_ptr<Daemon>> others_;
   std::map<std::string, std::unique_ptr<client::Client>> clients_;
+  std::vector<std::unique_ptr<client::Lease>> held_;
 };
 
 TEST_F(PeerFillTest, AColdDaemonFillsFromAHolderWithoutReadingTheCheckpoint) {
+  trust_ = PeerTrust::kSingle;  // one holder (issue 48: by default one is not enough)
   StartA(/*load=*/true);
   ASSERT_NE(StartOther("b", {{"127.0.0.1", port_a_}}, false, &metrics_), nullptr);
   auto lease = AcquireFrom("b");
@@ -164,6 +193,8 @@ TEST_F(PeerFillTest, AColdDaemonFillsFromAHolderWithoutReadingTheCheckpoint) {
   EXPECT_EQ(Sample("weightcache_peer_fill_bytes_total", {{"model", "m"}}),
             static_cast<double>(e.bytes()));
   EXPECT_EQ(Sample("weightcache_peer_fill_fallbacks_total", {{"model", "m"}}), 0);
+  EXPECT_EQ(Sample("weightcache_peer_fill_anchor_total", {{"model", "m"}, {"anchor", "single"}}),
+            1);
   // What B filled, B serves onward: a third daemon fills from B alone.
   ASSERT_NE(StartOther("c", {{"127.0.0.1", static_cast<uint16_t>(others_[0]->peer_port())}}, false),
             nullptr);
@@ -199,6 +230,7 @@ uint64_t BytesReadByA(client::Client& a) {
 }
 
 TEST_F(PeerFillTest, ASourceServingACorruptedSegmentIsCaughtAndOnlyTheRestIsReadFromDisk) {
+  trust_ = PeerTrust::kSingle;  // its own record is believed; its bytes are not
   StartA(/*load=*/true);
   peer::testing::CorruptPeerOptions co;
   co.server_files = a_files_;
@@ -229,6 +261,104 @@ TEST_F(PeerFillTest, ASourceServingACorruptedSegmentIsCaughtAndOnlyTheRestIsRead
   EXPECT_EQ(from_peers, static_cast<double>((*lease)->segment_size(0) + (*lease)->segment_size(1)));
 }
 
+// Issue 48: one holder's record vouches only for itself. By default (quorum) a lone holder is
+// not believed: the disk loads the rank, counted as reason "anchor". It used to be filled.
+TEST_F(PeerFillTest, ALoneHoldersRecordIsNotBelievedByDefault) {
+  StartA(/*load=*/true);
+  const v1::EntryInfo e = AcquireOnNew("b", {{"127.0.0.1", port_a_}}, &metrics_);
+  EXPECT_EQ(e.source(), "disk");
+  EXPECT_GT(e.bytes_read(), 0u);
+  EXPECT_EQ(Sample("weightcache_peer_fill_fallbacks_total", {{"model", "m"}, {"reason", "anchor"}}),
+            1);
+  EXPECT_EQ(Sample("weightcache_peer_fill_seconds", {{"model", "m"}}), 0);
+}
+
+// A compromised holder: it answers Describe with a self-consistent forged record (the digest
+// of the segment it altered) and serves the altered bytes, which match that record. Beside
+// one honest holder nothing decides between them: the disk loads. Beside two honest holders
+// with distinct certificate names, theirs is the quorum: the fill takes only their bytes,
+// reading no checkpoint byte. Either way B never serves the forged bytes. Before issue 48, B
+// believed whichever record it was given and served the forger's segment.
+TEST_F(PeerFillTest, AForgedSelfConsistentHolderNeverGetsItsBytesServed) {
+  StartA(/*load=*/true);
+  peer::testing::CorruptPeerOptions co;
+  co.client_tls = b_tls_;
+  co.honest_address = "127.0.0.1:" + std::to_string(port_a_);
+  co.fingerprint = fingerprint_;
+  co.bad_segment = 1;
+  co.forge_record = true;
+  // A member of the fleet (the CA signed it) under its own certificate name.
+  auto evil = ca_->Issue("node-evil", peer::kDefaultServerName);
+  ASSERT_TRUE(evil.ok()) << evil.status();
+  co.server_files = {evil->cert_file, evil->key_file, ca_->ca_file()};
+  auto bad = peer::testing::CorruptPeer::Start(co);
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  const peer::PeerName forger{"127.0.0.1", static_cast<uint16_t>((*bad)->port())};
+
+  EXPECT_EQ(AcquireOnNew("b", {forger, {"127.0.0.1", port_a_}}, &metrics_).source(), "disk");
+  EXPECT_EQ(Sample("weightcache_peer_fill_fallbacks_total", {{"model", "m"}, {"reason", "anchor"}}),
+            1);
+
+  // C holds "m" from disk under its own name (node-b); D asks the forger, A and C.
+  Daemon* c = StartOther("c", {}, /*load=*/true);
+  ASSERT_NE(c, nullptr);
+  const peer::PeerName honest_c{"127.0.0.1", static_cast<uint16_t>(c->peer_port())};
+  prometheus::Registry d_registry;
+  metrics::Metrics d_metrics{d_registry, {}};
+  const v1::EntryInfo d = AcquireOnNew("d", {forger, {"127.0.0.1", port_a_}, honest_c}, &d_metrics);
+  EXPECT_EQ(d.source(), "peer_fill");
+  EXPECT_EQ(d.bytes_read(), 0u);
+  EXPECT_EQ(testing::Sample(d_registry, "weightcache_peer_fill_anchor_total",
+                            {{"model", "m"}, {"anchor", "quorum"}}, 0),
+            1);
+}
+
+// Pinned segment digests (the spec's, from `weightcachectl pin` on a node that loaded the
+// model) are an anchor no holder controls: one honest holder suffices, a forger beside it is
+// refused, and with the files' digests pinned too, a node with an empty digest store fills
+// without reading or hashing a checkpoint byte.
+TEST_F(PeerFillTest, PinnedSegmentDigestsLetOneHolderServeAndRefuseAForger) {
+  StartA(/*load=*/true);
+  // The pins, as A knows them: file SHA-256s from its Status, segment digests from its record.
+  auto st = client_->Status();
+  ASSERT_TRUE(st.ok()) << st.status();
+  for (const auto& m : st->models()) {
+    if (m.name() != "m") continue;
+    for (const auto& f : m.files()) {
+      ASSERT_EQ(f.digest().rfind("sha256:", 0), 0u) << f.digest();
+      file_digests_[f.name()] = f.digest().substr(7);
+    }
+  }
+  ASSERT_FALSE(file_digests_.empty());
+  auto desc = peer::PeerClient::Make("127.0.0.1:" + std::to_string(port_a_), b_tls_)
+                  ->Describe(fingerprint_, std::chrono::seconds(10));
+  ASSERT_TRUE(desc.ok()) << desc.status();
+  auto rec = DecodeKeeperRecord(desc->record());
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  for (const auto& d : rec->record.segment_sha256()) {
+    segment_digests_[fingerprint_].push_back(absl::BytesToHexString(d));
+  }
+  peer::testing::CorruptPeerOptions co;
+  co.server_files = a_files_;
+  co.client_tls = b_tls_;
+  co.honest_address = "127.0.0.1:" + std::to_string(port_a_);
+  co.fingerprint = fingerprint_;
+  co.bad_segment = 0;
+  co.forge_record = true;
+  auto bad = peer::testing::CorruptPeer::Start(co);
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  const v1::EntryInfo e = AcquireOnNew(
+      "b", {{"127.0.0.1", static_cast<uint16_t>((*bad)->port())}, {"127.0.0.1", port_a_}},
+      &metrics_);
+  EXPECT_EQ(e.source(), "peer_fill");
+  EXPECT_EQ(e.bytes_read(), 0u);
+  auto b_status = clients_.at("b")->Status();
+  ASSERT_TRUE(b_status.ok());
+  EXPECT_EQ(b_status->hashed_bytes(), 0u);  // the fingerprint came from the pins
+  EXPECT_EQ(Sample("weightcache_peer_fill_anchor_total", {{"model", "m"}, {"anchor", "pinned"}}),
+            1);
+}
+
 // Through PeerFill: two holders share the segments; one gone after answering leaves its
 // segments to the other; all gone is a failure naming the reason.
 class PeerFillStripingTest : public PeerFillTest {
@@ -243,7 +373,7 @@ class PeerFillStripingTest : public PeerFillTest {
     PeerFill probe(FillOptions({{"127.0.0.1", port_a_}}), backend_.get(), nullptr);
     FillFailure why{FillFallback::kNotHeld, absl::OkStatus()};
     load::Plan any;
-    auto found = probe.Find(fingerprint_, any, &why);
+    auto found = probe.Find(fingerprint_, any, {}, &why);
     ASSERT_TRUE(found.empty());  // an empty plan is not A's: refused by placement
     ASSERT_EQ(why.reason, FillFallback::kRecord) << why.status;
     EXPECT_NE(why.status.message().find("placed otherwise"), std::string::npos) << why.status;
@@ -292,7 +422,7 @@ TEST_F(PeerFillStripingTest, SegmentsAreStripedOverTwoHolders) {
   PeerFill fill(FillOptions({{"127.0.0.1", port_a_}, {"127.0.0.1", port_c_}}), backend_.get(),
                 nullptr);
   FillFailure why{FillFallback::kNotHeld, absl::OkStatus()};
-  auto sources = fill.Find(fingerprint_, plan_, &why);
+  auto sources = fill.Find(fingerprint_, plan_, {}, &why);
   ASSERT_EQ(sources.size(), 2u) << why.status;
   FillReport report;
   auto m = ExpectFilled(fill, sources, &report);
@@ -307,7 +437,7 @@ TEST_F(PeerFillStripingTest, AHolderGoneAfterAnsweringLeavesItsSegmentsToTheOthe
   PeerFill fill(FillOptions({{"127.0.0.1", port_a_}, {"127.0.0.1", port_c_}}), backend_.get(),
                 nullptr);
   FillFailure why{FillFallback::kNotHeld, absl::OkStatus()};
-  auto sources = fill.Find(fingerprint_, plan_, &why);
+  auto sources = fill.Find(fingerprint_, plan_, {}, &why);
   ASSERT_EQ(sources.size(), 2u) << why.status;
   // C goes away (its exposures and UCX worker with it) between the answer and the pulls.
   others_.clear();
@@ -321,9 +451,9 @@ TEST_F(PeerFillStripingTest, AHolderGoneAfterAnsweringLeavesItsSegmentsToTheOthe
 }
 
 TEST_F(PeerFillStripingTest, EveryHolderGoneIsAFailureNamingTheTransfer) {
-  PeerFill fill(FillOptions({{"127.0.0.1", port_c_}}), backend_.get(), nullptr);
+  PeerFill fill(FillOptions({{"127.0.0.1", port_c_}}, PeerTrust::kSingle), backend_.get(), nullptr);
   FillFailure why{FillFallback::kNotHeld, absl::OkStatus()};
-  auto sources = fill.Find(fingerprint_, plan_, &why);
+  auto sources = fill.Find(fingerprint_, plan_, {}, &why);
   ASSERT_EQ(sources.size(), 1u) << why.status;
   others_.clear();
   clients_.erase("c");

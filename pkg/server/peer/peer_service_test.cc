@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -41,6 +42,7 @@ class PeerServiceTest : public testing::DaemonInProcessTest {
     auto ca = peer::testing::TestCa::Create(dir_.path(), "fleet");
     ASSERT_TRUE(ca.ok()) << ca.status();
     fleet_ca_ = ca->ca_file();
+    ca_ = *ca;
     auto server = ca->Issue("node-a", peer::kDefaultServerName);
     auto client = ca->Issue("node-b", peer::kDefaultServerName);
     ASSERT_TRUE(server.ok() && client.ok());
@@ -71,6 +73,7 @@ class PeerServiceTest : public testing::DaemonInProcessTest {
   }
 
   std::string fleet_ca_, address_;
+  std::optional<peer::testing::TestCa> ca_;
   peer::TlsFiles server_files_, client_files_;
 };
 
@@ -116,6 +119,27 @@ TEST_F(PeerServiceTest, ACallerWithAnotherCasCertificateIsRefused) {
   auto r = Peer({leaf->cert_file, leaf->key_file, fleet_ca_})->Describe(fp, kCall);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
   EXPECT_FALSE(r.ok());
+}
+
+// Issue 48: the fleet CA may sign other certificates (a webhook's, an operator's); a caller
+// is a peer only when its certificate carries the fleet's peer name. Before, any certificate
+// of the CA was answered. The answering daemon's name reaches the caller (per-node
+// identities are what a quorum counts).
+TEST_F(PeerServiceTest, ACertificateOfTheFleetCaWithoutThePeerNameIsRefused) {
+  StartWithPeerApi();
+  const std::string fp = ReadyFingerprint();
+  auto webhook = ca_->Issue("webhook", "weightcache-webhook.weightcache.svc");
+  ASSERT_TRUE(webhook.ok()) << webhook.status();
+  auto r = Peer({webhook->cert_file, webhook->key_file, fleet_ca_})->Describe(fp, kCall);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
+  EXPECT_NE(r.status().message().find("certificate 'webhook' does not carry the fleet's peer "
+                                      "name 'weightcache-peer'"),
+            std::string::npos)
+      << r.status();
+  std::string identity;
+  auto ok = Peer(client_files_)->Describe(fp, kCall, false, &identity);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(identity, "node-a");
 }
 
 TEST_F(PeerServiceTest, ACallerWithoutACertificateOrWithoutTlsIsRefused) {

@@ -1,0 +1,51 @@
+// Which holders a peer fill may believe (issue 48, docs/peer-fill.md "Anchors"). A holder's
+// record vouches for its own bytes only: a compromised node can answer Describe with a
+// record whose segment digests are those of the altered bytes it serves, and the bytes then
+// match. So a fill is served only when its segments' cryptographic digests match an anchor
+// the source does not control:
+//   pinned  the spec's `segment_digests` for the fingerprint (an admin's, from
+//           `weightcachectl pin` on a node that loaded it);
+//   quorum  the same digests in the records of at least `quorum` holders with distinct
+//           identities (per-node certificates: the common name; peer::CertificateName);
+//   single  with --peer_trust=single, any one holder's own record (trusting every node
+//           that holds the fleet's certificate, as before issue 48).
+// With none, the fill does not happen: the disk loads the rank.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace weightcache::server {
+
+enum class PeerTrust { kQuorum, kSingle };
+const char* PeerTrustName(PeerTrust t);
+// "quorum" or "single"; INVALID_ARGUMENT naming the value and the choices otherwise.
+absl::StatusOr<PeerTrust> ParsePeerTrust(const std::string& name);
+
+// What one holder's answer says: who it is and its record's segment digests (32 raw bytes each).
+struct HolderClaim {
+  std::string identity;  // "" when its certificate names none
+  std::vector<std::string> segment_sha256;
+};
+
+struct AnchorChoice {
+  // "pinned", "quorum" or "single"; empty when there is no anchor (`none` says why).
+  std::string anchor;
+  std::vector<size_t> kept;  // indexes into the claims whose records match the anchor
+  // The others, each with why it was left out.
+  std::vector<std::pair<size_t, std::string>> refused;
+  absl::Status none;  // FAILED_PRECONDITION naming what was missing, when `anchor` is empty
+};
+
+// `pinned`: the spec's segment digests for this fingerprint (32 raw bytes each; empty: none).
+AnchorChoice ChooseAnchor(const std::vector<HolderClaim>& claims,
+                          const std::vector<std::string>& pinned, PeerTrust trust,
+                          size_t quorum = 2);
+
+}  // namespace weightcache::server
