@@ -165,7 +165,7 @@ absl::StatusOr<AdoptableRecord> DecodeKeeperRecord(const std::string& body) {
     s.stat = {f.dev(), f.ino(), f.size(), f.mtime_ns(), f.ctime_ns()};
     s.digest = f.digest();
     s.digest_source = static_cast<identity::DigestSource>(std::min<uint32_t>(
-        f.digest_source(), static_cast<uint32_t>(identity::DigestSource::kHashed)));
+        f.digest_source(), static_cast<uint32_t>(identity::DigestSource::kPinned)));
     out.files.push_back(std::move(s));
   }
   if (r.segment_sizes().empty() || r.segment_used_size() != r.segment_sizes_size()) {

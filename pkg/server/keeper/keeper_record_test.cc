@@ -73,6 +73,7 @@ TEST(KeeperRecordTest, WhatIsDepositedDecodesToTheSameEntry) {
   ASSERT_EQ(a->files.size(), 1u);
   EXPECT_EQ(a->files[0].path, "/models/m/model.safetensors");
   EXPECT_EQ(a->files[0].stat.ino, 2u);
+  EXPECT_EQ(a->files[0].digest_source, identity::DigestSource::kHashed);
   ASSERT_EQ(a->plan.tensors.size(), 1u);
   EXPECT_EQ(a->plan.tensors[0].name, "model.norm.weight");
   EXPECT_EQ(a->plan.tensors[0].nbytes, 8192u);
@@ -144,6 +145,20 @@ TEST(KeeperRecordTest, ARecordWithoutCryptographicDigestsIsRefused) {
   ASSERT_FALSE(old.ok());
   EXPECT_THAT(std::string(old.status().message()),
               ::testing::HasSubstr("keeper record format 1; this daemon reads format 2"));
+}
+
+// A file named by the spec's pin (not read on that node) stays "pinned" through the record;
+// it used to come back "hashed", claiming a read that never happened.
+TEST(KeeperRecordTest, APinnedDigestSourceSurvivesTheRecord) {
+  Fixture f;
+  std::vector<load::SourceFile> files = f.entry->files;
+  files[0].digest_source = identity::DigestSource::kPinned;
+  f.entry = std::make_unique<cache::Entry>(cache::Key{f.entry->fingerprint, "host"}, "m",
+                                           f.entry->inputs, "disk", files);
+  auto a = DecodeKeeperRecord(f.Encode());
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->files.size(), 1u);
+  EXPECT_EQ(a->files[0].digest_source, identity::DigestSource::kPinned);
 }
 
 TEST(KeeperRecordTest, ARecordWhoseInputsDoNotGiveItsFingerprintIsRefused) {
