@@ -1,6 +1,7 @@
 #include "pkg/server/internal/integrity_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "pkg/integrity/digest.h"
 #include "pkg/integrity/segment_digest.h"
 #include "pkg/metrics/metrics.h"
 #include "pkg/server/messages/layout_proto.h"
@@ -21,6 +22,9 @@ IntegrityService::IntegrityService(Options options, memory::BackendKind kind,
       links_(std::move(links)),
       metrics_(metrics),
       reload_interval_(options.reload_interval) {
+  // The scrub key is drawn now, at the daemon's start (getrandom may block until the kernel's
+  // pool is ready, which is better met here than in the first fill).
+  (void)integrity::ProcessKey();
   // Every fill (disk, peer copy, publish commit, keeper adoption) is digested before the entry
   // is ready: the scrub digest (this process's key), which later passes compare, and the
   // cryptographic one, which records carry (keeper, peers) and adoption checks. A GPU
