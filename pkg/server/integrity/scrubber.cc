@@ -84,6 +84,9 @@ void Scrubber::Loop() {
         }
       }
     }
+    // Not held while waiting for the next window: an entry evicted meanwhile must go (its
+    // memory freed, the keeper told) now, not at the next pass.
+    watched.clear();
     const auto end = std::chrono::steady_clock::now();
     last_pass = end - start;
     WC_LOG_DEBUG("integrity: scrub pass over %d entries, %d bytes in %.3f s, %d corrupt", entries,
