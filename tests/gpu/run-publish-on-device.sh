@@ -28,17 +28,8 @@ section "models"
 timeout 600 "$PY" "$root/tests/gpu/python_parity.py" make "$work/models" || exit 1
 
 section "weightcached (cuda)"
-LD_LIBRARY_PATH=$carry/lib "$carry/bin/weightcached" --socket_dir="$work/s" --backend=cuda \
-  --metrics_address=off --preload=false --spec_file="$work/models/specs.json" \
-  --publish_uids="$(id -u)" \
-  >"$OUT/weightcached.log" 2>&1 &
-daemon=$!
-trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null' EXIT
-for _ in $(seq 300); do
-  "$PY" -m weightcache status >/dev/null 2>&1 && break
-  kill -0 "$daemon" 2>/dev/null || { cat "$OUT/weightcached.log"; exit 1; }
-  sleep 0.1
-done
+source "$root/tests/gpu/start-weightcached-on-device.sh"
+start_weightcached "$work/models/specs.json" --publish_uids="$(id -u)"
 
 section "publisher: transform in place, publish, then SIGKILL"
 "$PY" "$root/tests/gpu/publish_gpu.py" publisher "$work/models" >"$OUT/publisher.log" 2>&1 &

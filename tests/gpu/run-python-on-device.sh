@@ -46,16 +46,8 @@ section "models: Qwen2 and Llama from configs, seeded, save_pretrained"
 step make_models 600 "$PY" "$root/tests/gpu/python_parity.py" make "$work/models" || exit 1
 
 section "weightcached (cuda) serving them"
-LD_LIBRARY_PATH=$carry/lib "$carry/bin/weightcached" --socket_dir="$work/s" --backend=cuda \
-  --metrics_address=off --preload=false --spec_file="$work/models/specs.json" \
-  >"$OUT/weightcached.log" 2>&1 &
-daemon=$!
-trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null' EXIT
-for _ in $(seq 300); do
-  "$PY" -m weightcache status >/dev/null 2>&1 && break
-  kill -0 "$daemon" 2>/dev/null || { cat "$OUT/weightcached.log"; exit 1; }
-  sleep 0.1
-done
+source "$root/tests/gpu/start-weightcached-on-device.sh"
+start_weightcached "$work/models/specs.json"
 step load_qwen2 300 "$PY" -m weightcache load qwen2
 step load_llama 300 "$PY" -m weightcache load llama
 "$PY" -m weightcache status

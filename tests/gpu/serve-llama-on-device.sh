@@ -5,14 +5,6 @@
 # $daemon and an EXIT trap that stops it. Needs root, carry, work, OUT, PY set; exits the
 # script on a failure.
 timeout "${MAKE_TIMEOUT:-600}" "$PY" "$root/bench/compile_cache_bench.py" make "$work" || exit 1
-LD_LIBRARY_PATH=$carry/lib "$carry/bin/weightcached" --socket_dir="$work/s" --backend=cuda \
-  --metrics_address=off --preload=false --spec_file="$work/specs.json" \
-  --publish_uids="$(id -u)" >"$OUT/weightcached.log" 2>&1 &
-daemon=$!
-trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null' EXIT
-for _ in $(seq 300); do
-  "$PY" -m weightcache status >/dev/null 2>&1 && break
-  kill -0 "$daemon" 2>/dev/null || { cat "$OUT/weightcached.log"; exit 1; }
-  sleep 0.1
-done
+source "$root/tests/gpu/start-weightcached-on-device.sh"
+start_weightcached "$work/specs.json" --publish_uids="$(id -u)"
 timeout "${LOAD_TIMEOUT:-300}" "$PY" -m weightcache load llama-1b || exit 1
