@@ -11,7 +11,8 @@ pod), the weights mapped from weightcached:
   aoti-torch  the same package through torch._inductor.aoti_load_package (Inductor's CPU
          probes run first; weightcache.probes' decision applied): what the probes cost
 
-Phases, seconds: imports (interpreter start + torch + weightcache), map (acquire: connect,
+Phases, seconds: imports (interpreter start + torch + weightcache, each also shown apart),
+cuda init (the first CUDA tensor: the context), map (acquire: connect,
 map; for cold/cc also transformers and the module built around the weights), artifact get,
 package load, bind, first forward (for cold/cc: the compile happens inside it), total.
 Every child records each subprocess it starts (a sys.addaudithook on subprocess.Popen,
@@ -25,20 +26,24 @@ Needs CUDA, torch >= 2.6, transformers, and weightcached serving the model
 Usage: engine_start_bench.py --work DIR --model NAME [--runs 5] [--budget 480]
        [--modes cold,cc,aoti,aoti-torch]
 """
-import argparse
+import time
+
+T_FIRST = time.time()  # the interpreter is up: what came before is its start
+
+import argparse  # noqa: E402 (after the timestamp on purpose)
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 T0 = time.time()
 SETTINGS = {"torch.compile": "default", "tokens": 128}
 AOTI_SETTINGS = {"aoti": "code-only", "tokens": 128, "dtype": "bfloat16"}
 VOCAB = 32000
-PHASES = ("import_s", "map_s", "get_s", "load_s", "bind_s", "first_forward_s", "total_s")
+PHASES = ("import_s", "cuda_init_s", "map_s", "get_s", "load_s", "bind_s", "first_forward_s", "total_s")
 
 
 def _trace_subprocesses(out):
@@ -78,12 +83,18 @@ def child(mode, run, work, model_name):
     _trace_subprocesses(procs)
     t_start = float(os.environ["BENCH_SPAWNED"])
     import torch
+
+    t_torch = time.time()
     import weightcache
 
     rec = {"mode": mode, "run": run}
-    t_import = time.time()
-    rec["import_s"] = t_import - t_start
+    t_wc = time.time()
     ids = torch.arange(128, device="cuda").reshape(1, 128) % VOCAB
+    torch.cuda.synchronize()
+    t_import = time.time()  # map_s starts here: the CUDA context is made before it
+    rec.update(import_s=t_wc - t_start, interpreter_s=T_FIRST - t_start,
+               torch_import_s=t_torch - T_FIRST, weightcache_import_s=t_wc - t_torch,
+               cuda_init_s=t_import - t_wc)
     if mode in ("cold", "cc"):
         wrapped = _module(work, model_name)
         with weightcache.acquire(model_name, device="cuda:0") as w:
@@ -138,11 +149,12 @@ def child(mode, run, work, model_name):
     _emit(rec)
 
 
-def run_child(mode, run, work, model_name, timeout):
+def run_child(mode, run, work, model_name, timeout, importtime=False):
     caches = tempfile.mkdtemp(prefix=f"caches-{mode}-{run}-", dir=work)
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"),
                TRITON_CACHE_DIR=os.path.join(caches, "triton"), BENCH_SPAWNED=repr(time.time()))
-    argv = [sys.executable, "-X", "faulthandler", __file__, "--child", mode, "--run", str(run),
+    argv = [sys.executable, "-X", "faulthandler"] + (["-X", "importtime"] if importtime else []) + [
+        __file__, "--child", mode, "--run", str(run),
             "--work", work, "--model", model_name]
     print(f"+ {mode} run {run} (at {time.time() - T0:.0f} s)", flush=True)
     t = time.time()
@@ -156,6 +168,8 @@ def run_child(mode, run, work, model_name, timeout):
         if line.startswith("BENCH "):
             rec = json.loads(line[6:])
     rec["wall_s"] = time.time() - t
+    if importtime:
+        rec["importtime"] = _top_imports(p.stderr)
     if p.returncode != 0 or "total_s" not in rec:
         rec.setdefault("error", f"exit {p.returncode}")
         sys.stderr.write(f"--- {mode} run {run} failed ---\n{p.stdout[-2000:]}\n"
@@ -166,6 +180,17 @@ def run_child(mode, run, work, model_name, timeout):
                                      f"{len(rec.get('subprocesses', []))} subprocesses"
                                      if "total_s" in rec else rec.get("error", "")), flush=True)
     return rec
+
+
+def _top_imports(stderr, top=12):
+    """`-X importtime` lines -> the top-level packages by cumulative seconds, largest first."""
+    tops = {}
+    for line in stderr.splitlines():
+        m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)", line)
+        if m and len(m.group(3)) <= 1:  # not indented: imported from the program, not a package
+            name = m.group(4).split(".")[0]
+            tops[name] = tops.get(name, 0.0) + int(m.group(2)) / 1e6
+    return sorted(tops.items(), key=lambda kv: -kv[1])[:top]
 
 
 def _fmt(vals):
@@ -218,6 +243,20 @@ def report(work, results, build, skipped):
           "builds no module on a hit). cold/cc: artifact get is compile_cache's entry "
           "(GetArtifact + load_cache_artifacts) and the compile happens inside the first "
           "forward. aoti: get/load/bind as weightcache.aoti.load timed them.")
+    print("\nimports broken down (median (min-max)): interpreter start (exec to the script's "
+          "first line), import torch, import weightcache; cuda init: the first CUDA tensor")
+    print("\n| mode | interpreter s | import torch s | import weightcache s | cuda init s |")
+    print("|---|---|---|---|---|")
+    for mode in ["cold", "cc", "aoti", "aoti-torch"]:
+        rs = [r for r in results if r["mode"] == mode and "interpreter_s" in r]
+        if rs:
+            print(f"| {mode} | " + " | ".join(_fmt([r[k] for r in rs]) for k in (
+                "interpreter_s", "torch_import_s", "weightcache_import_s", "cuda_init_s")) + " |")
+    timed = next((r for r in results if "importtime" in r), None)
+    if timed is not None:
+        print(f"\none more {timed['mode']} process under `python -X importtime` (not in the "
+              f"table; importtime slows imports): top-level imports by cumulative seconds: "
+              + ", ".join(f"{n} {s:.3f}" for n, s in timed["importtime"]))
     for mode in ("aoti", "aoti-torch"):
         r = next((r for r in results if r["mode"] == mode and "probes" in r), None)
         if r is not None:
@@ -302,6 +341,11 @@ def main():
             go(mode, run)
     if "aoti-torch" in modes:
         go("aoti-torch", 1)
+    if "aoti" in modes and deadline - time.time() > 2 * last.get("aoti", 10.0):
+        r = run_child("aoti", 99, a.work, a.model, timeout=deadline - time.time(),
+                      importtime=True)
+        r["mode"] = "aoti-importtime"  # kept out of the aoti rows
+        results.append(r)
 
     ok = report(a.work, results, build, skipped)
     print(f"\nbench wall time {time.time() - T0:.1f} s")
