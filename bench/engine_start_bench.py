@@ -218,9 +218,9 @@ def report(work, results, build, skipped):
           f"mapped from weightcached; fresh processes, empty Inductor and Triton caches; "
           f"torch {torch.__version__}, "
           f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}\n")
-    print("| mode | runs | imports s | map s | artifact get s | package load s | bind s | "
-          "first forward s | total s | subprocesses | logits |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| mode | runs | imports s | cuda init s | map s | artifact get s | package load s | "
+          "bind s | first forward s | total s | subprocesses | logits |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for mode in ["cold", "cc", "aoti", "aoti-torch"]:
         rs = [r for r in results if r["mode"] == mode and "error" not in r]
         bad = [r for r in results if r["mode"] == mode and "error" in r]
