@@ -123,3 +123,55 @@ def test_compile_cache_names_the_torch_it_needs(daemon, monkeypatch):
     with pytest.raises(weightcache.WeightcacheError, match="torch 2.6 or later"):
         with weightcache.compile_cache("tiny", "fp", socket=daemon.socket):
             pass
+
+
+def _triton_tree(root, version, dist_version=None, dist_dir=None):
+    """A `triton` package under root whose import is visible (it writes a marker), and when
+    dist_version is given, its distribution's metadata (in dist_dir, default root)."""
+    pkg = root / "triton"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        f"import os\nopen(os.environ['TRITON_MARKER'], 'w').close()\n__version__ = {version!r}\n")
+    if dist_version is not None:
+        info = (dist_dir or root) / f"triton-{dist_version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: triton\nVersion: {dist_version}\n")
+
+
+def _key_in_fresh_process(paths, marker):
+    """artifact_key's triton_version in a fresh interpreter with `paths` first on sys.path;
+    and whether the package was imported to get it."""
+    import subprocess
+    import sys
+
+    code = ("import weightcache, sys; print(weightcache.artifact_key('k', 'm', 'f', "
+            "torch_version='t', cuda_version='c', compute_capability='9.0')['triton_version']);"
+            "print('triton' in sys.modules)")
+    env = dict(os.environ, TRITON_MARKER=str(marker),
+               PYTHONPATH=os.pathsep.join([str(p) for p in paths] + [os.path.dirname(os.path.dirname(
+                   os.path.abspath(weightcache.__file__)))]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    return out[0] if out and out[0] not in ("True", "False") else "", out[-1] == "True"
+
+
+def test_the_triton_version_of_a_key_is_read_without_importing_triton(tmp_path):
+    # An installed Triton (package and its distribution's metadata side by side): the
+    # version comes from the metadata, Triton's import (0.14 s of an engine start) is skipped.
+    _triton_tree(tmp_path / "site", "3.6.0", dist_version="3.6.0")
+    version, imported = _key_in_fresh_process([tmp_path / "site"], tmp_path / "m1")
+    assert (version, imported) == ("3.6.0", False)
+    assert not (tmp_path / "m1").exists()
+
+
+def test_a_triton_without_its_own_metadata_is_imported_for_its_version(tmp_path):
+    # A source tree first on the path, and later on it the metadata of a distribution: that
+    # metadata describes another Triton than the one this process would run, so the
+    # package's own __version__ is the key's.
+    _triton_tree(tmp_path / "src", "3.7.0+git", dist_version="3.6.0",
+                 dist_dir=tmp_path / "elsewhere")
+    version, imported = _key_in_fresh_process([tmp_path / "src", tmp_path / "elsewhere"],
+                                              tmp_path / "m2")
+    assert (version, imported) == ("3.7.0+git", True)
+    assert (tmp_path / "m2").exists()
