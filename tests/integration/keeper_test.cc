@@ -678,7 +678,8 @@ TEST_F(KeeperTest, AKeeperFrozenPastTheTimeoutIsGivenUpAndConnectedAgain) {
   EXPECT_EQ(admin->Evict("m", "").value_or(0), 1u);  // a message the keeper never answers
   auto lost = testing::WaitForStatus(
       *client_, [](const v1::StatusResponse& s) { return !s.keeper().up(); }, 20s);
-  EXPECT_FALSE(lost.keeper().up());
+  EXPECT_FALSE(lost.keeper().up()) << lost.keeper().DebugString() << "\n"
+                                   << testing::ReadFileOrEmpty(dir_ / "daemon.log");
   EXPECT_FALSE(lost.keeper().last_error().empty());
   // Serving on while the link connects again and again to the frozen keeper (each try
   // ends at the timeout).
