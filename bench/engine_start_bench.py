@@ -183,14 +183,20 @@ def run_child(mode, run, work, model_name, timeout, importtime=False):
 
 
 def _top_imports(stderr, top=12):
-    """`-X importtime` lines -> the top-level packages by cumulative seconds, largest first."""
-    tops = {}
+    """`-X importtime` lines -> (the top-level packages by cumulative seconds, the modules by
+    their own seconds: what each module's body and its extension's loading took), largest
+    first."""
+    tops, own = {}, []
     for line in stderr.splitlines():
         m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)", line)
-        if m and len(m.group(3)) <= 1:  # not indented: imported from the program, not a package
+        if not m:
+            continue
+        own.append((m.group(4), int(m.group(1)) / 1e6))
+        if len(m.group(3)) <= 1:  # not indented: imported from the program, not a package
             name = m.group(4).split(".")[0]
             tops[name] = tops.get(name, 0.0) + int(m.group(2)) / 1e6
-    return sorted(tops.items(), key=lambda kv: -kv[1])[:top]
+    return (sorted(tops.items(), key=lambda kv: -kv[1])[:top],
+            sorted(own, key=lambda kv: -kv[1])[:top])
 
 
 def _fmt(vals):
@@ -256,7 +262,9 @@ def report(work, results, build, skipped):
     if timed is not None:
         print(f"\none more {timed['mode']} process under `python -X importtime` (not in the "
               f"table; importtime slows imports): top-level imports by cumulative seconds: "
-              + ", ".join(f"{n} {s:.3f}" for n, s in timed["importtime"]))
+              + ", ".join(f"{n} {s:.3f}" for n, s in timed["importtime"][0])
+              + "; modules by their own seconds: "
+              + ", ".join(f"{n} {s:.3f}" for n, s in timed["importtime"][1]))
     for mode in ("aoti", "aoti-torch"):
         r = next((r for r in results if r["mode"] == mode and "probes" in r), None)
         if r is not None:
