@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -83,9 +84,12 @@ absl::StatusOr<std::shared_ptr<const OpenedModel>> OpenModel(const spec::ModelSp
 // `model.digests` when known there, else hashed from the file (recorded there), files side
 // by side on up to `threads` threads. DATA_LOSS naming the model, the file and both digests
 // when one differs; UNAVAILABLE when a file changed since the model was opened; CANCELLED
-// when `cancel` turns true. OK at once for an unpinned model.
+// when `cancel` turns true. OK at once for an unpinned model. `on_mismatch`, when given, is
+// called once with the first mismatch as soon as it is found (on a checking thread), while
+// the other files are still being checked: a load beside the check stops then.
 absl::Status VerifyPinned(const OpenedModel& model, unsigned threads,
-                          const std::atomic<bool>* cancel);
+                          const std::atomic<bool>* cancel,
+                          const std::function<void(const absl::Status&)>& on_mismatch = {});
 
 // Whether `status` is a refusal because a file hashes otherwise than its pinned digest (from
 // VerifyPinned, a load, or OpenModel): a marker payload, so callers count it (metrics)

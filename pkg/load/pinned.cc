@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -108,7 +109,8 @@ absl::Status VerifyFile(const OpenedModel& model, size_t i, identity::DigestStor
 }  // namespace
 
 absl::Status VerifyPinned(const OpenedModel& model, unsigned threads,
-                          const std::atomic<bool>* cancel) {
+                          const std::atomic<bool>* cancel,
+                          const std::function<void(const absl::Status&)>& on_mismatch) {
   if (!model.pinned()) return absl::OkStatus();
   std::unique_ptr<identity::DigestStore> private_store;
   identity::DigestStore* store = model.digests;
@@ -119,8 +121,14 @@ absl::Status VerifyPinned(const OpenedModel& model, unsigned threads,
   const size_t n = model.files.size();
   std::vector<absl::Status> errors(n);
   std::atomic<size_t> next{0};
+  std::once_flag told;
   auto worker = [&] {
-    for (size_t i = next++; i < n; i = next++) errors[i] = VerifyFile(model, i, *store, cancel);
+    for (size_t i = next++; i < n; i = next++) {
+      errors[i] = VerifyFile(model, i, *store, cancel);
+      if (errors[i].code() == absl::StatusCode::kDataLoss && on_mismatch) {
+        std::call_once(told, [&] { on_mismatch(errors[i]); });
+      }
+    }
   };
   const auto workers =
       static_cast<unsigned>(std::clamp<size_t>(threads, 1, std::max<size_t>(1, n)));

@@ -7,8 +7,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -117,7 +119,11 @@ TEST(PinnedDigests, ALoadChecksTheBytesAndRefusesAFileThatHashesOtherwise) {
             "model 'tiny': pinned digest mismatch: " + victim + " hashes to sha256:" + right +
                 " but the spec pins sha256:" + wrong +
                 "; refused: the file is not the checkpoint the spec names");
-  EXPECT_EQ(store->hashed_bytes(), DirBytes(dir.path()));  // each file read once to check it
+  // The victim was read once to check it; the other file as far as its check got before the
+  // mismatch stopped the load and with it the check (AMismatchStopsTheLoadWhenItIsFound).
+  const uint64_t hashed = store->hashed_bytes();
+  EXPECT_GE(hashed, std::filesystem::file_size(dir.path() + "/" + victim));
+  EXPECT_LE(hashed, DirBytes(dir.path()));
   // The store remembers what this version hashes to: the next open refuses at once.
   auto again = OpenModel(s, {.digests = store.get()});
   ASSERT_FALSE(again.ok());
@@ -128,15 +134,17 @@ TEST(PinnedDigests, ALoadChecksTheBytesAndRefusesAFileThatHashesOtherwise) {
                         " (this node read it) but the "
                         "spec pins sha256:" +
                         wrong));
-  EXPECT_EQ(store->hashed_bytes(), DirBytes(dir.path()));
+  EXPECT_EQ(store->hashed_bytes(), hashed);
 
-  // The right pins load, with the bytes of the files.
+  // The right pins load, with the bytes of the files (a new load, a new progress: the
+  // mismatch cancelled the first one's, as it does an entry's).
   s.digests[victim] = right;
   auto good = OpenModel(s, {.digests = store.get()});
   ASSERT_TRUE(good.ok()) << good.status();
   auto group = PlanRank(**good, {}, {});
   ASSERT_TRUE(group.ok());
-  auto fine = LoadRanks(**good, {*group}, *backend, {""}, {"tiny"}, {}, &progress);
+  LoadProgress second;
+  auto fine = LoadRanks(**good, {*group}, *backend, {""}, {"tiny"}, {}, &second);
   ASSERT_TRUE(fine.ok()) << fine.status();
   for (const auto& t : (*fine)[0]->plan.tensors) {
     const auto& file = (*good)->checkpoint.files()[t.file_index].info();
@@ -169,6 +177,59 @@ TEST(PinnedDigests, ATensorParallelGroupLoadChecksThePinsToo) {
   EXPECT_THAT(std::string(loaded.status().message()),
               HasSubstr("model.safetensors hashes to sha256:" +
                         identity::Sha256Hex(FileBytes(dir.path() + "/model.safetensors"))));
+}
+
+// Host memory whose allocations wait until the test opens the gate: a load that cannot
+// read anything until then, however fast this machine is.
+class GatedBackend final : public memory::Backend {
+ public:
+  void Open() { gate_.set_value(); }
+  memory::BackendKind kind() const override { return memory::BackendKind::kHost; }
+  uint64_t granularity() const override { return host_->granularity(); }
+  uint64_t max_segment_bytes() const override { return host_->max_segment_bytes(); }
+  std::vector<memory::DeviceInfo> Devices() const override { return host_->Devices(); }
+  absl::StatusOr<std::unique_ptr<memory::Segment>> Allocate(const std::string& d, uint64_t n,
+                                                            const std::string& l) override {
+    opened_.wait();
+    return host_->Allocate(d, n, l);
+  }
+
+ private:
+  std::unique_ptr<memory::Backend> host_ = memory::MakeHostBackend();
+  std::promise<void> gate_;
+  std::shared_future<void> opened_ = gate_.get_future().share();
+};
+
+// A mismatch stops the load when it is found, not when the load has read every byte: here
+// the load is held before its first read, and the check alone must tell it to stop.
+TEST(PinnedDigests, AMismatchStopsTheLoadWhenItIsFound) {
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {.shards = 2}).ok());
+  spec::ModelSpec s = SpecFor(dir.path());
+  s.digests = Sha256Of(dir.path());
+  const std::string victim = "model-00001-of-00002.safetensors";
+  s.digests[victim] = std::string(64, 'e');
+  auto store = MemoryStore();
+  auto m = OpenModel(s, {.digests = store.get()});
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto plan = PlanRank(**m, {}, {});
+  ASSERT_TRUE(plan.ok());
+  GatedBackend backend;
+  LoadProgress progress;
+  auto loading = std::async(
+      std::launch::async, [&] { return LoadRank(**m, *plan, backend, "", "tiny", {}, &progress); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!progress.cancelled() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a condition, with a deadline
+  }
+  const bool told = progress.cancelled();
+  backend.Open();
+  auto loaded = loading.get();
+  EXPECT_TRUE(told) << "the load was not told to stop when the mismatch was found";
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss) << loaded.status();
+  EXPECT_THAT(std::string(loaded.status().message()), HasSubstr(victim + " hashes to"));
+  EXPECT_LT(progress.done(), DirBytes(dir.path())) << "it read on after the mismatch";
 }
 
 // A cancelled load (the daemon stopping) stops the check of the pins too, and says CANCELLED.
