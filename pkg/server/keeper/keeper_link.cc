@@ -251,15 +251,23 @@ absl::Status KeeperLink::DropKey(const std::string& key) {
   return absl::OkStatus();
 }
 
-absl::Status KeeperLink::Sync(const Mark& mark) {
+absl::Status KeeperLink::Sync(const Mark& mark, bool* later) {
   const cache::Key& key = mark.key;
   const std::string k = KeeperKey(key.fingerprint, key.device_uuid);
   std::shared_ptr<cache::Entry> e = registry_->Find(key);
+  *later = false;
   // A ready mark is made just before the entry turns ready: wait for that (bounded, ends at
-  // Stop). An eviction's mark waits for nothing: a load of the same key is another entry.
+  // Stop). Past the bound (its load thread not yet run again: a busy node) the mark is kept
+  // for the next round, never taken as done: the entry would go undeposited, and its
+  // eviction would then find nothing to drop. An eviction's mark waits for nothing: a load
+  // of the same key is another entry.
   if (e && mark.readied) {
-    (void)registry_->WaitReady(e, std::chrono::steady_clock::now() + options_.io_timeout,
-                               [this] { return stopping(); });
+    const absl::Status ready = registry_->WaitReady(
+        e, std::chrono::steady_clock::now() + options_.io_timeout, [this] { return stopping(); });
+    if (ready.code() == absl::StatusCode::kDeadlineExceeded) {
+      *later = true;
+      return absl::OkStatus();
+    }
   }
   std::shared_ptr<const load::LoadedModel> content;
   if (e) content = registry_->Content(e).value_or(nullptr);  // null unless ready
@@ -410,12 +418,14 @@ void KeeperLink::RecordAdopted() {
   for (const auto& [k, key] : adopted) {
     auto e = registry_->Find(key);
     if (!e) continue;
-    if (!registry_
-             ->WaitReady(e, std::chrono::steady_clock::now() + options_.io_timeout,
-                         [this] { return stopping(); })
-             .ok()) {
+    const absl::Status ready = registry_->WaitReady(
+        e, std::chrono::steady_clock::now() + options_.io_timeout, [this] { return stopping(); });
+    if (ready.code() == absl::StatusCode::kDeadlineExceeded) {
+      MutexLock l(mu_);  // not ready yet (see Sync): recorded on the next round
+      adopted_keys_.emplace(k, key);
       continue;
     }
+    if (!ready.ok()) continue;
     auto content = registry_->Content(e);
     if (!content.ok()) continue;
     MutexLock l(mu_);
@@ -455,10 +465,12 @@ bool KeeperLink::SyncMarks(size_t* synced) {
   }
   *synced = pending.size();
   for (const auto& [k, mark] : pending) {
-    if (absl::Status s = Sync(mark); !s.ok()) {
+    bool later = false;
+    if (absl::Status s = Sync(mark, &later); !s.ok()) {
       Lost(s);
       return false;
     }
+    if (later) continue;  // still pending: the worker comes back to it
     MutexLock l(mu_);
     auto it = pending_.find(k);
     if (it != pending_.end() && it->second.seq == mark.seq) pending_.erase(it);
@@ -496,7 +508,9 @@ void KeeperLink::Idle(std::chrono::milliseconds timeout) {
     uint64_t v;
     (void)!::read(wake_.get(), &v, sizeof v);
   }
-  if (conn_ && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+  // Stop() shuts the connection down itself: that hang-up is not the keeper's, and not
+  // logged as a lost keeper.
+  if (conn_ && !stopping() && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
     Lost(absl::UnavailableError("the keeper closed its connection (it exited?)"));
   }
 }

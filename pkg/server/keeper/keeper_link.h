@@ -122,8 +122,10 @@ class KeeperLink final : public cache::EntryObserver {
   absl::Status Reconcile();
   // Drops `key` from the keeper (gone already is fine) and forgets its deposit.
   absl::Status DropKey(const std::string& key);
-  // Brings the keeper in step with one key's entry (deposit, drop or nothing).
-  absl::Status Sync(const Mark& mark);
+  // Brings the keeper in step with one key's entry (deposit, drop or nothing); `*later`
+  // when it cannot be yet (a readied
+  // entry still loading past io_timeout: the mark stays pending, done on the next round).
+  absl::Status Sync(const Mark& mark, bool* later);
   // Adoption at start (keeper_adoption.cc; AdoptAll too). Adopts one entry; the reason
   // when it cannot be (the caller drops it from the keeper).
   absl::Status AdoptOne(keeper::KeeperClient::Entry held, const AdmitFn& admit,
