@@ -54,6 +54,13 @@ std::unique_ptr<identity::DigestStore> MemoryStore() {
   return std::move(s).value();
 }
 
+// Writes a two-file checkpoint into `dir`; `*s` is its spec with every file pinned right.
+void WritePinnedTwoFileCheckpoint(const std::string& dir, spec::ModelSpec* s) {
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir, {.shards = 2}).ok());
+  *s = SpecFor(dir);
+  s->digests = Sha256Of(dir);
+}
+
 uint64_t DirBytes(const std::string& dir) {
   uint64_t n = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
@@ -95,9 +102,8 @@ TEST(PinnedDigests, TheFingerprintNeedsNoReadAndEqualsAHashingNodes) {
 
 TEST(PinnedDigests, ALoadChecksTheBytesAndRefusesAFileThatHashesOtherwise) {
   TempDir dir;
-  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {.shards = 2}).ok());
-  spec::ModelSpec s = SpecFor(dir.path());
-  s.digests = Sha256Of(dir.path());
+  spec::ModelSpec s;
+  ASSERT_NO_FATAL_FAILURE(WritePinnedTwoFileCheckpoint(dir.path(), &s));
   const std::string victim = "model-00002-of-00002.safetensors";
   const std::string right = s.digests.at(victim);
   std::string wrong = right;
@@ -204,9 +210,8 @@ class GatedBackend final : public memory::Backend {
 // the load is held before its first read, and the check alone must tell it to stop.
 TEST(PinnedDigests, AMismatchStopsTheLoadWhenItIsFound) {
   TempDir dir;
-  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {.shards = 2}).ok());
-  spec::ModelSpec s = SpecFor(dir.path());
-  s.digests = Sha256Of(dir.path());
+  spec::ModelSpec s;
+  ASSERT_NO_FATAL_FAILURE(WritePinnedTwoFileCheckpoint(dir.path(), &s));
   const std::string victim = "model-00001-of-00002.safetensors";
   s.digests[victim] = std::string(64, 'e');
   auto store = MemoryStore();
@@ -235,9 +240,8 @@ TEST(PinnedDigests, AMismatchStopsTheLoadWhenItIsFound) {
 // A cancelled load (the daemon stopping) stops the check of the pins too, and says CANCELLED.
 TEST(PinnedDigests, ACancelledLoadStopsTheCheckToo) {
   TempDir dir;
-  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), {.shards = 2}).ok());
-  spec::ModelSpec s = SpecFor(dir.path());
-  s.digests = Sha256Of(dir.path());
+  spec::ModelSpec s;
+  ASSERT_NO_FATAL_FAILURE(WritePinnedTwoFileCheckpoint(dir.path(), &s));
   auto store = MemoryStore();
   auto m = OpenModel(s, {.digests = store.get()});
   ASSERT_TRUE(m.ok()) << m.status();
