@@ -43,7 +43,8 @@ T0 = time.time()
 SETTINGS = {"torch.compile": "default", "tokens": 128}
 AOTI_SETTINGS = {"aoti": "code-only", "tokens": 128, "dtype": "bfloat16"}
 VOCAB = 32000
-PHASES = ("import_s", "cuda_init_s", "map_s", "get_s", "load_s", "bind_s", "first_forward_s", "total_s")
+PHASES = ("import_s", "cuda_init_s", "map_s", "get_s", "load_s", "bind_s", "first_forward_s",
+          "total_s")
 
 
 def _trace_subprocesses(out):
@@ -91,10 +92,10 @@ def child(mode, run, work, model_name):
     t_wc = time.time()
     ids = torch.arange(128, device="cuda").reshape(1, 128) % VOCAB
     torch.cuda.synchronize()
-    t_import = time.time()  # map_s starts here: the CUDA context is made before it
+    t_cuda = time.time()  # map_s starts here: the CUDA context is made before it
     rec.update(import_s=t_wc - t_start, interpreter_s=T_FIRST - t_start,
                torch_import_s=t_torch - T_FIRST, weightcache_import_s=t_wc - t_torch,
-               cuda_init_s=t_import - t_wc)
+               cuda_init_s=t_cuda - t_wc)
     if mode in ("cold", "cc"):
         wrapped = _module(work, model_name)
         with weightcache.acquire(model_name, device="cuda:0") as w:
@@ -143,7 +144,7 @@ def child(mode, run, work, model_name):
             rec.update(inductor_isa=x86_isa_checker(),
                        node_isa=fn.probes.cpu_isa if fn.probes else None)
         rec["aoti_load_other_s"] = t_ready - t_map - sum(s.values())  # probes, unpacking
-    rec.update(map_s=t_map - t_import, first_forward_s=t_first - t_ready,
+    rec.update(map_s=t_map - t_cuda, first_forward_s=t_first - t_ready,
                total_s=t_first - t_start, subprocesses=procs)
     torch.save(logits.float().cpu(), os.path.join(work, f"logits-{mode}-{run}.pt"))
     _emit(rec)
@@ -153,8 +154,8 @@ def run_child(mode, run, work, model_name, timeout, importtime=False):
     caches = tempfile.mkdtemp(prefix=f"caches-{mode}-{run}-", dir=work)
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"),
                TRITON_CACHE_DIR=os.path.join(caches, "triton"), BENCH_SPAWNED=repr(time.time()))
-    argv = [sys.executable, "-X", "faulthandler"] + (["-X", "importtime"] if importtime else []) + [
-        __file__, "--child", mode, "--run", str(run),
+    flags = ["-X", "faulthandler"] + (["-X", "importtime"] if importtime else [])
+    argv = [sys.executable, *flags, __file__, "--child", mode, "--run", str(run),
             "--work", work, "--model", model_name]
     print(f"+ {mode} run {run} (at {time.time() - T0:.0f} s)", flush=True)
     t = time.time()

@@ -3,7 +3,8 @@
 # run-publish-on-device.sh, run-python-on-device.sh): defines start_weightcached SPEC_FILE
 # [FLAG...], which starts weightcached from the carry on $work/s (cuda-vmm, no preload, no
 # metrics; log $OUT/weightcached.log), sets $daemon and an EXIT trap that stops it, and waits
-# until it answers; on a daemon that exits first it prints the log and exits the script.
+# until it answers (30 s); on a daemon that exits first, or never answers, it prints the log
+# and exits the script.
 # Needs carry, work, OUT, PY set.
 start_weightcached() {
   local spec=$1
@@ -17,4 +18,7 @@ start_weightcached() {
     kill -0 "$daemon" 2>/dev/null || { cat "$OUT/weightcached.log"; exit 1; }
     sleep 0.1
   done
+  echo "weightcached did not answer on $work/s within 30 s"
+  cat "$OUT/weightcached.log"
+  exit 1
 }
