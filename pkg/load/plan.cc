@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "pkg/load/shard_rules.h"
+#include "pkg/util/bytes.h"
 #include "pkg/util/status_macros.h"
 
 namespace weightcache::load {
@@ -18,8 +19,6 @@ using safetensors::DType;
 using safetensors::TensorInfo;
 
 constexpr std::string_view kScaleSuffix = ".weight_scale_inv";
-
-uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
@@ -483,7 +482,7 @@ absl::StatusOr<Plan> PlanRank(const OpenedModel& model, const spec::Layout& layo
     }
     uint64_t unit_bytes = 0;
     for (size_t k : unit) unit_bytes += shards[k].nbytes;
-    uint64_t at = AlignUp(cursor, options.alignment);
+    uint64_t at = RoundUp(cursor, options.alignment);
     // Start a new segment when this unit would overflow a non-empty one.
     if (plan.segment_bytes.empty() || (at + unit_bytes > options.max_segment_bytes && at > 0)) {
       plan.segment_bytes.push_back(0);
