@@ -81,7 +81,7 @@ struct ControlSnapshot {
   uint64_t accept_errors = 0;
 };
 
-// The peer API's TCP port (issue 47, pkg/server/peer/peer_port.h): connections held now,
+// The peer API's TCP port (issue 47, pkg/server/wire/peer_port.h): connections held now,
 // and since start the ones accepted, the ones handed to its gRPC server (once their client
 // spoke) and the ones closed by a bound, by reason.
 struct PeerPortSnapshot {

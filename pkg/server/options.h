@@ -55,7 +55,7 @@ struct PeerOptions {
   // How long a Describe that asks for a transfer keeps the segments exposed (and the
   // content alive); each such Describe renews it. A pull longer than this asks again.
   std::chrono::milliseconds transfer_hold{120000};
-  // The port in front of gRPC (issue 47; pkg/server/peer/peer_port.h): connections open at
+  // The port in front of gRPC (issue 47; pkg/server/wire/peer_port.h): connections open at
   // once in all and per source address (a daemon keeps one to each peer it asks, so a fleet
   // of hundreds of nodes needs hundreds), and how long one may take to complete its TLS
   // handshake (also gRPC's own handshake timeout).

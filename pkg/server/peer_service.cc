@@ -2,7 +2,7 @@
 // server, mutual TLS required (pkg/peer/tls.h: a peer is whoever presents a certificate the
 // fleet CA signed), and Describe: the record of a ready entry, so the asker can fill its own
 // copy and check every segment against the digests in it.
-// The TCP port is the PeerPort's (pkg/server/peer/peer_port.h, issue 47): it accepts, caps
+// The TCP port is the PeerPort's (pkg/server/wire/peer_port.h, issue 47): it accepts, caps
 // the connections in all and per source address, closes those without a handshake by a
 // deadline, and relays the bytes to the gRPC server, which does the TLS on a Unix socket in a
 // private directory (gRPC 1.51 takes no accepted descriptor with TLS credentials).
@@ -26,7 +26,7 @@
 #include "pkg/server/internal/daemon_impl.h"
 #include "pkg/server/internal/grpc_status.h"
 #include "pkg/server/keeper/keeper_record.h"
-#include "pkg/server/peer/peer_port.h"
+#include "pkg/server/wire/peer_port.h"
 #include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"

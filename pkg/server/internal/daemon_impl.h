@@ -46,7 +46,7 @@
 #include "pkg/server/messages/manifest.h"
 #include "pkg/server/peer/peer_exposures.h"
 #include "pkg/server/peer/peer_fill.h"
-#include "pkg/server/peer/peer_port.h"
+#include "pkg/server/wire/peer_port.h"
 #include "pkg/server/policy/namespace_rules.h"
 #include "pkg/server/policy/policy.h"
 #include "pkg/server/publish/publish_manager.h"

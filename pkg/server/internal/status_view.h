@@ -24,7 +24,7 @@
 #include "pkg/server/internal/model_catalog.h"
 #include "pkg/server/internal/preloads.h"
 #include "pkg/server/keeper/keeper_link.h"
-#include "pkg/server/peer/peer_port.h"
+#include "pkg/server/wire/peer_port.h"
 #include "pkg/server/publish/publish_manager.h"
 #include "pkg/server/wire/control_listener.h"
 #include "weightcache/v1/weightcache.pb.h"

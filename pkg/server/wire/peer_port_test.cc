@@ -2,7 +2,7 @@
 // addresses (all of 127/8 is local), relayed to an echoing Unix server that stands in for
 // gRPC. A "handshake" here is what the port can see of one: a client's handshake record, then
 // a complete application-data record, then the server's application data (the echo).
-#include "pkg/server/peer/peer_port.h"
+#include "pkg/server/wire/peer_port.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

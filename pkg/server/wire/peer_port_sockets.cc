@@ -1,4 +1,4 @@
-#include "pkg/server/peer/peer_port_sockets.h"
+#include "pkg/server/wire/peer_port_sockets.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

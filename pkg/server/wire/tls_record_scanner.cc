@@ -1,4 +1,4 @@
-#include "pkg/server/peer/tls_record_scanner.h"
+#include "pkg/server/wire/tls_record_scanner.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "pkg/server/peer/peer_port.h"
+#include "pkg/server/wire/peer_port.h"
 
 #include <linux/sockios.h>
 #include <netinet/in.h>
@@ -15,7 +15,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "pkg/server/peer/peer_port_sockets.h"
+#include "pkg/server/wire/peer_port_sockets.h"
 #include "pkg/util/epoll_loop.h"
 #include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"

@@ -47,7 +47,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "pkg/server/peer/tls_record_scanner.h"
+#include "pkg/server/wire/tls_record_scanner.h"
 #include "pkg/util/mutex.h"
 #include "pkg/util/scoped_fd.h"
 
