@@ -16,37 +16,18 @@
 #include "pkg/load/loader.h"
 #include "pkg/load/model.h"
 #include "pkg/load/plan.h"
+#include "pkg/probes/node_probes.h"
 #include "pkg/server/hooks.h"
 #include "pkg/server/internal/access.h"
 #include "pkg/server/internal/daemon_impl.h"
 #include "pkg/server/internal/preloads.h"
 #include "pkg/server/internal/step_clock.h"
 #include "pkg/server/messages/layout_proto.h"
-#include "pkg/server/node_probes.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
 #include "pkg/util/unix_socket.h"
 
 namespace weightcache::server {
-namespace {
-
-// The node's probe decision beside every engine socket (node_probes.h), decided once here for
-// every engine of the node. Engines decide it themselves when it is missing, so a failure to
-// write it is a warning, not a reason not to serve.
-void WriteNodeProbesBesideSockets(const std::string& socket_dir,
-                                  const std::vector<SlotSockets>& slots) {
-  const std::string json = ThisNodeProbesJson();
-  std::vector<std::string> dirs = {socket_dir};
-  for (const auto& s : slots) dirs.push_back(s.dir);
-  for (const auto& dir : dirs) {
-    if (auto st = WriteNodeProbes(dir, json); !st.ok()) {
-      WC_LOG_WARN("node probes not written (engines decide them themselves): %s",
-                  st.ToString().c_str());
-    }
-  }
-}
-
-}  // namespace
 
 Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend, DaemonHooks* hooks)
     : options_(std::move(options)),
@@ -131,7 +112,10 @@ absl::Status Daemon::Impl::Start() {
   if (keeper_) AdoptFromKeeper();
   artifacts_->ReportResident();
   WC_RETURN_IF_ERROR(PrepareSockets());
-  WriteNodeProbesBesideSockets(options_.socket_dir, slots_);
+  // The node's probe decision beside every engine socket (node_probes.h).
+  std::vector<std::string> probe_dirs = {options_.socket_dir};
+  for (const auto& s : slots_) probe_dirs.push_back(s.dir);
+  probes::WriteNodeProbesInto(probe_dirs);
   MakeStatusView();
   WC_RETURN_IF_ERROR(StartHandleChannel());
   // Preloads are opened (maybe hashed) on their own thread while the daemon serves; their

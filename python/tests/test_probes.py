@@ -32,6 +32,19 @@ def test_decide_reads_the_isas_inductor_checks_from_the_cpu_flags():
     assert probes.decide(SPR, "aarch64").cpu_isa == []
 
 
+def test_the_isa_table_is_the_one_json_file_the_daemon_is_built_from():
+    # One table: the installed package reads cpu_isa.json, the file pkg/probes generates the
+    # daemon's C++ table from (its node_probes_test holds the compiled side to the same file).
+    source = Path(__file__).resolve().parents[1] / "weightcache" / "cpu_isa.json"
+    installed = Path(probes.__file__).parent / "cpu_isa.json"
+    assert installed.read_bytes() == source.read_bytes()
+    table = json.loads(source.read_text())
+    assert probes._X86_ISAS == {i["name"]: tuple(i["needs"]) for i in table["x86_isas"]}
+    assert list(probes._PROBE_FLAGS) == table["probe_flags"]
+    everything = "flags\t: " + " ".join(table["probe_flags"]) + "\n"
+    assert probes.decide(everything, "x86_64").cpu_isa == [i["name"] for i in table["x86_isas"]]
+
+
 def test_the_node_step_writes_what_an_engine_here_decides_and_the_engine_applies_it(tmp_path):
     # The node step is its own process (as in the DaemonSet): python -m weightcache node-probes.
     p = subprocess.run([sys.executable, "-m", "weightcache", "node-probes", "--write",

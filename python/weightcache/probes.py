@@ -40,16 +40,13 @@ VERSION = 1
 _MAX_BYTES = 64 << 10
 
 # The CPU flags (as /proc/cpuinfo spells them) behind each x86 ISA Inductor checks
-# (torch._inductor.cpu_vec_isa.x86_isa_checker, over ATen's cpuinfo tests), and the extra
-# checks its subclasses run (avx512_bf16, VNNI, AMX tile/bf16/int8/fp16).
-_X86_ISAS = {
-    "avx2": ("avx2", "fma"),
-    "avx512": ("avx512f", "avx512dq", "avx512vl", "avx512bw", "fma"),
-    "avx512_vnni": ("avx512f", "avx512dq", "avx512vl", "avx512bw", "fma", "avx512_vnni"),
-    "amx_tile": ("amx_tile",),
-}
-_PROBE_FLAGS = ("avx2", "fma", "avx512f", "avx512dq", "avx512vl", "avx512bw", "avx512_vnni",
-                "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16")
+# (torch._inductor.cpu_vec_isa.x86_isa_checker, over ATen's cpuinfo tests), in its order, and
+# the extra checks its subclasses run (avx512_bf16, VNNI, AMX tile/bf16/int8/fp16). The one
+# table is cpu_isa.json beside this module; the daemon's C++ table is generated from the same
+# file (pkg/probes/CMakeLists.txt).
+_ISA_TABLE = json.loads((Path(__file__).parent / "cpu_isa.json").read_text())
+_X86_ISAS = {isa["name"]: tuple(isa["needs"]) for isa in _ISA_TABLE["x86_isas"]}
+_PROBE_FLAGS = tuple(_ISA_TABLE["probe_flags"])
 
 
 class ProbeError(ValueError):

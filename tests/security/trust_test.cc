@@ -34,8 +34,8 @@
 #include "gtest/gtest.h"
 #include "pkg/identity/identity.h"
 #include "pkg/keeper/client.h"
+#include "pkg/probes/node_probes.h"
 #include "pkg/safetensors/writer.h"
-#include "pkg/server/node_probes.h"
 #include "pkg/util/scoped_fd.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/process.h"
@@ -157,9 +157,9 @@ TEST_F(TrustTest, ThroughAReadOnlyMountEnginesConnectButCannotReplaceTheSockets)
 // when it matches their own CPU.
 TEST_F(TrustTest, TheEnginesDirectoryHoldsOnlySockets) {
   Start();
-  EXPECT_TRUE(std::filesystem::exists(socket_dir() + "/" + server::kNodeProbesFile));
+  EXPECT_TRUE(std::filesystem::exists(socket_dir() + "/" + probes::kNodeProbesFile));
   for (const auto& f : std::filesystem::recursive_directory_iterator(socket_dir())) {
-    if (f.path().filename() == server::kNodeProbesFile) {
+    if (f.path().filename() == probes::kNodeProbesFile) {
       EXPECT_EQ(f.status().permissions(), std::filesystem::perms(0644)) << f.path();
       continue;
     }

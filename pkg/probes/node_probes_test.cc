@@ -1,4 +1,4 @@
-#include "pkg/server/node_probes.h"
+#include "pkg/probes/node_probes.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -8,10 +8,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
-namespace weightcache::server {
+namespace weightcache::probes {
 namespace {
 
 constexpr char kSapphireRapids[] =
@@ -31,6 +32,34 @@ TEST(NodeProbes, TheIsasInductorChecksComeFromTheFirstProcessorsFlags) {
   EXPECT_EQ(NodeProbesJson(kSapphireRapids, "aarch64").rfind("{\"cpu_isa\": [], ", 0), 0u);
   EXPECT_EQ(NodeProbesJson("", "x86_64"),
             "{\"cpu_isa\": [], \"machine\": \"x86_64\", \"probe_flags\": [], \"version\": 1}");
+}
+
+// One ISA table (python/weightcache/cpu_isa.json): the compiled one is the file's, entry for
+// entry, and each ISA is claimed from exactly the flags the file gives it.
+TEST(NodeProbes, TheCompiledIsaTableIsTheJsonFileThePythonPackageReads) {
+  std::ifstream in(WC_CPU_ISA_JSON);
+  ASSERT_TRUE(in.good()) << WC_CPU_ISA_JSON;
+  const auto doc = nlohmann::json::parse(in);
+  std::vector<std::pair<std::string, std::vector<std::string>>> want;
+  for (const auto& isa : doc.at("x86_isas")) {
+    want.emplace_back(isa.at("name").get<std::string>(),
+                      isa.at("needs").get<std::vector<std::string>>());
+  }
+  EXPECT_EQ(X86IsaTable(), want);
+  EXPECT_EQ(ProbeFlags(), doc.at("probe_flags").get<std::vector<std::string>>());
+  // The decision's "cpu_isa" list only (probe_flags may name the same words).
+  auto isas = [](const std::string& flags) {
+    const std::string json = NodeProbesJson(flags + "\n", "x86_64");
+    return json.substr(0, json.find("\"machine\""));
+  };
+  for (const auto& [name, needs] : want) {
+    std::string flags = "flags :";
+    for (const auto& f : needs) flags += " " + f;
+    EXPECT_NE(isas(flags).find("\"" + name + "\""), std::string::npos) << name << ": " << flags;
+    // Without its last flag the ISA is not claimed.
+    const std::string fewer = flags.substr(0, flags.rfind(' '));
+    EXPECT_EQ(isas(fewer).find("\"" + name + "\""), std::string::npos) << name << ": " << fewer;
+  }
 }
 
 TEST(NodeProbes, TheFileIsWrittenWholeWithMode0644) {
@@ -89,4 +118,4 @@ TEST(NodeProbes, AFileOrLinkLeftAtTheTemporaryNameIsNeverReused) {
 }
 
 }  // namespace
-}  // namespace weightcache::server
+}  // namespace weightcache::probes

@@ -1,4 +1,4 @@
-#include "pkg/server/node_probes.h"
+#include "pkg/probes/node_probes.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <fstream>
 #include <set>
@@ -18,30 +17,20 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "pkg/util/errno_status.h"
+#include "pkg/util/log.h"
 #include "pkg/util/scoped_fd.h"
 
-namespace weightcache::server {
+namespace weightcache::probes {
 namespace {
 
-// What weightcache.probes reads (keep the two tables equal): the flags behind each x86 ISA
-// Inductor checks (torch._inductor.cpu_vec_isa.x86_isa_checker), in its order, and the
-// flags whose presence adds a probe (AVX-512 BF16, VNNI, AMX).
+// The flags behind each x86 ISA Inductor checks, in its order, and the flags whose presence
+// adds a probe: generated from python/weightcache/cpu_isa.json, the table weightcache.probes
+// reads (pkg/probes/CMakeLists.txt).
 struct Isa {
   const char* name;
   std::vector<const char*> needs;
 };
-const std::array<Isa, 4>& X86Isas() {
-  static const std::array<Isa, 4> kIsas = {{
-      {"avx2", {"avx2", "fma"}},
-      {"avx512", {"avx512f", "avx512dq", "avx512vl", "avx512bw", "fma"}},
-      {"avx512_vnni", {"avx512f", "avx512dq", "avx512vl", "avx512bw", "fma", "avx512_vnni"}},
-      {"amx_tile", {"amx_tile"}},
-  }};
-  return kIsas;
-}
-constexpr std::array<const char*, 12> kProbeFlags = {
-    "avx2",        "fma",         "avx512f",  "avx512dq", "avx512vl", "avx512bw",
-    "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8", "amx_fp16"};
+#include "pkg/probes/cpu_isa_table.inc"
 
 std::set<std::string, std::less<>> FirstFlags(absl::string_view cpuinfo) {
   for (absl::string_view line : absl::StrSplit(cpuinfo, '\n')) {
@@ -79,7 +68,7 @@ std::string NodeProbesJson(absl::string_view cpuinfo, absl::string_view machine)
     }
   }
   std::vector<std::string> probe_flags;
-  for (const char* f : kProbeFlags) {
+  for (const char* f : ProbeFlagNames()) {
     if (flags.count(f) != 0) probe_flags.emplace_back(f);
   }
   std::sort(probe_flags.begin(), probe_flags.end());
@@ -122,4 +111,23 @@ absl::Status WriteNodeProbes(const std::string& dir, absl::string_view json) {
   return absl::OkStatus();
 }
 
-}  // namespace weightcache::server
+void WriteNodeProbesInto(const std::vector<std::string>& dirs) {
+  const std::string json = ThisNodeProbesJson();
+  for (const auto& dir : dirs) {
+    if (auto st = WriteNodeProbes(dir, json); !st.ok()) {
+      WC_LOG_WARN("node probes not written (engines decide them themselves): %s",
+                  st.ToString().c_str());
+    }
+  }
+}
+
+std::vector<std::pair<std::string, std::vector<std::string>>> X86IsaTable() {
+  std::vector<std::pair<std::string, std::vector<std::string>>> out;
+  for (const auto& isa : X86Isas())
+    out.emplace_back(isa.name, std::vector<std::string>(isa.needs.begin(), isa.needs.end()));
+  return out;
+}
+
+std::vector<std::string> ProbeFlags() { return {ProbeFlagNames().begin(), ProbeFlagNames().end()}; }
+
+}  // namespace weightcache::probes

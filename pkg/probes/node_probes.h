@@ -7,11 +7,13 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
-namespace weightcache::server {
+namespace weightcache::probes {
 
 inline constexpr char kNodeProbesFile[] = "node-probes.json";
 
@@ -30,4 +32,14 @@ std::string ThisNodeProbesJson();
 // names the path.
 absl::Status WriteNodeProbes(const std::string& dir, absl::string_view json);
 
-}  // namespace weightcache::server
+// This machine's decision written into each of `dirs` (the socket directory and every slot
+// directory), decided once for every engine of the node. Engines decide it themselves when it
+// is missing, so a failure to write is logged as a warning, not returned.
+void WriteNodeProbesInto(const std::vector<std::string>& dirs);
+
+// The compiled table (python/weightcache/cpu_isa.json): each x86 ISA with the flags it needs,
+// in Inductor's order; and the probe flags. For the test that it equals the file.
+std::vector<std::pair<std::string, std::vector<std::string>>> X86IsaTable();
+std::vector<std::string> ProbeFlags();
+
+}  // namespace weightcache::probes
