@@ -223,114 +223,47 @@ cache::LoadFn Admission::DiskLoad(const std::shared_ptr<const load::OpenedModel>
   };
 }
 
-std::vector<FillSource> Admission::FillSources(const load::OpenedModel& model,
-                                               const Prepared& p) const {
+std::shared_ptr<RankFill> Admission::SurveyPeers(
+    const std::shared_ptr<const load::OpenedModel>& model, const Prepared& p) const {
   PeerFill* fill = peer_fill_.load();
   // Private copies are this node's (peers never describe them).
-  if (fill == nullptr || !p.request.inputs.env.tenant.empty()) return {};
-  FillFailure why{FillFallback::kNotHeld, absl::OkStatus()};
+  if (fill == nullptr || !p.request.inputs.env.tenant.empty()) return nullptr;
+  RankFill::Rank rank{.model = model->spec.name,
+                      .model_dir = model->spec.model_dir,
+                      .fingerprint = p.fingerprint,
+                      .tp_rank = p.request.inputs.layout.tp_rank,
+                      .device = p.device,
+                      .label = p.label,
+                      .plan = p.plan};
   // The spec's pinned segment digests of this fingerprint (hex, validated), as raw bytes.
-  std::vector<std::string> pinned;
-  if (auto it = model.spec.segment_digests.find(p.fingerprint);
-      it != model.spec.segment_digests.end()) {
-    for (const auto& hex : it->second) pinned.push_back(absl::HexStringToBytes(hex));
+  if (auto it = model->spec.segment_digests.find(p.fingerprint);
+      it != model->spec.segment_digests.end()) {
+    for (const auto& hex : it->second) rank.pinned.push_back(absl::HexStringToBytes(hex));
   }
-  auto sources = fill->Find(p.fingerprint, p.plan, pinned, &why);
-  if (sources.empty()) {
-    fill->CountFallback(model.spec.name, why.reason);
-    WC_LOG_INFO("peer fill of %s rank %d: %s; loading from disk", model.spec.name,
-                p.request.inputs.layout.tp_rank, std::string(why.status.message()));
-  }
-  return sources;
-}
-
-// The rest of a peer fill that kept some segments (FillReport::partial): the segments it
-// lacks loaded from disk (load::PlanSegments) and put in their places. A filled segment that
-// the part had to take as well (a quantized weight's scale elsewhere) is read again; only
-// the segments still from peers keep their checked digests in `verified`.
-static absl::StatusOr<std::unique_ptr<load::LoadedModel>> LoadRest(
-    const load::OpenedModel& model, std::unique_ptr<load::LoadedModel> partial,
-    memory::Backend& backend, const std::string& device, const std::string& label,
-    const load::LoadOptions& lopts, load::LoadProgress* progress,
-    std::vector<std::string>* verified) {
-  std::vector<bool> missing(partial->segments.size());
-  for (size_t i = 0; i < missing.size(); ++i) missing[i] = partial->segments[i] == nullptr;
-  load::PlanPart part = load::PlanSegments(partial->plan, std::move(missing));
-  WC_ASSIGN_OR_RETURN(auto rest, load::LoadRank(model, std::move(part.plan), backend, device, label,
-                                                lopts, progress));
-  for (size_t j = 0; j < part.segments.size(); ++j) {
-    const uint32_t i = part.segments[j];
-    partial->segments[i] = std::move(rest->segments[j]);
-    (*verified)[i].clear();
-  }
-  partial->stats = rest->stats;
-  return partial;
+  return RankFill::Survey(
+      *fill, std::move(rank),
+      [model, backend = backend_, device = p.device, label = p.label, lopts = LoadOptionsFor()](
+          load::Plan plan, load::LoadProgress* progress) {
+        return load::LoadRank(*model, std::move(plan), *backend, device, label, lopts, progress);
+      });
 }
 
 absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartFill(
     const std::shared_ptr<const load::OpenedModel>& model, Prepared p,
-    std::vector<FillSource> sources, bool* started) {
-  PeerFill* fill = peer_fill_.load();
+    std::shared_ptr<RankFill> fill) {
   // The registry digests what the load returns: a filled entry's digests must be those each
-  // segment matched during the fill (the same memory, sealed: nothing changed in between).
-  // After a fallback, the disk's bytes are their own truth.
-  // Per segment: the cryptographic digest it was checked against when it came from a peer,
-  // empty when it came from disk.
-  auto verified = std::make_shared<std::vector<std::string>>();
-  p.request.check_digests =
-      [verified](const std::vector<integrity::SegmentDigest>& got) -> absl::Status {
-    if (verified->empty()) return absl::OkStatus();
-    if (got.size() != verified->size()) {
-      return absl::DataLossError(absl::StrCat("peer fill: ", got.size(), " digests for ",
-                                              verified->size(), " filled segments"));
-    }
-    for (size_t i = 0; i < got.size(); ++i) {
-      if (!(*verified)[i].empty() && got[i].sha256 != (*verified)[i]) {
-        return absl::DataLossError(absl::StrCat(
-            "peer fill: segment ", i, " changed between its check and the entry's digest"));
-      }
-    }
-    return absl::OkStatus();
-  };
+  // segment matched during the fill (RankFill::CheckDigests).
   p.request.source = "peer_fill";
-  cache::LoadFn disk = DiskLoad(model, p);
-  auto shared_sources = std::make_shared<const std::vector<FillSource>>(std::move(sources));
-  p.request.load = [fill, model, plan = p.plan, device = p.device, label = p.label,
-                    sources = std::move(shared_sources), disk = std::move(disk), verified,
-                    backend = backend_, lopts = LoadOptionsFor()](
-                       cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
-    FillFailure why{FillFallback::kTransfer, absl::OkStatus()};
-    FillReport report;
-    auto filled = fill->Fill(*sources, plan, model->spec.name, model->spec.model_dir, device, label,
-                             &e.progress, &why, &report);
-    // Read by check_digests, on this thread, once the load returns.
-    *verified = report.sha256;
-    if (filled.ok()) {
-      WC_RETURN_IF_ERROR(FilesUnchanged(*model));
-      return filled;
-    }
-    if (e.progress.cancelled()) return filled.status();
-    fill->CountFallback(model->spec.name, why.reason);
-    e.progress.SetDone(0);
-    if (report.partial == nullptr) {
-      verified->clear();
-      WC_LOG_WARN("peer fill of %s (%s on %s) fell back to disk (%s): %s", model->spec.name,
-                  e.fingerprint.substr(0, 12), device, FillFallbackName(why.reason),
-                  std::string(filled.status().message()));
-      return disk(e);
-    }
-    size_t missing = 0;
-    for (const auto& s : report.partial->segments) missing += s == nullptr ? 1 : 0;
-    WC_LOG_WARN("peer fill of %s (%s on %s) fell back to disk (%s) for %d of %d segments: %s",
-                model->spec.name, e.fingerprint.substr(0, 12), device, FillFallbackName(why.reason),
-                static_cast<int>(missing), static_cast<int>(report.partial->segments.size()),
-                std::string(filled.status().message()));
-    WC_ASSIGN_OR_RETURN(auto loaded, LoadRest(*model, std::move(report.partial), *backend, device,
-                                              label, lopts, &e.progress, verified.get()));
+  p.request.check_digests = [fill](const std::vector<integrity::SegmentDigest>& got) {
+    return fill->CheckDigests(got);
+  };
+  p.request.load = [fill,
+                    model](cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
+    WC_ASSIGN_OR_RETURN(auto loaded, fill->Run(e.progress));
     WC_RETURN_IF_ERROR(FilesUnchanged(*model));
     return loaded;
   };
-  return registry_.StartOrJoin(std::move(p.request), started);
+  return registry_.StartOrJoin(std::move(p.request));
 }
 
 absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartLoad(
@@ -338,9 +271,7 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartLoad(
     const spec::Environment& env, const std::string& device_uuid) {
   WC_ASSIGN_OR_RETURN(Prepared p, Prepare(model, layout, env, device_uuid));
   if (p.live) return p.live;
-  if (auto sources = FillSources(*model, p); !sources.empty()) {
-    return StartFill(model, std::move(p), std::move(sources), nullptr);
-  }
+  if (auto fill = SurveyPeers(model, p)) return StartFill(model, std::move(p), std::move(fill));
   p.request.load = DiskLoad(model, p);
   return registry_.StartOrJoin(std::move(p.request));
 }
@@ -369,10 +300,10 @@ std::vector<absl::StatusOr<std::shared_ptr<cache::Entry>>> Admission::StartGroup
   std::vector<bool> by_fill(prepared.size(), false);
   for (size_t i = 0; i < prepared.size(); ++i) {
     if (!out[i].ok() || *out[i] != nullptr) continue;
-    auto sources = FillSources(*model, prepared[i]);
-    if (sources.empty()) continue;
+    auto fill = SurveyPeers(model, prepared[i]);
+    if (fill == nullptr) continue;
     by_fill[i] = true;
-    out[i] = StartFill(model, prepared[i], std::move(sources), nullptr);
+    out[i] = StartFill(model, prepared[i], std::move(fill));
   }
   auto plans = std::make_shared<std::vector<load::Plan>>(prepared.size());
   std::vector<std::string> devices, labels;

@@ -19,6 +19,7 @@
 #include "pkg/memory/backend.h"
 #include "pkg/server/options.h"
 #include "pkg/server/peer/peer_fill.h"
+#include "pkg/server/peer/rank_fill.h"
 #include "weightcache/v1/weightcache.pb.h"
 
 namespace weightcache::server {
@@ -104,13 +105,15 @@ class Admission {
   // The disk load of a prepared rank (its request's load function).
   cache::LoadFn DiskLoad(const std::shared_ptr<const load::OpenedModel>& model,
                          const Prepared& p) const;
-  // The sources of a prepared rank when peer fill is on and a peer holds it (empty
-  // otherwise; a miss is counted as a fallback).
-  std::vector<FillSource> FillSources(const load::OpenedModel& model, const Prepared& p) const;
-  // Starts `p` as a peer fill from `sources`, falling back to the disk load in the same entry.
+  // The peer fill of a prepared rank (rank_fill.h) when peer fill is on, the rank is shared
+  // and some peer holds it (surveyed here, on the caller's thread); null otherwise (a miss is
+  // counted as a fallback).
+  std::shared_ptr<RankFill> SurveyPeers(const std::shared_ptr<const load::OpenedModel>& model,
+                                        const Prepared& p) const;
+  // Starts `p` as the entry `fill` loads (falling back to the disk in the same entry).
   absl::StatusOr<std::shared_ptr<cache::Entry>> StartFill(
       const std::shared_ptr<const load::OpenedModel>& model, Prepared p,
-      std::vector<FillSource> sources, bool* started);
+      std::shared_ptr<RankFill> fill);
 
   const DaemonOptions& options_;
   memory::Backend* const backend_;
