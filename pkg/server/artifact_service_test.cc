@@ -1,6 +1,8 @@
 // The artifact RPCs' service on its own (artifacts.h): a real store, catalog and access, no
 // daemon, no sockets. Who may put, get and evict; the key a private model's artifact goes
 // under; the token's handle socket; each result counted.
+#include "pkg/server/publish/artifact_service.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -15,7 +17,7 @@
 #include <vector>
 
 #include "pkg/metrics/metrics.h"
-#include "pkg/server/internal/artifacts.h"
+#include "pkg/server/internal/publish_base.h"
 #include "pkg/server/testing/core_parts.h"
 #include "pkg/server/testing/metric_sample.h"
 #include "prometheus/registry.h"
@@ -64,6 +66,7 @@ class ArtifactServiceTest : public ::testing::Test {
     po.publish_uids = {kPublisher};
     po.publish_namespaces = {"team-a", "team-b"};
     access_ = std::make_unique<Access>(po, std::move(rules), models_, nullptr, 16, &metrics_);
+    rules_ = std::make_unique<CoreArtifactRules>(*access_, models_);
     auto store = artifact::Store::Open(std::move(store_options));
     ASSERT_TRUE(store.ok()) << store.status();
     service_ = std::make_unique<ArtifactService>(
@@ -72,7 +75,7 @@ class ArtifactServiceTest : public ::testing::Test {
                                  .dir = "",
                                  .token_ttl = std::chrono::seconds(10),
                                  .puts = puts},
-        std::move(store).value(), *access_, models_, &metrics_);
+        std::move(store).value(), *rules_, &metrics_);
   }
   // A get of `key` by `who`: the artifact's id, or the error.
   absl::StatusOr<std::string> GetId(const Caller& who, const v1::ArtifactKey& key) {
@@ -119,6 +122,7 @@ class ArtifactServiceTest : public ::testing::Test {
   prometheus::Registry registry_;
   metrics::Metrics metrics_{registry_, metrics::BuildInfo{"t", "none", "host"}};
   std::unique_ptr<Access> access_;
+  std::unique_ptr<CoreArtifactRules> rules_;
   std::unique_ptr<ArtifactService> service_;
 };
 

@@ -108,7 +108,8 @@ absl::Status Daemon::Impl::Start() {
                               .before_lease = BeforeLeaseHook()},
       backend_, registry_, models_, admission_, leases_, *access_, *preloads_);
   MakeIntegrity();
-  WC_RETURN_IF_ERROR(MakeArtifacts());
+  artifact_rules_ = std::make_unique<CoreArtifactRules>(*access_, models_);
+  WC_ASSIGN_OR_RETURN(artifacts_, MakeArtifactService(options_, *artifact_rules_));
   if (keeper_) AdoptFromKeeper();
   artifacts_->ReportResident();
   WC_RETURN_IF_ERROR(PrepareSockets());
@@ -135,26 +136,6 @@ absl::Status Daemon::Impl::Start() {
       access_->rules_on() ? absl::StrCat("; namespace rules on, ", slots_.size(),
                                          " slot sockets under ", options_.socket_dir, "/slots")
                           : "");
-  return absl::OkStatus();
-}
-
-// The compile-artifact store and its service (issue 47: per-namespace pools, reservations,
-// puts per tenant unit).
-absl::Status Daemon::Impl::MakeArtifacts() {
-  WC_ASSIGN_OR_RETURN(auto store, artifact::Store::Open(
-                                      {options_.artifact_budget_bytes, options_.artifact_max_bytes,
-                                       options_.artifact_dir, options_.artifact_dir_budget_bytes}));
-  artifacts_ = std::make_unique<ArtifactService>(
-      ArtifactService::Options{.handle_socket = handle_path(),
-                               .slot_handle_socket = SlotHandleSocketInContainer(
-                                   options_.socket_dir, options_.namespace_rules),
-                               .dir = options_.artifact_dir,
-                               .token_ttl = options_.token_ttl,
-                               .puts = {.max_total = options_.artifact_max_puts,
-                                        .max_per_unit = options_.artifact_max_puts_per_unit,
-                                        .idle = options_.artifact_put_idle,
-                                        .total = options_.artifact_put_total}},
-      std::move(store), *access_, models_, options_.metrics);
   return absl::OkStatus();
 }
 

@@ -34,7 +34,6 @@
 #include "pkg/server/internal/access.h"
 #include "pkg/server/internal/acquire_service.h"
 #include "pkg/server/internal/admission.h"
-#include "pkg/server/internal/artifacts.h"
 #include "pkg/server/internal/integrity_service.h"
 #include "pkg/server/internal/lease_manager.h"
 #include "pkg/server/internal/model_catalog.h"
@@ -46,12 +45,13 @@
 #include "pkg/server/messages/manifest.h"
 #include "pkg/server/peer/peer_exposures.h"
 #include "pkg/server/peer/peer_fill.h"
-#include "pkg/server/wire/peer_port.h"
 #include "pkg/server/policy/namespace_rules.h"
 #include "pkg/server/policy/policy.h"
+#include "pkg/server/publish/artifact_service.h"
 #include "pkg/server/publish/publish_manager.h"
 #include "pkg/server/wire/control_listener.h"
 #include "pkg/server/wire/handle_channel.h"
+#include "pkg/server/wire/peer_port.h"
 #include "pkg/util/mutex.h"
 #include "weightcache/v1/peer.pb.h"
 #include "weightcache/v1/weightcache.pb.h"
@@ -92,7 +92,7 @@ class Daemon::Impl final {
   // naming the rule otherwise (counted).
   absl::StatusOr<PublishManager*> Publisher(const Caller& caller, const std::string& model);
 
-  // Compile artifacts (artifacts.h): made in Start() (it reads --artifact_dir).
+  // Compile artifacts (publish/artifact_service.h): made in Start() (it reads --artifact_dir).
   ArtifactService& artifacts() { return *artifacts_; }
 
   // Peer API (peer_service.cc): the record of a ready, shared, loaded entry with
@@ -135,7 +135,9 @@ class Daemon::Impl final {
   // After the registry: destroyed first, so publishes in flight end before it joins them.
   CorePublishBase publish_base_;
   PublishManager publishes_;
-  // Compile artifacts and their tokens: made in Start() (it reads --artifact_dir).
+  // Compile artifacts and their tokens, with the rules they ask: made in Start() (it reads
+  // --artifact_dir).
+  std::unique_ptr<CoreArtifactRules> artifact_rules_;
   std::unique_ptr<ArtifactService> artifacts_;
 
   // Preloads and the names pending until their entries are registered (preloads.h); made in
@@ -159,7 +161,6 @@ class Daemon::Impl final {
   // Start()'s steps, in its order (daemon.cc).
   absl::Status MakeAccess();
   void MakeIntegrity();
-  absl::Status MakeArtifacts();
   void MakeStatusView();
   absl::Status ShareSocketsWithGroup();
   void AdoptFromKeeper();

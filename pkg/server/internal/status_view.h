@@ -20,13 +20,13 @@
 #include "pkg/metrics/metrics.h"
 #include "pkg/server/internal/access.h"
 #include "pkg/server/internal/acquire_service.h"
-#include "pkg/server/internal/artifacts.h"
 #include "pkg/server/internal/model_catalog.h"
 #include "pkg/server/internal/preloads.h"
 #include "pkg/server/keeper/keeper_link.h"
-#include "pkg/server/wire/peer_port.h"
+#include "pkg/server/publish/artifact_service.h"
 #include "pkg/server/publish/publish_manager.h"
 #include "pkg/server/wire/control_listener.h"
+#include "pkg/server/wire/peer_port.h"
 #include "weightcache/v1/weightcache.pb.h"
 
 namespace weightcache::server {

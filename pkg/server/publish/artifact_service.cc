@@ -1,12 +1,11 @@
 // Compile artifacts in the daemon (issue 29): the service, the rules and the tokens
-// (artifacts.h).
-#include "pkg/server/internal/artifacts.h"
+// (artifact_service.h).
+#include "pkg/server/publish/artifact_service.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "pkg/metrics/metrics.h"
-#include "pkg/server/internal/lease_manager.h"
 #include "pkg/util/bytes.h"
 #include "pkg/util/log.h"
 #include "pkg/util/status_macros.h"
@@ -102,12 +101,10 @@ void InfoToWire(const artifact::ArtifactInfo& i, v1::ArtifactInfo* out) {
 // ---- ArtifactService -----------------------------------------------------------------------
 
 ArtifactService::ArtifactService(Options options, std::unique_ptr<artifact::Store> store,
-                                 const Access& access, const ModelCatalog& models,
-                                 metrics::Metrics* metrics)
+                                 const ArtifactRules& rules, metrics::Metrics* metrics)
     : options_(std::move(options)),
       store_(std::move(store)),
-      access_(access),
-      models_(models),
+      rules_(rules),
       metrics_(metrics),
       grants_(options_.token_ttl),
       puts_(options_.puts) {}
@@ -121,17 +118,14 @@ absl::StatusOr<artifact::Key> ArtifactService::KeyFor(const Caller& caller,
   if (key.model().empty()) {
     return absl::InvalidArgumentError("artifact key field 'model' is required");
   }
-  if (!models_.Spec(key.model()).has_value()) {
+  if (!rules_.Known(key.model())) {
     return absl::NotFoundError(absl::StrCat(
         "artifact key names model '", key.model(),
         "', which this daemon does not know: artifacts belong to a known model (its rules apply)"));
   }
-  if (verb == Verb::kPublish) {
-    WC_RETURN_IF_ERROR(access_.AuthorizePublish(caller, key.model()));
-  } else {
-    WC_RETURN_IF_ERROR(access_.Authorize(caller, verb, access_.ModelObject(key.model())));
-  }
-  WC_ASSIGN_OR_RETURN(std::string pool, access_.ArtifactPool(caller, key.model()));
+  WC_RETURN_IF_ERROR(verb == Verb::kPublish ? rules_.MayPut(caller, key.model())
+                                            : rules_.MayGet(caller, key.model()));
+  WC_ASSIGN_OR_RETURN(std::string pool, rules_.Pool(caller, key.model()));
   return KeyFromWire(key, pool);
 }
 
@@ -186,7 +180,7 @@ absl::Status ArtifactService::Put(const Caller& caller,
   };
   v1::PutArtifactRequest msg;
   const bool first = watched(&msg);
-  const std::string model = access_.MetricModel(msg.key().model());
+  const std::string model = rules_.MetricModel(msg.key().model());
   absl::Status s = first ? Store(caller, &msg, watched, resp)
                          : absl::InvalidArgumentError("PutArtifact: no message");
   if (std::string why = puts_.End(*ticket); !why.empty() && !s.ok()) {
@@ -212,7 +206,7 @@ absl::Status ArtifactService::Store(const Caller& caller, v1::PutArtifactRequest
   who.pid = caller.cred.pid;
   who.uid = caller.cred.uid;
   who.slot = caller.slot;
-  who.admin = access_.IsAdmin(caller);
+  who.admin = rules_.IsAdmin(caller);
   WC_ASSIGN_OR_RETURN(auto a, slot->Commit(who));
   WC_LOG_INFO("artifact %s put: %s of model '%s'%s, %llu bytes, by uid %d pid %d (%s)",
               a->id().c_str(), key.kind.c_str(), key.model.c_str(),
@@ -273,9 +267,7 @@ absl::StatusOr<std::shared_ptr<const artifact::Artifact>> ArtifactService::Looku
 
 absl::Status ArtifactService::Evict(const Caller& caller, const v1::EvictArtifactsRequest& req,
                                     v1::EvictArtifactsResponse* resp) {
-  Object o;
-  o.model = req.model();
-  WC_RETURN_IF_ERROR(access_.Authorize(caller, Verb::kEvict, o));
+  WC_RETURN_IF_ERROR(rules_.MayEvict(caller, req.model()));
   if (req.id().empty() == req.model().empty()) {
     return absl::InvalidArgumentError("EvictArtifacts: give exactly one of id and model");
   }
@@ -303,7 +295,7 @@ void ArtifactService::AppendStatus(const Caller& caller, bool filtered,
       if (!visible(i.key.model)) continue;
       // Another pool's artifacts are not this caller's to see (its own and the admin's are).
       if (!i.key.tenant.empty()) {
-        auto mine = access_.ArtifactPool(caller, i.key.model);
+        auto mine = rules_.Pool(caller, i.key.model);
         if (!mine.ok() || *mine != i.key.tenant) continue;
       }
     }

@@ -1,8 +1,9 @@
 // The daemon's side of compile artifacts (issue 29): the service behind the artifact RPCs
-// (who may put, get or evict, asked of Access; the metrics), the one-time tokens that hand a
+// (who may put, get or evict, asked of ArtifactRules, which the core implements over Access
+// and the catalog; the metrics), the one-time tokens that hand a
 // stored artifact's sealed memfd out on the handle channel, and the wire conversions. The
-// store itself (budget, LRU, single flight, the directory) is pkg/artifact. Not a public
-// header.
+// store itself (budget, LRU, single flight, the directory) is pkg/artifact. Beside PutWatch,
+// which bounds its puts in flight.
 //
 // Thread-safety: every method may be called from any thread (gRPC threads issue, the handle
 // channel's thread claims and expires).
@@ -17,14 +18,35 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "pkg/artifact/store.h"
-#include "pkg/server/internal/access.h"
-#include "pkg/server/internal/model_catalog.h"
+#include "pkg/metrics/metrics.h"
+#include "pkg/server/policy/policy.h"
 #include "pkg/server/publish/put_watch.h"
+#include "pkg/server/wire/caller.h"
 #include "pkg/server/wire/handle_channel.h"
 #include "pkg/util/mutex.h"
 #include "weightcache/v1/weightcache.pb.h"
 
 namespace weightcache::server {
+
+// What the artifact RPCs ask of the daemon (the core implements it: Access's rules and the
+// catalog's specs). Called from gRPC threads; must be safe from any thread.
+class ArtifactRules {
+ public:
+  virtual ~ArtifactRules() = default;
+  // Whether `model` is a model this daemon knows (artifacts belong to a known model).
+  virtual bool Known(const std::string& model) const = 0;
+  // The rule of a put (the publish role, the model's map rule and its spec's `publishers:`),
+  // a get (the model's map rule) and an evict (admin's); PERMISSION_DENIED naming the rule.
+  virtual absl::Status MayPut(const Caller& caller, const std::string& model) const = 0;
+  virtual absl::Status MayGet(const Caller& caller, const std::string& model) const = 0;
+  virtual absl::Status MayEvict(const Caller& caller, const std::string& model) const = 0;
+  // The pool `caller` puts into and looks in first for `model` (Access::ArtifactPool).
+  virtual absl::StatusOr<std::string> Pool(const Caller& caller,
+                                           const std::string& model) const = 0;
+  // `model` when it is a defined model, "" otherwise (the bounded metric label).
+  virtual std::string MetricModel(const std::string& model) const = 0;
+  virtual bool IsAdmin(const Caller& caller) const = 0;
+};
 
 class ArtifactGrants {
  public:
@@ -71,9 +93,9 @@ class ArtifactService {
     std::chrono::seconds token_ttl{10};
     PutWatch::Options puts;
   };
-  // `access`, `models` and `metrics` (may be null) outlive the service.
-  ArtifactService(Options options, std::unique_ptr<artifact::Store> store, const Access& access,
-                  const ModelCatalog& models, metrics::Metrics* metrics);
+  // `rules` and `metrics` (may be null) outlive the service.
+  ArtifactService(Options options, std::unique_ptr<artifact::Store> store,
+                  const ArtifactRules& rules, metrics::Metrics* metrics);
   ArtifactService(const ArtifactService&) = delete;
   ArtifactService& operator=(const ArtifactService&) = delete;
 
@@ -108,8 +130,8 @@ class ArtifactService {
                      v1::GetArtifactResponse* resp);
   void Count(const std::string& model, const char* op, const absl::Status& s, uint64_t bytes);
   // The store's key for a wire key in `caller`'s pool, once `caller` passed `verb`'s rule
-  // for its model (kPublish: the publish role and `publishers:` too). NOT_FOUND for a model
-  // the daemon does not know.
+  // for its model (kPublish: a put's; kAcquire: a get's). NOT_FOUND for a model the daemon
+  // does not know.
   absl::StatusOr<artifact::Key> KeyFor(const Caller& caller, const v1::ArtifactKey& key,
                                        Verb verb) const;
   // A get's artifact: the caller's pool's, else (namespace rules on) an admin's.
@@ -118,8 +140,7 @@ class ArtifactService {
 
   const Options options_;
   const std::unique_ptr<artifact::Store> store_;
-  const Access& access_;
-  const ModelCatalog& models_;
+  const ArtifactRules& rules_;
   metrics::Metrics* const metrics_;
   ArtifactGrants grants_;
   PutWatch puts_;
