@@ -39,12 +39,20 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend, DaemonHooks*
       registry_(options_.memory_budget_bytes),
       models_(options_.specs, options_.read_threads, options_.model_roots, options_.metrics),
       admission_(options_, backend_, registry_, staging_pool_.get()),
-      leases_(&registry_, options_.token_ttl),
+      leases_(&registry_, options_.token_ttl,
+              {.authorize = [this](const Caller& c, Verb v,
+                                   const Object& o) { return access_->Authorize(c, v, o); },
+               .close = [this](const std::string& lease) { handles_->CloseLease(lease); }}),
       publish_base_(backend_, admission_, models_),
-      publishes_({.token_ttl = options_.token_ttl,
-                  .commit_wait = options_.acquire_wait,
-                  .metrics = options_.metrics},
-                 backend_, registry_, publish_base_, handle_path()) {
+      publishes_(
+          {.token_ttl = options_.token_ttl,
+           .commit_wait = options_.acquire_wait,
+           .metrics = options_.metrics,
+           .authorize = [this](const Caller& c,
+                               const std::string& m) { return access_->AuthorizePublish(c, m); },
+           .tenant_of = [this](const Caller& c,
+                               const std::string& m) { return access_->TenantFor(c, m); }},
+          backend_, registry_, publish_base_, handle_path()) {
   registry_.SetLoadDoneCallback(
       [this](const cache::Entry& e, const absl::Status& st, double seconds) {
         if (options_.metrics != nullptr && st.ok()) {
@@ -361,28 +369,6 @@ void Daemon::Impl::Teardown() {
                        : absl::StrCat("load threads (", absl::StrJoin(loads, "; "), ")"));
     clock.Report("load threads joined");
   });
-}
-
-absl::Status Daemon::Impl::Release(const Caller& caller, const v1::ReleaseRequest& req) {
-  const std::optional<cache::LeaseRecord> lease = registry_.FindLease(req.lease_id());
-  if (lease) {
-    Object o;
-    o.lease = req.lease_id();
-    o.owner_unit = lease->owner_unit;
-    o.owner_slot = lease->slot;
-    WC_RETURN_IF_ERROR(access_->Authorize(caller, Verb::kRelease, o));
-  }
-  if (!leases_.End(req.lease_id())) {
-    return absl::NotFoundError(absl::StrCat("lease ", req.lease_id(), " is not active"));
-  }
-  handles_->CloseLease(req.lease_id());
-  return absl::OkStatus();
-}
-
-absl::StatusOr<PublishManager*> Daemon::Impl::Publisher(const Caller& caller,
-                                                        const std::string& model) {
-  WC_RETURN_IF_ERROR(access_->AuthorizePublish(caller, model));
-  return &publishes_;
 }
 
 // ---- Daemon ----

@@ -49,7 +49,7 @@ class GrpcService final : public v1::WeightCache::Service {
                        v1::ReleaseResponse*) override {
     auto caller = CallerOf(ctx);
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
-    return ToGrpc(ctx, impl_->Release(*caller, *req));
+    return ToGrpc(ctx, impl_->leases().Release(*caller, req->lease_id()));
   }
 
   grpc::Status Load(grpc::ServerContext* ctx, const v1::LoadRequest* req,
@@ -72,32 +72,21 @@ class GrpcService final : public v1::WeightCache::Service {
                             v1::BeginPublishResponse* resp) override {
     auto caller = CallerOf(ctx);
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
-    // The publish rule, and the base model's map rule (published weights are served under
-    // its name).
-    auto publisher = impl_->Publisher(*caller, req->model());
-    if (!publisher.ok()) return ToGrpc(ctx, publisher.status());
-    // A private model's published weights are the publisher's namespace's copy.
-    auto tenant = impl_->access().TenantFor(*caller, req->model());
-    if (!tenant.ok()) return ToGrpc(ctx, tenant.status());
-    return ToGrpc(ctx, (*publisher)->Begin(caller->cred, caller->slot, *tenant, *req, resp));
+    return ToGrpc(ctx, impl_->publishes().Begin(*caller, *req, resp));
   }
 
   grpc::Status CommitPublish(grpc::ServerContext* ctx, const v1::CommitPublishRequest* req,
                              v1::CommitPublishResponse* resp) override {
     auto caller = CallerOf(ctx);
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
-    auto publisher = impl_->Publisher(*caller, "");
-    if (!publisher.ok()) return ToGrpc(ctx, publisher.status());
-    return ToGrpc(ctx, (*publisher)->Commit(*caller, *req, resp));
+    return ToGrpc(ctx, impl_->publishes().Commit(*caller, *req, resp));
   }
 
   grpc::Status AbortPublish(grpc::ServerContext* ctx, const v1::AbortPublishRequest* req,
                             v1::AbortPublishResponse*) override {
     auto caller = CallerOf(ctx);
     if (!caller.ok()) return ToGrpc(ctx, caller.status());
-    auto publisher = impl_->Publisher(*caller, "");
-    if (!publisher.ok()) return ToGrpc(ctx, publisher.status());
-    return ToGrpc(ctx, (*publisher)->Abort(caller->cred, caller->slot, *req));
+    return ToGrpc(ctx, impl_->publishes().Abort(*caller, *req));
   }
 
   grpc::Status VerifyResident(grpc::ServerContext* ctx, const v1::VerifyResidentRequest* req,

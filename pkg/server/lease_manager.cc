@@ -9,6 +9,7 @@
 #include "pkg/server/policy/namespace_rules.h"
 #include "pkg/util/bytes.h"
 #include "pkg/util/log.h"
+#include "pkg/util/status_macros.h"
 
 namespace weightcache::server {
 
@@ -100,6 +101,20 @@ bool LeaseManager::End(const std::string& lease_id) {
     }
   }
   return registry_->RemoveLease(lease_id);
+}
+
+absl::Status LeaseManager::Release(const Caller& caller, const std::string& lease_id) {
+  if (const auto lease = registry_->FindLease(lease_id); lease && links_.authorize) {
+    Object o;
+    o.lease = lease_id;
+    o.owner_unit = lease->owner_unit;
+    o.owner_slot = lease->slot;
+    WC_RETURN_IF_ERROR(links_.authorize(caller, Verb::kRelease, o));
+  }
+  if (!End(lease_id))
+    return absl::NotFoundError(absl::StrCat("lease ", lease_id, " is not active"));
+  if (links_.close) links_.close(lease_id);
+  return absl::OkStatus();
 }
 
 }  // namespace weightcache::server

@@ -78,7 +78,8 @@ class Daemon::Impl final {
 
   // Acquire (acquire_service.h): made in Start(), after Access and the preloads.
   AcquireService& acquire() { return *acquire_; }
-  absl::Status Release(const Caller& caller, const v1::ReleaseRequest& req);
+  // Release (lease_manager.h): asks Access's release rule, closes the lease's connection.
+  LeaseManager& leases() { return leases_; }
   // Starts (or joins) a load; `publish` is called with progress until it ends.
   // Load and Evict (model_service.h): made in Start(), after Access.
   ModelService& model_verbs() { return *model_verbs_; }
@@ -87,10 +88,8 @@ class Daemon::Impl final {
   const StatusView& status() const { return *status_; }
   // Integrity (integrity_service.h): made in Start(), before anything is filled.
   IntegrityService& integrity() { return *integrity_; }
-  // The publish RPCs' unit (publish_manager.h), once the caller passed the publish rule for
-  // `model` (empty: commit and abort, which the session's owner checks bind); PERMISSION_DENIED
-  // naming the rule otherwise (counted).
-  absl::StatusOr<PublishManager*> Publisher(const Caller& caller, const std::string& model);
+  // The publish RPCs (publish_manager.h): each asks Access's publish rule first.
+  PublishManager& publishes() { return publishes_; }
 
   // Compile artifacts (publish/artifact_service.h): made in Start() (it reads --artifact_dir).
   ArtifactService& artifacts() { return *artifacts_; }

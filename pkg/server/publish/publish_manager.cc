@@ -458,8 +458,26 @@ absl::StatusOr<std::shared_ptr<PublishManager::Session>> PublishManager::Owned(
   return s;
 }
 
+absl::Status PublishManager::Begin(const Caller& caller, const v1::BeginPublishRequest& req,
+                                   v1::BeginPublishResponse* resp) {
+  // The publish rule, and the base model's map rule (published weights are served under its
+  // name); a private model's published weights are the publisher's namespace's copy.
+  if (options_.authorize) WC_RETURN_IF_ERROR(options_.authorize(caller, req.model()));
+  std::string tenant;
+  if (options_.tenant_of) {
+    WC_ASSIGN_OR_RETURN(tenant, options_.tenant_of(caller, req.model()));
+  }
+  return Begin(caller.cred, caller.slot, tenant, req, resp);
+}
+
+absl::Status PublishManager::Abort(const Caller& caller, const v1::AbortPublishRequest& req) {
+  if (options_.authorize) WC_RETURN_IF_ERROR(options_.authorize(caller, ""));
+  return Abort(caller.cred, caller.slot, req);
+}
+
 absl::Status PublishManager::Commit(const Caller& caller, const v1::CommitPublishRequest& req,
                                     v1::CommitPublishResponse* resp) {
+  if (options_.authorize) WC_RETURN_IF_ERROR(options_.authorize(caller, ""));
   WC_ASSIGN_OR_RETURN(std::shared_ptr<Session> s,
                       Owned(caller.cred, caller.slot, req.publish_id()));
   {

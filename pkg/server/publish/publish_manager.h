@@ -20,6 +20,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -78,6 +79,11 @@ class PublishManager {
     std::chrono::seconds token_ttl{10};     // an unclaimed token aborts its publish after this
     std::chrono::seconds commit_wait{600};  // a commit's wait for the entry to turn ready
     metrics::Metrics* metrics = nullptr;    // optional
+    // The door (the core's Access): the policy's publish rule for a model (empty: commit and
+    // abort, which the session's owner check binds), and the namespace whose copy a model's
+    // published weights are ("" for a shared model). Null: every caller passes, no namespace.
+    std::function<absl::Status(const Caller&, const std::string& model)> authorize;
+    std::function<absl::StatusOr<std::string>(const Caller&, const std::string& model)> tenant_of;
   };
   PublishManager(Options options, memory::Backend* backend, cache::Registry& registry,
                  PublishBase& base, std::string handle_socket);
@@ -85,14 +91,21 @@ class PublishManager {
   PublishManager(const PublishManager&) = delete;
   PublishManager& operator=(const PublishManager&) = delete;
 
-  // The RPCs; the caller has passed the policy's publish rule (policy.h). `slot`: the socket the
-  // call came in on (empty: the shared one). Commit and abort only by the uid that began, on the
-  // socket it began on; the token is claimable only on the handle socket beside that one.
+  // The RPCs as the gRPC adapter calls them: the publish rule first (Options::authorize; a
+  // refusal is PERMISSION_DENIED naming it), Begin's namespace from Options::tenant_of.
+  absl::Status Begin(const Caller& caller, const v1::BeginPublishRequest& req,
+                     v1::BeginPublishResponse* resp);
+  absl::Status Abort(const Caller& caller, const v1::AbortPublishRequest& req);
+
+  // The RPCs' work; the caller has passed the policy's publish rule (policy.h). `slot`: the socket
+  // the call came in on (empty: the shared one). Commit and abort only by the uid that began, on
+  // the socket it began on; the token is claimable only on the handle socket beside that one.
   // `tenant`: the publisher's namespace when the base model keeps private copies (isolation:
   // namespace; the published entry is that namespace's), else empty.
   absl::Status Begin(const PeerCred& caller, const std::string& slot, const std::string& tenant,
                      const v1::BeginPublishRequest& req, v1::BeginPublishResponse* resp);
   // Its wait for the entry to turn ready ends when the caller is gone or at its deadline.
+  // Asks the publish rule first (Options::authorize).
   absl::Status Commit(const Caller& caller, const v1::CommitPublishRequest& req,
                       v1::CommitPublishResponse* resp);
   absl::Status Abort(const PeerCred& caller, const std::string& slot,

@@ -200,5 +200,45 @@ TEST_F(PublishManagerTest, APublisherWhoseConnectionClosesOrNeverClaimsLeavesNot
   EXPECT_FALSE(publishes_->IsToken(unclaimed.token()));
 }
 
+// The publish RPCs ask the publish rule themselves (their link to Access): a refused caller
+// gets the rule's PERMISSION_DENIED from Begin, Commit and Abort, and nothing is registered;
+// Begin's weights are the namespace tenant_of names.
+TEST_F(PublishManagerTest, TheRpcsAskThePublishRuleAndBeginTakesItsNamespaceFromTheLink) {
+  std::vector<std::string> asked;
+  publishes_.reset();
+  publishes_ = std::make_unique<PublishManager>(
+      PublishManager::Options{
+          .token_ttl = options_.token_ttl,
+          .commit_wait = options_.acquire_wait,
+          .authorize =
+              [&asked](const Caller& c, const std::string& model) {
+                asked.push_back(model);
+                return c.cred.uid == 1000 ? absl::OkStatus()
+                                          : absl::PermissionDeniedError("rule publish_role");
+              },
+          .tenant_of = [](const Caller&, const std::string&) -> absl::StatusOr<std::string> {
+            return std::string("team-a");
+          }},
+      backend_.get(), registry_, *base_, dir_ / "handle.sock");
+  const auto req = Request("r1");
+  v1::BeginPublishResponse refused;
+  EXPECT_EQ(publishes_->Begin(CallerOf(0), req, &refused).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(Entries(), 0u);
+  v1::BeginPublishResponse begun;
+  ASSERT_TRUE(publishes_->Begin(CallerOf(1000), req, &begun).ok());
+  auto snap = registry_.Snapshot();
+  ASSERT_EQ(snap.size(), 1u);
+  EXPECT_EQ(snap[0].inputs.env.tenant, "team-a");
+  v1::CommitPublishResponse committed;
+  EXPECT_EQ(publishes_->Commit(CallerOf(0), CommitOf(begun, req), &committed).code(),
+            absl::StatusCode::kPermissionDenied);
+  v1::AbortPublishRequest abort;
+  abort.set_publish_id(begun.publish_id());
+  EXPECT_EQ(publishes_->Abort(CallerOf(0), abort).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(publishes_->Abort(CallerOf(1000), abort).ok());
+  EXPECT_THAT(asked, ::testing::ElementsAre("m", "m", "", "", ""));
+}
+
 }  // namespace
 }  // namespace weightcache::server
