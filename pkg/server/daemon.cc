@@ -73,9 +73,7 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend, DaemonHooks*
                             .io_timeout = options_.keeper_timeout,
                             .claim_wait = options_.keeper_claim_wait},
         backend_, &registry_, options_.metrics,
-        [this](const std::string& model) {
-          return RecordedSpec{models_.SpecYaml(model), models_.DefinedInline(model)};
-        },
+        [this](const std::string& model) { return models_.Recorded(model); },
         [this](const cache::Key& key) { return publishes_.PublisherOf(key); });
     registry_.SetObserver(keeper_.get());
   }
@@ -121,6 +119,11 @@ absl::Status Daemon::Impl::Start() {
   if (keeper_) AdoptFromKeeper();
   artifacts_->ReportResident();
   WC_RETURN_IF_ERROR(PrepareSockets());
+  peer_api_ = std::make_unique<PeerApi>(
+      options_.peer, options_.shutdown_grace,
+      PeerApi::Sources{.registry = &registry_,
+                       .backend = backend_->kind(),
+                       .spec_of = [this](const std::string& m) { return models_.Recorded(m); }});
   // The node's probe decision beside every engine socket (node_probes.h).
   std::vector<std::string> probe_dirs = {options_.socket_dir};
   for (const auto& s : slots_) probe_dirs.push_back(s.dir);
@@ -132,8 +135,10 @@ absl::Status Daemon::Impl::Start() {
   // that knows a model but has no entry for it yet as a miss (it waits or hears why).
   preloads_->MarkPending();
   WC_RETURN_IF_ERROR(StartControlServer());
-  WC_RETURN_IF_ERROR(StartPeerServer());
-  WC_RETURN_IF_ERROR(StartPeerFill());
+  WC_RETURN_IF_ERROR(peer_api_->Start());
+  WC_ASSIGN_OR_RETURN(peer_fill_, MakePeerFill(options_.peer, peer_api_->port(), backend_,
+                                               options_.metrics, staging_pool_.get()));
+  admission_.SetPeerFill(peer_fill_.get());
   WC_RETURN_IF_ERROR(ShareSocketsWithGroup());
   integrity_->Start();
   preloads_->Start();
@@ -148,24 +153,24 @@ absl::Status Daemon::Impl::Start() {
 }
 
 void Daemon::Impl::MakeStatusView() {
-  status_ = std::make_unique<StatusView>(
-      StatusView::Sources{.backend = backend_,
-                          .registry = &registry_,
-                          .models = &models_,
-                          .access = access_.get(),
-                          .publishes = &publishes_,
-                          .artifacts = artifacts_.get(),
-                          .acquire = acquire_.get(),
-                          .preloads = preloads_.get(),
-                          .keeper = keeper_.get(),
-                          .staging = staging_pool_.get(),
-                          .control = [this]() -> const ControlListener* { return control_.get(); },
-                          .integrity_findings =
-                              [this](v1::StatusResponse* resp) {
-                                if (integrity_) integrity_->AppendFindings(resp);
-                              },
-                          .peer_port = [this]() -> const PeerPort* { return peer_source_.load(); },
-                          .scrub_interval = options_.scrub_interval});
+  status_ = std::make_unique<StatusView>(StatusView::Sources{
+      .backend = backend_,
+      .registry = &registry_,
+      .models = &models_,
+      .access = access_.get(),
+      .publishes = &publishes_,
+      .artifacts = artifacts_.get(),
+      .acquire = acquire_.get(),
+      .preloads = preloads_.get(),
+      .keeper = keeper_.get(),
+      .staging = staging_pool_.get(),
+      .control = [this]() -> const ControlListener* { return control_.get(); },
+      .integrity_findings =
+          [this](v1::StatusResponse* resp) {
+            if (integrity_) integrity_->AppendFindings(resp);
+          },
+      .peer_port = [this]() -> const PeerPort* { return peer_api_->listener(); },
+      .scrub_interval = options_.scrub_interval});
 }
 
 // Engines running as other uids reach the sockets through --socket_gid (sockets 0660; the
@@ -343,8 +348,8 @@ void Daemon::Impl::Teardown() {
     WC_LOG_DEBUG("teardown: loads and waits cancelled");
     // 2. Stop accepting and drain the RPCs in flight, bounded; the server before the service
     //    it calls into (gRPC requires the service to outlive the server).
-    if (!options_.peer.listen.empty()) {
-      StopPeerServer();
+    if (peer_api_ && !options_.peer.listen.empty()) {
+      peer_api_->Stop();
       step("peer API");
     }
     if (grpc_) {

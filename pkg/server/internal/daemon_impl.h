@@ -4,8 +4,8 @@
 // door), Preloads, ModelService (Load, Evict), AcquireService, ArtifactService,
 // IntegrityService, StatusView; with ModelCatalog, Admission, LeaseManager, the registry and
 // the parts in the subfolders (wire/, policy/, messages/, keeper/, peer/, integrity/,
-// publish/). peer_service.cc: the peer API (Describe) on this Impl; grpc_service.cc: the gRPC
-// adapter over the accessors below.
+// publish/), and PeerApi (peer_api.cc: what other nodes' daemons ask). grpc_service.cc: the
+// gRPC adapter over the accessors below.
 // Not a public header.
 #pragma once
 
@@ -38,12 +38,12 @@
 #include "pkg/server/internal/lease_manager.h"
 #include "pkg/server/internal/model_catalog.h"
 #include "pkg/server/internal/model_service.h"
+#include "pkg/server/internal/peer_api.h"
 #include "pkg/server/internal/preloads.h"
 #include "pkg/server/internal/publish_base.h"
 #include "pkg/server/internal/status_view.h"
 #include "pkg/server/keeper/keeper_link.h"
 #include "pkg/server/messages/manifest.h"
-#include "pkg/server/peer/peer_exposures.h"
 #include "pkg/server/peer/peer_fill.h"
 #include "pkg/server/policy/namespace_rules.h"
 #include "pkg/server/policy/policy.h"
@@ -53,7 +53,6 @@
 #include "pkg/server/wire/handle_channel.h"
 #include "pkg/server/wire/peer_port.h"
 #include "pkg/util/mutex.h"
-#include "weightcache/v1/peer.pb.h"
 #include "weightcache/v1/weightcache.pb.h"
 
 namespace weightcache::server {
@@ -94,15 +93,8 @@ class Daemon::Impl final {
   // Compile artifacts (publish/artifact_service.h): made in Start() (it reads --artifact_dir).
   ArtifactService& artifacts() { return *artifacts_; }
 
-  // Peer API (peer_service.cc): the record of a ready, shared, loaded entry with
-  // `fingerprint` for another node's daemon; NOT_FOUND otherwise (published and private
-  // copies are never described: they are this node's).
-  // With `transfer`, the segments are exposed for pulls over UCX too (peer_exposures.h).
-  absl::StatusOr<v1::PeerDescribeResponse> DescribeForPeer(const std::string& fingerprint,
-                                                           bool transfer);
-  int peer_port() const { return peer_port_; }
-  // The TCP source ("ipv4:10.1.2.3:40512") behind gRPC's peer string of a peer API call.
-  std::string PeerSource(const std::string& grpc_peer) const;
+  // The peer API (peer_api.h): made in Start(), serving once the control server does.
+  int peer_port() const { return peer_api_->port(); }
 
   const DaemonOptions& options() const { return options_; }
   std::string control_path() const { return ControlSocketPath(options_); }
@@ -166,21 +158,9 @@ class Daemon::Impl final {
   absl::Status PrepareSockets();
   absl::Status StartHandleChannel();
   absl::Status StartControlServer();
-  // The peer API (options().peer.listen): its own server with mutual TLS behind the peer
-  // port (peer_port.h), started after the control server, stopped before it.
-  absl::Status StartPeerServer();
-  void StopPeerServer();
-  // Peer fill's client side (options().peer.peers), after StartPeerServer.
-  absl::Status StartPeerFill();
-  std::unique_ptr<grpc::Server> peer_grpc_;
-  std::unique_ptr<grpc::Service> peer_service_;
-  // The TCP port in front of peer_grpc_; stays after Teardown for the metrics' readers.
-  std::unique_ptr<PeerPort> peer_listener_;
-  std::atomic<const PeerPort*> peer_source_{nullptr};  // peer_listener_, for PeerSource
-  std::string peer_dir_;  // the private directory of peer_grpc_'s Unix socket
-  int peer_port_ = 0;
-  // With the peer API: segments exposed for other daemons' pulls; gone after peer_grpc_.
-  std::unique_ptr<PeerExposures> peer_exposures_;
+  // The peer API (options().peer.listen; peer_api.h): made before the status view (which
+  // reads its port's counters), started after the control server, stopped before it.
+  std::unique_ptr<PeerApi> peer_api_;
   // Cancels loads and waits, drains RPCs (bounded), closes the channels; once.
   void Teardown();
   std::once_flag teardown_once_;

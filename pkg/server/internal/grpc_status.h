@@ -1,5 +1,5 @@
 // The one place where absl::Status becomes grpc::Status, for every gRPC service of the
-// daemon (the control API, grpc_service.cc; the peer API, peer_service.cc). Not a public
+// daemon (the control API, grpc_service.cc; the peer API, peer_api.cc). Not a public
 // header.
 #pragma once
 

@@ -23,6 +23,7 @@
 #include "pkg/identity/identity.h"
 #include "pkg/load/model.h"
 #include "pkg/metrics/metrics.h"
+#include "pkg/server/keeper/keeper_record.h"
 #include "pkg/spec/spec.h"
 #include "pkg/util/mutex.h"
 
@@ -64,6 +65,10 @@ class ModelCatalog {
   // Its canonical YAML (spec::ToYaml, made once when defined: yaml-cpp's emitter costs tens of
   // microseconds, too much for every Acquire); empty when unknown.
   std::string SpecYaml(const std::string& name) const;
+  // What a record of one of `name`'s entries carries of its spec (the keeper's, the peer API's).
+  RecordedSpec Recorded(const std::string& name) const {
+    return RecordedSpec{SpecYaml(name), DefinedInline(name)};
+  }
 
   // The opened model of spec `name`: cached unless `refresh` (which re-reads the files and
   // re-hashes only file versions the store does not know). NOT_FOUND naming the known specs.

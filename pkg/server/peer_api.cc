@@ -1,15 +1,16 @@
-// The peer API (proto/weightcache/v1/peer.proto) for other nodes' daemons: its own gRPC
-// server, mutual TLS required (pkg/peer/tls.h: a peer is whoever presents a certificate the
-// fleet CA signed), and Describe: the record of a ready entry, so the asker can fill its own
-// copy and check every segment against the digests in it.
-// The TCP port is the PeerPort's (pkg/server/wire/peer_port.h, issue 47): it accepts, caps
-// the connections in all and per source address, closes those without a handshake by a
-// deadline, and relays the bytes to the gRPC server, which does the TLS on a Unix socket in a
-// private directory (gRPC 1.51 takes no accepted descriptor with TLS credentials).
-// What is described: only shared entries (a namespace's private copy is that tenant's on
-// this node) filled from a checkpoint (disk, a keeper adoption, another device, another
-// node): an engine's published weights are the publisher's claim on this node, which
-// another node has no way to check against a checkpoint.
+// The peer API (internal/peer_api.h, proto/weightcache/v1/peer.proto) for other nodes'
+// daemons: its own gRPC server, mutual TLS required (pkg/peer/tls.h: a peer is whoever presents a
+// certificate the fleet CA signed), and Describe: the record of a ready entry, so the asker can
+// fill its own copy and check every segment against the digests in it. The TCP port is the
+// PeerPort's (pkg/server/wire/peer_port.h, issue 47): it accepts, caps the connections in all and
+// per source address, closes those without a handshake by a deadline, and relays the bytes to the
+// gRPC server, which does the TLS on a Unix socket in a private directory (gRPC 1.51 takes no
+// accepted descriptor with TLS credentials). What is described: only shared entries (a namespace's
+// private copy is that tenant's on this node) filled from a checkpoint (disk, a keeper adoption,
+// another device, another node): an engine's published weights are the publisher's claim on this
+// node, which another node has no way to check against a checkpoint.
+#include "pkg/server/internal/peer_api.h"
+
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -23,7 +24,6 @@
 #include "absl/strings/str_join.h"
 #include "pkg/peer/tls.h"
 #include "pkg/peer/ucx_transfer.h"
-#include "pkg/server/internal/daemon_impl.h"
 #include "pkg/server/internal/grpc_status.h"
 #include "pkg/server/keeper/keeper_record.h"
 #include "pkg/server/wire/peer_port.h"
@@ -43,13 +43,13 @@ std::string HostName() {
 
 class PeerService final : public v1::WeightCachePeer::Service {
  public:
-  PeerService(Daemon::Impl* impl, std::string server_name)
-      : impl_(impl), server_name_(std::move(server_name)) {}
+  PeerService(PeerApi* api, std::string server_name)
+      : api_(api), server_name_(std::move(server_name)) {}
 
   grpc::Status Describe(grpc::ServerContext* ctx, const v1::PeerDescribeRequest* req,
                         v1::PeerDescribeResponse* resp) override {
     // gRPC sees the relay's Unix socket; the port knows the TCP source behind it.
-    const std::string who = impl_->PeerSource(ctx->peer());
+    const std::string who = api_->SourceOf(ctx->peer());
     // The CA may sign other certificates too (a webhook's, an operator's): a peer is one
     // that carries the fleet's peer name (issue 48).
     if (!peer::CarriesPeerName(*ctx->auth_context(), server_name_)) {
@@ -60,7 +60,7 @@ class PeerService final : public v1::WeightCachePeer::Service {
                           absl::StrCat("certificate '", name, "' does not carry the fleet's peer ",
                                        "name '", server_name_, "' as a DNS SAN: not a peer"));
     }
-    auto r = impl_->DescribeForPeer(req->fingerprint(), req->transfer());
+    auto r = api_->Describe(req->fingerprint(), req->transfer());
     if (!r.ok()) {
       WC_LOG_INFO("peer %s: describe %s: %s", who, req->fingerprint().substr(0, 12),
                   std::string(r.status().message()));
@@ -75,30 +75,34 @@ class PeerService final : public v1::WeightCachePeer::Service {
   }
 
  private:
-  Daemon::Impl* const impl_;
+  PeerApi* const api_;
   const std::string server_name_;
 };
 
 }  // namespace
 
-absl::StatusOr<v1::PeerDescribeResponse> Daemon::Impl::DescribeForPeer(
-    const std::string& fingerprint, bool transfer) {
+PeerApi::PeerApi(PeerOptions options, std::chrono::milliseconds shutdown_grace, Sources sources)
+    : options_(std::move(options)), shutdown_grace_(shutdown_grace), sources_(std::move(sources)) {}
+
+PeerApi::~PeerApi() { Stop(); }
+
+absl::StatusOr<v1::PeerDescribeResponse> PeerApi::Describe(const std::string& fingerprint,
+                                                           bool transfer) {
   if (fingerprint.empty()) return absl::InvalidArgumentError("fingerprint is empty");
-  for (const auto& e : registry_.FindAll(fingerprint)) {
+  const cache::Registry& registry = *sources_.registry;
+  for (const auto& e : registry.FindAll(fingerprint)) {
     if (!e->inputs.env.tenant.empty() || e->source == "publish") continue;
-    auto content = registry_.Content(e);
+    auto content = registry.Content(e);
     if (!content.ok()) continue;  // loading, failed, draining or corrupt
-    const auto digests = registry_.Digests(e);
+    const auto digests = registry.Digests(e);
     v1::PeerDescribeResponse resp;
-    resp.set_record(EncodeKeeperRecord(
-        *e, **content, memory::BackendName(backend_->kind()),
-        RecordedSpec{models_.SpecYaml(e->model), models_.DefinedInline(e->model)}, nullptr,
-        digests.get()));
+    resp.set_record(EncodeKeeperRecord(*e, **content, memory::BackendName(sources_.backend),
+                                       sources_.spec_of(e->model), nullptr, digests.get()));
     resp.set_node(HostName());
     resp.set_source(e->source);
     resp.set_total_bytes((*content)->resident_bytes());
     if (transfer) {
-      WC_RETURN_IF_ERROR(peer_exposures_->Expose(*std::move(content), resp.mutable_transfer()));
+      WC_RETURN_IF_ERROR(exposures_->Expose(*std::move(content), resp.mutable_transfer()));
     }
     return resp;
   }
@@ -106,10 +110,10 @@ absl::StatusOr<v1::PeerDescribeResponse> Daemon::Impl::DescribeForPeer(
       absl::StrCat("no ready shared entry with fingerprint ", fingerprint.substr(0, 12)));
 }
 
-std::string Daemon::Impl::PeerSource(const std::string& grpc_peer) const {
+std::string PeerApi::SourceOf(const std::string& grpc_peer) const {
   // Set once the port runs, after gRPC started (anyone reaching gRPC's socket directly
   // would call before).
-  const PeerPort* port = peer_source_.load();
+  const PeerPort* port = listener_.load();
   return port != nullptr ? port->SourceOf(grpc_peer) : grpc_peer;
 }
 
@@ -130,8 +134,8 @@ absl::StatusOr<std::string> MakePrivateDir() {
 
 }  // namespace
 
-absl::Status Daemon::Impl::StartPeerServer() {
-  const PeerOptions& o = options_.peer;
+absl::Status PeerApi::Start() {
+  const PeerOptions& o = options_;
   if (o.listen.empty()) return absl::OkStatus();
   WC_ASSIGN_OR_RETURN(peer::TlsMaterial tls, peer::ReadTls(o.tls));
   // UCX failing to start costs the transfers, not the daemon: records are still described,
@@ -142,15 +146,35 @@ absl::Status Daemon::Impl::StartPeerServer() {
     why = std::string(ucx.status().message());
     WC_LOG_WARN("peer API: no transfers: %s", why);
   }
-  peer_exposures_ = std::make_unique<PeerExposures>(ucx.ok() ? *std::move(ucx) : nullptr, why,
-                                                    backend_->kind(), o.transfer_hold);
-  peer_service_ = std::make_unique<PeerService>(this, o.tls.server_name);
-  WC_ASSIGN_OR_RETURN(peer_dir_, MakePrivateDir());
-  const std::string backend_path = peer_dir_ + "/grpc.sock";
+  exposures_ = std::make_unique<PeerExposures>(ucx.ok() ? *std::move(ucx) : nullptr, why,
+                                               sources_.backend, o.transfer_hold);
+  service_ = std::make_unique<PeerService>(this, o.tls.server_name);
+  WC_ASSIGN_OR_RETURN(dir_, MakePrivateDir());
+  const std::string backend_path = dir_ + "/grpc.sock";
+  WC_RETURN_IF_ERROR(StartGrpc(tls, backend_path));
+  auto port = PeerPort::Start({.listen = o.listen,
+                               .backend_path = backend_path,
+                               .max_connections = o.max_connections,
+                               .max_connections_per_address = o.max_connections_per_address,
+                               .handshake_timeout = o.handshake_timeout});
+  if (!port.ok()) return port.status();  // Stop stops the gRPC server
+  port_ = *std::move(port);
+  listener_ = port_.get();
+  port_number_ = port_->port();
+  WC_LOG_INFO(
+      "peer API on %s (port %d), mutual TLS, CA %s; at most %d connections, %d per address, "
+      "handshakes within %d ms",
+      o.listen, port_number_.load(), o.tls.ca_file, o.max_connections,
+      o.max_connections_per_address, o.handshake_timeout.count());
+  return absl::OkStatus();
+}
+
+absl::Status PeerApi::StartGrpc(const peer::TlsMaterial& tls, const std::string& backend_path) {
+  const PeerOptions& o = options_;
   grpc::ServerBuilder builder;
   int bound = 0;
   builder.AddListeningPort("unix:" + backend_path, peer::ServerCredentials(tls), &bound);
-  builder.RegisterService(peer_service_.get());
+  builder.RegisterService(service_.get());
   builder.SetMaxReceiveMessageSize(4 << 10);  // a fingerprint
   builder.SetMaxSendMessageSize(256 << 20);   // records of very large models
   grpc::ResourceQuota quota("weightcache-peer");
@@ -167,63 +191,50 @@ absl::Status Daemon::Impl::StartPeerServer() {
       GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
       static_cast<int>(std::min<int64_t>(2 * o.handshake_timeout.count(), 24 * 3600 * 1000)));
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 30 * 60 * 1000);
-  peer_grpc_ = builder.BuildAndStart();
-  if (!peer_grpc_ || bound == 0) {
+  grpc_ = builder.BuildAndStart();
+  if (!grpc_ || bound == 0) {
     return absl::UnavailableError(
         absl::StrCat("peer API: cannot listen on ", backend_path, " (its gRPC socket)"));
   }
-  auto port = PeerPort::Start({.listen = o.listen,
-                               .backend_path = backend_path,
-                               .max_connections = o.max_connections,
-                               .max_connections_per_address = o.max_connections_per_address,
-                               .handshake_timeout = o.handshake_timeout});
-  if (!port.ok()) return port.status();  // Teardown stops the gRPC server
-  peer_listener_ = *std::move(port);
-  peer_source_ = peer_listener_.get();
-  peer_port_ = peer_listener_->port();
-  WC_LOG_INFO(
-      "peer API on %s (port %d), mutual TLS, CA %s; at most %d connections, %d per address, "
-      "handshakes within %d ms",
-      o.listen, peer_port_, o.tls.ca_file, o.max_connections, o.max_connections_per_address,
-      o.handshake_timeout.count());
   return absl::OkStatus();
 }
 
-void Daemon::Impl::StopPeerServer() {
+void PeerApi::Stop() {
   // The port stops accepting; the connections it relays stay until gRPC has drained, so the
   // calls in flight get their answers.
-  if (peer_listener_) peer_listener_->StopAccepting();
-  if (peer_grpc_) {
-    peer_grpc_->Shutdown(std::chrono::system_clock::now() + options_.shutdown_grace);
-    peer_grpc_->Wait();
+  if (port_) port_->StopAccepting();
+  if (grpc_) {
+    grpc_->Shutdown(std::chrono::system_clock::now() + shutdown_grace_);
+    grpc_->Wait();
+    grpc_.reset();  // the server before the service it calls into
   }
-  // The listener object stays (its counters answer the metrics until the daemon goes).
-  if (peer_listener_) peer_listener_->CloseConnections();
-  peer_exposures_.reset();  // no Describe runs now; pulls in flight fail at the peers
-  if (!peer_dir_.empty()) {
+  // The port object stays (its counters answer the metrics until the PeerApi goes).
+  if (port_) port_->CloseConnections();
+  exposures_.reset();  // no Describe runs now; pulls in flight fail at the peers
+  if (!dir_.empty()) {
     std::error_code ec;
-    std::filesystem::remove_all(peer_dir_, ec);
+    std::filesystem::remove_all(dir_, ec);
+    dir_.clear();
   }
 }
 
-absl::Status Daemon::Impl::StartPeerFill() {
-  const PeerOptions& o = options_.peer;
-  if (o.peers.empty()) return absl::OkStatus();
+absl::StatusOr<std::unique_ptr<PeerFill>> MakePeerFill(const PeerOptions& o, int self_port,
+                                                       memory::Backend* backend,
+                                                       metrics::Metrics* metrics,
+                                                       load::StagingPool* staging) {
+  if (o.peers.empty()) return nullptr;
   PeerFillOptions f;
   WC_ASSIGN_OR_RETURN(f.peers.tls, peer::ReadTls(o.tls));
   f.peers.peers = o.peers;
-  f.peers.self_port = static_cast<uint16_t>(peer_port_);
+  f.peers.self_port = static_cast<uint16_t>(self_port);
   f.trust = o.trust;
   f.peers.describe_timeout = o.describe_timeout;
   f.pull.timeout = o.pull_timeout;
-  peer_fill_ =
-      std::make_unique<PeerFill>(std::move(f), backend_, options_.metrics, staging_pool_.get());
-  admission_.SetPeerFill(peer_fill_.get());
   std::vector<std::string> names;
   for (const auto& p : o.peers) names.push_back(absl::StrCat(p.host, ":", p.port));
   WC_LOG_INFO("peer fill on: loads ask %s first (mutual TLS, CA %s)", absl::StrJoin(names, ","),
               o.tls.ca_file);
-  return absl::OkStatus();
+  return std::make_unique<PeerFill>(std::move(f), backend, metrics, staging);
 }
 
 }  // namespace weightcache::server
