@@ -9,6 +9,24 @@
 
 namespace weightcache::server {
 
+absl::StatusOr<std::unique_ptr<Access>> Access::FromOptions(const DaemonOptions& options,
+                                                            const ModelCatalog& models,
+                                                            PeerLookup peer_of) {
+  std::unique_ptr<NamespaceRules> rules;
+  if (options.namespace_rules.enabled) {
+    WC_ASSIGN_OR_RETURN(rules, NamespaceRules::Create(options.namespace_rules));
+  }
+  PolicyOptions po;
+  po.admin_uids = options.admin_uids;
+  po.admin_gids = options.admin_gids;
+  po.publish_uids = options.publish_uids;
+  po.publish_gids = options.publish_gids;
+  po.publish_namespaces = options.publish_namespaces;
+  po.admin_socket = AdminSocketPath(options);
+  return std::make_unique<Access>(std::move(po), std::move(rules), models, std::move(peer_of),
+                                  options.max_connections_per_pod, options.metrics);
+}
+
 Access::Access(PolicyOptions policy, std::unique_ptr<NamespaceRules> rules,
                const ModelCatalog& models, PeerLookup peer_of, size_t max_connections_per_pod,
                metrics::Metrics* metrics)

@@ -41,16 +41,15 @@ struct AcquireService::Ask {
   }
 };
 
-AcquireService::AcquireService(Options options, memory::Backend* backend, cache::Registry& registry,
-                               ModelCatalog& models, Admission& admission, LeaseManager& leases,
-                               const Access& access, const Preloads& preloads)
+AcquireService::AcquireService(Options options, cache::Registry& registry, ModelCatalog& models,
+                               Admission& admission, const Access& access, LeaseIssuer& leases,
+                               const PreloadGate& preloads)
     : options_(std::move(options)),
-      backend_(backend),
       registry_(registry),
       models_(models),
       admission_(admission),
-      leases_(leases),
       access_(access),
+      leases_(leases),
       preloads_(preloads) {}
 
 absl::Status AcquireService::Acquire(const Caller& caller, const v1::AcquireRequest& req,
@@ -322,7 +321,7 @@ AcquireService::Outcome AcquireService::FromEntry(Ask& ask, const std::shared_pt
 absl::Status AcquireService::FillLease(const std::shared_ptr<cache::Entry>& e,
                                        const std::string& name, const Caller& caller,
                                        bool packed_manifest, v1::AcquireResponse* resp) {
-  WC_ASSIGN_OR_RETURN(LeaseManager::Issued issued,
+  WC_ASSIGN_OR_RETURN(LeaseIssuer::Issued issued,
                       leases_.Issue(e, name, caller, options_.before_lease));
   const std::shared_ptr<const load::LoadedModel>& content = issued.content;
   std::string model_dir = content->model_dir;
@@ -337,7 +336,7 @@ absl::Status AcquireService::FillLease(const std::shared_ptr<cache::Entry>& e,
   LayoutToProto(e->inputs.layout, resp->mutable_layout());
   resp->set_fingerprint(e->fingerprint);
   resp->set_model(name);
-  resp->set_backend(memory::BackendName(backend_->kind()));
+  resp->set_backend(memory::BackendName(options_.backend));
   resp->set_device_uuid(content->device_uuid);
   resp->set_handle_socket(caller.slot.empty() ? options_.handle_socket
                                               : options_.slot_handle_socket);

@@ -28,8 +28,8 @@ class AcquireServiceTest : public testing::CorePartsTest {
     preloads_ = std::make_unique<Preloads>(std::vector<spec::ModelSpec>{}, *models_, *admission_,
                                            *access_, nullptr);
     service_ = std::make_unique<AcquireService>(
-        AcquireService::Options{.handle_socket = "/run/wc/handle.sock"}, backend_.get(), registry_,
-        *models_, *admission_, *leases_, *access_, *preloads_);
+        AcquireService::Options{.handle_socket = "/run/wc/handle.sock"}, registry_, *models_,
+        *admission_, *access_, *leases_, *preloads_);
   }
   void TearDown() override {
     service_.reset();

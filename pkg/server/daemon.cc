@@ -95,7 +95,9 @@ absl::Status Daemon::Impl::Start() {
   WC_RETURN_IF_ERROR(Annotate(PrepareSocketDir(options_.socket_dir, 0750, options_.socket_gid),
                               "--socket_dir=" + options_.socket_dir));
   WC_RETURN_IF_ERROR(models_.OpenDigestStore(options_.digest_store));
-  WC_RETURN_IF_ERROR(MakeAccess());
+  WC_ASSIGN_OR_RETURN(access_, Access::FromOptions(options_, models_, [this](const std::string& p) {
+                        return control_ ? control_->PeerOf(p) : std::nullopt;
+                      }));
   preloads_ = std::make_unique<Preloads>(
       options_.preload ? options_.specs : std::vector<spec::ModelSpec>{}, models_, admission_,
       *access_, [h = hooks_](const std::string& model) {
@@ -108,11 +110,12 @@ absl::Status Daemon::Impl::Start() {
   acquire_ = std::make_unique<AcquireService>(
       AcquireService::Options{.acquire_wait = options_.acquire_wait,
                               .peer_policy = options_.peer_policy,
+                              .backend = backend_->kind(),
                               .handle_socket = handle_path(),
                               .slot_handle_socket = SlotHandleSocketInContainer(
                                   options_.socket_dir, options_.namespace_rules),
                               .before_lease = BeforeLeaseHook()},
-      backend_, registry_, models_, admission_, leases_, *access_, *preloads_);
+      registry_, models_, admission_, *access_, leases_, *preloads_);
   MakeIntegrity();
   artifact_rules_ = std::make_unique<CoreArtifactRules>(*access_, models_);
   WC_ASSIGN_OR_RETURN(artifacts_, MakeArtifactService(options_, *artifact_rules_));
@@ -153,57 +156,39 @@ absl::Status Daemon::Impl::Start() {
 }
 
 void Daemon::Impl::MakeStatusView() {
-  status_ = std::make_unique<StatusView>(StatusView::Sources{
-      .backend = backend_,
-      .registry = &registry_,
-      .models = &models_,
-      .access = access_.get(),
-      .publishes = &publishes_,
-      .artifacts = artifacts_.get(),
-      .acquire = acquire_.get(),
-      .preloads = preloads_.get(),
-      .keeper = keeper_.get(),
-      .staging = staging_pool_.get(),
-      .control = [this]() -> const ControlListener* { return control_.get(); },
-      .integrity_findings =
-          [this](v1::StatusResponse* resp) {
-            if (integrity_) integrity_->AppendFindings(resp);
-          },
-      .peer_port = [this]() -> const PeerPort* { return peer_api_->listener(); },
-      .scrub_interval = options_.scrub_interval});
+  StatusView::Sources s{.backend = backend_,
+                        .registry = &registry_,
+                        .models = &models_,
+                        .access = access_.get(),
+                        .preloads = preloads_.get()};
+  s.publisher_of = [this](const cache::Key& key) { return publishes_.PublisherOf(key); };
+  s.acquire_counts = [this] { return acquire_->counts(); };
+  s.sections.emplace_back([this](const StatusView::Asker& a, v1::StatusResponse* resp) {
+    artifacts_->AppendStatus(a.caller, a.filtered, a.visible, resp);
+  });
+  if (keeper_) {
+    s.sections.emplace_back([this](const StatusView::Asker&, v1::StatusResponse* resp) {
+      keeper_->Fill(resp->mutable_keeper());
+    });
+  }
+  s.sections.emplace_back([this](const StatusView::Asker& a, v1::StatusResponse* resp) {
+    if (a.admin) integrity_->AppendFindings(resp);
+  });
+  if (staging_pool_) s.staging = [this] { return staging_pool_->counters(); };
+  s.control = [this]() -> const ControlListener* { return control_.get(); };
+  s.peer_port = [this] { return peer_api_->listener(); };
+  s.scrub_interval = options_.scrub_interval;
+  status_ = std::make_unique<StatusView>(std::move(s));
 }
 
 // Engines running as other uids reach the sockets through --socket_gid (sockets 0660; the
-// directory got the group when the daemon created it).
+// directory got it when it was created); the handle channel's uid allowlist still applies.
 absl::Status Daemon::Impl::ShareSocketsWithGroup() {
   if (options_.socket_gid < 0) return absl::OkStatus();
-  // Engines running as other uids reach the sockets through this group (sockets 0660; the
-  // directory got it when it was created); the handle channel's uid allowlist still applies.
   for (const std::string& p : {control_path(), handle_path()}) {
     WC_RETURN_IF_ERROR(ChangeGroup(p, options_.socket_gid));
   }
   WC_RETURN_IF_ERROR(GroupSlotSockets(slots_, options_.socket_gid));
-  return absl::OkStatus();
-}
-
-absl::Status Daemon::Impl::MakeAccess() {
-  std::unique_ptr<NamespaceRules> rules;
-  if (options_.namespace_rules.enabled) {
-    WC_ASSIGN_OR_RETURN(rules, NamespaceRules::Create(options_.namespace_rules));
-  }
-  PolicyOptions po;
-  po.admin_uids = options_.admin_uids;
-  po.admin_gids = options_.admin_gids;
-  po.publish_uids = options_.publish_uids;
-  po.publish_gids = options_.publish_gids;
-  po.publish_namespaces = options_.publish_namespaces;
-  po.admin_socket = admin_path();
-  access_ = std::make_unique<Access>(
-      std::move(po), std::move(rules), models_,
-      [this](const std::string& grpc_peer) {
-        return control_ ? control_->PeerOf(grpc_peer) : std::nullopt;
-      },
-      options_.max_connections_per_pod, options_.metrics);
   return absl::OkStatus();
 }
 

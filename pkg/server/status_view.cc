@@ -56,13 +56,10 @@ void StatusView::Status(const Caller& caller, v1::StatusResponse* resp) const {
   std::map<std::string, std::set<uint32_t>> ready_ranks;            // spec name -> tp ranks
   AppendEntries(caller, visible, resp, &per_device, &ready_ranks);
   AppendModels(visible, ready_ranks, resp);
-  if (s_.artifacts != nullptr) {
-    s_.artifacts->AppendStatus(
-        caller, visible.filtered(), [&](const std::string& name) { return visible(name); }, resp);
-  }
   AppendCounters(resp);
-  if (s_.keeper != nullptr) s_.keeper->Fill(resp->mutable_keeper());
-  if (visible.admin() && s_.integrity_findings) s_.integrity_findings(resp);
+  const Asker asker{caller, visible.admin(), visible.filtered(),
+                    [&](const std::string& name) { return visible(name); }};
+  for (const Section& section : s_.sections) section(asker, resp);
   if (const metrics::StagingSnapshot st = Staging(); st.present) {
     resp->mutable_staging()->set_idle_bytes(st.idle_bytes);
     resp->mutable_staging()->set_in_use_bytes(st.in_use_bytes);
@@ -140,7 +137,7 @@ void StatusView::AppendEntry(const Caller& caller, bool admin, const cache::Entr
   e->set_source(s.source);
   e->set_tenant(s.inputs.env.tenant);
   // A published entry, or one adopted from the keeper whose record says who published it.
-  if (auto p = s_.publishes->PublisherOf({s.fingerprint, s.device_uuid});
+  if (auto p = s_.publisher_of ? s_.publisher_of({s.fingerprint, s.device_uuid}) : std::nullopt;
       p && (s.source == "publish" || s.source == "keeper")) {
     *e->mutable_publisher() = *p;
   }
@@ -209,7 +206,8 @@ void StatusView::AppendFiles(
 }
 
 void StatusView::AppendCounters(v1::StatusResponse* resp) const {
-  const AcquireService::Counts counts = s_.acquire->counts();
+  const AcquireService::Counts counts =
+      s_.acquire_counts ? s_.acquire_counts() : AcquireService::Counts{};
   resp->set_acquire_hits(counts.hits);
   resp->set_acquire_misses(counts.misses);
   resp->set_acquire_mismatches(counts.mismatches);
@@ -226,11 +224,14 @@ std::pair<bool, std::string> StatusView::Readiness() const {
   if (control != nullptr && !control->healthy()) {
     return {false, "the control socket cannot accept connections (out of descriptors?)"};
   }
-  if (const std::set<std::string> pending = s_.preloads->pending(); !pending.empty()) {
+  const std::set<std::string> pending =
+      s_.preloads != nullptr ? s_.preloads->pending() : std::set<std::string>{};
+  if (!pending.empty()) {
     return {false, absl::StrCat("opening ", absl::StrJoin(pending, ", "),
                                 " for preload (reading and identifying files)")};
   }
-  for (const auto& key : s_.preloads->started()) {
+  for (const auto& key :
+       s_.preloads != nullptr ? s_.preloads->started() : std::vector<cache::Key>{}) {
     auto e = s_.registry->Find(key);
     if (e && s_.registry->StateOf(e) == cache::State::kLoading) {
       return {false, absl::StrCat("loading ", e->model, " (", e->progress.done(), " of ",
@@ -260,8 +261,8 @@ std::vector<metrics::EntrySnapshot> StatusView::Entries() const {
 }
 
 metrics::StagingSnapshot StatusView::Staging() const {
-  if (s_.staging == nullptr) return {};
-  const auto c = s_.staging->counters();
+  if (!s_.staging) return {};
+  const auto c = s_.staging();
   return {true, c.idle_bytes, c.taken_bytes};
 }
 

@@ -50,16 +50,16 @@ class StatusViewTest : public testing::CorePartsTest {
                                                   registry_, *base_, dir_ / "handle.sock");
     preloads_ =
         std::make_unique<Preloads>(options_.specs, *models_, *admission_, *access_, nullptr);
-    acquire_ =
-        std::make_unique<AcquireService>(AcquireService::Options{}, backend_.get(), registry_,
-                                         *models_, *admission_, *leases_, *access_, *preloads_);
-    view_ = std::make_unique<StatusView>(StatusView::Sources{.backend = backend_.get(),
-                                                             .registry = &registry_,
-                                                             .models = models_.get(),
-                                                             .access = access_.get(),
-                                                             .publishes = publishes_.get(),
-                                                             .acquire = acquire_.get(),
-                                                             .preloads = preloads_.get()});
+    acquire_ = std::make_unique<AcquireService>(AcquireService::Options{}, registry_, *models_,
+                                                *admission_, *access_, *leases_, *preloads_);
+    view_ = std::make_unique<StatusView>(StatusView::Sources{
+        .backend = backend_.get(),
+        .registry = &registry_,
+        .models = models_.get(),
+        .access = access_.get(),
+        .publisher_of = [this](const cache::Key& k) { return publishes_->PublisherOf(k); },
+        .acquire_counts = [this] { return acquire_->counts(); },
+        .preloads = preloads_.get()});
   }
   void TearDown() override {
     publishes_.reset();

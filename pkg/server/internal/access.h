@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "pkg/server/internal/model_catalog.h"
+#include "pkg/server/options.h"
 #include "pkg/server/policy/namespace_rules.h"
 #include "pkg/server/policy/policy.h"
 #include "pkg/server/wire/caller.h"
@@ -37,6 +38,11 @@ class Access {
   // caller is told of.
   Access(PolicyOptions policy, std::unique_ptr<NamespaceRules> rules, const ModelCatalog& models,
          PeerLookup peer_of, size_t max_connections_per_pod, metrics::Metrics* metrics);
+  // The daemon's: the policy and the namespace rules from its options (the rules' error when
+  // they cannot be made).
+  static absl::StatusOr<std::unique_ptr<Access>> FromOptions(const DaemonOptions& options,
+                                                             const ModelCatalog& models,
+                                                             PeerLookup peer_of);
   Access(const Access&) = delete;
   Access& operator=(const Access&) = delete;
 

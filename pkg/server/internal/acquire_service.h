@@ -35,14 +35,17 @@ class AcquireService {
   struct Options {
     std::chrono::seconds acquire_wait{600};  // wait_ready / load_on_miss bound
     PeerPolicy peer_policy = PeerPolicy::kCopy;
+    memory::BackendKind backend = memory::BackendKind::kHost;  // named in answers
     std::string handle_socket;       // named in answers on the shared socket
     std::string slot_handle_socket;  // on a slot socket: the slot's, as its engines see it
     // Tests only (DaemonHooks::BeforeLease): between finding a ready entry and its lease.
     std::function<void(const std::string& model)> before_lease;
   };
-  AcquireService(Options options, memory::Backend* backend, cache::Registry& registry,
-                 ModelCatalog& models, Admission& admission, LeaseManager& leases,
-                 const Access& access, const Preloads& preloads);
+  // The entries (registry), specs (catalog), placement and loads (admission) an Acquire
+  // decides over, the door it asks, where its lease comes from and what a name waits for.
+  AcquireService(Options options, cache::Registry& registry, ModelCatalog& models,
+                 Admission& admission, const Access& access, LeaseIssuer& leases,
+                 const PreloadGate& preloads);
   AcquireService(const AcquireService&) = delete;
   AcquireService& operator=(const AcquireService&) = delete;
 
@@ -91,13 +94,12 @@ class AcquireService {
   void Count(metrics::AcquireResult r);
 
   const Options options_;
-  memory::Backend* const backend_;
   cache::Registry& registry_;
   ModelCatalog& models_;
   Admission& admission_;
-  LeaseManager& leases_;
   const Access& access_;
-  const Preloads& preloads_;
+  LeaseIssuer& leases_;
+  const PreloadGate& preloads_;
   ManifestCache manifests_;
   std::atomic<uint64_t> hits_{0}, misses_{0}, mismatches_{0}, rejected_{0}, errors_{0},
       peer_copies_{0}, stale_{0}, denied_{0};

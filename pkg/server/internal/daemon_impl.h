@@ -51,7 +51,6 @@
 #include "pkg/server/publish/publish_manager.h"
 #include "pkg/server/wire/control_listener.h"
 #include "pkg/server/wire/handle_channel.h"
-#include "pkg/server/wire/peer_port.h"
 #include "pkg/util/mutex.h"
 #include "weightcache/v1/weightcache.pb.h"
 
@@ -150,7 +149,6 @@ class Daemon::Impl final {
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<grpc::Service> service_;
   // Start()'s steps, in its order (daemon.cc).
-  absl::Status MakeAccess();
   void MakeIntegrity();
   void MakeStatusView();
   absl::Status ShareSocketsWithGroup();

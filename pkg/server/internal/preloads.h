@@ -26,7 +26,28 @@
 
 namespace weightcache::server {
 
-class Preloads {
+// What an Acquire by name waits for (Preloads implements it): the name's preload through.
+class PreloadGate {
+ public:
+  virtual ~PreloadGate() = default;
+  // OK once `name` is not pending; UNAVAILABLE when `wait` is false, at the deadline or at
+  // shutdown; CANCELLED when the caller is `gone`.
+  virtual absl::Status Await(const std::string& name, bool wait,
+                             std::chrono::steady_clock::time_point deadline,
+                             const std::function<bool()>& gone) const = 0;
+};
+
+// What readiness reads of the preloads (Preloads implements it).
+class PreloadProgress {
+ public:
+  virtual ~PreloadProgress() = default;
+  // The names still being opened.
+  virtual std::set<std::string> pending() const = 0;
+  // The entries the preloads started (to tell when they are loaded).
+  virtual std::vector<cache::Key> started() const = 0;
+};
+
+class Preloads final : public PreloadGate, public PreloadProgress {
  public:
   // `before_open`: tests only (DaemonHooks::BeforePreload), empty otherwise.
   Preloads(std::vector<spec::ModelSpec> specs, ModelCatalog& models, Admission& admission,
@@ -43,17 +64,14 @@ class Preloads {
   // Holds `name` pending (false: it was already), and lets it go.
   bool Hold(const std::string& name);
   void Release(const std::string& name);
-  // OK once `name` is not pending; UNAVAILABLE when `wait` is false, at the deadline or at
-  // shutdown; CANCELLED when the caller is `gone`.
   absl::Status Await(const std::string& name, bool wait,
                      std::chrono::steady_clock::time_point deadline,
-                     const std::function<bool()>& gone) const;
+                     const std::function<bool()>& gone) const override;
   // Waits end (UNAVAILABLE), no further spec is opened, the thread is joined. Idempotent.
   void Stop();
 
-  std::set<std::string> pending() const;
-  // The entries the preloads started (to tell when they are loaded).
-  std::vector<cache::Key> started() const;
+  std::set<std::string> pending() const override;
+  std::vector<cache::Key> started() const override;
 
  private:
   void Run();

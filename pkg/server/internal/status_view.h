@@ -22,9 +22,6 @@
 #include "pkg/server/internal/acquire_service.h"
 #include "pkg/server/internal/model_catalog.h"
 #include "pkg/server/internal/preloads.h"
-#include "pkg/server/keeper/keeper_link.h"
-#include "pkg/server/publish/artifact_service.h"
-#include "pkg/server/publish/publish_manager.h"
 #include "pkg/server/wire/control_listener.h"
 #include "pkg/server/wire/peer_port.h"
 #include "weightcache/v1/weightcache.pb.h"
@@ -33,23 +30,37 @@ namespace weightcache::server {
 
 class StatusView final : public metrics::StateSource {
  public:
-  // What the view reads. keeper, staging and artifacts may be null (the daemon runs without
-  // them); `control` answers null until the control listener exists.
+  // Who asks a Status, as a section another unit appends sees it: the caller, whether it is
+  // an admin, and (`filtered`: namespace rules on, not an admin) the models it may see.
+  struct Asker {
+    const Caller& caller;
+    bool admin;
+    bool filtered;
+    std::function<bool(const std::string& model)> visible;
+  };
+  // What another unit adds to a Status answer (the artifacts, the keeper, integrity findings).
+  using Section = std::function<void(const Asker& asker, v1::StatusResponse* resp)>;
+
+  // What the view reads, each part narrowed to what is read of it; an empty function or null
+  // pointer is a part the daemon runs without.
   struct Sources {
+    // The entries, devices and known models (Status, readiness, the metrics) and the door.
     memory::Backend* backend = nullptr;
     const cache::Registry* registry = nullptr;
     const ModelCatalog* models = nullptr;
     const Access* access = nullptr;
-    const PublishManager* publishes = nullptr;
-    const ArtifactService* artifacts = nullptr;
-    const AcquireService* acquire = nullptr;
-    const Preloads* preloads = nullptr;
-    const KeeperLink* keeper = nullptr;
-    const load::StagingPool* staging = nullptr;
+    // Who published an entry (publish_manager.h).
+    std::function<std::optional<v1::PublisherInfo>(const cache::Key&)> publisher_of;
+    // The Acquire answers so far, by result (acquire_service.h).
+    std::function<AcquireService::Counts()> acquire_counts;
+    // Appended after the view's own parts, in order.
+    std::vector<Section> sections;
+    // Readiness: the names the preloads are opening, the entries they started.
+    const PreloadProgress* preloads = nullptr;
+    // The metrics' snapshots: the staging pool's counters, the control listener (answers null
+    // until it exists), the peer API's port (null without one).
+    std::function<load::StagingPool::Counters()> staging;
     std::function<const ControlListener*()> control;
-    // Appends the integrity findings (admins only); may be empty.
-    std::function<void(v1::StatusResponse*)> integrity_findings;
-    // The peer API's port (issue 47); answers null without one.
     std::function<const PeerPort*()> peer_port;
     // The scrubber's interval (0: off): an entry not verified for two of them plus a minute
     // is overdue (metrics).
