@@ -4,7 +4,8 @@
 # integrity/, publish/); a part never includes a header of the core, so it reaches the core only
 # through interfaces it declares itself and builds, and is tested, without it. Tests in a
 # subfolder may drive a whole daemon (pkg/server/testing/), production code may not.
-# Also: no file in pkg/server, pkg/peer or cmd over 600 lines. Fails listing what it found.
+# Also: no file in pkg/server, pkg/peer or cmd over 600 lines, and pkg/server/daemon.cc (the
+# composition) at most 400. Fails listing what it found.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bad=$(git ls-files 'pkg/server/*/*.cc' 'pkg/server/*/*.h' |
@@ -33,4 +34,23 @@ if [[ -n $long ]]; then
   echo "$long" >&2
   exit 1
 fi
-echo "layering: pkg/server's subfolders include none of the core's headers; no production code includes pkg/server/testing; no file there over 600 lines"
+# Units take narrow interfaces of what they use, never the daemon itself: only the composition
+# (daemon.cc) and the gRPC adapter over its accessors (grpc_service.cc) see Daemon::Impl.
+bad=$(git ls-files 'pkg/*.cc' 'pkg/*.h' 'cmd/*.cc' 'cmd/*.h' 'tests/*.cc' 'tests/*.h' |
+  grep -v -e '^pkg/server/daemon\.cc$' -e '^pkg/server/grpc_service\.cc$' |
+  xargs grep -Hn '#include "pkg/server/internal/daemon_impl.h"' || true)
+if [[ -n $bad ]]; then
+  echo "layering: only daemon.cc and grpc_service.cc may include internal/daemon_impl.h;" \
+       "give the unit the narrow interface it uses instead:" >&2
+  echo "$bad" >&2
+  exit 1
+fi
+# The daemon's composition stays composition (docs/architecture.md): pkg/server/daemon.cc
+# constructs, starts and tears down the units; what a unit does lives in the unit's file.
+daemon_lines=$(wc -l <pkg/server/daemon.cc)
+if ((daemon_lines > 400)); then
+  echo "layering: pkg/server/daemon.cc is $daemon_lines lines (at most 400): move what is not" \
+       "composition into the unit it belongs to" >&2
+  exit 1
+fi
+echo "layering: pkg/server's subfolders include none of the core's headers; no production code includes pkg/server/testing; no file there over 600 lines; daemon.cc $daemon_lines lines (at most 400)"
