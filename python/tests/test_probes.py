@@ -162,7 +162,7 @@ def test_writing_into_a_missing_directory_names_it(tmp_path):
 
 def test_the_daemon_writes_the_same_decision_beside_its_socket_and_engines_apply_it(
         daemon, tmp_path):
-    # weightcached writes node-probes.json into the socket dir at start (pkg/server/
+    # weightcached writes node-probes.json into the socket dir at start (pkg/probes/
     # node_probes.cc): byte for byte what the Python node step writes on this machine.
     written = Path(daemon.socket) / probes.FILE_NAME
     assert written.exists(), sorted(os.listdir(daemon.socket))
