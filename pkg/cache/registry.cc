@@ -76,6 +76,11 @@ void Registry::SetEvictCallback(EvictFn fn) {
   on_evict_ = std::move(fn);
 }
 
+void Registry::SetBudgetRefusedCallback(RefusedFn fn) {
+  MutexLock l(mu_);
+  on_refused_ = std::move(fn);
+}
+
 void Registry::SetLingeringSource(LingeringFn fn) {
   MutexLock l(mu_);
   lingering_ = std::move(fn);
@@ -123,6 +128,8 @@ absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(LoadRequest req, bo
   std::vector<std::shared_ptr<Entry>> evicted;
   std::shared_ptr<Entry> e;
   EvictFn on_evict;
+  RefusedFn on_refused;
+  absl::Status refused;
   EntryObserver* observer = nullptr;
   const std::string& device = req.key.device_uuid;
   std::vector<std::thread> finished;  // joined outside the lock
@@ -142,61 +149,75 @@ absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(LoadRequest req, bo
     auto it = entries_.find(req.key);
     if (it != entries_.end() && it->second->state != State::kFailed) return it->second;
     if (it != entries_.end()) entries_.erase(it);  // a failed entry is retried
-    if (budget_ != 0) {
-      // What eviction cannot free (loading, leased, draining, and memory dropped that other
-      // processes still hold): a request that cannot fit even after evicting everything else
-      // fails before anything is evicted.
-      const uint64_t lingering = lingering_ ? lingering_(device) : 0;
-      uint64_t pinned = UsedLocked(&device) + lingering;
-      for (const auto& [key, c] : entries_) {
-        if (key.device_uuid == device && c->state == State::kReady && !Pinned(*c)) {
-          pinned -= c->reserved_bytes;
-        }
-      }
-      if (pinned + req.bytes > budget_) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "model '", req.model, "' needs ", req.bytes, " bytes on ", device,
-            "; its memory budget of ", budget_,
-            " bytes cannot hold it even after evicting every "
-            "unleased entry (",
-            pinned, " bytes are loading, leased or draining",
-            lingering == 0 ? std::string()
-                           : absl::StrCat(", of which ", lingering,
-                                          " bytes are evicted copies other processes still "
-                                          "map or hold"),
-            "); nothing was evicted"));
-      }
-      // LRU eviction of ready, unleased entries of the same device until the new one fits.
-      while (UsedLocked(&device) + lingering + req.bytes > budget_) {
-        std::shared_ptr<Entry> victim;
-        for (const auto& [key, c] : entries_) {
-          if (key.device_uuid == device && c->state == State::kReady && !Pinned(*c) &&
-              (!victim || c->last_used < victim->last_used)) {
-            victim = c;
-          }
-        }
-        if (!victim) break;
-        EvictLocked(victim->key, "budget", &drop, &evicted);
-      }
-      if (UsedLocked(&device) + lingering + req.bytes > budget_) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "model '", req.model, "' needs ", req.bytes, " bytes on ", device, "; memory budget ",
-            budget_, " bytes has ", budget_ - std::min(budget_, UsedLocked(&device) + lingering),
-            " free after evicting every unleased entry of that device"));
-      }
+    if (budget_ != 0) refused = MakeRoomLocked(req, &drop, &evicted);
+    if (!refused.ok()) {
+      on_refused = on_refused_;
+    } else {
+      e = std::make_shared<Entry>(req.key, req.model, req.inputs, req.source, std::move(req.files));
+      e->reserved_bytes = req.bytes;
+      e->check_digests = std::move(req.check_digests);
+      entries_[req.key] = e;
+      const uint64_t id = next_load_id_++;
+      loads_.emplace(id, std::thread(&Registry::RunLoad, this, id, e, std::move(req.load)));
     }
-    e = std::make_shared<Entry>(req.key, req.model, req.inputs, req.source, std::move(req.files));
-    e->reserved_bytes = req.bytes;
-    e->check_digests = std::move(req.check_digests);
-    entries_[req.key] = e;
-    const uint64_t id = next_load_id_++;
-    loads_.emplace(id, std::thread(&Registry::RunLoad, this, id, e, std::move(req.load)));
     on_evict = on_evict_;
     observer = observer_;
   }
   NotifyEvicted(evicted, "budget", on_evict, observer);
+  if (!refused.ok()) {
+    if (on_refused) on_refused(req.model, device);
+    return refused;
+  }
   if (started != nullptr) *started = true;
   return e;
+}
+
+absl::Status Registry::MakeRoomLocked(const LoadRequest& req,
+                                      std::vector<std::shared_ptr<const load::LoadedModel>>* drop,
+                                      std::vector<std::shared_ptr<Entry>>* evicted) {
+  const std::string& device = req.key.device_uuid;
+  // What eviction cannot free (loading, leased, draining, and memory dropped that other
+  // processes still hold): a request that cannot fit even after evicting everything else
+  // fails before anything is evicted.
+  const uint64_t lingering = lingering_ ? lingering_(device) : 0;
+  uint64_t pinned = UsedLocked(&device) + lingering;
+  for (const auto& [key, c] : entries_) {
+    if (key.device_uuid == device && c->state == State::kReady && !Pinned(*c)) {
+      pinned -= c->reserved_bytes;
+    }
+  }
+  if (pinned + req.bytes > budget_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "model '", req.model, "' needs ", req.bytes, " bytes on ", device,
+        "; its memory budget of ", budget_,
+        " bytes cannot hold it even after evicting every "
+        "unleased entry (",
+        pinned, " bytes are loading, leased or draining",
+        lingering == 0 ? std::string()
+                       : absl::StrCat(", of which ", lingering,
+                                      " bytes are evicted copies other processes still "
+                                      "map or hold"),
+        "); nothing was evicted"));
+  }
+  // LRU eviction of ready, unleased entries of the same device until the new one fits.
+  while (UsedLocked(&device) + lingering + req.bytes > budget_) {
+    std::shared_ptr<Entry> victim;
+    for (const auto& [key, c] : entries_) {
+      if (key.device_uuid == device && c->state == State::kReady && !Pinned(*c) &&
+          (!victim || c->last_used < victim->last_used)) {
+        victim = c;
+      }
+    }
+    if (!victim) break;
+    EvictLocked(victim->key, "budget", drop, evicted);
+  }
+  if (UsedLocked(&device) + lingering + req.bytes > budget_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "model '", req.model, "' needs ", req.bytes, " bytes on ", device, "; memory budget ",
+        budget_, " bytes has ", budget_ - std::min(budget_, UsedLocked(&device) + lingering),
+        " free after evicting every unleased entry of that device"));
+  }
+  return absl::OkStatus();
 }
 
 void Registry::RunLoad(uint64_t id, const std::shared_ptr<Entry>& e, const LoadFn& load) {

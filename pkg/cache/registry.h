@@ -293,6 +293,10 @@ class Registry {
 
   using EvictFn = std::function<void(const std::string& model, const std::string& reason)>;
   void SetEvictCallback(EvictFn fn);
+  // Called (outside the lock, on StartOrJoin's thread) for each load that StartOrJoin refused
+  // because the device's budget cannot hold it even after evicting every unleased entry.
+  using RefusedFn = std::function<void(const std::string& model, const std::string& device)>;
+  void SetBudgetRefusedCallback(RefusedFn fn);
   // One observer (or null); it must outlive the registry's loads and evictions.
   void SetObserver(EntryObserver* observer);
   // Bytes on a device that the registry dropped and other processes still hold
@@ -303,6 +307,13 @@ class Registry {
   void SetLingeringSource(LingeringFn fn);
 
  private:
+  // Evicts unleased ready entries of `req`'s device (LRU) until it fits the budget; when even
+  // evicting all of them cannot make room, RESOURCE_EXHAUSTED (nothing evicted when that is
+  // known up front).
+  absl::Status MakeRoomLocked(const LoadRequest& req,
+                              std::vector<std::shared_ptr<const load::LoadedModel>>* drop,
+                              std::vector<std::shared_ptr<Entry>>* evicted)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Evicted EvictLocked(const Key& key, const std::string& reason,
                       std::vector<std::shared_ptr<const load::LoadedModel>>* drop,
                       std::vector<std::shared_ptr<Entry>>* evicted)
@@ -332,6 +343,7 @@ class Registry {
   LoadDoneFn on_done_ ABSL_GUARDED_BY(mu_);
   DigestFn digester_ ABSL_GUARDED_BY(mu_);
   EvictFn on_evict_ ABSL_GUARDED_BY(mu_);
+  RefusedFn on_refused_ ABSL_GUARDED_BY(mu_);
   LingeringFn lingering_ ABSL_GUARDED_BY(mu_);
   EntryObserver* observer_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

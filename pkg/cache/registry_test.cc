@@ -260,6 +260,10 @@ TEST(Registry, ImpossibleRequestFailsBeforeEvictingAnything) {
   Registry r(4 * kSeg);
   std::vector<std::string> evicted;
   r.SetEvictCallback([&](const std::string& m, const std::string&) { evicted.push_back(m); });
+  // What weightcache_budget_refusals_total counts (the "cache full" alert).
+  std::vector<std::pair<std::string, std::string>> refused;
+  r.SetBudgetRefusedCallback(
+      [&](const std::string& m, const std::string& device) { refused.emplace_back(m, device); });
   auto a = *r.StartOrJoin(Req("a", "a", kSeg, SegmentLoad(kSeg)));
   ASSERT_TRUE(r.WaitReady(a, Far()).ok());
   auto b = *r.StartOrJoin(Req("b", "b", 2 * kSeg, SegmentLoad(2 * kSeg)));
@@ -271,10 +275,14 @@ TEST(Registry, ImpossibleRequestFailsBeforeEvictingAnything) {
   EXPECT_THAT(std::string(big.status().message()), ::testing::HasSubstr("nothing was evicted"));
   EXPECT_NE(r.Find(K("a")), nullptr);
   EXPECT_TRUE(evicted.empty());
-  // 2 segments fit by evicting a: that eviction is counted through the callback.
+  const std::vector<std::pair<std::string, std::string>> want_refused = {{"c", a->device_uuid}};
+  EXPECT_EQ(refused, want_refused);
+  // 2 segments fit by evicting a: that eviction is counted through the callback, and no
+  // refusal.
   auto fits = r.StartOrJoin(Req("d", "d", 2 * kSeg, SegmentLoad(kSeg)));
   ASSERT_TRUE(fits.ok()) << fits.status();
   EXPECT_EQ(evicted, std::vector<std::string>{"a"});
+  EXPECT_EQ(refused, want_refused);
 }
 
 TEST(Registry, EvictedWhileLeasedDrainsUntilTheLastLeaseEnds) {

@@ -35,6 +35,13 @@ constexpr AcquireResult kAllResults[] = {AcquireResult::kHit,      AcquireResult
 constexpr const char* kReportedStates[] = {"loading",  "ready",  "stale",  "draining",
                                            "evicting", "failed", "corrupt"};
 
+// Peer fill's fallback reasons (FillFallbackName, pkg/server/peer/peer_fill.cc) and anchors
+// (pkg/server/peer/fill_anchor.h): each model's series are created at 0 with it, so that an
+// alert on increase() sees the first fallback (a series born at 1 has no increase).
+constexpr const char* kFallbackReasons[] = {"not_held", "record", "anchor", "transfer",
+                                            "timeout",  "digest", "memory"};
+constexpr const char* kAnchors[] = {"pinned", "quorum", "single"};
+
 // An acquire is a map of FDs on a hit (sub-millisecond) and can be a full load on a miss
 // that the policy turns into a load: 100 µs .. 10 s.
 prometheus::Histogram::BucketBoundaries AcquireBuckets() {
@@ -140,12 +147,17 @@ class StateCollector final : public prometheus::Collectable {
     const PeerPortSnapshot peer_port = source_->PeerPortState();
 
     std::map<std::pair<std::string, std::string>, uint64_t> resident;  // (model, device)
-    std::map<std::string, uint64_t> leases;                            // model
+    // (model, device) -> bytes loaded so far and bytes to load
+    std::map<std::pair<std::string, std::string>, std::pair<uint64_t, uint64_t>> progress;
+    std::map<std::string, uint64_t> leases;  // model
     std::map<std::string, uint64_t> states;
     for (const char* s : kReportedStates) states[s] = 0;
     for (const EntrySnapshot& e : entries) {
       if (e.state == "gone") continue;
       resident[{e.model, e.device}] += e.bytes;
+      auto& p = progress[{e.model, e.device}];
+      p.first += e.load_done_bytes;
+      p.second += e.load_total_bytes;
       leases[e.model] += e.leases;
       auto it = states.find(e.state);
       if (it != states.end()) {
@@ -164,6 +176,24 @@ class StateCollector final : public prometheus::Collectable {
       for (const auto& [key, bytes] : resident) {
         f.metric.push_back(GaugeMetric({{"device", key.second}, {"model", key.first}},
                                        static_cast<double>(bytes)));
+      }
+      out.push_back(std::move(f));
+    }
+    {
+      prometheus::MetricFamily f{
+          "weightcache_load_progress_bytes",
+          "Bytes of a model's entries on a device loaded so far (kind=done) and to load "
+          "(kind=total), in every state but gone: done < total while loading (or failed part "
+          "way).",
+          prometheus::MetricType::Gauge,
+          {}};
+      for (const auto& [key, p] : progress) {
+        f.metric.push_back(
+            GaugeMetric({{"device", key.second}, {"kind", "done"}, {"model", key.first}},
+                        static_cast<double>(p.first)));
+        f.metric.push_back(
+            GaugeMetric({{"device", key.second}, {"kind", "total"}, {"model", key.first}},
+                        static_cast<double>(p.second)));
       }
       out.push_back(std::move(f));
     }
@@ -202,6 +232,19 @@ class StateCollector final : public prometheus::Collectable {
                                        static_cast<double>(d.free_bytes)));
         f.metric.push_back(GaugeMetric({{"device", d.device}, {"kind", "used"}},
                                        static_cast<double>(d.cache_bytes)));
+      }
+      out.push_back(std::move(f));
+    }
+    {
+      prometheus::MetricFamily f{
+          "weightcache_memory_budget_bytes",
+          "Memory the cache may hold on a device (--memory_budget); absent when unlimited.",
+          prometheus::MetricType::Gauge,
+          {}};
+      for (const DeviceSnapshot& d : devices) {
+        if (d.budget_bytes == 0) continue;
+        f.metric.push_back(
+            GaugeMetric({{"device", d.device}}, static_cast<double>(d.budget_bytes)));
       }
       out.push_back(std::move(f));
     }
@@ -302,15 +345,19 @@ struct Metrics::Impl {
                               .Register(registry)),
         keeper_up(prometheus::BuildGauge()
                       .Name("weightcache_keeper_up")
-                      .Help("1 while the daemon is connected to its keeper, else 0.")
-                      .Register(registry)
-                      .Add({})),
+                      .Help("1 while the daemon is connected to its keeper, else 0; absent "
+                            "when no keeper is configured.")
+                      .Register(registry)),
         keeper_fds(prometheus::BuildGauge()
                        .Name("weightcache_keeper_descriptors")
                        .Help("Segment descriptors deposited with the keeper (held for the "
-                             "entries that are ready).")
-                       .Register(registry)
-                       .Add({})),
+                             "entries that are ready); absent when no keeper is configured.")
+                       .Register(registry)),
+        budget_refusals(prometheus::BuildCounter()
+                            .Name("weightcache_budget_refusals_total")
+                            .Help("Loads refused because the device's memory budget cannot hold "
+                                  "them even after evicting every unleased entry, by model.")
+                            .Register(registry)),
         adopted(prometheus::BuildCounter()
                     .Name("weightcache_adopted_entries_total")
                     .Help("Cache entries re-adopted from the keeper at start (served without "
@@ -412,8 +459,11 @@ struct Metrics::Impl {
   prometheus::Family<prometheus::Counter>& evictions;
   prometheus::Family<prometheus::Counter>& refusals;
   prometheus::Family<prometheus::Counter>& pinned_mismatches;
-  prometheus::Gauge& keeper_up;
-  prometheus::Gauge& keeper_fds;
+  // Created by the first Set (the keeper link's): absent without a keeper, so that an alert
+  // on weightcache_keeper_up == 0 fires only where a keeper is meant to be.
+  prometheus::Family<prometheus::Gauge>& keeper_up;
+  prometheus::Family<prometheus::Gauge>& keeper_fds;
+  prometheus::Family<prometheus::Counter>& budget_refusals;
   prometheus::Family<prometheus::Counter>& adopted;
   prometheus::Family<prometheus::Counter>& peer_fill_bytes;
   prometheus::Family<prometheus::Histogram>& peer_fill_seconds;
@@ -495,9 +545,32 @@ void Metrics::SetArtifactResidentBytes(uint64_t bytes) {
   impl_->artifact_resident.Set(static_cast<double>(bytes));
 }
 
-void Metrics::SetKeeperUp(bool up) { impl_->keeper_up.Set(up ? 1 : 0); }
+void Metrics::SetKeeperUp(bool up) { impl_->keeper_up.Add({}).Set(up ? 1 : 0); }
 
-void Metrics::SetKeeperDescriptors(uint64_t n) { impl_->keeper_fds.Set(static_cast<double>(n)); }
+void Metrics::SetKeeperDescriptors(uint64_t n) {
+  impl_->keeper_fds.Add({}).Set(static_cast<double>(n));
+}
+
+// Only for the models the daemon knows: an Acquire of any name creates that name's acquire
+// series only, so that clients asking for names do not grow every family.
+void Metrics::OnModel(const std::string& model) {
+  const std::string label = impl_->ModelLabel(model);
+  // The counters that alerts watch for any increase (docs/metrics.md, "Alerts").
+  impl_->integrity_failures.Add({{"model", label}});
+  impl_->pinned_mismatches.Add({{"model", label}});
+  impl_->budget_refusals.Add({{"model", label}});
+  impl_->adopted.Add({{"model", label}});
+  for (const char* reason : kFallbackReasons) {
+    impl_->peer_fill_fallbacks.Add({{"model", label}, {"reason", reason}});
+  }
+  for (const char* anchor : kAnchors) {
+    impl_->peer_fill_anchors.Add({{"model", label}, {"anchor", anchor}});
+  }
+}
+
+void Metrics::OnBudgetRefusal(const std::string& model) {
+  impl_->budget_refusals.Add({{"model", impl_->ModelLabel(model)}}).Increment();
+}
 
 void Metrics::OnAdopted(const std::string& model) {
   impl_->adopted.Add({{"model", impl_->ModelLabel(model)}}).Increment();

@@ -50,6 +50,8 @@ struct EntrySnapshot {
   uint64_t bytes = 0;
   uint64_t leases = 0;
   int tp_rank = 0;
+  uint64_t load_done_bytes = 0;   // the loader's progress: bytes loaded so far
+  uint64_t load_total_bytes = 0;  // and bytes to load (equal once loaded)
   // A ready entry whose segments have not all matched their digests (integrity scrubbing)
   // for two scrub intervals and a minute. Not the age itself: that would tell whoever
   // scrapes when the last pass ended (issue 48).
@@ -59,7 +61,8 @@ struct DeviceSnapshot {
   std::string device;  // GPU UUID or "host"
   uint64_t total_bytes = 0;
   uint64_t free_bytes = 0;
-  uint64_t cache_bytes = 0;  // used by the cache
+  uint64_t cache_bytes = 0;   // used by the cache
+  uint64_t budget_bytes = 0;  // what the cache may use on it (--memory_budget); 0: unlimited
 };
 
 // Page-locked host memory the GPU loader keeps for staging (pkg/load/staging_pool.h).
@@ -138,10 +141,18 @@ class Metrics {
   static constexpr const char* kOverflowModel = "_other";
   static constexpr const char* kUnknownModel = "_unknown";
 
+  // A model the daemon knows (from a spec, or defined later): creates its per-model counter
+  // series at 0, so that the first increase of any of them is seen by increase()/rate() (an
+  // alert on corruption must fire on the first one). The On* calls below create only the
+  // acquire series of a name they see first (clients may ask for any name).
+  void OnModel(const std::string& model);
   void OnAcquire(const std::string& model, AcquireResult result, double seconds);
   void OnLoad(const std::string& model, const std::string& source /* disk|keeper|peer */,
               double seconds, uint64_t bytes);
   void OnEviction(const std::string& model, const std::string& reason /* api|budget */);
+  // A load refused because its device's memory budget cannot hold it even after evicting
+  // every unleased entry (the cache is full of loading, leased or draining entries).
+  void OnBudgetRefusal(const std::string& model);
   // A publish that ended: `result` published | joined (another publisher had the key) |
   // aborted (abort, or the publisher's connection closed before its commit) | mismatch (a
   // commit that differs from its begin) | error (bounded set).

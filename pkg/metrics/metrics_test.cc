@@ -129,6 +129,71 @@ TEST(MetricsTest, FirstSightOfAModelCreatesAllResultSeriesAtZero) {
             std::nullopt);
 }
 
+// Alerts fire on increase() of these counters (helm/weightcache/files/alerts.yaml); a series
+// born at 1 has no increase, so the first corruption of a model would never page. A known
+// model's series exist at 0 before anything happens to it.
+TEST(MetricsTest, AKnownModelsAlertedCountersStartAtZero) {
+  prometheus::Registry registry;
+  Metrics m(registry, TestBuild());
+  m.OnModel("llama");
+  const Values v = Snapshot(registry);
+  const Labels llama = {{"model", "llama"}};
+  for (const char* name :
+       {"weightcache_integrity_failures_total", "weightcache_pinned_digest_mismatches_total",
+        "weightcache_budget_refusals_total", "weightcache_adopted_entries_total"}) {
+    EXPECT_EQ(Value(v, name, llama), 0.0) << name;
+  }
+  for (const char* reason :
+       {"not_held", "record", "anchor", "transfer", "timeout", "digest", "memory"}) {
+    EXPECT_EQ(
+        Value(v, "weightcache_peer_fill_fallbacks_total", {{"model", "llama"}, {"reason", reason}}),
+        0.0)
+        << reason;
+  }
+  for (const char* anchor : {"pinned", "quorum", "single"}) {
+    EXPECT_EQ(
+        Value(v, "weightcache_peer_fill_anchor_total", {{"model", "llama"}, {"anchor", anchor}}),
+        0.0)
+        << anchor;
+  }
+  EXPECT_EQ(Value(v, "weightcache_acquire_total", {{"model", "llama"}, {"result", "hit"}}), 0.0);
+
+  m.OnBudgetRefusal("llama");
+  m.OnBudgetRefusal("llama");
+  EXPECT_EQ(Value(Snapshot(registry), "weightcache_budget_refusals_total", llama), 2.0);
+
+  // A name a client asked for, unknown to the daemon: its acquire series only.
+  m.OnAcquire("nope", AcquireResult::kMiss, 0.001);
+  const Values after = Snapshot(registry);
+  EXPECT_EQ(Value(after, "weightcache_acquire_total", {{"model", "nope"}, {"result", "miss"}}),
+            1.0);
+  EXPECT_EQ(Value(after, "weightcache_integrity_failures_total", {{"model", "nope"}}),
+            std::nullopt);
+  EXPECT_EQ(Value(after, "weightcache_peer_fill_fallbacks_total",
+                  {{"model", "nope"}, {"reason", "digest"}}),
+            std::nullopt);
+}
+
+// weightcache_keeper_up == 0 pages (WeightcacheKeeperDown): a daemon with no keeper
+// configured must not report it at all, only one whose keeper link set it.
+TEST(MetricsTest, KeeperGaugesExistOnlyOnceTheKeeperLinkSetsThem) {
+  prometheus::Registry registry;
+  Metrics m(registry, TestBuild());
+  Values v = Snapshot(registry);
+  EXPECT_EQ(Value(v, "weightcache_keeper_up", {}), std::nullopt);
+  EXPECT_EQ(Value(v, "weightcache_keeper_descriptors", {}), std::nullopt);
+  m.SetKeeperUp(false);
+  m.SetKeeperDescriptors(0);
+  v = Snapshot(registry);
+  EXPECT_EQ(Value(v, "weightcache_keeper_up", {}), 0.0);
+  EXPECT_EQ(Value(v, "weightcache_keeper_descriptors", {}), 0.0);
+  m.SetKeeperUp(true);
+  m.SetKeeperDescriptors(7);
+  v = Snapshot(registry);
+  EXPECT_EQ(Value(v, "weightcache_keeper_up", {}), 1.0);
+  EXPECT_EQ(Value(v, "weightcache_keeper_descriptors", {}), 7.0);
+}
+
 TEST(MetricsTest, AcquireHistogramBucketsFrom100usTo10s) {
   prometheus::Registry registry;
   Metrics m(registry, TestBuild());
@@ -392,6 +457,42 @@ TEST(MetricsTest, ScrapeTimeGaugesReflectTheStateSource) {
 
   // The counters registry does not carry the scrape-time gauges.
   EXPECT_EQ(Value(Snapshot(registry), "weightcache_models", {{"state", "ready"}}), std::nullopt);
+}
+
+// The dashboard's "resident bytes against the budget" and "load progress" panels.
+TEST(MetricsTest, BudgetAndLoadProgressAreReportedPerDevice) {
+  // Destroyed in reverse: the Metrics (which detaches the source) before the state.
+  struct {
+    prometheus::Registry registry;
+    FakeState state;
+    Metrics m{registry, TestBuild()};
+  } t;
+  t.m.SetStateSource(&t.state);
+  FakeState& state = t.state;
+  const auto collectable = t.m.collectable();
+  EntrySnapshot loading{"llama", "loading", "GPU-a", 0, 0};
+  loading.load_done_bytes = 30;
+  loading.load_total_bytes = 120;
+  EntrySnapshot ready{"llama", "ready", "GPU-a", 80, 1};
+  ready.load_done_bytes = ready.load_total_bytes = 80;  // a second layout, loaded
+  state.entries = {loading, ready, {"old", "gone", "GPU-a", 5, 0}};
+  state.devices = {{"GPU-a", 1000, 400, 80, 500}, {"GPU-b", 1000, 1000, 0, 500}};
+  Values v = Snapshot(*collectable);
+  EXPECT_EQ(Value(v, "weightcache_load_progress_bytes",
+                  {{"model", "llama"}, {"device", "GPU-a"}, {"kind", "done"}}),
+            110.0);
+  EXPECT_EQ(Value(v, "weightcache_load_progress_bytes",
+                  {{"model", "llama"}, {"device", "GPU-a"}, {"kind", "total"}}),
+            200.0);
+  EXPECT_EQ(Value(v, "weightcache_load_progress_bytes",
+                  {{"model", "old"}, {"device", "GPU-a"}, {"kind", "total"}}),
+            std::nullopt);
+  EXPECT_EQ(Value(v, "weightcache_memory_budget_bytes", {{"device", "GPU-a"}}), 500.0);
+  EXPECT_EQ(Value(v, "weightcache_memory_budget_bytes", {{"device", "GPU-b"}}), 500.0);
+  // Unlimited (0): no budget series.
+  state.devices = {{"GPU-a", 1000, 400, 80, 0}};
+  EXPECT_EQ(Value(Snapshot(*collectable), "weightcache_memory_budget_bytes", {{"device", "GPU-a"}}),
+            std::nullopt);
 }
 
 TEST(MetricsTest, CollectableOutlivingMetricsReportsNothing) {

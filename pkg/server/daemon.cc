@@ -67,6 +67,9 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend, DaemonHooks*
   registry_.SetEvictCallback([this](const std::string& model, const std::string& reason) {
     if (options_.metrics != nullptr) options_.metrics->OnEviction(model, reason);
   });
+  registry_.SetBudgetRefusedCallback([this](const std::string& model, const std::string&) {
+    if (options_.metrics != nullptr) options_.metrics->OnBudgetRefusal(model);
+  });
   if (!options_.keeper_socket.empty()) {
     keeper_ = std::make_unique<KeeperLink>(
         KeeperLink::Options{.socket_path = options_.keeper_socket,

@@ -38,6 +38,7 @@ ModelCatalog::ModelCatalog(const std::vector<spec::ModelSpec>& specs, unsigned h
   for (const auto& s : specs) {
     specs_[s.name] = s;
     yaml_[s.name] = spec::ToYaml(s);
+    if (metrics_ != nullptr) metrics_->OnModel(s.name);
   }
   for (const auto& r : model_roots) roots_.push_back(Resolved(r));
 }
@@ -83,6 +84,7 @@ absl::Status ModelCatalog::OpenDigestStore(const std::string& path) {
 
 ModelCatalog::Previous ModelCatalog::Define(const spec::ModelSpec& s) {
   std::string yaml = spec::ToYaml(s);
+  if (metrics_ != nullptr) metrics_->OnModel(s.name);
   MutexLock l(mu_);
   Previous previous{s.name, std::nullopt, inline_.count(s.name) != 0};
   if (auto it = specs_.find(s.name); it != specs_.end()) previous.spec = it->second;

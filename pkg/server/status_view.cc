@@ -251,6 +251,12 @@ std::vector<metrics::EntrySnapshot> StatusView::Entries() const {
     m.bytes = s.bytes;
     m.leases = s.leases.size();
     m.tp_rank = s.inputs.layout.tp_rank;
+    m.load_done_bytes = s.bytes_done;
+    m.load_total_bytes = s.bytes_total;
+    if (s.state != cache::State::kLoading && s.state != cache::State::kFailed &&
+        s.bytes_total == 0) {
+      m.load_done_bytes = m.load_total_bytes = s.bytes;  // filled without the loader (keeper)
+    }
     m.verify_overdue =
         s.state == cache::State::kReady && s.verified_seconds_ago >= 0 &&
         s_.scrub_interval.count() > 0 &&
@@ -302,7 +308,7 @@ std::vector<metrics::DeviceSnapshot> StatusView::Devices() const {
     used[s.device_uuid.empty() ? "host" : s.device_uuid] += s.bytes;
   std::vector<metrics::DeviceSnapshot> out;
   for (const auto& d : s_.backend->Devices()) {
-    out.push_back({d.uuid, d.total_bytes, d.free_bytes, used[d.uuid]});
+    out.push_back({d.uuid, d.total_bytes, d.free_bytes, used[d.uuid], s_.registry->budget_bytes()});
   }
   return out;
 }

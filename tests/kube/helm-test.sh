@@ -190,6 +190,52 @@ for helm in "${helms[@]}"; do
   expect "PodMonitor release label" after <(doc "$m" PodMonitor) '^  labels:' 8 'release: kube-prometheus-stack'
   expect "ServiceMonitor release label" after <(doc "$m" ServiceMonitor) '^  labels:' 8 'release: kube-prometheus-stack'
 
+  # Alerts: a PrometheusRule by default wherever the API is served, holding files/alerts.yaml's
+  # rules as they are (the file promtool tests: ctest prometheus_alert_rules), each runbook_url
+  # under metrics.prometheusRule.runbookBaseUrl; none without the API or when disabled.
+  expect "no PrometheusRule without the API" lacks "$d" '^kind: PrometheusRule$'
+  pr="$work/rule.yaml"
+  "$helm" template wc "$chart" --namespace wc --api-versions monitoring.coreos.com/v1 \
+    --set metrics.prometheusRule.runbookBaseUrl=https://docs.example/wc/ \
+    --set metrics.prometheusRule.labels.release=kube-prometheus-stack >"$pr" 2>"$work/err" ||
+    bad "template rule: $(cat "$work/err")"
+  doc "$pr" PrometheusRule >"$work/rule-doc.yaml"
+  expect "PrometheusRule by default with the API" has "$work/rule-doc.yaml" '^kind: PrometheusRule$'
+  expect "PrometheusRule release label" after "$work/rule-doc.yaml" '^  labels:' 8 'release: kube-prometheus-stack'
+  want_alerts="$(sed -n 's/^ *- alert: //p' "$chart/files/alerts.yaml")"
+  expect "PrometheusRule: the file's alerts, in order" test "$(sed -n 's/^ *- alert: //p' "$work/rule-doc.yaml")" = "$want_alerts"
+  expect "PrometheusRule: the file's expressions" test \
+    "$(grep -c -- '- alert: ' "$work/rule-doc.yaml")" -eq "$(grep -c '^ *expr: ' "$work/rule-doc.yaml")"
+  expect "PrometheusRule: every runbook_url under the base" test \
+    "$(grep -c 'runbook_url: https://docs\.example/wc/docs/metrics\.md#weightcache' "$work/rule-doc.yaml")" -eq \
+    "$(grep -c -- '- alert: ' "$chart/files/alerts.yaml")"
+  if command -v promtool >/dev/null; then
+    sed -n '/^spec:$/,$p' "$work/rule-doc.yaml" | tail -n +2 | sed 's/^  //' >"$work/rule-spec.yaml"
+    expect "PrometheusRule: promtool accepts its rules" promtool check rules "$work/rule-spec.yaml"
+    # The rendered rules are the file's: promtool's tests pass against them too.
+    sed "s|\.\./\.\./helm/weightcache/files/alerts\.yaml|$work/rule-spec.yaml|" \
+      "$root/tests/metrics/alerts_test.yaml" | sed 's|runbook_url: docs/metrics|runbook_url: https://docs.example/wc/docs/metrics|' \
+      >"$work/rule-test.yaml"
+    expect "PrometheusRule: the alerts' tests pass on the rendered rules" promtool test rules "$work/rule-test.yaml"
+  fi
+  expect "PrometheusRule disabled" lacks <("$helm" template wc "$chart" --api-versions monitoring.coreos.com/v1 \
+    --set metrics.prometheusRule.enabled=false) '^kind: PrometheusRule$'
+
+  # The Grafana dashboard: off by default; on, a ConfigMap for the sidecar holding the file.
+  expect "no dashboard by default" lacks "$d" 'grafana_dashboard'
+  gd="$work/dashboard.yaml"
+  "$helm" template wc "$chart" --namespace wc --set metrics.dashboard.enabled=true \
+    --set metrics.dashboard.namespace=monitoring --set metrics.dashboard.annotations.grafana_folder=weightcache \
+    >"$gd" 2>"$work/err" || bad "template dashboard: $(cat "$work/err")"
+  awk 'BEGIN{RS="\n---\n"} /\nkind: ConfigMap\n/ && /\n  name: wc-weightcache-dashboard\n/ {print}' "$gd" >"$work/dash-cm.yaml"
+  expect "dashboard: sidecar label" after "$work/dash-cm.yaml" '^  labels:' 8 'grafana_dashboard: "1"'
+  expect "dashboard: namespace" has "$work/dash-cm.yaml" '^  namespace: monitoring$'
+  expect "dashboard: folder annotation" after "$work/dash-cm.yaml" '^  annotations:' 1 'grafana_folder: weightcache'
+  sed -n '/^  weightcache\.json: |-$/,$p' "$work/dash-cm.yaml" | tail -n +2 | sed 's/^    //' >"$work/dash.json"
+  expect "dashboard: the file as it is" diff <(cat "$chart/files/dashboard.json") "$work/dash.json"
+  expect_fail "schema: dashboard namespace" 'namespace' "$helm" template wc "$chart" \
+    --set metrics.dashboard.namespace=Bad_NS
+
   # Namespace rules: off by default (no flag, no pod-resources mount); on in values-all.
   expect "namespace rules off by default" lacks "$d" 'namespace_rules|pod-resources'
   expect "namespace rules flag" has "$ds" '^            - --namespace_rules$'
@@ -417,7 +463,7 @@ for helm in "${helms[@]}"; do
 
   # Offline Kubernetes schema validation of everything rendered.
   if [[ -n "$validator" ]]; then
-    expect "kubernetes schemas" node "$validator" "$tools/node" "$d" "$m" "$work/nodp.yaml" \
+    expect "kubernetes schemas" node "$validator" "$tools/node" "$d" "$m" "$work/nodp.yaml" "$gd" \
       "$w" "$c" "$work/cm-issuer.yaml" "$pc" "$pd" "$po" "$root/deploy/weightcache.yaml" "$root/deploy/examples/engine-pod.yaml"
   fi
 
