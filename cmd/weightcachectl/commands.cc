@@ -190,6 +190,11 @@ void PrintKeeper(const v1::StatusResponse& st) {
     std::printf("  %lu entries not in step with the keeper yet (deposits or drops to do)\n",
                 static_cast<unsigned long>(k.pending_entries()));
   }
+  if (k.impostor_refusals() > 0) {
+    std::printf("  IMPOSTOR refused %lu times (the keeper must run as uid %u): %s\n",
+                static_cast<unsigned long>(k.impostor_refusals()), k.keeper_uid(),
+                k.impostor().c_str());
+  }
   if (!k.last_error().empty()) std::printf("  last keeper error: %s\n", k.last_error().c_str());
 }
 

@@ -8,6 +8,24 @@
 #include "absl/strings/str_join.h"
 
 namespace weightcache::ctl {
+namespace {
+
+// Why an entry of `source` vouches for nothing a pin could anchor.
+std::string NotFromDisk(const std::string& source) {
+  if (source == "peer_fill") {
+    return "filled from other nodes' daemons (source peer_fill): its digests are what their "
+           "records said";
+  }
+  if (source == "keeper") {
+    return "adopted from the keeper after a restart (source keeper): how it was first filled "
+           "is not known here";
+  }
+  if (source == "publish") return "published by an engine (source publish), not read from files";
+  if (source == "peer") return "copied from another GPU of this node (source peer)";
+  return absl::StrCat("filled from '", source, "', not from this node's files");
+}
+
+}  // namespace
 
 absl::StatusOr<std::string> PinBlock(const v1::StatusResponse& status, const std::string& model) {
   const v1::KnownModel* m = nullptr;
@@ -52,18 +70,36 @@ absl::StatusOr<std::string> PinBlock(const v1::StatusResponse& status, const std
         &out, "  ", f->name(), ": ", f->digest().substr(prefix.size()),
         f->source() == "pinned" ? "  # the spec's own pin: not read on this node yet" : "", "\n");
   }
-  // Per fingerprint this node holds ready, its segments' digests (issue 48): a peer fill of
-  // that fingerprint is then served only with them (docs/peer-fill.md, "Anchors").
+  // Per fingerprint this node loaded from its own disk, its segments' digests (issue 48): a
+  // peer fill of that fingerprint is then served only with them (docs/peer-fill.md,
+  // "Anchors"). Only from disk: a peer-filled entry's digests are what its peers' records
+  // said, and pinning them would make a forged copy the fleet's anchor (it launders it).
   std::map<std::string, const v1::EntryInfo*> held;
+  std::vector<std::string> skipped;
   for (const auto& e : status.entries()) {
-    if (e.model() == model && e.state() == "ready" && !e.segment_sha256().empty()) {
+    if (e.model() != model || e.state() != "ready" || e.segment_sha256().empty()) continue;
+    if (e.source() == "disk") {
       held.emplace(e.fingerprint(), &e);
+    } else {
+      skipped.push_back(absl::StrCat(e.fingerprint().substr(0, 12), " (tp ", e.layout().tp_rank(),
+                                     "/", std::max(1u, e.layout().tp_size()),
+                                     "): ", NotFromDisk(e.source())));
     }
+  }
+  if (held.empty() && !skipped.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model '", model,
+        "': no entry here was loaded from this node's disk, so there are no "
+        "segment digests to pin: ",
+        absl::StrJoin(skipped, "; "),
+        ". Pin on a node that loaded it from its files (or evict it here and load it with "
+        "peer fill off), where its digests are what those files hold"));
   }
   if (!held.empty()) {
     absl::StrAppend(&out,
                     "# Each segment's sha256-tree digest, per fingerprint (layout, dtype, GPU) "
-                    "this node holds:\nsegment_digests:\n");
+                    "this node loaded from its own disk\n# (its files read and hashed here; "
+                    "entries filled otherwise are left out):\nsegment_digests:\n");
     for (const auto& [fp, e] : held) {
       absl::StrAppend(&out, "  ", fp, ":  # tp ", e->layout().tp_rank(), "/",
                       std::max(1u, e->layout().tp_size()), " on ",
@@ -71,6 +107,7 @@ absl::StatusOr<std::string> PinBlock(const v1::StatusResponse& status, const std
       for (const auto& d : e->segment_sha256()) absl::StrAppend(&out, "    - ", d, "\n");
     }
   }
+  for (const auto& why : skipped) absl::StrAppend(&out, "# left out: ", why, "\n");
   return out;
 }
 

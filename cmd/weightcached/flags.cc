@@ -83,6 +83,13 @@ ABSL_FLAG(int, max_connections_per_pod, 256,
           "Control connections per tenant unit: the peer's pod (from its cgroup; needs "
           "hostPID), its slot socket, or outside Kubernetes the process; past it that unit's "
           "requests are answered RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_handle_connections, 4096,
+          "Handle-channel connections open at once (leases included); more are answered "
+          "RESOURCE_EXHAUSTED and closed");
+ABSL_FLAG(int, max_connections_unresolved, 16,
+          "Control (and, alike, handle) connections that all peers the daemon cannot tell by "
+          "pod or process share (gone or a zombie at accept, or a pid not visible without "
+          "hostPID); smaller than --max_connections_per_pod");
 ABSL_FLAG(int, socket_gid, -1,
           "Group id given the sockets (0660) and a socket dir the daemon creates (0750), so "
           "engines running as other uids in that group can connect (an existing dir must let "
@@ -150,6 +157,9 @@ ABSL_FLAG(double, shutdown_timeout, 10,
 ABSL_FLAG(std::string, keeper_socket, "/run/weightcache-keeper/keeper.sock",
           "weightcache-keeper's socket: ready entries are deposited there and adopted back at "
           "start, so the cache outlives a daemon crash or upgrade; 'off': no keeper");
+ABSL_FLAG(int, keeper_uid, -1,
+          "The uid weightcache-keeper runs as: a process of another uid serving --keeper_socket "
+          "is refused (nothing deposited or adopted); -1: the daemon's own uid");
 ABSL_FLAG(double, keeper_timeout, 5,
           "Seconds one message to the keeper may take (connect, greeting, each reply) before the "
           "daemon gives that connection up and connects again; clients never wait on it");
@@ -363,13 +373,24 @@ absl::Status ReadAccessFlags(server::DaemonOptions& opts) {
   opts.refresh_interval =
       std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_refresh_interval) * 1000));
   if (absl::GetFlag(FLAGS_max_connections) < 1 ||
-      absl::GetFlag(FLAGS_max_connections_per_pod) < 1) {
+      absl::GetFlag(FLAGS_max_connections_per_pod) < 1 ||
+      absl::GetFlag(FLAGS_max_connections_unresolved) < 1 ||
+      absl::GetFlag(FLAGS_max_handle_connections) < 1) {
     return absl::InvalidArgumentError(
-        "--max_connections and --max_connections_per_pod "
-        "must be at least 1");
+        "--max_connections, --max_connections_per_pod, --max_connections_unresolved and "
+        "--max_handle_connections must be at least 1");
   }
+  opts.max_handle_connections = static_cast<size_t>(absl::GetFlag(FLAGS_max_handle_connections));
+  opts.max_connections_unresolved =
+      static_cast<size_t>(absl::GetFlag(FLAGS_max_connections_unresolved));
   opts.max_connections = static_cast<size_t>(absl::GetFlag(FLAGS_max_connections));
   opts.max_connections_per_pod = static_cast<size_t>(absl::GetFlag(FLAGS_max_connections_per_pod));
+  if (const int k = absl::GetFlag(FLAGS_keeper_uid); k < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--keeper_uid: ", k, " is not a uid (-1: the daemon's own)"));
+  } else if (k >= 0) {
+    opts.keeper_uid = static_cast<uid_t>(k);
+  }
   return absl::OkStatus();
 }
 

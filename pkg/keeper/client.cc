@@ -2,9 +2,12 @@
 
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <cerrno>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "pkg/keeper/wire.h"
 #include "pkg/util/errno_status.h"
@@ -25,15 +28,37 @@ absl::StatusOr<Message> Expect(int sock, Op want, const std::string& what) {
   return m;
 }
 
+constexpr char kImpostorPayload[] = "type.weightcache.io/keeper-impostor-uid";
+
 }  // namespace
 
+std::optional<uid_t> KeeperClient::ImpostorUid(const absl::Status& s) {
+  const auto p = s.GetPayload(kImpostorPayload);
+  uint32_t uid = 0;
+  if (!p || !absl::SimpleAtoi(std::string(*p), &uid)) return std::nullopt;
+  return static_cast<uid_t>(uid);
+}
+
 absl::StatusOr<std::unique_ptr<KeeperClient>> KeeperClient::Connect(
-    const std::string& path, std::chrono::milliseconds timeout) {
+    const std::string& path, std::chrono::milliseconds timeout, std::optional<uid_t> keeper_uid) {
   // A keeper that stopped accepting (frozen) fills its backlog: refused at once, not waited.
   auto sock = ConnectUnixNoWait(path, SOCK_SEQPACKET);
   if (!sock.ok()) {
     return absl::UnavailableError(
         absl::StrCat("no keeper at ", path, ": ", sock.status().message()));
+  }
+  // The listener's credentials, recorded by the kernel when it called listen(): not
+  // something the process at the other end can say otherwise.
+  const uid_t want = keeper_uid.value_or(::geteuid());
+  auto cred = GetPeerCred(sock->get());
+  if (!cred.ok()) return cred.status();
+  if (cred->uid != want) {
+    absl::Status refused = absl::PermissionDeniedError(
+        absl::StrCat(path, ": the keeper there runs as uid ", cred->uid, " (pid ", cred->pid,
+                     "), not the expected uid ", want,
+                     ": refused, nothing deposited with it or adopted from it"));
+    refused.SetPayload(kImpostorPayload, absl::Cord(std::to_string(cred->uid)));
+    return refused;
   }
   timeval tv{};
   tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);

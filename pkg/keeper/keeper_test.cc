@@ -1,8 +1,11 @@
 // The keeper in process with real memfds over its real socket: deposits of many descriptors
 // (several SCM_RIGHTS batches) and large bodies (several datagrams) come back intact from
 // Adopt; drop, replace, the descriptor limit and the uid check answer with named errors.
+#include <grp.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -164,6 +167,62 @@ TEST_F(KeeperTest, RefusesAPeerOfAnotherUid) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kPermissionDenied) << s.status();
   EXPECT_NE(s.status().message().find("may not use the keeper"), std::string::npos) << s.status();
+}
+
+// The daemon's side of the same check: the client reads who serves the socket before it
+// sends or believes anything, and refuses a keeper of another uid by name.
+TEST_F(KeeperTest, KeeperImpostorOfAnotherUidIsRefusedByTheClient) {
+  auto k = Start();
+  const uid_t other = ::geteuid() == 0 ? 65534 : 0;
+  auto s = KeeperClient::Connect(dir_ / "k/keeper.sock", std::chrono::seconds(5), other);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kPermissionDenied) << s.status();
+  EXPECT_NE(s.status().message().find(
+                "the keeper there runs as uid " + std::to_string(::geteuid()) + " (pid " +
+                std::to_string(::getpid()) + "), not the expected uid " + std::to_string(other)),
+            std::string::npos)
+      << s.status();
+  EXPECT_EQ(KeeperClient::ImpostorUid(s.status()), ::geteuid());
+  EXPECT_EQ(KeeperClient::ImpostorUid(absl::PermissionDeniedError("x")), std::nullopt);
+  // Its own uid (the default) is served.
+  EXPECT_TRUE(KeeperClient::Connect(dir_ / "k/keeper.sock").ok());
+}
+
+// A daemon of another uid (here: a real process that dropped to uid 65534), even where the
+// socket's mode lets it connect, is refused by the keeper by name: it neither adopts nor
+// deposits.
+TEST_F(KeeperTest, KeeperImpostorDaemonOfAnotherUidIsRefusedByTheKeeper) {
+  if (::geteuid() != 0) GTEST_SKIP() << "drops to uid 65534: run as root";
+  ASSERT_EQ(::chmod(dir_.path().c_str(), 0711), 0);
+  ASSERT_EQ(::mkdir((dir_ / "k").c_str(), 0755), 0);
+  auto k = Start();
+  ASSERT_EQ(::chmod((dir_ / "k/keeper.sock").c_str(), 0666), 0);  // the mode is not the guard
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(out[0]);
+    std::string said = "setuid failed";
+    if (::setgroups(0, nullptr) == 0 && ::setgid(65534) == 0 && ::setuid(65534) == 0) {
+      auto c = KeeperClient::Connect(dir_ / "k/keeper.sock", std::chrono::seconds(5),
+                                     /*keeper_uid=*/0);
+      said = c.ok() ? "served" : std::string(c.status().ToString());
+    }
+    (void)!::write(out[1], said.data(), said.size());
+    ::_exit(0);
+  }
+  ::close(out[1]);
+  std::string said;
+  char buf[512];
+  for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) said.append(buf, n);
+  ::close(out[0]);
+  int st = 0;
+  ASSERT_EQ(::waitpid(child, &st, 0), child);
+  EXPECT_NE(said.find("PERMISSION_DENIED"), std::string::npos) << said;
+  EXPECT_NE(said.find("uid 65534 may not use the keeper (allowed: uid 0"), std::string::npos)
+      << said;
+  EXPECT_EQ(k->stats().entries, 0u);
 }
 
 // One daemon at a time: while the first connection that deposited is open, another may ask

@@ -363,6 +363,12 @@ struct Metrics::Impl {
                     .Help("Cache entries re-adopted from the keeper at start (served without "
                           "reading the disk), by model.")
                     .Register(registry)),
+        keeper_impostors(prometheus::BuildCounter()
+                             .Name("weightcache_keeper_impostors_total")
+                             .Help("Connections to --keeper_socket refused because the process "
+                                   "serving it runs as another uid than the keeper's, by the "
+                                   "uid found and the uid expected.")
+                             .Register(registry)),
         peer_fill_bytes(prometheus::BuildCounter()
                             .Name("weightcache_peer_fill_bytes_total")
                             .Help("Bytes filled from other nodes' daemons (peer fill), by model.")
@@ -465,6 +471,7 @@ struct Metrics::Impl {
   prometheus::Family<prometheus::Gauge>& keeper_fds;
   prometheus::Family<prometheus::Counter>& budget_refusals;
   prometheus::Family<prometheus::Counter>& adopted;
+  prometheus::Family<prometheus::Counter>& keeper_impostors;
   prometheus::Family<prometheus::Counter>& peer_fill_bytes;
   prometheus::Family<prometheus::Histogram>& peer_fill_seconds;
   prometheus::Family<prometheus::Counter>& peer_fill_fallbacks;
@@ -570,6 +577,13 @@ void Metrics::OnModel(const std::string& model) {
 
 void Metrics::OnBudgetRefusal(const std::string& model) {
   impl_->budget_refusals.Add({{"model", impl_->ModelLabel(model)}}).Increment();
+}
+
+void Metrics::OnKeeperImpostor(uint32_t found_uid, uint32_t expected_uid) {
+  impl_->keeper_impostors
+      .Add({{"found_uid", std::to_string(found_uid)},
+            {"expected_uid", std::to_string(expected_uid)}})
+      .Increment();
 }
 
 void Metrics::OnAdopted(const std::string& model) {

@@ -172,6 +172,9 @@ class Metrics {
   // start (weightcache_adopted_entries_total).
   void SetKeeperUp(bool up);
   void SetKeeperDescriptors(uint64_t n);
+  // A connection to the keeper socket refused: the process serving it runs as `found_uid`,
+  // not the keeper's `expected_uid` (weightcache_keeper_impostors_total).
+  void OnKeeperImpostor(uint32_t found_uid, uint32_t expected_uid);
   void OnAdopted(const std::string& model);
   // Peer fill (issue 30): a model-rank filled from other nodes' daemons (its bytes and
   // seconds), and a load that asked the peers and read from disk instead, by reason

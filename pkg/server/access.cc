@@ -44,6 +44,14 @@ absl::StatusOr<Caller> Access::CallerOf(const std::string& grpc_peer) const {
   }
   if (c->over_cap) {
     if (metrics_ != nullptr) metrics_->OnRefused("connection_cap");
+    if (c->unit.unresolved()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "control socket: ", c->unit.Describe(),
+          ": every peer the daemon cannot tell by pod "
+          "or process (gone, a zombie, or its pid not visible) shares one unit, which holds ",
+          c->unit_connections, " connections, over its cap of ", c->unit_cap,
+          " (--max_connections_unresolved); close some and reconnect"));
+    }
     return absl::ResourceExhaustedError(
         absl::StrCat("control socket: ", c->unit.Describe(), " holds ", c->unit_connections,
                      " connections, over the cap of ", max_connections_per_pod_,

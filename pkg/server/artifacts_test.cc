@@ -6,8 +6,10 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -251,6 +253,50 @@ TEST_F(ArtifactsTest, ASilentPutIsCancelledAndPutsAtOnceAreCapped) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_TRUE(again.ok()) << again;
+}
+
+// A peer without the publish role opened puts and sent nothing: each took a put slot before
+// its role was checked (with the first message), so such a pod held every slot and the
+// admin's put was refused. Now the role is checked first: its puts are refused at once,
+// take no slot, and the admin's put is served.
+TEST_F(ArtifactsTest, ANonPublishersPutsTakeNoSlotTheAdminsPutIsServed) {
+  DaemonOptions o;
+  o.admin_uids = {::geteuid() + 4242};  // this process on the engine socket: an engine
+  o.publish_uids = {::geteuid() + 4242};
+  o.admin_socket_dir = dir_ / "admin";
+  o.artifact_max_puts = 2;
+  o.artifact_max_puts_per_unit = 2;
+  o.artifact_put_idle = std::chrono::milliseconds(30000);  // the old code's slots stay held
+  o.metrics = &metrics_;
+  Start(std::move(o));
+  auto admin = client::Client::Connect(dir_ / "admin");
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  auto stub = Stub();
+  constexpr int kPuts = 6;
+  grpc::ClientContext ctx[kPuts];
+  v1::PutArtifactResponse resp[kPuts];
+  std::vector<std::unique_ptr<grpc::ClientWriter<v1::PutArtifactRequest>>> silent;
+  for (int i = 0; i < kPuts; ++i) silent.push_back(stub->PutArtifact(&ctx[i], &resp[i]));
+  // Until every silent put was answered: refused (the role), or busy (past the slots the
+  // first ones took: the old code).
+  const auto answered = [&](const char* result) {
+    return std::max(
+        0.0, Sample("weightcache_artifact_requests_total", {{"op", "put"}, {"result", result}}));
+  };
+  for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+       std::chrono::steady_clock::now() < until &&
+       answered("refused") + answered("busy") < kPuts - 2;) {   // 2: the slots
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling with a deadline
+  }
+  auto put = (*admin)->PutArtifact(Key(), "the admin's kernels");
+  EXPECT_TRUE(put.ok()) << put.status();
+  EXPECT_EQ(answered("busy"), 0);
+  for (auto& w : silent) {
+    const grpc::Status s = w->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("may not publish"));
+  }
+  EXPECT_EQ(answered("refused"), kPuts);
 }
 
 TEST_F(ArtifactsTest, AnArtifactTokenIsClaimedOnceAndHoldsNoLease) {

@@ -74,7 +74,8 @@ Daemon::Impl::Impl(DaemonOptions options, memory::Backend* backend, DaemonHooks*
     keeper_ = std::make_unique<KeeperLink>(
         KeeperLink::Options{.socket_path = options_.keeper_socket,
                             .io_timeout = options_.keeper_timeout,
-                            .claim_wait = options_.keeper_claim_wait},
+                            .claim_wait = options_.keeper_claim_wait,
+                            .keeper_uid = options_.keeper_uid},
         backend_, &registry_, options_.metrics,
         [this](const std::string& model) { return models_.Recorded(model); },
         [this](const cache::Key& key) { return publishes_.PublisherOf(key); });
@@ -251,6 +252,8 @@ absl::Status Daemon::Impl::StartHandleChannel() {
   hopts.path = handle_path();
   for (const auto& s : slots_) hopts.slot_sockets.push_back({s.slot, s.handle});
   hopts.allowed_uids = options_.allowed_uids;
+  hopts.max_connections = options_.max_handle_connections;
+  hopts.max_connections_unresolved = options_.max_connections_unresolved;
   WC_ASSIGN_OR_RETURN(handles_,
                       HandleChannel::Start(
                           hopts,
@@ -284,6 +287,7 @@ absl::Status Daemon::Impl::StartControlServer() {
   lo.allowed_uids = options_.allowed_uids;
   lo.max_connections = options_.max_connections;
   lo.max_connections_per_pod = options_.max_connections_per_pod;
+  lo.max_connections_unresolved = options_.max_connections_unresolved;
   if (options_.metrics != nullptr) {
     lo.on_relay_closed = [m = options_.metrics](const std::string& limit) {
       m->OnRefused("http2_" + limit);

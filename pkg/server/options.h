@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,11 @@ struct DaemonOptions {
   // Control connections open at once, in all and per peer uid (see ControlListener).
   size_t max_connections = 2048;
   size_t max_connections_per_pod = 256;
+  // The one unit every unresolved peer shares (pkg/tenant: gone, a zombie or its pid not
+  // visible at accept) is capped at this on the control socket and the handle channel alike.
+  size_t max_connections_unresolved = 16;
+  // Handle-channel connections open at once (HandleChannel::Options::max_connections).
+  size_t max_handle_connections = 4096;
   // Memory gRPC may use for the control plane (requests, streams, buffers) and its threads.
   uint64_t grpc_memory_bytes = 256ull << 20;
   int grpc_max_threads = 128;
@@ -159,6 +165,9 @@ struct DaemonOptions {
   // The most one keeper message may take (connect, greeting, each reply) before the link
   // gives the connection up and connects again. Only the link's worker ever waits on it.
   std::chrono::milliseconds keeper_timeout{5000};
+  // The uid the keeper must run as (checked on every connection, before anything is
+  // deposited or adopted); nullopt: the daemon's own (--keeper_uid).
+  std::optional<uid_t> keeper_uid;
   NamespaceRulesOptions namespace_rules;
   PeerOptions peer;
   metrics::Metrics* metrics = nullptr;  // optional

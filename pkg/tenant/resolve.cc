@@ -1,5 +1,9 @@
 #include "pkg/tenant/resolve.h"
 
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -9,6 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "pkg/tenant/cgroup.h"
 #include "pkg/util/log.h"
+#include "pkg/util/scoped_fd.h"
 
 namespace weightcache::tenant {
 namespace {
@@ -23,7 +28,42 @@ std::string ReadSmallFile(const std::string& path) {
   return out;
 }
 
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77  // Linux 6.5; older headers lack it
+#endif
+
+// What SO_PEERPIDFD says of the peer of `sock`.
+struct Pinned {
+  ScopedFd pidfd;     // valid: the peer's process, pinned
+  bool gone = false;  // the kernel has the option and the peer's process is gone already
+};
+
+Pinned PinPeer(int sock) {
+  Pinned p;
+  if (sock < 0) return p;
+  int fd = -1;
+  socklen_t len = sizeof fd;
+  if (::getsockopt(sock, SOL_SOCKET, SO_PEERPIDFD, &fd, &len) == 0 && fd >= 0) {
+    p.pidfd.reset(fd);
+  } else if (errno != ENOPROTOOPT && errno != EOPNOTSUPP) {
+    p.gone = true;  // ESRCH / EINVAL: no process left to pin
+  }
+  return p;
+}
+
+// Whether the process `pidfd` pins has exited (a zombie included): its pidfd polls readable.
+bool Exited(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  return ::poll(&p, 1, 0) != 0;
+}
+
 }  // namespace
+
+char StateOfStat(const std::string& stat) {
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return '\0';
+  return stat[close + 2];
+}
 
 uint64_t StartTicksOfStat(const std::string& stat) {
   const size_t close = stat.rfind(')');
@@ -35,22 +75,39 @@ uint64_t StartTicksOfStat(const std::string& stat) {
   return std::strtoull(std::string(f[19]).c_str(), nullptr, 10);
 }
 
-Unit Resolver::Resolve(pid_t pid) const {
+Unit Resolver::Resolve(pid_t pid, int sock) const {
   Unit u;
   u.pid = pid;
+  const Pinned pinned = PinPeer(sock);
+  if (pinned.gone) {
+    unknown_++;
+    return u;
+  }
   if (pid <= 0) {
     unknown_++;
     if (!warned_.exchange(true)) {
       WC_LOG_WARN(
           "a peer's pid is not visible in this pid namespace (SO_PEERCRED reports 0): peers "
-          "that are not told apart by pod share one tenant unit; run the daemon with hostPID "
-          "(the chart's daemon.hostPID) so leases and connection caps are per pod");
+          "that are not told apart by pod share one unresolved tenant unit and its small cap "
+          "(--max_connections_unresolved); run the daemon with hostPID (the chart's "
+          "daemon.hostPID), or give each pod its slot socket, so leases and caps are per pod");
     }
     return u;
   }
   const std::string dir = absl::StrCat(proc_root_, "/", pid);
-  u.start_ticks = StartTicksOfStat(ReadSmallFile(dir + "/stat"));
+  const std::string stat = ReadSmallFile(dir + "/stat");
+  u.start_ticks = StartTicksOfStat(stat);
   auto lines = ParseProcCgroup(ReadSmallFile(dir + "/cgroup"));
+  // Gone before it was read, a zombie (its pid is about to name nobody, then anybody), or
+  // exited while it was read (with a pidfd: then what was read may be another's): nothing
+  // says who it was.
+  const char state = StateOfStat(stat);
+  if (u.start_ticks == 0 || state == 'Z' || state == 'X' ||
+      (pinned.pidfd && Exited(pinned.pidfd.get()))) {
+    u.start_ticks = 0;
+    unknown_++;
+    return u;
+  }
   if (lines.ok()) {
     if (std::optional<PodRef> pod = PodOfLines(*lines)) {
       u.kind = UnitKind::kPod;
@@ -59,10 +116,6 @@ Unit Resolver::Resolve(pid_t pid) const {
       pods_++;
       return u;
     }
-  }
-  if (u.start_ticks == 0) {  // gone before it was read: nothing says who it was
-    unknown_++;
-    return u;
   }
   u.kind = UnitKind::kProcess;
   processes_++;

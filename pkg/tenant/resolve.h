@@ -4,10 +4,17 @@
 //
 // The pid must be visible in the daemon's pid namespace: in Kubernetes the daemon runs with
 // hostPID (the chart's default); otherwise SO_PEERCRED reports pid 0 for processes of other
-// pods and they resolve to one kUnknown unit (the first such peer is logged with the fix).
-// The pid is read at accept; a process that exits and whose pid is taken by another before
-// the daemon reads /proc names the new process (the window is a few system calls; the start
-// time read at the same moment is what tells the two apart afterwards).
+// pods and they resolve to the one unresolved unit (the first such peer is logged with the
+// fix). So does a peer that is gone or a zombie when /proc is read (a process whose
+// children connect and exit at once): what its pid names then is nobody, or somebody else.
+//
+// Given the connection (`sock`), the process is pinned with SO_PEERPIDFD (Linux 6.5+): /proc
+// is read through its pid, and the pidfd then says whether that process is still running;
+// only then is what was read its own (a pid is reused only once its process is reaped).
+// Where the kernel lacks SO_PEERPIDFD (ENOPROTOOPT) the pid is read as it is: a process that
+// exits and whose pid is taken by another before the daemon reads /proc names the new
+// process (the window is a few system calls; the start time read at the same moment is what
+// tells the two apart afterwards).
 //
 // Thread-safety: Resolve may be called from any thread. Lifetimes: none.
 #pragma once
@@ -25,8 +32,10 @@ class Resolver {
  public:
   explicit Resolver(std::string proc_root = "/proc") : proc_root_(std::move(proc_root)) {}
 
-  // The unit of process `pid` (0: not visible -> kUnknown).
-  Unit Resolve(pid_t pid) const;
+  // The unit of process `pid` (0: not visible -> kUnknown), the peer of connection `sock`
+  // when it is given (>= 0): then that process is pinned with SO_PEERPIDFD where the kernel
+  // has it.
+  Unit Resolve(pid_t pid, int sock = -1) const;
 
   // Peers resolved so far by kind, for the log line and tests.
   struct Counts {
@@ -44,5 +53,7 @@ class Resolver {
 // not one. The command name (field 2) may hold spaces and parentheses: fields are counted
 // after its last ')'.
 uint64_t StartTicksOfStat(const std::string& stat);
+// Field 3 of a /proc/PID/stat line (the state: R, S, D, Z, X...); '\0' when not one.
+char StateOfStat(const std::string& stat);
 
 }  // namespace weightcache::tenant

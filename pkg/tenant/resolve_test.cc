@@ -5,12 +5,21 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
 
+#include "pkg/util/scoped_fd.h"
+#include "pkg/util/unix_socket.h"
 #include "tests/testutil/pod_cgroup.h"
 #include "tests/testutil/temp_dir.h"
 
@@ -26,6 +35,13 @@ void WriteProc(const testing::TempDir& root, int pid, const std::string& cgroup,
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/cgroup") << cgroup;
   std::ofstream(dir + "/stat") << stat;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
 }
 
 // A stat line whose command holds spaces and parentheses; starttime (field 22) = `start`.
@@ -61,10 +77,70 @@ TEST(ResolveTest, PodProcessAndUnknownFromAFixtureProc) {
   // Not visible (SO_PEERCRED's 0) or gone before it was read.
   EXPECT_EQ(r.Resolve(0).kind, UnitKind::kUnknown);
   EXPECT_EQ(r.Resolve(12).kind, UnitKind::kUnknown);
+  // Every unresolved peer is the one shared unit, whatever its pid.
+  EXPECT_EQ(r.Resolve(12).Key(), kUnresolvedKey);
+  EXPECT_EQ(r.Resolve(0).Key(), r.Resolve(13).Key());
+  // A zombie is gone as far as its pid can tell.
+  WriteProc(root, 14, "0::/\n", "14 (z) Z 1 1 1 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 700 0 0 0\n");
+  EXPECT_EQ(StateOfStat(ReadAll(root / "14/stat")), 'Z');
+  EXPECT_EQ(r.Resolve(14).Key(), kUnresolvedKey);
   const Resolver::Counts n = r.counts();
   EXPECT_EQ(n.pods, 1u);
   EXPECT_EQ(n.processes, 2u);
-  EXPECT_EQ(n.unknown, 2u);
+  EXPECT_EQ(n.unknown, 6u);
+}
+
+// A child that connects a socket its parent made and exits at once (finding 1 of "Identity
+// given, not guessed"): its pid names nobody (reaped) or a zombie by the time the daemon
+// reads it. Each such connection was a unit of its own ("unknown:<pid>", or a process unit
+// for a zombie), so a pod forking children passed every per-unit cap; now all of them are
+// the one unresolved unit. The connection is given, so SO_PEERPIDFD pins the peer where the
+// kernel has it; a live peer is still its process.
+TEST(ResolveTest, PeersThatExitedAtOnceAreOneUnresolvedUnit) {
+  testing::TempDir dir;
+  const std::string path = dir / "s.sock";
+  ScopedFd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener.get(), 8), 0);
+  Resolver r;
+  std::set<std::string> keys;
+  for (bool reap : {true, false, true, false}) {
+    ScopedFd made(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));  // the parent's
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      // The connection's credentials are the connecting child's; it exits at once.
+      ::_exit(::connect(made.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 ? 0 : 1);
+    }
+    siginfo_t info{};
+    // Exited: reaped, or left a zombie (WNOWAIT).
+    ASSERT_EQ(::waitid(P_PID, child, &info, WEXITED | (reap ? 0 : WNOWAIT)), 0);
+    ASSERT_EQ(info.si_status, 0);
+    ScopedFd conn(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    ASSERT_TRUE(conn.valid());
+    auto cred = GetPeerCred(conn.get());
+    ASSERT_TRUE(cred.ok()) << cred.status();
+    ASSERT_EQ(cred->pid, child);
+    const Unit u = r.Resolve(cred->pid, conn.get());
+    EXPECT_EQ(u.kind, UnitKind::kUnknown) << (reap ? "reaped " : "zombie ") << u.Key();
+    keys.insert(u.Key());
+    if (!reap) ::waitpid(child, nullptr, 0);
+  }
+  EXPECT_EQ(keys, std::set<std::string>{kUnresolvedKey});
+}
+
+// The peer's connection given: alive, it is its process (or pod) unit, as by pid alone.
+TEST(ResolveTest, ALivePeerPinnedByItsConnectionIsItsProcess) {
+  Resolver r;
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  ScopedFd a(sv[0]), b(sv[1]);
+  const Unit me = r.Resolve(::getpid(), a.get());  // a socketpair's peer: its maker, here
+  EXPECT_NE(me.kind, UnitKind::kUnknown);
+  EXPECT_EQ(me.Key(), r.Resolve(::getpid()).Key());
 }
 
 TEST(ResolveTest, ThisProcessIsAProcessUnit) {

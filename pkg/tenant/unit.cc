@@ -15,7 +15,7 @@ std::string Unit::Key() const {
     case UnitKind::kUnknown:
       break;
   }
-  return absl::StrCat("unknown:", pid);
+  return kUnresolvedKey;
 }
 
 std::string Unit::Describe() const {

@@ -2,8 +2,12 @@
 // and what Status shows (issue 47: every engine pod runs as root, so a uid names nobody).
 // Resolved once at accept from the peer's pid (SO_PEERCRED): the pod when its cgroup path
 // names one (cgroup.h), the device-plugin slot on a slot socket (one pod each), else the
-// process itself (pid and start time, so a reused pid is another unit). Uids stay for file
-// permissions and the role flags (policy.h). Depends on nothing of the daemon.
+// process itself (pid and start time, so a reused pid is another unit). A peer that cannot
+// be told (its pid not visible, gone or a zombie by the time it is read) is the one shared
+// unresolved unit, whatever its pid: never a unit per connection, which would let a pod
+// whose children connect and exit at once pass every per-unit cap (the listeners give that
+// unit a cap of its own, smaller than a pod's). Uids stay for file permissions and the role
+// flags (policy.h). Depends on nothing of the daemon.
 //
 // Thread-safety: a plain value, copied freely.
 #pragma once
@@ -15,8 +19,12 @@
 
 namespace weightcache::tenant {
 
+// The key every unresolved peer shares (Unit::Key of kUnknown).
+inline constexpr char kUnresolvedKey[] = "unknown";
+
 enum class UnitKind {
-  kUnknown,  // not resolved (a test's hand-made caller, or a peer whose pid is not visible)
+  kUnknown,  // not resolved (a test's hand-made caller, a peer whose pid is not visible, or
+             // one gone or a zombie before it was read): one unit for all of them
   kPod,      // a Kubernetes pod, from the cgroup path: `pod` is its UID
   kSlot,     // a device-plugin slot socket (namespace rules): `slot` is its id
   kProcess,  // outside Kubernetes: one process, `pid` started at `start_ticks`
@@ -31,10 +39,13 @@ struct Unit {
   std::string container;     // kPod: the container id from the cgroup path, for messages
 
   // A key that is equal for connections of the same unit and differs otherwise:
-  // "pod:<uid>", "slot:<id>", "process:<pid>/<start>", "unknown:<pid>".
+  // "pod:<uid>", "slot:<id>", "process:<pid>/<start>", and kUnresolvedKey for every
+  // unresolved peer (its pid says nothing: gone, reused or not visible).
   std::string Key() const;
-  // For messages: "pod 1234abcd-...", "slot weightcache-3", "process 812".
+  // For messages: "pod 1234abcd-...", "slot weightcache-3", "process 812",
+  // "an unresolved peer (pid 812)".
   std::string Describe() const;
+  bool unresolved() const { return kind == UnitKind::kUnknown; }
 
   // The unit of a connection on a device-plugin slot socket (one pod each).
   static Unit OfSlot(std::string slot, pid_t pid) {

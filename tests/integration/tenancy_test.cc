@@ -4,6 +4,7 @@
 // machine does not let the test make cgroups, the cases skip naming why; the rules
 // themselves are also tested without cgroups (policy_test, status_view_test,
 // connection_table_test, control_listener_test, handle_channel_test, tenant_test).
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -152,6 +153,58 @@ TEST_F(TenancyTest, APodOverItsConnectionCapIsToldSoAndAnotherPodIsServed) {
     served += a->WaitFor("READY", 60s).has_value() ? 1 : 0;
   }
   EXPECT_EQ(served, 5) << testing::ReadFileOrEmpty(dir_ / "client-a.err");
+}
+
+// "Identity given, not guessed", finding 1: a pod whose children each connect() a socket the
+// parent made and exit at once. Each such connection's pid named nobody (reaped) or a zombie
+// by the time the daemon read it, and became a unit of its own ("unknown:<pid>", or the
+// zombie's process): past every per-unit cap, the pod held the node's whole control table
+// and handle channel, and another pod's Acquires failed. Now every unresolved peer is the
+// one unresolved unit with a small cap of its own (--max_connections_unresolved), and pod A
+// is served 5 of 5. The daemon is stopped (SIGSTOP) while the children connect and exit, so
+// that every one of them is gone when it is accepted: the race the attacker repeats until it
+// wins, won every time. Totals are small so that few children fill them.
+TEST_F(TenancyTest, ForkingChildrenThatExitAtOnceShareOneSmallUnitAnotherPodIsServed) {
+  Start({"--max_connections=64", "--max_connections_per_pod=32", "--max_handle_connections=64"});
+  // 12 children per socket, 6 connections each: 72 per socket, past both totals (64); each
+  // child's 6 stay under the per-pod cap (32), so only one unit per child filled them.
+  auto attacker = InPod(*pod_b_,
+                        {"/usr/bin/python3", "-c",
+                         "import os, socket, sys\n"
+                         "held = []\n"
+                         "sys.stdin.readline()\n"
+                         "for path in sys.argv[1:3]:\n"
+                         "  for i in range(12):\n"
+                         "    made = [socket.socket(socket.AF_UNIX) for _ in range(6)]\n"
+                         "    pid = os.fork()\n"
+                         "    if pid == 0:\n"
+                         "      for c in made: c.connect(path)\n"
+                         "      os._exit(0)\n"
+                         "    if i % 2 == 0: os.waitpid(pid, 0)\n"  // the others: zombies
+                         "    else: os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)\n"
+                         "    held += made\n"
+                         "print('HELD', len(held), flush=True)\n"
+                         "sys.stdin.read()\n",
+                         socket_dir() + "/control.sock", socket_dir() + "/handle.sock"},
+                        "attacker");
+  daemon_->Kill(SIGSTOP);
+  attacker->WriteLine("go");
+  const std::optional<std::string> held = attacker->WaitFor("HELD", 60s);
+  daemon_->Kill(SIGCONT);
+  ASSERT_EQ(held.value_or(""), "HELD 144") << testing::ReadFileOrEmpty(dir_ / "attacker.err");
+  // Pod A's connections queue behind the attacker's: the daemon has accepted (and resolved)
+  // all of those before it reaches them.
+  int served = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto a = InPod(*pod_a_, {TEST_CLIENT_PATH, socket_dir(), "m"}, "client-a");
+    served += a->WaitFor("READY", 60s).has_value() ? 1 : 0;
+  }
+  EXPECT_EQ(served, 5) << testing::ReadFileOrEmpty(dir_ / "client-a.err")
+                       << testing::ReadFileOrEmpty(dir_ / "daemon.log");
+  // The attacker's pod itself is still a pod: its own live process is served (by its unit).
+  auto [rc, out] =
+      RunInPod(*pod_b_, {WEIGHTCACHECTL_PATH, "--socket=" + socket_dir(), "status"}, "ctl-b");
+  EXPECT_EQ(rc, 0) << out;
 }
 
 }  // namespace

@@ -12,6 +12,8 @@
 //   placement flood (layouts, environments)       AnEngineCannotFloodTheNodeWithLayouts...
 //   keep memory after a lease, evict, reload      MemoryKeptAfterALeaseStaysCountedAgainst...
 //   revoked model back from the keeper            ARevokedModelDoesNotComeBackFromTheKeeper
+//   another uid serves the keeper socket first    KeeperImpostorOfAnotherUidGetsNothing...
+//   a daemon of another uid at the keeper         pkg/keeper KeeperTest.KeeperImpostorDaemon...
 //   squat spawn mode's directory                  python/tests/test_modes.py
 //                                                 test_spawn_mode_refuses_a_directory_that_...
 //   numeric webhook limit makes pods unschedulable  pkg/webhook Mutate.ANumericLimitIsCopied...
@@ -450,6 +452,75 @@ TEST_F(TrustTest, ARevokedModelDoesNotComeBackFromTheKeeper) {
   EXPECT_EQ(revoked.status().code(), absl::StatusCode::kNotFound) << revoked.status();
   auto stats = keeper::KeeperClient::Connect(keeper_sock).value()->Stats();
   EXPECT_THAT(stats.value_or(""), HasSubstr("entries=3 "));
+}
+
+// Attack: the keeper's socket directory is world-writable (1777, like /tmp): uid 65534 runs
+// the real weightcache-keeper there before the node's keeper starts (letting the daemon's uid
+// in), and offers an entry of its own. Before: the root daemon deposited every entry with it
+// (uid 65534 then read every cached weight from the descriptors it held) and adopted what it
+// offered. Answer: the daemon checks who serves the socket (SO_PEERCRED, its own uid or
+// --keeper_uid) before anything crosses, and says so by name in its log, Status and metrics.
+TEST_F(TrustTest, KeeperImpostorOfAnotherUidGetsNothingAndGivesNothing) {
+  if (::geteuid() != 0) GTEST_SKIP() << "the daemon is root and the impostor uid 65534";
+  ASSERT_EQ(::chmod(dir_.path().c_str(), 0711), 0);  // the impostor reaches k/
+  const std::string shared = dir_ / "k";
+  ASSERT_EQ(::mkdir(shared.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(shared.c_str(), 01777), 0);
+  const std::string sock = shared + "/keeper.sock";
+  Process impostor({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                    KEEPER_PATH, "--socket=" + sock, "--allowed_uids=0,65534"},
+                   dir_ / "impostor.log");
+  const auto offered = [&]() -> absl::StatusOr<std::unique_ptr<keeper::KeeperClient>> {
+    return keeper::KeeperClient::Connect(sock, std::chrono::seconds(5), /*keeper_uid=*/65534);
+  };
+  for (int i = 0; i < 1000 && !offered().ok(); ++i) {
+    std::this_thread::sleep_for(10ms);  // polling a condition with a deadline
+  }
+  {
+    auto c = offered();
+    ASSERT_TRUE(c.ok()) << c.status() << testing::ReadFileOrEmpty(dir_ / "impostor.log");
+    ScopedFd planted(::memfd_create("planted", MFD_CLOEXEC));
+    ASSERT_EQ(::ftruncate(planted.get(), 4096), 0);
+    ASSERT_TRUE((*c)->Deposit("planted@host", "a record of its choosing",
+                              {planted.get(), planted.get(), planted.get()})
+                    .ok());
+  }  // closed: the impostor serves the next daemon
+
+  auto d =
+      testing::StartDaemon({WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir(), "--backend=host",
+                            "--metrics_address=127.0.0.1:0", "--keeper_timeout=1",
+                            "--keeper_socket=" + sock, "--model=name=m,model_dir=" + dir_ / "m"},
+                           socket_dir(), dir_ / "daemon.log", [](const v1::StatusResponse& s) {
+                             return s.entries_size() == 1 && s.entries(0).state() == "ready";
+                           });
+  ASSERT_TRUE(d.ok()) << d.status();
+  // Refused (new), or deposited and in step (before): whichever comes first.
+  const v1::StatusResponse st = testing::WaitForStatus(
+      *d->client,
+      [](const v1::StatusResponse& s) {
+        return s.keeper().impostor_refusals() >= 2 ||
+               (s.keeper().up() && s.keeper().pending_entries() == 0);
+      },
+      30s);
+  EXPECT_FALSE(st.keeper().up());
+  EXPECT_EQ(st.keeper().keeper_uid(), 0u);
+  EXPECT_THAT(st.keeper().impostor(),
+              HasSubstr("the keeper there runs as uid 65534 (pid " +
+                        std::to_string(impostor.pid())));  // setpriv execs the keeper
+  EXPECT_THAT(st.keeper().impostor(), HasSubstr("not the expected uid 0"));
+  EXPECT_EQ(st.keeper().adopted_entries(), 0u);
+  EXPECT_EQ(st.keeper().dropped_entries(), 0u);  // not even asked for what it held
+  EXPECT_EQ(st.entries(0).source(), "disk");
+  // The impostor holds its own entry (3 descriptors) and nothing of the daemon's.
+  auto held = offered();
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_THAT((*held)->Stats().value_or(""), HasSubstr("entries=1 fds=3 "))
+      << "the daemon deposited with the impostor";
+  EXPECT_TRUE(testing::WaitForLogLine(dir_ / "daemon.log", "an impostor", 10s));
+  const std::string metrics = testing::Scrape(testing::MetricsPort(dir_ / "daemon.log"));
+  EXPECT_THAT(metrics, ::testing::ContainsRegex(
+                           "weightcache_keeper_impostors_total\\{expected_uid=\"0\",found_uid="
+                           "\"65534\"\\} [1-9]"));
 }
 
 }  // namespace

@@ -66,8 +66,27 @@ void KeeperLink::Wake() {
 }
 
 absl::Status KeeperLink::Connect() {
-  auto c = keeper::KeeperClient::Connect(options_.socket_path, options_.io_timeout);
-  if (!c.ok()) return c.status();
+  auto c =
+      keeper::KeeperClient::Connect(options_.socket_path, options_.io_timeout, options_.keeper_uid);
+  if (!c.ok()) {
+    if (std::optional<uid_t> found = keeper::KeeperClient::ImpostorUid(c.status())) {
+      const uid_t expected = options_.keeper_uid.value_or(::geteuid());
+      if (impostor_logged_ != found) {
+        WC_LOG_ERROR(
+            "keeper: %s; an impostor (or a keeper started as another user): nothing is "
+            "deposited or adopted until uid %d serves the socket (--keeper_uid names the uid "
+            "the keeper runs as)",
+            std::string(c.status().message()), static_cast<int>(expected));
+        impostor_logged_ = found;
+      }
+      if (metrics_ != nullptr) metrics_->OnKeeperImpostor(*found, expected);
+      MutexLock l(mu_);
+      impostor_refusals_++;
+      impostor_ = std::string(c.status().message());
+      last_error_ = impostor_;
+    }
+    return c.status();
+  }
   conn_ = std::move(c).value();
   reconciled_ = false;
   MutexLock l(mu_);
@@ -387,8 +406,10 @@ void KeeperLink::Run() {
   while (!stopping()) {
     RecordAdopted();
     if (!conn_) {
-      if (!Connect().ok()) {
-        Idle(options_.retry);
+      if (absl::Status s = Connect(); !s.ok()) {
+        // An impostor: asked less often, as a keeper another daemon owns.
+        Idle(s.code() == absl::StatusCode::kPermissionDenied ? kRefusedRetries * options_.retry
+                                                             : options_.retry);
         continue;
       }
     }
@@ -529,6 +550,9 @@ void KeeperLink::Fill(v1::KeeperStatus* out) const {
                            (overflow_ ? 1 : 0));
   out->set_artifacts(up_ ? deposited_artifacts_.size() : 0);
   out->set_adopted_artifacts(adopted_artifacts_);
+  out->set_keeper_uid(options_.keeper_uid.value_or(::geteuid()));
+  out->set_impostor(impostor_);
+  out->set_impostor_refusals(impostor_refusals_);
 }
 
 }  // namespace weightcache::server

@@ -23,6 +23,8 @@
 // callbacks are called on the worker thread until Stop() returns.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -62,6 +64,11 @@ class KeeperLink final : public cache::EntryObserver {
     // Keys waiting for the worker; past it they are forgotten and the worker reconciles
     // everything instead.
     size_t max_pending = 4096;
+    // Who must serve `socket_path` (its SO_PEERCRED uid, checked before anything is deposited
+    // or adopted); nullopt: this daemon's own euid (--keeper_uid names another). A keeper of
+    // another uid is refused by name: logged, in Status (impostor, impostor_refusals) and
+    // weightcache_keeper_impostors_total.
+    std::optional<uid_t> keeper_uid;
   };
   // `spec_of(model)`: the spec recorded with a deposit;
   // `publisher_of(key)`: who published an entry of source "publish" (recorded with it).
@@ -112,7 +119,8 @@ class KeeperLink final : public cache::EntryObserver {
     uint64_t fds = 0;
   };
 
-  // Worker (and AdoptAll before it) only: the connection and the requests on it.
+  // Worker (and AdoptAll before it) only: the connection and the requests on it. An impostor
+  // (a keeper of another uid) is recorded and logged here, once per uid it runs as.
   absl::Status Connect();
   void Lost(const absl::Status& why);
   // Deposits `e`'s ready content; RESOURCE_EXHAUSTED (the keeper's limit) keeps the link.
@@ -187,6 +195,9 @@ class KeeperLink final : public cache::EntryObserver {
   uint64_t deposits_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t failures_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
+  uint64_t impostor_refusals_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string impostor_ ABSL_GUARDED_BY(mu_);  // the last refusal's message
+  std::optional<uid_t> impostor_logged_;       // the worker's: its uid logged already
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread worker_;
 };

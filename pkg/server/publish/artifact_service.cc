@@ -162,6 +162,13 @@ absl::Status ArtifactService::Put(const Caller& caller,
                                   const std::function<bool(v1::PutArtifactRequest*)>& read,
                                   v1::PutArtifactResponse* resp,
                                   const std::function<void()>& cancel) {
+  // The role first: a peer that may not publish at all takes no put slot (before, its puts
+  // waited for their first message holding one: a pod without the role held all of them
+  // and the admin's put was refused). The model's own rules are checked once the key is read.
+  if (absl::Status role = access_.AuthorizePublish(caller, ""); !role.ok()) {
+    Count("", "put", role, 0);
+    return role;
+  }
   // Counted before the first message: a client that never sends one holds a thread too.
   // Per tenant unit (the pod, slot or process resolved at accept).
   auto ticket = puts_.Begin(caller.unit, cancel);

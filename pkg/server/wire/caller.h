@@ -34,8 +34,9 @@ struct Caller {
   // flight and Status are per unit (pkg/tenant/unit.h), never per uid.
   tenant::Unit unit;
   std::chrono::steady_clock::time_point accepted;
-  bool over_cap = false;  // its unit held max_connections_per_pod already
+  bool over_cap = false;  // its unit held its cap already
   size_t unit_connections = 0;
+  size_t unit_cap = 0;  // that cap: max_connections_per_pod, or _unresolved for that unit
   // The call (set by the gRPC adapter): whether its client gave up (cancelled, or its
   // deadline passed), and that deadline. Every wait ends at the earlier of it and the
   // daemon's own bound (issue 26: Acquires waiting on a load held a gRPC thread each for

@@ -5,8 +5,9 @@ namespace weightcache::server {
 ConnectionTable::Admission ConnectionTable::Admit(const std::string& unit) const {
   if (conns_.size() >= limits_.max_connections) return Admission::kCloseTotal;
   const size_t mine = OfUnit(unit);
-  if (mine < limits_.max_connections_per_pod) return Admission::kServe;
-  if (mine < limits_.max_connections_per_pod + limits_.over_cap_held) {
+  const size_t cap = CapOf(unit);
+  if (mine < cap) return Admission::kServe;
+  if (mine < cap + limits_.over_cap_held) {
     return Admission::kServeOverCap;
   }
   return Admission::kCloseUnitCap;
@@ -27,6 +28,7 @@ std::optional<Caller> ConnectionTable::Find(int fd, uint64_t ino) const {
   if (it == conns_.end() || ino == 0 || it->second.ino != ino) return std::nullopt;
   Caller c = it->second.caller;
   c.unit_connections = OfUnit(c.unit.Key());
+  c.unit_cap = CapOf(c.unit.Key());
   return c;
 }
 
@@ -42,6 +44,11 @@ size_t ConnectionTable::Reap(const std::function<uint64_t(int fd)>& inode_of) {
     }
   }
   return gone;
+}
+
+size_t ConnectionTable::CapOf(const std::string& unit) const {
+  return unit == tenant::kUnresolvedKey ? limits_.max_connections_unresolved
+                                        : limits_.max_connections_per_pod;
 }
 
 size_t ConnectionTable::OfUnit(const std::string& unit) const {

@@ -30,6 +30,9 @@ class ConnectionTable {
   struct Limits {
     size_t max_connections = 2048;         // all units: past it, closed at accept
     size_t max_connections_per_pod = 256;  // per unit; past it: only RESOURCE_EXHAUSTED answers
+    // The cap of the one unit every unresolved peer shares (tenant::kUnresolvedKey: gone, a
+    // zombie or not visible at accept), in place of max_connections_per_pod.
+    size_t max_connections_unresolved = 16;
     // Over-cap connections one unit may hold at once so that it learns why it is refused;
     // past them, closed at accept (otherwise one unit could fill the whole table). Issue 47:
     // per uid, one pod's 300 idle connections left every other root pod with none.
@@ -65,6 +68,8 @@ class ConnectionTable {
 
   size_t size() const { return conns_.size(); }
   size_t OfUnit(const std::string& unit) const;
+  // The cap of the unit keyed `unit`: max_connections_unresolved for the unresolved one.
+  size_t CapOf(const std::string& unit) const;
 
  private:
   struct Conn {

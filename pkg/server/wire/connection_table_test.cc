@@ -114,5 +114,32 @@ TEST(ConnectionTable, APodPastItsCapLeavesAnotherPodOfTheSameUidServed) {
   EXPECT_EQ(t.Find(fd - 1, 200)->unit_connections, 1u);
 }
 
+// Unresolved peers (gone or a zombie at accept, or not visible) are one unit with its own,
+// smaller cap: connections from many gone pids fill that unit, never the table.
+TEST(ConnectionTable, UnresolvedPeersShareOneUnitWithItsOwnCap) {
+  ConnectionTable::Limits l = Small();
+  l.max_connections_per_pod = 4;
+  l.max_connections_unresolved = 1;
+  ConnectionTable t(l);
+  uint64_t ino = 1;
+  for (int pid = 1000; pid < 1003; ++pid) {
+    Caller c;
+    c.cred.pid = pid;  // another pid each time: the same unit all the same
+    ASSERT_EQ(c.unit.Key(), tenant::kUnresolvedKey);
+    const Admission a = t.Admit(c.unit.Key());
+    if (a == Admission::kCloseUnitCap) break;
+    t.Insert(static_cast<int>(ino), ino, c);
+    ++ino;
+  }
+  EXPECT_EQ(t.OfUnit(tenant::kUnresolvedKey), 2u);  // its cap (1) and one held over it
+  EXPECT_EQ(t.CapOf(tenant::kUnresolvedKey), 1u);
+  EXPECT_EQ(t.Admit(tenant::kUnresolvedKey), Admission::kCloseUnitCap);
+  EXPECT_EQ(t.Admit(Key(3)), Admission::kServe);  // a pod: its own cap
+  EXPECT_EQ(t.CapOf(Key(3)), 4u);
+  const std::optional<Caller> found = t.Find(1, 1);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->unit_cap, 1u);
+}
+
 }  // namespace
 }  // namespace weightcache::server

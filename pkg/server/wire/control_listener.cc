@@ -69,8 +69,11 @@ ControlListener::ControlListener(Options options, std::vector<Listening> listeni
       wake_(std::move(wake)),
       relay_(std::move(relay)),
       serve_(std::move(serve)),
-      conns_(ConnectionTable::Limits{options_.max_connections, options_.max_connections_per_pod,
-                                     options_.over_cap_held}) {
+      conns_(
+          ConnectionTable::Limits{.max_connections = options_.max_connections,
+                                  .max_connections_per_pod = options_.max_connections_per_pod,
+                                  .max_connections_unresolved = options_.max_connections_unresolved,
+                                  .over_cap_held = options_.over_cap_held}) {
   thread_ = std::thread(&ControlListener::Loop, this);
 }
 
@@ -169,7 +172,7 @@ bool ControlListener::AcceptFrom(const Listening& from) {
     if (!cred.ok()) continue;  // the peer went away
     // The unit, read before the lock: the peer's /proc entry (two small files).
     tenant::Unit unit = from.kind == SocketKind::kSlot ? tenant::Unit::OfSlot(from.slot, cred->pid)
-                                                       : resolver_.Resolve(cred->pid);
+                                                       : resolver_.Resolve(cred->pid, conn.get());
     MutexLock l(mu_);
     const auto& allowed = options_.allowed_uids;
     if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), cred->uid) == allowed.end()) {
@@ -190,10 +193,11 @@ bool ControlListener::AcceptFrom(const Listening& from) {
       // Logged once per burst: the unit already holds connections that tell it why.
       if (counters_.refused_unit_cap++ % 1024 == 0) {
         WC_LOG_WARN(
-            "control socket: %s holds %d connections, past --max_connections_per_pod=%d "
-            "and %d more that are answered RESOURCE_EXHAUSTED; closed at accept",
-            unit.Describe(), conns_.OfUnit(unit.Key()), options_.max_connections_per_pod,
-            options_.over_cap_held);
+            "control socket: %s holds %d connections, past %s=%d and %d more that are "
+            "answered RESOURCE_EXHAUSTED; closed at accept",
+            unit.Describe(), conns_.OfUnit(unit.Key()),
+            unit.unresolved() ? "--max_connections_unresolved" : "--max_connections_per_pod",
+            conns_.CapOf(unit.Key()), options_.over_cap_held);
       }
       continue;
     }

@@ -67,6 +67,10 @@ class ControlListener {
     // those its new connections are closed at accept.
     size_t max_connections = 2048;
     size_t max_connections_per_pod = 256;
+    // The cap of the one unit all unresolved peers share (pkg/tenant: gone, a zombie or not
+    // visible at accept) in place of max_connections_per_pod: a pod whose children connect
+    // and exit at once holds this many, not the node's whole table.
+    size_t max_connections_unresolved = 16;
     size_t over_cap_held = 4;
     // Where the peers' /proc entries are read to resolve their pods (tests: a fixture tree).
     std::string proc_root = "/proc";

@@ -235,16 +235,19 @@ bool HandleChannel::Accept(Conns& conns, size_t li) {
   c.slot = li == 0 ? std::string() : options_.slot_sockets[li - 1].slot;
   auto cred = GetPeerCred(cfd);
   const pid_t pid = cred.ok() ? cred->pid : 0;
-  c.unit = c.slot.empty() ? resolver_.Resolve(pid) : tenant::Unit::OfSlot(c.slot, pid);
+  c.unit = c.slot.empty() ? resolver_.Resolve(pid, cfd) : tenant::Unit::OfSlot(c.slot, pid);
   c.unit_key = c.unit.Key();
   size_t mine = 0;
   for (const auto& [fd, other] : conns) mine += other.unit_key == c.unit_key ? 1 : 0;
   if (conns.size() >= options_.max_connections) {
     SendError(cfd, absl::StrCat("RESOURCE_EXHAUSTED: the handle channel holds ", conns.size(),
                                 " connections, its cap"));
-  } else if (mine >= options_.max_connections_per_pod) {
+  } else if (const size_t cap = c.unit.unresolved() ? options_.max_connections_unresolved
+                                                    : options_.max_connections_per_pod;
+             mine >= cap) {
     SendError(cfd, absl::StrCat("RESOURCE_EXHAUSTED: ", c.unit.Describe(), " holds ", mine,
-                                " handle connections, the cap per pod"));
+                                " handle connections, the cap ",
+                                c.unit.unresolved() ? "all unresolved peers share" : "per pod"));
   } else {
     conns.emplace(cfd, std::move(c));
   }

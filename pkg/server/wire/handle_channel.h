@@ -75,6 +75,9 @@ class HandleChannel {
     // Connections silent past the handshake timeout (5 s) are closed.
     size_t max_connections = 4096;
     size_t max_connections_per_pod = 1024;
+    // The cap of the one unit all unresolved peers share (pkg/tenant: gone, a zombie or not
+    // visible at accept), in place of max_connections_per_pod.
+    size_t max_connections_unresolved = 16;
     std::chrono::milliseconds handshake_timeout{5000};
     // Where the peers' /proc entries are read to resolve their pods (tests: a fixture tree).
     std::string proc_root = "/proc";
