@@ -187,6 +187,7 @@ void Daemon::Impl::MakeStatusView() {
                           .keeper = keeper_.get(),
                           .staging = staging_pool_.get(),
                           .control = [this]() -> const ControlListener* { return control_.get(); },
+                          .listeners = [this] { return ListenerSnapshots(); },
                           .integrity_findings =
                               [this](v1::StatusResponse* resp) {
                                 if (integrity_) integrity_->AppendFindings(resp);
@@ -277,6 +278,20 @@ absl::Status Daemon::Impl::PrepareSockets() {
     WC_RETURN_IF_ERROR(RemoveStaleSocket(admin_path(), {.label = "", .server = "daemon"}));
   }
   return absl::OkStatus();
+}
+
+std::vector<metrics::ListenerSnapshot> Daemon::Impl::ListenerSnapshots() const {
+  std::vector<metrics::ListenerSnapshot> out;
+  auto add = [&out](const char* name, net::Acceptor::Counters c) {
+    out.push_back({name, c.open, c.accepted, std::move(c.refused)});
+  };
+  if (control_) add("control", control_->counters());
+  if (handles_) add("handle", handles_->counters());
+  if (const PeerPort* port = peer_source_.load()) {
+    PeerPort::Counters c = port->counters();
+    out.push_back({"peer", c.open, c.accepted, std::move(c.refused)});
+  }
+  return out;
 }
 
 // A token names what it claims: a publish's writable segments, an artifact, or a lease.

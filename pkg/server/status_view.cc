@@ -265,34 +265,14 @@ metrics::StagingSnapshot StatusView::Staging() const {
   return {true, c.idle_bytes, c.taken_bytes};
 }
 
-metrics::ControlSnapshot StatusView::Control() const {
-  const ControlListener* control = s_.control ? s_.control() : nullptr;
-  if (control == nullptr) return {};
-  const ControlListener::Counters c = control->counters();
-  metrics::ControlSnapshot s;
-  s.present = true;
-  s.open = c.open;
-  s.accepted = c.accepted;
-  s.closed_allowlist = c.refused_uid;
-  s.closed_total = c.refused_total;
-  s.closed_uid_cap = c.refused_unit_cap;
-  s.accept_errors = c.accept_errors;
-  return s;
+std::vector<metrics::ListenerSnapshot> StatusView::Listeners() const {
+  return s_.listeners ? s_.listeners() : std::vector<metrics::ListenerSnapshot>{};
 }
 
 metrics::PeerPortSnapshot StatusView::PeerPortState() const {
   const server::PeerPort* port = s_.peer_port ? s_.peer_port() : nullptr;
   if (port == nullptr) return {};
-  const server::PeerPort::Counters c = port->counters();
-  return {.present = true,
-          .open = c.open,
-          .accepted = c.accepted,
-          .relayed = c.relayed,
-          .refused_total = c.refused_total,
-          .refused_per_address = c.refused_per_address,
-          .refused_handshake = c.refused_handshake,
-          .refused_not_tls = c.refused_not_tls,
-          .refused_descriptors = c.refused_descriptors};
+  return {.present = true, .relayed = port->counters().relayed};
 }
 
 std::vector<metrics::DeviceSnapshot> StatusView::Devices() const {

@@ -165,6 +165,8 @@ class Daemon::Impl final {
   void AdoptFromKeeper();
   absl::Status PrepareSockets();
   absl::Status StartHandleChannel();
+  // The connections and door refusals of the listeners (metrics).
+  std::vector<metrics::ListenerSnapshot> ListenerSnapshots() const;
   absl::Status StartControlServer();
   // The peer API (options().peer.listen): its own server with mutual TLS behind the peer
   // port (peer_port.h), started after the control server, stopped before it.

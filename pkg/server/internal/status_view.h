@@ -47,6 +47,8 @@ class StatusView final : public metrics::StateSource {
     const KeeperLink* keeper = nullptr;
     const load::StagingPool* staging = nullptr;
     std::function<const ControlListener*()> control;
+    // Every listener's connections and refusals at the door (metrics); may be empty.
+    std::function<std::vector<metrics::ListenerSnapshot>()> listeners;
     // Appends the integrity findings (admins only); may be empty.
     std::function<void(v1::StatusResponse*)> integrity_findings;
     // The peer API's port (issue 47); answers null without one.
@@ -70,7 +72,7 @@ class StatusView final : public metrics::StateSource {
   std::vector<metrics::EntrySnapshot> Entries() const override;
   std::vector<metrics::DeviceSnapshot> Devices() const override;
   metrics::StagingSnapshot Staging() const override;
-  metrics::ControlSnapshot Control() const override;
+  std::vector<metrics::ListenerSnapshot> Listeners() const override;
   metrics::PeerPortSnapshot PeerPortState() const override;
 
  private:
