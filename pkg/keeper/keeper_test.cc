@@ -146,7 +146,7 @@ TEST_F(KeeperTest, RefusesAConnectionPastItsCapAndServesOnceOneCloses) {
   auto over = KeeperClient::Connect(dir_ / "k/keeper.sock");
   ASSERT_FALSE(over.ok());
   EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
-  EXPECT_NE(over.status().message().find("2 connections open, the most it serves at once"),
+  EXPECT_NE(over.status().message().find("keeper holds 2 connections, its cap in all"),
             std::string::npos)
       << over.status();
   EXPECT_EQ(*a->Stats(), "entries=0 fds=0 max_fds=4096");  // the admitted ones go on

@@ -42,27 +42,48 @@ absl::StatusOr<std::unique_ptr<Keeper>> Keeper::Start(KeeperOptions options) {
   WC_RETURN_IF_ERROR(
       RemoveStaleSocket(path, {.type = SOCK_SEQPACKET, .label = label, .server = "keeper"}));
   WC_ASSIGN_OR_RETURN(ScopedFd listener, ListenUnix(path, 0600, 16, SOCK_SEQPACKET));
-  int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) return ErrnoStatus(errno, "pipe2");
-  auto k = std::unique_ptr<Keeper>(
-      new Keeper(std::move(options), std::move(listener), ScopedFd(p[0]), ScopedFd(p[1])));
-  k->acceptor_ = std::thread([raw = k.get()] { raw->AcceptLoop(); });
+  auto k = std::unique_ptr<Keeper>(new Keeper(std::move(options)));
+  net::ListenerOptions a;
+  a.name = "keeper";
+  // One daemon owns the keeper at a time; a few more connections answer who does.
+  a.limits = {
+      .total = k->options_.max_connections, .per_key = k->options_.max_connections, .over_cap = 0};
+  a.identify = [raw = k.get()](int fd, const std::string&) { return raw->Identify(fd); };
+  a.serve = [raw = k.get()](net::Accepted c) {
+    raw->Admit(std::move(c));
+    return true;
+  };
+  a.tell_refused = [](int fd, const std::string& reason, const std::string& message) {
+    (void)SendMessage(fd,
+                      ErrorMessage(reason == "identity" ? absl::PermissionDeniedError(message)
+                                                        : absl::ResourceExhaustedError(message)));
+  };
+  WC_ASSIGN_OR_RETURN(k->acceptor_, net::Acceptor::Start(std::move(a)));
+  WC_RETURN_IF_ERROR(k->acceptor_->Listen(std::move(listener), ""));
   WC_LOG_INFO("keeper: serving on %s (peers: uid %s; up to %d descriptors)", k->path(),
               absl::StrJoin(k->options_.allowed_uids, ","),
               static_cast<long long>(k->options_.max_fds));
   return k;
 }
 
-Keeper::Keeper(KeeperOptions options, ScopedFd listener, ScopedFd wake_read, ScopedFd wake_write)
-    : options_(std::move(options)),
-      listener_(std::move(listener)),
-      wake_read_(std::move(wake_read)),
-      wake_write_(std::move(wake_write)) {}
+Keeper::Keeper(KeeperOptions options) : options_(std::move(options)) {}
+
+absl::StatusOr<net::Identity> Keeper::Identify(int fd) const {
+  WC_ASSIGN_OR_RETURN(PeerCred cred, GetPeerCred(fd));
+  const auto& ok = options_.allowed_uids;
+  if (std::find(ok.begin(), ok.end(), cred.uid) == ok.end()) {
+    return absl::PermissionDeniedError(absl::StrCat("uid ", cred.uid,
+                                                    " may not use the keeper (allowed: uid ",
+                                                    absl::StrJoin(ok, ","), ", the daemon's)"));
+  }
+  return net::Identity{absl::StrCat("uid:", cred.uid), absl::StrCat("uid ", cred.uid), {}};
+}
 
 Keeper::~Keeper() { Stop(); }
 
 void Keeper::Stop() {
   std::map<int, std::thread> conns;
+  if (acceptor_ != nullptr) acceptor_->Stop();  // nothing is admitted from here
   {
     MutexLock l(mu_);
     if (stopping_) return;
@@ -74,9 +95,6 @@ void Keeper::Stop() {
       }
     }
   }
-  const char b = 0;
-  (void)!::write(wake_write_.get(), &b, 1);
-  if (acceptor_.joinable()) acceptor_.join();
   {
     MutexLock l(mu_);
     conns.swap(connections_);
@@ -94,68 +112,38 @@ Keeper::Stats Keeper::stats() const {
   return s;
 }
 
-void Keeper::AcceptLoop() {
-  while (true) {
-    pollfd p[2] = {{listener_.get(), POLLIN, 0}, {wake_read_.get(), POLLIN, 0}};
-    if (::poll(p, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      WC_LOG_ERROR("keeper: poll: %s", std::string(ErrnoStatus(errno, "poll").message()));
-      return;
+void Keeper::Admit(net::Accepted c) {
+  // Threads of connections that ended are joined on every path: a std::thread destroyed
+  // joinable ends the keeper (and with it every entry it holds).
+  std::vector<std::thread> done;
+  {
+    MutexLock l(mu_);
+    for (int fd : finished_) {
+      auto it = connections_.find(fd);
+      if (it == connections_.end()) continue;
+      done.push_back(std::move(it->second));
+      connections_.erase(it);
     }
-    if (p[1].revents != 0) return;
-    ScopedFd c(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!c) {
-      // EMFILE: the limit counts entries first; back off and let a drop free some.
-      if (errno == EMFILE || errno == ENFILE) ::poll(nullptr, 0, 100);
-      continue;
-    }
-    auto cred = GetPeerCred(c.get());
-    const auto& ok = options_.allowed_uids;
-    if (!cred.ok() || std::find(ok.begin(), ok.end(), cred->uid) == ok.end()) {
-      const std::string why =
-          cred.ok() ? absl::StrCat("uid ", cred->uid, " may not use the keeper (allowed: uid ",
-                                   absl::StrJoin(ok, ","), ", the daemon's)")
-                    : std::string(cred.status().message());
-      WC_LOG_WARN("keeper: refused a peer: %s", why);
-      (void)SendMessage(c.get(), ErrorMessage(absl::PermissionDeniedError(why)));
-      continue;
-    }
-    // Threads of connections that ended are joined on every path: a std::thread destroyed
-    // joinable ends the keeper (and with it every entry it holds).
-    std::vector<std::thread> done;
-    bool stop = false;
-    {
-      MutexLock l(mu_);
-      for (int fd : finished_) {
-        auto it = connections_.find(fd);
-        if (it == connections_.end()) continue;
-        done.push_back(std::move(it->second));
-        connections_.erase(it);
+    finished_.clear();
+    // The connection's thread serves it with blocking calls (the acceptor's are not).
+    const int flags = ::fcntl(c.fd.get(), F_GETFL);
+    if (flags >= 0) (void)::fcntl(c.fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+    if (!stopping_) {
+      // The greeting: a connecting client learns at once whether it is served. A peer that
+      // gave up waiting (its connection queued while the keeper was stopped) is closed here.
+      Message hello = MessageOf(Op::kOk);
+      hello.body = kGreeting;
+      if (SendMessage(c.fd.get(), hello).ok()) {
+        const int fd = c.fd.release();
+        // The connection's place in the caps goes with its thread.
+        connections_.emplace(fd, std::thread([this, fd, place = std::move(c.slot)]() mutable {
+                               Serve(fd);
+                               place.Reset();
+                             }));
       }
-      finished_.clear();
-      stop = stopping_;
-      if (!stop) AdmitLocked(std::move(c));
     }
-    for (auto& t : done) t.join();
-    if (stop) return;
   }
-}
-
-void Keeper::AdmitLocked(ScopedFd c) {
-  if (connections_.size() >= options_.max_connections) {
-    (void)SendMessage(
-        c.get(),
-        ErrorMessage(absl::ResourceExhaustedError(absl::StrCat(
-            "keeper: ", connections_.size(), " connections open, the most it serves at once"))));
-    return;
-  }
-  // The greeting: a connecting client learns at once whether it is served. A peer that
-  // gave up waiting (its connection queued while the keeper was stopped) is closed here.
-  Message hello = MessageOf(Op::kOk);
-  hello.body = kGreeting;
-  if (!SendMessage(c.get(), hello).ok()) return;
-  const int fd = c.release();
-  connections_.emplace(fd, std::thread([this, fd] { Serve(fd); }));
+  for (auto& t : done) t.join();
 }
 
 void Keeper::Serve(int fd) {

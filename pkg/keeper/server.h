@@ -22,8 +22,10 @@
 // the default keeper socket, can neither take nor drop the first one's entries). kStats is
 // answered to any allowed peer.
 //
-// Thread-safety: Start/Stop/stats from any thread; one thread accepts, one per connection
-// serves. Lifetimes: the descriptors live until dropped, replaced, or the Keeper goes.
+// Connections come through the acceptor (pkg/net/acceptor.h): the uid check, the cap on
+// connections (`max_connections`, past it kError RESOURCE_EXHAUSTED), EMFILE back-off.
+// Thread-safety: Start/Stop/stats from any thread; the acceptor's thread admits, one thread per
+// connection serves. Lifetimes: the descriptors live until dropped, replaced, or the Keeper goes.
 #pragma once
 
 #include <sys/types.h>
@@ -39,6 +41,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "pkg/keeper/wire.h"
+#include "pkg/net/acceptor.h"
 #include "pkg/util/mutex.h"
 #include "pkg/util/scoped_fd.h"
 
@@ -80,10 +83,11 @@ class Keeper {
     std::vector<ScopedFd> fds;
   };
 
-  Keeper(KeeperOptions options, ScopedFd listener, ScopedFd wake_read, ScopedFd wake_write);
-  void AcceptLoop();
-  // Greets an accepted peer and starts its thread, or tells it why not.
-  void AdmitLocked(ScopedFd c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  explicit Keeper(KeeperOptions options);
+  // Who a peer is: its uid, when allowed (the acceptor refuses the others).
+  absl::StatusOr<net::Identity> Identify(int fd) const;
+  // Greets an admitted peer and starts its thread.
+  void Admit(net::Accepted c);
   void Serve(int fd);
   // One request; false ends the connection.
   absl::Status Handle(int fd, Message m);
@@ -93,9 +97,7 @@ class Keeper {
   absl::Status Claim(int fd);
 
   KeeperOptions options_;
-  ScopedFd listener_;
-  ScopedFd wake_read_, wake_write_;  // a pipe: Stop() wakes the accept loop
-  std::thread acceptor_;
+  std::unique_ptr<net::Acceptor> acceptor_;  // caps, the uid check, EMFILE back-off
 
   mutable Mutex mu_;
   std::map<std::string, std::shared_ptr<const Held>> entries_ ABSL_GUARDED_BY(mu_);

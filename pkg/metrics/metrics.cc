@@ -70,61 +70,47 @@ prometheus::ClientMetric CounterMetric(std::vector<prometheus::ClientMetric::Lab
   return m;
 }
 
-void AddControl(const ControlSnapshot& c, std::vector<prometheus::MetricFamily>* out) {
+void AddListeners(const std::vector<ListenerSnapshot>& listeners,
+                  std::vector<prometheus::MetricFamily>* out) {
   auto family = [out](const char* name, const char* help, prometheus::MetricType type) {
     out->push_back(prometheus::MetricFamily{name, help, type, {}});
     return &out->back().metric;
   };
-  family("weightcache_control_connections", "Control connections open now.",
-         prometheus::MetricType::Gauge)
-      ->push_back(GaugeMetric({}, static_cast<double>(c.open)));
-  family("weightcache_control_connections_accepted_total",
-         "Control connections accepted and served since start.", prometheus::MetricType::Counter)
-      ->push_back(CounterMetric({}, static_cast<double>(c.accepted)));
-  auto* closed = family("weightcache_control_connections_closed_at_accept_total",
-                        "Control connections closed at accept, by the rule that closed them.",
-                        prometheus::MetricType::Counter);
-  closed->push_back(
-      CounterMetric({{"reason", "allowlist"}}, static_cast<double>(c.closed_allowlist)));
-  closed->push_back(
-      CounterMetric({{"reason", "max_connections"}}, static_cast<double>(c.closed_total)));
-  closed->push_back(CounterMetric({{"reason", "max_connections_per_pod"}},
-                                  static_cast<double>(c.closed_uid_cap)));
-  family("weightcache_control_accept_errors_total",
-         "accept(2) failures on the control sockets (out of descriptors: backed off, retried).",
-         prometheus::MetricType::Counter)
-      ->push_back(CounterMetric({}, static_cast<double>(c.accept_errors)));
+  auto* open = family("weightcache_connections", "Connections open now, by listener.",
+                      prometheus::MetricType::Gauge);
+  auto* accepted = family("weightcache_connections_accepted_total",
+                          "Connections accepted and handed to their listener since start.",
+                          prometheus::MetricType::Counter);
+  auto* refused = family(
+      "weightcache_connections_refused_total",
+      "Connections refused at the door (the acceptor), by listener and reason: identity (the "
+      "peer is not allowed, e.g. not in --allowed_uids), total (the listener's cap in all), "
+      "per_key (the caller's cap: pod, source address or uid), first_byte (sent nothing in "
+      "time), descriptors (out of descriptors: backed off); the peer port's own: "
+      "handshake_deadline, not_tls, handover.",
+      prometheus::MetricType::Counter);
+  for (const ListenerSnapshot& l : listeners) {
+    open->push_back(GaugeMetric({{"listener", l.listener}}, static_cast<double>(l.open)));
+    accepted->push_back(CounterMetric({{"listener", l.listener}}, static_cast<double>(l.accepted)));
+    // The door's reasons always (at 0 until they happen), then the listener's own.
+    std::map<std::string, uint64_t> by_reason = l.refused;
+    for (const char* reason : {"identity", "total", "per_key", "first_byte", "descriptors"}) {
+      by_reason.emplace(reason, 0);
+    }
+    for (const auto& [reason, n] : by_reason) {
+      refused->push_back(
+          CounterMetric({{"listener", l.listener}, {"reason", reason}}, static_cast<double>(n)));
+    }
+  }
 }
 
 void AddPeerPort(const PeerPortSnapshot& p, std::vector<prometheus::MetricFamily>* out) {
-  auto family = [out](const char* name, const char* help, prometheus::MetricType type) {
-    out->push_back(prometheus::MetricFamily{name, help, type, {}});
-    return &out->back().metric;
-  };
-  family("weightcache_peer_connections", "Connections the peer API's port holds now.",
-         prometheus::MetricType::Gauge)
-      ->push_back(GaugeMetric({}, static_cast<double>(p.open)));
-  family("weightcache_peer_connections_accepted_total",
-         "Connections the peer API's port accepted since start.", prometheus::MetricType::Counter)
-      ->push_back(CounterMetric({}, static_cast<double>(p.accepted)));
-  family("weightcache_peer_connections_relayed_total",
-         "Connections the peer API's port handed to its gRPC server (once their client spoke) "
-         "since start.",
-         prometheus::MetricType::Counter)
-      ->push_back(CounterMetric({}, static_cast<double>(p.relayed)));
-  auto* refused = family("weightcache_peer_refusals_total",
-                         "Connections the peer API's port closed for a bound, by reason: total "
-                         "(--peer_max_connections), per_address "
-                         "(--peer_max_connections_per_address), handshake_deadline "
-                         "(--peer_handshake_timeout_ms), not_tls, descriptors (out of descriptors: "
-                         "backed off).",
-                         prometheus::MetricType::Counter);
-  for (const auto& [reason, n] :
-       {std::pair{"total", p.refused_total}, std::pair{"per_address", p.refused_per_address},
-        std::pair{"handshake_deadline", p.refused_handshake},
-        std::pair{"not_tls", p.refused_not_tls}, std::pair{"descriptors", p.refused_descriptors}}) {
-    refused->push_back(CounterMetric({{"reason", reason}}, static_cast<double>(n)));
-  }
+  out->push_back(prometheus::MetricFamily{
+      "weightcache_peer_connections_relayed_total",
+      "Connections the peer API's port handed to its gRPC server (once their client spoke) "
+      "since start.",
+      prometheus::MetricType::Counter,
+      {CounterMetric({}, static_cast<double>(p.relayed))}});
 }
 
 // Scrape-time gauges computed from a StateSource.
@@ -143,7 +129,7 @@ class StateCollector final : public prometheus::Collectable {
     const std::vector<EntrySnapshot> entries = source_->Entries();
     const std::vector<DeviceSnapshot> devices = source_->Devices();
     const StagingSnapshot staging = source_->Staging();
-    const ControlSnapshot control = source_->Control();
+    const std::vector<ListenerSnapshot> listeners = source_->Listeners();
     const PeerPortSnapshot peer_port = source_->PeerPortState();
 
     std::map<std::pair<std::string, std::string>, uint64_t> resident;  // (model, device)
@@ -272,7 +258,7 @@ class StateCollector final : public prometheus::Collectable {
           GaugeMetric({{"state", "in_use"}}, static_cast<double>(staging.in_use_bytes)));
       out.push_back(std::move(f));
     }
-    if (control.present) AddControl(control, &out);
+    if (!listeners.empty()) AddListeners(listeners, &out);
     if (peer_port.present) AddPeerPort(peer_port, &out);
     return out;
   }

@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -72,31 +73,22 @@ struct StagingSnapshot {
   uint64_t in_use_bytes = 0;  // leased by loads in progress
 };
 
-// The control socket's listener: connections open now, and since start the ones accepted,
-// the ones closed at accept (by reason), and accept(2) failures (out of descriptors).
-struct ControlSnapshot {
-  bool present = false;  // false: no listener (yet): no series
+// One listener behind the acceptor (pkg/net/acceptor.h): "control", "handle", "peer", … —
+// its connections held now, handed over since start, and refused at the door by reason
+// ("identity", "total", "per_key", "first_byte", "descriptors").
+struct ListenerSnapshot {
+  std::string listener;
   uint64_t open = 0;
   uint64_t accepted = 0;
-  uint64_t closed_allowlist = 0;  // uid not in --allowed_uids
-  uint64_t closed_total = 0;      // --max_connections reached
-  uint64_t closed_uid_cap = 0;    // --max_connections_per_pod reached, and its told connections
-  uint64_t accept_errors = 0;
+  std::map<std::string, uint64_t> refused;
 };
 
-// The peer API's TCP port (issue 47, pkg/server/wire/peer_port.h): connections held now,
-// and since start the ones accepted, the ones handed to its gRPC server (once their client
-// spoke) and the ones closed by a bound, by reason.
+// The peer API's TCP port (pkg/server/wire/peer_port.h): the connections it handed to its gRPC
+// server since start (once their client spoke). Its connections and refusals are a listener's
+// (ListenerSnapshot "peer").
 struct PeerPortSnapshot {
   bool present = false;  // false: no peer API: no series
-  uint64_t open = 0;
-  uint64_t accepted = 0;
   uint64_t relayed = 0;
-  uint64_t refused_total = 0;        // --peer_max_connections
-  uint64_t refused_per_address = 0;  // --peer_max_connections_per_address
-  uint64_t refused_handshake = 0;    // --peer_handshake_timeout_ms
-  uint64_t refused_not_tls = 0;      // bytes that are not TLS records
-  uint64_t refused_descriptors = 0;  // out of descriptors (accept backed off)
 };
 
 // What the scrape-time gauges read. Implemented by the registry owner (the server).
@@ -106,7 +98,7 @@ class StateSource {
   virtual std::vector<EntrySnapshot> Entries() const = 0;
   virtual std::vector<DeviceSnapshot> Devices() const = 0;
   virtual StagingSnapshot Staging() const { return {}; }
-  virtual ControlSnapshot Control() const { return {}; }
+  virtual std::vector<ListenerSnapshot> Listeners() const { return {}; }
   virtual PeerPortSnapshot PeerPortState() const { return {}; }
 };
 

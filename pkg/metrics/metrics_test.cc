@@ -289,69 +289,58 @@ class FakeState : public StateSource {
   std::vector<EntrySnapshot> Entries() const override { return entries; }
   std::vector<DeviceSnapshot> Devices() const override { return devices; }
   StagingSnapshot Staging() const override { return staging; }
-  ControlSnapshot Control() const override { return control; }
+  std::vector<ListenerSnapshot> Listeners() const override { return listeners; }
   PeerPortSnapshot PeerPortState() const override { return peer_port; }
   std::vector<EntrySnapshot> entries;
   std::vector<DeviceSnapshot> devices;
   StagingSnapshot staging;
-  ControlSnapshot control;
+  std::vector<ListenerSnapshot> listeners;
   PeerPortSnapshot peer_port;
 };
 
-// Issue 26: the listener's counters (open, accepted, closed at accept by rule, accept
-// errors) were only in its memory; an operator could not see a uid hitting its cap.
-TEST(MetricsTest, TheControlListenersCountersAreExported) {
+// Every listener's connections, by listener, and its refusals by reason in one family (a
+// listener that refused nothing for a reason still shows the series, at 0).
+TEST(MetricsTest, EveryListenersConnectionsAndRefusalsAreExportedInOneFamily) {
   prometheus::Registry registry;
   Metrics m(registry, TestBuild());
   FakeState state;
   m.SetStateSource(&state);
   auto collectable = m.collectable();
-  EXPECT_EQ(Value(Snapshot(*collectable), "weightcache_control_connections", {}), std::nullopt);
-  state.control.present = true;
-  state.control.open = 7;
-  state.control.accepted = 40;
-  state.control.closed_allowlist = 1;
-  state.control.closed_total = 2;
-  state.control.closed_uid_cap = 3;
-  state.control.accept_errors = 4;
+  EXPECT_EQ(Value(Snapshot(*collectable), "weightcache_connections", {{"listener", "control"}}),
+            std::nullopt);
+  state.listeners = {{"control", 7, 40, {{"identity", 1}, {"total", 2}, {"per_key", 3}}},
+                     {"handle", 2, 5, {{"first_byte", 4}}}};
   Values v = Snapshot(*collectable);
-  EXPECT_EQ(Value(v, "weightcache_control_connections", {}), 7.0);
-  EXPECT_EQ(Value(v, "weightcache_control_connections_accepted_total", {}), 40.0);
-  const char* closed = "weightcache_control_connections_closed_at_accept_total";
-  EXPECT_EQ(Value(v, closed, {{"reason", "allowlist"}}), 1.0);
-  EXPECT_EQ(Value(v, closed, {{"reason", "max_connections"}}), 2.0);
-  EXPECT_EQ(Value(v, closed, {{"reason", "max_connections_per_pod"}}), 3.0);
-  EXPECT_EQ(Value(v, "weightcache_control_accept_errors_total", {}), 4.0);
+  EXPECT_EQ(Value(v, "weightcache_connections", {{"listener", "control"}}), 7.0);
+  EXPECT_EQ(Value(v, "weightcache_connections_accepted_total", {{"listener", "control"}}), 40.0);
+  const char* refused = "weightcache_connections_refused_total";
+  EXPECT_EQ(Value(v, refused, {{"listener", "control"}, {"reason", "identity"}}), 1.0);
+  EXPECT_EQ(Value(v, refused, {{"listener", "control"}, {"reason", "total"}}), 2.0);
+  EXPECT_EQ(Value(v, refused, {{"listener", "control"}, {"reason", "per_key"}}), 3.0);
+  EXPECT_EQ(Value(v, refused, {{"listener", "control"}, {"reason", "descriptors"}}), 0.0);
+  EXPECT_EQ(Value(v, refused, {{"listener", "handle"}, {"reason", "first_byte"}}), 4.0);
+  EXPECT_EQ(Value(v, "weightcache_connections", {{"listener", "handle"}}), 2.0);
 }
 
 // Issue 47: the peer API's port, its connections and what it closed by reason; no series
 // without a peer API.
-TEST(MetricsTest, ThePeerPortsCountersAreExported) {
+TEST(MetricsTest, ThePeerPortsRelayedConnectionsAndItsOwnRefusalsAreExported) {
   prometheus::Registry registry;
   Metrics m(registry, TestBuild());
   FakeState state;
   m.SetStateSource(&state);
   auto collectable = m.collectable();
-  EXPECT_EQ(Value(Snapshot(*collectable), "weightcache_peer_connections", {}), std::nullopt);
-  state.peer_port = {.present = true,
-                     .open = 9,
-                     .accepted = 50,
-                     .relayed = 40,
-                     .refused_total = 1,
-                     .refused_per_address = 2,
-                     .refused_handshake = 3,
-                     .refused_not_tls = 4,
-                     .refused_descriptors = 5};
+  EXPECT_EQ(Value(Snapshot(*collectable), "weightcache_peer_connections_relayed_total", {}),
+            std::nullopt);
+  state.peer_port = {.present = true, .relayed = 40};
+  state.listeners = {{"peer", 9, 50, {{"per_key", 2}, {"handshake_deadline", 3}, {"not_tls", 4}}}};
   Values v = Snapshot(*collectable);
-  EXPECT_EQ(Value(v, "weightcache_peer_connections", {}), 9.0);
-  EXPECT_EQ(Value(v, "weightcache_peer_connections_accepted_total", {}), 50.0);
   EXPECT_EQ(Value(v, "weightcache_peer_connections_relayed_total", {}), 40.0);
-  const char* refused = "weightcache_peer_refusals_total";
-  EXPECT_EQ(Value(v, refused, {{"reason", "total"}}), 1.0);
-  EXPECT_EQ(Value(v, refused, {{"reason", "per_address"}}), 2.0);
-  EXPECT_EQ(Value(v, refused, {{"reason", "handshake_deadline"}}), 3.0);
-  EXPECT_EQ(Value(v, refused, {{"reason", "not_tls"}}), 4.0);
-  EXPECT_EQ(Value(v, refused, {{"reason", "descriptors"}}), 5.0);
+  const char* refused = "weightcache_connections_refused_total";
+  EXPECT_EQ(Value(v, refused, {{"listener", "peer"}, {"reason", "per_key"}}), 2.0);
+  EXPECT_EQ(Value(v, refused, {{"listener", "peer"}, {"reason", "handshake_deadline"}}), 3.0);
+  EXPECT_EQ(Value(v, refused, {{"listener", "peer"}, {"reason", "not_tls"}}), 4.0);
+  EXPECT_EQ(Value(v, refused, {{"listener", "peer"}, {"reason", "total"}}), 0.0);
 }
 
 TEST(MetricsTest, StagingMemoryIsReportedOnlyWhereThereIsAPool) {

@@ -180,6 +180,7 @@ void Daemon::Impl::MakeStatusView() {
   });
   if (staging_pool_) s.staging = [this] { return staging_pool_->counters(); };
   s.control = [this]() -> const ControlListener* { return control_.get(); };
+  s.handles = [this]() -> const HandleChannel* { return handles_.get(); };
   s.peer_port = [this] { return peer_api_->listener(); };
   s.scrub_interval = options_.scrub_interval;
   status_ = std::make_unique<StatusView>(std::move(s));

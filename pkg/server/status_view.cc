@@ -272,34 +272,24 @@ metrics::StagingSnapshot StatusView::Staging() const {
   return {true, c.idle_bytes, c.taken_bytes};
 }
 
-metrics::ControlSnapshot StatusView::Control() const {
-  const ControlListener* control = s_.control ? s_.control() : nullptr;
-  if (control == nullptr) return {};
-  const ControlListener::Counters c = control->counters();
-  metrics::ControlSnapshot s;
-  s.present = true;
-  s.open = c.open;
-  s.accepted = c.accepted;
-  s.closed_allowlist = c.refused_uid;
-  s.closed_total = c.refused_total;
-  s.closed_uid_cap = c.refused_unit_cap;
-  s.accept_errors = c.accept_errors;
-  return s;
+std::vector<metrics::ListenerSnapshot> StatusView::Listeners() const {
+  std::vector<metrics::ListenerSnapshot> out;
+  auto add = [&out](const char* name, net::Acceptor::Counters c) {
+    out.push_back({name, c.open, c.accepted, std::move(c.refused)});
+  };
+  if (const ControlListener* c = s_.control ? s_.control() : nullptr) add("control", c->counters());
+  if (const HandleChannel* h = s_.handles ? s_.handles() : nullptr) add("handle", h->counters());
+  if (const PeerPort* port = s_.peer_port ? s_.peer_port() : nullptr) {
+    PeerPort::Counters c = port->counters();
+    out.push_back({"peer", c.open, c.accepted, std::move(c.refused)});
+  }
+  return out;
 }
 
 metrics::PeerPortSnapshot StatusView::PeerPortState() const {
   const server::PeerPort* port = s_.peer_port ? s_.peer_port() : nullptr;
   if (port == nullptr) return {};
-  const server::PeerPort::Counters c = port->counters();
-  return {.present = true,
-          .open = c.open,
-          .accepted = c.accepted,
-          .relayed = c.relayed,
-          .refused_total = c.refused_total,
-          .refused_per_address = c.refused_per_address,
-          .refused_handshake = c.refused_handshake,
-          .refused_not_tls = c.refused_not_tls,
-          .refused_descriptors = c.refused_descriptors};
+  return {.present = true, .relayed = port->counters().relayed};
 }
 
 std::vector<metrics::DeviceSnapshot> StatusView::Devices() const {

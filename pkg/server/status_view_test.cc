@@ -138,8 +138,8 @@ TEST_F(StatusViewTest, NotReadyWhileAPreloadIsPendingThenReady) {
   preloads_->Release("m");
   std::tie(ready, why) = view_->Readiness();
   EXPECT_TRUE(ready) << why;
-  EXPECT_FALSE(view_->Control().present);  // no control listener yet
-  EXPECT_FALSE(view_->Staging().present);  // host backend: no staging pool
+  EXPECT_TRUE(view_->Listeners().empty());  // no listener yet
+  EXPECT_FALSE(view_->Staging().present);   // host backend: no staging pool
 }
 
 TEST_F(StatusViewTest, TheMetricsSnapshotsCountEveryEntryByDevice) {

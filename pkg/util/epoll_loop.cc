@@ -1,11 +1,14 @@
 #include "pkg/util/epoll_loop.h"
 
+#include <sys/eventfd.h>
+
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
 
+#include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"
 
 namespace weightcache {
@@ -25,6 +28,21 @@ int EpollWaiter::Wait(int epoll_fd, epoll_event* events, int max_events, int tim
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   return 0;
+}
+
+absl::StatusOr<EpollWithWake> MakeEpollWithWake(uint64_t wake_data) {
+  EpollWithWake e;
+  e.epoll.reset(::epoll_create1(EPOLL_CLOEXEC));
+  if (!e.epoll) return ErrnoStatus(errno, "epoll_create1");
+  e.wake.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!e.wake) return ErrnoStatus(errno, "eventfd");
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = wake_data;
+  if (::epoll_ctl(e.epoll.get(), EPOLL_CTL_ADD, e.wake.get(), &ev) != 0) {
+    return ErrnoStatus(errno, "epoll_ctl");
+  }
+  return e;
 }
 
 }  // namespace weightcache

@@ -11,6 +11,9 @@
 
 #include <string>
 
+#include "absl/status/statusor.h"
+#include "pkg/util/scoped_fd.h"
+
 namespace weightcache {
 
 class EpollWaiter {
@@ -24,5 +27,13 @@ class EpollWaiter {
   const std::string who_;
   int failures_ = 0;  // errors in a row
 };
+
+// An epoll instance and an eventfd registered in it for reading with `wake_data`: the pair
+// every loop uses to be woken from other threads (write 1 to `wake`).
+struct EpollWithWake {
+  ScopedFd epoll;
+  ScopedFd wake;
+};
+absl::StatusOr<EpollWithWake> MakeEpollWithWake(uint64_t wake_data);
 
 }  // namespace weightcache

@@ -162,20 +162,23 @@ TEST_F(PeerFloodTest, IdleConnectionsTakeNeitherDescriptorsNorTheDaemon) {
     flood.push_back(ConnectFrom("127.0.1." + std::to_string(host), peer_port_));
     ASSERT_TRUE(flood.back()) << "connect " << i << ": " << std::strerror(errno);
   }
-  // Every one accepted or closed at accept (the port drains its backlog at its own pace).
-  double accepted = 0, per_address = 0;
+  // Every one held or closed at the door (the acceptor drains the backlog at its own pace):
+  // past its address's cap, or to make room past the total.
+  double open = 0, per_address = 0, total = 0;
   for (const auto until = std::chrono::steady_clock::now() + 60s;
-       accepted + per_address < kFlood && std::chrono::steady_clock::now() < until;) {
+       open + per_address + total < kFlood && std::chrono::steady_clock::now() < until;) {
     const std::string s = Scrape();
-    accepted = SampleOf(s, "weightcache_peer_connections_accepted_total");
-    per_address = SampleOf(s, "weightcache_peer_refusals_total{reason=\"per_address\"}");
+    open = SampleOf(s, "weightcache_connections{listener=\"peer\"}");
+    per_address =
+        SampleOf(s, "weightcache_connections_refused_total{listener=\"peer\",reason=\"per_key\"}");
+    total =
+        SampleOf(s, "weightcache_connections_refused_total{listener=\"peer\",reason=\"total\"}");
     std::this_thread::sleep_for(20ms);
   }
-  EXPECT_EQ(accepted + per_address, kFlood);
+  EXPECT_EQ(open + per_address + total, kFlood);
   EXPECT_GE(per_address, 500 - 16);  // the first address's
+  EXPECT_EQ(open, kCap);
   std::string scrape = Scrape();
-  EXPECT_EQ(SampleOf(scrape, "weightcache_peer_connections"), kCap);
-  EXPECT_EQ(SampleOf(scrape, "weightcache_peer_refusals_total{reason=\"total\"}"), accepted - kCap);
   // The daemon's descriptors: one per connection it holds, whatever the flood (idle ones
   // never reach gRPC; before: one per connection, 1,500, in gRPC).
   const size_t fds_flood = Descriptors(pid);
@@ -200,19 +203,27 @@ TEST_F(PeerFloodTest, IdleConnectionsTakeNeitherDescriptorsNorTheDaemon) {
   // The logs name the peer by its TCP source, not the relay's Unix socket.
   EXPECT_TRUE(testing::WaitForLogLine(log(), "peer ipv4:127.0.0.1:", 10s))
       << testing::ReadFileOrEmpty(log());
-  // At the deadline the flood's connections are closed; the peer's stays.
-  double open = -1;
+  // At the deadline the flood's connections (none sent a byte) are closed at the door; the
+  // peer's stays.
+  open = -1;
   for (const auto until = std::chrono::steady_clock::now() + 60s;
        open != 1 && std::chrono::steady_clock::now() < until;) {
     scrape = Scrape();
-    open = SampleOf(scrape, "weightcache_peer_connections");
+    open = SampleOf(scrape, "weightcache_connections{listener=\"peer\"}");
     std::this_thread::sleep_for(50ms);
   }
   EXPECT_EQ(open, 1);
-  EXPECT_EQ(SampleOf(scrape, "weightcache_peer_refusals_total{reason=\"handshake_deadline\"}"),
-            kCap - 1);
-  EXPECT_EQ(SampleOf(scrape, "weightcache_peer_refusals_total{reason=\"descriptors\"}"), 0);
-  EXPECT_EQ(SampleOf(scrape, "weightcache_peer_refusals_total{reason=\"not_tls\"}"), 0);
+  EXPECT_EQ(
+      SampleOf(scrape,
+               "weightcache_connections_refused_total{listener=\"peer\",reason=\"first_byte\"}"),
+      kCap - 1);
+  EXPECT_EQ(
+      SampleOf(scrape,
+               "weightcache_connections_refused_total{listener=\"peer\",reason=\"descriptors\"}"),
+      0);
+  EXPECT_EQ(SampleOf(scrape,
+                     "weightcache_connections_refused_total{listener=\"peer\",reason=\"not_tls\"}"),
+            0);
   for (const auto& fd : flood) EXPECT_TRUE(ClosedNow(fd.get()));
   flood.clear();
   EXPECT_TRUE(peer_->Describe(fp, 10s).ok());
@@ -243,13 +254,16 @@ TEST_F(PeerFloodTest, OutOfDescriptorsThePortBacksOffAndServesAgain) {
   EXPECT_TRUE(testing::WaitForLogLine(log(), "until descriptors are free"))
       << testing::ReadFileOrEmpty(log());
   EXPECT_TRUE(std::regex_search(testing::ReadFileOrEmpty(log()),
-                                std::regex("peer port: [^\n]*Too many open files; retrying every "
+                                std::regex("peer: accept: Too many open files; retrying every "
                                            "100 ms until descriptors are free")))
       << testing::ReadFileOrEmpty(log());
   EXPECT_NE(::kill(daemon_->pid(), 0), -1) << "the daemon died";
   flood.clear();
   // (The metrics server needs a descriptor to answer: asked once the flood is gone.)
-  EXPECT_GT(SampleOf(Scrape(), "weightcache_peer_refusals_total{reason=\"descriptors\"}"), 0);
+  EXPECT_GT(
+      SampleOf(Scrape(),
+               "weightcache_connections_refused_total{listener=\"peer\",reason=\"descriptors\"}"),
+      0);
   // Once the flood is gone (its connections closed by the clients), a peer is served.
   absl::StatusOr<v1::PeerDescribeResponse> r;
   for (int i = 0; i < 50; ++i) {  // a bounded poll: the port retries every 100 ms
@@ -258,7 +272,7 @@ TEST_F(PeerFloodTest, OutOfDescriptorsThePortBacksOffAndServesAgain) {
     std::this_thread::sleep_for(100ms);
   }
   EXPECT_TRUE(r.ok()) << r.status() << testing::ReadFileOrEmpty(log());
-  EXPECT_THAT(testing::ReadFileOrEmpty(log()), HasSubstr("peer port: accepting again"));
+  EXPECT_THAT(testing::ReadFileOrEmpty(log()), HasSubstr("peer: accepting again"));
   // gRPC's own listener never met EMFILE (it would have stopped accepting for good).
   EXPECT_THAT(testing::ReadFileOrEmpty(log()), Not(HasSubstr("Failed accept4")));
 }

@@ -48,6 +48,9 @@ class CoreArtifactRules final : public ArtifactRules {
   CoreArtifactRules(const Access& access, const ModelCatalog& models)
       : access_(access), models_(models) {}
   bool Known(const std::string& model) const override { return models_.Spec(model).has_value(); }
+  absl::Status MayPublish(const Caller& caller) const override {
+    return access_.AuthorizePublish(caller, "");
+  }
   absl::Status MayPut(const Caller& caller, const std::string& model) const override {
     return access_.AuthorizePublish(caller, model);
   }

@@ -23,6 +23,7 @@
 #include "pkg/server/internal/model_catalog.h"
 #include "pkg/server/internal/preloads.h"
 #include "pkg/server/wire/control_listener.h"
+#include "pkg/server/wire/handle_channel.h"
 #include "pkg/server/wire/peer_port.h"
 #include "weightcache/v1/weightcache.pb.h"
 
@@ -61,6 +62,8 @@ class StatusView final : public metrics::StateSource {
     // until it exists), the peer API's port (null without one).
     std::function<load::StagingPool::Counters()> staging;
     std::function<const ControlListener*()> control;
+    // The handle channel (answers null until it exists): its connections (metrics).
+    std::function<const HandleChannel*()> handles;
     std::function<const PeerPort*()> peer_port;
     // The scrubber's interval (0: off): an entry not verified for two of them plus a minute
     // is overdue (metrics).
@@ -81,7 +84,7 @@ class StatusView final : public metrics::StateSource {
   std::vector<metrics::EntrySnapshot> Entries() const override;
   std::vector<metrics::DeviceSnapshot> Devices() const override;
   metrics::StagingSnapshot Staging() const override;
-  metrics::ControlSnapshot Control() const override;
+  std::vector<metrics::ListenerSnapshot> Listeners() const override;
   metrics::PeerPortSnapshot PeerPortState() const override;
 
  private:

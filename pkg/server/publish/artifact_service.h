@@ -38,6 +38,8 @@ class ArtifactRules {
   // The rule of a put (the publish role, the model's map rule and its spec's `publishers:`),
   // a get (the model's map rule) and an evict (admin's); PERMISSION_DENIED naming the rule.
   virtual absl::Status MayPut(const Caller& caller, const std::string& model) const = 0;
+  // The publish role alone, before any model is named (a put asks it before it takes a slot).
+  virtual absl::Status MayPublish(const Caller& caller) const = 0;
   virtual absl::Status MayGet(const Caller& caller, const std::string& model) const = 0;
   virtual absl::Status MayEvict(const Caller& caller, const std::string& model) const = 0;
   // The pool `caller` puts into and looks in first for `model` (Access::ArtifactPool).

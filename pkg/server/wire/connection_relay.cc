@@ -57,9 +57,10 @@ struct ConnectionRelay::Conn {
   uint64_t id = 0;
   std::string label;
   ScopedFd client;
-  ScopedFd inner;  // our end of the socket pair; gRPC holds the other
-  Pipe up;         // client -> gRPC
-  Pipe down;       // gRPC -> client
+  net::KeyedLimiter::Slot slot;  // the connection's place in the listener's caps
+  ScopedFd inner;                // our end of the socket pair; gRPC holds the other
+  Pipe up;                       // client -> gRPC
+  Pipe down;                     // gRPC -> client
   Http2StreamTracker streams;
   bool server_done = false;  // gRPC closed its end: flush `down`, then close
   bool inner_watched = false;
@@ -77,18 +78,10 @@ constexpr char kOverResets[] = "resets";
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ConnectionRelay>> ConnectionRelay::Start(Options options) {
-  ScopedFd epoll(::epoll_create1(EPOLL_CLOEXEC));
-  if (!epoll) return ErrnoStatus(errno, "epoll_create1");
-  ScopedFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!wake) return ErrnoStatus(errno, "eventfd");
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = kWakeId;
-  if (::epoll_ctl(epoll.get(), EPOLL_CTL_ADD, wake.get(), &ev) != 0) {
-    return ErrnoStatus(errno, "epoll_ctl");
-  }
+  auto e = MakeEpollWithWake(kWakeId);
+  if (!e.ok()) return e.status();
   return std::unique_ptr<ConnectionRelay>(
-      new ConnectionRelay(std::move(options), std::move(epoll), std::move(wake)));
+      new ConnectionRelay(std::move(options), std::move(e->epoll), std::move(e->wake)));
 }
 
 ConnectionRelay::ConnectionRelay(Options options, ScopedFd epoll, ScopedFd wake)
@@ -103,7 +96,8 @@ ConnectionRelay::~ConnectionRelay() {
   thread_.join();
 }
 
-absl::StatusOr<int> ConnectionRelay::Add(ScopedFd client, std::string label) {
+absl::StatusOr<int> ConnectionRelay::Add(ScopedFd client, net::KeyedLimiter::Slot slot,
+                                         std::string label) {
   int pair[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, pair) != 0) {
     return ErrnoStatus(errno, "socketpair for the control connection of " + label);
@@ -111,6 +105,7 @@ absl::StatusOr<int> ConnectionRelay::Add(ScopedFd client, std::string label) {
   auto c = std::make_unique<Conn>();
   c->label = std::move(label);
   c->client = std::move(client);
+  c->slot = std::move(slot);
   c->inner = ScopedFd(pair[0]);
   c->reset_tokens = options_.reset_burst;
   {

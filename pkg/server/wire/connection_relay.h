@@ -22,6 +22,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "pkg/net/keyed_limiter.h"
 #include "pkg/util/mutex.h"
 #include "pkg/util/scoped_fd.h"
 
@@ -49,8 +50,9 @@ class ConnectionRelay {
   ConnectionRelay& operator=(const ConnectionRelay&) = delete;
 
   // Relays `client` (`label` names it in logs) and returns the other end for gRPC, which owns
-  // it from then on. Errors (out of descriptors) leave `client` closed.
-  absl::StatusOr<int> Add(ScopedFd client, std::string label);
+  // it from then on. `slot` (its place in the listener's caps) is held until the connection
+  // ends. Errors (out of descriptors) leave `client` closed and `slot` given back.
+  absl::StatusOr<int> Add(ScopedFd client, net::KeyedLimiter::Slot slot, std::string label);
 
   struct Counters {
     uint64_t relayed = 0;

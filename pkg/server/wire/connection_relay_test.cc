@@ -32,7 +32,7 @@ Relayed Relay(ConnectionRelay& relay) {
   EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
   Relayed r;
   r.app = ScopedFd(pair[0]);
-  auto inner = relay.Add(ScopedFd(pair[1]), "test");
+  auto inner = relay.Add(ScopedFd(pair[1]), {}, "test");
   EXPECT_TRUE(inner.ok()) << inner.status();
   r.grpc = ScopedFd(inner.value_or(-1));
   return r;

@@ -1,16 +1,18 @@
 // The control socket's listener. gRPC's own Unix listener hides who connects, and when the
-// process runs out of descriptors it stops accepting for good. This listener accepts each
-// connection itself: it reads the peer's credentials (SO_PEERCRED), applies the uid
-// allowlist and the connection caps, and hands the connection to gRPC through a relay that
-// bounds the HTTP/2 streams it may hold (connection_relay.h; the relay's end of a socket pair
-// goes to `serve`, e.g. grpc::AddInsecureChannelFromFd); RPC handlers then learn who calls
-// through PeerOf(). It knows descriptors and credentials, not gRPC.
-// On EMFILE/ENFILE it backs off (100 ms) and keeps accepting once descriptors are back.
+// process runs out of descriptors it stops accepting for good. This listener takes each
+// connection from the acceptor (pkg/net/acceptor.h: caps per tenant unit and in total, a
+// first-byte deadline, EMFILE back-off, refusals counted by reason), which asks it who the
+// peer is: its credentials (SO_PEERCRED), the uid allowlist, and its tenant unit. It hands the
+// connection to gRPC through a relay that bounds the HTTP/2 streams it may hold
+// (connection_relay.h; the relay's end of a socket pair goes to `serve`, e.g.
+// grpc::AddInsecureChannelFromFd); RPC handlers then learn who calls through PeerOf(). It knows
+// descriptors and credentials, not gRPC.
 // Besides control.sock it may serve one socket per device-plugin slot (namespace rules): each
 // connection remembers the socket it came in on, and PeerOf() reports that slot. The tie is
 // the descriptor gRPC holds (its peer string "fd:N", the relay's end of the socket pair) and
 // that socket's inode, recorded before gRPC gets the descriptor: a reused descriptor number
-// has another inode and is never taken for the old connection (connection_table.h).
+// has another inode and is never taken for the old connection (connection_table.h). A
+// connection's place in the caps is held by the relay until the connection ends.
 // Not a public header.
 //
 // Thread-safety: Start/StopAccepting/destructor from one thread; PeerOf, counters and
@@ -30,11 +32,11 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "pkg/net/acceptor.h"
 #include "pkg/server/wire/caller.h"
 #include "pkg/server/wire/connection_relay.h"
 #include "pkg/server/wire/connection_table.h"
@@ -72,6 +74,10 @@ class ControlListener {
     // and exit at once holds this many, not the node's whole table.
     size_t max_connections_unresolved = 16;
     size_t over_cap_held = 4;
+    // A client that sends nothing (a gRPC client sends its preface at once) is closed then.
+    std::chrono::milliseconds first_byte{10000};
+    // Told of each connection refused at the door, by reason (net::ListenerOptions).
+    std::function<void(const std::string& reason)> on_refused;
     // Where the peers' /proc entries are read to resolve their pods (tests: a fixture tree).
     std::string proc_root = "/proc";
     // HTTP/2 streams one connection may hold open (connection_relay.h): past it, closed.
@@ -96,46 +102,28 @@ class ControlListener {
   // The caller behind gRPC's peer string ("fd:N"); nullopt when unknown.
   std::optional<Caller> PeerOf(const std::string& grpc_peer) const;
 
-  struct Counters {
-    uint64_t accepted = 0;
-    uint64_t refused_uid = 0;       // not in the allowlist: closed
-    uint64_t refused_total = 0;     // past max_connections: closed
-    uint64_t refused_unit_cap = 0;  // past a unit's cap and its over-cap connections: closed
-    uint64_t accept_errors = 0;     // EMFILE and the like (backed off, retried)
-    size_t open = 0;
-  };
-  Counters counters() const;
+  // accepted, refused by reason ("identity": not in the allowlist; "total"; "per_key": past a
+  // unit's cap and its over-cap connections; "first_byte"; "descriptors"), open.
+  using Counters = net::Acceptor::Counters;
+  Counters counters() const { return acceptor_->counters(); }
   // False while accepting fails (out of descriptors); /readyz reports it.
-  bool healthy() const { return healthy_.load(); }
+  bool healthy() const { return acceptor_->healthy(); }
   const Options& options() const { return options_; }
 
  private:
-  struct Listening {
-    ScopedFd fd;
-    std::string slot;  // empty: the shared socket
-    SocketKind kind = SocketKind::kEngine;
-  };
-  ControlListener(Options options, std::vector<Listening> listening, ScopedFd wake,
-                  std::unique_ptr<ConnectionRelay> relay, Serve serve);
-  void Loop();
-  // Accepts what is pending on `l`; false when accepting must back off (out of descriptors).
-  bool AcceptFrom(const Listening& l);
-  // Marks the listener healthy again when a descriptor can be had (after EMFILE).
-  void ProbeDescriptors();
-  void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ControlListener(Options options, std::unique_ptr<ConnectionRelay> relay, Serve serve);
+  absl::StatusOr<net::Identity> Identify(int fd, const std::string& tag);
+  bool Take(net::Accepted a);
 
   const Options options_;
   const tenant::Resolver resolver_;
-  std::vector<Listening> listening_;  // [0]: control.sock
-  ScopedFd wake_;
   std::unique_ptr<ConnectionRelay> relay_;
   const Serve serve_;
-  std::atomic<bool> healthy_{true};
-  std::atomic<bool> stop_{false};
+  std::unique_ptr<net::Acceptor> acceptor_;
   mutable Mutex mu_;
   ConnectionTable conns_ ABSL_GUARDED_BY(mu_);  // by descriptor number (gRPC owns it)
-  Counters counters_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
+  std::chrono::steady_clock::time_point next_reap_ ABSL_GUARDED_BY(mu_);
+  bool stopped_ = false;
 };
 
 }  // namespace weightcache::server

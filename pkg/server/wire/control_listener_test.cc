@@ -60,8 +60,11 @@ class ControlListenerTest : public ::testing::Test {
     listener_.reset();
     server_->Shutdown();
   }
+  // These clients never speak (no RPC is made): the first-byte deadline is off unless a test
+  // sets one.
   void Start(ControlListener::Options o) {
     o.path = dir_ / "control.sock";
+    if (o.first_byte == ControlListener::Options{}.first_byte) o.first_byte = {};
     auto l = ControlListener::Start(std::move(o), [server = server_.get()](int fd) {
       grpc::AddInsecureChannelFromFd(server, fd);
     });
@@ -71,7 +74,7 @@ class ControlListenerTest : public ::testing::Test {
   // The counters once `done` holds them (the listener accepts on its own thread). Polled,
   // bounded: a limit for the failure case.
   ControlListener::Counters CountersOnce(
-      const std::function<bool(const ControlListener::Counters&)>& done) {
+      const std::function<bool(ControlListener::Counters)>& done) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     ControlListener::Counters c = listener_->counters();
     while (!done(c) && std::chrono::steady_clock::now() < until) {
@@ -101,9 +104,9 @@ TEST_F(ControlListenerTest, AUidPastItsCapIsClosedAtAcceptBeyondItsToldConnectio
     conns.push_back(Connect(path()));
     ASSERT_TRUE(conns.back().valid());
   }
-  const auto c = CountersOnce([](const auto& c) { return c.accepted + c.refused_unit_cap == 8; });
+  auto c = CountersOnce([](auto c) { return c.accepted + c.refused["per_key"] == 8; });
   EXPECT_EQ(c.accepted, 3u);
-  EXPECT_EQ(c.refused_unit_cap, 5u);
+  EXPECT_EQ(c.refused["per_key"], 5u);
   EXPECT_EQ(c.open, 3u);
   // Accepted in the order they connected (the backlog is a queue): the first three stay.
   for (int i = 0; i < 8; ++i) {
@@ -117,17 +120,17 @@ TEST_F(ControlListenerTest, TheTotalCapAndTheAllowlistCloseAtAccept) {
   Start(std::move(o));
   std::vector<ScopedFd> conns;
   for (int i = 0; i < 4; ++i) conns.push_back(Connect(path()));
-  auto c = CountersOnce([](const auto& c) { return c.accepted + c.refused_total == 4; });
+  auto c = CountersOnce([](auto c) { return c.accepted + c.refused["total"] == 4; });
   EXPECT_EQ(c.accepted, 2u);
-  EXPECT_EQ(c.refused_total, 2u);
+  EXPECT_EQ(c.refused["total"], 2u);
   listener_.reset();
 
   ControlListener::Options only;
   only.allowed_uids = {::geteuid() + 1};  // not this process's uid
   Start(std::move(only));
   ScopedFd refused = Connect(path());
-  c = CountersOnce([](const auto& c) { return c.refused_uid == 1; });
-  EXPECT_EQ(c.refused_uid, 1u);
+  c = CountersOnce([](auto c) { return c.refused["identity"] == 1; });
+  EXPECT_EQ(c.refused["identity"], 1u);
   EXPECT_EQ(c.accepted, 0u);
   EXPECT_TRUE(ClosedWithin(refused.get(), 2000));
 }
@@ -147,6 +150,49 @@ TEST_F(ControlListenerTest, StoppingAcceptingKeepsTheConnectionsUntilTheyAreClos
   listener_->CloseConnections();
   EXPECT_TRUE(ClosedWithin(held.get(), 5000));
   EXPECT_EQ(listener_->counters().open, 0u);
+}
+
+// A pod (here a slot: one pod each) past its cap leaves another pod of the same uid served,
+// and a connection closed by its client gives its place back.
+TEST_F(ControlListenerTest,
+       APodPastItsCapLeavesAnotherPodServedAndClosedConnectionsFreeTheirPlace) {
+  ControlListener::Options o;
+  o.max_connections = 100;
+  o.max_connections_per_pod = 2;
+  o.over_cap_held = 0;
+  o.slot_sockets = {{"a", dir_ / "a.sock"}, {"b", dir_ / "b.sock"}};
+  Start(std::move(o));
+  std::vector<ScopedFd> a;
+  for (int i = 0; i < 3; ++i) a.push_back(Connect(dir_ / "a.sock"));
+  auto c = CountersOnce([](auto c) { return c.accepted + c.refused["per_key"] == 3; });
+  EXPECT_EQ(c.refused["per_key"], 1u);
+  ScopedFd b = Connect(dir_ / "b.sock");
+  c = CountersOnce([](auto c) { return c.accepted == 3; });
+  EXPECT_EQ(c.accepted, 3u);
+  a[0].reset();  // the client goes: the relay closes it and its place is free again
+  c = CountersOnce([](auto c) { return c.open == 2; });
+  EXPECT_EQ(c.open, 2u);
+  ScopedFd again = Connect(dir_ / "a.sock");
+  c = CountersOnce([](auto c) { return c.accepted == 4; });
+  EXPECT_EQ(c.accepted, 4u);
+  EXPECT_FALSE(ClosedWithin(again.get(), 100));
+}
+
+// A client that connects and says nothing holds its place until the first-byte deadline,
+// never gRPC's attention; a gRPC client (its preface sent at once) is served.
+TEST_F(ControlListenerTest, SilentClientsAreClosedAtTheFirstByteDeadline) {
+  ControlListener::Options o;
+  o.first_byte = std::chrono::milliseconds(300);
+  Start(std::move(o));
+  ScopedFd silent = Connect(path());
+  ScopedFd talking = Connect(path());
+  ASSERT_TRUE(WriteAll(talking.get(), "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").ok());
+  auto c = CountersOnce([](auto c) { return c.accepted == 1; });
+  EXPECT_EQ(c.accepted, 1u);
+  EXPECT_TRUE(ClosedWithin(silent.get(), 10000));
+  c = CountersOnce([](auto c) { return c.refused["first_byte"] == 1; });
+  EXPECT_EQ(c.refused["first_byte"], 1u);
+  EXPECT_EQ(c.open, 1u);
 }
 
 TEST_F(ControlListenerTest, PeerOfAnswersOnlyForItsOwnConnections) {

@@ -21,7 +21,6 @@ namespace {
 
 constexpr size_t kMaxLine = kMaxHandshakeLine;
 constexpr int kTickMs = 200;
-constexpr int kBackoffMs = 100;         // after EMFILE on accept
 constexpr int kSendTimeoutSeconds = 2;  // one descriptor batch to a peer that does not read
 
 void SendError(int fd, const std::string& msg) { (void)WriteAll(fd, FormatErrorLine(msg)); }
@@ -51,34 +50,66 @@ struct HandleChannel::Conn {
   std::string buf;
   std::string lease_id;  // empty until the token is claimed
   std::chrono::steady_clock::time_point accepted = std::chrono::steady_clock::now();
-  tenant::Unit unit;     // the peer's, read at accept
-  std::string unit_key;  // unit.Key(), made once: every accept compares it with each connection's
-  std::string slot;      // of the socket it came in on; empty: the shared one
+  std::string slot;               // of the socket it came in on; empty: the shared one
+  net::KeyedLimiter::Slot place;  // in the acceptor's caps, until the connection ends
 };
 
 absl::StatusOr<std::unique_ptr<HandleChannel>> HandleChannel::Start(const Options& options,
                                                                     ClaimFn claim, CloseFn close,
                                                                     TickFn tick) {
-  std::vector<ScopedFd> listening;
-  std::vector<std::string> paths = {options.path};
-  for (const auto& s : options.slot_sockets) paths.push_back(s.path);
-  for (const std::string& path : paths) {
-    auto listen = ListenUnix(path, options.mode);
-    if (!listen.ok()) return listen.status();
-    listening.push_back(std::move(listen).value());
+  std::vector<std::pair<ScopedFd, std::string>> listening;  // the socket and its slot
+  auto listen = [&](const std::string& path, const std::string& slot) -> absl::Status {
+    auto fd = ListenUnix(path, options.mode);
+    if (!fd.ok()) return fd.status();
+    listening.emplace_back(std::move(fd).value(), slot);
+    return absl::OkStatus();
+  };
+  if (auto s = listen(options.path, ""); !s.ok()) return s;
+  for (const auto& slot : options.slot_sockets) {
+    if (auto s = listen(slot.path, slot.slot); !s.ok()) return s;
   }
   ScopedFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake) return ErrnoStatus(errno, "eventfd");
-  return std::unique_ptr<HandleChannel>(new HandleChannel(options, std::move(listening),
-                                                          std::move(wake), std::move(claim),
-                                                          std::move(close), std::move(tick)));
+  auto ch = std::unique_ptr<HandleChannel>(new HandleChannel(
+      options, std::move(wake), std::move(claim), std::move(close), std::move(tick)));
+  net::ListenerOptions a;
+  a.name = "handle";
+  a.limits = {
+      .total = options.max_connections, .per_key = options.max_connections_per_pod, .over_cap = 0};
+  a.first_byte = options.handshake_timeout;  // a client sends its token at once
+  a.identify = [raw = ch.get()](int fd, const std::string& slot) {
+    return raw->Identify(fd, slot);
+  };
+  a.serve = [raw = ch.get()](net::Accepted c) {
+    {
+      MutexLock l(raw->mu_);
+      raw->incoming_.push_back(std::move(c));
+    }
+    uint64_t one = 1;
+    (void)::write(raw->wake_.get(), &one, sizeof one);
+    return true;
+  };
+  a.tell_refused = [](int fd, const std::string& reason, const std::string& message) {
+    SendError(fd, reason == "first_byte"
+                      ? "DEADLINE_EXCEEDED: handshake timed out"
+                      : absl::StrCat(
+                            reason == "identity" ? "PERMISSION_DENIED: " : "RESOURCE_EXHAUSTED: ",
+                            message));
+  };
+  a.on_refused = options.on_refused;
+  auto acceptor = net::Acceptor::Start(std::move(a));
+  if (!acceptor.ok()) return acceptor.status();
+  ch->acceptor_ = std::move(acceptor).value();
+  for (auto& [fd, slot] : listening) {
+    if (auto s = ch->acceptor_->Listen(std::move(fd), slot); !s.ok()) return s;
+  }
+  return ch;
 }
 
-HandleChannel::HandleChannel(Options options, std::vector<ScopedFd> listening, ScopedFd wake,
-                             ClaimFn claim, CloseFn close, TickFn tick)
+HandleChannel::HandleChannel(Options options, ScopedFd wake, ClaimFn claim, CloseFn close,
+                             TickFn tick)
     : options_(std::move(options)),
       resolver_(options_.proc_root),
-      listening_(std::move(listening)),
       wake_(std::move(wake)),
       claim_(std::move(claim)),
       close_(std::move(close)),
@@ -86,7 +117,16 @@ HandleChannel::HandleChannel(Options options, std::vector<ScopedFd> listening, S
   thread_ = std::thread(&HandleChannel::Loop, this);
 }
 
+absl::StatusOr<net::Identity> HandleChannel::Identify(int fd, const std::string& slot) const {
+  auto cred = GetPeerCred(fd);
+  const pid_t pid = cred.ok() ? cred->pid : 0;
+  const tenant::Unit unit =
+      slot.empty() ? resolver_.Resolve(pid, fd) : tenant::Unit::OfSlot(slot, pid);
+  return net::Identity{unit.Key(), unit.Describe(), {}};
+}
+
 HandleChannel::~HandleChannel() {
+  if (acceptor_ != nullptr) acceptor_->Stop();
   {
     MutexLock l(mu_);
     stop_ = true;
@@ -119,7 +159,6 @@ void HandleChannel::Notify(const std::string& lease_id, std::string line) {
 void HandleChannel::Loop() {
   Conns conns;
   auto last_tick = std::chrono::steady_clock::now();
-  auto backoff_until = std::chrono::steady_clock::time_point{};
   while (true) {
     std::set<std::string> closing;
     std::multimap<std::string, std::string> notifying;
@@ -129,13 +168,11 @@ void HandleChannel::Loop() {
       closing.swap(to_close_);
       notifying.swap(to_notify_);
     }
+    TakeIncoming(conns);
     SendEvents(conns, notifying);
     CloseLeases(conns, closing);
-    const bool backing_off = std::chrono::steady_clock::now() < backoff_until;
     std::vector<pollfd> fds;
     fds.push_back({wake_.get(), POLLIN, 0});
-    // While backing off from EMFILE the listening sockets are left out (-1: poll ignores them).
-    for (const auto& l : listening_) fds.push_back({backing_off ? -1 : l.get(), POLLIN, 0});
     const size_t first_conn = fds.size();
     for (const auto& [fd, c] : conns) fds.push_back({fd, POLLIN, 0});
     int n = ::poll(fds.data(), fds.size(), kTickMs);
@@ -153,12 +190,6 @@ void HandleChannel::Loop() {
     if (fds[0].revents & POLLIN) {
       uint64_t v;
       (void)::read(wake_.get(), &v, sizeof v);
-    }
-    for (size_t li = 0; li < listening_.size() && !backing_off; ++li) {
-      if ((fds[li + 1].revents & POLLIN) != 0 && !Accept(conns, li)) {
-        backoff_until = now + std::chrono::milliseconds(kBackoffMs);
-        break;
-      }
     }
     for (size_t i = first_conn; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
@@ -219,39 +250,22 @@ void HandleChannel::EndStaleHandshakes(Conns& conns, std::chrono::steady_clock::
   }
 }
 
-// Accepts a connection on listening socket `li` and decides whether it fits under the caps
-// (in all, per tenant unit; past one it is answered and closed). False when this process is out of
-// descriptors: the socket stays readable, the loop polls without it for a while instead of
-// spinning.
-bool HandleChannel::Accept(Conns& conns, size_t li) {
-  int cfd = ::accept4(listening_[li].get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-  if (cfd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)) {
-    WC_LOG_WARN("handle channel: accept: %s; retrying in %d ms", std::strerror(errno), kBackoffMs);
-    return false;
+// Takes the connections the acceptor admitted (within the caps, their first bytes come).
+void HandleChannel::TakeIncoming(Conns& conns) {
+  std::vector<net::Accepted> incoming;
+  {
+    MutexLock l(mu_);
+    incoming.swap(incoming_);
   }
-  if (cfd < 0) return true;
-  Conn c;
-  c.fd.reset(cfd);
-  c.slot = li == 0 ? std::string() : options_.slot_sockets[li - 1].slot;
-  auto cred = GetPeerCred(cfd);
-  const pid_t pid = cred.ok() ? cred->pid : 0;
-  c.unit = c.slot.empty() ? resolver_.Resolve(pid, cfd) : tenant::Unit::OfSlot(c.slot, pid);
-  c.unit_key = c.unit.Key();
-  size_t mine = 0;
-  for (const auto& [fd, other] : conns) mine += other.unit_key == c.unit_key ? 1 : 0;
-  if (conns.size() >= options_.max_connections) {
-    SendError(cfd, absl::StrCat("RESOURCE_EXHAUSTED: the handle channel holds ", conns.size(),
-                                " connections, its cap"));
-  } else if (const size_t cap = c.unit.unresolved() ? options_.max_connections_unresolved
-                                                    : options_.max_connections_per_pod;
-             mine >= cap) {
-    SendError(cfd, absl::StrCat("RESOURCE_EXHAUSTED: ", c.unit.Describe(), " holds ", mine,
-                                " handle connections, the cap ",
-                                c.unit.unresolved() ? "all unresolved peers share" : "per pod"));
-  } else {
-    conns.emplace(cfd, std::move(c));
+  for (net::Accepted& a : incoming) {
+    Conn c;
+    c.slot = a.tag;
+    c.accepted = a.accepted;
+    c.place = std::move(a.slot);
+    const int fd = a.fd.get();
+    c.fd = std::move(a.fd);
+    conns.emplace(fd, std::move(c));
   }
-  return true;
 }
 
 // Reads what a connection sent; decides when its handshake line is complete and well formed.

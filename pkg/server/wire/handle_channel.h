@@ -16,6 +16,10 @@
 // callback is told which socket the token came in on ("" for `path`), so a token issued on
 // one slot's control socket can be refused on another slot's handle socket.
 //
+// Connections come through the acceptor (pkg/net/acceptor.h): caps per tenant unit and in
+// total (a refused peer is answered "ERR RESOURCE_EXHAUSTED: ..."), a first-byte deadline
+// (the handshake timeout: "ERR DEADLINE_EXCEEDED: handshake timed out"), EMFILE back-off.
+//
 // Thread-safety: one internal thread runs the poll loop and calls the callbacks; public
 // methods may be called from any thread. The destructor stops the thread and closes
 // every connection (which ends their leases through CloseFn).
@@ -34,6 +38,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "pkg/net/acceptor.h"
 #include "pkg/tenant/resolve.h"
 #include "pkg/util/mutex.h"
 #include "pkg/util/scoped_fd.h"
@@ -81,6 +86,8 @@ class HandleChannel {
     std::chrono::milliseconds handshake_timeout{5000};
     // Where the peers' /proc entries are read to resolve their pods (tests: a fixture tree).
     std::string proc_root = "/proc";
+    // Told of each connection refused at the door, by reason (net::ListenerOptions).
+    std::function<void(const std::string& reason)> on_refused;
   };
 
   static absl::StatusOr<std::unique_ptr<HandleChannel>> Start(const Options& options, ClaimFn claim,
@@ -95,28 +102,30 @@ class HandleChannel {
   // lease with no connection (yet, or any longer) is skipped.
   void Notify(const std::string& lease_id, std::string line);
 
+  // accepted, refused by reason, open (net::Acceptor::Counters).
+  net::Acceptor::Counters counters() const { return acceptor_->counters(); }
+
  private:
   // One connection: its socket, what it sent so far and its lease (handle_channel.cc). The
   // loop thread owns them all, by descriptor.
   struct Conn;
   using Conns = std::map<int, Conn>;
 
-  HandleChannel(Options options, std::vector<ScopedFd> listening, ScopedFd wake, ClaimFn claim,
-                CloseFn close, TickFn tick);
+  HandleChannel(Options options, ScopedFd wake, ClaimFn claim, CloseFn close, TickFn tick);
+  absl::StatusOr<net::Identity> Identify(int fd, const std::string& slot) const;
   void Loop();
   // The loop's steps; they run on its thread only.
   void EndConn(Conns& conns, Conns::iterator it);
   void SendEvents(const Conns& conns, const std::multimap<std::string, std::string>& notifying);
   void CloseLeases(Conns& conns, const std::set<std::string>& closing);
   void EndStaleHandshakes(Conns& conns, std::chrono::steady_clock::time_point now);
-  bool Accept(Conns& conns, size_t li);
+  void TakeIncoming(Conns& conns);
   void Read(Conns& conns, Conns::iterator it);
   void Claim(Conns& conns, Conns::iterator it, const std::string& token);
 
   const Options options_;
   const tenant::Resolver resolver_;
-  std::vector<ScopedFd> listening_;  // [0]: `path`, then slot_sockets in order
-  ScopedFd wake_;                    // eventfd: stop and CloseLease requests
+  ScopedFd wake_;  // eventfd: stop, CloseLease requests, connections from the acceptor
   ClaimFn claim_;
   CloseFn close_;
   TickFn tick_;
@@ -124,7 +133,9 @@ class HandleChannel {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::set<std::string> to_close_ ABSL_GUARDED_BY(mu_);
   std::multimap<std::string, std::string> to_notify_ ABSL_GUARDED_BY(mu_);  // lease -> line
+  std::vector<net::Accepted> incoming_ ABSL_GUARDED_BY(mu_);                // from the acceptor
   std::thread thread_;
+  std::unique_ptr<net::Acceptor> acceptor_;  // stopped first (destructor)
 };
 
 }  // namespace weightcache::server

@@ -221,7 +221,7 @@ TEST_F(HandleChannelTest, APeerOverItsConnectionCapIsToldSo) {
   auto line = ReadLine(over.get(), 4096);
   ASSERT_TRUE(line.ok()) << line.status();
   EXPECT_THAT(*line, ::testing::StartsWith("ERR RESOURCE_EXHAUSTED: process "));
-  EXPECT_THAT(*line, ::testing::HasSubstr("handle connections, the cap per pod"));
+  EXPECT_THAT(*line, ::testing::HasSubstr("holds 2 handle connections, its cap (2)"));
   // The held ones still work.
   ASSERT_TRUE(WriteAll(held[0].get(), "WCH1 goodtoken\n").ok());
   auto fds = RecvWithFds(held[0].get(), 256);

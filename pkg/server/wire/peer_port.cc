@@ -19,6 +19,7 @@
 #include "pkg/util/epoll_loop.h"
 #include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"
+#include "pkg/util/status_macros.h"
 
 namespace weightcache::server {
 namespace {
@@ -26,7 +27,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr size_t kBufferBytes = 32 << 10;  // two TLS records of the largest size
-constexpr int kBackoffMs = 100;            // after EMFILE/ENFILE
+constexpr int kBackoffMs = 100;            // hand-overs, after EMFILE/ENFILE
 // gRPC 1.51's listener stops accepting for good after one EMFILE (measured; later releases
 // retry), so gRPC must never be the one that finds the descriptor table full. A connection is
 // handed to it only while this many descriptors are free (the relay's socket, gRPC's accepted
@@ -38,13 +39,11 @@ constexpr int kHeadroom = 8;
 constexpr int kUnreadRetryMs = 1;  // how often to look whether gRPC has read
 constexpr int kBacklog = 1024;
 constexpr uint64_t kWakeId = ~uint64_t{0};
-constexpr uint64_t kListenBase = ~uint64_t{0} - 1;  // listening socket i: kListenBase - i
+constexpr uint64_t kAcceptorId = ~uint64_t{0} - 1;
 
-constexpr char kTotal[] = "total";
-constexpr char kPerAddress[] = "per_address";
 constexpr char kHandshake[] = "handshake_deadline";
 constexpr char kNotTls[] = "not_tls";
-constexpr char kDescriptors[] = "descriptors";
+constexpr char kHandover[] = "handover";
 
 // One direction's bytes in flight; the buffer exists only while bytes are in it, so an idle
 // connection costs none.
@@ -87,8 +86,9 @@ void Wake(int fd) {
 
 struct PeerPort::Conn {
   uint64_t id = 0;
-  TcpSource from;    // the IP (the per-address cap's key) and what logs and SourceOf name
-  std::string name;  // gRPC's peer string for the relay's socket ("unix-abstract:...")
+  TcpSource from;  // the IP (the per-address cap's key) and what logs and SourceOf name
+  net::KeyedLimiter::Slot place;  // in the acceptor's caps, until the connection closes
+  std::string name;               // gRPC's peer string for the relay's socket ("unix-abstract:...")
   ScopedFd client;
   ScopedFd inner;  // the relay's end of the connection to gRPC; none until the hand-over
   Pipe up;         // client -> gRPC
@@ -116,31 +116,47 @@ absl::StatusOr<std::unique_ptr<PeerPort>> PeerPort::Start(Options options) {
   if (!epoll) return ErrnoStatus(errno, "epoll_create1");
   ScopedFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake) return ErrnoStatus(errno, "eventfd");
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = kWakeId;
-  if (::epoll_ctl(epoll.get(), EPOLL_CTL_ADD, wake.get(), &ev) != 0) {
-    return ErrnoStatus(errno, "epoll_ctl");
+  auto p = std::unique_ptr<PeerPort>(
+      new PeerPort(std::move(options), port, std::move(epoll), std::move(wake)));
+  net::ListenerOptions a;
+  a.name = "peer";
+  a.limits = {.total = p->options_.max_connections,
+              .per_key = p->options_.max_connections_per_address,
+              .over_cap = 0};
+  a.first_byte = p->options_.handshake_timeout;
+  a.own_thread = false;  // run by the port's loop: make_room and serve touch its state
+  a.identify = [raw = p.get()](int fd, const std::string&) { return raw->Identify(fd); };
+  a.serve = [raw = p.get()](net::Accepted c) {
+    raw->Take(std::move(c));
+    return true;
+  };
+  a.make_room = [raw = p.get()] { return raw->MakeRoom(); };
+  WC_ASSIGN_OR_RETURN(p->acceptor_, net::Acceptor::Start(std::move(a)));
+  for (ScopedFd& fd : *listening) WC_RETURN_IF_ERROR(p->acceptor_->Listen(std::move(fd), ""));
+  for (auto [fd, id] :
+       {std::pair{p->wake_.get(), kWakeId}, std::pair{p->acceptor_->fd(), kAcceptorId}}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = id;
+    if (::epoll_ctl(p->epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+      return ErrnoStatus(errno, "epoll_ctl");
+    }
   }
-  return std::unique_ptr<PeerPort>(new PeerPort(std::move(options), *std::move(listening), port,
-                                                std::move(epoll), std::move(wake)));
+  p->thread_ = std::thread(&PeerPort::Loop, p.get());
+  return p;
 }
 
-PeerPort::PeerPort(Options options, std::vector<ScopedFd> listening, int port, ScopedFd epoll,
-                   ScopedFd wake)
-    : options_(std::move(options)),
-      listening_(std::move(listening)),
-      port_(port),
-      epoll_(std::move(epoll)),
-      wake_(std::move(wake)) {
-  WatchListening(true);
-  thread_ = std::thread(&PeerPort::Loop, this);
+PeerPort::PeerPort(Options options, int port, ScopedFd epoll, ScopedFd wake)
+    : options_(std::move(options)), port_(port), epoll_(std::move(epoll)), wake_(std::move(wake)) {
+  MutexLock l(mu_);
+  for (const char* reason : {kHandshake, kNotTls, kHandover}) counters_.refused[reason] = 0;
 }
 
 PeerPort::~PeerPort() {
   stop_ = true;
   Wake(wake_.get());
   if (thread_.joinable()) thread_.join();
+  if (acceptor_ != nullptr) acceptor_->Stop();
 }
 
 void PeerPort::StopAccepting() {
@@ -165,21 +181,41 @@ std::string PeerPort::SourceOf(const std::string& grpc_peer) const {
 }
 
 PeerPort::Counters PeerPort::counters() const {
-  MutexLock l(mu_);
-  return counters_;
+  Counters c;
+  {
+    MutexLock l(mu_);
+    c = counters_;
+  }
+  const net::Acceptor::Counters door = acceptor_->counters();
+  c.open = door.open;
+  c.accepted = door.accepted;
+  for (const auto& [reason, n] : door.refused) c.refused[reason] += n;
+  return c;
 }
 
-void PeerPort::WatchListening(bool on) {
-  for (size_t i = 0; i < listening_.size(); ++i) {
-    if (on) {
-      epoll_event ev{};
-      ev.events = EPOLLIN;
-      ev.data.u64 = kListenBase - i;
-      (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listening_[i].get(), &ev);
-    } else {
-      (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, listening_[i].get(), nullptr);
-    }
+absl::StatusOr<net::Identity> PeerPort::Identify(int fd) const {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+    return ErrnoStatus(errno, "getpeername");  // gone already
   }
+  TcpSource from = TcpSourceOf(ss);
+  net::Identity id{from.address, from.source, {}};
+  id.detail = std::move(from);
+  return id;
+}
+
+void PeerPort::Take(net::Accepted a) {
+  const int one = 1;
+  (void)::setsockopt(a.fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  auto c = std::make_unique<Conn>();
+  c->id = next_id_++;
+  c->from = std::any_cast<TcpSource>(std::move(a.who.detail));
+  c->client = std::move(a.fd);
+  c->place = std::move(a.slot);
+  Watch(*c);  // its first bytes are in: the loop reads them and asks gRPC to take it
+  pending_.emplace_back(a.accepted + options_.handshake_timeout, c->id);
+  conns_[c->id] = std::move(c);
 }
 
 void PeerPort::Watch(Conn& c) {
@@ -252,25 +288,15 @@ void PeerPort::Close(uint64_t id, const char* reason) {
   auto it = conns_.find(id);
   if (it == conns_.end()) return;
   const Conn& c = *it->second;
-  if (auto a = per_address_.find(c.from.address); a != per_address_.end() && --a->second == 0) {
-    per_address_.erase(a);
-  }
   uint64_t n = 0;
   {
     MutexLock l(mu_);
     if (!c.name.empty()) sources_.erase(c.name);
-    if (reason == kTotal) n = ++counters_.refused_total;
-    if (reason == kHandshake) n = ++counters_.refused_handshake;
-    if (reason == kNotTls) n = ++counters_.refused_not_tls;
-    if (reason == kDescriptors) n = ++counters_.refused_descriptors;
-    counters_.open = conns_.size() - 1;
+    if (reason != nullptr) n = ++counters_.refused[reason];
   }
   // The first of a kind and every 1024th after: a flood does not flood the log.
-  if (reason == kTotal && n % 1024 == 1) {
-    WC_LOG_WARN(
-        "peer port: %s closed in its handshake to make room: %d connections open "
-        "(--peer_max_connections; %d so closed since start)",
-        c.from.source, options_.max_connections, n);
+  if (reason == nullptr && n == 0) {
+    // Ended by a peer, or closed to make room (the acceptor counts and logs that).
   } else if (reason == kHandshake && n % 1024 == 1) {
     WC_LOG_WARN(
         "peer port: %s closed: no TLS handshake completed within %d ms "
@@ -299,28 +325,6 @@ void PeerPort::OutOfDescriptors(std::atomic<bool>& ok, const std::string& what, 
   }
 }
 
-void PeerPort::Refuse(const char* reason, const std::string& source) {
-  uint64_t n = 0;
-  {
-    MutexLock l(mu_);
-    n = reason == kPerAddress ? ++counters_.refused_per_address
-        : reason == kTotal    ? ++counters_.refused_total
-                              : ++counters_.refused_descriptors;
-  }
-  if (n % 1024 != 1) return;
-  if (reason == kPerAddress) {
-    WC_LOG_WARN(
-        "peer port: %s closed at accept: its address holds %d connections "
-        "(--peer_max_connections_per_address; %d so closed since start)",
-        source, options_.max_connections_per_address, n);
-  } else if (reason == kTotal) {
-    WC_LOG_WARN(
-        "peer port: %s closed at accept: %d connections open, every one past its handshake "
-        "(--peer_max_connections; %d so closed since start)",
-        source, options_.max_connections, n);
-  }
-}
-
 bool PeerPort::MakeRoom() {
   // The oldest connection still in its handshake goes: a flood of connections that never
   // complete one cannot keep a real peer out for long.
@@ -329,62 +333,10 @@ bool PeerPort::MakeRoom() {
     pending_.pop_front();
     auto it = conns_.find(id);
     if (it == conns_.end() || it->second->established) continue;
-    Close(id, kTotal);
+    Close(id, nullptr);  // counted by the acceptor, as "total"
     return true;
   }
   return false;
-}
-
-PeerPort::AcceptResult PeerPort::AcceptFrom(size_t i) {
-  for (int k = 0; k < 64 && !stop_; ++k) {
-    // A connection gRPC has not accepted yet needs a descriptor there: none taken meanwhile.
-    if (Unread() > 0) return AcceptResult::kPause;
-    sockaddr_storage ss{};
-    socklen_t len = sizeof ss;
-    ScopedFd client(::accept4(listening_[i].get(), reinterpret_cast<sockaddr*>(&ss), &len,
-                              SOCK_NONBLOCK | SOCK_CLOEXEC));
-    if (!client) {
-      const int err = errno;
-      if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR || err == ECONNABORTED ||
-          err == EPROTO || err == EPERM) {
-        return AcceptResult::kDrained;
-      }
-      Refuse(kDescriptors, "");
-      if (IsOutOfDescriptors(err)) {
-        OutOfDescriptors(accept_ok_, "accept", err);
-      } else {
-        WC_LOG_ERROR("peer port: accept: %s; retrying in %d ms", std::strerror(err), kBackoffMs);
-      }
-      return AcceptResult::kBackOff;
-    }
-    if (!accept_ok_.exchange(true)) WC_LOG_INFO("peer port: accepting again");
-    TcpSource from = TcpSourceOf(ss);
-    if (auto a = per_address_.find(from.address);
-        a != per_address_.end() && a->second >= options_.max_connections_per_address) {
-      Refuse(kPerAddress, from.source);
-      continue;
-    }
-    if (conns_.size() >= options_.max_connections && !MakeRoom()) {
-      Refuse(kTotal, from.source);
-      continue;
-    }
-    const int one = 1;
-    (void)::setsockopt(client.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    auto c = std::make_unique<Conn>();
-    c->id = next_id_++;
-    c->from = std::move(from);
-    c->client = std::move(client);
-    Watch(*c);
-    ++per_address_[c->from.address];
-    pending_.emplace_back(Clock::now() + options_.handshake_timeout, c->id);
-    {
-      MutexLock l(mu_);
-      counters_.accepted++;
-      counters_.open = conns_.size() + 1;
-    }
-    conns_[c->id] = std::move(c);
-  }
-  return AcceptResult::kDrained;
 }
 
 bool PeerPort::HandOver(Conn& c) {
@@ -443,7 +395,7 @@ Clock::time_point PeerPort::ServeWaiting() {
     Conn& c = *it->second;
     c.waiting = false;
     if (!HandOver(c)) {
-      Close(c.id, kDescriptors);
+      Close(c.id, kHandover);
       continue;
     }
     if (!Pump(c)) {  // its first bytes on to gRPC
@@ -458,29 +410,23 @@ Clock::time_point PeerPort::ServeWaiting() {
 }
 
 void PeerPort::Tick(Clock::time_point now) {
-  if (stop_accepting_ && listening_on_) {
-    if (!backing_off_) WatchListening(false);
-    listening_.clear();  // closes the sockets: new connections are refused by the kernel
-    listening_on_ = false;
+  if (stop_accepting_ && accepting_) {
+    acceptor_->Stop();  // closes the sockets: new connections are refused by the kernel
+    (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, acceptor_->fd(), nullptr);
+    accepting_ = false;
     MutexLock l(mu_);
     accepting_stopped_ = true;
     cv_.NotifyAll();
   }
   if (close_all_) {
     conns_.clear();
-    per_address_.clear();
     pending_.clear();
     waiting_.clear();
     unread_.clear();
     MutexLock l(mu_);
     sources_.clear();
-    counters_.open = 0;
     connections_closed_ = true;
     cv_.NotifyAll();
-  }
-  if (backing_off_ && listening_on_ && now >= backoff_until_) {
-    WatchListening(true);
-    backing_off_ = false;
   }
   // Connections past their handshake deadline (pending_ is in accept order, so in deadline
   // order too).
@@ -496,10 +442,14 @@ void PeerPort::Tick(Clock::time_point now) {
 int PeerPort::TimeoutMs(Clock::time_point now) const {
   auto wake_at = serve_waiting_at_;
   if (!pending_.empty()) wake_at = std::min(wake_at, pending_.front().first);
-  if (backing_off_) wake_at = std::min(wake_at, backoff_until_);
-  if (wake_at == Clock::time_point::max()) return -1;
-  return static_cast<int>(
-      std::max<int64_t>(1, std::chrono::ceil<std::chrono::milliseconds>(wake_at - now).count()));
+  int ms = -1;
+  if (wake_at != Clock::time_point::max()) {
+    ms = static_cast<int>(
+        std::max<int64_t>(1, std::chrono::ceil<std::chrono::milliseconds>(wake_at - now).count()));
+  }
+  const int door = accepting_ ? acceptor_->TimeoutMs() : -1;
+  if (door >= 0 && (ms < 0 || door < ms)) ms = door;
+  return ms;
 }
 
 void PeerPort::OnEvent(uint64_t data, uint32_t events) {
@@ -508,18 +458,7 @@ void PeerPort::OnEvent(uint64_t data, uint32_t events) {
     (void)::read(wake_.get(), &v, sizeof v);
     return;
   }
-  if (data > kListenBase - listening_.size() && data <= kListenBase) {
-    if (!listening_on_ || backing_off_) return;
-    const AcceptResult r = AcceptFrom(static_cast<size_t>(kListenBase - data));
-    if (r != AcceptResult::kDrained) {
-      WatchListening(false);  // level-triggered: a pending connection would spin
-      backing_off_ = true;
-      backoff_until_ =
-          Clock::now() +
-          std::chrono::milliseconds(r == AcceptResult::kBackOff ? kBackoffMs : kUnreadRetryMs);
-    }
-    return;
-  }
+  if (data == kAcceptorId) return;  // the loop runs the acceptor on every pass
   auto it = conns_.find(data >> 1);
   if (it == conns_.end()) return;  // closed earlier in this batch
   Conn& c = *it->second;
@@ -546,16 +485,31 @@ void PeerPort::OnEvent(uint64_t data, uint32_t events) {
 void PeerPort::Loop() {
   epoll_event events[64];
   EpollWaiter waiter("peer port");
+  bool door_watched = true;
   while (!stop_) {
     const auto now = Clock::now();
     Tick(now);
-    const int n = waiter.Wait(epoll_.get(), events, 64, TimeoutMs(now));
+    // A connection gRPC has not accepted yet needs a descriptor there: while one is unread,
+    // nothing is accepted (the acceptor's readiness is not even watched: it would spin).
+    const bool door_open = accepting_ && Unread() == 0;
+    if (accepting_ && door_open != door_watched) {
+      epoll_event ev{};
+      ev.events = door_open ? static_cast<uint32_t>(EPOLLIN) : 0u;
+      ev.data.u64 = kAcceptorId;
+      (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, acceptor_->fd(), &ev);
+      door_watched = door_open;
+    }
+    int timeout = TimeoutMs(now);
+    if (accepting_ && !door_open && (timeout < 0 || timeout > kUnreadRetryMs)) {
+      timeout = kUnreadRetryMs;
+    }
+    const int n = waiter.Wait(epoll_.get(), events, 64, timeout);
     for (int i = 0; i < n && !stop_; ++i) OnEvent(events[i].data.u64, events[i].events);
+    if (door_open && !stop_ && !stop_accepting_) acceptor_->Run();
   }
   conns_.clear();
   MutexLock l(mu_);
   sources_.clear();
-  counters_.open = 0;
   loop_ended_ = true;
   cv_.NotifyAll();
 }

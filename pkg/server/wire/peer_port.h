@@ -18,6 +18,11 @@
 //     to gRPC only while 8 descriptors are free, one at a time, and until gRPC has read what
 //     was passed to it (so accepted it: SIOCOUTQ of the relay's end is 0) the port takes no
 //     descriptor (no accept, no hand-over).
+// Accepting is the acceptor's (pkg/net/acceptor.h), run inside this port's own loop: the caps
+// (in all, per source address, with room made at the total as above), the wait for a
+// client's first bytes (an idle connection costs one descriptor and nothing here), EMFILE
+// back-off; the handshake deadline, the TLS record check and the hand-over to gRPC are the
+// port's.
 // gRPC still terminates TLS, so its auth_context holds the client's certificate. It sees each
 // connection as a Unix peer with an abstract name of its own ("unix-abstract:1f3a9"); SourceOf
 // turns that back into the TCP source for logs.
@@ -47,6 +52,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "pkg/net/acceptor.h"
 #include "pkg/server/wire/tls_record_scanner.h"
 #include "pkg/util/mutex.h"
 #include "pkg/util/scoped_fd.h"
@@ -83,40 +89,37 @@ class PeerPort {
   std::string SourceOf(const std::string& grpc_peer) const;
 
   struct Counters {
-    size_t open = 0;             // held now (relayed, or waiting for the client's first bytes)
-    uint64_t accepted = 0;       // accepted since start
-    uint64_t relayed = 0;        // handed to gRPC since start
-    uint64_t refused_total = 0;  // closed for the total cap (at accept, or made room)
-    uint64_t refused_per_address = 0;  // closed at accept for the address's cap
-    uint64_t refused_handshake = 0;    // no completed handshake by the deadline
-    uint64_t refused_not_tls = 0;      // bytes that cannot be TLS records
-    // accept(2) failed for want of descriptors (each backs off 100 ms), or the relay's
-    // socket to gRPC could not be made or gRPC's socket did not take it.
-    uint64_t refused_descriptors = 0;
+    uint64_t open = 0;      // held now (relayed, or waiting for the client's first bytes)
+    uint64_t accepted = 0;  // admitted since start (their first bytes came)
+    uint64_t relayed = 0;   // handed to gRPC since start
+    // Closed, by reason: at the door (the acceptor's: "total" at accept or made room,
+    // "per_key" for the address's cap, "first_byte", "descriptors" when accept(2) failed for
+    // want of them), and by the port: "handshake_deadline" (no completed handshake by the
+    // deadline), "not_tls" (bytes that cannot be TLS records), "handover" (the relay's socket
+    // to gRPC could not be made, or gRPC's socket did not take it).
+    std::map<std::string, uint64_t> refused;
   };
   Counters counters() const;
   // False while accepting, or handing connections to gRPC, waits for descriptors.
-  bool healthy() const { return accept_ok_.load() && handover_ok_.load(); }
+  bool healthy() const { return acceptor_->healthy() && handover_ok_.load(); }
 
  private:
   struct Conn;
-  PeerPort(Options options, std::vector<ScopedFd> listening, int port, ScopedFd epoll,
-           ScopedFd wake);
+  PeerPort(Options options, int port, ScopedFd epoll, ScopedFd wake);
   void Loop();
-  // StopAccepting's and CloseConnections' requests, the end of a back-off, the handshake
-  // deadlines: what is due before waiting for events.
+  // StopAccepting's and CloseConnections' requests, the handshake deadlines, the hand-overs:
+  // what is due before waiting for events.
   void Tick(std::chrono::steady_clock::time_point now);
   // When the loop must wake at the latest (-1: no timer due).
   int TimeoutMs(std::chrono::steady_clock::time_point now) const;
   void OnEvent(uint64_t data, uint32_t events);
-  // Accepts what is pending on listening socket `i`: all of it, or stops to back off (out of
-  // descriptors) or to pause (gRPC has yet to accept a connection handed to it).
-  enum class AcceptResult { kDrained, kBackOff, kPause };
-  AcceptResult AcceptFrom(size_t i);
+  // Who a connection is (its source address), for the acceptor.
+  absl::StatusOr<net::Identity> Identify(int fd) const;
+  // Takes a connection the acceptor admitted (its first bytes came).
+  void Take(net::Accepted a);
   // At the total cap: closes the oldest connection still in its handshake; false when every
   // one is past it.
   bool MakeRoom();
-  void Refuse(const char* reason, const std::string& source);
   // Hands the waiting connections to gRPC while descriptors allow; when to try again.
   std::chrono::steady_clock::time_point ServeWaiting();
   // Connections handed to gRPC that it has not read from yet.
@@ -126,24 +129,21 @@ class PeerPort {
   // Moves what can move without blocking; false when the connection is over.
   bool Pump(Conn& c);
   void Watch(Conn& c);
-  void WatchListening(bool on);
   void OutOfDescriptors(std::atomic<bool>& ok, const std::string& what, int err);
   // Closes connection `id` (gone from conns_), counting `reason` (null: it ended).
   void Close(uint64_t id, const char* reason);
 
   const Options options_;
-  std::vector<ScopedFd> listening_;
   const int port_;
   ScopedFd epoll_;
   ScopedFd wake_;
+  std::unique_ptr<net::Acceptor> acceptor_;  // run by the loop (inline)
   std::atomic<bool> stop_accepting_{false};
   std::atomic<bool> close_all_{false};
   std::atomic<bool> stop_{false};
-  std::atomic<bool> accept_ok_{true};
   std::atomic<bool> handover_ok_{true};
   // The loop thread's.
   std::map<uint64_t, std::unique_ptr<Conn>> conns_;
-  std::map<std::string, size_t> per_address_;  // open connections by source IP
   // Connections in accept order with their handshake deadlines (in the same order); ids of
   // closed or established connections are skipped when they come up.
   std::deque<std::pair<std::chrono::steady_clock::time_point, uint64_t>> pending_;
@@ -151,9 +151,7 @@ class PeerPort {
   // that it has not read from yet (at most one).
   std::deque<uint64_t> waiting_;
   std::vector<uint64_t> unread_;
-  bool listening_on_ = true;
-  bool backing_off_ = false;
-  std::chrono::steady_clock::time_point backoff_until_{};
+  bool accepting_ = true;
   std::chrono::steady_clock::time_point serve_waiting_at_ =
       std::chrono::steady_clock::time_point::max();
   uint64_t next_id_ = 1;
@@ -161,7 +159,7 @@ class PeerPort {
   mutable Mutex mu_;
   CondVar cv_;
   std::map<std::string, std::string> sources_ ABSL_GUARDED_BY(mu_);  // gRPC's name -> TCP source
-  Counters counters_ ABSL_GUARDED_BY(mu_);
+  Counters counters_ ABSL_GUARDED_BY(mu_);  // the port's own; the acceptor's are added
   bool accepting_stopped_ ABSL_GUARDED_BY(mu_) = false;
   bool connections_closed_ ABSL_GUARDED_BY(mu_) = false;
   bool loop_ended_ ABSL_GUARDED_BY(mu_) = false;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "pkg/net/testing/descriptor_shortage.h"
 #include "pkg/util/mutex.h"
 #include "pkg/util/scoped_fd.h"
 #include "pkg/util/unix_socket.h"
@@ -205,38 +206,7 @@ class PeerPortTest : public ::testing::Test {
   std::unique_ptr<PeerPort> port_;
 };
 
-// Takes every free descriptor below a low limit (the limit is restored, and the descriptors
-// given back, by Release or the destructor).
-class DescriptorShortage {
- public:
-  explicit DescriptorShortage(rlim_t limit) {
-    ::getrlimit(RLIMIT_NOFILE, &before_);
-    rlimit low = before_;
-    low.rlim_cur = limit;
-    ok_ = ::setrlimit(RLIMIT_NOFILE, &low) == 0;
-    while (ok_) {
-      ScopedFd f(::fcntl(0, F_DUPFD_CLOEXEC, 0));
-      if (!f) break;
-      fillers_.push_back(std::move(f));
-    }
-  }
-  ~DescriptorShortage() { Release(); }
-  bool ok() const { return ok_; }
-  // Gives `n` descriptors back: exactly that many are free.
-  void Free(size_t n) {
-    for (size_t i = 0; i < n && !fillers_.empty(); ++i) fillers_.pop_back();
-  }
-  void Release() {
-    fillers_.clear();
-    if (ok_) ::setrlimit(RLIMIT_NOFILE, &before_);
-    ok_ = false;
-  }
-
- private:
-  rlimit before_{};
-  bool ok_ = false;
-  std::vector<ScopedFd> fillers_;
-};
+using weightcache::testing::DescriptorShortage;
 
 TEST(TlsRecordScannerTest, ReadsRecordsInPiecesAndCountsApplicationData) {
   TlsRecordScanner s(/*first_must_be_handshake=*/true);
@@ -274,8 +244,8 @@ TEST_F(PeerPortTest, AnAddressPastItsCapIsClosedAtAcceptAndOthersStillGetIn) {
   Start(/*total=*/64, /*per_address=*/4);
   std::vector<ScopedFd> flood;
   for (int i = 0; i < 10; ++i) flood.push_back(Connect("127.0.0.2"));
-  auto c = CountersOnce([](const auto& c) { return c.refused_per_address == 6; });
-  EXPECT_EQ(c.refused_per_address, 6u);
+  auto c = CountersOnce([](auto c) { return c.refused["per_key"] == 6; });
+  EXPECT_EQ(c.refused["per_key"], 6u);
   EXPECT_EQ(c.open, 4u);
   int closed = 0;
   for (auto& fd : flood) closed += ClosedWithin(fd.get(), 50) ? 1 : 0;
@@ -286,7 +256,7 @@ TEST_F(PeerPortTest, AnAddressPastItsCapIsClosedAtAcceptAndOthersStillGetIn) {
   EXPECT_EQ(port_->counters().open, 5u);
   // A connection that goes frees its address's slot.
   flood.clear();
-  CountersOnce([](const auto& c) { return c.open == 1; });
+  CountersOnce([](auto c) { return c.open == 1; });
   ScopedFd again = Connect("127.0.0.2");
   EXPECT_TRUE(Handshake(again.get()));
 }
@@ -297,20 +267,20 @@ TEST_F(PeerPortTest, AtTheTotalCapTheOldestHandshakingConnectionMakesRoom) {
   ASSERT_TRUE(Handshake(peer.get()));
   std::vector<ScopedFd> idle;
   for (int i = 0; i < 3; ++i) idle.push_back(Connect("127.0.0.2"));
-  CountersOnce([](const auto& c) { return c.open == 4; });
+  CountersOnce([](auto c) { return c.open == 4; });
   // Full: a newcomer from anywhere closes the oldest connection still in its handshake.
   ScopedFd newcomer = Connect("127.0.0.3");
   EXPECT_TRUE(ClosedWithin(idle[0].get(), 5000));
   EXPECT_TRUE(Handshake(newcomer.get()));
   auto c = port_->counters();
-  EXPECT_EQ(c.refused_total, 1u);
+  EXPECT_EQ(c.refused["total"], 1u);
   EXPECT_EQ(c.open, 4u);
   // Every connection established: a newcomer is closed, nobody else is.
   ASSERT_TRUE(Handshake(idle[1].get()));
   ASSERT_TRUE(Handshake(idle[2].get()));
   ScopedFd late = Connect("127.0.0.4");
   EXPECT_TRUE(ClosedWithin(late.get(), 5000));
-  EXPECT_EQ(port_->counters().refused_total, 2u);
+  EXPECT_EQ(port_->counters().refused["total"], 2u);
   for (int fd : {peer.get(), idle[1].get(), idle[2].get(), newcomer.get()}) {
     EXPECT_TRUE(RoundTrip(fd, kData));
   }
@@ -330,13 +300,15 @@ TEST_F(PeerPortTest, AConnectionWithoutAHandshakeIsClosedAtTheDeadline) {
   EXPECT_GE(std::chrono::steady_clock::now() - start, 300ms);  // at the deadline, not before
   EXPECT_TRUE(ClosedWithin(hello_only.get(), 10000));
   EXPECT_TRUE(ClosedWithin(partial.get(), 10000));
-  auto c = CountersOnce([](const auto& c) { return c.refused_handshake == 3; });
-  EXPECT_EQ(c.refused_handshake, 3u);
+  // The silent one at the door (it never reached the port), the others in their handshake.
+  auto c = CountersOnce([](auto c) { return c.refused["handshake_deadline"] == 2; });
+  EXPECT_EQ(c.refused["handshake_deadline"], 2u);
+  EXPECT_EQ(c.refused["first_byte"], 1u);
   EXPECT_EQ(c.open, 1u);
   // The established one outlives the deadline.
   std::this_thread::sleep_for(600ms);
   EXPECT_TRUE(RoundTrip(peer.get(), kData));
-  EXPECT_EQ(port_->counters().refused_handshake, 3u);
+  EXPECT_EQ(port_->counters().refused["handshake_deadline"], 2u);
 }
 
 TEST_F(PeerPortTest, BytesThatAreNotTlsAreClosedAndNeverPassedOn) {
@@ -346,7 +318,7 @@ TEST_F(PeerPortTest, BytesThatAreNotTlsAreClosedAndNeverPassedOn) {
   ASSERT_EQ(::send(h2.get(), preface.data(), preface.size(), MSG_NOSIGNAL),
             static_cast<ssize_t>(preface.size()));
   EXPECT_TRUE(ClosedWithin(h2.get(), 5000));
-  EXPECT_EQ(port_->counters().refused_not_tls, 1u);
+  EXPECT_EQ(port_->counters().refused["not_tls"], 1u);
   EXPECT_EQ(backend_->bytes(), 0u);
 }
 
@@ -369,7 +341,7 @@ TEST_F(PeerPortTest, SourceOfNamesTheTcpSourceOfWhatTheServerSees) {
   const std::string name = backend_->peers().front();
   a.reset();
   b.reset();
-  CountersOnce([](const auto& c) { return c.open == 0; });
+  CountersOnce([](auto c) { return c.open == 0; });
   EXPECT_EQ(port_->SourceOf(name), name);
 }
 
@@ -389,14 +361,14 @@ TEST_F(PeerPortTest, OutOfDescriptorsItBacksOffAndAcceptsOnceTheyAreBack) {
   for (auto& c : clients) {
     ASSERT_EQ(::connect(c.get(), reinterpret_cast<sockaddr*>(&dst), sizeof dst), 0);
   }
-  auto c = CountersOnce([](const auto& c) { return c.refused_descriptors >= 2; });
-  EXPECT_GE(c.refused_descriptors, 2u);  // backed off and tried again, not spinning
-  EXPECT_LE(c.refused_descriptors, 100u);
+  auto c = CountersOnce([](auto c) { return c.refused["descriptors"] >= 1; });
+  EXPECT_GE(c.refused["descriptors"], 1u);  // backed off: waits for descriptors, not spinning
+  EXPECT_LE(c.refused["descriptors"], 100u);
   EXPECT_FALSE(port_->healthy());
   EXPECT_EQ(c.open, 0u);
   shortage.Release();
   // The queued connections are taken once descriptors are back.
-  c = CountersOnce([](const auto& c) { return c.open == 4; });
+  c = CountersOnce([](auto c) { return c.open == 4; });
   EXPECT_EQ(c.open, 4u);
   EXPECT_TRUE(port_->healthy());
   for (auto& fd : clients) EXPECT_TRUE(Handshake(fd.get()));
@@ -408,7 +380,7 @@ TEST_F(PeerPortTest, IdleConnectionsNeverReachGrpc) {
   Start();
   std::vector<ScopedFd> idle;
   for (int i = 0; i < 5; ++i) idle.push_back(Connect());
-  auto c = CountersOnce([](const auto& c) { return c.open == 5; });
+  auto c = CountersOnce([](auto c) { return c.open == 5; });
   EXPECT_EQ(c.open, 5u);
   std::this_thread::sleep_for(100ms);
   EXPECT_EQ(port_->counters().relayed, 0u);
@@ -423,7 +395,7 @@ TEST_F(PeerPortTest, IdleConnectionsNeverReachGrpc) {
 TEST_F(PeerPortTest, NoConnectionIsHandedToGrpcWithoutDescriptorsForIt) {
   Start();
   ScopedFd peer = Connect();
-  CountersOnce([](const auto& c) { return c.open == 1; });
+  CountersOnce([](auto c) { return c.open == 1; });
   {
     DescriptorShortage shortage(256);
     ASSERT_TRUE(shortage.ok());
@@ -440,7 +412,7 @@ TEST_F(PeerPortTest, NoConnectionIsHandedToGrpcWithoutDescriptorsForIt) {
     EXPECT_TRUE(backend_->peers().empty());
   }
   // Descriptors back: the waiting connection is handed over and served.
-  auto c = CountersOnce([](const auto& c) { return c.relayed == 1; });
+  auto c = CountersOnce([](auto c) { return c.relayed == 1; });
   EXPECT_EQ(c.relayed, 1u);
   EXPECT_TRUE(port_->healthy());
   std::string echo(kHello.size(), '\0');
@@ -461,22 +433,22 @@ TEST_F(PeerPortTest, AStalledServerIsHandedOneConnectionAtATime) {
     ASSERT_EQ(::send(clients.back().get(), kHello.data(), kHello.size(), MSG_NOSIGNAL),
               static_cast<ssize_t>(kHello.size()));
   }
-  auto c = CountersOnce([](const auto& c) { return c.relayed == 1; });
+  auto c = CountersOnce([](auto c) { return c.relayed == 1; });
   EXPECT_EQ(c.relayed, 1u);
   std::this_thread::sleep_for(300ms);
   c = port_->counters();
   EXPECT_EQ(c.relayed, 1u);
-  EXPECT_EQ(c.refused_handshake, 0u);
+  EXPECT_EQ(c.refused["handshake_deadline"], 0u);
   // At their deadlines every one of them is closed, each handed over only once the one
   // before it went (those accepted later had later deadlines).
-  c = CountersOnce([](const auto& c) { return c.refused_handshake == 30; });
-  EXPECT_EQ(c.refused_handshake, 30u);
+  c = CountersOnce([](auto c) { return c.refused["handshake_deadline"] == 30; });
+  EXPECT_EQ(c.refused["handshake_deadline"], 30u);
   EXPECT_EQ(c.open, 0u);
   const uint64_t relayed = c.relayed;
   ScopedFd next = Connect();
   ASSERT_EQ(::send(next.get(), kHello.data(), kHello.size(), MSG_NOSIGNAL),
             static_cast<ssize_t>(kHello.size()));
-  c = CountersOnce([&](const auto& c) { return c.relayed == relayed + 1; });
+  c = CountersOnce([&](auto c) { return c.relayed == relayed + 1; });
   EXPECT_EQ(c.relayed, relayed + 1);
 }
 
