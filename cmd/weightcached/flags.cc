@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -73,8 +74,8 @@ ABSL_FLAG(std::vector<std::string>, publish_namespaces, {},
           "With --namespace_rules: pods of these namespaces may publish through their slot "
           "socket. Default: none");
 ABSL_FLAG(std::vector<std::string>, model_roots, {},
-          "Directories model_dir must resolve under (symlinks followed), comma-separated; "
-          "empty: anywhere");
+          "Directories model_dir must resolve under (symlinks followed), comma-separated, each "
+          "absolute and existing at start; empty: anywhere");
 ABSL_FLAG(double, refresh_interval, 10,
           "Seconds: a non-admin Load re-reads a model's files (and hashes what changed) at "
           "most this often; in between it loads the identity read last. Admins: every Load");
@@ -108,6 +109,10 @@ ABSL_FLAG(std::string, artifact_dir, "",
 ABSL_FLAG(std::string, artifact_dir_budget, "10GiB",
           "Bytes of compile artifacts --artifact_dir may hold; past it the least recently "
           "used are removed from it (memory keeps what it holds). 0: no limit");
+ABSL_FLAG(int, artifact_max_puts, 8,
+          "Compile-artifact puts in progress at once, in all (each holds a gRPC thread and "
+          "reserves its declared size of --artifact_budget while it runs); more are answered "
+          "RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, artifact_max_puts_per_unit, 2,
           "Compile-artifact puts one pod (or slot, or process outside Kubernetes) may have in "
           "progress at once; each reserves its declared size of --artifact_budget while it runs");
@@ -285,12 +290,16 @@ absl::Status ReadModelFlags(server::DaemonOptions& opts) {
   WC_ASSIGN_OR_RETURN(
       opts.artifact_dir_budget_bytes,
       ParseByteSize(absl::GetFlag(FLAGS_artifact_dir_budget), "--artifact_dir_budget"));
-  const int per_unit = absl::GetFlag(FLAGS_artifact_max_puts_per_unit);
-  if (per_unit < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--artifact_max_puts_per_unit must be at least 1, got ", per_unit));
+  for (const auto& [flag, value, out] :
+       {std::tuple{"--artifact_max_puts", absl::GetFlag(FLAGS_artifact_max_puts),
+                   &opts.artifact_max_puts},
+        std::tuple{"--artifact_max_puts_per_unit", absl::GetFlag(FLAGS_artifact_max_puts_per_unit),
+                   &opts.artifact_max_puts_per_unit}}) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " must be at least 1, got ", value));
+    }
+    *out = static_cast<size_t>(value);
   }
-  opts.artifact_max_puts_per_unit = static_cast<size_t>(per_unit);
   return absl::OkStatus();
 }
 
@@ -436,18 +445,21 @@ absl::StatusOr<double> ReadTimingFlags(server::DaemonOptions& opts) {
 
 // Per-model namespace rules (--namespace_rules): one socket dir per device-plugin slot, and
 // the kubelet's PodResources API to say which pod holds a slot.
+// Read (and checked, by CheckOptions) whether or not the rules are on: a mistyped value is
+// refused before it matters. --container_socket_dir serves the device plugin too.
 absl::Status ReadNamespaceRuleFlags(server::NamespaceRulesOptions& nr) {
+  nr.container_socket_dir = absl::GetFlag(FLAGS_container_socket_dir);
+  const double cache = absl::GetFlag(FLAGS_pod_resources_cache);
+  if (!(std::abs(cache) <= 1e9)) {  // NaN too; the range is CheckOptions'
+    return absl::InvalidArgumentError(
+        absl::StrCat("--pod_resources_cache=", cache, ": not a number of seconds"));
+  }
+  nr.cache_ttl = std::chrono::milliseconds(static_cast<int64_t>(cache * 1000));
   if (!absl::GetFlag(FLAGS_namespace_rules)) return absl::OkStatus();
   nr.enabled = true;
   nr.slots = absl::GetFlag(FLAGS_device_plugin_slots);
   nr.resource_name = absl::GetFlag(FLAGS_device_plugin_resource);
   nr.pod_resources_socket = absl::GetFlag(FLAGS_pod_resources_socket);
-  nr.container_socket_dir = absl::GetFlag(FLAGS_container_socket_dir);
-  const double cache = absl::GetFlag(FLAGS_pod_resources_cache);
-  if (!(cache >= 0 && cache <= 3600)) {
-    return absl::InvalidArgumentError("--pod_resources_cache: must be in [0, 3600] seconds");
-  }
-  nr.cache_ttl = std::chrono::milliseconds(static_cast<int64_t>(cache * 1000));
   if (nr.slots < 1 || nr.slots > 100000) {
     return absl::InvalidArgumentError(
         "--device_plugin_slots: must be in [1, 100000] (one socket dir per slot with "
@@ -482,6 +494,7 @@ absl::StatusOr<Options> OptionsFromFlags() {
   WC_RETURN_IF_ERROR(ReadNamespaceRuleFlags(o.daemon.namespace_rules));
   WC_ASSIGN_OR_RETURN(o.daemon.peer_policy,
                       server::ParsePeerPolicy(absl::GetFlag(FLAGS_peer_policy)));
+  WC_RETURN_IF_ERROR(server::CheckOptions(o.daemon));
   return o;
 }
 

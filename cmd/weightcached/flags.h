@@ -16,7 +16,6 @@ ABSL_DECLARE_FLAG(bool, device_plugin);
 ABSL_DECLARE_FLAG(std::string, kubelet_dir);
 ABSL_DECLARE_FLAG(int, device_plugin_slots);
 ABSL_DECLARE_FLAG(std::string, device_plugin_resource);
-ABSL_DECLARE_FLAG(std::string, container_socket_dir);
 
 namespace weightcache {
 

@@ -68,7 +68,7 @@ absl::StatusOr<std::unique_ptr<kube::DevicePlugin>> StartDevicePlugin(
   po.slots = absl::GetFlag(FLAGS_device_plugin_slots);
   po.resource_name = absl::GetFlag(FLAGS_device_plugin_resource);
   po.host_socket_dir = opts.socket_dir;
-  po.container_socket_dir = absl::GetFlag(FLAGS_container_socket_dir);
+  po.container_socket_dir = opts.namespace_rules.container_socket_dir;  // checked absolute
   po.per_slot_dirs = opts.namespace_rules.enabled;
   std::string control = daemon.control_socket();
   po.healthy = [control] { return ::access(control.c_str(), F_OK) == 0; };

@@ -202,17 +202,34 @@ WC_API wc_status wc_lease_columns(const wc_lease* lease, wc_tensor_columns* out)
 WC_API wc_status wc_lease_find(const wc_lease* lease, const char* name, wc_tensor* out,
                                char** error);
 
+/* What is known of the lease's memory (wc_lease_watch). */
+typedef enum wc_lease_state {
+  WC_LEASE_CLEAN = 0,   /* a daemon watches it for this lease and reported nothing */
+  WC_LEASE_CORRUPT = 1, /* the daemon reported it changed after sealing: stop using it */
+  WC_LEASE_UNKNOWN = 2  /* no daemon watches it for this process (gone, or another copy) */
+} wc_lease_state;
+
 /* Whether the lease's memory is still what the daemon sealed. The daemon scrubs resident
  * weights (docs/integrity.md); when it finds they changed after sealing (a process wrote
  * through a writable import, a stray kernel, a memory error) it stops serving them, loads a
- * clean copy for new acquires and tells every lease holder. WC_OK, or WC_DATA_LOSS once the
- * daemon reported this lease's memory corrupt (*error names the segment and bytes), on this
- * and every later call. WC_UNAVAILABLE ("unknown: the daemon connection is gone") once the
- * lease's handle connection closed (the daemon ended or restarted) without such a report, on
- * this and every later call: the memory stays mapped and readable, but nobody watches it for
- * this process any more; acquire again to be watched. A WC_DATA_LOSS stays WC_DATA_LOSS.
- * Waits up to `timeout_ms` for news (0: only looks; one system call). On WC_DATA_LOSS stop
- * using the weights: acquire again (the clean copy) or restart. Any thread. */
+ * clean copy for new acquires and tells every lease holder: WC_LEASE_CORRUPT, on this and
+ * every later call. When the lease's handle connection closes (the daemon ended or restarted,
+ * e.g. a rollout) the lease re-attaches, without mapping again, once a daemon is back that
+ * serves this very memory (it adopted it from the keeper); that daemon counts the lease and
+ * tells it of corruption again: WC_LEASE_CLEAN. Until then, and for good when the daemon
+ * serves another copy, WC_LEASE_UNKNOWN: the memory stays mapped and readable but nobody
+ * watches it for this process. A re-attach is tried at most once a second, bounded by about
+ * 2 s. Sets *state, and *message (optional; NULL to skip) to the daemon's message (corrupt:
+ * segment and bytes) or why it is unknown (malloc'd, free with wc_string_free; NULL when
+ * clean). Returns WC_OK (WC_INVALID_ARGUMENT for a NULL lease or state, or a negative
+ * timeout). Waits up to `timeout_ms` for news (0: only looks; one system call). Any thread.
+ * (Added without changing any struct: WC_ABI_VERSION stays.) */
+WC_API wc_status wc_lease_watch(const wc_lease* lease, int timeout_ms, wc_lease_state* state,
+                                char** message);
+
+/* wc_lease_watch as a status: WC_OK (clean), WC_DATA_LOSS (corrupt; *error names the segment
+ * and bytes) or WC_UNAVAILABLE ("unknown: ..." and why). On WC_DATA_LOSS stop using the
+ * weights: acquire again (the clean copy) or restart. Any thread. */
 WC_API wc_status wc_lease_check(const wc_lease* lease, int timeout_ms, char** error);
 
 /* Ends a lease by id through the control API (the daemon's Release). Closing the wc_lease is

@@ -4,6 +4,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "pkg/util/bytes.h"
 #include "pkg/util/log.h"
 
 namespace weightcache::cache {
@@ -245,6 +246,7 @@ void Registry::RunLoad(uint64_t id, const std::shared_ptr<Entry>& e, const LoadF
   if (result.ok() && digests && check) {
     if (absl::Status c = check(*digests); !c.ok()) result = c;
   }
+  if (result.ok() && (*result)->content_id.empty()) (*result)->content_id = RandomHex(16);
   if (result.ok() && observer != nullptr) observer->BeforeReady(*e, **result);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   absl::Status status = result.ok() ? absl::OkStatus() : result.status();

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -80,44 +81,6 @@ Lease::~Lease() {
   // daemon never counts memory as unleased while this process still maps it.
   mapping_.reset();
   handle_conn_.reset();
-}
-
-absl::Status Lease::Check(std::chrono::milliseconds timeout) const {
-  MutexLock l(check_mu_);
-  if (corrupt_.empty() && !daemon_closed_ && handle_conn_) {
-    pollfd p{handle_conn_.get(), POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(timeout.count())) > 0) {
-      char buf[512];
-      const ssize_t n = ::recv(handle_conn_.get(), buf, sizeof buf, MSG_DONTWAIT);
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        daemon_closed_ = true;  // the daemon ended (or restarted): no more news comes here
-      } else if (n > 0) {
-        events_.append(buf, static_cast<size_t>(n));
-      }
-      for (size_t nl; corrupt_.empty() && (nl = events_.find('\n')) != std::string::npos;) {
-        const std::string line = events_.substr(0, nl);
-        events_.erase(0, nl + 1);
-        constexpr std::string_view kCorrupt = "EVENT corrupt ";
-        if (line.rfind(kCorrupt, 0) == 0) corrupt_ = line.substr(kCorrupt.size());
-      }
-      if (events_.size() > 4096) events_.clear();  // not a line the protocol sends
-    }
-  }
-  // A corrupt verdict read before the connection closed stays the answer: it is the worse news.
-  if (!corrupt_.empty()) {
-    return absl::DataLossError(absl::StrCat("lease ", id_, " of model ", model_,
-                                            ": the daemon found its memory corrupt: ", corrupt_));
-  }
-  if (daemon_closed_ || !handle_conn_) {
-    // Issue 48: this used to be OK forever after, so an engine whose daemon restarted polled
-    // "clean" on memory nobody scrubbed for it any more (and was never told of a corruption).
-    return absl::UnavailableError(absl::StrCat(
-        "lease ", id_, " of model ", model_,
-        ": unknown: the daemon connection is gone (the daemon ended or restarted), so nobody "
-        "tells this process about corruption of these weights any more; they stay mapped and "
-        "readable: acquire again to be watched"));
-  }
-  return absl::OkStatus();
 }
 
 const TensorView* Lease::Find(const std::string& name) const {
@@ -278,6 +241,144 @@ absl::StatusOr<std::vector<TensorView>> Views(
 
 }  // namespace
 
+const char* LeaseStateName(LeaseState s) {
+  switch (s) {
+    case LeaseState::kClean:
+      return "clean";
+    case LeaseState::kCorrupt:
+      return "corrupt";
+    case LeaseState::kUnknown:
+      return "unknown";
+  }
+  return "unknown";
+}
+
+void Lease::PollLocked(std::chrono::milliseconds timeout) const {
+  if (!corrupt_.empty() || daemon_closed_ || !handle_conn_) return;
+  pollfd p{handle_conn_.get(), POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return;
+  char buf[512];
+  const ssize_t n = ::recv(handle_conn_.get(), buf, sizeof buf, MSG_DONTWAIT);
+  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+    daemon_closed_ = true;  // the daemon ended (or restarted): no more news comes here
+    unknown_why_ = "the daemon connection is gone (the daemon ended or restarted)";
+  } else if (n > 0) {
+    events_.append(buf, static_cast<size_t>(n));
+  }
+  for (size_t nl; corrupt_.empty() && (nl = events_.find('\n')) != std::string::npos;) {
+    const std::string line = events_.substr(0, nl);
+    events_.erase(0, nl + 1);
+    constexpr std::string_view kCorrupt = "EVENT corrupt ";
+    if (line.rfind(kCorrupt, 0) == 0) corrupt_ = line.substr(kCorrupt.size());
+  }
+  if (events_.size() > 4096) events_.clear();  // not a line the protocol sends
+}
+
+bool Lease::ReattachLocked() const {
+  const auto now = std::chrono::steady_clock::now();
+  if (another_copy_ || now < next_reattach_) return false;
+  next_reattach_ = now + std::chrono::seconds(1);
+  struct stat st {};
+  if (::stat(control_socket_.c_str(), &st) != 0) return false;  // not back yet
+  // A channel of its own: the client's may be in its reconnect back-off for seconds.
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);
+  auto channel = grpc::CreateCustomChannel("unix:" + control_socket_,
+                                           grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::WeightCache::NewStub(channel);
+  v1::AcquireRequest req;
+  req.set_fingerprint(fingerprint_);
+  req.mutable_layout()->set_tp_size(static_cast<uint32_t>(tp_size_));
+  req.mutable_layout()->set_tp_rank(static_cast<uint32_t>(tp_rank_));
+  req.mutable_layout()->set_pp_size(static_cast<uint32_t>(pp_size_));
+  req.mutable_layout()->set_pp_rank(static_cast<uint32_t>(pp_rank_));
+  req.mutable_env()->set_device_uuid(device_uuid_);
+  req.set_packed_manifest(true);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  v1::AcquireResponse resp;
+  if (absl::Status s = FromGrpc(ctx, stub->Acquire(&ctx, req, &resp), "Acquire"); !s.ok()) {
+    unknown_why_ = absl::StrCat("the daemon connection is gone and no daemon serves it again yet (",
+                                s.message(), ")");
+    return false;
+  }
+  if (resp.content_id().empty() || resp.content_id() != content_id_) {
+    // Another copy of these weights (no keeper kept ours): watching it says nothing of ours.
+    grpc::ClientContext rctx;
+    rctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::ReleaseRequest rel;
+    rel.set_lease_id(resp.lease_id());
+    v1::ReleaseResponse rel_resp;
+    (void)stub->Release(&rctx, rel, &rel_resp);
+    another_copy_ = true;
+    unknown_why_ = absl::StrCat(
+        "the daemon that is back serves another copy of fingerprint ", fingerprint_, " (memory ",
+        resp.content_id().empty() ? "unnamed" : resp.content_id(), ", this lease maps ",
+        content_id_, "), so nobody watches the memory this process maps; acquire again");
+    return false;
+  }
+  ScopedFd conn;
+  auto fds = ClaimDescriptors(HandleSocketFor(control_socket_, resp.handle_socket()), resp.token(),
+                              static_cast<size_t>(resp.segments_size()), &conn);
+  if (!fds.ok()) {
+    unknown_why_ = absl::StrCat("the daemon connection is gone; re-attaching failed: ",
+                                fds.status().message());
+    return false;
+  }
+  // The descriptors are of the memory mapped already: closed here, the connection kept.
+  handle_conn_ = std::move(conn);
+  daemon_closed_ = false;
+  events_.clear();
+  unknown_why_.clear();
+  return true;
+}
+
+LeaseWatch Lease::Watch(std::chrono::milliseconds timeout) const {
+  MutexLock l(check_mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const bool was_attached = !daemon_closed_ && handle_conn_;
+  PollLocked(timeout);
+  if (corrupt_.empty() && (daemon_closed_ || !handle_conn_)) {
+    // News is an event, the close, or the lease back: a call that saw the close returns with
+    // it (after one try, when due); one that began unattached waits for a re-attach, trying
+    // when each is due.
+    bool back = ReattachLocked();
+    while (!back && !was_attached && !another_copy_ &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_until(std::min(deadline, next_reattach_));
+      back = ReattachLocked();
+    }
+    if (back) PollLocked(std::chrono::milliseconds(0));
+  }
+  // A corrupt verdict read before the connection closed stays the answer: it is the worse news.
+  if (!corrupt_.empty()) return {LeaseState::kCorrupt, corrupt_};
+  if (daemon_closed_ || !handle_conn_) {
+    // Issue 48: this used to be clean forever, so an engine whose daemon restarted polled
+    // "clean" on memory nobody scrubbed for it any more (and was never told of a corruption).
+    return {LeaseState::kUnknown,
+            unknown_why_.empty() ? std::string("the daemon connection is gone") : unknown_why_};
+  }
+  return {LeaseState::kClean, ""};
+}
+
+absl::Status Lease::Check(std::chrono::milliseconds timeout) const {
+  const LeaseWatch w = Watch(timeout);
+  switch (w.state) {
+    case LeaseState::kClean:
+      return absl::OkStatus();
+    case LeaseState::kCorrupt:
+      return absl::DataLossError(
+          absl::StrCat("lease ", id_, " of model ", model_,
+                       ": the daemon found its memory corrupt: ", w.message));
+    case LeaseState::kUnknown:
+      break;
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "lease ", id_, " of model ", model_, ": unknown: ", w.message,
+      "; nobody tells this process about corruption of these weights until a daemon serving "
+      "this memory is back; they stay mapped and readable"));
+}
+
 absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
   v1::AcquireRequest req;
@@ -327,6 +428,8 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) 
   lease->total_bytes_ = resp.total_bytes();
   lease->model_dir_ = resp.model_dir();
   lease->spec_yaml_ = resp.spec_yaml();
+  lease->content_id_ = resp.content_id();
+  lease->control_socket_ = socket_;
   lease->tp_size_ = static_cast<int>(std::max(1u, resp.layout().tp_size()));
   lease->tp_rank_ = static_cast<int>(resp.layout().tp_rank());
   lease->pp_size_ = static_cast<int>(std::max(1u, resp.layout().pp_size()));

@@ -58,6 +58,18 @@ inline constexpr const char* kModelEnv = "WEIGHTCACHE_MODEL";
 inline constexpr const char* kFingerprintEnv = "WEIGHTCACHE_FINGERPRINT";
 inline constexpr const char* kDefaultControlSocket = "/run/weightcache/control.sock";
 
+// What a lease's holder knows of the memory it maps (Lease::Watch).
+enum class LeaseState {
+  kClean,    // a daemon watches this memory for this lease and reported nothing
+  kCorrupt,  // the daemon reported it changed after sealing: stop using it
+  kUnknown,  // no daemon watches it for this process (the daemon is gone, or serves another copy)
+};
+const char* LeaseStateName(LeaseState s);  // "clean" | "corrupt" | "unknown"
+struct LeaseWatch {
+  LeaseState state = LeaseState::kClean;
+  std::string message;  // corrupt: the daemon's (segment and bytes); unknown: why; clean: empty
+};
+
 struct TensorView {
   std::string name;
   safetensors::DType dtype = safetensors::DType::kU8;
@@ -140,37 +152,61 @@ class Lease {
   };
   const Timings& timings() const { return timings_; }
 
-  // Whether the memory is still the sealed content the daemon served. The daemon scrubs
-  // resident weights (docs/integrity.md); when it finds that they changed -- a process wrote
-  // through a writable import, a stray kernel, a memory error -- it stops serving them, loads
-  // a clean copy for new Acquires and tells every lease holder on its handle connection.
-  // Returns DATA_LOSS with the daemon's message (segment and byte range) once told, on this
-  // and every later call. Once the lease's handle connection closed (the daemon ended or
-  // restarted) and no corruption was told before, UNAVAILABLE ("unknown: the daemon
-  // connection is gone"), on this and every later call: nobody watches these weights for this
-  // process any more (the memory stays mapped and readable); acquire again to be watched.
-  // Else OK. Waits up to `timeout` for news (0: only looks; a poll costs one system call). An
-  // engine that sees DATA_LOSS should stop using these weights: re-acquire (it gets the clean
-  // copy) or restart. Any thread.
+  // Names the memory mapped (AcquireResponse.content_id): another copy of the same
+  // fingerprint has another.
+  const std::string& content_id() const { return content_id_; }
+
+  // What is known of the memory this lease maps. The daemon scrubs resident weights
+  // (docs/integrity.md); when it finds that they changed -- a process wrote through a
+  // writable import, a stray kernel, a memory error -- it stops serving them, loads a clean
+  // copy for new Acquires and tells every lease holder on its handle connection: kCorrupt
+  // with the daemon's message (segment and byte range), on this and every later call.
+  // When the lease's handle connection closes (the daemon ended or restarted, e.g. a
+  // rollout), the lease re-attaches once a daemon is back that serves this very memory (it
+  // adopted it from the keeper: same content_id): an Acquire by fingerprint, a new handle
+  // connection, the descriptors received and closed (nothing is mapped again). That daemon
+  // then counts the lease (its Status lists it under a new lease id; the memory is not
+  // evicted) and tells it of corruption: kClean again. Until then, and for good when the
+  // daemon serves another copy, kUnknown saying why; nobody watches the memory for this
+  // process (it stays mapped and readable). A re-attach is tried at most once a second, by
+  // the call that finds it due, bounded by about 2 s. Waits up to `timeout` for news (0: only
+  // looks; a poll costs one system call). On kCorrupt stop using these weights: re-acquire
+  // (the clean copy) or restart. Any thread.
+  LeaseWatch Watch(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) const;
+  // Watch as a status: OK (clean), DATA_LOSS (corrupt, the daemon's message) or UNAVAILABLE
+  // ("unknown: ...", why).
   absl::Status Check(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) const;
 
  private:
   friend class Client;
   Lease() = default;
+  // Reads the handle connection (check_mu_ held): events, or its close.
+  void PollLocked(std::chrono::milliseconds timeout) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(check_mu_);
+  // The lease on this memory again from a daemon that is back (Watch); false while none is.
+  bool ReattachLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(check_mu_);
+
   std::string id_, model_, fingerprint_, backend_, device_uuid_, model_dir_, spec_yaml_;
+  std::string content_id_;
+  std::string control_socket_;  // where it was acquired (re-attaches go there)
   int tp_size_ = 1, tp_rank_ = 0, pp_size_ = 1, pp_rank_ = 0;
   uint64_t total_bytes_ = 0;
   double map_seconds_ = 0;
   Timings timings_;
   std::vector<TensorView> tensors_;
   std::vector<uint64_t> segment_sizes_;
-  ScopedFd handle_conn_;  // the lease itself: closed after unmapping, on destruction
   std::unique_ptr<memory::SegmentMapping> mapping_;
-  // What Check() read from handle_conn_ so far.
   mutable Mutex check_mu_;
+  // The lease itself (replaced by a re-attach): closed after unmapping, on destruction.
+  mutable ScopedFd handle_conn_ ABSL_GUARDED_BY(check_mu_);
+  // What Watch() read from handle_conn_ so far.
   mutable std::string events_ ABSL_GUARDED_BY(check_mu_);   // an incomplete line
   mutable std::string corrupt_ ABSL_GUARDED_BY(check_mu_);  // the daemon's message
   mutable bool daemon_closed_ ABSL_GUARDED_BY(check_mu_) = false;
+  // Re-attaching: when the next try is due, why none succeeded yet, and whether a daemon
+  // serves another copy (then no try is made again).
+  mutable std::chrono::steady_clock::time_point next_reattach_ ABSL_GUARDED_BY(check_mu_);
+  mutable std::string unknown_why_ ABSL_GUARDED_BY(check_mu_);
+  mutable bool another_copy_ ABSL_GUARDED_BY(check_mu_) = false;
 };
 
 // One tensor a publisher will write.

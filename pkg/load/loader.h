@@ -71,6 +71,10 @@ struct LoadedModel {
   std::vector<std::unique_ptr<memory::Segment>> segments;  // sealed
   std::string device_uuid;
   std::string model_dir;  // the checkpoint it came from
+  // Names this memory (not its content: two copies of one fingerprint differ): drawn at random
+  // when it first becomes ready (cache::Registry), kept across a daemon restart by the keeper
+  // record. A client that lost its daemon re-attaches its lease only to memory of the same id.
+  std::string content_id;
   uint64_t resident_bytes() const;
 };
 

@@ -270,7 +270,10 @@ absl::StatusOr<File> File::Open(const std::string& path, const Limits& limits) {
     tensors.push_back(std::move(tensor));
     spans.push_back(span);
   }
-  // No two tensors may share a byte. Empty tensors occupy nothing and never overlap.
+  // No two tensors may share a byte, and every byte of the data area belongs to a tensor: no
+  // gap between two, nothing after the last (the reference reader's InvalidOffset and
+  // MetadataIncompleteBuffer; docs/usage.md, "What a checkpoint file may hold"). Empty
+  // tensors occupy nothing.
   std::sort(spans.begin(), spans.end(), [&](const Span& a, const Span& b) {
     return std::tie(a.begin, a.end, tensors[a.tensor].name) <
            std::tie(b.begin, b.end, tensors[b.tensor].name);
@@ -283,7 +286,24 @@ absl::StatusOr<File> File::Open(const std::string& path, const Limits& limits) {
           path, ": tensors '", tensors[widest->tensor].name, "' [", widest->begin, ",", widest->end,
           ") and '", tensors[s.tensor].name, "' [", s.begin, ",", s.end, ") overlap"));
     }
+    const uint64_t covered = widest == nullptr ? 0 : widest->end;
+    if (s.begin > covered) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": data bytes [", covered, ",", s.begin, ") belong to no tensor (",
+          widest == nullptr ? std::string("before the first, '")
+                            : absl::StrCat("between '", tensors[widest->tensor].name, "' and '"),
+          tensors[s.tensor].name, "'); the tensors must cover the data area exactly"));
+    }
     if (widest == nullptr || s.end > widest->end) widest = &s;
+  }
+  if (const uint64_t covered = widest == nullptr ? 0 : widest->end; covered != data_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": ", data_size - covered, " bytes after the last tensor",
+        widest == nullptr ? std::string()
+                          : absl::StrCat(" ('", tensors[widest->tensor].name, "' ends at ", covered,
+                                         " of the data area's ", data_size, ")"),
+        " belong to no tensor; the tensors must cover the data area exactly (a truncated or "
+        "appended-to file?)"));
   }
 
   std::sort(tensors.begin(), tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {

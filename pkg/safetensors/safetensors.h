@@ -11,7 +11,10 @@
 //
 // Format: 8-byte little-endian header length N, N bytes of UTF-8 JSON object
 // {"name": {"dtype": "BF16", "shape": [..], "data_offsets": [begin, end]}, ...,
-//  "__metadata__": {"k": "v"}}, then the data area; offsets are relative to its start.
+//  "__metadata__": {"k": "v"}}, then the data area; offsets are relative to its start. As in
+// the reference reader, the tensors cover the data area exactly: a byte between two tensors or
+// after the last is refused (it would enter the file's content digest, its identity, without
+// being anything served).
 //
 // Thread-safety: File and Checkpoint are immutable after Open and safe to read from any
 // number of threads (reads use pread on the owned descriptor).

@@ -275,6 +275,42 @@ TEST(FileOpenTest, OverlappingTensors) {
                   .ok());
 }
 
+// The reference reader's rule (InvalidOffset, MetadataIncompleteBuffer): every data byte
+// belongs to a tensor. Bytes after the last tensor, or between two, were accepted: they
+// entered the content digest (the identity) without being anything a client maps.
+TEST(FileOpenTest, BytesThatBelongToNoTensorAreRefused) {
+  TempDir dir;
+  constexpr char kA[] = R"("a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]})";
+  const struct {
+    std::string header;
+    size_t data;
+    std::string refusal;  // empty: accepted
+  } cases[] = {
+      {absl::StrCat("{", kA, "}"), 11,
+       "model.safetensors: 3 bytes after the last tensor ('a' ends at 8 of the data area's 11) "
+       "belong to no tensor"},
+      {R"({"__metadata__":{"format":"pt"}})", 1,
+       "model.safetensors: 1 bytes after the last tensor belong to no tensor"},
+      {absl::StrCat("{", kA, R"(,"b":{"dtype":"U8","shape":[8],"data_offsets":[12,20]}})"), 20,
+       "model.safetensors: data bytes [8,12) belong to no tensor (between 'a' and 'b')"},
+      {R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[4,12]}})", 12,
+       "data bytes [0,4) belong to no tensor (before the first, 'a')"},
+      // The reference writer pads the header with spaces to 8-byte alignment: that is header,
+      // and accepted; so is a data area covered exactly, in any header order.
+      {absl::StrCat(R"({"b":{"dtype":"U8","shape":[8],"data_offsets":[8,16]},)", kA, "}     "), 16,
+       ""},
+  };
+  for (const auto& c : cases) {
+    const absl::Status s = OpenRaw(dir, c.header, c.data);
+    if (c.refusal.empty()) {
+      EXPECT_TRUE(s.ok()) << c.header << ": " << s;
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.header;
+      EXPECT_THAT(Msg(s), HasSubstr(c.refusal));
+    }
+  }
+}
+
 TEST(FileOpenTest, BadMetadata) {
   TempDir dir;
   absl::Status s = OpenRaw(dir, R"({"__metadata__":{"format":"pt","step":1}})");
@@ -385,8 +421,11 @@ TEST(FileOpenTest, TensorBeyondFourGiBInSparseFile) {
   const std::string path = dir.File("big.safetensors");
   constexpr uint64_t kBegin = 5ull << 30;
   constexpr uint64_t kLen = 4096;
-  const std::string header = "{\"big\":{\"dtype\":\"U8\",\"shape\":[4096],\"data_offsets\":[" +
-                             std::to_string(kBegin) + "," + std::to_string(kBegin + kLen) + "]}}";
+  // A 5 GiB tensor before it (every data byte belongs to a tensor), never read.
+  const std::string header =
+      "{\"big\":{\"dtype\":\"U8\",\"shape\":[4096],\"data_offsets\":[" + std::to_string(kBegin) +
+      "," + std::to_string(kBegin + kLen) + "]},\"before\":{\"dtype\":\"U8\",\"shape\":[" +
+      std::to_string(kBegin) + "],\"data_offsets\":[0," + std::to_string(kBegin) + "]}}";
   testing::WriteRaw(path, header);
   const uint64_t data_offset = 8 + header.size();
   const std::vector<uint8_t> pattern = testing::Pattern(kLen, 99);
@@ -401,8 +440,9 @@ TEST(FileOpenTest, TensorBeyondFourGiBInSparseFile) {
   }
   auto file = File::Open(path);
   ASSERT_TRUE(file.ok()) << file.status();
-  ASSERT_EQ(file->tensors().size(), 1u);
-  const TensorInfo& t = file->tensors()[0];
+  ASSERT_EQ(file->tensors().size(), 2u);
+  const TensorInfo& t = file->tensors()[1];  // in offset order
+  EXPECT_EQ(t.name, "big");
   EXPECT_EQ(t.file_offset, data_offset + kBegin);
   EXPECT_GT(t.file_offset, 4ull << 30);
   EXPECT_EQ(t.nbytes, kLen);

@@ -341,6 +341,7 @@ absl::Status AcquireService::FillLease(const std::shared_ptr<cache::Entry>& e,
   resp->set_handle_socket(caller.slot.empty() ? options_.handle_socket
                                               : options_.slot_handle_socket);
   resp->set_total_bytes(content->plan.total_bytes);
+  resp->set_content_id(content->content_id);
   resp->set_model_dir(model_dir);
   for (size_t i = 0; i < content->segments.size(); ++i) {
     auto* s = resp->add_segments();

@@ -324,7 +324,7 @@ void Daemon::Impl::Teardown() {
     auto step = [&clock](std::string what) { clock.Step(std::move(what)); };
     // 1. Cancel: no new load starts, loads stop at their next chunk, waits in Acquire and
     //    Load return CANCELLED now (an Acquire waiting for a load would hold gRPC for up to
-    //    --acquire_wait otherwise).
+    //    the acquire wait otherwise).
     // The listener stops accepting and removes control.sock; the connections it accepted
     // stay relayed until gRPC has drained, so the calls in flight get their answers.
     if (control_) control_->StopAccepting();

@@ -91,7 +91,7 @@ struct DaemonOptions {
   std::string artifact_dir;
   uint64_t artifact_dir_budget_bytes = 0;  // the directory's blobs (LRU past it); 0: no limit
   // A put is a client stream that holds a gRPC thread, and a reservation of its declared
-  // size in the budget, while it runs: at most this many at once and
+  // size in the budget, while it runs: at most this many at once (--artifact_max_puts) and
   // `artifact_max_puts_per_unit` per tenant unit (more: RESOURCE_EXHAUSTED at once), each
   // ended when fewer than 64 KiB came in `artifact_put_idle` or it takes longer than
   // `artifact_put_total` in all (publish/put_watch.h).
@@ -172,6 +172,14 @@ struct DaemonOptions {
   PeerOptions peer;
   metrics::Metrics* metrics = nullptr;  // optional
 };
+
+// What weightcached refuses at start (options_check.cc), each error naming the flag that sets
+// the field and why: a model root that is relative or not an existing directory; a relative
+// keeper socket, container socket dir or artifact dir; a PodResources cache time outside
+// [0, 3600] s; an artifact size limit of 0 or above the artifact budget (with a budget); fewer
+// control connections in all than per pod; more artifact puts per pod than in all. Reads the
+// file system (model roots) only; the first fault found is returned.
+absl::Status CheckOptions(const DaemonOptions& o);
 
 // The daemon's sockets where its options put them: <socket_dir>/control.sock and
 // handle.sock; the admin socket's control.sock in admin_socket_dir ("" without one).

@@ -10,7 +10,7 @@ Modes (``mode=`` or ``$WEIGHTCACHE_MODE``): ``client`` (default: use the running
 (never touch the daemon; call ``fallback``). Errors are :class:`WeightcacheError` subclasses:
 :class:`CacheMiss`, :class:`FingerprintMismatch` (``.diff``), :class:`UnsupportedQuantization`,
 :class:`StaleWeights`, :class:`CorruptWeights`, :class:`DaemonUnavailable` (and its
-:class:`DaemonGone` from ``Weights.check``).
+:class:`DaemonGone`, which ``Weights.check`` no longer raises: see ``Weights.state``).
 """
 
 from __future__ import annotations

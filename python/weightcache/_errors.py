@@ -25,10 +25,10 @@ class DaemonUnavailable(WeightcacheError):
 
 
 class DaemonGone(DaemonUnavailable):
-    """A lease's daemon connection is gone (the daemon ended or restarted): ``Weights.check``
-    can no longer say whether the weights are clean, so it raises this instead of returning
-    None (code ``UNAVAILABLE``). The tensors stay mapped and readable; acquire again to be
-    told of corruption. A :class:`CorruptWeights` already raised is raised again instead."""
+    """A lease's daemon connection is gone and no daemon serving its memory is back (code
+    ``UNAVAILABLE``, from the C ABI's ``wc_lease_check``). ``Weights.check`` no longer raises
+    it: a daemon restart is not an engine failure (``Weights.state()`` says ``"unknown"``
+    until the lease re-attaches). Kept so that code catching it still imports."""
 
 
 class CacheMiss(WeightcacheError):

@@ -214,6 +214,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn("wc_lease_columns", c_int, c_void_p, POINTER(Columns))
     fn("wc_lease_find", c_int, c_void_p, c_char_p, POINTER(Tensor), _ERR)
     fn("wc_lease_check", c_int, c_void_p, c_int, _ERR)
+    fn("wc_lease_watch", c_int, c_void_p, c_int, POINTER(c_int), _ERR)
     fn("wc_release", c_int, c_void_p, c_char_p, _ERR)
     fn("wc_status_json", c_int, c_void_p, POINTER(c_void_p), _ERR)
     fn("wc_load", c_int, c_void_p, c_char_p, c_char_p, PROGRESS_FN, c_void_p, _ERR)

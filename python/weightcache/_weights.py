@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, Iterator, Mapping, Optional, TypeVar, Un
 from . import _lib, _torch
 from ._errors import (
     CacheMiss,
+    CorruptWeights,
     DaemonUnavailable,
     FingerprintMismatch,
     StaleWeights,
@@ -21,6 +22,8 @@ from ._errors import (
 )
 
 log = logging.getLogger("weightcache")
+
+_STATES = ("clean", "corrupt", "unknown")  # wc_lease_state's values, in order
 
 MODE_ENV = "WEIGHTCACHE_MODE"
 MODEL_ENV = "WEIGHTCACHE_MODEL"
@@ -141,29 +144,46 @@ class Weights(Mapping[str, Any]):
     def check(self, timeout: float = 0.0) -> None:
         """Raises :class:`CorruptWeights` once the daemon has reported that this lease's
         memory changed after it was sealed (integrity scrubbing; the message names the segment
-        and bytes); returns None while it has not. Waits up to ``timeout`` seconds for news
-        (0: only looks, one system call: cheap enough to call every step). On the exception,
-        stop using these weights: acquire again (the daemon loads a clean copy) or restart.
+        and bytes); returns None otherwise. Waits up to ``timeout`` seconds for news (0: only
+        looks, one system call: cheap enough to call every step). On the exception, stop using
+        these weights: acquire again (the daemon loads a clean copy) or restart.
 
-        Raises :class:`DaemonGone` (a :class:`DaemonUnavailable`) once the lease's daemon
-        connection is gone (the daemon ended or restarted) and no corruption was reported
-        before: nobody watches these weights for this process any more. They stay readable;
-        acquire again to be watched. Example::
+        A daemon restart (a rollout) raises nothing: the weights stay mapped, the keeper keeps
+        the memory, and once the daemon is back the lease re-attaches to it (``state()``
+        says ``"unknown"`` meanwhile). Example::
 
             try:
                 w.check()
             except weightcache.CorruptWeights:
                 w = weightcache.acquire(w.model)   # the clean copy
-            except weightcache.DaemonGone:
-                pass                               # unwatched until the next acquire
         """
+        state, message = self._watch(timeout, "check")
+        if state == "corrupt":
+            raise CorruptWeights(f"lease of model '{self.model}': the daemon found its memory "
+                                 f"corrupt: {message}", "DATA_LOSS")
+
+    def state(self, timeout: float = 0.0) -> str:
+        """What is known of this lease's memory, never raising for it: ``"clean"`` (a daemon
+        watches it and reported nothing), ``"corrupt"`` (the daemon reported it changed: stop
+        using it) or ``"unknown"`` (no daemon watches it for this process: the daemon is gone
+        and not back yet, or the one back serves another copy of these weights -- no keeper
+        kept this one; acquire again to be watched). When the lease's daemon connection closes
+        (the daemon ended or restarted), the lease re-attaches to the same memory once a daemon
+        serving it is back (tried at most once a second, by the call that finds it due, within
+        about 2 s): that daemon lists the lease in its status, keeps the memory from eviction
+        and reports corruption again. Waits up to ``timeout`` seconds for news."""
+        return self._watch(timeout, "state")[0]
+
+    def _watch(self, timeout: float, what: str):
         if self._lease is None:
             raise WeightcacheError(f"Weights of '{self.model}' are closed")
         if timeout < 0:
-            raise ValueError(f"check: timeout must be >= 0 seconds, not {timeout}")
-        err = ctypes.c_void_p()
-        _lib.check(_lib.lib().wc_lease_check(self._lease.handle, int(timeout * 1000),
-                                             ctypes.byref(err)), err, "lease check")
+            raise ValueError(f"{what}: timeout must be >= 0 seconds, not {timeout}")
+        state, message = ctypes.c_int(), ctypes.c_void_p()
+        _lib.check(_lib.lib().wc_lease_watch(self._lease.handle, int(timeout * 1000),
+                                             ctypes.byref(state), ctypes.byref(message)),
+                   message, "lease watch")
+        return _STATES[state.value], _lib.take_string(message)
 
     def close(self) -> None:
         """Drops this object's hold on the lease. Tensors taken from it stay valid (they hold

@@ -530,30 +530,43 @@ TEST_F(DaemonTest, SecondDaemonOnTheSameSocketDirIsRefused) {
 // Issue 26: -7 as a gid, 0 read threads and a device named twice were accepted (bent into
 // something else), and a second --model silently replaced the first.
 TEST_F(DaemonTest, BadFlagsStopTheDaemonNamingTheFlag) {
-  for (const std::string flag :
-       {"--staging_keep=lots",
-        "--memory_budget=12XB",
-        "--memory_budget=0%",
-        "--socket_gid=-7",
-        "--read_threads=0",
-        "--host_devices=a,a",
-        "--device_plugin_slots=0",
-        "--keeper_timeout=0",
-        "--scrub_interval=0.01",
-        "--scrub_bandwidth=fast",
-        "--peer_listen=127.0.0.1:0 --peer_tls_key_file=/nonexistent/tls.key",
-        "--peer_transfer_hold_seconds=0",
-        "--peers=node-a:7443,,node-b:7443",
-        "--peers=node-a",
-        "--peers=node-a:7443 --peer_tls_ca_file=/nonexistent/ca.crt",
-        "--peer_describe_timeout_ms=0",
-        "--peer_max_connections=0",
-        "--peer_max_connections_per_address=-1",
-        "--peer_handshake_timeout_ms=0",
-        "--peer_pull_timeout_seconds=-1",
-        "--host_max_segment_bytes=12",
-        "--host_max_segment_bytes=lots",
-        "--model=name=a,model_dir=/x --model=name=b,model_dir=/y"}) {
+  for (const std::string flag : {
+           "--staging_keep=lots",
+           "--memory_budget=12XB",
+           "--memory_budget=0%",
+           "--socket_gid=-7",
+           "--read_threads=0",
+           "--host_devices=a,a",
+           "--device_plugin_slots=0",
+           "--keeper_timeout=0",
+           "--scrub_interval=0.01",
+           "--scrub_bandwidth=fast",
+           "--peer_listen=127.0.0.1:0 --peer_tls_key_file=/nonexistent/tls.key",
+           "--peer_transfer_hold_seconds=0",
+           "--peers=node-a:7443,,node-b:7443",
+           "--peers=node-a",
+           "--peers=node-a:7443 --peer_tls_ca_file=/nonexistent/ca.crt",
+           "--peer_describe_timeout_ms=0",
+           "--peer_max_connections=0",
+           "--peer_max_connections_per_address=-1",
+           "--peer_handshake_timeout_ms=0",
+           "--peer_pull_timeout_seconds=-1",
+           "--host_max_segment_bytes=12",
+           "--host_max_segment_bytes=lots",
+           "--model=name=a,model_dir=/x --model=name=b,model_dir=/y",
+           // Issue 60: accepted, then found out at the first load or put (or never).
+           "--model_roots=/nonexistent",
+           "--model_roots=models",
+           "--keeper_socket=keeper.sock",
+           "--container_socket_dir=run/weightcache",
+           "--artifact_dir=artifacts",
+           "--pod_resources_cache=-1",
+           "--artifact_max_bytes=0",
+           "--artifact_max_bytes=2GiB",
+           "--max_connections=10",
+           "--artifact_max_puts_per_unit=9",
+           "--artifact_max_puts=0",
+       }) {
     std::vector<std::string> argv{WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_,
                                   "--backend=host", "--metrics_address=off"};
     for (const auto& part : absl::StrSplit(flag, ' ')) argv.emplace_back(part);
@@ -563,6 +576,25 @@ TEST_F(DaemonTest, BadFlagsStopTheDaemonNamingTheFlag) {
     const std::string log = testing::ReadFileOrEmpty(dir_ / "bad.log");
     EXPECT_NE(log.find(flag.substr(0, flag.find('='))), std::string::npos) << log;
   }
+}
+
+// The real binary, one mistyped flag: exit status 2 before anything is served, and the one
+// line on stderr names the flag, the value and why.
+TEST_F(DaemonTest, AModelRootThatDoesNotExistStopsTheDaemonAtStart) {
+  const std::string missing = dir_ / "no-such-models";
+  Process p({WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_, "--backend=host",
+             "--metrics_address=off", "--model_roots=" + missing},
+            dir_ / "roots.log");
+  const int status = p.Wait();
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  // (The open-file limit's info line may come first.)
+  EXPECT_THAT(testing::ReadFileOrEmpty(dir_ / "roots.log"),
+              ::testing::EndsWith("weightcached: INVALID_ARGUMENT: --model_roots=" + missing +
+                                  ": No such file or directory; every model_dir must resolve "
+                                  "under an existing directory, so no model under this root "
+                                  "could load\n"));
+  EXPECT_FALSE(std::filesystem::exists(socket_dir_ + "/control.sock"));
 }
 
 }  // namespace

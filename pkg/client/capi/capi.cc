@@ -324,6 +324,29 @@ wc_status wc_lease_check(const wc_lease* lease, int timeout_ms, char** error) {
   return Return(lease->lease->Check(std::chrono::milliseconds(timeout_ms)), error);
 }
 
+wc_status wc_lease_watch(const wc_lease* lease, int timeout_ms, wc_lease_state* state,
+                         char** message) {
+  if (lease == nullptr || state == nullptr || timeout_ms < 0) {
+    return Fail(absl::StatusCode::kInvalidArgument,
+                "wc_lease_watch: NULL lease or state, or negative timeout_ms", message);
+  }
+  const client::LeaseWatch w = lease->lease->Watch(std::chrono::milliseconds(timeout_ms));
+  switch (w.state) {
+    case client::LeaseState::kClean:
+      *state = WC_LEASE_CLEAN;
+      break;
+    case client::LeaseState::kCorrupt:
+      *state = WC_LEASE_CORRUPT;
+      break;
+    case client::LeaseState::kUnknown:
+      *state = WC_LEASE_UNKNOWN;
+      break;
+  }
+  if (message != nullptr) *message = nullptr;
+  if (!w.message.empty()) Fail(absl::StatusCode::kOk, w.message, message);
+  return WC_OK;
+}
+
 wc_status wc_release(wc_client* client, const char* lease_id, char** error) {
   if (client == nullptr || lease_id == nullptr || *lease_id == '\0') {
     return Fail(absl::StatusCode::kInvalidArgument, "wc_release: client and lease_id are required",

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pkg/client/client.h"
+#include "pkg/keeper/server.h"
 #include "pkg/memory/backend.h"
 #include "pkg/metrics/metrics.h"
 #include "pkg/safetensors/writer.h"
@@ -42,9 +43,11 @@ class IntegrityTest : public testing::DaemonInProcessTest {
     metrics_ =
         std::make_unique<metrics::Metrics>(registry_, metrics::BuildInfo{"t", "none", "host"});
   }
-  void Start(std::chrono::milliseconds scrub_interval, std::vector<spec::ModelSpec> more = {}) {
+  void Start(std::chrono::milliseconds scrub_interval, std::vector<spec::ModelSpec> more = {},
+             std::string keeper_socket = "") {
     DaemonOptions o;
     o.specs = std::move(more);
+    o.keeper_socket = std::move(keeper_socket);
     o.metrics = metrics_.get();
     o.scrub_interval = scrub_interval;
     o.scrub_bytes_per_second = 0;
@@ -250,13 +253,88 @@ TEST_F(IntegrityTest, CheckAfterTheDaemonWentIsNeverClean) {
   client_.reset();
   daemon_.reset();               // the daemon ends: every handle connection closes
   for (int i = 0; i < 2; ++i) {  // the first call reads the close, the second remembers it
-    const absl::Status gone = fresh->Check(10s);
+    // (0 s the second time: a call that begins unattached waits for a daemon to be back.)
+    const absl::Status gone = fresh->Check(i == 0 ? 10s : 0s);
     EXPECT_EQ(gone.code(), absl::StatusCode::kUnavailable) << gone;
     EXPECT_THAT(std::string(gone.message()), HasSubstr("unknown: the daemon connection is gone"));
     EXPECT_THAT(std::string(gone.message()), HasSubstr(fresh->id()));
   }
   EXPECT_EQ(told->Check(10s).code(), absl::StatusCode::kDataLoss);  // the worse news stays
   EXPECT_NE(fresh->Find(fresh->tensors()[0].name), nullptr);        // still mapped
+}
+
+// Issue 60: a daemon restart is not an engine failure. The keeper keeps the memory; once the
+// daemon is back and has adopted it, the lease re-attaches (same content_id, nothing mapped
+// again): the new daemon lists it, and a corruption it finds after the restart reaches it.
+// Before, Check answered UNAVAILABLE "unknown" for good after every restart.
+TEST_F(IntegrityTest, ALeaseReattachesToTheMemoryTheKeeperKeptAcrossARestart) {
+  auto keeper = keeper::Keeper::Start({.socket_path = dir_ / "k/keeper.sock"});
+  ASSERT_TRUE(keeper.ok()) << keeper.status();
+  Start(0ms, {}, (*keeper)->path());
+  auto lease = Acquire();
+  ASSERT_NE(lease, nullptr);
+  ASSERT_FALSE(lease->content_id().empty());
+  const std::string first_id = lease->id();
+  EXPECT_EQ(lease->Watch().state, client::LeaseState::kClean);
+  // The keeper holds it once the link deposited it (after readiness, on the link's thread).
+  for (auto deadline = std::chrono::steady_clock::now() + 30s;
+       (*keeper)->stats().entries < 1 && std::chrono::steady_clock::now() < deadline;) {
+    lease->Check(10ms);  // a bounded wait between looks
+  }
+  ASSERT_EQ((*keeper)->stats().entries, 1u);
+
+  client_.reset();
+  daemon_.reset();  // every handle connection closes; the keeper keeps the memory
+  const client::LeaseWatch gone = lease->Watch(10s);
+  EXPECT_EQ(gone.state, client::LeaseState::kUnknown);
+  EXPECT_THAT(gone.message, HasSubstr("the daemon connection is gone"));
+
+  Start(0ms, {}, (*keeper)->path());  // adopts the kept entry before it serves
+  // Re-attaching is tried at most once a second: within a few of them it is clean again.
+  client::LeaseWatch back;
+  for (auto deadline = std::chrono::steady_clock::now() + 30s;
+       (back = lease->Watch(100ms)).state != client::LeaseState::kClean &&
+       std::chrono::steady_clock::now() < deadline;) {
+  }
+  ASSERT_EQ(back.state, client::LeaseState::kClean) << back.message;
+  EXPECT_TRUE(lease->Check().ok());
+  auto entries = Entries();
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].source(), "keeper");  // the same memory, not a load
+  ASSERT_EQ(entries[0].leases_size(), 1);    // the new daemon counts the lease
+  EXPECT_EQ(entries[0].leases(0).pid(), ::getpid());
+  EXPECT_NE(entries[0].leases(0).lease_id(), first_id);
+
+  corrupt_next_ = true;
+  ASSERT_TRUE(client_->VerifyResident("m").ok());
+  const client::LeaseWatch told = lease->Watch(10s);
+  EXPECT_EQ(told.state, client::LeaseState::kCorrupt);
+  EXPECT_THAT(told.message, HasSubstr("changed"));
+  EXPECT_EQ(lease->Check().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(lease->Find(lease->tensors()[0].name), nullptr);  // mapped throughout
+}
+
+// Without a keeper the daemon that is back loads another copy of the same fingerprint:
+// watching it would say nothing of the memory this process maps, so the lease stays unknown,
+// saying so, and ends the lease it was offered.
+TEST_F(IntegrityTest, ALeaseNeverReattachesToAnotherCopy) {
+  Start(0ms);
+  auto lease = Acquire();
+  ASSERT_NE(lease, nullptr);
+  client_.reset();
+  daemon_.reset();
+  Start(0ms);
+  auto fresh = Acquire();  // the copy the new daemon loaded: ready
+  ASSERT_NE(fresh, nullptr);
+  EXPECT_EQ(fresh->fingerprint(), lease->fingerprint());
+  EXPECT_NE(fresh->content_id(), lease->content_id());
+  const client::LeaseWatch w = lease->Watch(100ms);  // the close and the one re-attach try
+  EXPECT_EQ(w.state, client::LeaseState::kUnknown);
+  EXPECT_THAT(w.message, HasSubstr("serves another copy of fingerprint " + lease->fingerprint()));
+  auto entries = Entries();
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].leases_size(), 1);  // `fresh` only: the offered lease was released
+  EXPECT_EQ(lease->Watch().state, client::LeaseState::kUnknown);  // for good
 }
 
 // Issue 48: an entry evicted while a lease maps it (draining) is still scrubbed, and its

@@ -69,6 +69,7 @@ absl::Status KeeperLink::AdoptOne(keeper::KeeperClient::Entry held, const AdmitF
   content->plan = std::move(a.plan);
   content->device_uuid = r.device_uuid();
   content->model_dir = r.model_dir();
+  content->content_id = r.content_id();
   if (published && r.has_publisher()) published({r.fingerprint(), r.device_uuid()}, r.publisher());
   cache::LoadRequest req;
   req.key = {r.fingerprint(), r.device_uuid()};
@@ -85,6 +86,7 @@ absl::Status KeeperLink::AdoptOne(keeper::KeeperClient::Entry held, const AdmitF
     out->plan = content->plan;
     out->device_uuid = content->device_uuid;
     out->model_dir = content->model_dir;
+    out->content_id = content->content_id;
     out->segments = std::move(content->segments);
     return out;
   };

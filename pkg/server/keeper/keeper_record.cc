@@ -63,6 +63,7 @@ std::string EncodeKeeperRecord(const cache::Entry& e, const load::LoadedModel& c
   r.set_spec_yaml(spec.yaml);
   r.set_defined_inline(spec.defined_inline);
   r.set_model_dir(content.model_dir);
+  r.set_content_id(content.content_id);
   const spec::FingerprintInputs& in = e.inputs;
   r.set_architecture(in.architecture);
   r.set_revision(in.revision);

@@ -82,7 +82,7 @@ void PutWatch::Run() {
       if (!p.why.empty() || p.finished) continue;
       if (now - p.last >= options_.idle) {
         p.why = absl::StrCat("the put sent fewer than ", options_.progress_bytes, " bytes in ",
-                             options_.idle.count(), " ms (--artifact_put_idle): stalled, ended");
+                             options_.idle.count(), " ms: stalled, ended");
       } else if (now - p.began >= options_.total) {
         p.why = absl::StrCat("the put ran past ", options_.total.count(),
                              " ms (--artifact_put_total): ended");

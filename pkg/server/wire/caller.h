@@ -40,7 +40,7 @@ struct Caller {
   // The call (set by the gRPC adapter): whether its client gave up (cancelled, or its
   // deadline passed), and that deadline. Every wait ends at the earlier of it and the
   // daemon's own bound (issue 26: Acquires waiting on a load held a gRPC thread each for
-  // --acquire_wait after their clients had left, until no thread served anyone).
+  // the daemon's wait bound after their clients had left, until no thread served anyone).
   std::function<bool()> gone;
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   std::chrono::steady_clock::time_point DeadlineOr(std::chrono::steady_clock::duration d) const {
