@@ -17,7 +17,8 @@
 #              it: weightcached --help, the demo's flow with a keeper, the webhook over TLS
 #              (tests/image/image-test.sh). Needs the build job's build/.
 #   tsan       ThreadSanitizer build of the tests whose threads sync through std primitives
-#              only (registry, handle channel, read queue, staging pool, peer port), run
+#              only (registry, handle channel, read queue, staging pool, peer port, webhook
+#              front), run
 # WC_JOBS="format build" runs a subset; WC_JOBS=fuzz-long (not in the default set) fuzzes each
 # target FUZZ_SECONDS (default 600) s. Sanitizer builds leave out CUDA, torch and benches.
 #   bash scripts/test.sh --quick   the developer's inner loop: the g++ build with every test

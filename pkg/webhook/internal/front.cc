@@ -21,19 +21,15 @@
 #include <mutex>
 #include <set>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "pkg/util/log.h"
-#include "pkg/util/untrusted_text.h"
+#include "pkg/webhook/internal/http_head.h"
 
 namespace weightcache::webhook::internal {
 namespace {
@@ -77,99 +73,6 @@ struct Conn {
 int MsUntil(Clock::time_point t) {
   const auto ms = std::chrono::ceil<std::chrono::milliseconds>(t - Clock::now()).count();
   return static_cast<int>(std::clamp<int64_t>(ms, 0, INT_MAX));
-}
-
-// What the loop makes of a request head: the body's length, or the answer that refuses it.
-struct HeadVerdict {
-  int status = 0;  // 0: accepted
-  std::string why;
-  uint64_t body = 0;
-};
-
-// Reads the framing of a request head (without its blank line). The webhook takes bodies by
-// Content-Length only, so that the loop knows where each request ends before a worker sees it;
-// header lines are held to RFC 9112 strictly enough that httplib cannot frame them otherwise.
-std::string Quote(absl::string_view text) {
-  return QuoteTruncated(std::string_view(text.data(), text.size()));
-}
-
-HeadVerdict ReadHead(absl::string_view head, uint64_t max_body_bytes) {
-  size_t eol = head.find("\r\n");
-  const absl::string_view request_line = head.substr(0, eol);
-  const size_t space = request_line.find(' ');
-  if (space == absl::string_view::npos || space == 0) {
-    return {400,
-            absl::StrCat("request line ", Quote(request_line), " is not METHOD TARGET VERSION")};
-  }
-  const absl::string_view method = request_line.substr(0, space);
-  absl::string_view length, encoding, expect;
-  bool has_length = false, has_encoding = false, has_expect = false;
-  while (eol != absl::string_view::npos) {
-    const size_t start = eol + 2;
-    eol = head.find("\r\n", start);
-    const absl::string_view line = head.substr(start, eol == head.npos ? head.npos : eol - start);
-    const size_t colon = line.find(':');
-    const absl::string_view name = line.substr(0, colon);
-    if (colon == line.npos || name.empty() || name.find_first_of(" \t") != name.npos) {
-      return {400, absl::StrCat("header line ", Quote(line),
-                                " is not NAME: VALUE (no space before the colon, no folding)")};
-    }
-    const absl::string_view value = absl::StripAsciiWhitespace(line.substr(colon + 1));
-    if (absl::EqualsIgnoreCase(name, "content-length")) {
-      if (has_length) return {400, "more than one Content-Length header"};
-      has_length = true;
-      length = value;
-    } else if (absl::EqualsIgnoreCase(name, "transfer-encoding")) {
-      has_encoding = true;
-      encoding = value;
-    } else if (absl::EqualsIgnoreCase(name, "expect")) {
-      has_expect = true;
-      expect = value;
-    }
-  }
-  if (has_encoding) {
-    return {411, absl::StrCat("Transfer-Encoding ", Quote(encoding),
-                              " refused: send the body whole, with Content-Length")};
-  }
-  if (has_expect) {
-    return {417, absl::StrCat("Expect ", Quote(expect),
-                              " refused: send the body with the request, without Expect")};
-  }
-  HeadVerdict ok;
-  if (!has_length) {
-    if (method == "GET" || method == "HEAD") return ok;
-    return {411, absl::StrCat(EscapeTruncated(std::string_view(method.data(), method.size())),
-                              " without Content-Length refused: send the body with its length")};
-  }
-  if (length.empty() || length.size() > 19 ||
-      !std::all_of(length.begin(), length.end(),
-                   [](char ch) { return absl::ascii_isdigit(static_cast<unsigned char>(ch)); }) ||
-      !absl::SimpleAtoi(length, &ok.body)) {
-    return {400,
-            absl::StrCat("Content-Length ", Quote(length), " is not a decimal number of bytes")};
-  }
-  if (ok.body > max_body_bytes) {
-    return {413, absl::StrCat("request body of ", ok.body, " bytes is larger than ", max_body_bytes,
-                              " bytes")};
-  }
-  return ok;
-}
-
-const char* Reason(int status) {
-  switch (status) {
-    case 400:
-      return "Bad Request";
-    case 411:
-      return "Length Required";
-    case 413:
-      return "Payload Too Large";
-    case 417:
-      return "Expectation Failed";
-    case 431:
-      return "Request Header Fields Too Large";
-    default:
-      return "Service Unavailable";
-  }
 }
 
 // A worker's view of a connection: the request the loop buffered, and a buffer for the answer.
@@ -726,9 +629,7 @@ void Front::Impl::Refuse(Conn* c, int status, const std::string& why,
                               " and closed: ", why));
   c->in.clear();
   c->need = 0;
-  c->out = absl::StrCat("HTTP/1.1 ", status, " ", Reason(status),
-                        "\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: ",
-                        why.size() + 1, "\r\nConnection: close\r\n\r\n", why, "\n");
+  c->out = RefusalAnswer(status, why);
   c->keep = false;
   c->phase = Phase::kWriting;
   SetDeadline(c, Clock::now() + std::chrono::milliseconds(o_.io_timeout_ms));

@@ -7,13 +7,13 @@
 // buffered bytes until its deadline, never a worker: the API server's reviews are not queued
 // behind it.
 //
-// What the loop reads (an AdmissionReview always carries Content-Length), answered by the loop
-// and closed, never handed to a worker:
+// What the loop reads (an AdmissionReview always carries Content-Length; internal/http_head.h),
+// answered by the loop and closed, never handed to a worker:
 //   - a head with Transfer-Encoding (chunked): 411; a request other than GET or HEAD without
 //     Content-Length: 411; a head with Expect (100-continue): 417;
 //   - a Content-Length past `max_body_bytes`: 413, before any of the body is read;
 //   - a head past 64 KiB: 431; a malformed head (a header line without a name and colon, a
-//     folded line, a Content-Length that is not one decimal number): 400.
+//     folded line, a bare CR or LF, a Content-Length that is not one decimal number): 400.
 // A body is read in the loop up to its Content-Length; the request goes to a worker only when
 // its head and whole body are buffered.
 //
