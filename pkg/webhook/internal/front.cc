@@ -75,15 +75,16 @@ int MsUntil(Clock::time_point t) {
   return static_cast<int>(std::clamp<int64_t>(ms, 0, INT_MAX));
 }
 
-// A worker's view of a connection: the request the loop buffered, and a buffer for the answer.
-// Nothing here touches the socket but getpeername and getsockname.
+// A worker's view of a connection: the request the loop framed (its first `c.need` buffered
+// bytes; what follows is the end of the stream), and a buffer for the answer. Nothing here
+// touches the socket but getpeername and getsockname.
 class ConnStream final : public httplib::Stream {
  public:
   explicit ConnStream(Conn& conn) : c_(conn) {}
-  bool is_readable() const override { return pos_ < c_.in.size(); }
+  bool is_readable() const override { return pos_ < c_.need; }
   bool is_writable() const override { return true; }
   ssize_t read(char* ptr, size_t size) override {
-    const size_t n = std::min(size, c_.in.size() - pos_);  // 0 past the request: end of stream
+    const size_t n = std::min(size, c_.need - pos_);  // 0 past the request: end of stream
     std::memcpy(ptr, c_.in.data() + pos_, n);
     pos_ += n;
     return static_cast<ssize_t>(n);
