@@ -228,6 +228,19 @@ TEST_F(FrontTest, TheLargestRequestBeingReadIsCutWhenTheBufferBudgetIsFull) {
   EXPECT_TRUE(WaitStats([](const ConnectionStats& s) { return s.buffered_bytes == 0; }));
 }
 
+// A client that leaves while its request waits costs the loop a failed write (EPIPE, not a
+// signal that ends the process), and the next client is served.
+TEST_F(FrontTest, AClientGoneBeforeItsAnswerIsDroppedAndTheNextServed) {
+  StartOneBusyWorker(FrontOptions{});
+  for (int i = 0; i < 8; ++i) Send("127.0.0.3", absl::StrCat("/gone", i)).reset();  // closed
+  ASSERT_TRUE(WaitStats([](const ConnectionStats& s) { return s.waiting == 8; }));
+  gate_.Allow(1 << 20);
+  EXPECT_TRUE(absl::StartsWith(Answer(*held_), "HTTP/1.1 200 OK\r\n"));
+  ASSERT_TRUE(gate_.WaitEntered(9));
+  auto next = Send("127.0.0.4", "/next");
+  EXPECT_TRUE(absl::StartsWith(Answer(*next), "HTTP/1.1 200 OK\r\n"));
+}
+
 // A buffer budget that cannot hold one request of the largest body is refused at start.
 TEST(FrontOptionsTest, ABudgetSmallerThanOneRequestIsRefused) {
   FrontOptions o;

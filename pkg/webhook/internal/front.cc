@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/ssl.h>
+#include <signal.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -733,6 +734,11 @@ absl::StatusOr<std::unique_ptr<Front>> Front::Start(const std::string& host, int
         "webhook: the buffer budget (--buffer_budget_bytes, ", options.buffer_budget_bytes,
         " bytes) must hold one request of the largest body (", options.max_body_bytes,
         " bytes) and its head (", kMaxHeadBytes, " bytes)"));
+  }
+  // The loop writes answers and close_notify to clients that may be gone: EPIPE, not a signal.
+  struct sigaction pipe {};
+  if (::sigaction(SIGPIPE, nullptr, &pipe) == 0 && pipe.sa_handler == SIG_DFL) {
+    ::signal(SIGPIPE, SIG_IGN);
   }
   auto impl = std::make_unique<Impl>(ctx, options, std::move(serve));
   if (absl::Status s = impl->Listen(host, port); !s.ok()) return s;

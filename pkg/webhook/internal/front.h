@@ -38,6 +38,9 @@
 // what the client still sends is read and dropped for up to 1 s (or 1 MiB) so that the answer is
 // not lost to a reset.
 //
+// Start sets SIGPIPE to be ignored when it still has its default action (the loop writes to
+// clients that may have gone).
+//
 // Thread-safety: Start and the destructor from one thread; stats() from any. `serve` runs on the
 // worker threads, concurrently, and must outlive the Front; so must `ctx`.
 #pragma once
