@@ -17,7 +17,8 @@
 #              it: weightcached --help, the demo's flow with a keeper, the webhook over TLS
 #              (tests/image/image-test.sh). Needs the build job's build/.
 #   tsan       ThreadSanitizer build of the tests whose threads sync through std primitives
-#              only (registry, handle channel, read queue, staging pool, peer port), run
+#              only (registry, handle channel, read queue, staging pool, peer port, webhook
+#              front), run
 # WC_JOBS="format build" runs a subset; WC_JOBS=fuzz-long (not in the default set) fuzzes each
 # target FUZZ_SECONDS (default 600) s. Sanitizer builds leave out CUDA, torch and benches.
 #   bash scripts/test.sh --quick   the developer's inner loop: the g++ build with every test
@@ -35,7 +36,8 @@ sanitizer_cmake=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=c
 # Tests that involve only std threading (Debian's abseil and gRPC are not built with TSan:
 # state handed over through them looks racy to it). The daemon, the client and the device
 # plugin tests are left out for that reason.
-tsan_tests=(cache_test handle_channel_test safetensors_test staging_pool_test peer_port_test)
+tsan_tests=(cache_test handle_channel_test safetensors_test staging_pool_test peer_port_test
+            webhook_front_test)
 # Asserts how many finished load threads are still exiting: a timing bound that TSan's
 # slowdown breaks (no race report); it runs in the sanitize job.
 tsan_skip="Registry.FinishedLoadThreadsAreJoinedNotKept"

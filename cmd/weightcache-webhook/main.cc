@@ -23,7 +23,7 @@ ABSL_FLAG(absl::Duration, reload_interval, absl::Seconds(5),
           "How often the certificate files are checked for a change");
 ABSL_FLAG(uint64_t, max_body_bytes, 4 << 20, "Largest request body accepted (413 past it)");
 ABSL_FLAG(int, request_timeout_ms, 10000,
-          "A request thread's read or write that stalls this long ends the connection");
+          "An answer the client does not take within this ends the connection");
 ABSL_FLAG(int, connection_deadline_ms, 3000,
           "A request must arrive whole within this of its first byte, or its connection is "
           "closed");
@@ -39,7 +39,15 @@ ABSL_FLAG(int, max_connections, 1024,
           "Connections open at once in all; more wait in the listen backlog");
 ABSL_FLAG(int, threads, 32,
           "Request threads: they run complete requests only (one thread accepts connections, "
-          "does their TLS handshakes and reads their requests)");
+          "does their TLS handshakes, reads their requests and sends the answers)");
+ABSL_FLAG(uint64_t, buffer_budget_bytes, 64 << 20,
+          "Bytes of requests and answers held at once; past it the largest request being read "
+          "is answered 503 (at least --max_body_bytes + 64 KiB)");
+ABSL_FLAG(int, max_queued_per_source, 128,
+          "Whole requests from one IP address waiting for a request thread; one more is "
+          "answered 503");
+ABSL_FLAG(int, queue_deadline_ms, 2000,
+          "A whole request that waited this long for a request thread is answered 503");
 ABSL_FLAG(bool, verbose, false, "Debug logging");
 
 namespace weightcache {
@@ -60,6 +68,9 @@ int Run() {
   o.listen_backlog = absl::GetFlag(FLAGS_listen_backlog);
   o.max_connections_per_source = absl::GetFlag(FLAGS_max_connections_per_source);
   o.max_connections = absl::GetFlag(FLAGS_max_connections);
+  o.buffer_budget_bytes = absl::GetFlag(FLAGS_buffer_budget_bytes);
+  o.max_queued_per_source = absl::GetFlag(FLAGS_max_queued_per_source);
+  o.queue_deadline_ms = absl::GetFlag(FLAGS_queue_deadline_ms);
   if (o.reload_interval <= absl::ZeroDuration()) {
     std::fprintf(stderr, "weightcache-webhook: --reload_interval must be positive\n");
     return 2;

@@ -13,6 +13,15 @@ struct ConnectionStats {
   uint64_t request_timeouts = 0;    // requests cut at the request deadline
   uint64_t source_refusals = 0;     // closed at accept: their address had its limit open
   uint64_t requests = 0;            // handed to a worker
+  // Answered by the loop and closed, never handed to a worker:
+  uint64_t refused_heads = 0;    // 4xx at the head: chunked, Expect, no length, too large, bad
+  uint64_t queue_refusals = 0;   // 503: their address had max_queued_per_source waiting
+  uint64_t queue_timeouts = 0;   // 503: waited for a worker past queue_deadline_ms
+  uint64_t buffer_cuts = 0;      // 503: the largest request being read when the budget was full
+  uint64_t answer_timeouts = 0;  // closed: the client did not take its answer in time
+  // Now, not counts:
+  uint64_t waiting = 0;         // whole requests waiting for a worker
+  uint64_t buffered_bytes = 0;  // of requests and answers, against buffer_budget_bytes
 };
 
 }  // namespace weightcache::webhook

@@ -185,14 +185,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.num_threads < 1 || options.request_timeout_ms < 1 ||
       options.connection_deadline_ms < 1 || options.handshake_timeout_ms < 1 ||
       options.listen_backlog < 1 || options.max_connections < 1 ||
-      options.max_connections_per_source < 1) {
+      options.max_connections_per_source < 1 || options.max_queued_per_source < 1 ||
+      options.queue_deadline_ms < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "webhook: num_threads (", options.num_threads, "), request_timeout_ms (",
         options.request_timeout_ms, "), connection_deadline_ms (", options.connection_deadline_ms,
         "), handshake_timeout_ms (", options.handshake_timeout_ms, "), listen_backlog (",
         options.listen_backlog, "), max_connections (", options.max_connections,
-        ") and max_connections_per_source (", options.max_connections_per_source,
-        ") must be >= 1"));
+        "), max_connections_per_source (", options.max_connections_per_source,
+        "), max_queued_per_source (", options.max_queued_per_source, ") and queue_deadline_ms (",
+        options.queue_deadline_ms, ") must be >= 1"));
   }
   std::unique_ptr<Server> server(new Server(std::move(options)));
   const ServerOptions& o = server->options_;
@@ -230,7 +232,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   f.max_connections = o.max_connections;
   f.max_connections_per_source = o.max_connections_per_source;
   f.num_threads = o.num_threads;
-  f.prefetch_body_bytes = std::min<uint64_t>(o.max_body_bytes, f.prefetch_body_bytes);
+  f.max_body_bytes = o.max_body_bytes;
+  f.buffer_budget_bytes = o.buffer_budget_bytes;
+  f.max_queued_per_source = o.max_queued_per_source;
+  f.queue_deadline_ms = o.queue_deadline_ms;
   const auto& [host, port] = *address;
   absl::StatusOr<std::unique_ptr<internal::Front>> front = internal::Front::Start(
       host, port, ctx, f, [&router](httplib::Stream& s, bool close, bool& closed) {

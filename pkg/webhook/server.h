@@ -13,18 +13,22 @@
 // then on, through OpenSSL's certificate callback: the listening socket and the connections in
 // flight are not touched.
 //
-// Connections (issue 47): one thread accepts, completes TLS handshakes and reads each request
-// whole on non-blocking sockets; `num_threads` workers run complete requests only
-// (internal/front.h). Before, each connection held a worker from its accept, handshake
-// included, and the listen backlog was httplib's 5: 128 slow clients that reconnected pushed a
-// good review to 5.2-8.1 s, past the API server's 5 s timeout (failurePolicy Ignore: the pod
-// was admitted unmutated). Now a slow client costs a descriptor and a TLS session until its
-// deadline, and the API server's review is answered beside it.
+// Connections (issue 47): one thread accepts, completes TLS handshakes, reads each request whole
+// and sends each answer on non-blocking sockets; `num_threads` workers run complete requests
+// only, from memory to memory (internal/front.h). Before, each connection held a worker from its
+// accept, handshake included, and the listen backlog was httplib's 5: 128 slow clients that
+// reconnected pushed a good review to 5.2-8.1 s, past the API server's 5 s timeout
+// (failurePolicy Ignore: the pod was admitted unmutated). Then a head that announced a body it
+// did not send (chunked, after Expect: 100-continue, or over 1 MiB) still went to a worker that
+// waited for it: 4 addresses x 256 such heads pushed a good review to 2.4-3.8 s.
 // Bounds: a listen backlog of `listen_backlog`; a handshake must finish within
 // `handshake_timeout_ms` of the accept (an API server's takes milliseconds); a request must
-// arrive whole within `connection_deadline_ms` of its first byte, and a worker's read or write
-// stalls at most `request_timeout_ms`; an idle kept-alive connection is closed after 5 s;
-// request bodies over `max_body_bytes` are answered 413 without being read; at most
+// arrive whole within `connection_deadline_ms` of its first byte, and its answer must be taken
+// within `request_timeout_ms`; an idle kept-alive connection is closed after 5 s; a body comes by
+// Content-Length only, at most `max_body_bytes` (chunked: 411, Expect: 417, larger: 413, all
+// answered at the head); `buffer_budget_bytes` of requests and answers in all; a whole request
+// waits for a worker in its address's queue (served in turn with other addresses), at most
+// `max_queued_per_source` of them and for at most `queue_deadline_ms` (then 503); at most
 // `max_connections_per_source` connections from one IP address at once (one more is closed at
 // accept) and `max_connections` in all (more wait in the backlog).
 //
@@ -74,6 +78,16 @@ struct ServerOptions {
   // max_connections.
   int max_connections_per_source = 256;
   int max_connections = 1024;
+  // Bytes of requests (read, waiting or being served) and answers (not yet sent) held at once;
+  // past it the connection with the largest request being read is answered 503. At least
+  // max_body_bytes + 64 KiB.
+  uint64_t buffer_budget_bytes = 64 << 20;
+  // Whole requests from one IP address waiting for a worker: one more is answered 503. With 32
+  // workers, 160 reviews from one API server instance in flight at once are served.
+  int max_queued_per_source = 128;
+  // A whole request that waited this long for a worker is answered 503 (the API server gives up
+  // at its timeoutSeconds, 5 s in the chart, and applies failurePolicy).
+  int queue_deadline_ms = 2000;
 };
 
 struct KeyPair;  // parsed certificate chain and key (server.cc)

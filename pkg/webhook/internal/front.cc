@@ -5,7 +5,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/ssl.h>
-#include <poll.h>
+#include <signal.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -28,34 +28,40 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "pkg/util/log.h"
+#include "pkg/webhook/internal/http_head.h"
 
 namespace weightcache::webhook::internal {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr size_t kMaxHeadBytes = 64 << 10;  // past it httplib answers (its lines are <= 8 KiB)
-constexpr int kAcceptsPerWakeup = 64;       // then the loop serves the connections it has
+constexpr size_t kMaxHeadBytes = 64 << 10;
+constexpr int kAcceptsPerWakeup = 64;  // then the loop serves the connections it has
+constexpr auto kLinger = std::chrono::milliseconds(1000);
+constexpr size_t kLingerBytes = 1 << 20;
+constexpr size_t kReadBytes = 16 << 10;
 
-enum class Phase { kHandshake, kRequest, kWorker };
+// kHandshake -> kRequest -> kQueued -> kWorker -> kWriting -> kRequest (kept alive) or kClosing.
+// An error answer goes from any loop phase to kWriting, then kClosing.
+enum class Phase { kHandshake, kRequest, kQueued, kWorker, kWriting, kClosing };
 
-// One connection: its socket and TLS session, and the bytes read but not yet served. Owned by
-// the loop, or by one worker while it serves a request.
+// One connection: its socket and TLS session, the bytes read but not yet served and the answer
+// not yet sent. Owned by the loop, by the queue, or by one worker while it serves a request.
 struct Conn {
   int fd = -1;
   SSL* ssl = nullptr;
   std::string source;  // the peer's IP address, raw bytes
   Phase phase = Phase::kHandshake;
   std::string in;
+  std::string out;
   size_t head_scan = 0;  // where the search for the head's end resumes
   size_t need = 0;       // bytes that make the request whole, once its head is known
+  size_t counted = 0;    // bytes of `in` and `out` counted in the loop's total
+  size_t dropped = 0;    // bytes read and dropped while closing
   uint32_t events = 0;   // the epoll interest registered
   Clock::time_point deadline;
-  Clock::time_point request_deadline;
-  bool keep = true;  // the worker's verdict: serve another request
+  bool keep = true;  // the worker's verdict: serve another request after this answer
   Conn() = default;
   Conn(const Conn&) = delete;
   Conn& operator=(const Conn&) = delete;
@@ -70,35 +76,23 @@ int MsUntil(Clock::time_point t) {
   return static_cast<int>(std::clamp<int64_t>(ms, 0, INT_MAX));
 }
 
-// Waits for `events` on `fd` until `until`; false on timeout or error.
-bool WaitFor(int fd, short events, Clock::time_point until) {
-  for (;;) {
-    pollfd p{fd, events, 0};
-    const int n = ::poll(&p, 1, MsUntil(until));
-    if (n > 0) return true;
-    if (n == 0 || errno != EINTR) return false;
-  }
-}
-
-// A worker's view of a connection: the loop's buffered bytes first, then the TLS session.
+// A worker's view of a connection: the request the loop framed (its first `c.need` buffered
+// bytes; what follows is the end of the stream), and a buffer for the answer. Nothing here
+// touches the socket but getpeername and getsockname.
 class ConnStream final : public httplib::Stream {
  public:
-  ConnStream(Conn& conn, int io_timeout_ms) : c_(conn), io_timeout_ms_(io_timeout_ms) {}
-  bool is_readable() const override {
-    return pos_ < c_.in.size() || SSL_pending(c_.ssl) > 0 || WaitFor(c_.fd, POLLIN, ReadUntil());
-  }
-  bool is_writable() const override { return WaitFor(c_.fd, POLLOUT, WriteUntil()); }
+  explicit ConnStream(Conn& conn) : c_(conn) {}
+  bool is_readable() const override { return pos_ < c_.need; }
+  bool is_writable() const override { return true; }
   ssize_t read(char* ptr, size_t size) override {
-    if (pos_ < c_.in.size()) {
-      const size_t n = std::min(size, c_.in.size() - pos_);
-      std::memcpy(ptr, c_.in.data() + pos_, n);
-      pos_ += n;
-      return static_cast<ssize_t>(n);
-    }
-    return Io([&] { return SSL_read(c_.ssl, ptr, Clamp(size)); }, ReadUntil());
+    const size_t n = std::min(size, c_.need - pos_);  // 0 past the request: end of stream
+    std::memcpy(ptr, c_.in.data() + pos_, n);
+    pos_ += n;
+    return static_cast<ssize_t>(n);
   }
   ssize_t write(const char* ptr, size_t size) override {
-    return Io([&] { return SSL_write(c_.ssl, ptr, Clamp(size)); }, WriteUntil());
+    c_.out.append(ptr, size);
+    return static_cast<ssize_t>(size);
   }
   void get_remote_ip_and_port(std::string& ip, int& port) const override {
     Name(&::getpeername, ip, port);
@@ -110,27 +104,6 @@ class ConnStream final : public httplib::Stream {
   size_t consumed() const { return pos_; }
 
  private:
-  static int Clamp(size_t n) { return static_cast<int>(std::min<size_t>(n, INT_MAX)); }
-  Clock::time_point ReadUntil() const {
-    return std::min(c_.request_deadline, Clock::now() + std::chrono::milliseconds(io_timeout_ms_));
-  }
-  Clock::time_point WriteUntil() const {
-    return Clock::now() + std::chrono::milliseconds(io_timeout_ms_);
-  }
-  // Runs an SSL read or write on the non-blocking socket, waiting for what it asks for.
-  template <typename Op>
-  ssize_t Io(Op op, Clock::time_point until) {
-    for (;;) {
-      const int n = op();
-      if (n > 0) return n;
-      const int err = SSL_get_error(c_.ssl, n);
-      if (err == SSL_ERROR_ZERO_RETURN) return 0;
-      const short want = err == SSL_ERROR_WANT_READ    ? POLLIN
-                         : err == SSL_ERROR_WANT_WRITE ? POLLOUT
-                                                       : 0;
-      if (want == 0 || !WaitFor(c_.fd, want, until)) return -1;
-    }
-  }
   void Name(int (*get)(int, sockaddr*, socklen_t*), std::string& ip, int& port) const {
     sockaddr_in a{};
     socklen_t len = sizeof(a);
@@ -143,9 +116,14 @@ class ConnStream final : public httplib::Stream {
   }
 
   Conn& c_;
-  const int io_timeout_ms_;
   size_t pos_ = 0;
 };
+
+std::string SourceText(const std::string& source) {
+  char text[INET_ADDRSTRLEN] = "";
+  inet_ntop(AF_INET, source.data(), text, sizeof(text));
+  return text;
+}
 
 }  // namespace
 
@@ -166,16 +144,24 @@ class Front::Impl {
  private:
   void Wake();
   void Accept();
+  void Open(std::unique_ptr<Conn> owned);
   void Progress(Conn* c);
-  bool Complete(Conn* c) const;
-  void Dispatch(Conn* c);
+  void ReadRequest(Conn* c);
+  bool MakeRoom(Conn* c);
+  void Enqueue(Conn* c);
   void TakeBack();
+  void Flush(Conn* c);
+  void Drain(Conn* c);
+  void Refuse(Conn* c, int status, const std::string& why, std::atomic<uint64_t>& counter);
   void Expire();
+  void ExpireQueued(Clock::time_point now);
   void Close(Conn* c);
   void Interest(Conn* c, uint32_t events);
+  void Unwatch(Conn* c);
   void SetDeadline(Conn* c, Clock::time_point at);
+  void Account(Conn* c);
   void PauseAccepting(bool pause);
-  void Count(std::atomic<uint64_t>& counter, const char* what);
+  void Count(std::atomic<uint64_t>& counter, const std::string& what);
 
   SSL_CTX* const ctx_;
   const FrontOptions o_;
@@ -183,26 +169,31 @@ class Front::Impl {
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
-  std::atomic<bool> stop_{false};
+  std::atomic<bool> stop_{false};     // the loop ends
+  std::atomic<bool> closing_{false};  // answers ask for "Connection: close"
 
   // Loop thread only.
   std::unordered_map<int, std::unique_ptr<Conn>> conns_;  // in the loop, by descriptor
-  std::set<std::pair<Clock::time_point, int>> timers_;
-  std::map<std::string, int> per_source_;  // open connections, workers' included
+  std::set<std::pair<Clock::time_point, int>> timers_;    // queued connections' included
+  std::map<std::string, int> per_source_;  // open connections, queued and workers' included
   int open_ = 0;
-  uint64_t buffered_ = 0;  // bytes in conns_' buffers
+  uint64_t buffered_ = 0;  // bytes in every connection's buffers, queued and workers' included
   bool paused_ = false;
   Clock::time_point resume_at_ = Clock::time_point::max();  // after EMFILE
 
-  // Loop -> workers, and back.
+  // Loop -> workers, and back. Complete requests wait in one queue per source address; workers
+  // take from the addresses in turn (`turns_` names each address with requests waiting once).
   std::mutex mu_;
   std::condition_variable ready_cv_;
-  std::deque<std::unique_ptr<Conn>> ready_;      // guarded by mu_
-  std::vector<std::unique_ptr<Conn>> returned_;  // guarded by mu_
-  bool workers_stop_ = false;                    // guarded by mu_
+  std::map<std::string, std::deque<std::unique_ptr<Conn>>> waiting_;  // guarded by mu_
+  std::deque<std::string> turns_;                                     // guarded by mu_
+  std::vector<std::unique_ptr<Conn>> returned_;                       // guarded by mu_
+  bool workers_stop_ = false;                                         // guarded by mu_
 
   std::atomic<uint64_t> accepted_{0}, handshake_timeouts_{0}, handshake_failures_{0},
-      request_timeouts_{0}, source_refusals_{0}, requests_{0};
+      request_timeouts_{0}, source_refusals_{0}, requests_{0}, refused_heads_{0},
+      queue_refusals_{0}, queue_timeouts_{0}, buffer_cuts_{0}, answer_timeouts_{0};
+  std::atomic<uint64_t> waiting_now_{0}, buffered_now_{0};  // copies for stats()
 };
 
 absl::Status Front::Impl::Listen(const std::string& host, int port) {
@@ -236,20 +227,23 @@ absl::Status Front::Impl::Listen(const std::string& host, int port) {
   return absl::OkStatus();
 }
 
+// The workers finish the requests they hold while the loop still runs, so that their answers
+// are sent; then the loop ends and every connection is closed.
 Front::Impl::~Impl() {
-  stop_ = true;
-  if (loop_.joinable()) {
-    Wake();
-    loop_.join();
-  }
+  closing_ = true;
   {
     std::lock_guard<std::mutex> lock(mu_);
     workers_stop_ = true;
   }
   ready_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
+  stop_ = true;
+  if (loop_.joinable()) {
+    Wake();
+    loop_.join();
+  }
   conns_.clear();
-  ready_.clear();
+  waiting_.clear();
   returned_.clear();
   for (int fd : {listen_fd_, epoll_fd_, wake_fd_}) {
     if (fd >= 0) ::close(fd);
@@ -262,11 +256,24 @@ void Front::Impl::Wake() {
 }
 
 ConnectionStats Front::Impl::stats() const {
-  return {accepted_.load(),         handshake_timeouts_.load(), handshake_failures_.load(),
-          request_timeouts_.load(), source_refusals_.load(),    requests_.load()};
+  ConnectionStats s;
+  s.accepted = accepted_.load();
+  s.handshake_timeouts = handshake_timeouts_.load();
+  s.handshake_failures = handshake_failures_.load();
+  s.request_timeouts = request_timeouts_.load();
+  s.source_refusals = source_refusals_.load();
+  s.requests = requests_.load();
+  s.refused_heads = refused_heads_.load();
+  s.queue_refusals = queue_refusals_.load();
+  s.queue_timeouts = queue_timeouts_.load();
+  s.buffer_cuts = buffer_cuts_.load();
+  s.answer_timeouts = answer_timeouts_.load();
+  s.waiting = waiting_now_.load();
+  s.buffered_bytes = buffered_now_.load();
+  return s;
 }
 
-void Front::Impl::Count(std::atomic<uint64_t>& counter, const char* what) {
+void Front::Impl::Count(std::atomic<uint64_t>& counter, const std::string& what) {
   const uint64_t n = ++counter;
   if (n == 1 || n % 100 == 0) {  // a flood of slow clients is logged, not echoed
     WC_LOG_WARN("webhook: %s (%d so far)", what, n);
@@ -298,8 +305,10 @@ void Front::Impl::Run() {
       if (open_ < o_.max_connections) PauseAccepting(false);
     }
   }
+  TakeBack();  // the workers' last answers, sent if the sockets take them at once
 }
 
+// Accepts what the backlog holds, within the caps per source address and in total.
 void Front::Impl::Accept() {
   for (int i = 0; i < kAcceptsPerWakeup && open_ < o_.max_connections; ++i) {
     sockaddr_in a{};
@@ -321,31 +330,36 @@ void Front::Impl::Accept() {
     c->source.assign(reinterpret_cast<const char*>(&a.sin_addr), sizeof(a.sin_addr));
     int& from_source = per_source_[c->source];
     if (from_source >= o_.max_connections_per_source) {
-      char text[INET_ADDRSTRLEN] = "";
-      inet_ntop(AF_INET, &a.sin_addr, text, sizeof(text));
-      Count(source_refusals_, absl::StrCat("a connection from ", text, " refused: it has ",
-                                           from_source, " open (--max_connections_per_source)")
-                                  .c_str());
+      Count(source_refusals_,
+            absl::StrCat("a connection from ", SourceText(c->source), " refused: it has ",
+                         from_source, " open (--max_connections_per_source)"));
       continue;  // c's destructor closes it
     }
     ++from_source;
     ++open_;
-    const int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    c->ssl = SSL_new(ctx_);
-    if (c->ssl == nullptr || SSL_set_fd(c->ssl, fd) != 1) {
-      WC_LOG_ERROR("webhook: SSL_new failed: out of memory?");
-      Close(c.release());
-      continue;
-    }
-    SSL_set_accept_state(c->ssl);
-    Conn* raw = c.get();
-    conns_[fd] = std::move(c);
-    Interest(raw, EPOLLIN);
-    SetDeadline(raw, Clock::now() + std::chrono::milliseconds(o_.handshake_timeout_ms));
-    Progress(raw);  // the ClientHello is often there already
+    Open(std::move(c));
   }
   if (open_ >= o_.max_connections) PauseAccepting(true);
+}
+
+// Starts the TLS session of an accepted connection (counted in open_ and per_source_).
+void Front::Impl::Open(std::unique_ptr<Conn> c) {
+  const int one = 1;
+  ::setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  c->ssl = SSL_new(ctx_);
+  if (c->ssl == nullptr || SSL_set_fd(c->ssl, c->fd) != 1) {
+    WC_LOG_ERROR("webhook: SSL_new failed: out of memory?");
+    Close(c.release());
+    return;
+  }
+  // The loop sends answers as the socket takes them, from a buffer that moves.
+  SSL_set_mode(c->ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  SSL_set_accept_state(c->ssl);
+  Conn* raw = c.get();
+  conns_[raw->fd] = std::move(c);
+  Interest(raw, EPOLLIN);
+  SetDeadline(raw, Clock::now() + std::chrono::milliseconds(o_.handshake_timeout_ms));
+  Progress(raw);  // the ClientHello is often there already
 }
 
 void Front::Impl::PauseAccepting(bool pause) {
@@ -366,93 +380,146 @@ void Front::Impl::Interest(Conn* c, uint32_t events) {
   c->events = events;
 }
 
+void Front::Impl::Unwatch(Conn* c) {
+  if (c->events != 0) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->fd, nullptr);
+  c->events = 0;
+}
+
 void Front::Impl::SetDeadline(Conn* c, Clock::time_point at) {
   timers_.erase({c->deadline, c->fd});
   c->deadline = at;
   timers_.insert({at, c->fd});
 }
 
-// Drives the handshake, then reads until the request is whole; any step that would block
-// waits for epoll.
+void Front::Impl::Account(Conn* c) {
+  const size_t now = c->in.size() + c->out.size();
+  buffered_ = buffered_ + now - c->counted;
+  c->counted = now;
+  buffered_now_.store(buffered_, std::memory_order_relaxed);
+}
+
+// Moves a connection on by what its socket allows: the handshake, the request, the answer or
+// the bytes dropped before closing; any step that would block waits for epoll.
 void Front::Impl::Progress(Conn* c) {
-  auto wait = [&](int ret) {
-    const int err = SSL_get_error(c->ssl, ret);
-    if (err == SSL_ERROR_WANT_READ) return Interest(c, EPOLLIN), true;
-    if (err == SSL_ERROR_WANT_WRITE) return Interest(c, EPOLLOUT), true;
-    return false;
-  };
-  if (c->phase == Phase::kHandshake) {
-    const int ret = SSL_do_handshake(c->ssl);
-    if (ret != 1) {
-      if (!wait(ret)) {
-        ++handshake_failures_;
-        Close(c);
+  switch (c->phase) {
+    case Phase::kHandshake: {
+      const int ret = SSL_do_handshake(c->ssl);
+      if (ret != 1) {
+        const int err = SSL_get_error(c->ssl, ret);
+        if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+          Interest(c, err == SSL_ERROR_WANT_READ ? EPOLLIN : EPOLLOUT);
+        } else {
+          ++handshake_failures_;
+          Close(c);
+        }
+        return;
       }
-      return;
+      c->phase = Phase::kRequest;
+      SetDeadline(c, Clock::now() + std::chrono::milliseconds(o_.idle_timeout_ms));
+      return ReadRequest(c);
     }
-    c->phase = Phase::kRequest;
-    SetDeadline(c, Clock::now() + std::chrono::milliseconds(o_.idle_timeout_ms));
+    case Phase::kRequest:
+      return ReadRequest(c);
+    case Phase::kWriting:
+      return Flush(c);
+    case Phase::kClosing:
+      return Drain(c);
+    case Phase::kQueued:
+    case Phase::kWorker:
+      return;  // not in epoll
   }
-  char buf[16 << 10];
-  while (!Complete(c)) {
-    if (buffered_ >= o_.prefetch_budget_bytes && !c->in.empty()) break;  // a worker reads on
+}
+
+// Reads until the buffer holds a whole request (its head, then its body by Content-Length),
+// which goes to the queue; a head the webhook does not take is answered and closed here.
+void Front::Impl::ReadRequest(Conn* c) {
+  char buf[kReadBytes];
+  for (;;) {
+    if (c->need == 0) {
+      const size_t from = c->head_scan >= 3 ? c->head_scan - 3 : 0;
+      const size_t end = c->in.find("\r\n\r\n", from);
+      if (end == std::string::npos) {
+        c->head_scan = c->in.size();
+        if (c->in.size() >= kMaxHeadBytes) {
+          return Refuse(c, 431, absl::StrCat("request head larger than ", kMaxHeadBytes, " bytes"),
+                        refused_heads_);
+        }
+      } else {
+        HeadVerdict head = ReadHead(absl::string_view(c->in).substr(0, end), o_.max_body_bytes);
+        if (head.status != 0) return Refuse(c, head.status, head.why, refused_heads_);
+        c->need = end + 4 + head.body;
+      }
+    }
+    if (c->need != 0 && c->in.size() >= c->need) return Enqueue(c);
     const int n = SSL_read(c->ssl, buf, sizeof(buf));
     if (n <= 0) {
-      if (!wait(n)) Close(c);  // closed by the peer, or a TLS error
-      return;
+      const int err = SSL_get_error(c->ssl, n);
+      if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+        return Interest(c, err == SSL_ERROR_WANT_READ ? EPOLLIN : EPOLLOUT);
+      }
+      return Close(c);  // closed by the peer, or a TLS error
     }
     if (c->in.empty()) {
-      c->request_deadline = Clock::now() + std::chrono::milliseconds(o_.request_deadline_ms);
-      SetDeadline(c, c->request_deadline);
+      SetDeadline(c, Clock::now() + std::chrono::milliseconds(o_.request_deadline_ms));
     }
     c->in.append(buf, static_cast<size_t>(n));
-    buffered_ += static_cast<uint64_t>(n);
+    Account(c);
+    if (buffered_ > o_.buffer_budget_bytes && !MakeRoom(c)) return;
   }
-  Dispatch(c);
 }
 
-// Whether the buffer holds a request's head and as much of its body as the loop reads.
-bool Front::Impl::Complete(Conn* c) const {
-  if (c->need == 0) {
-    const size_t from = c->head_scan >= 3 ? c->head_scan - 3 : 0;
-    const size_t end = c->in.find("\r\n\r\n", from);
-    if (end == std::string::npos) {
-      c->head_scan = c->in.size();
-      return c->in.size() >= kMaxHeadBytes;  // httplib refuses it
+// Past the buffer budget, cuts the connections with the largest requests still being read
+// until the total fits; false when that cut `c` itself.
+bool Front::Impl::MakeRoom(Conn* c) {
+  while (buffered_ > o_.buffer_budget_bytes) {
+    Conn* largest = c;
+    for (const auto& [fd, other] : conns_) {
+      if (other->phase == Phase::kRequest && other->in.size() > largest->in.size()) {
+        largest = other.get();
+      }
     }
-    const std::string head = absl::AsciiStrToLower(c->in.substr(0, end + 2));
-    uint64_t body = 0;
-    const size_t cl = head.find("\ncontent-length:");
-    if (cl != std::string::npos) {
-      const size_t eol = head.find('\r', cl);
-      const std::string value(absl::StripAsciiWhitespace(
-          absl::string_view(head).substr(cl + 16, eol == std::string::npos ? 0 : eol - cl - 16)));
-      if (!absl::SimpleAtoi(value, &body)) body = 0;  // httplib answers a bad length
-    }
-    if (body > o_.prefetch_body_bytes || head.find("\ntransfer-encoding:") != std::string::npos ||
-        head.find("\nexpect:") != std::string::npos) {
-      body = 0;  // the worker reads it (or answers 413 or 100 first)
-    }
-    c->need = end + 4 + body;
+    const bool self = largest == c;
+    Refuse(largest, 503,
+           absl::StrCat("the webhook holds ", buffered_,
+                        " bytes of requests and answers, its budget is ", o_.buffer_budget_bytes,
+                        "; this request, ", largest->in.size(),
+                        " bytes so far, was the largest being read"),
+           buffer_cuts_);
+    if (self) return false;
   }
-  return c->in.size() >= c->need;
+  return true;
 }
 
-void Front::Impl::Dispatch(Conn* c) {
-  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->fd, nullptr);
-  c->events = 0;
-  timers_.erase({c->deadline, c->fd});
-  buffered_ -= c->in.size();
-  c->phase = Phase::kWorker;
-  ++requests_;
+// Hands a whole request to the queue of its source address; one past that queue's bound is
+// answered 503 here.
+void Front::Impl::Enqueue(Conn* c) {
+  Unwatch(c);
+  c->phase = Phase::kQueued;
+  SetDeadline(c, Clock::now() + std::chrono::milliseconds(o_.queue_deadline_ms));
   auto it = conns_.find(c->fd);
   std::unique_ptr<Conn> owned = std::move(it->second);
   conns_.erase(it);
+  size_t waiting = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ready_.push_back(std::move(owned));
+    std::deque<std::unique_ptr<Conn>>& queue = waiting_[c->source];
+    waiting = queue.size();
+    if (waiting < static_cast<size_t>(o_.max_queued_per_source)) {
+      if (queue.empty()) turns_.push_back(c->source);
+      queue.push_back(std::move(owned));
+      ++waiting_now_;
+    }
   }
-  ready_cv_.notify_one();
+  if (owned == nullptr) {
+    ready_cv_.notify_one();
+    return;
+  }
+  conns_[c->fd] = std::move(owned);
+  Refuse(c, 503,
+         absl::StrCat(SourceText(c->source), " has ", waiting,
+                      " requests waiting for the webhook's workers, its limit "
+                      "(--max_queued_per_source)"),
+         queue_refusals_);
 }
 
 void Front::Impl::Work() {
@@ -460,14 +527,28 @@ void Front::Impl::Work() {
     std::unique_ptr<Conn> c;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      ready_cv_.wait(lock, [&] { return workers_stop_ || !ready_.empty(); });
-      if (ready_.empty()) return;
-      c = std::move(ready_.front());
-      ready_.pop_front();
+      ready_cv_.wait(lock, [&] { return workers_stop_ || !turns_.empty(); });
+      if (workers_stop_) return;
+      std::string source = std::move(turns_.front());
+      turns_.pop_front();
+      auto it = waiting_.find(source);
+      c = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty()) {
+        waiting_.erase(it);
+      } else {
+        turns_.push_back(std::move(source));  // the address's next request waits its turn
+      }
+      c->phase = Phase::kWorker;
+      --waiting_now_;
     }
-    ConnStream stream(*c, o_.io_timeout_ms);
+    ++requests_;
+    ConnStream stream(*c);
     bool closed = false;
-    c->keep = serve_(stream, /*close=*/stop_.load(), closed) && !closed && !stop_;
+    // A request that httplib did not read to the end the loop framed is its last: the two
+    // parsers must agree on where the next one starts.
+    c->keep = serve_(stream, /*close=*/closing_.load(), closed) && !closed && !closing_ &&
+              stream.consumed() == c->need;
     c->in.erase(0, stream.consumed());
     c->need = 0;
     c->head_scan = 0;
@@ -479,6 +560,7 @@ void Front::Impl::Work() {
   }
 }
 
+// Takes the workers' connections back and sends their answers.
 void Front::Impl::TakeBack() {
   std::vector<std::unique_ptr<Conn>> back;
   {
@@ -488,34 +570,126 @@ void Front::Impl::TakeBack() {
   for (std::unique_ptr<Conn>& owned : back) {
     Conn* c = owned.get();
     conns_[c->fd] = std::move(owned);
-    if (!c->keep) {
-      SSL_shutdown(c->ssl);  // close_notify, once, without waiting
-      Close(c);
-      continue;
-    }
-    c->phase = Phase::kRequest;
-    buffered_ += c->in.size();
-    Interest(c, EPOLLIN);
-    SetDeadline(c, c->in.empty() ? Clock::now() + std::chrono::milliseconds(o_.idle_timeout_ms)
-                                 : c->request_deadline);
-    Progress(c);  // a pipelined request may be whole already, or inside the TLS session
+    Account(c);
+    c->phase = Phase::kWriting;
+    SetDeadline(c, Clock::now() + std::chrono::milliseconds(o_.io_timeout_ms));
+    Flush(c);
   }
+}
+
+// Sends the answer as the socket takes it; then reads the connection's next request, or
+// closes it.
+void Front::Impl::Flush(Conn* c) {
+  while (!c->out.empty()) {
+    const int n = SSL_write(c->ssl, c->out.data(),
+                            static_cast<int>(std::min<size_t>(c->out.size(), INT_MAX)));
+    if (n <= 0) {
+      const int err = SSL_get_error(c->ssl, n);
+      if (err == SSL_ERROR_WANT_READ || err == SSL_ERROR_WANT_WRITE) {
+        Account(c);
+        return Interest(c, err == SSL_ERROR_WANT_READ ? EPOLLIN : EPOLLOUT);
+      }
+      return Close(c);
+    }
+    c->out.erase(0, static_cast<size_t>(n));
+  }
+  Account(c);
+  if (!c->keep) {
+    // close_notify, then what the client still sends is dropped until it closes: a reset
+    // would make its kernel drop the answer unread.
+    SSL_shutdown(c->ssl);
+    ::shutdown(c->fd, SHUT_WR);
+    c->in.clear();
+    Account(c);
+    c->phase = Phase::kClosing;
+    Interest(c, EPOLLIN);
+    SetDeadline(c, Clock::now() + kLinger);
+    return Drain(c);
+  }
+  c->phase = Phase::kRequest;
+  Interest(c, EPOLLIN);
+  SetDeadline(c, Clock::now() + std::chrono::milliseconds(c->in.empty() ? o_.idle_timeout_ms
+                                                                        : o_.request_deadline_ms));
+  ReadRequest(c);  // a pipelined request may be whole already, or inside the TLS session
+}
+
+void Front::Impl::Drain(Conn* c) {
+  char buf[kReadBytes];
+  for (;;) {
+    const ssize_t n = ::recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n < 0 && errno == EINTR) continue;
+    c->dropped += n > 0 ? static_cast<size_t>(n) : 0;
+    if (n <= 0 || c->dropped > kLingerBytes) return Close(c);
+  }
+}
+
+// Answers `status` with `why` as its body, and closes the connection after it.
+void Front::Impl::Refuse(Conn* c, int status, const std::string& why,
+                         std::atomic<uint64_t>& counter) {
+  Count(counter, absl::StrCat("a request from ", SourceText(c->source), " answered ", status,
+                              " and closed: ", why));
+  c->in.clear();
+  c->need = 0;
+  c->out = RefusalAnswer(status, why);
+  c->keep = false;
+  c->phase = Phase::kWriting;
+  SetDeadline(c, Clock::now() + std::chrono::milliseconds(o_.io_timeout_ms));
+  Flush(c);
 }
 
 void Front::Impl::Expire() {
   const Clock::time_point now = Clock::now();
   while (!timers_.empty() && timers_.begin()->first <= now) {
-    Conn* c = conns_.at(timers_.begin()->second).get();
+    const int fd = timers_.begin()->second;
+    auto it = conns_.find(fd);
+    if (it == conns_.end()) {  // queued, or a worker's (then its timer is stale)
+      timers_.erase(timers_.begin());
+      ExpireQueued(now);
+      continue;
+    }
+    Conn* c = it->second.get();
     if (c->phase == Phase::kHandshake) {
       Count(handshake_timeouts_,
-            "a TLS handshake was not done in time: closed "
-            "(--handshake_timeout_ms)");
-    } else if (!c->in.empty()) {
+            "a TLS handshake was not done in time: closed (--handshake_timeout_ms)");
+    } else if (c->phase == Phase::kRequest && !c->in.empty()) {
       Count(request_timeouts_,
-            "a request did not arrive whole in time: closed "
-            "(--connection_deadline_ms)");
+            "a request did not arrive whole in time: closed (--connection_deadline_ms)");
+    } else if (c->phase == Phase::kWriting) {
+      Count(answer_timeouts_, "an answer was not taken in time: closed (--request_timeout_ms)");
     }
     Close(c);
+  }
+}
+
+// Answers 503 to the requests that waited for a worker past the queue deadline. Each address's
+// queue is in arrival order, so the expired ones are at their fronts.
+void Front::Impl::ExpireQueued(Clock::time_point now) {
+  std::vector<std::unique_ptr<Conn>> late;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      std::deque<std::unique_ptr<Conn>>& queue = it->second;
+      while (!queue.empty() && queue.front()->deadline <= now) {
+        late.push_back(std::move(queue.front()));
+        queue.pop_front();
+        --waiting_now_;
+      }
+      if (queue.empty()) {
+        turns_.erase(std::find(turns_.begin(), turns_.end(), it->first));
+        it = waiting_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (std::unique_ptr<Conn>& owned : late) {
+    Conn* c = owned.get();
+    conns_[c->fd] = std::move(owned);
+    Refuse(c, 503,
+           absl::StrCat("the request waited ", o_.queue_deadline_ms,
+                        " ms for a worker (--queue_deadline_ms)"),
+           queue_timeouts_);
   }
 }
 
@@ -527,9 +701,10 @@ void Front::Impl::Close(Conn* c) {
   } else {
     owned.reset(c);  // never registered
   }
-  if (c->events != 0) ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c->fd, nullptr);
+  Unwatch(c);
   timers_.erase({c->deadline, c->fd});
-  if (c->phase != Phase::kWorker) buffered_ -= c->in.size();
+  buffered_ -= c->counted;
+  buffered_now_.store(buffered_, std::memory_order_relaxed);
   if (auto it = per_source_.find(c->source); it != per_source_.end() && --it->second <= 0) {
     per_source_.erase(it);
   }
@@ -548,9 +723,22 @@ absl::StatusOr<std::unique_ptr<Front>> Front::Start(const std::string& host, int
   if (options.listen_backlog < 1 || options.handshake_timeout_ms < 1 ||
       options.request_deadline_ms < 1 || options.io_timeout_ms < 1 || options.idle_timeout_ms < 1 ||
       options.max_connections < 1 || options.max_connections_per_source < 1 ||
-      options.num_threads < 1) {
+      options.num_threads < 1 || options.max_queued_per_source < 1 ||
+      options.queue_deadline_ms < 1) {
     return absl::InvalidArgumentError(
-        "webhook: the listen backlog, timeouts, connection limits and threads must be >= 1");
+        "webhook: the listen backlog, timeouts, connection and queue limits and threads must be "
+        ">= 1");
+  }
+  if (options.buffer_budget_bytes < options.max_body_bytes + kMaxHeadBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "webhook: the buffer budget (--buffer_budget_bytes, ", options.buffer_budget_bytes,
+        " bytes) must hold one request of the largest body (", options.max_body_bytes,
+        " bytes) and its head (", kMaxHeadBytes, " bytes)"));
+  }
+  // The loop writes answers and close_notify to clients that may be gone: EPIPE, not a signal.
+  struct sigaction pipe {};
+  if (::sigaction(SIGPIPE, nullptr, &pipe) == 0 && pipe.sa_handler == SIG_DFL) {
+    ::signal(SIGPIPE, SIG_IGN);
   }
   auto impl = std::make_unique<Impl>(ctx, options, std::move(serve));
   if (absl::Status s = impl->Listen(host, port); !s.ok()) return s;

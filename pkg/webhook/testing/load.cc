@@ -130,6 +130,58 @@ absl::StatusOr<absl::Duration> TimeReview(int port, absl::Duration timeout) {
   return took;
 }
 
+std::unique_ptr<TlsClient> TlsClient::Connect(const std::string& source, int port,
+                                              absl::Duration timeout) {
+  static SSL_CTX* const ctx = SSL_CTX_new(TLS_client_method());  // shared, never freed
+  const int fd = ConnectFrom(source, port);
+  if (fd < 0) return nullptr;
+  const timeval limit = absl::ToTimeval(timeout);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
+  SSL* ssl = SSL_new(ctx);
+  if (ssl == nullptr || SSL_set_fd(ssl, fd) != 1 || SSL_connect(ssl) != 1) {
+    SSL_free(ssl);
+    ::close(fd);
+    return nullptr;
+  }
+  return std::unique_ptr<TlsClient>(new TlsClient(fd, ssl));
+}
+
+TlsClient::~TlsClient() {
+  SSL_free(ssl_);
+  ::close(fd_);
+}
+
+bool TlsClient::Send(std::string_view bytes) {
+  while (!bytes.empty()) {
+    const int n = SSL_write(ssl_, bytes.data(), static_cast<int>(bytes.size()));
+    if (n <= 0) return false;
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+
+std::string TlsClient::Receive(absl::Duration timeout, bool& closed) {
+  const absl::Time until = absl::Now() + timeout;
+  std::string got;
+  closed = false;
+  char buf[4096];
+  for (;;) {
+    if (SSL_pending(ssl_) == 0) {
+      pollfd p{fd_, POLLIN, 0};
+      const int left = static_cast<int>(absl::ToInt64Milliseconds(until - absl::Now()));
+      if (left <= 0 || ::poll(&p, 1, left) != 1) return got;
+    }
+    const int n = SSL_read(ssl_, buf, sizeof(buf));
+    if (n > 0) {
+      got.append(buf, static_cast<size_t>(n));
+    } else if (SSL_get_error(ssl_, n) != SSL_ERROR_WANT_READ) {
+      closed = true;  // close_notify, end of stream or a reset
+      return got;
+    }
+  }
+}
+
 SlowClients::SlowClients(int port, int count) : port_(port), rounds_(count) {
   for (int i = 0; i < count; ++i) threads_.emplace_back([this, i] { Client(i); });
 }

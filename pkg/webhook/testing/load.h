@@ -1,18 +1,24 @@
-// Load for the webhook's tests and benchmark (issue 47): a self-signed serving pair, slow TLS
-// clients that reconnect, and a good client that times one AdmissionReview.
+// Load for the webhook's tests and benchmark (issues 47, 56): a self-signed serving pair, slow TLS
+// clients that reconnect, a good client that times one AdmissionReview, and a TLS client that
+// sends raw bytes (a head and no body) and reads the raw answer.
 //
 // Thread-safety: SlowClients' methods are for the thread that made it; its clients run on
-// their own threads until it is destroyed. The free functions are for any thread.
+// their own threads until it is destroyed. A TlsClient is for one thread at a time. The free
+// functions are for any thread.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+
+struct ssl_st;
 
 namespace weightcache::webhook::testing {
 
@@ -31,6 +37,28 @@ absl::StatusOr<absl::Duration> TimeReview(int port, absl::Duration timeout);
 // A TCP connection to 127.0.0.1:`port` from the local address `source` (e.g. 127.0.0.2); -1
 // when it did not connect within 200 ms.
 int ConnectFrom(const std::string& source, int port);
+
+// A TLS connection from the local address `source` to 127.0.0.1:`port` (the certificate is not
+// verified) that sends and reads raw HTTP.
+class TlsClient {
+ public:
+  // Connects and completes the handshake; nullptr when either fails within `timeout`.
+  static std::unique_ptr<TlsClient> Connect(const std::string& source, int port,
+                                            absl::Duration timeout);
+  ~TlsClient();
+  TlsClient(const TlsClient&) = delete;
+  TlsClient& operator=(const TlsClient&) = delete;
+
+  bool Send(std::string_view bytes);
+  // What the server sends until it closes the connection (then `closed` is true) or `timeout`
+  // passes.
+  std::string Receive(absl::Duration timeout, bool& closed);
+
+ private:
+  TlsClient(int fd, ssl_st* ssl) : fd_(fd), ssl_(ssl) {}
+  int fd_;
+  ssl_st* ssl_;
+};
 
 // `count` clients of 127.0.0.1:`port`, client i from 127.0.1.(1 + i % 250), each in a thread
 // of its own, doing by i % 3:
