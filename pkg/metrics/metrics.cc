@@ -72,23 +72,28 @@ prometheus::ClientMetric CounterMetric(std::vector<prometheus::ClientMetric::Lab
 
 void AddListeners(const std::vector<ListenerSnapshot>& listeners,
                   std::vector<prometheus::MetricFamily>* out) {
-  auto family = [out](const char* name, const char* help, prometheus::MetricType type) {
-    out->push_back(prometheus::MetricFamily{name, help, type, {}});
-    return &out->back().metric;
-  };
-  auto* open = family("weightcache_connections", "Connections open now, by listener.",
-                      prometheus::MetricType::Gauge);
-  auto* accepted = family("weightcache_connections_accepted_total",
-                          "Connections accepted and handed to their listener since start.",
-                          prometheus::MetricType::Counter);
-  auto* refused = family(
+  // Filled here and moved in at the end: a pointer into `out` would not outlive its growth.
+  prometheus::MetricFamily open_f{"weightcache_connections",
+                                  "Connections open now, by listener.",
+                                  prometheus::MetricType::Gauge,
+                                  {}};
+  prometheus::MetricFamily accepted_f{
+      "weightcache_connections_accepted_total",
+      "Connections accepted and handed to their listener since start.",
+      prometheus::MetricType::Counter,
+      {}};
+  prometheus::MetricFamily refused_f{
       "weightcache_connections_refused_total",
       "Connections refused at the door (the acceptor), by listener and reason: identity (the "
       "peer is not allowed, e.g. not in --allowed_uids), total (the listener's cap in all), "
       "per_key (the caller's cap: pod, source address or uid), first_byte (sent nothing in "
       "time), descriptors (out of descriptors: backed off); the peer port's own: "
       "handshake_deadline, not_tls, handover.",
-      prometheus::MetricType::Counter);
+      prometheus::MetricType::Counter,
+      {}};
+  auto* open = &open_f.metric;
+  auto* accepted = &accepted_f.metric;
+  auto* refused = &refused_f.metric;
   for (const ListenerSnapshot& l : listeners) {
     open->push_back(GaugeMetric({{"listener", l.listener}}, static_cast<double>(l.open)));
     accepted->push_back(CounterMetric({{"listener", l.listener}}, static_cast<double>(l.accepted)));
@@ -102,6 +107,9 @@ void AddListeners(const std::vector<ListenerSnapshot>& listeners,
           CounterMetric({{"listener", l.listener}, {"reason", reason}}, static_cast<double>(n)));
     }
   }
+  out->push_back(std::move(open_f));
+  out->push_back(std::move(accepted_f));
+  out->push_back(std::move(refused_f));
 }
 
 void AddPeerPort(const PeerPortSnapshot& p, std::vector<prometheus::MetricFamily>* out) {

@@ -53,14 +53,14 @@ KeyedLimiter::Claim KeyedLimiter::Take(const std::string& key, uint64_t amount) 
     c.verdict = Verdict::kRefusedTotal;
     return c;
   }
-  const uint64_t band = Passes(limits_.per_key, limits_.over_cap, kUnbounded)
-                            ? kUnbounded
-                            : limits_.per_key + limits_.over_cap;
+  const uint64_t cap = CapOf(key);
+  const uint64_t band =
+      Passes(cap, limits_.over_cap, kUnbounded) ? kUnbounded : cap + limits_.over_cap;
   if (Passes(mine, amount, band)) {
     c.verdict = Verdict::kRefusedKey;
     return c;
   }
-  c.verdict = Passes(mine, amount, limits_.per_key) ? Verdict::kOverCap : Verdict::kWithin;
+  c.verdict = Passes(mine, amount, cap) ? Verdict::kOverCap : Verdict::kWithin;
   state_->per_key[key] = mine + amount;
   state_->total += amount;
   c.key_held = mine + amount;

@@ -13,6 +13,7 @@
 #include <map>
 #include <thread>
 
+#include "pkg/net/splice.h"
 #include "pkg/server/wire/http2_streams.h"
 #include "pkg/util/epoll_loop.h"
 #include "pkg/util/errno_status.h"
@@ -24,45 +25,16 @@ namespace {
 constexpr size_t kBufferBytes = 64 << 10;
 constexpr uint64_t kWakeId = 0;
 
-// One direction's bytes in flight: read from a source into the buffer, written on.
-struct Pipe {
-  std::unique_ptr<char[]> buf = std::make_unique<char[]>(kBufferBytes);
-  size_t begin = 0;
-  size_t end = 0;
-  bool room() const { return end < kBufferBytes; }
-  bool empty() const { return begin == end; }
-  // Reads from `fd` into the free space: >0 bytes read, 0 end of file, <0 nothing now
-  // (-EAGAIN) or an error (-errno).
-  ssize_t ReadFrom(int fd) {
-    const ssize_t r = ::recv(fd, buf.get() + end, kBufferBytes - end, MSG_DONTWAIT);
-    if (r < 0) return -errno;
-    end += static_cast<size_t>(r);
-    return r;
-  }
-  // Writes what is buffered to `fd`; false on an error other than "would block".
-  bool WriteTo(int fd) {
-    while (!empty()) {
-      const ssize_t w = ::send(fd, buf.get() + begin, end - begin, MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (w < 0) return errno == EAGAIN || errno == EINTR;
-      begin += static_cast<size_t>(w);
-    }
-    begin = end = 0;
-    return true;
-  }
-};
-
 }  // namespace
 
 struct ConnectionRelay::Conn {
   uint64_t id = 0;
   std::string label;
-  ScopedFd client;
+  // The client's socket and our end of the socket pair (gRPC holds the other); its inner
+  // side done: gRPC closed its end (flush to the client, then close).
+  net::Splice splice{ScopedFd(), kBufferBytes};
   net::KeyedLimiter::Slot slot;  // the connection's place in the listener's caps
-  ScopedFd inner;                // our end of the socket pair; gRPC holds the other
-  Pipe up;                       // client -> gRPC
-  Pipe down;                     // gRPC -> client
   Http2StreamTracker streams;
-  bool server_done = false;  // gRPC closed its end: flush `down`, then close
   bool inner_watched = false;
   const char* closed_for = nullptr;  // the limit the client broke
   // Resets the client may still send now (a token bucket, refilled per second).
@@ -104,9 +76,9 @@ absl::StatusOr<int> ConnectionRelay::Add(ScopedFd client, net::KeyedLimiter::Slo
   }
   auto c = std::make_unique<Conn>();
   c->label = std::move(label);
-  c->client = std::move(client);
+  c->splice = net::Splice(std::move(client), kBufferBytes);
+  c->splice.SetInner(ScopedFd(pair[0]));
   c->slot = std::move(slot);
-  c->inner = ScopedFd(pair[0]);
   c->reset_tokens = options_.reset_burst;
   {
     MutexLock l(mu_);
@@ -124,59 +96,36 @@ ConnectionRelay::Counters ConnectionRelay::counters() const {
 }
 
 void ConnectionRelay::Watch(Conn& c, bool add) {
-  // Level-triggered interest from the buffers' state: read a side only while its buffer has
-  // room, wait for writability only while there is something to write.
   epoll_event ce{};
-  constexpr uint32_t kIn = EPOLLIN;
-  constexpr uint32_t kOut = EPOLLOUT;
-  ce.events = (c.up.room() && !c.server_done ? kIn : 0) | (c.down.empty() ? 0 : kOut);
+  ce.events = c.splice.ClientEvents();
   ce.data.u64 = c.id << 1;
   epoll_event ie{};
-  ie.events = (c.down.room() && !c.server_done ? kIn : 0) | (c.up.empty() ? 0 : kOut);
+  ie.events = c.splice.InnerEvents();
   ie.data.u64 = (c.id << 1) | 1;
   const int op = add ? EPOLL_CTL_ADD : EPOLL_CTL_MOD;
-  (void)::epoll_ctl(epoll_.get(), op, c.client.get(), &ce);
+  (void)::epoll_ctl(epoll_.get(), op, c.splice.client().get(), &ce);
+  const int inner = c.splice.inner().get();
   if (add) {
-    (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, c.inner.get(), &ie);
+    (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, inner, &ie);
     c.inner_watched = true;
-  } else if (c.server_done && c.inner_watched) {
+  } else if (c.splice.inner_done() && c.inner_watched) {
     // A closed end reports hang-up for ever: stop watching it.
-    (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c.inner.get(), nullptr);
+    (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, inner, nullptr);
     c.inner_watched = false;
   } else if (c.inner_watched) {
-    (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, c.inner.get(), &ie);
+    (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, inner, &ie);
   }
 }
 
 bool ConnectionRelay::Pump(Conn& c) {
-  for (bool moved = true; moved;) {
-    moved = false;
-    if (c.up.room() && !c.server_done) {
-      const size_t before = c.up.end;
-      const ssize_t r = c.up.ReadFrom(c.client.get());
-      if (r == 0 || (r < 0 && r != -EAGAIN && r != -EINTR)) return false;  // client gone
-      if (r > 0) {
-        c.streams.FromClient(c.up.buf.get() + before, static_cast<size_t>(r));
-        c.closed_for = OverLimit(c);
-        if (c.closed_for != nullptr) return false;  // what broke it is never passed on
-        moved = true;
-      }
-    }
-    if (!c.up.empty() && !c.up.WriteTo(c.inner.get())) c.server_done = true;
-    if (c.server_done) c.up.begin = c.up.end = 0;  // nobody left to read it
-    if (c.down.room() && !c.server_done) {
-      const size_t before = c.down.end;
-      const ssize_t r = c.down.ReadFrom(c.inner.get());
-      if (r == 0 || (r < 0 && r != -EAGAIN && r != -EINTR)) {
-        c.server_done = true;
-      } else if (r > 0) {
-        c.streams.FromServer(c.down.buf.get() + before, static_cast<size_t>(r));
-        moved = true;
-      }
-    }
-    if (!c.down.empty() && !c.down.WriteTo(c.client.get())) return false;
-  }
-  return !(c.server_done && c.down.empty());
+  return c.splice.Pump(
+      {.from_client =
+           [&](const char* data, size_t n) {
+             c.streams.FromClient(data, n);
+             c.closed_for = OverLimit(c);
+             return c.closed_for == nullptr;
+           },
+       .from_inner = [&](const char* data, size_t n) { c.streams.FromServer(data, n); }});
 }
 
 const char* ConnectionRelay::OverLimit(Conn& c) const {
@@ -228,7 +177,7 @@ void ConnectionRelay::Loop() {
           conns.erase(it);  // the client is gone: nothing left to deliver to it
           continue;
         }
-        c.server_done = true;
+        c.splice.InnerDone();
       }
       if (Pump(c)) {
         Watch(c, /*add=*/false);

@@ -74,8 +74,10 @@ absl::StatusOr<std::unique_ptr<HandleChannel>> HandleChannel::Start(const Option
       options, std::move(wake), std::move(claim), std::move(close), std::move(tick)));
   net::ListenerOptions a;
   a.name = "handle";
-  a.limits = {
-      .total = options.max_connections, .per_key = options.max_connections_per_pod, .over_cap = 0};
+  a.limits = {.total = options.max_connections,
+              .per_key = options.max_connections_per_pod,
+              .over_cap = 0,
+              .own_caps = {{tenant::kUnresolvedKey, options.max_connections_unresolved}}};
   a.first_byte = options.handshake_timeout;  // a client sends its token at once
   a.identify = [raw = ch.get()](int fd, const std::string& slot) {
     return raw->Identify(fd, slot);

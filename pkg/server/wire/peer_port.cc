@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "pkg/net/splice.h"
 #include "pkg/server/wire/peer_port_sockets.h"
 #include "pkg/util/epoll_loop.h"
 #include "pkg/util/errno_status.h"
@@ -45,38 +46,6 @@ constexpr char kHandshake[] = "handshake_deadline";
 constexpr char kNotTls[] = "not_tls";
 constexpr char kHandover[] = "handover";
 
-// One direction's bytes in flight; the buffer exists only while bytes are in it, so an idle
-// connection costs none.
-struct Pipe {
-  std::unique_ptr<char[]> buf;
-  size_t begin = 0;
-  size_t end = 0;
-  bool room() const { return end < kBufferBytes; }
-  bool empty() const { return begin == end; }
-  // >0 bytes read, 0 end of file, <0 nothing now (-EAGAIN) or an error (-errno).
-  ssize_t ReadFrom(int fd) {
-    if (!buf) buf.reset(new char[kBufferBytes]);
-    const ssize_t r = ::recv(fd, buf.get() + end, kBufferBytes - end, MSG_DONTWAIT);
-    if (r < 0) return -errno;
-    end += static_cast<size_t>(r);
-    return r;
-  }
-  // Writes what is buffered to `fd`; false on an error other than "would block".
-  bool WriteTo(int fd) {
-    while (!empty()) {
-      const ssize_t w = ::send(fd, buf.get() + begin, end - begin, MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (w < 0) return errno == EAGAIN || errno == EINTR;
-      begin += static_cast<size_t>(w);
-    }
-    Clear();
-    return true;
-  }
-  void Clear() {
-    begin = end = 0;
-    buf.reset();
-  }
-};
-
 void Wake(int fd) {
   uint64_t one = 1;
   (void)::write(fd, &one, sizeof one);
@@ -89,10 +58,9 @@ struct PeerPort::Conn {
   TcpSource from;  // the IP (the per-address cap's key) and what logs and SourceOf name
   net::KeyedLimiter::Slot place;  // in the acceptor's caps, until the connection closes
   std::string name;               // gRPC's peer string for the relay's socket ("unix-abstract:...")
-  ScopedFd client;
-  ScopedFd inner;  // the relay's end of the connection to gRPC; none until the hand-over
-  Pipe up;         // client -> gRPC
-  Pipe down;       // gRPC -> client
+  // The client's socket and the relay's end of the connection to gRPC (none until the
+  // hand-over: the client's first bytes wait); its inner side done: gRPC closed its end.
+  net::Splice splice{ScopedFd(), kBufferBytes};
   TlsRecordScanner from_client{/*first_must_be_handshake=*/true};
   TlsRecordScanner from_server{/*first_must_be_handshake=*/false};
   bool client_watched = false;
@@ -101,7 +69,6 @@ struct PeerPort::Conn {
   bool client_sent_data = false;  // a complete application-data record came from the client
   bool established = false;       // ... and the server answered with application data
   bool server_spoke = false;      // any byte came from gRPC
-  bool server_done = false;       // gRPC closed its end: flush `down`, then close
   const char* closed_for = nullptr;
 };
 
@@ -211,7 +178,7 @@ void PeerPort::Take(net::Accepted a) {
   auto c = std::make_unique<Conn>();
   c->id = next_id_++;
   c->from = std::any_cast<TcpSource>(std::move(a.who.detail));
-  c->client = std::move(a.fd);
+  c->splice = net::Splice(std::move(a.fd), kBufferBytes);
   c->place = std::move(a.slot);
   Watch(*c);  // its first bytes are in: the loop reads them and asks gRPC to take it
   pending_.emplace_back(a.accepted + options_.handshake_timeout, c->id);
@@ -219,69 +186,49 @@ void PeerPort::Take(net::Accepted a) {
 }
 
 void PeerPort::Watch(Conn& c) {
-  // Level-triggered interest from the buffers' state (as ConnectionRelay::Watch): read a side
-  // only while its buffer has room, wait for writability only while there is something to
-  // write. Before the hand-over the client's first bytes stay buffered.
+  // Before the hand-over the client's first bytes stay buffered.
   epoll_event ce{};
-  ce.events = (c.up.room() && !c.server_done ? EPOLLIN : 0u) | (c.down.empty() ? 0u : EPOLLOUT);
+  ce.events = c.splice.ClientEvents();
   ce.data.u64 = c.id << 1;
-  (void)::epoll_ctl(epoll_.get(), c.client_watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c.client.get(),
-                    &ce);
+  (void)::epoll_ctl(epoll_.get(), c.client_watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD,
+                    c.splice.client().get(), &ce);
   c.client_watched = true;
-  if (!c.inner) return;
-  if (c.server_done) {
+  const int inner = c.splice.inner().get();
+  if (inner < 0) return;
+  if (c.splice.inner_done()) {
     // A closed end reports hang-up for ever: stop watching it.
-    if (c.inner_watched) (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c.inner.get(), nullptr);
+    if (c.inner_watched) (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, inner, nullptr);
     c.inner_watched = false;
     return;
   }
   epoll_event ie{};
-  ie.events = (c.down.room() ? EPOLLIN : 0u) | (c.up.empty() ? 0u : EPOLLOUT);
+  ie.events = c.splice.InnerEvents();
   ie.data.u64 = (c.id << 1) | 1;
-  (void)::epoll_ctl(epoll_.get(), c.inner_watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c.inner.get(),
-                    &ie);
+  (void)::epoll_ctl(epoll_.get(), c.inner_watched ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, inner, &ie);
   c.inner_watched = true;
 }
 
 bool PeerPort::Pump(Conn& c) {
-  for (bool moved = true; moved;) {
-    moved = false;
-    if (c.up.room() && !c.server_done) {
-      const size_t before = c.up.end;
-      const ssize_t r = c.up.ReadFrom(c.client.get());
-      if (r == 0 || (r < 0 && r != -EAGAIN && r != -EINTR)) return false;  // client gone
-      if (r > 0) {
-        if (!c.from_client.Feed(c.up.buf.get() + before, static_cast<size_t>(r))) {
-          c.closed_for = kNotTls;  // never passed on
-          return false;
-        }
-        if (c.from_client.application_data_completed() > 0) c.client_sent_data = true;
-        moved = true;
-      }
-      if (c.up.empty()) c.up.Clear();  // nothing read: no buffer kept
-    }
-    if (!c.inner) break;  // not handed to gRPC yet: its bytes wait in `up`
-    if (!c.up.empty() && !c.up.WriteTo(c.inner.get())) c.server_done = true;
-    if (c.server_done) c.up.Clear();  // nobody left to read it
-    if (c.down.room() && !c.server_done) {
-      const size_t before = c.down.end;
-      const ssize_t r = c.down.ReadFrom(c.inner.get());
-      if (r == 0 || (r < 0 && r != -EAGAIN && r != -EINTR)) {
-        c.server_done = true;
-      } else if (r > 0) {
-        c.server_spoke = true;
-        const uint64_t seen = c.from_server.application_data_started();
-        (void)c.from_server.Feed(c.down.buf.get() + before, static_cast<size_t>(r));
-        if (c.client_sent_data && c.from_server.application_data_started() > seen) {
-          c.established = true;
-        }
-        moved = true;
-      }
-      if (c.down.empty()) c.down.Clear();
-    }
-    if (!c.down.empty() && !c.down.WriteTo(c.client.get())) return false;
-  }
-  return !(c.server_done && c.down.empty());
+  return c.splice.Pump({.from_client =
+                            [&c](const char* data, size_t n) {
+                              if (!c.from_client.Feed(data, n)) {
+                                c.closed_for = kNotTls;
+                                return false;
+                              }
+                              if (c.from_client.application_data_completed() > 0)
+                                c.client_sent_data = true;
+                              return true;
+                            },
+                        .from_inner =
+                            [&c](const char* data, size_t n) {
+                              c.server_spoke = true;
+                              const uint64_t seen = c.from_server.application_data_started();
+                              (void)c.from_server.Feed(data, n);
+                              if (c.client_sent_data &&
+                                  c.from_server.application_data_started() > seen) {
+                                c.established = true;
+                              }
+                            }});
 }
 
 void PeerPort::Close(uint64_t id, const char* reason) {
@@ -306,7 +253,7 @@ void PeerPort::Close(uint64_t id, const char* reason) {
     WC_LOG_WARN("peer port: %s closed: its bytes are not TLS (%d so closed since start)",
                 c.from.source, n);
   }
-  if (reason == kHandshake && c.inner && !c.server_spoke && silent_server_++ % 1024 == 0) {
+  if (reason == kHandshake && c.splice.inner() && !c.server_spoke && silent_server_++ % 1024 == 0) {
     // A live gRPC answers a ClientHello within milliseconds, or closes.
     WC_LOG_ERROR(
         "peer port: %s: the peer API's gRPC server answered nothing in %d ms: is it still "
@@ -351,7 +298,7 @@ bool PeerPort::HandOver(Conn& c) {
     }
     return false;
   }
-  c.inner = std::move(inner->fd);
+  c.splice.SetInner(std::move(inner->fd));
   c.name = inner->name;
   MutexLock l(mu_);
   if (!c.name.empty()) sources_[c.name] = c.from.source;
@@ -361,16 +308,17 @@ bool PeerPort::HandOver(Conn& c) {
 
 size_t PeerPort::Unread() {
   unread_.erase(
-      std::remove_if(unread_.begin(), unread_.end(),
-                     [this](uint64_t id) {
-                       auto u = conns_.find(id);
-                       if (u == conns_.end() || u->second->server_spoke || u->second->server_done) {
-                         return true;
-                       }
-                       // Bytes gRPC has not read are still ours (unix(7) SIOCOUTQ).
-                       int outq = 0;
-                       return ::ioctl(u->second->inner.get(), SIOCOUTQ, &outq) != 0 || outq == 0;
-                     }),
+      std::remove_if(
+          unread_.begin(), unread_.end(),
+          [this](uint64_t id) {
+            auto u = conns_.find(id);
+            if (u == conns_.end() || u->second->server_spoke || u->second->splice.inner_done()) {
+              return true;
+            }
+            // Bytes gRPC has not read are still ours (unix(7) SIOCOUTQ).
+            int outq = 0;
+            return ::ioctl(u->second->splice.inner().get(), SIOCOUTQ, &outq) != 0 || outq == 0;
+          }),
       unread_.end());
   return unread_.size();
 }
@@ -378,7 +326,7 @@ size_t PeerPort::Unread() {
 Clock::time_point PeerPort::ServeWaiting() {
   while (!waiting_.empty()) {
     auto it = conns_.find(waiting_.front());
-    if (it == conns_.end() || it->second->inner) {
+    if (it == conns_.end() || it->second->splice.inner()) {
       waiting_.pop_front();
       continue;
     }
@@ -467,14 +415,15 @@ void PeerPort::OnEvent(uint64_t data, uint32_t events) {
       Close(c.id, nullptr);  // the client is gone
       return;
     }
-    c.server_done = true;
+    c.splice.InnerDone();
   }
   if (!Pump(c)) {
     Close(c.id, c.closed_for);
     return;
   }
   Watch(c);
-  if (!c.inner && !c.up.empty() && !c.waiting) {  // its first bytes: gRPC is asked to take it
+  if (!c.splice.inner() && c.splice.client_pending() &&
+      !c.waiting) {  // its first bytes: gRPC is asked to take it
     c.waiting = true;
     waiting_.push_back(c.id);
     // At once, unless the queue already waits for descriptors or for gRPC to read.
