@@ -21,7 +21,7 @@ WC_CARRY_DIR=$carry WC_CARRY_TARGETS="weightcached weightcachectl" \
 ninja -C "$build" weightcache
 pkg=$carry/python/weightcache
 mkdir -p "$pkg"
-cp "$root"/python/weightcache/*.py "$root/python/weightcache/py.typed" "$pkg/"
+cp "$root"/python/weightcache/*.py "$root"/python/weightcache/*.json "$root/python/weightcache/py.typed" "$pkg/"
 strip --strip-debug -o "$pkg/libweightcache.so" "$build/pkg/client/capi/libweightcache.so"
 ldd "$pkg/libweightcache.so" | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
   case $(basename "$lib") in
