@@ -499,11 +499,15 @@ absl::Status Lease::Reattach(const ReattachOptions& o) {
   }
   if (resp->fingerprint() != fingerprint_) {
     ReleaseNow(resp->lease_id());
+    // The tail is a field diff as the daemon writes mismatches ("do not fit: field: cached X,
+    // asked Y"), so every client reads it the same way.
     return absl::FailedPreconditionError(absl::StrCat(
         what, ": the daemon now serves fingerprint ", resp->fingerprint(), " for model '", model_,
         "', not ", fingerprint_,
-        " that this lease mapped; refused (the tensors' addresses hold the old weights' "
-        "layout): the lease stays detached; acquire the new weights as a new lease"));
+        " that this lease mapped, so the lease stays detached (its tensors' addresses hold the "
+        "old weights' layout; acquire the new weights as a new lease): the weights do not fit: "
+        "fingerprint: cached ",
+        resp->fingerprint(), ", asked ", fingerprint_));
   }
   // The same fingerprint is the same layout; checked all the same, cheaply.
   std::vector<uint64_t> sizes;

@@ -126,6 +126,13 @@ TEST_F(DetachTest, DetachLetsTheEntryBeEvictedAndReattachMapsTheSameAddressesAnd
   const client::LeaseWatch w = l.Watch(100ms);  // never re-attaches on its own
   EXPECT_EQ(w.state, client::LeaseState::kUnknown);
   EXPECT_THAT(w.message, HasSubstr("detached"));
+  EXPECT_TRUE(l.detached());
+
+  // Woken while the entry is still resident (by fingerprint, nothing loaded), then asleep again.
+  ASSERT_TRUE(l.Reattach().ok());
+  EXPECT_EQ(Take(l).bytes, before.bytes);
+  EXPECT_EQ(Entries("m")[0].lease_count(), 1u);
+  ASSERT_TRUE(l.Detach().ok());
 
   // The operator evicts it: gone at once (no lease drains it).
   auto evicted = admin_->EvictDetailed("m", "");
