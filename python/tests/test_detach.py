@@ -6,6 +6,7 @@ daemon on the host backend. Never touch a tensor while detached: reading it faul
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 from pathlib import Path
 
@@ -108,3 +109,18 @@ def test_detach_needs_an_open_lease_and_the_c_abi_checks_its_arguments(sleepy):
     assert L.wc_lease_reattach(None, 1, 1000, ctypes.byref(err)) == 3
     assert "lease is NULL" in _lib.take_string(err)
     assert L.wc_lease_detached(None) == 0
+
+
+def test_a_forked_child_cannot_detach_its_parents_weights(sleepy):
+    d, _ = sleepy
+    w = weightcache.acquire("m", socket=d.socket, load_on_miss=True)
+    pid = os.fork()
+    if pid == 0:  # the child: refused before any library call (it would end the parent's lease)
+        try:
+            w.detach()
+        except weightcache.WeightcacheError as e:
+            os._exit(0 if "forked child" in e.message else 2)
+        os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert not w.detached and d.leases("m") == 1
