@@ -251,7 +251,8 @@ WC_API wc_status wc_lease_detach(wc_lease* lease, char** error);
  * when the daemon now serves another fingerprint for the model (the lease stays detached:
  * acquire the new weights as a new lease). On any failure the lease stays detached and this may
  * be called again. WC_FAILED_PRECONDITION when attached. The lease gets a new id: strings from
- * an earlier wc_lease_info_get are invalid after it (the tensor table's are not). timeout_ms > 0. */
+ * an earlier wc_lease_info_get are invalid after it (the tensor table's are not). timeout_ms > 0.
+ */
 WC_API wc_status wc_lease_reattach(wc_lease* lease, int32_t load_on_miss, int64_t timeout_ms,
                                    char** error);
 /* 1 while detached, 0 while attached (or for NULL). */
