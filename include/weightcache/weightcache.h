@@ -34,7 +34,8 @@
  * process's primary context.
  *
  * Threads: a wc_client may be used from several threads at once. A wc_lease is immutable
- * after wc_acquire and may be read from any thread; close it once, when no thread uses it.
+ * after wc_acquire (but for wc_lease_detach/wc_lease_reattach, called while no other thread
+ * uses it) and may be read from any thread; close it once, when no thread uses it.
  *
  * Symbols: libweightcache.so exports only wc_-prefixed symbols. Its gRPC, protobuf and
  * abseil are the system's shared libraries; processes that carry other copies of them
@@ -231,6 +232,31 @@ WC_API wc_status wc_lease_watch(const wc_lease* lease, int timeout_ms, wc_lease_
  * and bytes) or WC_UNAVAILABLE ("unknown: ..." and why). On WC_DATA_LOSS stop using the
  * weights: acquire again (the clean copy) or restart. Any thread. */
 WC_API wc_status wc_lease_check(const wc_lease* lease, int timeout_ms, char** error);
+
+/* ---- Sleep and wake: detach and re-attach (added without changing any struct: WC_ABI_VERSION
+ * stays). docs/engines.md, "Sleep and wake". ----
+ *
+ * wc_lease_detach unmaps every segment and lets go of the memory (cuda-vmm: waits for the
+ * context's queued work, cuMemUnmap, cuMemRelease of the imported handles), then ends the lease
+ * in the daemon, which may then evict the entry and fill its memory with another model. The
+ * address ranges stay reserved (host: PROT_NONE; cuda-vmm: the cuMemAddressReserve range), so
+ * every tensor's `data` and segment base keeps its value and nothing else can appear there;
+ * reading them while detached faults (SIGSEGV; an illegal address on the GPU). A detached lease
+ * never re-attaches on its own (wc_lease_watch: WC_LEASE_UNKNOWN, "detached"). WC_OK when
+ * detached already. Call it when no thread or kernel reads the lease's memory. */
+WC_API wc_status wc_lease_detach(wc_lease* lease, char** error);
+/* Maps the same fingerprint at the same addresses again: an acquire by the lease's fingerprint,
+ * else (the entry was evicted or is stale) by its model name with the same layout and device,
+ * loading it when `load_on_miss` is nonzero. WC_FAILED_PRECONDITION naming both fingerprints
+ * when the daemon now serves another fingerprint for the model (the lease stays detached:
+ * acquire the new weights as a new lease). On any failure the lease stays detached and this may
+ * be called again. WC_FAILED_PRECONDITION when attached. The lease gets a new id: strings from
+ * an earlier wc_lease_info_get are invalid after it (the tensor table's are not). timeout_ms > 0.
+ */
+WC_API wc_status wc_lease_reattach(wc_lease* lease, int32_t load_on_miss, int64_t timeout_ms,
+                                   char** error);
+/* 1 while detached, 0 while attached (or for NULL). */
+WC_API int wc_lease_detached(const wc_lease* lease);
 
 /* Ends a lease by id through the control API (the daemon's Release). Closing the wc_lease is
  * the usual way; this serves tools that end other processes' leases. */

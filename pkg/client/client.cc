@@ -239,6 +239,46 @@ absl::StatusOr<std::vector<TensorView>> Views(
   return out;
 }
 
+// The request of an Acquire for `o` (by fingerprint when it names one).
+absl::Status FillAcquireRequest(const AcquireOptions& o, v1::AcquireRequest* req) {
+  if (!o.fingerprint.empty()) {
+    req->set_fingerprint(o.fingerprint);
+  } else if (!o.model.empty()) {
+    req->set_model(o.model);
+  } else {
+    return absl::InvalidArgumentError("Acquire: set a model name or a fingerprint");
+  }
+  SetPlacement(o, req->mutable_layout(), req->mutable_env());
+  req->set_dtype(o.dtype);
+  req->set_quantization(o.quantization);
+  req->set_wait_ready(o.wait_ready);
+  req->set_load_on_miss(o.load_on_miss);
+  req->set_packed_manifest(true);
+  SetIdentity(o.published, req->mutable_env());
+  return absl::OkStatus();
+}
+
+// The tensor table of an Acquire's answer: the packed manifest (what this client asks for),
+// or `tensors` from a daemon that predates it.
+absl::StatusOr<const google::protobuf::RepeatedPtrField<v1::TensorEntry>*> Manifest(
+    const v1::AcquireResponse& resp, google::protobuf::Arena* arena) {
+  if (resp.tensor_manifest().empty()) return &resp.tensors();
+  auto* packed = google::protobuf::Arena::CreateMessage<v1::TensorManifest>(arena);
+  if (!packed->ParseFromString(resp.tensor_manifest())) {
+    return absl::InternalError(absl::StrCat("Acquire of '", resp.model(), "': the daemon's ",
+                                            resp.tensor_manifest().size(),
+                                            "-byte tensor manifest does not decode"));
+  }
+  return &packed->tensors();
+}
+
+std::unique_ptr<v1::WeightCache::Stub> StubFor(const std::string& control_socket) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);
+  return v1::WeightCache::NewStub(grpc::CreateCustomChannel(
+      "unix:" + control_socket, grpc::InsecureChannelCredentials(), args));
+}
+
 }  // namespace
 
 const char* LeaseStateName(LeaseState s) {
@@ -281,11 +321,7 @@ bool Lease::ReattachLocked() const {
   struct stat st {};
   if (::stat(control_socket_.c_str(), &st) != 0) return false;  // not back yet
   // A channel of its own: the client's may be in its reconnect back-off for seconds.
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(256 << 20);
-  auto channel = grpc::CreateCustomChannel("unix:" + control_socket_,
-                                           grpc::InsecureChannelCredentials(), args);
-  auto stub = v1::WeightCache::NewStub(channel);
+  auto stub = StubFor(control_socket_);
   v1::AcquireRequest req;
   req.set_fingerprint(fingerprint_);
   req.mutable_layout()->set_tp_size(static_cast<uint32_t>(tp_size_));
@@ -335,6 +371,11 @@ bool Lease::ReattachLocked() const {
 
 LeaseWatch Lease::Watch(std::chrono::milliseconds timeout) const {
   MutexLock l(check_mu_);
+  if (detached_) {
+    return {LeaseState::kUnknown,
+            "the lease is detached (Detach): nothing is mapped and no daemon holds a lease for "
+            "it; Reattach maps it again"};
+  }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   const bool was_attached = !daemon_closed_ && handle_conn_;
   PollLocked(timeout);
@@ -379,41 +420,167 @@ absl::Status Lease::Check(std::chrono::milliseconds timeout) const {
       "this memory is back; they stay mapped and readable"));
 }
 
+bool Lease::detached() const {
+  MutexLock l(check_mu_);
+  return detached_;
+}
+
+void Lease::ReleaseNow(const std::string& lease_id) const {
+  auto stub = StubFor(control_socket_);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::ReleaseRequest req;
+  req.set_lease_id(lease_id);
+  v1::ReleaseResponse resp;
+  // Best effort: a daemon that is gone or ended the lease already needs nothing more, and the
+  // closed handle connection ends it anyway.
+  (void)stub->Release(&ctx, req, &resp);
+}
+
+absl::Status Lease::Detach() {
+  MutexLock l(check_mu_);
+  if (detached_) return absl::OkStatus();
+  // Unmapped first: the daemon never counts memory as unleased while this process maps it.
+  if (absl::Status s = mapping_->Detach(); !s.ok()) {
+    return absl::Status(
+        s.code(), absl::StrCat("Detach of lease ", id_, " (model ", model_, "): ", s.message()));
+  }
+  // Ended now, not when the daemon notices the closed connection: an Evict or a load under
+  // the budget that follows finds the entry unleased.
+  if (handle_conn_ && !daemon_closed_) ReleaseNow(id_);
+  handle_conn_.reset();
+  detached_ = true;
+  events_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status Lease::Reattach(const ReattachOptions& o) {
+  MutexLock l(check_mu_);
+  if (!detached_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Reattach: lease ", id_, " of model ", model_, " is attached (Detach first)"));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto stub = StubFor(control_socket_);
+  google::protobuf::Arena arena;
+  auto call = [&](const AcquireOptions& ask, v1::AcquireResponse* resp) {
+    v1::AcquireRequest req;
+    if (absl::Status s = FillAcquireRequest(ask, &req); !s.ok()) return s;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + o.timeout);
+    return FromGrpc(ctx, stub->Acquire(&ctx, req, resp), "Acquire");
+  };
+  const std::string what =
+      absl::StrCat("re-attach of model '", model_, "' (fingerprint ", fingerprint_, ")");
+  // By fingerprint: the very weights, if the daemon still (or again) holds them.
+  AcquireOptions ask = asked_;
+  ask.model.clear();
+  ask.fingerprint = fingerprint_;
+  ask.wait_ready = true;
+  ask.load_on_miss = false;
+  auto* resp = google::protobuf::Arena::CreateMessage<v1::AcquireResponse>(&arena);
+  absl::Status s = call(ask, resp);
+  if ((s.code() == absl::StatusCode::kNotFound ||
+       s.code() == absl::StatusCode::kFailedPrecondition) &&
+      !model_.empty()) {
+    // Gone (evicted) or stale: by model name, as an Acquire would, loading when allowed.
+    ask.fingerprint.clear();
+    ask.model = model_;
+    ask.load_on_miss = o.load_on_miss;
+    resp = google::protobuf::Arena::CreateMessage<v1::AcquireResponse>(&arena);
+    const absl::Status by_fp = s;
+    s = call(ask, resp);
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(what, ": by fingerprint: ", by_fp.message(),
+                                                 "; by model name: ", s.message()));
+    }
+  } else if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+  }
+  if (resp->fingerprint() != fingerprint_) {
+    ReleaseNow(resp->lease_id());
+    // The tail is a field diff as the daemon writes mismatches ("do not fit: field: cached X,
+    // asked Y"), so every client reads it the same way.
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": the daemon now serves fingerprint ", resp->fingerprint(), " for model '", model_,
+        "', not ", fingerprint_,
+        " that this lease mapped, so the lease stays detached (its tensors' addresses hold the "
+        "old weights' layout; acquire the new weights as a new lease): the weights do not fit: "
+        "fingerprint: cached ",
+        resp->fingerprint(), ", asked ", fingerprint_));
+  }
+  // The same fingerprint is the same layout; checked all the same, cheaply.
+  std::vector<uint64_t> sizes;
+  for (const auto& seg : resp->segments()) sizes.push_back(seg.size());
+  absl::Status same = sizes == segment_sizes_
+                          ? absl::OkStatus()
+                          : absl::InternalError(absl::StrCat(what,
+                                                             ": the daemon's segments differ from "
+                                                             "the detached ones"));
+  if (same.ok()) {
+    auto manifest = Manifest(*resp, &arena);
+    same = manifest.status();
+    if (same.ok() && static_cast<size_t>((*manifest)->size()) != tensors_.size()) {
+      same = absl::InternalError(
+          absl::StrCat(what, ": ", (*manifest)->size(), " tensors, not ", tensors_.size()));
+    }
+    for (int i = 0; same.ok() && i < (*manifest)->size(); ++i) {
+      const v1::TensorEntry& t = (*manifest)->Get(i);
+      const TensorView* v = Find(t.name());
+      if (v == nullptr || v->segment != t.segment() || v->offset != t.offset() ||
+          v->nbytes != t.nbytes()) {
+        same = absl::InternalError(
+            absl::StrCat(what, ": tensor '", t.name(), "' lies elsewhere than before"));
+      }
+    }
+  }
+  if (!same.ok()) {
+    ReleaseNow(resp->lease_id());
+    return same;
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  ScopedFd conn;
+  auto fds = ClaimDescriptors(HandleSocketFor(control_socket_, resp->handle_socket()),
+                              resp->token(), sizes.size(), &conn);
+  if (!fds.ok()) {
+    ReleaseNow(resp->lease_id());
+    return absl::Status(fds.status().code(), absl::StrCat(what, ": ", fds.status().message()));
+  }
+  const auto t2 = std::chrono::steady_clock::now();
+  if (absl::Status m = mapping_->Reattach(std::move(fds).value(), sizes); !m.ok()) {
+    ReleaseNow(resp->lease_id());
+    return absl::Status(m.code(), absl::StrCat(what, ": ", m.message()));
+  }
+  auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  const auto t3 = std::chrono::steady_clock::now();
+  timings_ = {};
+  timings_.rpc_ms = ms(t0, t1);
+  timings_.claim_ms = ms(t1, t2);
+  timings_.map.map_ms = ms(t2, t3);
+  map_seconds_ = ms(t0, t3) / 1000.0;
+  id_ = resp->lease_id();
+  content_id_ = resp->content_id();
+  handle_conn_ = std::move(conn);
+  detached_ = false;
+  daemon_closed_ = false;
+  another_copy_ = false;
+  events_.clear();
+  corrupt_.clear();
+  unknown_why_.clear();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) {
   auto t0 = std::chrono::steady_clock::now();
   v1::AcquireRequest req;
-  if (!o.fingerprint.empty()) {
-    req.set_fingerprint(o.fingerprint);
-  } else if (!o.model.empty()) {
-    req.set_model(o.model);
-  } else {
-    return absl::InvalidArgumentError("Acquire: set a model name or a fingerprint");
-  }
-  SetPlacement(o, req.mutable_layout(), req.mutable_env());
-  req.set_dtype(o.dtype);
-  req.set_quantization(o.quantization);
-  req.set_wait_ready(o.wait_ready);
-  req.set_load_on_miss(o.load_on_miss);
-  req.set_packed_manifest(true);
-  SetIdentity(o.published, req.mutable_env());
+  WC_RETURN_IF_ERROR(FillAcquireRequest(o, &req));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + o.timeout);
   // The manifest has one message per tensor: an arena makes parsing and freeing it cheap.
   google::protobuf::Arena arena;
   auto& resp = *google::protobuf::Arena::CreateMessage<v1::AcquireResponse>(&arena);
   WC_RETURN_IF_ERROR(FromGrpc(ctx, rpc_->stub->Acquire(&ctx, req, &resp), "Acquire"));
-  // The packed manifest (what this client asks for); a daemon that predates it sends
-  // `tensors`.
-  const google::protobuf::RepeatedPtrField<v1::TensorEntry>* manifest = &resp.tensors();
-  if (!resp.tensor_manifest().empty()) {
-    auto* packed = google::protobuf::Arena::CreateMessage<v1::TensorManifest>(&arena);
-    if (!packed->ParseFromString(resp.tensor_manifest())) {
-      return absl::InternalError(absl::StrCat("Acquire of '", resp.model(), "': the daemon's ",
-                                              resp.tensor_manifest().size(),
-                                              "-byte tensor manifest does not decode"));
-    }
-    manifest = &packed->tensors();
-  }
+  WC_ASSIGN_OR_RETURN(const auto* manifest, Manifest(resp, &arena));
 
   auto lease = std::unique_ptr<Lease>(new Lease());
   auto ms_since = [](std::chrono::steady_clock::time_point t) {
@@ -430,6 +597,7 @@ absl::StatusOr<std::unique_ptr<Lease>> Client::Acquire(const AcquireOptions& o) 
   lease->spec_yaml_ = resp.spec_yaml();
   lease->content_id_ = resp.content_id();
   lease->control_socket_ = socket_;
+  lease->asked_ = o;
   lease->tp_size_ = static_cast<int>(std::max(1u, resp.layout().tp_size()));
   lease->tp_rank_ = static_cast<int>(resp.layout().tp_rank());
   lease->pp_size_ = static_cast<int>(std::max(1u, resp.layout().pp_size()));

@@ -11,8 +11,10 @@
 // miss, FAILED_PRECONDITION a mismatch whose message lists every differing field,
 // UNIMPLEMENTED a refused quantization), and the caller loads from disk or fails.
 //
-// Thread-safety: a Client may be used from several threads at once. A Lease is immutable;
-// its views and pointers stay valid exactly as long as the Lease object lives. Destroying
+// Thread-safety: a Client may be used from several threads at once. A Lease is immutable
+// except through Detach/Reattach, which one thread calls while no other thread (and no
+// kernel) reads the lease's memory or its id(); its views and pointers keep their values
+// exactly as long as the Lease object lives (readable while attached). Destroying
 // the Lease unmaps, then closes its handle connection (which ends the lease in the daemon).
 // For cuda-vmm, TensorView::data is a device pointer on device_uuid(), readable (not
 // writable) by kernels in this process; read it on the host with memory::CopyToHost.
@@ -177,6 +179,33 @@ class Lease {
   // ("unknown: ...", why).
   absl::Status Check(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) const;
 
+  // Sleep and wake (docs/engines.md, "Sleep and wake"). Detach unmaps every segment of this
+  // lease and lets go of the memory (cuda-vmm: waits for the context's queued work, unmaps,
+  // releases the imported handles), then ends the lease in the daemon (a Release, then the
+  // handle connection closed), so the daemon may evict the entry and fill its memory with
+  // another model. The address ranges stay reserved (host: PROT_NONE; cuda-vmm: the VA
+  // reservation), so every TensorView::data and segment_base keeps its value and nothing
+  // else can ever appear there; reading them while detached faults. A detached lease never
+  // re-attaches on its own (Watch says kUnknown, "detached"). OK when detached already.
+  absl::Status Detach();
+  struct ReattachOptions {
+    // When the entry is gone (evicted meanwhile): acquire by the lease's model name and ask
+    // the daemon to load it (as an Acquire with load_on_miss); false: a miss is NOT_FOUND.
+    bool load_on_miss = true;
+    std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+  };
+  // Maps the same fingerprint at the same addresses again: an Acquire by this lease's
+  // fingerprint (waiting for a load in progress), else -- the entry is gone or stale -- by its
+  // model name with its layout, device and expectations, from wherever an Acquire takes it
+  // (the cache, the keeper, a peer, the disk). FAILED_PRECONDITION naming both fingerprints
+  // when the daemon now serves another fingerprint for the model (that lease is released;
+  // this one stays detached: acquire the new weights as a new lease). On any failure the
+  // lease stays detached and Reattach may be called again. A new lease id (id()) and
+  // content_id(); Watch starts again from clean. FAILED_PRECONDITION when attached.
+  absl::Status Reattach(const ReattachOptions& options);
+  absl::Status Reattach() { return Reattach(ReattachOptions{}); }
+  bool detached() const;
+
  private:
   friend class Client;
   Lease() = default;
@@ -184,10 +213,13 @@ class Lease {
   void PollLocked(std::chrono::milliseconds timeout) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(check_mu_);
   // The lease on this memory again from a daemon that is back (Watch); false while none is.
   bool ReattachLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(check_mu_);
+  // Ends lease `lease_id` in the daemon now, best effort (Detach, a refused re-attach).
+  void ReleaseNow(const std::string& lease_id) const;
 
   std::string id_, model_, fingerprint_, backend_, device_uuid_, model_dir_, spec_yaml_;
   std::string content_id_;
   std::string control_socket_;  // where it was acquired (re-attaches go there)
+  AcquireOptions asked_;        // what was asked (Reattach asks the same by model name)
   int tp_size_ = 1, tp_rank_ = 0, pp_size_ = 1, pp_rank_ = 0;
   uint64_t total_bytes_ = 0;
   double map_seconds_ = 0;
@@ -207,6 +239,8 @@ class Lease {
   mutable std::chrono::steady_clock::time_point next_reattach_ ABSL_GUARDED_BY(check_mu_);
   mutable std::string unknown_why_ ABSL_GUARDED_BY(check_mu_);
   mutable bool another_copy_ ABSL_GUARDED_BY(check_mu_) = false;
+  // Detach()ed: nothing mapped, no lease in the daemon, the addresses reserved.
+  bool detached_ ABSL_GUARDED_BY(check_mu_) = false;
 };
 
 // One tensor a publisher will write.

@@ -14,6 +14,10 @@
 namespace weightcache::memory::internal {
 namespace {
 
+double MsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
 class CudaMapping final : public SegmentMapping {
  public:
   CudaMapping(const DriverApi& api, PrimaryContext ctx, bool writable)
@@ -43,18 +47,96 @@ class CudaMapping final : public SegmentMapping {
     return writable_ ? const_cast<std::byte*>(base(i)) : nullptr;
   }
 
+  // Imports `fds` and maps them at va_ + offsets_, with one cuMemSetAccess over the range.
+  // The context must be current. On failure nothing of it stays mapped or imported.
+  absl::Status ImportAndMap(std::vector<ScopedFd>& fds, MapTimings& t) {
+    auto undo = [this](absl::Status s) {
+      maps_.clear();
+      handles_.clear();
+      return s;
+    };
+    auto t0 = std::chrono::steady_clock::now();
+    handles_.reserve(fds.size());
+    for (size_t i = 0; i < fds.size(); ++i) {
+      CUmemGenericAllocationHandle h = 0;
+      CUresult r = api_->cuMemImportFromShareableHandle(
+          &h, reinterpret_cast<void*>(static_cast<uintptr_t>(fds[i].get())),
+          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      if (auto s = CuStatus(*api_, r, "cuMemImportFromShareableHandle",
+                            absl::StrCat("segment ", i, ", fd ", fds[i].get()));
+          !s.ok()) {
+        return undo(s);
+      }
+      handles_.emplace_back(api_, h);
+      fds[i].reset();  // the imported handle references the memory; the FD is no longer needed
+    }
+    t.import_ms = MsSince(t0);
+    t0 = std::chrono::steady_clock::now();
+    maps_.reserve(sizes_.size());
+    for (size_t i = 0; i < sizes_.size(); ++i) {
+      auto mapped = MappedRange::Map(*api_, va_.get() + offsets_[i], sizes_[i], handles_[i].get());
+      if (!mapped.ok()) return undo(Annotate(mapped.status(), absl::StrCat("segment ", i)));
+      maps_.push_back(std::move(mapped).value());
+    }
+    t.map_ms = MsSince(t0);
+    t0 = std::chrono::steady_clock::now();
+    if (auto s = SetAccess(
+            *api_, va_.get(), total_, ordinal_,
+            writable_ ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ);
+        !s.ok()) {
+      return undo(s);
+    }
+    t.access_ms = MsSince(t0);
+    return absl::OkStatus();
+  }
+
+  absl::Status Detach() override {
+    if (writable_) {
+      return absl::FailedPreconditionError("Detach: a publisher's writable mapping never detaches");
+    }
+    if (maps_.empty()) return absl::OkStatus();
+    WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(*api_, ctx_.get()));
+    // Kernels still reading the weights end first (as on destruction); then cuMemUnmap and
+    // cuMemRelease: the VA reservation (cuMemAddressReserve) stays, so nothing else is ever
+    // mapped at these addresses.
+    WC_RETURN_IF_ERROR(
+        CuStatus(*api_, api_->cuCtxSynchronize(), "cuCtxSynchronize", "before detaching"));
+    maps_.clear();
+    handles_.clear();
+    return absl::OkStatus();
+  }
+
+  absl::Status Reattach(std::vector<ScopedFd> fds, const std::vector<uint64_t>& sizes) override {
+    if (!maps_.empty()) return absl::FailedPreconditionError("Reattach: the mapping is attached");
+    if (fds.size() != sizes_.size() || sizes.size() != sizes_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("Reattach: ", fds.size(), " descriptors and ",
+                                                     sizes.size(), " sizes for ", sizes_.size(),
+                                                     " detached segments"));
+    }
+    for (size_t i = 0; i < sizes_.size(); ++i) {
+      if (sizes[i] != sizes_[i]) {
+        return absl::InvalidArgumentError(absl::StrCat("Reattach: segment ", i, " is ", sizes[i],
+                                                       " bytes, the detached range ", sizes_[i]));
+      }
+    }
+    WC_ASSIGN_OR_RETURN(auto current, ScopedCurrentContext::Push(*api_, ctx_.get()));
+    MapTimings t;
+    return ImportAndMap(fds, t);
+  }
+
+  bool attached() const override { return !maps_.empty(); }
+
   const DriverApi* api_;
   PrimaryContext ctx_;
   const bool writable_;
+  int ordinal_ = -1;
+  uint64_t total_ = 0;
   VaReservation va_;
   std::vector<AllocationHandle> handles_;
   std::vector<MappedRange> maps_;
   std::vector<uint64_t> offsets_;
+  std::vector<uint64_t> sizes_;
 };
-
-double MsSince(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCuda(std::vector<ScopedFd> fds,
                                                         const std::vector<uint64_t>& sizes,
@@ -74,7 +156,7 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCuda(std::vector<ScopedFd> fd
   auto m = std::make_unique<CudaMapping>(*api, std::move(ctx), writable);
   t.context_ms = MsSince(t0);
 
-  uint64_t total = 0;
+  m->ordinal_ = dev.ordinal;
   m->offsets_.reserve(sizes.size());
   for (size_t i = 0; i < sizes.size(); ++i) {
     if (sizes[i] == 0 || sizes[i] % dev.granularity != 0) {
@@ -82,43 +164,15 @@ absl::StatusOr<std::unique_ptr<SegmentMapping>> MapCuda(std::vector<ScopedFd> fd
           absl::StrCat("MapCudaReadOnly: segment ", i, " size ", sizes[i],
                        " is not a positive multiple of the granularity ", dev.granularity));
     }
-    m->offsets_.push_back(total);
-    total += sizes[i];
+    m->offsets_.push_back(m->total_);
+    m->total_ += sizes[i];
   }
+  m->sizes_ = sizes;
 
   t0 = std::chrono::steady_clock::now();
-  m->handles_.reserve(fds.size());
-  for (size_t i = 0; i < fds.size(); ++i) {
-    CUmemGenericAllocationHandle h = 0;
-    CUresult r = api->cuMemImportFromShareableHandle(
-        &h, reinterpret_cast<void*>(static_cast<uintptr_t>(fds[i].get())),
-        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-    WC_RETURN_IF_ERROR(CuStatus(*api, r, "cuMemImportFromShareableHandle",
-                                absl::StrCat("segment ", i, ", fd ", fds[i].get())));
-    m->handles_.emplace_back(api, h);
-    fds[i].reset();  // the imported handle references the memory; the FD is no longer needed
-  }
-  t.import_ms = MsSince(t0);
-
-  t0 = std::chrono::steady_clock::now();
-  WC_ASSIGN_OR_RETURN(m->va_, VaReservation::Reserve(*api, total, dev.granularity));
+  WC_ASSIGN_OR_RETURN(m->va_, VaReservation::Reserve(*api, m->total_, dev.granularity));
   t.reserve_ms = MsSince(t0);
-
-  t0 = std::chrono::steady_clock::now();
-  m->maps_.reserve(sizes.size());
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    auto mapped =
-        MappedRange::Map(*api, m->va_.get() + m->offsets_[i], sizes[i], m->handles_[i].get());
-    if (!mapped.ok()) return Annotate(mapped.status(), absl::StrCat("segment ", i));
-    m->maps_.push_back(std::move(mapped).value());
-  }
-  t.map_ms = MsSince(t0);
-
-  t0 = std::chrono::steady_clock::now();
-  WC_RETURN_IF_ERROR(
-      SetAccess(*api, m->va_.get(), total, dev.ordinal,
-                writable ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_READ));
-  t.access_ms = MsSince(t0);
+  WC_RETURN_IF_ERROR(m->ImportAndMap(fds, t));
   if (timings != nullptr) *timings = t;
   return std::unique_ptr<SegmentMapping>(std::move(m));
 }

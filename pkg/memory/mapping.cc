@@ -44,8 +44,63 @@ class HostMapping final : public SegmentMapping {
     return writable_ ? static_cast<std::byte*>(maps_.at(i).first) : nullptr;
   }
 
+  absl::Status Detach() override {
+    if (writable_) {
+      return absl::FailedPreconditionError("Detach: a publisher's writable mapping never detaches");
+    }
+    if (!attached_) return absl::OkStatus();
+    for (size_t i = 0; i < maps_.size(); ++i) {
+      if (auto s = Reserve(i); !s.ok()) return s;
+    }
+    attached_ = false;
+    return absl::OkStatus();
+  }
+
+  absl::Status Reattach(std::vector<ScopedFd> fds, const std::vector<uint64_t>& sizes) override {
+    if (attached_) return absl::FailedPreconditionError("Reattach: the mapping is attached");
+    if (fds.size() != maps_.size() || sizes.size() != maps_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("Reattach: ", fds.size(), " descriptors and ",
+                                                     sizes.size(), " sizes for ", maps_.size(),
+                                                     " detached segments"));
+    }
+    for (size_t i = 0; i < maps_.size(); ++i) {
+      if (sizes[i] != maps_[i].second) {
+        return absl::InvalidArgumentError(absl::StrCat("Reattach: segment ", i, " is ", sizes[i],
+                                                       " bytes, the detached range ",
+                                                       maps_[i].second));
+      }
+    }
+    for (size_t i = 0; i < maps_.size(); ++i) {
+      // MAP_FIXED replaces this process's own PROT_NONE reservation, and nothing else.
+      void* p = ::mmap(maps_[i].first, maps_[i].second, PROT_READ, MAP_SHARED | MAP_FIXED,
+                       fds[i].get(), 0);
+      if (p == MAP_FAILED) {
+        const int err = errno;
+        for (size_t j = 0; j < i; ++j) (void)Reserve(j);  // detached again, as it was
+        return ErrnoStatus(err, "mmap MAP_FIXED",
+                           absl::StrCat("segment ", i, " (", maps_[i].second, " bytes)"));
+      }
+    }
+    attached_ = true;
+    return absl::OkStatus();
+  }
+
+  bool attached() const override { return attached_; }
+
  private:
+  // Segment i's range as an inaccessible private reservation (the memfd's pages let go).
+  absl::Status Reserve(size_t i) {
+    void* p = ::mmap(maps_[i].first, maps_[i].second, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      return ErrnoStatus(errno, "mmap PROT_NONE",
+                         absl::StrCat("reserving segment ", i, " (", maps_[i].second, " bytes)"));
+    }
+    return absl::OkStatus();
+  }
+
   const bool writable_;
+  bool attached_ = true;
   std::vector<std::pair<void*, size_t>> maps_;
 };
 

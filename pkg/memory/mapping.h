@@ -1,7 +1,8 @@
 // Client side of a memory backend: maps the segment FDs of a lease read-only into this
 // process. Move-only owner of every mapping it made; unmaps (and for CUDA, unmaps, frees
 // the VA reservation and releases the imported handles, in that order) on destruction.
-// Thread-safety: immutable after Map; pointers stay valid as long as the object lives.
+// Thread-safety: immutable after Map, except Detach/Reattach (below), which the owner calls
+// while no other thread uses the mapping; addresses stay the same as long as the object lives.
 #pragma once
 
 #include <cstddef>
@@ -28,6 +29,26 @@ class SegmentMapping {
     (void)i;
     return nullptr;
   }
+
+  // Sleep and wake (a read-only mapping only; FAILED_PRECONDITION for a writable one).
+  // Detach unmaps every segment and lets go of the memory (host: the memfd mappings are
+  // replaced, MAP_FIXED, by PROT_NONE anonymous reservations; cuda-vmm: cuCtxSynchronize,
+  // cuMemUnmap of every segment, cuMemRelease of the imported handles), keeping the address
+  // ranges reserved (host: the PROT_NONE ranges; cuda-vmm: the cuMemAddressReserve range), so
+  // nothing else can be mapped there and base(i) keeps its value. Reading a detached range
+  // faults (SIGSEGV on the host, an illegal address on the GPU). Detaching twice is a no-op.
+  virtual absl::Status Detach() { return absl::UnimplementedError("this mapping cannot detach"); }
+  // Maps `fds[i]` (size `sizes[i]`) at the very addresses detached, read-only (host: MAP_FIXED
+  // into the reservation; cuda-vmm: import, cuMemMap at the reserved VA, cuMemSetAccess).
+  // Takes the FDs. The sizes must equal those mapped first (INVALID_ARGUMENT naming the
+  // segment otherwise). On failure the mapping stays detached (what was mapped is reserved
+  // again). FAILED_PRECONDITION when attached.
+  virtual absl::Status Reattach(std::vector<ScopedFd> fds, const std::vector<uint64_t>& sizes) {
+    (void)fds;
+    (void)sizes;
+    return absl::UnimplementedError("this mapping cannot re-attach");
+  }
+  virtual bool attached() const { return true; }
 };
 
 // Where the time of MapReadOnly goes (cuda-vmm; the host backend fills map_ms only).

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 
@@ -234,6 +235,107 @@ TEST(HostMapping, MapsSameBytesReadOnly) {
   EXPECT_TRUE(WIFSIGNALED(status));
   EXPECT_EQ(WTERMSIG(status), SIGSEGV);
   EXPECT_EQ(p[0], 0);
+}
+
+// The /proc/self/maps line of the mapping that holds `p`, or "" when none does.
+std::string MapsLineOf(const void* p) {
+  FILE* f = std::fopen("/proc/self/maps", "r");
+  if (f == nullptr) return "";
+  char line[512];
+  std::string found;
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long lo = 0, hi = 0;
+    if (std::sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo <= at && at < hi) found = line;
+  }
+  std::fclose(f);
+  return found;
+}
+
+// Whether reading one byte at `p` kills a child with SIGSEGV.
+bool ReadFaults(const void* p) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    std::signal(SIGSEGV, SIG_DFL);
+    volatile uint8_t x = *static_cast<const volatile uint8_t*>(p);
+    (void)x;
+    _exit(0);
+  }
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid) return false;
+  return WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV;
+}
+
+// Sleep and wake at the mapping level: Detach lets go of the memory (the daemon's evicted
+// segment lingers no more), keeps the ranges reserved PROT_NONE at the same addresses, and
+// Reattach maps new descriptors of the same sizes there.
+TEST(HostMapping, DetachReservesTheRangesAndReattachMapsTheSameAddresses) {
+  auto b = MakeHostBackend();
+  auto a = FilledSegment(*b, 3 << 20);
+  auto c = FilledSegment(*b, 5000);
+  ASSERT_TRUE(a->Seal().ok());
+  ASSERT_TRUE(c->Seal().ok());
+  const std::vector<uint64_t> sizes{a->size(), c->size()};
+  std::vector<ScopedFd> fds;
+  fds.emplace_back(::dup(a->fd()));
+  fds.emplace_back(::dup(c->fd()));
+  auto m = MapReadOnly(BackendKind::kHost, std::move(fds), sizes, "");
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::byte* base0 = (*m)->base(0);
+  const std::byte* base1 = (*m)->base(1);
+  EXPECT_NE(MapsLineOf(base0).find(" r--s "), std::string::npos) << MapsLineOf(base0);
+  EXPECT_EQ((*m)->Reattach({}, sizes).code(), absl::StatusCode::kFailedPrecondition);
+
+  ASSERT_TRUE((*m)->Detach().ok());
+  EXPECT_FALSE((*m)->attached());
+  EXPECT_TRUE((*m)->Detach().ok());  // twice: a no-op
+  EXPECT_EQ((*m)->base(0), base0);
+  EXPECT_EQ((*m)->base(1), base1);
+  for (const std::byte* p : {base0, base1}) {
+    const std::string line = MapsLineOf(p);
+    EXPECT_NE(line.find(" ---p "), std::string::npos) << line;  // reserved, inaccessible
+    EXPECT_EQ(line.find("memfd"), std::string::npos) << line;
+    EXPECT_TRUE(ReadFaults(p));
+  }
+  // Evicted by the daemon: nothing of this process holds the memory any more.
+  a.reset();
+  c.reset();
+  EXPECT_EQ(b->LingeringBytes("host"), 0u);
+
+  // Another copy of the same weights (a reload) comes back at the same addresses.
+  auto a2 = FilledSegment(*b, 3 << 20);
+  auto c2 = FilledSegment(*b, 5000);
+  ASSERT_TRUE(a2->Seal().ok());
+  ASSERT_TRUE(c2->Seal().ok());
+  auto fds_of = [&] {
+    std::vector<ScopedFd> out;
+    out.emplace_back(::dup(a2->fd()));
+    out.emplace_back(::dup(c2->fd()));
+    return out;
+  };
+  auto wrong = (*m)->Reattach(fds_of(), {sizes[0], sizes[1] + 4096});
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.message().find("segment 1"), absl::string_view::npos) << wrong;
+  EXPECT_FALSE((*m)->attached());
+  ASSERT_TRUE((*m)->Reattach(fds_of(), sizes).ok());
+  EXPECT_TRUE((*m)->attached());
+  EXPECT_EQ((*m)->base(0), base0);
+  const auto* p = reinterpret_cast<const uint8_t*>(base0);
+  for (size_t i = 0; i < (3u << 20); i += 4099) ASSERT_EQ(p[i], static_cast<uint8_t>(i));
+  EXPECT_NE(MapsLineOf(base1).find("memfd"), std::string::npos) << MapsLineOf(base1);
+  EXPECT_FALSE(ReadFaults(base1));
+}
+
+TEST(HostMapping, AWritableMappingNeverDetaches) {
+  auto b = MakeHostBackend();
+  auto seg = b->Allocate("", 4096, "w");
+  ASSERT_TRUE(seg.ok());
+  std::vector<ScopedFd> fds;
+  fds.emplace_back(::dup((*seg)->fd()));
+  auto m = MapWritable(BackendKind::kHost, std::move(fds), {(*seg)->size()}, "");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->Detach().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE((*m)->attached());
 }
 
 TEST(HostMapping, CountMismatchIsAnError) {

@@ -185,6 +185,58 @@ class Weights(Mapping[str, Any]):
                    message, "lease watch")
         return _STATES[state.value], _lib.take_string(message)
 
+    @property
+    def detached(self) -> bool:
+        """True between :meth:`detach` and a successful :meth:`reattach`."""
+        return bool(_lib.lib().wc_lease_detached(self._owned("detached").handle))
+
+    def detach(self) -> None:
+        """Sleeps: unmaps every tensor's memory and ends the lease in the daemon (which may then
+        evict the entry and fill its memory with another model), keeping every tensor's
+        address reserved (host: ``PROT_NONE``; cuda-vmm: the VA reservation), so nothing else
+        can ever appear there. The tensors keep their ``data_ptr()``, but reading one while
+        detached faults (SIGSEGV on the CPU, an illegal address on the GPU): synchronise and
+        run nothing that reads them until :meth:`reattach`. No-op when detached. Example::
+
+            w.detach()                 # sleep: the daemon may evict the weights
+            ...
+            w.reattach()               # wake: same fingerprint, same addresses
+        """
+        lease = self._owned("detach")
+        err = ctypes.c_void_p()
+        _lib.check(_lib.lib().wc_lease_detach(lease.handle, ctypes.byref(err)), err, "detach")
+
+    def reattach(self, *, load_on_miss: bool = True, timeout: float = 600) -> None:
+        """Wakes: maps the same fingerprint at the same addresses again, so every tensor (and
+        every module :func:`bind` filled with them) is valid as before. The daemon takes it
+        from its cache, or, when it was evicted, acquires it by model name as an acquire
+        would (the keeper, a peer, or the disk when ``load_on_miss``). Raises
+        :class:`FingerprintMismatch` naming both fingerprints when the daemon now serves
+        another fingerprint for the model (the weights stay detached: acquire the new ones),
+        :class:`CacheMiss` when it is gone and no load is allowed; after any error the weights
+        stay detached and ``reattach`` may be called again. ``lease_id`` is the new lease's."""
+        lease = self._owned("reattach")
+        if timeout <= 0:
+            raise WeightcacheError(f"reattach: timeout={timeout} must be positive (seconds)")
+        err = ctypes.c_void_p()
+        _lib.check(_lib.lib().wc_lease_reattach(lease.handle, 1 if load_on_miss else 0,
+                                                int(timeout * 1000), ctypes.byref(err)),
+                   err, "reattach")
+        info = _lib.LeaseInfo()
+        _lib.lib().wc_lease_info_get(lease.handle, ctypes.byref(info))
+        self.lease_id = info.id.decode()
+
+    def _owned(self, what: str) -> "_lib.Lease":
+        lease = self._lease
+        if lease is None:
+            raise WeightcacheError(f"{what}: Weights of '{self.model}' are closed")
+        if lease._pid != os.getpid():
+            # A forked child maps the parent's memory but holds no lease of its own: detaching
+            # here would end the parent's lease.
+            raise WeightcacheError(f"{what}: these Weights belong to process {lease._pid}, not "
+                                   f"this forked child ({os.getpid()}); acquire in the child")
+        return lease
+
     def close(self) -> None:
         """Drops this object's hold on the lease. Tensors taken from it stay valid (they hold
         the lease themselves); the lease ends when the last of them is freed."""

@@ -163,14 +163,7 @@ class StackGpuTest : public ::testing::Test {
 
 // The checkpoint's bytes of tensor `name` (big is bf16: served as stored).
 std::string FileBytes(const std::string& dir, const std::string& name) {
-  auto ck = safetensors::Checkpoint::Open(dir);
-  if (!ck.ok()) return "";
-  const safetensors::TensorInfo* t = ck->Find(name);
-  if (t == nullptr) return "";
-  std::string out(t->nbytes, '\0');
-  const ssize_t r = ::pread(ck->files()[t->file_index].fd(), out.data(), out.size(),
-                            static_cast<off_t>(t->file_offset));
-  return r == static_cast<ssize_t>(out.size()) ? out : "";
+  return testing::CheckpointTensorBytes(dir, name);
 }
 
 // Issue 27: an engine imports a segment read-write (cuda-vmm cannot stop it) and changes one

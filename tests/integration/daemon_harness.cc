@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "pkg/safetensors/safetensors.h"
 #include "pkg/util/scoped_fd.h"
 #include "pkg/util/unix_socket.h"
 
@@ -89,6 +90,17 @@ std::string ReadFileOrEmpty(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+std::string CheckpointTensorBytes(const std::string& dir, const std::string& name) {
+  auto ck = safetensors::Checkpoint::Open(dir);
+  if (!ck.ok()) return "";
+  const safetensors::TensorInfo* t = ck->Find(name);
+  if (t == nullptr) return "";
+  std::string out(t->nbytes, '\0');
+  const ssize_t r = ::pread(ck->files()[t->file_index].fd(), out.data(), out.size(),
+                            static_cast<off_t>(t->file_offset));
+  return r == static_cast<ssize_t>(out.size()) ? out : "";
 }
 
 safetensors::LlamaShape SmallLlama() {

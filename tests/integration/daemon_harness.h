@@ -61,6 +61,9 @@ int MetricsPort(const std::string& log_path);
 // One GET /metrics on 127.0.0.1:`port`: the whole HTTP answer, "" when it cannot connect.
 std::string Scrape(int port);
 
+// The bytes of tensor `name` as the checkpoint in `dir` stores them; "" when it cannot be read.
+std::string CheckpointTensorBytes(const std::string& dir, const std::string& name);
+
 // A small Llama (2 layers, hidden 256, 4 heads, 2 kv heads, vocab 1024): fast to write and
 // load, real tensor names, divisible for tp 2.
 safetensors::LlamaShape SmallLlama();

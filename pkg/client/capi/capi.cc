@@ -347,6 +347,33 @@ wc_status wc_lease_watch(const wc_lease* lease, int timeout_ms, wc_lease_state* 
   return WC_OK;
 }
 
+wc_status wc_lease_detach(wc_lease* lease, char** error) {
+  if (lease == nullptr) {
+    return Fail(absl::StatusCode::kInvalidArgument, "wc_lease_detach: lease is NULL", error);
+  }
+  return Return(lease->lease->Detach(), error);
+}
+
+wc_status wc_lease_reattach(wc_lease* lease, int32_t load_on_miss, int64_t timeout_ms,
+                            char** error) {
+  if (lease == nullptr || timeout_ms <= 0) {
+    return Fail(absl::StatusCode::kInvalidArgument,
+                absl::StrCat("wc_lease_reattach: ",
+                             lease == nullptr
+                                 ? "lease is NULL"
+                                 : absl::StrCat("timeout_ms ", timeout_ms, " must be positive")),
+                error);
+  }
+  client::Lease::ReattachOptions o;
+  o.load_on_miss = load_on_miss != 0;
+  o.timeout = std::chrono::milliseconds(timeout_ms);
+  return Return(lease->lease->Reattach(o), error);
+}
+
+int wc_lease_detached(const wc_lease* lease) {
+  return lease != nullptr && lease->lease->detached() ? 1 : 0;
+}
+
 wc_status wc_release(wc_client* client, const char* lease_id, char** error) {
   if (client == nullptr || lease_id == nullptr || *lease_id == '\0') {
     return Fail(absl::StatusCode::kInvalidArgument, "wc_release: client and lease_id are required",
