@@ -33,7 +33,13 @@ absl::StatusOr<std::unique_ptr<ArtifactService>> MakeArtifactService(const Daemo
           .puts = {.max_total = o.artifact_max_puts,
                    .max_per_unit = o.artifact_max_puts_per_unit,
                    .idle = o.artifact_put_idle,
-                   .total = o.artifact_put_total}},
+                   .total = o.artifact_put_total},
+          // No budget: the store refuses every put itself, naming --artifact_budget.
+          .reserve_per_unit = o.artifact_budget_bytes == 0 ? net::KeyedLimiter::kUnbounded
+                                                           : ArtifactReservePerUnit(o),
+          .reserve_tenants = o.artifact_budget_bytes == 0
+                                 ? net::KeyedLimiter::kUnbounded
+                                 : o.artifact_budget_bytes - ArtifactReservePerUnit(o)},
       std::move(store), rules, o.metrics);
 }
 

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "pkg/artifact/store.h"
 #include "pkg/metrics/metrics.h"
+#include "pkg/net/keyed_limiter.h"
 #include "pkg/server/policy/policy.h"
 #include "pkg/server/publish/put_watch.h"
 #include "pkg/server/wire/caller.h"
@@ -86,6 +87,15 @@ class ArtifactGrants {
 //
 // Puts in flight: each reserves its declared size in the store at its first message, at
 // most a few per tenant unit and in all (PutWatch), and one that stalls is ended.
+//
+// Shares of the budget: a tenant unit's puts in flight reserve at most `reserve_per_unit`
+// bytes together, and all tenant units' at most `reserve_tenants` (a KeyedLimiter keyed by
+// tenant::Unit::Key()); the daemon sets the latter to the budget less one share, so one
+// share of the budget is never held by the pods' puts. The admin's puts are exempt: they
+// face only the store's budget (the admin is trusted, and may put artifacts larger than a
+// pod's share), and the share the pods cannot hold is where they always fit. Before, one
+// pod's two puts could reserve the whole budget for up to --artifact_put_total and every
+// other put, the admin's included, was refused.
 class ArtifactService {
  public:
   struct Options {
@@ -94,6 +104,10 @@ class ArtifactService {
     std::string dir;                 // --artifact_dir, for Status ("" none)
     std::chrono::seconds token_ttl{10};
     PutWatch::Options puts;
+    // Bytes of reservations one tenant unit's puts may hold at once, and all tenant units'
+    // (kUnbounded: no shares, only the store's budget). Admin puts are not counted.
+    uint64_t reserve_per_unit = net::KeyedLimiter::kUnbounded;  // --artifact_reserve_per_unit
+    uint64_t reserve_tenants = net::KeyedLimiter::kUnbounded;
   };
   // `rules` and `metrics` (may be null) outlive the service.
   ArtifactService(Options options, std::unique_ptr<artifact::Store> store,
@@ -105,7 +119,8 @@ class ArtifactService {
   // makes a pending `read` return false (the watchdog's, for a stalled put; not called
   // once Put returned). RESOURCE_EXHAUSTED at once when the caller's unit, or the daemon,
   // has the most puts in flight, or the declared size does not fit the budget beside the
-  // reservations; DEADLINE_EXCEEDED saying why when the watchdog ended it.
+  // reservations (or, a tenant's, its unit's share or the tenants' part); DEADLINE_EXCEEDED saying
+  // why when the watchdog ended it.
   absl::Status Put(const Caller& caller, const std::function<bool(v1::PutArtifactRequest*)>& read,
                    v1::PutArtifactResponse* resp, const std::function<void()>& cancel);
   absl::Status Get(const Caller& caller, const v1::GetArtifactRequest& req,
@@ -131,6 +146,9 @@ class ArtifactService {
   absl::Status Serve(const Caller& caller, const v1::GetArtifactRequest& req,
                      v1::GetArtifactResponse* resp);
   void Count(const std::string& model, const char* op, const absl::Status& s, uint64_t bytes);
+  // A tenant's put of `size` bytes takes them from its unit's share (held until the put
+  // ends); an admin's takes nothing (an empty Slot). RESOURCE_EXHAUSTED naming the flag.
+  absl::StatusOr<net::KeyedLimiter::Slot> TakeShare(const Caller& caller, uint64_t size);
   // The store's key for a wire key in `caller`'s pool, once `caller` passed `verb`'s rule
   // for its model (kPublish: a put's; kAcquire: a get's). NOT_FOUND for a model the daemon
   // does not know.
@@ -145,6 +163,7 @@ class ArtifactService {
   const ArtifactRules& rules_;
   metrics::Metrics* const metrics_;
   ArtifactGrants grants_;
+  net::KeyedLimiter shares_;  // the tenant units' reservations (bytes)
   PutWatch puts_;
 };
 
