@@ -118,8 +118,13 @@ class ArtifactServiceTest : public ::testing::Test {
     s.publishers = std::move(p);
     return s;
   }
+  static spec::ModelSpec WithNativePublishers(spec::ModelSpec s, std::vector<std::string> p) {
+    s.native_publishers = std::move(p);
+    return s;
+  }
   ModelCatalog models_{{Spec("m"), Spec("a-only", {"team-a"}),
-                        WithPublishers(Spec("b-publishes"), {"team-b", "uid:1000"})},
+                        WithPublishers(Spec("b-publishes"), {"team-b", "uid:1000"}),
+                        WithNativePublishers(Spec("native-by-1000"), {"uid:1000"})},
                        1,
                        {},
                        nullptr};
@@ -399,6 +404,47 @@ TEST_F(ArtifactServiceTest, EightSlow60MiBPutsCannotExceedA100MiBBudget) {
   EXPECT_EQ(Artifacts("put", "busy"), 7);
   puts.clear();  // released: fewer bytes than declared, nothing stored, reservations back
   EXPECT_EQ(service_->store().usage().reserved_bytes, 0u);
+}
+
+// Issue 57, finding 4: an AOTInductor package is native code every engine with its key
+// dlopens, yet any granted publisher put one (a crashing constructor crash-looped every such
+// engine). Now native code is taken only from admins and the publishers the spec names for
+// it (native_publishers), and served only while that holds: one planted in the store by
+// another publisher (an older daemon's, or before the spec changed) is as absent.
+TEST_F(ArtifactServiceTest, PlantedNativeCodeFromAPublisherTheSpecDoesNotNameIsNotServed) {
+  v1::ArtifactKey k = Key();
+  k.set_kind("aoti-package");
+  v1::PutArtifactResponse put;
+  const absl::Status planted = Put(On(kPublisher), k, "ELF-constructor-crashes", &put);
+  EXPECT_EQ(planted.code(), absl::StatusCode::kPermissionDenied) << "old code: stored";
+  EXPECT_THAT(std::string(planted.message()),
+              ::testing::AllOf(HasSubstr("may not publish native code"),
+                               HasSubstr("native_publishers: []")));
+  // The same key as a torch-compile cache (which engines read, not dlopen) is still theirs.
+  EXPECT_TRUE(Put(On(kPublisher), Key(), "graph", &put).ok());
+
+  // Planted in the store directly, as a daemon before this rule kept it.
+  auto slot = service_->store().BeginPut(KeyFromWire(k, ""), 3);
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  ASSERT_TRUE((*slot)->Append("ELF").ok());
+  artifact::Publisher by;
+  by.uid = kPublisher;
+  ASSERT_TRUE((*slot)->Commit(by).ok());
+  auto got = GetId(On(kEngine), k);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << "old code: served";
+  EXPECT_THAT(std::string(got.status().message()),
+              ::testing::AllOf(HasSubstr("put by uid 1000"), HasSubstr("is not served"),
+                               HasSubstr("uid:1000 is not named")));
+
+  // An admin's is served; so is one by a publisher the spec names for native code.
+  v1::ArtifactKey k2 = k;
+  k2.set_settings_hash("admins");
+  ASSERT_TRUE(Put(On(kAdmin), k2, "vetted", &put).ok());
+  EXPECT_EQ(GetId(On(kEngine), k2).value_or(""), put.id());
+  v1::ArtifactKey named = k;
+  named.set_model("native-by-1000");
+  ASSERT_TRUE(Put(On(kPublisher), named, "named", &put).ok());
+  EXPECT_EQ(GetId(On(kEngine), named).value_or(""), put.id());
 }
 
 // Issue 56, finding 5: one publisher's reservations held the whole budget (a 64 MiB put

@@ -127,8 +127,9 @@ absl::StatusOr<artifact::Key> ArtifactService::KeyFor(const Caller& caller,
         "artifact key names model '", key.model(),
         "', which this daemon does not know: artifacts belong to a known model (its rules apply)"));
   }
-  WC_RETURN_IF_ERROR(verb == Verb::kPublish ? rules_.MayPut(caller, key.model())
-                                            : rules_.MayGet(caller, key.model()));
+  WC_RETURN_IF_ERROR(verb == Verb::kPublish
+                         ? rules_.MayPut(caller, key.model(), artifact::IsNativeCode(key.kind()))
+                         : rules_.MayGet(caller, key.model()));
   WC_ASSIGN_OR_RETURN(std::string pool, rules_.Pool(caller, key.model()));
   return KeyFromWire(key, pool);
 }
@@ -288,7 +289,7 @@ absl::Status ArtifactService::Serve(const Caller& caller, const v1::GetArtifactR
 absl::StatusOr<std::shared_ptr<const artifact::Artifact>> ArtifactService::Lookup(
     const Caller& caller, artifact::Key key, const v1::GetArtifactRequest& req) {
   const auto deadline = caller.DeadlineOr(std::chrono::milliseconds(req.wait_ms()));
-  auto own = store_->Get(key, req.wait_ms() > 0, deadline, caller.gone);
+  auto own = Vouched(store_->Get(key, req.wait_ms() > 0, deadline, caller.gone), caller);
   if (key.tenant.empty() || own.status().code() != absl::StatusCode::kNotFound) return own;
   // Not in the caller's pool: an admin's, the one pool every pod trusts besides its own.
   key.tenant.clear();
@@ -301,6 +302,19 @@ absl::StatusOr<std::shared_ptr<const artifact::Artifact>> ArtifactService::Looku
     return own;
   }
   return admins;
+}
+
+absl::StatusOr<std::shared_ptr<const artifact::Artifact>> ArtifactService::Vouched(
+    absl::StatusOr<std::shared_ptr<const artifact::Artifact>> got, const Caller& caller) const {
+  if (!got.ok() || !artifact::IsNativeCode((*got)->key().kind)) return got;
+  const artifact::Key& k = (*got)->key();
+  if (absl::Status v = rules_.VouchesForNative(k.model, (*got)->publisher(), k.tenant); !v.ok()) {
+    WC_LOG_WARN("artifact %s not served to %s: %s", (*got)->id().c_str(),
+                caller.unit.Describe().c_str(), std::string(v.message()).c_str());
+    return absl::NotFoundError(
+        absl::StrCat("artifact ", (*got)->id(), " not served: ", v.message()));
+  }
+  return got;
 }
 
 absl::Status ArtifactService::Evict(const Caller& caller, const v1::EvictArtifactsRequest& req,

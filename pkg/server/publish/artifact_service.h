@@ -36,9 +36,11 @@ class ArtifactRules {
   virtual ~ArtifactRules() = default;
   // Whether `model` is a model this daemon knows (artifacts belong to a known model).
   virtual bool Known(const std::string& model) const = 0;
-  // The rule of a put (the publish role, the model's map rule and its spec's `publishers:`),
-  // a get (the model's map rule) and an evict (admin's); PERMISSION_DENIED naming the rule.
-  virtual absl::Status MayPut(const Caller& caller, const std::string& model) const = 0;
+  // The rule of a put (the publish role, the model's map rule and its spec's `publishers:`;
+  // `native` code: its `native_publishers:`, admins only when empty), a get (the model's map
+  // rule) and an evict (admin's); PERMISSION_DENIED naming the rule.
+  virtual absl::Status MayPut(const Caller& caller, const std::string& model,
+                              bool native) const = 0;
   // The publish role alone, before any model is named (a put asks it before it takes a slot).
   virtual absl::Status MayPublish(const Caller& caller) const = 0;
   virtual absl::Status MayGet(const Caller& caller, const std::string& model) const = 0;
@@ -49,6 +51,13 @@ class ArtifactRules {
   // `model` when it is a defined model, "" otherwise (the bounded metric label).
   virtual std::string MetricModel(const std::string& model) const = 0;
   virtual bool IsAdmin(const Caller& caller) const = 0;
+  // Whether native code of `model` (artifact::IsNativeCode) that `who` put into `pool` may
+  // run in engines: put by an admin, or by a publisher the model's spec names for native
+  // code now (`native_publishers:`: the pool's namespace, or uid:<n> for a put on the
+  // engine socket). PERMISSION_DENIED saying who put it and the rule otherwise. Asked at
+  // every get, so a package put before the rule (or before the spec changed) is not served.
+  virtual absl::Status VouchesForNative(const std::string& model, const artifact::Publisher& who,
+                                        const std::string& pool) const = 0;
 };
 
 class ArtifactGrants {
@@ -77,6 +86,11 @@ class ArtifactGrants {
 // The artifact RPCs. Put needs the publish role, the model's map rule and its spec's
 // `publishers:` (an artifact is code the engines of that model will run); get the model's
 // map rule; evict is admin's. Each is counted in the metrics by result.
+//
+// Native code (artifact::IsNativeCode: an AOTInductor package, which engines dlopen): put
+// only by admins and the publishers the spec names for it (`native_publishers:`; a granted
+// publisher alone is not enough), and served only when VouchesForNative says its publisher
+// still may; otherwise it is as absent (NOT_FOUND), and the engine builds its own.
 //
 // Pools (issue 47): artifacts are code, so who put one decides who runs it. With the
 // namespace rules every key carries the putter's pool (Access::ArtifactPool: its pod's
@@ -154,6 +168,10 @@ class ArtifactService {
   // does not know.
   absl::StatusOr<artifact::Key> KeyFor(const Caller& caller, const v1::ArtifactKey& key,
                                        Verb verb) const;
+  // `got` unless it is native code that no rule vouches for (VouchesForNative): then
+  // NOT_FOUND saying why, logged (the engine builds its own).
+  absl::StatusOr<std::shared_ptr<const artifact::Artifact>> Vouched(
+      absl::StatusOr<std::shared_ptr<const artifact::Artifact>> got, const Caller& caller) const;
   // A get's artifact: the caller's pool's, else (namespace rules on) an admin's.
   absl::StatusOr<std::shared_ptr<const artifact::Artifact>> Lookup(
       const Caller& caller, artifact::Key key, const v1::GetArtifactRequest& req);
