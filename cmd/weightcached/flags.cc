@@ -116,6 +116,11 @@ ABSL_FLAG(int, artifact_max_puts, 8,
 ABSL_FLAG(int, artifact_max_puts_per_unit, 2,
           "Compile-artifact puts one pod (or slot, or process outside Kubernetes) may have in "
           "progress at once; each reserves its declared size of --artifact_budget while it runs");
+ABSL_FLAG(std::string, artifact_reserve_per_unit, "",
+          "Bytes of --artifact_budget one pod's (or slot's, or process's) compile-artifact "
+          "puts in flight may reserve at once; all pods' together at most the budget less one "
+          "such share, kept for the admin's puts (which are not counted). At most half the "
+          "budget; empty or 0: a quarter of it");
 ABSL_FLAG(std::string, staging_keep, "256MiB",
           "GPU loads: page-locked staging memory kept pinned between loads (one 256 MiB ring; "
           "saves pinning it again, ~0.1 s per load); 0 frees it after every load");
@@ -286,6 +291,10 @@ absl::Status ReadModelFlags(server::DaemonOptions& opts) {
   WC_ASSIGN_OR_RETURN(
       opts.artifact_max_bytes,
       ParseByteSize(absl::GetFlag(FLAGS_artifact_max_bytes), "--artifact_max_bytes"));
+  if (const std::string share = absl::GetFlag(FLAGS_artifact_reserve_per_unit); !share.empty()) {
+    WC_ASSIGN_OR_RETURN(opts.artifact_reserve_per_unit_bytes,
+                        ParseByteSize(share, "--artifact_reserve_per_unit"));
+  }
   opts.artifact_dir = absl::GetFlag(FLAGS_artifact_dir);
   WC_ASSIGN_OR_RETURN(
       opts.artifact_dir_budget_bytes,

@@ -57,6 +57,12 @@ struct Key {
   bool operator==(const Key&) const = default;
 };
 
+// Kinds the engine loads as native code (dlopen: an AOTInductor package's shared object).
+// Such an artifact runs inside every engine that gets it, so who put it matters more than
+// for a cache the engine reads: the daemon takes it only from admins and the publishers the
+// model's spec names for native code (spec `native_publishers:`), and serves only those.
+inline bool IsNativeCode(std::string_view kind) { return kind == "aoti-package"; }
+
 // INVALID_ARGUMENT naming the field: kind, model and fingerprint are required; every field
 // at most 256 bytes of printable ASCII without spaces (they appear in status and logs).
 absl::Status ValidateKey(const Key& key);

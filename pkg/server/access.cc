@@ -75,9 +75,11 @@ absl::Status Access::Authorize(const Caller& caller, Verb verb, const Object& ob
   return Refuse(d.rule, d.reason);
 }
 
-absl::Status Access::AuthorizePublish(const Caller& caller, const std::string& model) const {
+absl::Status Access::AuthorizePublish(const Caller& caller, const std::string& model,
+                                      bool native) const {
   Object o = model.empty() ? Object{} : ModelObject(model);
   o.model = model;
+  o.native = native;
   return Authorize(caller, Verb::kPublish, o);
 }
 
@@ -97,6 +99,7 @@ Object Access::ModelObject(const std::string& name) const {
   if (const std::optional<spec::ModelSpec> spec = models_.Spec(name)) {
     o.allowed_namespaces = spec->allowed_namespaces;
     o.publishers = spec->publishers;
+    o.native_publishers = spec->native_publishers;
   }
   return o;
 }

@@ -48,8 +48,10 @@ class ArtifactServiceTest : public ::testing::Test {
   void SetUp() override { Make(); }
   // The service, with the namespace rules on or off (slots 1 and 2: pods of team-a and
   // team-b, both publishing namespaces), a store of `store` and puts watched per `puts`.
+  // `per_unit`, `tenants`: the shares of the budget (ArtifactService::Options).
   void Make(bool rules_on = false, artifact::StoreOptions store_options = {},
-            PutWatch::Options puts = {}) {
+            PutWatch::Options puts = {}, uint64_t per_unit = net::KeyedLimiter::kUnbounded,
+            uint64_t tenants = net::KeyedLimiter::kUnbounded) {
     service_.reset();
     access_.reset();
     std::unique_ptr<NamespaceRules> rules;
@@ -74,7 +76,9 @@ class ArtifactServiceTest : public ::testing::Test {
                                  .slot_handle_socket = "/wc/handle.sock",
                                  .dir = "",
                                  .token_ttl = std::chrono::seconds(10),
-                                 .puts = puts},
+                                 .puts = puts,
+                                 .reserve_per_unit = per_unit,
+                                 .reserve_tenants = tenants},
         std::move(store).value(), *rules_, &metrics_);
   }
   // A get of `key` by `who`: the artifact's id, or the error.
@@ -114,8 +118,13 @@ class ArtifactServiceTest : public ::testing::Test {
     s.publishers = std::move(p);
     return s;
   }
+  static spec::ModelSpec WithNativePublishers(spec::ModelSpec s, std::vector<std::string> p) {
+    s.native_publishers = std::move(p);
+    return s;
+  }
   ModelCatalog models_{{Spec("m"), Spec("a-only", {"team-a"}),
-                        WithPublishers(Spec("b-publishes"), {"team-b", "uid:1000"})},
+                        WithPublishers(Spec("b-publishes"), {"team-b", "uid:1000"}),
+                        WithNativePublishers(Spec("native-by-1000"), {"uid:1000"})},
                        1,
                        {},
                        nullptr};
@@ -395,6 +404,102 @@ TEST_F(ArtifactServiceTest, EightSlow60MiBPutsCannotExceedA100MiBBudget) {
   EXPECT_EQ(Artifacts("put", "busy"), 7);
   puts.clear();  // released: fewer bytes than declared, nothing stored, reservations back
   EXPECT_EQ(service_->store().usage().reserved_bytes, 0u);
+}
+
+// Issue 57, finding 4: an AOTInductor package is native code every engine with its key
+// dlopens, yet any granted publisher put one (a crashing constructor crash-looped every such
+// engine). Now native code is taken only from admins and the publishers the spec names for
+// it (native_publishers), and served only while that holds: one planted in the store by
+// another publisher (an older daemon's, or before the spec changed) is as absent.
+TEST_F(ArtifactServiceTest, PlantedNativeCodeFromAPublisherTheSpecDoesNotNameIsNotServed) {
+  v1::ArtifactKey k = Key();
+  k.set_kind("aoti-package");
+  v1::PutArtifactResponse put;
+  const absl::Status planted = Put(On(kPublisher), k, "ELF-constructor-crashes", &put);
+  EXPECT_EQ(planted.code(), absl::StatusCode::kPermissionDenied) << "old code: stored";
+  EXPECT_THAT(std::string(planted.message()),
+              ::testing::AllOf(HasSubstr("may not publish native code"),
+                               HasSubstr("native_publishers: []")));
+  // The same key as a torch-compile cache (which engines read, not dlopen) is still theirs.
+  EXPECT_TRUE(Put(On(kPublisher), Key(), "graph", &put).ok());
+
+  // Planted in the store directly, as a daemon before this rule kept it.
+  auto slot = service_->store().BeginPut(KeyFromWire(k, ""), 3);
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  ASSERT_TRUE((*slot)->Append("ELF").ok());
+  artifact::Publisher by;
+  by.uid = kPublisher;
+  ASSERT_TRUE((*slot)->Commit(by).ok());
+  auto got = GetId(On(kEngine), k);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << "old code: served";
+  EXPECT_THAT(std::string(got.status().message()),
+              ::testing::AllOf(HasSubstr("put by uid 1000"), HasSubstr("is not served"),
+                               HasSubstr("uid:1000 is not named")));
+
+  // An admin's is served; so is one by a publisher the spec names for native code.
+  v1::ArtifactKey k2 = k;
+  k2.set_settings_hash("admins");
+  ASSERT_TRUE(Put(On(kAdmin), k2, "vetted", &put).ok());
+  EXPECT_EQ(GetId(On(kEngine), k2).value_or(""), put.id());
+  v1::ArtifactKey named = k;
+  named.set_model("native-by-1000");
+  ASSERT_TRUE(Put(On(kPublisher), named, "named", &put).ok());
+  EXPECT_EQ(GetId(On(kEngine), named).value_or(""), put.id());
+}
+
+// Issue 56, finding 5: one publisher's reservations held the whole budget (a 64 MiB put
+// kept alive refused the admin's 40 MiB puts 4 of 4; with the defaults one pod's 2 x 512 MiB
+// reserved all of 1 GiB). Now a pod's puts reserve at most its share (here 32 of 128 MiB),
+// the pods' together at most the budget less one share, and the admin's are not counted:
+// pod A's second put (64 MiB) is refused naming the flag, and the admin's 40 MiB put and pod
+// B's fit (old code: A held 96 MiB and the admin's put was refused). With three pods at their
+// share, a fourth is refused naming the pods' part, and the admin's put still fits.
+TEST_F(ArtifactServiceTest, OnePodsLongPutsCannotRefuseTheAdminsOrAnotherPodsPut) {
+  Make(false, {.budget_bytes = 128 * kMiB, .max_artifact_bytes = 128 * kMiB, .dir = ""}, {},
+       32 * kMiB, 96 * kMiB);
+  const auto keyed = [](const std::string& hash) {
+    auto k = Key();
+    k.set_settings_hash(hash);
+    return k;
+  };
+  SlowPut a0(*service_, OfUnit(kPublisher, 41), keyed("a-0"), 32 * kMiB);
+  a0.WaitStarted();
+  ASSERT_FALSE(a0.returned()) << a0.Wait();
+  SlowPut a1(*service_, OfUnit(kPublisher, 41), keyed("a-1"), 64 * kMiB);
+  a1.WaitStarted();
+  EXPECT_TRUE(a1.returned()) << "old code: pod A's two puts reserve 96 of 128 MiB";
+
+  v1::PutArtifactResponse put;
+  const absl::Status admins =
+      Put(On(kAdmin), keyed("admin-40"), std::string(40 * kMiB, 'a'), &put, kMiB);
+  EXPECT_TRUE(admins.ok()) << admins;
+  EXPECT_EQ(put.bytes(), 40 * kMiB);
+  const absl::Status b =
+      Put(OfUnit(kPublisher, 42), keyed("b-32"), std::string(32 * kMiB, 'b'), &put, kMiB);
+  EXPECT_TRUE(b.ok()) << b;
+  ASSERT_TRUE(a1.returned());
+  const absl::Status over = a1.Wait();
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  EXPECT_THAT(std::string(over.message()),
+              ::testing::AllOf(HasSubstr("process 41's puts in flight reserve 33554432 of the "
+                                         "33554432 bytes"),
+                               HasSubstr("--artifact_reserve_per_unit")));
+  EXPECT_EQ(service_->store().usage().reserved_bytes, 32 * kMiB);
+
+  // The pods' part: A, C and D at their share hold 96 MiB; E is refused naming it.
+  SlowPut c(*service_, OfUnit(kPublisher, 43), keyed("c"), 32 * kMiB);
+  c.WaitStarted();
+  SlowPut d(*service_, OfUnit(kPublisher, 44), keyed("d"), 32 * kMiB);
+  d.WaitStarted();
+  ASSERT_FALSE(c.returned() || d.returned()) << c.Wait() << d.Wait();
+  const absl::Status e = Put(OfUnit(kPublisher, 45), keyed("e"), "e", &put);
+  EXPECT_EQ(e.code(), absl::StatusCode::kResourceExhausted) << e;
+  EXPECT_THAT(std::string(e.message()),
+              HasSubstr("the pods' puts in flight reserve 100663296 of the 100663296 bytes"));
+  // The share they cannot hold is the admin's: its put of a share's size fits.
+  const absl::Status admins2 =
+      Put(On(kAdmin), keyed("admin-32"), std::string(32 * kMiB, 'z'), &put, kMiB);
+  EXPECT_TRUE(admins2.ok()) << admins2;
 }
 
 // At most a few puts in flight per tenant unit (a pod, never a uid: every engine is root);

@@ -97,6 +97,11 @@ struct DaemonOptions {
   // `artifact_put_total` in all (publish/put_watch.h).
   size_t artifact_max_puts = 8;
   size_t artifact_max_puts_per_unit = 2;
+  // Bytes of the budget one tenant unit's puts in flight may reserve at once
+  // (--artifact_reserve_per_unit); all units' together at most the budget less one such
+  // share, which the admin's puts (not counted) always find free. 0: a quarter of the budget
+  // (ArtifactReservePerUnit).
+  uint64_t artifact_reserve_per_unit_bytes = 0;
   std::chrono::milliseconds artifact_put_idle{10000};
   std::chrono::milliseconds artifact_put_total{300000};
   // Who may connect (control and handle sockets, SO_PEERCRED); empty: anyone who can reach
@@ -176,13 +181,22 @@ struct DaemonOptions {
 // What weightcached refuses at start (options_check.cc), each error naming the flag that sets
 // the field and why: a model root that is relative or not an existing directory; a relative
 // keeper socket, container socket dir or artifact dir; a PodResources cache time outside
-// [0, 3600] s; an artifact size limit of 0 or above the artifact budget (with a budget); fewer
+// [0, 3600] s; an artifact size limit of 0 or above the artifact budget (with a budget); a
+// pod's share of the artifact budget above half of it (the pods' part, the budget less one
+// share, would not hold one share); fewer
 // control connections in all than per pod; more artifact puts per pod than in all. Reads the
 // file system (model roots) only; the first fault found is returned.
 absl::Status CheckOptions(const DaemonOptions& o);
 
 // The daemon's sockets where its options put them: <socket_dir>/control.sock and
 // handle.sock; the admin socket's control.sock in admin_socket_dir ("" without one).
+// Bytes of the artifact budget one tenant unit's puts may reserve: the option, or (0) a
+// quarter of the budget.
+inline uint64_t ArtifactReservePerUnit(const DaemonOptions& o) {
+  return o.artifact_reserve_per_unit_bytes != 0 ? o.artifact_reserve_per_unit_bytes
+                                                : o.artifact_budget_bytes / 4;
+}
+
 inline std::string ControlSocketPath(const DaemonOptions& o) {
   return o.socket_dir + "/" + kControlSocketName;
 }

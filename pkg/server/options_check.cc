@@ -60,6 +60,14 @@ absl::Status CheckArtifactLimits(const DaemonOptions& o) {
           "--artifact_max_bytes (", Bytes(o.artifact_max_bytes), ") is above --artifact_budget (",
           Bytes(o.artifact_budget_bytes), "): an artifact that large could never be kept"));
     }
+    if (o.artifact_reserve_per_unit_bytes > o.artifact_budget_bytes / 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--artifact_reserve_per_unit (", Bytes(o.artifact_reserve_per_unit_bytes),
+          ") is above half of --artifact_budget (", Bytes(o.artifact_budget_bytes),
+          "): the pods' puts share the budget less one such share (kept for the admin's "
+          "puts), so one pod could hold all of it; give at most ",
+          Bytes(o.artifact_budget_bytes / 2), ", or leave it empty for a quarter"));
+    }
   }
   if (o.artifact_max_puts == 0) {
     return absl::InvalidArgumentError("--artifact_max_puts=0: every artifact put would be refused");

@@ -101,6 +101,24 @@ TEST(CheckOptions, AnArtifactLimitAboveTheBudgetIsRefused) {
   EXPECT_TRUE(CheckOptions(o).ok());
 }
 
+// A pod's share of the artifact budget above half of it: the pods' part (the budget less one
+// share, kept for the admin's puts) would not hold one share. Half is meant; the default
+// (0) is a quarter.
+TEST(CheckOptions, APodsArtifactShareAboveHalfTheBudgetIsRefused) {
+  DaemonOptions o;
+  o.artifact_budget_bytes = 4 << 20;
+  o.artifact_max_bytes = 1 << 20;
+  o.artifact_reserve_per_unit_bytes = (2 << 20) + 1;
+  EXPECT_THAT(Refusal(o), AllOf(HasSubstr("--artifact_reserve_per_unit (2097153 bytes) is above "
+                                          "half of --artifact_budget (4194304 bytes)"),
+                                HasSubstr("give at most 2097152 bytes")));
+  o.artifact_reserve_per_unit_bytes = 2 << 20;
+  EXPECT_TRUE(CheckOptions(o).ok());
+  o.artifact_reserve_per_unit_bytes = 0;
+  EXPECT_TRUE(CheckOptions(o).ok());
+  EXPECT_EQ(ArtifactReservePerUnit(o), 1u << 20);
+}
+
 // A per-pod cap above its total never binds (one pod could take all): refused; equal is meant.
 TEST(CheckOptions, APerPodCapAboveItsTotalIsRefused) {
   struct Case {

@@ -43,6 +43,7 @@ constexpr const char* kKeys[] = {"version",
                                  "allowed_namespaces",
                                  "isolation",
                                  "publishers",
+                                 "native_publishers",
                                  "digests",
                                  "segment_digests"};
 
@@ -237,12 +238,13 @@ absl::Status SetFromNode(const std::string& key, const YAML::Node& value, ModelS
   if (value.IsNull()) return absl::OkStatus();  // an explicit null keeps the default
   if (key == "digests") return SetDigests(value, spec);
   if (key == "segment_digests") return SetSegmentDigests(value, spec);
-  if (key == "publishers") {
-    spec->publishers.clear();
+  if (key == "publishers" || key == "native_publishers") {
+    auto& list = key == "publishers" ? spec->publishers : spec->native_publishers;
+    list.clear();
     return ForEachScalar(key, value, "a list of namespace names and uid:<n>",
                          "a namespace name or uid:<n>",
                          [&](const std::string&, const YAML::Node& item) {
-                           spec->publishers.push_back(item.Scalar());
+                           list.push_back(item.Scalar());
                            return absl::OkStatus();
                          });
   }
@@ -469,6 +471,10 @@ absl::StatusOr<ModelSpec> ParseSpecFlag(const std::string& flag) {
         spec.publishers.push_back(item);
         continue;
       }
+      if (last_key == "native_publishers" && !item.empty()) {
+        spec.native_publishers.push_back(item);
+        continue;
+      }
       if (last_key == "tp_ranks" && !item.empty()) {
         int rank = 0;
         WC_RETURN_IF_ERROR(InContext(
@@ -502,9 +508,10 @@ absl::StatusOr<ModelSpec> ParseSpecFlag(const std::string& flag) {
       if (!value.empty()) spec.allowed_namespaces.push_back(value);
       continue;
     }
-    if (key == "publishers") {
-      spec.publishers.clear();
-      if (!value.empty()) spec.publishers.push_back(value);
+    if (key == "publishers" || key == "native_publishers") {
+      auto& list = key == "publishers" ? spec.publishers : spec.native_publishers;
+      list.clear();
+      if (!value.empty()) list.push_back(value);
       continue;
     }
     if (key == "tp_ranks") {
@@ -552,6 +559,11 @@ std::string ToYaml(const ModelSpec& spec) {
   if (!spec.publishers.empty()) {
     out << YAML::Key << "publishers" << YAML::Value << YAML::Flow << YAML::BeginSeq;
     for (const auto& p : spec.publishers) out << YAML::DoubleQuoted << p;
+    out << YAML::EndSeq;
+  }
+  if (!spec.native_publishers.empty()) {
+    out << YAML::Key << "native_publishers" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (const auto& p : spec.native_publishers) out << YAML::DoubleQuoted << p;
     out << YAML::EndSeq;
   }
   if (!spec.digests.empty()) {

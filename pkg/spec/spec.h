@@ -27,6 +27,9 @@
 //                                    # published weights): namespaces of pods on slot
 //                                    # sockets, uid:<n> on the engine socket; admins always;
 //                                    # empty: every granted publisher
+//   native_publishers: [team-a]      # optional: who may publish native code for it (kinds
+//                                    # the engine dlopens: aoti-package) besides admins;
+//                                    # empty: admins only
 //   digests:                         # optional: each checkpoint file's SHA-256 (64 hex
 //     model.safetensors: 9f86d0...   # digits; `weightcachectl pin` prints the block), by
 //                                    # file name: the daemon names the weights by them
@@ -90,6 +93,10 @@ struct ModelSpec {
   // slot socket) and "uid:<n>" (a peer on the engine socket); unique. Empty: every granted
   // publisher. An access rule: never in the fingerprint.
   std::vector<std::string> publishers;
+  // Who may publish native code for the model (artifact kinds the engine loads with dlopen:
+  // artifact::IsNativeCode), besides admins; the same forms as `publishers`, which do not
+  // open native code. Empty: admins only. An access rule: never in the fingerprint.
+  std::vector<std::string> native_publishers;
   // Pinned digests: checkpoint file name (a basename, e.g. "model-00001-of-00002.safetensors")
   // -> the SHA-256 of its whole contents, 64 lowercase hex digits (ParseSpecs lowercases).
   // Empty: the daemon computes them (pkg/identity). When set, every file of the checkpoint

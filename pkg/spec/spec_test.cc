@@ -215,10 +215,11 @@ TEST(SpecParse, UnknownKeyNamesKeyAndSource) {
   EXPECT_THAT(std::string(specs.status().message()),
               HasSubstr("specs.yaml: models[1]: unknown key \"tensor_parallel\" (known: "));
 
-  ExpectInvalid("name: a\nmodel_dir: /a\ntp: 2\n",
-                "specs.yaml: unknown key \"tp\" (known: version, name, model_dir, architecture, "
-                "revision, tp_size, tp_ranks, pp_size, pp_rank, dtype, quantization, layout, "
-                "allowed_namespaces, isolation, publishers, digests, segment_digests)");
+  ExpectInvalid(
+      "name: a\nmodel_dir: /a\ntp: 2\n",
+      "specs.yaml: unknown key \"tp\" (known: version, name, model_dir, architecture, "
+      "revision, tp_size, tp_ranks, pp_size, pp_rank, dtype, quantization, layout, "
+      "allowed_namespaces, isolation, publishers, native_publishers, digests, segment_digests)");
   ExpectInvalid("models:\n  - {name: a, model_dir: /a}\nname: b\n",
                 "specs.yaml: unknown key \"name\" beside `models:` (keys go in each model)");
 }
@@ -371,7 +372,7 @@ TEST(SpecFlag, Errors) {
          "flag: unknown key \"tp\" (known: version, name, model_dir, "
          "architecture, revision, tp_size, tp_ranks, pp_size, "
          "pp_rank, dtype, quantization, layout, "
-         "allowed_namespaces, isolation, publishers, digests, segment_digests)");
+         "allowed_namespaces, isolation, publishers, native_publishers, digests, segment_digests)");
   expect("name=a,model_dir=/a,tp_size=x", "flag: tp_size: must be an integer, got \"x\"");
   expect("name=a,model_dir=/a,tp_size=0", "flag: tp_size: must be >= 1, got 0");
   expect("name=a,model_dir=/a,tp_size=2,tp_ranks=0,5",
@@ -625,6 +626,23 @@ TEST(SpecIsolation, ParsedValidatedAndRoundTripped) {
   ExpectInvalid("name: llama\nmodel_dir: /a\nisolation: tenant\n",
                 "specs.yaml: isolation: model \"llama\": must be one of shared, namespace, got "
                 "\"tenant\"");
+}
+
+// native_publishers: who may publish native code (aoti-package) for a model besides admins,
+// apart from `publishers:`; the same forms and checks, from YAML and flags, round-tripped.
+TEST(SpecPublishers, NativePublishersParsedValidatedAndRoundTripped) {
+  EXPECT_TRUE(ParseOne("name: a\nmodel_dir: /a\n").native_publishers.empty());
+  const ModelSpec p =
+      ParseOne("name: a\nmodel_dir: /a\npublishers: [team-a]\nnative_publishers: [\"uid:1000\"]\n");
+  EXPECT_EQ(p.native_publishers, std::vector<std::string>({"uid:1000"}));
+  EXPECT_EQ(p.publishers, std::vector<std::string>({"team-a"}));
+  auto flag = ParseSpecFlag("name=a,model_dir=/a,native_publishers=team-b,uid:0");
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  EXPECT_EQ(flag->native_publishers, std::vector<std::string>({"team-b", "uid:0"}));
+  EXPECT_EQ(ParseOne(ToYaml(p)).native_publishers, p.native_publishers);
+  ExpectInvalid("name: llama\nmodel_dir: /a\nnative_publishers: [1000]\n",
+                "specs.yaml: native_publishers[0]: model \"llama\": \"1000\" is ambiguous: write "
+                "a uid as \"uid:1000\"");
 }
 
 // publishers: who may publish for a model (issue 47), namespaces and uid:<n>, from YAML and

@@ -129,20 +129,25 @@ absl::Status ValidateNamespaces(const ModelSpec& spec) {
 
 // publishers: each a namespace name or uid:<n>; a bare number is ambiguous (a namespace may
 // be all digits) and refused with the way to write a uid.
+absl::Status ValidatePublisherList(const ModelSpec& spec, const char* field,
+                                   const std::vector<std::string>& list) {
+  return ValidateList(spec, field, list, "publisher", [](const std::string& p) -> std::string {
+    if (AllDigits(p)) return absl::StrCat(" is ambiguous: write a uid as \"uid:", p, "\"");
+    if (p.rfind("uid:", 0) == 0) {
+      const std::string n = p.substr(4);
+      if (!AllDigits(n) || n.size() > 10 || std::stoull(n) > 0xffffffffull) {
+        return " is not uid:<n> with n a uid (0 to 4294967295)";
+      }
+      return "";
+    }
+    if (IsNamespaceName(p)) return "";
+    return " is neither a Kubernetes namespace name (a DNS-1123 label) nor uid:<n>";
+  });
+}
+
 absl::Status ValidatePublishers(const ModelSpec& spec) {
-  return ValidateList(
-      spec, "publishers", spec.publishers, "publisher", [](const std::string& p) -> std::string {
-        if (AllDigits(p)) return absl::StrCat(" is ambiguous: write a uid as \"uid:", p, "\"");
-        if (p.rfind("uid:", 0) == 0) {
-          const std::string n = p.substr(4);
-          if (!AllDigits(n) || n.size() > 10 || std::stoull(n) > 0xffffffffull) {
-            return " is not uid:<n> with n a uid (0 to 4294967295)";
-          }
-          return "";
-        }
-        if (IsNamespaceName(p)) return "";
-        return " is neither a Kubernetes namespace name (a DNS-1123 label) nor uid:<n>";
-      });
+  WC_RETURN_IF_ERROR(ValidatePublisherList(spec, "publishers", spec.publishers));
+  return ValidatePublisherList(spec, "native_publishers", spec.native_publishers);
 }
 
 // Pinned digests (spec `digests`): each key a plain checkpoint file name, each value a

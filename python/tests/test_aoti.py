@@ -8,7 +8,10 @@ logged, and the libstdc++ promotion."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import textwrap
 
 import pytest
@@ -42,8 +45,9 @@ def _bound(w):
 
 
 @pytest.fixture(autouse=True)
-def _env(monkeypatch):
+def _env(monkeypatch, tmp_path):
     monkeypatch.delenv("TORCHINDUCTOR_VEC_ISA_OK", raising=False)  # apply() sets it
+    monkeypatch.setenv("WEIGHTCACHE_STATE_DIR", str(tmp_path / "state"))  # load markers
 
 
 X = torch.ones(2, 256, dtype=torch.bfloat16)
@@ -103,18 +107,20 @@ def test_a_package_for_another_torch_cuda_or_gpu_is_never_fetched(daemon, caplog
     with weightcache.acquire("tiny", socket=daemon.socket) as w:
         m = _bound(w)
         settings = {"test": "other-versions"}
-        mine = aoti.package_key("tiny", w.fingerprint, example_inputs=(X,), settings=settings)
+        code = aoti.code_digest(m)
+        mine = aoti.package_key("tiny", w.fingerprint, example_inputs=(X,), settings=settings,
+                                code=code)
         others = [dict(torch_version="2.11.0+cu130"), dict(cuda_version="13.0"),
-                  dict(compute_capability="9.0")]
+                  dict(compute_capability="9.0"), dict(code="0" * 32)]
         for o in others:
             k = aoti.package_key("tiny", w.fingerprint, example_inputs=(X,), settings=settings,
-                                 **o)
+                                 **{"code": code, **o})
             assert k != mine
             assert weightcache.put_artifact(k, aoti.pack(b"built elsewhere", {}, {}),
-                                            socket=daemon.socket)
+                                            socket=daemon.admin_socket)
         # Shapes are in the key too: a package specialized to other inputs is another one.
         assert aoti.package_key("tiny", w.fingerprint, example_inputs=(X[:1],),
-                                settings=settings) != mine
+                                settings=settings, code=code) != mine
         with caplog.at_level(logging.WARNING, logger="weightcache"):
             got = aoti.load("tiny", w, module=m, example_inputs=(X,), settings=settings,
                             socket=daemon.socket)
@@ -130,9 +136,10 @@ def test_a_package_that_does_not_load_falls_back_with_the_reason_logged(daemon, 
     with weightcache.acquire("tiny", socket=daemon.socket) as w:
         m = _bound(w)
         settings = {"test": "does-not-load"}
-        key = aoti.package_key("tiny", w.fingerprint, example_inputs=(X,), settings=settings)
+        key = aoti.package_key("tiny", w.fingerprint, example_inputs=(X,), settings=settings,
+                               code=aoti.code_digest(m))
         assert weightcache.put_artifact(key, b"\x00garbage, not a package",
-                                        socket=daemon.socket)
+                                        socket=daemon.admin_socket)
         with caplog.at_level(logging.WARNING, logger="weightcache"):
             got = aoti.load("tiny", w, module=m, example_inputs=(X,), settings=settings,
                             socket=daemon.socket)
@@ -144,8 +151,9 @@ def test_a_package_that_does_not_load_falls_back_with_the_reason_logged(daemon, 
         assert "did not load" in logged and "building the package failed" in logged
         # A well-formed artifact whose package this torch cannot load: the same path.
         key2 = dict(key, settings_hash=aoti.package_key(
-            "tiny", w.fingerprint, example_inputs=(X,), settings="2")["settings_hash"])
-        weightcache.put_artifact(key2, aoti.pack(b"PK", {}, {}), socket=daemon.socket)
+            "tiny", w.fingerprint, example_inputs=(X,), settings="2",
+            code=aoti.code_digest(m))["settings_hash"])
+        weightcache.put_artifact(key2, aoti.pack(b"PK", {}, {}), socket=daemon.admin_socket)
         got = aoti.load("tiny", w, module=m, example_inputs=(X,), settings="2",
                         socket=daemon.socket)
         assert got.source == "eager"
@@ -175,8 +183,9 @@ def test_a_damaged_package_is_refused_and_its_key_freed_for_the_rebuilt_one(
         d.wait_ready(["tiny"])
         with weightcache.acquire("tiny", socket=d.socket) as w:
             fp = w.fingerprint
-        key = aoti.package_key("tiny", fp, example_inputs=(X,))
-        assert weightcache.put_artifact(key, aoti.pack(b"PK" * 4096, {}, {}), socket=d.socket)
+        key = aoti.package_key("tiny", fp, example_inputs=(X,), code=aoti.code_digest(Head()))
+        assert weightcache.put_artifact(key, aoti.pack(b"PK" * 4096, {}, {}),
+                                        socket=d.admin_socket)
         d.restart()  # the blob is read back from the disk, its SHA-256 checked
         d.wait_ready(["tiny"])
         blobs = list(store.rglob("*.blob"))
@@ -193,10 +202,99 @@ def test_a_damaged_package_is_refused_and_its_key_freed_for_the_rebuilt_one(
             assert got.source == "eager" and torch.equal(got(X), m(X))
             assert any("refused the stored package" in r.getMessage() for r in caplog.records)
         # Set aside by the daemon: the rebuilt package (the device's build) is stored again.
-        assert weightcache.put_artifact(key, aoti.pack(b"rebuilt", {}, {}), socket=d.socket)
+        assert weightcache.put_artifact(key, aoti.pack(b"rebuilt", {}, {}),
+                                        socket=d.admin_socket)
         assert aoti.unpack(weightcache.get_artifact(key, socket=d.socket))[0] == b"rebuilt"
     finally:
         d.stop()
+
+
+class OtherHead(Head):
+    def forward(self, x):
+        return self.lm_head(x * self.norm) * self.scale * 2
+
+
+def test_the_key_carries_a_digest_of_the_modules_code(daemon):
+    with weightcache.acquire("tiny", socket=daemon.socket) as w:
+        a, b = aoti.code_digest(Head()), aoti.code_digest(OtherHead())
+        assert len(a) == 32 and a != b and aoti.code_digest(Head()) == a
+        ka = aoti.package_key("tiny", w.fingerprint, example_inputs=(X,), code=a)
+        kb = aoti.package_key("tiny", w.fingerprint, example_inputs=(X,), code=b)
+        assert ka["engine_version"] == f"code-{a[:16]}" and ka != kb
+        # A caller's engine_version is kept; the code is still in the settings hash.
+        kc = aoti.package_key("tiny", w.fingerprint, example_inputs=(X,), code=b,
+                              engine_version="vllm-0.9")
+        assert kc["engine_version"] == "vllm-0.9" and kc["settings_hash"] == kb["settings_hash"]
+        # make_module alone (a hit never builds the module): the builder's code.
+        assert aoti.code_digest(make_module=_bound) not in ("", a)
+
+
+def test_planted_package_from_a_publisher_the_spec_does_not_name_is_not_loaded(daemon,
+                                                                              monkeypatch):
+    with weightcache.acquire("tiny", socket=daemon.socket) as w:
+        m = _bound(w)
+        key = aoti.package_key("tiny", w.fingerprint, example_inputs=(X,),
+                               settings="planted", code=aoti.code_digest(m))
+        # This uid is a granted publisher (--publish_uids), which the spec does not name for
+        # native code: the package is refused (old daemon: stored, then dlopened below).
+        with pytest.raises(weightcache.WeightcacheError, match="may not publish native code") as e:
+            weightcache.put_artifact(key, aoti.pack(b"PK-planted", {}, {}), socket=daemon.socket)
+        assert e.value.code == "PERMISSION_DENIED"
+        assert "native_publishers" in e.value.message
+        loads = []
+        monkeypatch.setattr(aoti, "load_package_file",
+                            lambda *a, **k: loads.append(a) or (_ for _ in ()).throw(
+                                aoti.PackageError("not here")))
+        got = aoti.load("tiny", w, module=m, example_inputs=(X,), settings="planted",
+                        socket=daemon.socket)
+        assert got.reason.startswith("no package in the daemon for this key (a miss)")
+        assert loads == []
+
+
+def test_a_package_that_crashed_once_is_skipped_and_compiled_instead(daemon, monkeypatch,
+                                                                    caplog):
+    with weightcache.acquire("tiny", socket=daemon.socket) as w:
+        m = _bound(w)
+        key = aoti.package_key("tiny", w.fingerprint, example_inputs=(X,), settings="crash",
+                               code=aoti.code_digest(m))
+        blob = aoti.pack(b"PK-crashes-in-its-constructor", {}, {})
+        assert weightcache.put_artifact(key, blob, socket=daemon.admin_socket)
+        sha = hashlib.sha256(blob).hexdigest()
+        # The marker is written before the package is opened, and removed when the load
+        # returns (here: raises, which is not a crash).
+        seen = []
+
+        def opened(path, **kw):
+            seen.append(json.loads(open(aoti.marker_path(key)).read()))
+            raise aoti.PackageError("this torch has no loader")
+
+        monkeypatch.setattr(aoti, "load_package_file", opened)
+        got = aoti.load("tiny", w, module=m, example_inputs=(X,), settings="crash",
+                        socket=daemon.socket)
+        assert seen and seen[0]["sha256"] == sha and seen[0]["source"] == "artifact"
+        assert not os.path.exists(aoti.marker_path(key))
+        assert "did not load" in got.reason
+        # A load that died: the process was killed inside it, its marker left behind.
+        marker = aoti._Marked(key, sha, "artifact").__enter__()
+        assert os.path.exists(marker.path)
+        seen.clear()
+        with caplog.at_level(logging.WARNING, logger="weightcache"):
+            got = aoti.load("tiny", w, module=m, example_inputs=(X,), settings="crash",
+                            socket=daemon.socket)
+        assert seen == [], "old code: dlopened again (a crash loop)"
+        assert got.source in ("compile", "eager") and torch.equal(got(X), m(X))
+        assert f"package sha256:{sha[:16]} of this key killed a previous load" in got.reason
+        assert marker.path in got.reason
+        assert any("killed a previous load" in r.getMessage() for r in caplog.records)
+        with pytest.raises(aoti.PackageError, match="killed a previous load"):
+            aoti.load("tiny", w, module=m, example_inputs=(X,), settings="crash",
+                      fallback=None, socket=daemon.socket)
+        # Another package for the key (the admin replaced it): tried again.
+        with open(marker.path, "w") as f:
+            json.dump({"sha256": "0" * 64, "source": "artifact"}, f)
+        got = aoti.load("tiny", w, module=m, example_inputs=(X,), settings="crash",
+                        socket=daemon.socket)
+        assert len(seen) == 1 and "did not load" in got.reason
 
 
 def test_promote_libstdcxx_puts_torchs_libstdcxx_in_the_global_scope():

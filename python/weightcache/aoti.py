@@ -18,13 +18,24 @@ does not load is never the engine's crash: the reason is logged and the package 
 when that fails too, the module is compiled with ``torch.compile`` (or run as it is).
 
 The artifact's key names the model fingerprint, the settings and the example inputs' shapes,
-torch, Triton, CUDA and the GPU's compute capability: a package built for another torch, CUDA
-or GPU is another key, never fetched.
+torch, Triton, CUDA, the GPU's compute capability and a digest of the module's code
+(:func:`code_digest`): a package built for another torch, CUDA or GPU, or from other code, is
+another key, never fetched.
+
+A package is native code this process ``dlopen``s: the daemon takes it only from admins and
+the publishers the model's spec names for native code (``native_publishers:``). Before a
+package is loaded a marker naming it is written under a per-user state directory
+(:func:`state_dir`) and removed once the load returns; a marker still there means a load of
+that package killed its process (a constructor that crashes), and that package is not loaded
+again: the module is compiled instead (``fallback``), the reason naming the package and the
+marker, so a bad package does not crash-loop the engine.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import inspect
 import json
 import logging
 import os
@@ -300,6 +311,115 @@ def _load_blob(blob: bytes, weights: Mapping[str, Any], device: Any,
     return loaded, n
 
 
+# --- the loads that died: a marker per key, written before dlopen ------------------------
+
+def state_dir() -> str:
+    """Where this user's markers live: ``$WEIGHTCACHE_STATE_DIR``, else
+    ``$XDG_STATE_HOME/weightcache``, else ``~/.local/state/weightcache`` (made 0700). In a
+    Kubernetes pod point ``WEIGHTCACHE_STATE_DIR`` at an ``emptyDir`` volume: it outlives the
+    container's restarts, which a crash-looping engine is."""
+    d = os.environ.get("WEIGHTCACHE_STATE_DIR")
+    if not d:
+        base = os.environ.get("XDG_STATE_HOME") or os.path.join(
+            os.path.expanduser("~"), ".local", "state")
+        d = os.path.join(base, "weightcache")
+    return d
+
+
+def marker_path(key: Mapping[str, str]) -> str:
+    """The marker of a load of ``key``'s package (one per key: a key whose package killed a
+    load is not loaded again until the daemon holds another package for it)."""
+    name = hashlib.sha256(json.dumps(dict(key), sort_keys=True).encode()).hexdigest()[:32]
+    return os.path.join(state_dir(), "aoti-loads", name)
+
+
+def _crashed_before(key: Mapping[str, str], package_sha256: str) -> str:
+    """The marker's path when a previous load of this key's package (``package_sha256``; ""
+    for one built here) died, else ""."""
+    path = marker_path(key)
+    try:
+        with open(path) as f:
+            left = json.load(f)
+    except FileNotFoundError:
+        return ""
+    except (OSError, ValueError):
+        return path  # unreadable: a load began and never ended
+    if package_sha256 and left.get("sha256") not in ("", package_sha256):
+        return ""  # another package now: the one that died was replaced
+    return path
+
+
+class _Marked:
+    """The marker of one load, written (and synced) before the package is dlopened, removed
+    when the load returns or raises: only a process that died mid-load leaves it."""
+
+    def __init__(self, key: Mapping[str, str], package_sha256: str, source: str) -> None:
+        self.path = marker_path(key)
+        self.body = json.dumps({"sha256": package_sha256, "source": source, "pid": os.getpid(),
+                                "model": key.get("model", ""), "unix_seconds": time.time()})
+
+    def __enter__(self) -> "_Marked":
+        try:
+            os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+            tmp = f"{self.path}.{os.getpid()}"
+            with open(tmp, "w") as f:
+                f.write(self.body)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError as e:  # no state dir: the load goes on, unguarded, and says so
+            log.warning("weightcache.aoti: cannot write the load marker %s (%s): a package "
+                        "that crashes this process would be loaded again at its restart; set "
+                        "WEIGHTCACHE_STATE_DIR to a writable directory", self.path, e)
+            self.path = ""
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.path:
+            return
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def code_digest(module: Any = None, make_module: Optional[Callable[[], Any]] = None) -> str:
+    """A digest of the code a package is compiled from: for ``module``, the source of every
+    class among its modules (the file defining it, else its source, else its ``forward``'s
+    bytecode), by qualified name; for ``make_module`` alone (a hit never builds the module),
+    the same of the function that builds it. 32 hex digits; "" when there is neither."""
+    target: List[Any] = []
+    if module is not None:
+        mods = module.modules() if hasattr(module, "modules") else [module]
+        target = sorted({type(m) for m in mods}, key=lambda c: (c.__module__, c.__qualname__))
+    elif make_module is not None:
+        target = [make_module]
+    if not target:
+        return ""
+    h, files = hashlib.sha256(), {}
+    for obj in target:
+        h.update(f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}\0"
+                 .encode())
+        src = b""
+        try:
+            path = inspect.getsourcefile(obj)
+            if path:
+                if path not in files:
+                    with open(path, "rb") as f:
+                        files[path] = hashlib.sha256(f.read()).digest()
+                src = files[path]
+        except (TypeError, OSError):
+            pass
+        if not src:
+            try:
+                src = inspect.getsource(obj).encode()
+            except (TypeError, OSError):
+                code = getattr(getattr(obj, "forward", obj), "__code__", None)
+                src = code.co_code if code is not None else repr(obj).encode()
+        h.update(src + b"\0")
+    return h.hexdigest()[:32]
+
+
 # --- building -----------------------------------------------------------------------------
 
 # Constants packed into the artifact beyond this are a module that does not run on the
@@ -385,15 +505,20 @@ def _fallback(module: Any, how: Optional[str]) -> Tuple[Callable[..., Any], str]
 
 def package_key(model: str, fingerprint: str, *, example_inputs: Sequence[Any] = (),
                 settings: Any = None, engine: str = "", engine_version: str = "",
-                **versions: Optional[str]) -> Dict[str, str]:
+                code: str = "", **versions: Optional[str]) -> Dict[str, str]:
     """The artifact key of the package: kind ``aoti-package``; the settings hash covers the
     caller's settings, the example inputs' shapes and dtypes (a package is specialized to
-    them) and the artifact format; ``versions`` (torch_version, triton_version, cuda_version,
-    compute_capability) default to this process's."""
+    them), ``code`` (:func:`code_digest` of the module) and the artifact format;
+    ``engine_version`` defaults to ``code-<16 hex of code>``, so the key shows which code
+    it is; ``versions`` (torch_version, triton_version, cuda_version, compute_capability)
+    default to this process's."""
     shapes = [[list(x.shape), str(x.dtype)] if hasattr(x, "shape") else repr(x)
               for x in example_inputs]
+    if not engine_version and code:
+        engine_version = f"code-{code[:16]}"
     return artifact_key(KIND, model, fingerprint, engine=engine, engine_version=engine_version,
-                        settings={"settings": settings, "inputs": shapes, "format": _FORMAT},
+                        settings={"settings": settings, "inputs": shapes, "code": code,
+                                  "format": _FORMAT},
                         **versions)
 
 
@@ -401,7 +526,7 @@ def load(model: str, weights: Any, *, module: Any = None,
          make_module: Optional[Callable[[], Any]] = None, example_inputs: Sequence[Any] = (),
          settings: Any = None, engine: str = "", engine_version: str = "", device: Any = None,
          inductor_configs: Optional[Dict[str, Any]] = None, fallback: Optional[str] = "compile",
-         wait: float = 0.0, loader: str = "direct",
+         wait: float = 0.0, loader: str = "direct", code: Optional[str] = None,
          socket: Optional[str] = None) -> AotiModel:
     """The compiled model for ``weights`` (a :class:`weightcache.Weights`): the daemon's
     package when it has one that loads, else built from ``module`` (bound to ``weights``) and
@@ -411,15 +536,22 @@ def load(model: str, weights: Any, *, module: Any = None,
     the module where torch has no compile), ``"eager"``, or None (raise instead). ``loader``:
     ``"direct"`` (torch's C++ package loader) or ``"torch"``
     (``torch._inductor.aoti_load_package``, which runs Inductor's CPU probe first).
-    ``device`` defaults to the weights' device."""
+    ``device`` defaults to the weights' device. ``code``: what identifies the module's code
+    in the key (default :func:`code_digest` of ``module``, else of ``make_module``: pass it
+    when the function that builds the module does not change with the code, e.g. the
+    modeling library's version). A package whose load killed this process before (its
+    marker left behind, :func:`marker_path`) is not loaded: the module is compiled
+    (``fallback``) and ``reason`` names the package."""
     if loader not in ("direct", "torch"):
         raise WeightcacheError(f"weightcache.aoti.load: loader={loader!r}; "
                                f"use 'direct' or 'torch'")
     decision = probes.apply(socket=socket)  # before anything imports torch._inductor
     if device is None and len(weights):
         device = weights[next(iter(weights))].device
+    if code is None:
+        code = code_digest(module, make_module)
     key = package_key(model, weights.fingerprint, example_inputs=example_inputs,
-                      settings=settings, engine=engine, engine_version=engine_version)
+                      settings=settings, engine=engine, engine_version=engine_version, code=code)
     seconds: Dict[str, float] = {}
     reason = ""
     t = time.perf_counter()
@@ -431,9 +563,19 @@ def load(model: str, weights: Any, *, module: Any = None,
         blob, reason = None, f"the daemon refused the stored package: {e.message}"
         log.warning("weightcache.aoti: %s; rebuilding", reason)
     seconds["get"] = time.perf_counter() - t
-    if blob is not None:
+    sha = hashlib.sha256(blob).hexdigest() if blob is not None else ""
+    died = _crashed_before(key, sha)
+    if died:
+        # A load of this package killed the process before: never dlopen it (nor a rebuild of
+        # the same code) again; compile the module instead.
+        what = f"package sha256:{sha[:16]} of this key" if sha else "the package built here"
+        reason = (f"{what} killed a previous load of it (its marker {died} was left behind): "
+                  f"not loaded again (remove the marker to retry)")
+        log.warning("weightcache.aoti: %s", reason)
+    elif blob is not None:
         try:
-            loaded, n = _load_blob(blob, weights, device, seconds, loader)
+            with _Marked(key, sha, "artifact"):
+                loaded, n = _load_blob(blob, weights, device, seconds, loader)
             return AotiModel(loaded, key, "artifact", constants=n, package_bytes=len(blob),
                              seconds=seconds, probes=decision)
         except Exception as e:  # a package that does not load is never the engine's crash
@@ -446,6 +588,11 @@ def load(model: str, weights: Any, *, module: Any = None,
     if module is None:
         raise PackageError(f"weightcache.aoti: {reason}, and no module to build it from")
     put = False
+    if died:
+        if fallback is None:
+            raise PackageError(f"weightcache.aoti: {reason}")
+        fn, how = _fallback(module, fallback)
+        return AotiModel(fn, key, how, reason=reason, seconds=seconds, probes=decision)
     try:
         t = time.perf_counter()
         built = _build(module, example_inputs, weights, inductor_configs)
@@ -454,7 +601,8 @@ def load(model: str, weights: Any, *, module: Any = None,
             put = put_artifact(key, built, socket=socket)
         except WeightcacheError as e:  # e.g. no publish role: the next engine builds too
             log.warning("weightcache.aoti: package built but not put: %s", e)
-        loaded, n = _load_blob(built, weights, device, seconds, loader)
+        with _Marked(key, hashlib.sha256(built).hexdigest(), "built"):
+            loaded, n = _load_blob(built, weights, device, seconds, loader)
         return AotiModel(loaded, key, "built", reason=reason, put=put, constants=n,
                          package_bytes=len(built), seconds=seconds, probes=decision)
     except Exception as e:

@@ -566,6 +566,7 @@ TEST_F(DaemonTest, BadFlagsStopTheDaemonNamingTheFlag) {
            "--max_connections=10",
            "--artifact_max_puts_per_unit=9",
            "--artifact_max_puts=0",
+           "--artifact_reserve_per_unit=600MiB",
        }) {
     std::vector<std::string> argv{WEIGHTCACHED_PATH, "--socket_dir=" + socket_dir_,
                                   "--backend=host", "--metrics_address=off"};

@@ -55,8 +55,10 @@ class Access {
   absl::Status Check(const Caller& caller, Verb verb, const Object& object) const;
   bool Allows(const Caller& caller, Verb verb, const Object& object) const;
   // The publish rule for `model` (empty: commit and abort, which the session's owner checks
-  // bind), with the model's namespaces when it is known.
-  absl::Status AuthorizePublish(const Caller& caller, const std::string& model) const;
+  // bind), with the model's namespaces when it is known. `native`: native code (an artifact
+  // engines dlopen): the spec's native_publishers decide (Policy's table).
+  absl::Status AuthorizePublish(const Caller& caller, const std::string& model,
+                                bool native = false) const;
   // PERMISSION_DENIED with `message`, counted under `rule` and logged.
   absl::Status Refuse(const std::string& rule, const std::string& message) const;
   bool IsAdmin(const Caller& c) const { return policy_.IsAdmin(c); }

@@ -51,8 +51,8 @@ class CoreArtifactRules final : public ArtifactRules {
   absl::Status MayPublish(const Caller& caller) const override {
     return access_.AuthorizePublish(caller, "");
   }
-  absl::Status MayPut(const Caller& caller, const std::string& model) const override {
-    return access_.AuthorizePublish(caller, model);
+  absl::Status MayPut(const Caller& caller, const std::string& model, bool native) const override {
+    return access_.AuthorizePublish(caller, model, native);
   }
   absl::Status MayGet(const Caller& caller, const std::string& model) const override {
     return access_.Authorize(caller, Verb::kAcquire, access_.ModelObject(model));
@@ -69,6 +69,8 @@ class CoreArtifactRules final : public ArtifactRules {
     return access_.MetricModel(model);
   }
   bool IsAdmin(const Caller& caller) const override { return access_.IsAdmin(caller); }
+  absl::Status VouchesForNative(const std::string& model, const artifact::Publisher& who,
+                                const std::string& pool) const override;
 
  private:
   const Access& access_;

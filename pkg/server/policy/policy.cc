@@ -133,7 +133,10 @@ Decision Policy::MapRule(const Caller& caller, const Object& object) const {
 }
 
 Decision Policy::PublishersRule(const Caller& caller, const Object& object) const {
-  if (object.publishers.empty() || IsAdmin(caller)) return Decision::Allow();
+  if (IsAdmin(caller)) return Decision::Allow();
+  const std::vector<std::string>& named =
+      object.native ? object.native_publishers : object.publishers;
+  if (named.empty() && !object.native) return Decision::Allow();
   std::string me, why;
   if (caller.socket == SocketKind::kSlot && rules_ != nullptr) {
     auto pod = rules_->PodOf(caller.slot, caller.accepted);
@@ -150,10 +153,18 @@ Decision Policy::PublishersRule(const Caller& caller, const Object& object) cons
   } else {
     why = "nothing names this caller's namespace";
   }
-  if (!me.empty() && Has(object.publishers, me)) return Decision::Allow();
+  if (!me.empty() && Has(named, me)) return Decision::Allow();
+  if (object.native) {
+    return Deny("native_publishers",
+                absl::StrCat(Who(caller), " may not publish native code (an artifact engines ",
+                             "dlopen) for model '", object.model,
+                             "': only admins and the publishers its spec names for it may "
+                             "(native_publishers: [",
+                             absl::StrJoin(named, ", "), "]) and ", why));
+  }
   return Deny("publishers", absl::StrCat(Who(caller), " may not publish for model '", object.model,
                                          "': its spec names who may (publishers: [",
-                                         absl::StrJoin(object.publishers, ", "), "]) and ", why));
+                                         absl::StrJoin(named, ", "), "]) and ", why));
 }
 
 Decision Policy::Decide(const Caller& caller, Verb verb, const Object& object) const {

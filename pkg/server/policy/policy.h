@@ -17,7 +17,9 @@
 //                                           Kubernetes its process; never 'the same uid'
 //   publish   publisher                     the spec's `publishers:` when it names any
 //                                           (admins excepted), then the map rule of the
-//                                           base model
+//                                           base model; native code (an artifact the
+//                                           engine dlopens): the spec's
+//                                           `native_publishers:` (empty: admins only)
 //
 // Roles are granted, never implied (issue 25: every root engine was admin and publisher):
 //   - admin socket (--admin_socket_dir, a directory no engine pod mounts): admin and
@@ -76,6 +78,10 @@ struct Object {
   // publish: the model's spec's `publishers:` (namespace names, "uid:<n>"); empty: any
   // publisher.
   std::vector<std::string> publishers;
+  // publish: native code (artifact::IsNativeCode): the spec's `native_publishers:` decide
+  // in place of `publishers:`, and an empty list admits admins only.
+  bool native = false;
+  std::vector<std::string> native_publishers;
   // A private copy's namespace (spec isolation: namespace) when the verb acts on one entry:
   // only pods of that namespace (and admins) may map or see it.
   std::string tenant;

@@ -107,6 +107,10 @@ ArtifactService::ArtifactService(Options options, std::unique_ptr<artifact::Stor
       rules_(rules),
       metrics_(metrics),
       grants_(options_.token_ttl),
+      shares_({.total = options_.reserve_tenants,
+               .per_key = options_.reserve_per_unit,
+               .over_cap = 0,
+               .own_caps = {}}),
       puts_(options_.puts) {}
 
 void ArtifactService::ReportResident() {
@@ -123,8 +127,9 @@ absl::StatusOr<artifact::Key> ArtifactService::KeyFor(const Caller& caller,
         "artifact key names model '", key.model(),
         "', which this daemon does not know: artifacts belong to a known model (its rules apply)"));
   }
-  WC_RETURN_IF_ERROR(verb == Verb::kPublish ? rules_.MayPut(caller, key.model())
-                                            : rules_.MayGet(caller, key.model()));
+  WC_RETURN_IF_ERROR(verb == Verb::kPublish
+                         ? rules_.MayPut(caller, key.model(), artifact::IsNativeCode(key.kind()))
+                         : rules_.MayGet(caller, key.model()));
   WC_ASSIGN_OR_RETURN(std::string pool, rules_.Pool(caller, key.model()));
   return KeyFromWire(key, pool);
 }
@@ -202,7 +207,9 @@ absl::Status ArtifactService::Store(const Caller& caller, v1::PutArtifactRequest
                                     v1::PutArtifactResponse* resp) {
   v1::PutArtifactRequest& msg = *first;
   WC_ASSIGN_OR_RETURN(artifact::Key key, KeyFor(caller, msg.key(), Verb::kPublish));
-  // Reserves msg.size() of the budget, or RESOURCE_EXHAUSTED at once.
+  // The unit's share first (given back when this put ends, whichever way), then the store's
+  // budget: msg.size() reserved, or RESOURCE_EXHAUSTED at once.
+  WC_ASSIGN_OR_RETURN(net::KeyedLimiter::Slot share, TakeShare(caller, msg.size()));
   WC_ASSIGN_OR_RETURN(auto slot, store_->BeginPut(key, msg.size()));
   do {
     WC_RETURN_IF_ERROR(slot->Append(msg.data()));
@@ -224,6 +231,31 @@ absl::Status ArtifactService::Store(const Caller& caller, v1::PutArtifactRequest
   resp->set_bytes(a->bytes());
   resp->set_sha256(a->sha256());
   return absl::OkStatus();
+}
+
+absl::StatusOr<net::KeyedLimiter::Slot> ArtifactService::TakeShare(const Caller& caller,
+                                                                   uint64_t size) {
+  if (rules_.IsAdmin(caller)) return net::KeyedLimiter::Slot();
+  const std::string unit = caller.unit.Key();
+  net::KeyedLimiter::Claim c = shares_.Take(unit, size);
+  switch (c.verdict) {
+    case net::KeyedLimiter::Verdict::kWithin:
+    case net::KeyedLimiter::Verdict::kOverCap:  // no band past the cap is configured
+      return std::move(c.slot);
+    case net::KeyedLimiter::Verdict::kRefusedKey:
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "this put declares ", size, " bytes; ", caller.unit.Describe(), "'s puts in flight ",
+          "reserve ", c.key_held, " of the ", shares_.CapOf(unit),
+          " bytes of --artifact_budget one pod's puts may reserve at once ",
+          "(--artifact_reserve_per_unit); let one finish first, or put a smaller artifact"));
+    case net::KeyedLimiter::Verdict::kRefusedTotal:
+      break;
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "this put declares ", size, " bytes; the pods' puts in flight reserve ", c.total_held,
+      " of the ", options_.reserve_tenants,
+      " bytes they may share (--artifact_budget less one --artifact_reserve_per_unit, kept for "
+      "the admin's puts); try again shortly"));
 }
 
 absl::Status ArtifactService::Get(const Caller& caller, const v1::GetArtifactRequest& req,
@@ -257,7 +289,7 @@ absl::Status ArtifactService::Serve(const Caller& caller, const v1::GetArtifactR
 absl::StatusOr<std::shared_ptr<const artifact::Artifact>> ArtifactService::Lookup(
     const Caller& caller, artifact::Key key, const v1::GetArtifactRequest& req) {
   const auto deadline = caller.DeadlineOr(std::chrono::milliseconds(req.wait_ms()));
-  auto own = store_->Get(key, req.wait_ms() > 0, deadline, caller.gone);
+  auto own = Vouched(store_->Get(key, req.wait_ms() > 0, deadline, caller.gone), caller);
   if (key.tenant.empty() || own.status().code() != absl::StatusCode::kNotFound) return own;
   // Not in the caller's pool: an admin's, the one pool every pod trusts besides its own.
   key.tenant.clear();
@@ -270,6 +302,19 @@ absl::StatusOr<std::shared_ptr<const artifact::Artifact>> ArtifactService::Looku
     return own;
   }
   return admins;
+}
+
+absl::StatusOr<std::shared_ptr<const artifact::Artifact>> ArtifactService::Vouched(
+    absl::StatusOr<std::shared_ptr<const artifact::Artifact>> got, const Caller& caller) const {
+  if (!got.ok() || !artifact::IsNativeCode((*got)->key().kind)) return got;
+  const artifact::Key& k = (*got)->key();
+  if (absl::Status v = rules_.VouchesForNative(k.model, (*got)->publisher(), k.tenant); !v.ok()) {
+    WC_LOG_WARN("artifact %s not served to %s: %s", (*got)->id().c_str(),
+                caller.unit.Describe().c_str(), std::string(v.message()).c_str());
+    return absl::NotFoundError(
+        absl::StrCat("artifact ", (*got)->id(), " not served: ", v.message()));
+  }
+  return got;
 }
 
 absl::Status ArtifactService::Evict(const Caller& caller, const v1::EvictArtifactsRequest& req,

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "pkg/artifact/store.h"
 #include "pkg/metrics/metrics.h"
+#include "pkg/net/keyed_limiter.h"
 #include "pkg/server/policy/policy.h"
 #include "pkg/server/publish/put_watch.h"
 #include "pkg/server/wire/caller.h"
@@ -35,9 +36,11 @@ class ArtifactRules {
   virtual ~ArtifactRules() = default;
   // Whether `model` is a model this daemon knows (artifacts belong to a known model).
   virtual bool Known(const std::string& model) const = 0;
-  // The rule of a put (the publish role, the model's map rule and its spec's `publishers:`),
-  // a get (the model's map rule) and an evict (admin's); PERMISSION_DENIED naming the rule.
-  virtual absl::Status MayPut(const Caller& caller, const std::string& model) const = 0;
+  // The rule of a put (the publish role, the model's map rule and its spec's `publishers:`;
+  // `native` code: its `native_publishers:`, admins only when empty), a get (the model's map
+  // rule) and an evict (admin's); PERMISSION_DENIED naming the rule.
+  virtual absl::Status MayPut(const Caller& caller, const std::string& model,
+                              bool native) const = 0;
   // The publish role alone, before any model is named (a put asks it before it takes a slot).
   virtual absl::Status MayPublish(const Caller& caller) const = 0;
   virtual absl::Status MayGet(const Caller& caller, const std::string& model) const = 0;
@@ -48,6 +51,13 @@ class ArtifactRules {
   // `model` when it is a defined model, "" otherwise (the bounded metric label).
   virtual std::string MetricModel(const std::string& model) const = 0;
   virtual bool IsAdmin(const Caller& caller) const = 0;
+  // Whether native code of `model` (artifact::IsNativeCode) that `who` put into `pool` may
+  // run in engines: put by an admin, or by a publisher the model's spec names for native
+  // code now (`native_publishers:`: the pool's namespace, or uid:<n> for a put on the
+  // engine socket). PERMISSION_DENIED saying who put it and the rule otherwise. Asked at
+  // every get, so a package put before the rule (or before the spec changed) is not served.
+  virtual absl::Status VouchesForNative(const std::string& model, const artifact::Publisher& who,
+                                        const std::string& pool) const = 0;
 };
 
 class ArtifactGrants {
@@ -77,6 +87,11 @@ class ArtifactGrants {
 // `publishers:` (an artifact is code the engines of that model will run); get the model's
 // map rule; evict is admin's. Each is counted in the metrics by result.
 //
+// Native code (artifact::IsNativeCode: an AOTInductor package, which engines dlopen): put
+// only by admins and the publishers the spec names for it (`native_publishers:`; a granted
+// publisher alone is not enough), and served only when VouchesForNative says its publisher
+// still may; otherwise it is as absent (NOT_FOUND), and the engine builds its own.
+//
 // Pools (issue 47): artifacts are code, so who put one decides who runs it. With the
 // namespace rules every key carries the putter's pool (Access::ArtifactPool: its pod's
 // namespace, or "" for an admin), shared models included, and a pod gets its namespace's
@@ -86,6 +101,15 @@ class ArtifactGrants {
 //
 // Puts in flight: each reserves its declared size in the store at its first message, at
 // most a few per tenant unit and in all (PutWatch), and one that stalls is ended.
+//
+// Shares of the budget: a tenant unit's puts in flight reserve at most `reserve_per_unit`
+// bytes together, and all tenant units' at most `reserve_tenants` (a KeyedLimiter keyed by
+// tenant::Unit::Key()); the daemon sets the latter to the budget less one share, so one
+// share of the budget is never held by the pods' puts. The admin's puts are exempt: they
+// face only the store's budget (the admin is trusted, and may put artifacts larger than a
+// pod's share), and the share the pods cannot hold is where they always fit. Before, one
+// pod's two puts could reserve the whole budget for up to --artifact_put_total and every
+// other put, the admin's included, was refused.
 class ArtifactService {
  public:
   struct Options {
@@ -94,6 +118,10 @@ class ArtifactService {
     std::string dir;                 // --artifact_dir, for Status ("" none)
     std::chrono::seconds token_ttl{10};
     PutWatch::Options puts;
+    // Bytes of reservations one tenant unit's puts may hold at once, and all tenant units'
+    // (kUnbounded: no shares, only the store's budget). Admin puts are not counted.
+    uint64_t reserve_per_unit = net::KeyedLimiter::kUnbounded;  // --artifact_reserve_per_unit
+    uint64_t reserve_tenants = net::KeyedLimiter::kUnbounded;
   };
   // `rules` and `metrics` (may be null) outlive the service.
   ArtifactService(Options options, std::unique_ptr<artifact::Store> store,
@@ -105,7 +133,8 @@ class ArtifactService {
   // makes a pending `read` return false (the watchdog's, for a stalled put; not called
   // once Put returned). RESOURCE_EXHAUSTED at once when the caller's unit, or the daemon,
   // has the most puts in flight, or the declared size does not fit the budget beside the
-  // reservations; DEADLINE_EXCEEDED saying why when the watchdog ended it.
+  // reservations (or, a tenant's, its unit's share or the tenants' part); DEADLINE_EXCEEDED saying
+  // why when the watchdog ended it.
   absl::Status Put(const Caller& caller, const std::function<bool(v1::PutArtifactRequest*)>& read,
                    v1::PutArtifactResponse* resp, const std::function<void()>& cancel);
   absl::Status Get(const Caller& caller, const v1::GetArtifactRequest& req,
@@ -131,11 +160,18 @@ class ArtifactService {
   absl::Status Serve(const Caller& caller, const v1::GetArtifactRequest& req,
                      v1::GetArtifactResponse* resp);
   void Count(const std::string& model, const char* op, const absl::Status& s, uint64_t bytes);
+  // A tenant's put of `size` bytes takes them from its unit's share (held until the put
+  // ends); an admin's takes nothing (an empty Slot). RESOURCE_EXHAUSTED naming the flag.
+  absl::StatusOr<net::KeyedLimiter::Slot> TakeShare(const Caller& caller, uint64_t size);
   // The store's key for a wire key in `caller`'s pool, once `caller` passed `verb`'s rule
   // for its model (kPublish: a put's; kAcquire: a get's). NOT_FOUND for a model the daemon
   // does not know.
   absl::StatusOr<artifact::Key> KeyFor(const Caller& caller, const v1::ArtifactKey& key,
                                        Verb verb) const;
+  // `got` unless it is native code that no rule vouches for (VouchesForNative): then
+  // NOT_FOUND saying why, logged (the engine builds its own).
+  absl::StatusOr<std::shared_ptr<const artifact::Artifact>> Vouched(
+      absl::StatusOr<std::shared_ptr<const artifact::Artifact>> got, const Caller& caller) const;
   // A get's artifact: the caller's pool's, else (namespace rules on) an admin's.
   absl::StatusOr<std::shared_ptr<const artifact::Artifact>> Lookup(
       const Caller& caller, artifact::Key key, const v1::GetArtifactRequest& req);
@@ -145,6 +181,7 @@ class ArtifactService {
   const ArtifactRules& rules_;
   metrics::Metrics* const metrics_;
   ArtifactGrants grants_;
+  net::KeyedLimiter shares_;  // the tenant units' reservations (bytes)
   PutWatch puts_;
 };
 
