@@ -75,6 +75,12 @@ struct LoadedModel {
   // when it first becomes ready (cache::Registry), kept across a daemon restart by the keeper
   // record. A client that lost its daemon re-attaches its lease only to memory of the same id.
   std::string content_id;
+  // How these bytes were first filled, wherever they went since (a keeper, another daemon):
+  // "disk" (read from the checkpoint and hashed), "peer_fill_pinned" (pulled from a peer and
+  // checked against an admin's pinned digests), "peer_fill" (pulled, vouched for by a quorum or
+  // one holder), "publish". Empty: the entry's own source says it. The keeper record carries
+  // it; a peer's quorum counts only holders whose copies came from disk or a pinned anchor.
+  std::string origin;
   uint64_t resident_bytes() const;
 };
 

@@ -70,6 +70,7 @@ absl::Status KeeperLink::AdoptOne(keeper::KeeperClient::Entry held, const AdmitF
   content->device_uuid = r.device_uuid();
   content->model_dir = r.model_dir();
   content->content_id = r.content_id();
+  content->origin = r.source();
   if (published && r.has_publisher()) published({r.fingerprint(), r.device_uuid()}, r.publisher());
   cache::LoadRequest req;
   req.key = {r.fingerprint(), r.device_uuid()};
@@ -87,6 +88,7 @@ absl::Status KeeperLink::AdoptOne(keeper::KeeperClient::Entry held, const AdmitF
     out->device_uuid = content->device_uuid;
     out->model_dir = content->model_dir;
     out->content_id = content->content_id;
+    out->origin = content->origin;
     out->segments = std::move(content->segments);
     return out;
   };

@@ -59,7 +59,9 @@ std::string EncodeKeeperRecord(const cache::Entry& e, const load::LoadedModel& c
   r.set_fingerprint(e.fingerprint);
   r.set_device_uuid(e.device_uuid);
   r.set_backend(backend);
-  r.set_source(e.source);
+  // How the bytes were first filled (load::LoadedModel::origin), not how this daemon got them:
+  // an entry adopted from the keeper still says it came from disk.
+  r.set_source(content.origin.empty() ? e.source : content.origin);
   r.set_spec_yaml(spec.yaml);
   r.set_defined_inline(spec.defined_inline);
   r.set_model_dir(content.model_dir);

@@ -81,6 +81,23 @@ TEST(KeeperRecordTest, WhatIsDepositedDecodesToTheSameEntry) {
   EXPECT_EQ(KeeperKey(f.entry->fingerprint, "host"), f.entry->fingerprint + "@host");
 }
 
+// The record says how the bytes were first filled, not how this daemon got them: a copy
+// adopted from the keeper and deposited again still says "disk" (a peer's quorum counts only
+// such copies), and one pulled from a peer says so.
+TEST(KeeperRecordTest, LaunderedOriginSurvivesARedepositAfterAdoption) {
+  Fixture f;
+  f.content.origin = "disk";  // what the adoption sets from the record it took back
+  f.entry =
+      std::make_unique<cache::Entry>(f.entry->key, "m", f.entry->inputs, "keeper", f.entry->files);
+  auto a = DecodeKeeperRecord(f.Encode());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->record.source(), "disk");
+  f.content.origin = "peer_fill";
+  a = DecodeKeeperRecord(f.Encode());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->record.source(), "peer_fill");
+}
+
 // A private copy's namespace is part of its fingerprint: the record keeps it, so the adopted
 // entry is still that namespace's alone.
 TEST(KeeperRecordTest, APrivateCopysNamespaceSurvivesTheRecord) {

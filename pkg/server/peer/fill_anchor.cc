@@ -17,6 +17,10 @@ absl::StatusOr<PeerTrust> ParsePeerTrust(const std::string& name) {
       absl::StrCat("--peer_trust: '", name, "' is neither 'quorum' nor 'single'"));
 }
 
+bool OriginBacksAQuorum(const std::string& origin) {
+  return origin == "disk" || origin == "peer_fill_pinned";
+}
+
 AnchorChoice ChooseAnchor(const std::vector<HolderClaim>& claims,
                           const std::vector<std::string>& pinned, PeerTrust trust, size_t quorum) {
   AnchorChoice c;
@@ -36,10 +40,16 @@ AnchorChoice ChooseAnchor(const std::vector<HolderClaim>& claims,
     }
     return c;
   }
-  // The distinct identities behind each set of digests.
+  // The distinct identities behind each set of digests, of holders whose copies vouch.
   std::map<std::vector<std::string>, std::set<std::string>> backers;
+  size_t laundered = 0;
   for (const auto& h : claims) {
-    if (!h.identity.empty()) backers[h.segment_sha256].insert(h.identity);
+    if (h.identity.empty()) continue;
+    if (!OriginBacksAQuorum(h.origin)) {
+      ++laundered;
+      continue;
+    }
+    backers[h.segment_sha256].insert(h.identity);
   }
   const std::vector<std::string>* agreed = nullptr;
   size_t reaching = 0;
@@ -78,7 +88,9 @@ AnchorChoice ChooseAnchor(const std::vector<HolderClaim>& claims,
   c.none = absl::FailedPreconditionError(absl::StrCat(
       "no anchor for the holders' records: at most ", most,
       " holder(s) with distinct certificate names agree on the segment digests (", claims.size(),
-      " answered), ", quorum,
+      " answered",
+      laundered > 0 ? absl::StrCat(", ", laundered, " not counted: filled from a peer") : "", "), ",
+      quorum,
       " needed; pin the segment digests in the spec (weightcachectl pin) or accept one holder "
       "with --peer_trust=single"));
   return c;

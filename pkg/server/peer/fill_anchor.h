@@ -6,7 +6,8 @@
 //   pinned  the spec's `segment_digests` for the fingerprint (an admin's, from
 //           `weightcachectl pin` on a node that loaded it);
 //   quorum  the same digests in the records of at least `quorum` holders with distinct
-//           identities (per-node certificates: the common name; peer::CertificateName);
+//           identities (per-node certificates: the common name; peer::CertificateName)
+//           whose copies came from disk or a pinned anchor (not from another peer);
 //   single  with --peer_trust=single, any one holder's own record (trusting every node
 //           that holds the fleet's certificate, as before issue 48).
 // With none, the fill does not happen: the disk loads the rank.
@@ -32,7 +33,13 @@ absl::StatusOr<PeerTrust> ParsePeerTrust(const std::string& name);
 struct HolderClaim {
   std::string identity;  // "" when its certificate names none
   std::vector<std::string> segment_sha256;
+  // How the holder's copy was first filled, as its record says (load::LoadedModel::origin).
+  // Only a copy read from disk, or pulled against pinned digests, backs a quorum: a holder that
+  // itself believed a peer vouches for nothing more than that peer did.
+  std::string origin = "disk";
 };
+// Whether a holder's copy of that origin may count toward a quorum.
+bool OriginBacksAQuorum(const std::string& origin);
 
 struct AnchorChoice {
   // "pinned", "quorum" or "single"; empty when there is no anchor (`none` says why).

@@ -48,6 +48,32 @@ TEST(FillAnchor, AQuorumNeedsDistinctNames) {
   EXPECT_THAT(std::string(split.none.message()), HasSubstr("disagrees"));
 }
 
+// A holder that filled from a peer vouches for nothing more than that peer did: one forger with
+// trust single (or a forged pin) seeds a copy; the nodes that filled from it must not then form
+// the quorum that lets the forgery spread as if independent nodes had read it from disk.
+TEST(FillAnchor, LaunderedHoldersAreNotCountedInAQuorum) {
+  const auto laundered = ChooseAnchor(
+      {{"node-b", kForged, "peer_fill"}, {"node-c", kForged, "peer_fill"}}, {}, PeerTrust::kQuorum);
+  EXPECT_TRUE(laundered.anchor.empty());
+  EXPECT_THAT(std::string(laundered.none.message()),
+              HasSubstr("2 not counted: filled from a peer"));
+  // The same copy behind one disk holder and one filled: no quorum either.
+  EXPECT_TRUE(ChooseAnchor({{"evil", kForged, "disk"}, {"node-b", kForged, "peer_fill"}}, {},
+                           PeerTrust::kQuorum)
+                  .anchor.empty());
+  // A copy read from disk, and one pulled against pinned digests, both vouch; the laundered
+  // holder still serves the agreed bytes (its digests match those of the quorum).
+  const auto q = ChooseAnchor({{"node-a", kTrue, "disk"},
+                               {"node-b", kTrue, "peer_fill_pinned"},
+                               {"node-c", kTrue, "peer_fill"}},
+                              {}, PeerTrust::kQuorum);
+  EXPECT_EQ(q.anchor, "quorum");
+  EXPECT_THAT(q.kept, ElementsAre(0u, 1u, 2u));
+  // Adopted from the keeper, a copy keeps its origin (the record's): "keeper" is no origin.
+  EXPECT_FALSE(OriginBacksAQuorum("keeper"));
+  EXPECT_FALSE(OriginBacksAQuorum("publish"));
+}
+
 TEST(FillAnchor, OneHolderOnlyWhenTrustIsSingle) {
   EXPECT_TRUE(ChooseAnchor({{"node-a", kTrue}}, {}, PeerTrust::kQuorum).anchor.empty());
   const auto s = ChooseAnchor({{"node-a", kTrue}}, {}, PeerTrust::kSingle);

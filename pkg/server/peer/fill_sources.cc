@@ -22,7 +22,8 @@ std::vector<FillSource> Anchored(std::vector<FillSource> in, const std::vector<s
   claims.reserve(in.size());
   for (const auto& s : in) {
     const auto& d = s.record.record.segment_sha256();
-    claims.push_back({s.identity, std::vector<std::string>(d.begin(), d.end())});
+    claims.push_back(
+        {s.identity, std::vector<std::string>(d.begin(), d.end()), s.record.record.source()});
   }
   AnchorChoice c = ChooseAnchor(claims, pinned, trust);
   for (const auto& [i, why] : c.refused) {

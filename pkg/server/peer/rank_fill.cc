@@ -36,6 +36,13 @@ std::shared_ptr<RankFill> RankFill::Survey(PeerFill& fill, Rank rank, DiskLoad d
       new RankFill(fill, std::move(rank), std::move(disk), std::move(sources)));
 }
 
+std::string RankFill::Origin() const {
+  for (const auto& s : sources_) {
+    if (s.anchor != "pinned") return "peer_fill";
+  }
+  return "peer_fill_pinned";
+}
+
 absl::StatusOr<std::unique_ptr<load::LoadedModel>> RankFill::Run(load::LoadProgress& progress) {
   FillFailure why{FillFallback::kTransfer, absl::OkStatus()};
   FillReport report;
@@ -44,6 +51,7 @@ absl::StatusOr<std::unique_ptr<load::LoadedModel>> RankFill::Run(load::LoadProgr
   verified_ = report.sha256;
   if (filled.ok()) {
     stage_ = Stage::kFilled;
+    (*filled)->origin = Origin();
     return filled;
   }
   if (progress.cancelled()) {
@@ -70,7 +78,11 @@ absl::StatusOr<std::unique_ptr<load::LoadedModel>> RankFill::Run(load::LoadProgr
               std::string(filled.status().message()));
   stage_ = Stage::kRest;
   auto loaded = LoadRest(std::move(report.partial), progress);
-  if (!loaded.ok()) stage_ = Stage::kFailed;
+  if (!loaded.ok()) {
+    stage_ = Stage::kFailed;
+  } else {
+    (*loaded)->origin = Origin();  // part of it came from a peer: vouched for as that part was
+  }
   return loaded;
 }
 

@@ -79,6 +79,9 @@ class RankFill {
   const std::vector<FillSource>& sources() const { return sources_; }
 
  private:
+  // The filled copy's origin (load::LoadedModel::origin): "peer_fill_pinned" when every source
+  // was anchored by the spec's pinned digests, "peer_fill" otherwise.
+  std::string Origin() const;
   RankFill(PeerFill& fill, Rank rank, DiskLoad disk, std::vector<FillSource> sources)
       : fill_(fill), rank_(std::move(rank)), disk_(std::move(disk)), sources_(std::move(sources)) {}
   // The segments a partial fill lacks, from disk, put in their places.
