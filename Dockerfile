@@ -65,12 +65,13 @@ ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="weightcache" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.description="Node daemon that keeps LLM weights in GPU memory"
-# The runtime packages of the build's -dev packages (libcivetweb1 named: Debian's
-# libprometheus-cpp-core1.0 lacks the dependency); their dependencies bring the rest.
+# The runtime packages of the build's -dev packages; their dependencies bring the rest. No
+# civetweb: the metrics port is served by our own HTTP server (pkg/metrics/http_server.h) and
+# only prometheus-cpp's core is linked (not -pull).
 RUN set -eux; \
     apt-get update; \
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      libabsl20220623 libcivetweb1 libcpp-httplib0.11 libgrpc++1.51 libprometheus-cpp-core1.0 \
+      libabsl20220623 libcpp-httplib0.11 libgrpc++1.51 libprometheus-cpp-core1.0 \
       libprotobuf32 libssl3 libucx0 libyaml-cpp0.7 ca-certificates; \
     rm -rf /var/lib/apt/lists/*; \
     useradd --system --uid 65532 --no-create-home --shell /usr/sbin/nologin weightcache

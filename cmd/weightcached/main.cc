@@ -55,6 +55,9 @@ absl::StatusOr<std::unique_ptr<metrics::HttpServer>> StartHttp(
   http->RegisterCollectable(registry);
   http->RegisterCollectable(metrics.collectable());
   http->SetReadinessCheck([d] { return d->Readiness(); });
+  // The port's door in weightcache_connections*{listener="metrics"}; detached before `http`
+  // goes (Serve's shutdown).
+  metrics.SetMoreListeners([h = http.get()] { return std::vector{h->listener()}; });
   return http;
 }
 
@@ -146,6 +149,7 @@ int Serve(server::DaemonOptions& opts, memory::Backend& backend, double shutdown
 
   RunUntilShutdown(sigs, **daemon, shutdown_timeout, [&] {
     if (plugin) plugin->Stop();
+    metrics.SetMoreListeners(nullptr);
     http.reset();
     metrics.SetStateSource(nullptr);
     daemon->reset();

@@ -88,7 +88,8 @@ void AddListeners(const std::vector<ListenerSnapshot>& listeners,
       "peer is not allowed, e.g. not in --allowed_uids), total (the listener's cap in all), "
       "per_key (the caller's cap: pod, source address or uid), first_byte (sent nothing in "
       "time), descriptors (out of descriptors: backed off); the peer port's own: "
-      "handshake_deadline, not_tls, handover.",
+      "handshake_deadline, not_tls, handover; the metrics port's own: head_deadline (the request "
+      "head did not arrive in time), bad_request (too large or not HTTP).",
       prometheus::MetricType::Counter,
       {}};
   auto* open = &open_f.metric;
@@ -128,6 +129,11 @@ class StateCollector final : public prometheus::Collectable {
     absl::MutexLock lock(&mu_);
     source_ = source;
   }
+  void SetMoreListeners(std::function<std::vector<ListenerSnapshot>()> more)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    more_listeners_ = std::move(more);
+  }
 
   // Called from scraping threads. The lock is held across the calls into the source so that
   // SetSource(nullptr) (from ~Metrics) waits for a scrape in progress.
@@ -137,7 +143,10 @@ class StateCollector final : public prometheus::Collectable {
     const std::vector<EntrySnapshot> entries = source_->Entries();
     const std::vector<DeviceSnapshot> devices = source_->Devices();
     const StagingSnapshot staging = source_->Staging();
-    const std::vector<ListenerSnapshot> listeners = source_->Listeners();
+    std::vector<ListenerSnapshot> listeners = source_->Listeners();
+    if (more_listeners_) {
+      for (ListenerSnapshot& l : more_listeners_()) listeners.push_back(std::move(l));
+    }
     const PeerPortSnapshot peer_port = source_->PeerPortState();
 
     std::map<std::pair<std::string, std::string>, uint64_t> resident;  // (model, device)
@@ -274,6 +283,7 @@ class StateCollector final : public prometheus::Collectable {
  private:
   mutable absl::Mutex mu_;
   const StateSource* source_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::function<std::vector<ListenerSnapshot>()> more_listeners_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -492,6 +502,10 @@ Metrics::~Metrics() {
 }
 
 void Metrics::SetStateSource(const StateSource* source) { impl_->collector->SetSource(source); }
+
+void Metrics::SetMoreListeners(std::function<std::vector<ListenerSnapshot>()> more) {
+  impl_->collector->SetMoreListeners(std::move(more));
+}
 
 std::shared_ptr<prometheus::Collectable> Metrics::collectable() const { return impl_->collector; }
 

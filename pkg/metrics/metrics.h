@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -121,6 +122,9 @@ class Metrics {
   // ~Metrics also take (so they wait for a scrape in progress): do not call them, or destroy
   // Metrics, while holding a lock that Entries()/Devices() take.
   void SetStateSource(const StateSource* source);
+  // Listeners the state source does not know (the metrics port's own, HttpServer::listener),
+  // exported beside its Listeners(); called under the same lock. Empty detaches.
+  void SetMoreListeners(std::function<std::vector<ListenerSnapshot>()> more);
 
   // The scrape-time gauges (resident bytes, leases, models by state, device memory) as a
   // prometheus::Collectable, to register with the HTTP exposer next to the registry.

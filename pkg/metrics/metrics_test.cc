@@ -320,6 +320,19 @@ TEST(MetricsTest, EveryListenersConnectionsAndRefusalsAreExportedInOneFamily) {
   EXPECT_EQ(Value(v, refused, {{"listener", "control"}, {"reason", "descriptors"}}), 0.0);
   EXPECT_EQ(Value(v, refused, {{"listener", "handle"}, {"reason", "first_byte"}}), 4.0);
   EXPECT_EQ(Value(v, "weightcache_connections", {{"listener", "handle"}}), 2.0);
+
+  // The metrics port's own door, from beside the state source, in the same families.
+  m.SetMoreListeners([] {
+    return std::vector<ListenerSnapshot>{{"metrics", 1, 9, {{"head_deadline", 5}}}};
+  });
+  v = Snapshot(*collectable);
+  EXPECT_EQ(Value(v, "weightcache_connections", {{"listener", "metrics"}}), 1.0);
+  EXPECT_EQ(Value(v, refused, {{"listener", "metrics"}, {"reason", "head_deadline"}}), 5.0);
+  EXPECT_EQ(Value(v, refused, {{"listener", "metrics"}, {"reason", "per_key"}}), 0.0);
+  EXPECT_EQ(Value(v, refused, {{"listener", "control"}, {"reason", "per_key"}}), 3.0);
+  m.SetMoreListeners(nullptr);
+  EXPECT_EQ(Value(Snapshot(*collectable), "weightcache_connections", {{"listener", "metrics"}}),
+            std::nullopt);
 }
 
 // Issue 47: the peer API's port, its connections and what it closed by reason; no series

@@ -8,11 +8,14 @@ namespace weightcache::webhook {
 
 struct ConnectionStats {
   uint64_t accepted = 0;
-  uint64_t handshake_timeouts = 0;  // handshakes cut at handshake_timeout_ms
-  uint64_t handshake_failures = 0;  // closed or refused by the client, or not TLS
-  uint64_t request_timeouts = 0;    // requests cut at the request deadline
-  uint64_t source_refusals = 0;     // closed at accept: their address had its limit open
-  uint64_t requests = 0;            // handed to a worker
+  uint64_t handshake_timeouts = 0;   // handshakes cut at handshake_timeout_ms
+  uint64_t handshake_failures = 0;   // closed or refused by the client, or not TLS
+  uint64_t request_timeouts = 0;     // requests cut at the request deadline
+  uint64_t source_refusals = 0;      // closed at accept: their address had its limit open
+  uint64_t total_refusals = 0;       // closed at accept, or cut in its handshake for a newcomer:
+                                     // max_connections open
+  uint64_t descriptor_backoffs = 0;  // accepting paused 100 ms: out of descriptors
+  uint64_t requests = 0;             // handed to a worker
   // Answered by the loop and closed, never handed to a worker:
   uint64_t refused_heads = 0;    // 4xx at the head: chunked, Expect, no length, too large, bad
   uint64_t queue_refusals = 0;   // 503: their address had max_queued_per_source waiting

@@ -30,7 +30,9 @@
 // waits for a worker in its address's queue (served in turn with other addresses), at most
 // `max_queued_per_source` of them and for at most `queue_deadline_ms` (then 503); at most
 // `max_connections_per_source` connections from one IP address at once (one more is closed at
-// accept) and `max_connections` in all (more wait in the backlog).
+// accept) and `max_connections` in all (past it a newcomer takes the place of the connection
+// longest in its handshake, else it is closed); the door is pkg/net's acceptor, as for every
+// listener of the daemon, with EMFILE back-off.
 //
 // Thread-safety: Start, the destructor, reloads() and connection_stats() are for any one thread;
 // handlers run on the front's worker threads. The server stops (joining every thread) in its

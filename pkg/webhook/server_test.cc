@@ -141,6 +141,40 @@ TEST(ServerTest, ConnectionsPastTheSourceLimitAreClosedAndOthersServed) {
   for (int fd : held) ::close(fd);
 }
 
+// The webhook accepts through the acceptor (pkg/net): at max_connections in all, a newcomer
+// takes the place of the connection longest in its TLS handshake (none of those carries a
+// review yet), so clients stalled mid-handshake cannot keep the API server out. On the old
+// accept loop the newcomer waited in the backlog until a stalled handshake timed out (5 s
+// here, past the bound: 20 times the idle review, within [500 ms, 1.5 s]).
+TEST(ServerTest, AcceptorGivesAReviewTheRoomOfAStalledHandshake) {
+  ServerOptions o;
+  o.max_connections = 8;  // all held by stalled handshakes below
+  o.handshake_timeout_ms = 5000;
+  weightcache::testing::TempDir dir;
+  std::unique_ptr<Server> server = StartServer(dir, o);
+  ASSERT_NE(server, nullptr);
+  absl::Duration idle_max, bound;
+  ASSERT_NO_FATAL_FAILURE(BoundFromIdleReviews(*server, 5, absl::Milliseconds(500),
+                                               absl::Milliseconds(1500), idle_max, bound));
+  const uint64_t before = server->connection_stats().accepted;
+  std::vector<int> stalled;
+  for (int i = 0; i < 8; ++i) {
+    stalled.push_back(testing::ConnectFrom("127.0.0.4", server->port()));
+    ASSERT_GE(stalled.back(), 0);
+    ASSERT_EQ(::send(stalled.back(), "\x16", 1, MSG_NOSIGNAL), 1);  // a record begins, no more
+  }
+  // All eight hold their places once the loop has taken them.
+  while (server->connection_stats().accepted < before + 8) std::this_thread::yield();
+  absl::StatusOr<absl::Duration> took = TimeReview(server->port(), bound);
+  EXPECT_TRUE(took.ok()) << "bound " << absl::FormatDuration(bound) << " (idle max "
+                         << absl::FormatDuration(idle_max) << "): " << took.status();
+  EXPECT_EQ(server->connection_stats().total_refusals, 1u);
+  int closed = 0;
+  for (int fd : stalled) closed += ClosedWithin(fd, absl::Milliseconds(1)) ? 1 : 0;
+  EXPECT_EQ(closed, 1);  // the oldest one, and only it
+  for (int fd : stalled) ::close(fd);
+}
+
 // The front reads requests itself: keep-alive connections carry several reviews, each answered
 // on the connection it came on.
 TEST(ServerTest, KeepAliveRequestsAreServed) {

@@ -29,7 +29,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "pkg/net/acceptor.h"
+#include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"
+#include "pkg/util/scoped_fd.h"
 #include "pkg/webhook/internal/http_head.h"
 
 namespace weightcache::webhook::internal {
@@ -37,7 +40,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxHeadBytes = 64 << 10;
-constexpr int kAcceptsPerWakeup = 64;  // then the loop serves the connections it has
 constexpr auto kLinger = std::chrono::milliseconds(1000);
 constexpr size_t kLingerBytes = 1 << 20;
 constexpr size_t kReadBytes = 16 << 10;
@@ -51,7 +53,8 @@ enum class Phase { kHandshake, kRequest, kQueued, kWorker, kWriting, kClosing };
 struct Conn {
   int fd = -1;
   SSL* ssl = nullptr;
-  std::string source;  // the peer's IP address, raw bytes
+  std::string source;            // the peer's IP address, as text: its cap's and queue's key
+  net::KeyedLimiter::Slot slot;  // its place in the door's caps: given back with the Conn
   Phase phase = Phase::kHandshake;
   std::string in;
   std::string out;
@@ -119,10 +122,16 @@ class ConnStream final : public httplib::Stream {
   size_t pos_ = 0;
 };
 
-std::string SourceText(const std::string& source) {
+// Who a connection is: its source address, the key of its caps and of its queue.
+absl::StatusOr<net::Identity> SourceOf(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof(a);
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    return ErrnoStatus(errno, "getpeername");
+  }
   char text[INET_ADDRSTRLEN] = "";
-  inet_ntop(AF_INET, source.data(), text, sizeof(text));
-  return text;
+  inet_ntop(AF_INET, &a.sin_addr, text, sizeof(text));
+  return net::Identity{text, text, {}};
 }
 
 }  // namespace
@@ -143,8 +152,9 @@ class Front::Impl {
 
  private:
   void Wake();
-  void Accept();
-  void Open(std::unique_ptr<Conn> owned);
+  void Open(net::Accepted a);
+  bool CloseOldestHandshake();
+  void Refused(const std::string& reason);
   void Progress(Conn* c);
   void ReadRequest(Conn* c);
   bool MakeRoom(Conn* c);
@@ -160,13 +170,12 @@ class Front::Impl {
   void Unwatch(Conn* c);
   void SetDeadline(Conn* c, Clock::time_point at);
   void Account(Conn* c);
-  void PauseAccepting(bool pause);
   void Count(std::atomic<uint64_t>& counter, const std::string& what);
 
   SSL_CTX* const ctx_;
   const FrontOptions o_;
   const ServeFn serve_;
-  int listen_fd_ = -1;
+  std::unique_ptr<net::Acceptor> acceptor_;  // run inline by the loop
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   std::atomic<bool> stop_{false};     // the loop ends
@@ -175,11 +184,7 @@ class Front::Impl {
   // Loop thread only.
   std::unordered_map<int, std::unique_ptr<Conn>> conns_;  // in the loop, by descriptor
   std::set<std::pair<Clock::time_point, int>> timers_;    // queued connections' included
-  std::map<std::string, int> per_source_;  // open connections, queued and workers' included
-  int open_ = 0;
   uint64_t buffered_ = 0;  // bytes in every connection's buffers, queued and workers' included
-  bool paused_ = false;
-  Clock::time_point resume_at_ = Clock::time_point::max();  // after EMFILE
 
   // Loop -> workers, and back. Complete requests wait in one queue per source address; workers
   // take from the addresses in turn (`turns_` names each address with requests waiting once).
@@ -191,39 +196,61 @@ class Front::Impl {
   bool workers_stop_ = false;                                         // guarded by mu_
 
   std::atomic<uint64_t> accepted_{0}, handshake_timeouts_{0}, handshake_failures_{0},
-      request_timeouts_{0}, source_refusals_{0}, requests_{0}, refused_heads_{0},
-      queue_refusals_{0}, queue_timeouts_{0}, buffer_cuts_{0}, answer_timeouts_{0};
+      request_timeouts_{0}, source_refusals_{0}, total_refusals_{0}, descriptor_backoffs_{0},
+      requests_{0}, refused_heads_{0}, queue_refusals_{0}, queue_timeouts_{0}, buffer_cuts_{0},
+      answer_timeouts_{0};
   std::atomic<uint64_t> waiting_now_{0}, buffered_now_{0};  // copies for stats()
 };
 
+// Listens through the acceptor (pkg/net/acceptor.h), which this loop runs: caps per source
+// address and in all, the handshake's first byte within its timeout, EMFILE back-off.
 absl::Status Front::Impl::Listen(const std::string& host, int port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
   inet_pton(AF_INET, host.c_str(), &a.sin_addr);
-  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  ScopedFd listening(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   const int one = 1;
-  if (listen_fd_ < 0 ||
-      ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
-      ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      ::listen(listen_fd_, o_.listen_backlog) != 0) {
+  if (!listening ||
+      ::setsockopt(listening.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+      ::bind(listening.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::listen(listening.get(), o_.listen_backlog) != 0) {
     return absl::UnavailableError(
         absl::StrCat("webhook: cannot listen on ", host, ":", port, ": ", std::strerror(errno)));
   }
   socklen_t len = sizeof(a);
-  ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
+  ::getsockname(listening.get(), reinterpret_cast<sockaddr*>(&a), &len);
   port_ = ntohs(a.sin_port);
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (epoll_fd_ < 0 || wake_fd_ < 0) {
     return absl::InternalError(absl::StrCat("webhook: epoll/eventfd: ", std::strerror(errno)));
   }
+  net::ListenerOptions door;
+  door.name = "webhook";
+  door.limits = {.total = static_cast<uint64_t>(o_.max_connections),
+                 .per_key = static_cast<uint64_t>(o_.max_connections_per_source),
+                 .over_cap = 0,
+                 .own_caps = {}};
+  door.first_byte = std::chrono::milliseconds(o_.handshake_timeout_ms);
+  door.own_thread = false;  // run by this loop: serve and make_room touch its connections
+  door.identify = [](int fd, const std::string&) { return SourceOf(fd); };
+  door.serve = [this](net::Accepted c) {
+    Open(std::move(c));
+    return true;
+  };
+  door.make_room = [this] { return CloseOldestHandshake(); };
+  door.on_refused = [this](const std::string& reason) { Refused(reason); };
+  auto acceptor = net::Acceptor::Start(std::move(door));
+  if (!acceptor.ok()) return acceptor.status();
+  acceptor_ = *std::move(acceptor);
+  if (absl::Status s = acceptor_->Listen(std::move(listening), ""); !s.ok()) return s;
   epoll_event ev{};
   ev.events = EPOLLIN;
-  ev.data.fd = listen_fd_;
-  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
-  ev.data.fd = wake_fd_;
-  ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+  for (int fd : {acceptor_->fd(), wake_fd_}) {
+    ev.data.fd = fd;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+  }
   return absl::OkStatus();
 }
 
@@ -242,10 +269,11 @@ Front::Impl::~Impl() {
     Wake();
     loop_.join();
   }
+  if (acceptor_ != nullptr) acceptor_->Stop();
   conns_.clear();
   waiting_.clear();
   returned_.clear();
-  for (int fd : {listen_fd_, epoll_fd_, wake_fd_}) {
+  for (int fd : {epoll_fd_, wake_fd_}) {
     if (fd >= 0) ::close(fd);
   }
 }
@@ -262,6 +290,8 @@ ConnectionStats Front::Impl::stats() const {
   s.handshake_failures = handshake_failures_.load();
   s.request_timeouts = request_timeouts_.load();
   s.source_refusals = source_refusals_.load();
+  s.total_refusals = total_refusals_.load();
+  s.descriptor_backoffs = descriptor_backoffs_.load();
   s.requests = requests_.load();
   s.refused_heads = refused_heads_.load();
   s.queue_refusals = queue_refusals_.load();
@@ -283,14 +313,14 @@ void Front::Impl::Count(std::atomic<uint64_t>& counter, const std::string& what)
 void Front::Impl::Run() {
   std::vector<epoll_event> events(256);
   while (!stop_) {
-    Clock::time_point next = resume_at_;
-    if (!timers_.empty()) next = std::min(next, timers_.begin()->first);
-    const int timeout = next == Clock::time_point::max() ? -1 : MsUntil(next);
+    int timeout = timers_.empty() ? -1 : MsUntil(timers_.begin()->first);
+    const int door = acceptor_->TimeoutMs();
+    if (door >= 0 && (timeout < 0 || door < timeout)) timeout = door;
     const int n = ::epoll_wait(epoll_fd_, events.data(), static_cast<int>(events.size()), timeout);
     for (int i = 0; i < n; ++i) {
       const int fd = events[i].data.fd;
-      if (fd == listen_fd_) {
-        Accept();
+      if (fd == acceptor_->fd()) {
+        continue;  // run below, on every pass
       } else if (fd == wake_fd_) {
         uint64_t drained = 0;
         [[maybe_unused]] ssize_t r = ::read(wake_fd_, &drained, sizeof(drained));
@@ -300,50 +330,48 @@ void Front::Impl::Run() {
       }
     }
     Expire();
-    if (Clock::now() >= resume_at_) {
-      resume_at_ = Clock::time_point::max();
-      if (open_ < o_.max_connections) PauseAccepting(false);
-    }
+    if (!stop_) acceptor_->Run();
   }
   TakeBack();  // the workers' last answers, sent if the sockets take them at once
 }
 
-// Accepts what the backlog holds, within the caps per source address and in total.
-void Front::Impl::Accept() {
-  for (int i = 0; i < kAcceptsPerWakeup && open_ < o_.max_connections; ++i) {
-    sockaddr_in a{};
-    socklen_t len = sizeof(a);
-    const int fd =
-        ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE) {  // until one closes, or 100 ms
-        WC_LOG_WARN("webhook: accept: %s: pausing 100 ms", std::strerror(errno));
-        PauseAccepting(true);
-        resume_at_ = Clock::now() + std::chrono::milliseconds(100);
-      }
-      if (errno != EINTR && errno != ECONNABORTED) return;
-      continue;
-    }
-    ++accepted_;
-    auto c = std::make_unique<Conn>();
-    c->fd = fd;
-    c->source.assign(reinterpret_cast<const char*>(&a.sin_addr), sizeof(a.sin_addr));
-    int& from_source = per_source_[c->source];
-    if (from_source >= o_.max_connections_per_source) {
-      Count(source_refusals_,
-            absl::StrCat("a connection from ", SourceText(c->source), " refused: it has ",
-                         from_source, " open (--max_connections_per_source)"));
-      continue;  // c's destructor closes it
-    }
-    ++from_source;
-    ++open_;
-    Open(std::move(c));
+// The door's refusals, in ConnectionStats (the acceptor logs them).
+void Front::Impl::Refused(const std::string& reason) {
+  if (reason == "per_key") {
+    ++source_refusals_;
+  } else if (reason == "total") {
+    ++total_refusals_;
+  } else if (reason == "first_byte") {
+    ++handshake_timeouts_;
+  } else if (reason == "descriptors") {
+    ++descriptor_backoffs_;
+  } else {
+    ++handshake_failures_;  // "identity": gone before it was asked who it is
   }
-  if (open_ >= o_.max_connections) PauseAccepting(true);
 }
 
-// Starts the TLS session of an accepted connection (counted in open_ and per_source_).
-void Front::Impl::Open(std::unique_ptr<Conn> c) {
+// At the cap in all: the connection longest in its handshake (none has a request yet) goes
+// for the newcomer; false when every one is past its handshake.
+bool Front::Impl::CloseOldestHandshake() {
+  Conn* oldest = nullptr;
+  for (const auto& [fd, c] : conns_) {
+    if (c->phase == Phase::kHandshake && (oldest == nullptr || c->deadline < oldest->deadline)) {
+      oldest = c.get();
+    }
+  }
+  if (oldest == nullptr) return false;
+  Close(oldest);
+  return true;
+}
+
+// Starts the TLS session of a connection the door admitted; its handshake must be done within
+// the timeout of its accept.
+void Front::Impl::Open(net::Accepted a) {
+  ++accepted_;
+  auto c = std::make_unique<Conn>();
+  c->fd = a.fd.release();
+  c->source = a.who.key;
+  c->slot = std::move(a.slot);
   const int one = 1;
   ::setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   c->ssl = SSL_new(ctx_);
@@ -358,17 +386,8 @@ void Front::Impl::Open(std::unique_ptr<Conn> c) {
   Conn* raw = c.get();
   conns_[raw->fd] = std::move(c);
   Interest(raw, EPOLLIN);
-  SetDeadline(raw, Clock::now() + std::chrono::milliseconds(o_.handshake_timeout_ms));
-  Progress(raw);  // the ClientHello is often there already
-}
-
-void Front::Impl::PauseAccepting(bool pause) {
-  if (paused_ == pause) return;
-  paused_ = pause;
-  epoll_event ev{};
-  ev.events = pause ? 0u : static_cast<uint32_t>(EPOLLIN);
-  ev.data.fd = listen_fd_;
-  ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listen_fd_, &ev);
+  SetDeadline(raw, a.accepted + std::chrono::milliseconds(o_.handshake_timeout_ms));
+  Progress(raw);  // the ClientHello is there already
 }
 
 void Front::Impl::Interest(Conn* c, uint32_t events) {
@@ -516,7 +535,7 @@ void Front::Impl::Enqueue(Conn* c) {
   }
   conns_[c->fd] = std::move(owned);
   Refuse(c, 503,
-         absl::StrCat(SourceText(c->source), " has ", waiting,
+         absl::StrCat(c->source, " has ", waiting,
                       " requests waiting for the webhook's workers, its limit "
                       "(--max_queued_per_source)"),
          queue_refusals_);
@@ -627,8 +646,8 @@ void Front::Impl::Drain(Conn* c) {
 // Answers `status` with `why` as its body, and closes the connection after it.
 void Front::Impl::Refuse(Conn* c, int status, const std::string& why,
                          std::atomic<uint64_t>& counter) {
-  Count(counter, absl::StrCat("a request from ", SourceText(c->source), " answered ", status,
-                              " and closed: ", why));
+  Count(counter,
+        absl::StrCat("a request from ", c->source, " answered ", status, " and closed: ", why));
   c->in.clear();
   c->need = 0;
   c->out = RefusalAnswer(status, why);
@@ -705,12 +724,7 @@ void Front::Impl::Close(Conn* c) {
   timers_.erase({c->deadline, c->fd});
   buffered_ -= c->counted;
   buffered_now_.store(buffered_, std::memory_order_relaxed);
-  if (auto it = per_source_.find(c->source); it != per_source_.end() && --it->second <= 0) {
-    per_source_.erase(it);
-  }
-  --open_;
-  if (open_ < o_.max_connections) PauseAccepting(false);
-}
+}  // `owned` goes: its descriptor, TLS session and place in the caps
 
 Front::Front(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Front::~Front() = default;

@@ -30,10 +30,13 @@
 //     (one request of each address with requests waiting, then the next round): at most
 //     `max_queued_per_source` from one address (one more is answered 503 and closed), each for
 //     at most `queue_deadline_ms` (past it answered 503 and closed by the loop);
+//   - connections are accepted through pkg/net's acceptor, run by the loop (own_thread false):
+//     the first byte of the handshake within `handshake_timeout_ms` of the accept (until then a
+//     connection costs its descriptor and its place in the caps only), EMFILE back-off;
 //   - at most `max_connections_per_source` connections from one IP address at once: one more is
 //     closed as soon as it is accepted;
-//   - at most `max_connections` in all: past it, new connections wait in the backlog until one
-//     closes (at most the handshake timeout for a slow client).
+//   - at most `max_connections` in all: past it, a newcomer takes the place of the connection
+//     longest in its handshake (closed), else it is closed.
 // A connection that gets an error answer (4xx or 503) is closed after it: close_notify, then
 // what the client still sends is read and dropped for up to 1 s (or 1 MiB) so that the answer is
 // not lost to a reset.
