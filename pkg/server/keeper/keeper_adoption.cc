@@ -147,6 +147,8 @@ void KeeperLink::SettleAdopting() {
     }
     if (st == cache::State::kReady) {
       if (metrics_ != nullptr) metrics_->OnAdopted(e->model);
+      MutexLock l(mu_);
+      adopted_++;
       continue;  // BeforeReady recorded it as held
     }
     if (KeepsKeeperCopy(k, e->key, nullptr) || !conn_) continue;

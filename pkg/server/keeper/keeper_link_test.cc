@@ -236,6 +236,7 @@ TEST_F(KeeperLinkTest, AdoptionNeverDropsTheKeepersCopyOfAnEntryStillBeingDigest
   EXPECT_EQ(e->source, "keeper");
   Eventually([&] { return StatusOf(link).pending_entries() == 0; });
   EXPECT_EQ(StatusOf(link).pending_entries(), 0u);
+  EXPECT_EQ(StatusOf(link).adopted_entries(), 1u);
   EXPECT_EQ(keeper_->stats().entries, 1u);
   // Known as the keeper's: its eviction drops it there.
   EXPECT_EQ(registry.Evict(key, "test"), cache::Registry::Evicted::kGone);
