@@ -88,12 +88,14 @@ class KeeperLink final : public cache::EntryObserver {
   KeeperLink& operator=(const KeeperLink&) = delete;
 
   // At start, before serving: connects and adopts every entry the keeper holds, waiting
-  // until each is ready in the registry. `admit` decides, before anything is mapped, whether
-  // an entry of model `record.model()` may come back under the current configuration (the
-  // daemon: only models still configured, or inline specs an admin defined, which it then
-  // defines again); its refusal drops the entry from the keeper with that reason. Returns
-  // the count adopted. No keeper, or one that another daemon keeps past claim_wait: logged,
-  // 0. `published` is called with the publisher of each adopted published entry.
+  // until each is ready in the registry (at most Options::adoption_wait plus its bytes at
+  // adoption_digest_rate; past that it is left to finish, the keeper keeping its copy). `admit`
+  // decides, before anything is mapped, whether an entry of model `record.model()` may come back
+  // under the current configuration (the daemon: only models still configured, or inline specs an
+  // admin defined, which it then defines again); its refusal drops the entry from the keeper with
+  // that reason. Returns the count adopted. No keeper, or one that another daemon keeps past
+  // claim_wait: logged, 0. `published` is called with the publisher of each adopted published
+  // entry.
   using AdmitFn = std::function<absl::Status(const v1::KeeperRecord& record)>;
   using PublishedFn = std::function<void(const cache::Key&, const v1::PublisherInfo&)>;
   size_t AdoptAll(const AdmitFn& admit, const PublishedFn& published = nullptr);
