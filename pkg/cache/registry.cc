@@ -157,6 +157,7 @@ absl::StatusOr<std::shared_ptr<Entry>> Registry::StartOrJoin(LoadRequest req, bo
       e = std::make_shared<Entry>(req.key, req.model, req.inputs, req.source, std::move(req.files));
       e->reserved_bytes = req.bytes;
       e->check_digests = std::move(req.check_digests);
+      e->taken_digests = std::move(req.taken_digests);
       entries_[req.key] = e;
       const uint64_t id = next_load_id_++;
       loads_.emplace(id, std::thread(&Registry::RunLoad, this, id, e, std::move(req.load)));
@@ -227,14 +228,23 @@ void Registry::RunLoad(uint64_t id, const std::shared_ptr<Entry>& e, const LoadF
   EntryObserver* observer = nullptr;
   DigestFn digester;
   DigestCheckFn check;
+  TakenDigestsFn taken;
   {
     MutexLock l(mu_);
     observer = observer_;
     digester = digester_;
     check = e->check_digests;
+    taken = e->taken_digests;
   }
   std::shared_ptr<const std::vector<integrity::SegmentDigest>> digests;
-  if (result.ok() && digester) {
+  if (result.ok() && digester && taken) {
+    // Digested once per fill: what the load took (and checked) becomes the entry's.
+    auto t = taken();
+    if (!t.empty() && t.size() == (*result)->segments.size()) {
+      digests = std::make_shared<const std::vector<integrity::SegmentDigest>>(std::move(t));
+    }
+  }
+  if (result.ok() && digester && !digests) {
     auto d = digester(*e, **result);
     if (d.ok()) {
       digests = std::make_shared<const std::vector<integrity::SegmentDigest>>(std::move(d).value());

@@ -75,6 +75,7 @@ struct LeaseRecord {
 // Checks a fill's digests against what they must be (a peer copy: its source's; a keeper
 // adoption: the digests recorded at its deposit); an error fails the fill.
 using DigestCheckFn = std::function<absl::Status(const std::vector<integrity::SegmentDigest>&)>;
+using TakenDigestsFn = std::function<std::vector<integrity::SegmentDigest>()>;
 
 // Immutable identity plus guarded state of one model-rank on one device. The identity and
 // `progress` may be read from any thread; the state is the registry's, behind its mutex,
@@ -116,8 +117,9 @@ class Entry {
   // One digest per segment of `loaded`, taken before it became ready (SetDigester).
   std::shared_ptr<const std::vector<integrity::SegmentDigest>> digests;
   std::chrono::steady_clock::time_point verified_at;  // digest taken or last matched
-  std::string corrupt;          // non-empty: what changed in memory after it was sealed
-  DigestCheckFn check_digests;  // LoadRequest::check_digests
+  std::string corrupt;           // non-empty: what changed in memory after it was sealed
+  DigestCheckFn check_digests;   // LoadRequest::check_digests
+  TakenDigestsFn taken_digests;  // LoadRequest::taken_digests
   // While draining and not corrupt: the content its lease holders still map, kept so the
   // scrubber goes on checking it (issue 48); dropped with its last lease or when found corrupt.
   std::shared_ptr<const load::LoadedModel> watched;
@@ -168,6 +170,11 @@ struct LoadRequest {
   std::vector<load::SourceFile> files;  // Entry::files
   LoadFn load;
   DigestCheckFn check_digests;  // may be empty
+  // The digests the load itself took of the segments it returned, taken as the digester
+  // takes them (a peer fill digests each pulled segment to check it): called on the load's
+  // thread after a successful load. One per segment: they become the entry's and the
+  // digester does not pass over the bytes again; empty (or the function empty): it does.
+  TakenDigestsFn taken_digests;
 };
 
 // Told when an entry's content enters the registry and when the registry lets it go (the

@@ -384,6 +384,52 @@ TEST(Registry, AFillWhoseDigestsFailTheirCheckFails) {
   EXPECT_TRUE(r.ReadyEntries().empty());
 }
 
+// A fill that digested its segments to check them (a peer fill) hands those digests over:
+// the registry's digester does not pass over the bytes again, the entry's digests are the
+// fill's and its check sees them. A fill that took none, or not one per segment, is
+// digested by the registry once.
+TEST(Registry, HashedOnceAFillsOwnDigestsBecomeTheEntrysWithoutDigestingAgain) {
+  Registry r;
+  std::atomic<int> digested{0};
+  r.SetDigester([&](const Entry&, const load::LoadedModel& m)
+                    -> absl::StatusOr<std::vector<integrity::SegmentDigest>> {
+    digested++;
+    return std::vector<integrity::SegmentDigest>(m.segments.size(), integrity::SegmentDigest{{7}});
+  });
+  auto req = Req("fp", "m", 0, SegmentLoad(4096));
+  int taken_calls = 0;
+  req.taken_digests = [&] {
+    taken_calls++;
+    return std::vector<integrity::SegmentDigest>{{{42}, "s"}};
+  };
+  std::vector<integrity::SegmentDigest> checked;
+  req.check_digests = [&](const std::vector<integrity::SegmentDigest>& d) {
+    checked = d;
+    return absl::OkStatus();
+  };
+  auto e = r.StartOrJoin(std::move(req));
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE(r.WaitReady(*e, Far()).ok());
+  EXPECT_EQ(digested.load(), 0);
+  EXPECT_EQ(taken_calls, 1);
+  ASSERT_EQ(checked.size(), 1u);
+  EXPECT_EQ(checked[0].chunks[0], 42u);
+  auto d = r.Digests(*e);
+  ASSERT_NE(d, nullptr);
+  ASSERT_EQ(d->size(), 1u);
+  EXPECT_EQ((*d)[0].chunks[0], 42u);
+  EXPECT_EQ((*d)[0].sha256, "s");
+
+  auto short_req = Req("fp2", "m2", 0, SegmentLoad(4096));
+  short_req.taken_digests = [] { return std::vector<integrity::SegmentDigest>{}; };
+  auto e2 = r.StartOrJoin(std::move(short_req));
+  ASSERT_TRUE(e2.ok());
+  ASSERT_TRUE(r.WaitReady(*e2, Far()).ok());
+  EXPECT_EQ(digested.load(), 1);
+  ASSERT_NE(r.Digests(*e2), nullptr);
+  EXPECT_EQ((*r.Digests(*e2))[0].chunks[0], 7u);
+}
+
 // A corrupt entry is never found again; while a lease maps it, it drains (shown corrupt)
 // and goes with the last lease; a new load of its key starts clean.
 TEST(Registry, ACorruptEntryLeavesTheLookupAndDrainsWithItsLeases) {

@@ -6,6 +6,7 @@
 #include "gtest/gtest.h"
 #include "pkg/integrity/crypto_digest.h"
 #include "pkg/integrity/digest.h"
+#include "pkg/integrity/internal/host_digest.h"
 #include "pkg/integrity/segment_digest.h"
 #include "pkg/memory/backend.h"
 
@@ -214,6 +215,33 @@ TEST_F(SegmentDigestTest, PacingHoldsTheBudgetAndStopEndsIt) {
   auto stopped = DigestSegment(memory::BackendKind::kHost, *seg, pace);
   EXPECT_EQ(stopped.status().code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(asked, 2);
+}
+
+// A fill's host digest hashes each piece's chunks on several threads: the result is the
+// serial digest bit for bit (scrub chunks and the cryptographic root, over a segment whose
+// last piece and last chunk are short), and more than one thread took chunks.
+TEST_F(SegmentDigestTest, ParallelDigestEqualsTheSerialOneAndUsesSeveralThreads) {
+  const uint64_t size = kPieceBytes + 5 * kChunkBytes / 2;  // a short last piece and chunk
+  const auto bytes = RandomBytes(size, 6);
+  const SegmentDigest serial{DigestHost(ProcessKey(), bytes.data(), size).chunks,
+                             CryptoDigestHost(bytes.data(), size)};
+  for (int threads : {1, 3, 4}) {
+    const internal::Pacer pacer(Pace{});
+    auto d = internal::DigestHostPieces(bytes.data(), size, pacer, ProcessKey(), true, threads);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ(d->digest, serial) << threads << " threads";
+    EXPECT_EQ(d->threads_used, threads);
+  }
+  // Through DigestSegment, as a fill asks for it (the segment is rounded up to the granule:
+  // compared with its serial digest).
+  auto seg = Sealed(bytes);
+  Pace pace;
+  auto one = DigestSegment(memory::BackendKind::kHost, *seg, pace, Want::kScrubAndCrypto);
+  pace.threads = 4;
+  auto d = DigestSegment(memory::BackendKind::kHost, *seg, pace, Want::kScrubAndCrypto);
+  ASSERT_TRUE(one.ok() && d.ok());
+  EXPECT_EQ(*d, *one);
+  EXPECT_GE(FillDigestThreads(), 1);
 }
 
 }  // namespace

@@ -26,7 +26,14 @@ struct Pace {
   double bytes_per_second = 0;
   // Asked before each piece; true stops the digest with CANCELLED.
   std::function<bool()> stop;
+  // Host backend: threads that hash each piece's chunks at once (the result is the same
+  // for any count). A fill's digest, which the entry waits for, uses every core
+  // (FillDigestThreads); a background scrub, paced anyway, keeps one.
+  int threads = 1;
 };
+
+// The threads a fill's host digest uses: this machine's cores.
+int FillDigestThreads();
 
 // What a digest computes: the scrub digest under this process's key (always), and the
 // cryptographic digest too (crypto_digest.h) -- at fill time, for records and adoption.

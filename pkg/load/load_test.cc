@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "pkg/integrity/segment_digest.h"
 #include "pkg/load/fp8_quant.h"
 #include "pkg/load/loader.h"
 #include "pkg/load/model.h"
@@ -207,6 +208,79 @@ TEST(PlanRank, OtherLayoutsAreRefusedWithTheReason) {
   auto plan = PlanRank(**m, {.tp_size = 2, .tp_rank = 1}, {});
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(plan.status().message().find("tp_size 2"), absl::string_view::npos);
+}
+
+// A host backend whose new segments hold an earlier owner's bytes (0xA5 everywhere), as
+// memory that no one promised to zero would: what the daemon does not write shows.
+class DirtyHostBackend final : public memory::Backend {
+ public:
+  memory::BackendKind kind() const override { return memory::BackendKind::kHost; }
+  uint64_t granularity() const override { return host_->granularity(); }
+  uint64_t max_segment_bytes() const override { return host_->max_segment_bytes(); }
+  std::vector<memory::DeviceInfo> Devices() const override { return host_->Devices(); }
+  absl::StatusOr<std::unique_ptr<memory::Segment>> Allocate(const std::string& d, uint64_t n,
+                                                            const std::string& l) override {
+    auto s = host_->Allocate(d, n, l);
+    if (s.ok()) std::memset((*s)->host_data(), 0xA5, (*s)->size());
+    return s;
+  }
+
+ private:
+  std::unique_ptr<memory::Backend> host_ = memory::MakeHostBackend();
+};
+
+TEST(LoadRank, TailsZeroGapsAndTailOfEverySegmentAndTheDigestIsOfZeroedGaps) {
+  TempDir dir;
+  safetensors::LlamaShape shape = safetensors::TinyLlama();
+  shape.hidden = 72;  // norms of 144 bytes: 112-byte gaps after them at 256-byte alignment
+  shape.shards = 2;
+  ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir.path(), shape).ok());
+  auto m = OpenModel(SpecFor(dir.path()));
+  ASSERT_TRUE(m.ok()) << m.status();
+  DirtyHostBackend backend;
+  auto plan = PlanRank(**m, {}, {.alignment = 256, .max_segment_bytes = 16 << 10});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto loaded = LoadRank(**m, *plan, backend, "", "tails", {}, nullptr);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectBytesEqualFiles(**m, **loaded);
+  auto clean = memory::MakeHostBackend();
+  uint64_t gap_bytes = 0, tail_bytes = 0;
+  for (size_t i = 0; i < (*loaded)->segments.size(); ++i) {
+    const memory::Segment& seg = *(*loaded)->segments[i];
+    std::vector<bool> covered(seg.size(), false);
+    uint64_t end = 0;
+    for (const auto& t : (*loaded)->plan.tensors) {
+      if (t.segment != i) continue;
+      std::fill(covered.begin() + static_cast<ptrdiff_t>(t.offset),
+                covered.begin() + static_cast<ptrdiff_t>(t.offset + t.nbytes), true);
+      end = std::max(end, t.offset + t.nbytes);
+    }
+    std::string got(seg.size(), '\0');
+    ASSERT_EQ(::pread(seg.fd(), got.data(), got.size(), 0), static_cast<ssize_t>(got.size()));
+    uint64_t nonzero = 0;
+    for (uint64_t b = 0; b < seg.size(); ++b) {
+      if (covered[b]) continue;
+      (b < end ? gap_bytes : tail_bytes)++;
+      if (got[b] != '\0') ++nonzero;
+    }
+    EXPECT_EQ(nonzero, 0u) << "segment " << i << ": bytes no tensor covers are not zero";
+    // The same tensor bytes in a fresh (zero-filled) memfd: the digests must agree.
+    auto want = clean->Allocate("", seg.size(), "want");
+    ASSERT_TRUE(want.ok()) << want.status();
+    for (uint64_t b = 0; b < seg.size(); ++b) {
+      if (covered[b]) (*want)->host_data()[b] = static_cast<std::byte>(got[b]);
+    }
+    ASSERT_TRUE((*want)->Seal().ok());
+    auto d_got = integrity::DigestSegment(memory::BackendKind::kHost, seg, {},
+                                          integrity::Want::kScrubAndCrypto);
+    auto d_want = integrity::DigestSegment(memory::BackendKind::kHost, **want, {},
+                                           integrity::Want::kScrubAndCrypto);
+    ASSERT_TRUE(d_got.ok() && d_want.ok());
+    EXPECT_TRUE(*d_got == *d_want) << "segment " << i;
+  }
+  // The layout has both kinds of uncovered bytes, or the test proves nothing.
+  EXPECT_GT(gap_bytes, 0u);
+  EXPECT_GT(tail_bytes, 0u);
 }
 
 TEST(LoadRank, HostBackendBytesEqualFilesAndProgressCompletes) {

@@ -182,12 +182,39 @@ absl::Status ScatterInto(const OpenedModel& model, const std::vector<LoadedModel
   if (gpu) {
     WC_RETURN_IF_ERROR(
         internal::ScatterThroughPinnedStaging(sp, sfiles, segs, options, progress, stats));
-    // GPU memory is not zeroed: write the vocabulary padding that no copy covers.
+    // The vocabulary padding no copy covers is part of the tensor: written here rather than
+    // left to the segment's zeroing at allocation.
     for (auto* r : ranks) WC_RETURN_IF_ERROR(ZeroPadding(r->plan, r->segments));
   } else {
     WC_RETURN_IF_ERROR(ScatterOnHost(sp, sfiles, segs, options, progress, stats));
   }
   return absl::OkStatus();
+}
+
+// Zeroes the bytes of the host-addressable segments that no tensor of `plan` covers (the
+// alignment gaps and the tail up to the granule), so every byte a digest hashes and an engine
+// may read is one the daemon wrote. A memfd is zero-filled when created, so this is cheap
+// (only the gaps and the tail are touched) and makes the layout's zeros explicit rather than
+// a property of where the memory came from. cuda-vmm segments come zeroed from Allocate
+// (one memset each).
+void ZeroUncovered(const Plan& plan, std::vector<std::unique_ptr<memory::Segment>>& segments) {
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> covered(segments.size());
+  for (const auto& t : plan.tensors) {
+    if (t.segment < covered.size()) covered[t.segment].emplace_back(t.offset, t.offset + t.nbytes);
+  }
+  for (size_t i = 0; i < segments.size(); ++i) {
+    std::byte* data = segments[i]->host_data();
+    if (data == nullptr) continue;
+    auto& ranges = covered[i];
+    std::sort(ranges.begin(), ranges.end());
+    const uint64_t size = segments[i]->size();
+    uint64_t at = 0;
+    for (const auto& [begin, end] : ranges) {
+      if (begin > at) std::memset(data + at, 0, std::min(begin, size) - at);
+      at = std::max(at, std::min(end, size));
+    }
+    if (at < size) std::memset(data + at, 0, size - at);
+  }
 }
 
 // A LoadedModel for `plan` with its segments allocated on `device_uuid`.
@@ -204,6 +231,7 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> AllocateRank(const OpenedModel& mod
                                          absl::StrCat(label, "/", i)));
     out->segments.push_back(std::move(seg));
   }
+  ZeroUncovered(plan, out->segments);
   if (out->device_uuid.empty() && !out->segments.empty()) {
     out->device_uuid = out->segments[0]->device_uuid();
   }

@@ -91,6 +91,10 @@ class Backend {
   virtual std::vector<DeviceInfo> Devices() const = 0;
   // Allocates a segment of at least `size` bytes on `device_uuid` (empty: the first
   // device). `label` names it for the kernel/driver (e.g. memfd name) and in errors.
+  // Every byte of the new segment reads as zero until written (cuda-vmm: one memset at
+  // allocation, since cuMemCreate promises nothing; host: a new memfd is zero-filled), so
+  // the bytes no tensor covers, which the digests hash and engines may read, are the
+  // daemon's zeros, never an earlier owner's data.
   virtual absl::StatusOr<std::unique_ptr<Segment>> Allocate(const std::string& device_uuid,
                                                             uint64_t size,
                                                             const std::string& label) = 0;

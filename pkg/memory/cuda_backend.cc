@@ -52,6 +52,16 @@ class CudaSegmentImpl final : public CudaSegment {
     WC_ASSIGN_OR_RETURN(auto mapped, MappedRange::Map(api, va.get(), size, handle.get()));
     WC_RETURN_IF_ERROR(
         SetAccess(api, va.get(), size, dev.ordinal, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    // Every byte the daemon does not write (alignment gaps between tensors, the tail up to
+    // the granule) must read as zero: it is hashed into the segment's digests and any engine
+    // that maps the segment can read it. cuMemCreate promises nothing about the contents
+    // (it happens to hand out zeroed memory today), so one memset per segment, on this
+    // thread's own stream (no wait on other loads' streams), finished before any copy.
+    WC_RETURN_IF_ERROR(CuStatus(api,
+                                api.cuMemsetD8Async(mapped.get(), 0, size, CU_STREAM_PER_THREAD),
+                                "cuMemsetD8Async", where));
+    WC_RETURN_IF_ERROR(CuStatus(api, api.cuStreamSynchronize(CU_STREAM_PER_THREAD),
+                                "cuStreamSynchronize (zeroing)", where));
     return std::unique_ptr<CudaSegmentImpl>(
         new CudaSegmentImpl(api, dev, std::move(ctx), size, label, std::move(handle),
                             std::move(exported), std::move(va), std::move(mapped)));

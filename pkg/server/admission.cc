@@ -257,6 +257,8 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartFill(
   p.request.check_digests = [fill](const std::vector<integrity::SegmentDigest>& got) {
     return fill->CheckDigests(got);
   };
+  // Those it checked, taken as the registry's digester takes them, are the entry's.
+  p.request.taken_digests = [fill] { return fill->TakenDigests(); };
   p.request.load = [fill,
                     model](cache::Entry& e) -> absl::StatusOr<std::unique_ptr<load::LoadedModel>> {
     WC_ASSIGN_OR_RETURN(auto loaded, fill->Run(e.progress));

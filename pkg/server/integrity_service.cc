@@ -38,6 +38,7 @@ IntegrityService::IntegrityService(Options options, memory::BackendKind kind,
     // core, a 120 GiB entry's digest would hold the teardown for half a minute).
     integrity::Pace pace;
     pace.stop = [&e] { return e.progress.cancelled(); };
+    pace.threads = integrity::FillDigestThreads();  // the entry waits for it
     for (const auto& seg : m.segments) {
       auto d = integrity::DigestSegment(kind, *seg, pace, integrity::Want::kScrubAndCrypto);
       if (!d.ok()) {

@@ -59,6 +59,7 @@ namespace weightcache::memory::internal {
   X(cuMemcpy2DAsync, 3020)                 \
   X(cuMemcpyDtoH, 3020)                    \
   X(cuMemcpyDtoD, 3020)                    \
+  X(cuMemsetD8Async, 3020)                 \
   X(cuDeviceCanAccessPeer, 4000)           \
   X(cuMemHostAlloc, 2020)                  \
   X(cuMemFreeHost, 2000)                   \

@@ -2,6 +2,8 @@
 // is checked, then registered ready or given back to the artifact store; what cannot be is
 // dropped from the keeper with the reason. The worker that keeps the keeper in step
 // afterwards is in keeper_link.cc.
+#include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -38,13 +40,15 @@ absl::Status KeeperLink::AdoptArtifact(keeper::KeeperClient::Entry held) {
 }
 
 absl::Status KeeperLink::AdoptOne(keeper::KeeperClient::Entry held, const AdmitFn& admit,
-                                  const PublishedFn& published) {
+                                  const PublishedFn& published, std::optional<cache::Key>* key,
+                                  std::shared_ptr<cache::Entry>* filling) {
   WC_ASSIGN_OR_RETURN(AdoptableRecord a, DecodeKeeperRecord(held.body));
   const v1::KeeperRecord& r = a.record;
   if (KeeperKey(r.fingerprint(), r.device_uuid()) != held.key) {
     return absl::InvalidArgumentError(
         absl::StrCat("its record is of ", KeeperKey(r.fingerprint(), r.device_uuid())));
   }
+  *key = cache::Key{r.fingerprint(), r.device_uuid()};
   if (r.backend() != memory::BackendName(backend_->kind())) {
     return absl::FailedPreconditionError(absl::StrCat("exported by the ", r.backend(),
                                                       " backend; this daemon runs ",
@@ -93,12 +97,69 @@ absl::Status KeeperLink::AdoptOne(keeper::KeeperClient::Entry held, const AdmitF
     return out;
   };
   bool started = false;
+  const uint64_t bytes = req.bytes;
   WC_ASSIGN_OR_RETURN(auto e, registry_->StartOrJoin(std::move(req), &started));
   if (!started) return absl::AlreadyExistsError("the registry already has this entry");
-  WC_RETURN_IF_ERROR(
-      registry_->WaitReady(e, std::chrono::steady_clock::now() + std::chrono::seconds(30)));
+  *filling = e;
+  // The fill digests every byte: the wait grows with them (a fixed bound dropped the
+  // keeper's copy of every entry too large to digest within it, while the registry went on
+  // to fill it and record it as the keeper's). Stop ends it at once.
+  const auto bound =
+      options_.adoption_wait +
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(
+          static_cast<double>(bytes) / options_.adoption_digest_rate));
+  WC_RETURN_IF_ERROR(registry_->WaitReady(e, std::chrono::steady_clock::now() + bound,
+                                          [this] { return stopping(); }));
   if (metrics_ != nullptr) metrics_->OnAdopted(r.model());
   return absl::OkStatus();
+}
+
+bool KeeperLink::KeepsKeeperCopy(const std::string& k, const std::optional<cache::Key>& key,
+                                 const std::shared_ptr<cache::Entry>& filling) {
+  if (filling && registry_->StateOf(filling) == cache::State::kLoading) {
+    if (stopping()) return true;
+    WC_LOG_INFO(
+        "keeper: entry %s (%s) still being digested; serving without it until it is "
+        "ready (the keeper keeps it)",
+        k, filling->model);
+    MutexLock l(mu_);
+    adopting_[k] = filling;
+    return true;
+  }
+  if (stopping()) return true;
+  if (!key) return false;
+  auto live = registry_->Find(*key);
+  if (!live) return false;
+  const cache::State st = registry_->StateOf(live);
+  return st == cache::State::kLoading || st == cache::State::kReady;
+}
+
+void KeeperLink::SettleAdopting() {
+  std::map<std::string, std::shared_ptr<cache::Entry>> adopting;
+  {
+    MutexLock l(mu_);
+    adopting.swap(adopting_);
+  }
+  for (auto& [k, e] : adopting) {
+    const cache::State st = registry_->StateOf(e);
+    if (st == cache::State::kLoading) {
+      MutexLock l(mu_);
+      adopting_.emplace(k, std::move(e));
+      continue;
+    }
+    if (st == cache::State::kReady) {
+      if (metrics_ != nullptr) metrics_->OnAdopted(e->model);
+      MutexLock l(mu_);
+      adopted_++;
+      continue;  // BeforeReady recorded it as held
+    }
+    if (KeepsKeeperCopy(k, e->key, nullptr) || !conn_) continue;
+    WC_LOG_WARN("keeper: entry %s not adopted, dropped: its fill failed", k);
+    if (DropKey(k).ok()) {
+      MutexLock l(mu_);
+      dropped_++;
+    }
+  }
 }
 
 size_t KeeperLink::AdoptAll(const AdmitFn& admit, const PublishedFn& published) {
@@ -149,8 +210,11 @@ size_t KeeperLink::AdoptAll(const AdmitFn& admit, const PublishedFn& published) 
   for (auto& h : *held) {
     const std::string key = h.key;
     const bool is_artifact = IsArtifactKey(key);
-    const absl::Status s =
-        is_artifact ? AdoptArtifact(std::move(h)) : AdoptOne(std::move(h), admit, published);
+    std::optional<cache::Key> ckey;
+    std::shared_ptr<cache::Entry> filling;
+    const absl::Status s = is_artifact ? AdoptArtifact(std::move(h))
+                                       : AdoptOne(std::move(h), admit, published, &ckey, &filling);
+    if (!s.ok() && !is_artifact && KeepsKeeperCopy(key, ckey, filling)) continue;
     MutexLock l(mu_);
     if (s.ok()) {
       (is_artifact ? artifacts : adopted)++;

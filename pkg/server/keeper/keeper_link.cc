@@ -336,6 +336,12 @@ absl::Status KeeperLink::Reconcile() {
     }
   }
   WC_RETURN_IF_ERROR(ReconcileArtifacts(held, &kept, &deposited));
+  {
+    MutexLock l(mu_);  // still being digested: adopted when ready (SettleAdopting)
+    for (const auto& [k, e] : adopting_) {
+      if (held.count(k) != 0) kept.insert(k);
+    }
+  }
   for (const auto& k : held) {
     if (kept.count(k) != 0) continue;
     absl::Status d = conn_->Drop(k);
@@ -431,6 +437,7 @@ void KeeperLink::Run() {
 
 // Adopted entries: recorded without a request (their content, for the reconcile).
 void KeeperLink::RecordAdopted() {
+  SettleAdopting();
   std::map<std::string, cache::Key> adopted;
   {
     MutexLock l(mu_);
@@ -546,8 +553,8 @@ void KeeperLink::Fill(v1::KeeperStatus* out) const {
   out->set_deposits(deposits_);
   out->set_deposit_failures(failures_);
   out->set_last_error(last_error_);
-  out->set_pending_entries(pending_.size() + adopted_keys_.size() + pending_artifacts_.size() +
-                           (overflow_ ? 1 : 0));
+  out->set_pending_entries(pending_.size() + adopted_keys_.size() + adopting_.size() +
+                           pending_artifacts_.size() + (overflow_ ? 1 : 0));
   out->set_artifacts(up_ ? deposited_artifacts_.size() : 0);
   out->set_adopted_artifacts(adopted_artifacts_);
   out->set_keeper_uid(options_.keeper_uid.value_or(::geteuid()));

@@ -61,6 +61,13 @@ class KeeperLink final : public cache::EntryObserver {
     // At start, how long to wait for another daemon that owns the keeper to let go (one
     // that is exiting does within its --shutdown_timeout).
     std::chrono::milliseconds claim_wait{10000};
+    // At start, how long AdoptAll waits for one entry's fill (the digests of what it adopts:
+    // a pass over every byte) before serving without it: this, plus the entry's bytes at
+    // adoption_digest_rate (bytes per second, the slowest digest expected). Past the bound
+    // the entry goes on being digested while the daemon serves; the keeper keeps its copy,
+    // which is adopted when the digests end and dropped only if they fail.
+    std::chrono::milliseconds adoption_wait{30000};
+    double adoption_digest_rate = 256.0 * (1 << 20);
     // Keys waiting for the worker; past it they are forgotten and the worker reconciles
     // everything instead.
     size_t max_pending = 4096;
@@ -81,12 +88,14 @@ class KeeperLink final : public cache::EntryObserver {
   KeeperLink& operator=(const KeeperLink&) = delete;
 
   // At start, before serving: connects and adopts every entry the keeper holds, waiting
-  // until each is ready in the registry. `admit` decides, before anything is mapped, whether
-  // an entry of model `record.model()` may come back under the current configuration (the
-  // daemon: only models still configured, or inline specs an admin defined, which it then
-  // defines again); its refusal drops the entry from the keeper with that reason. Returns
-  // the count adopted. No keeper, or one that another daemon keeps past claim_wait: logged,
-  // 0. `published` is called with the publisher of each adopted published entry.
+  // until each is ready in the registry (at most Options::adoption_wait plus its bytes at
+  // adoption_digest_rate; past that it is left to finish, the keeper keeping its copy). `admit`
+  // decides, before anything is mapped, whether an entry of model `record.model()` may come back
+  // under the current configuration (the daemon: only models still configured, or inline specs an
+  // admin defined, which it then defines again); its refusal drops the entry from the keeper with
+  // that reason. Returns the count adopted. No keeper, or one that another daemon keeps past
+  // claim_wait: logged, 0. `published` is called with the publisher of each adopted published
+  // entry.
   using AdmitFn = std::function<absl::Status(const v1::KeeperRecord& record)>;
   using PublishedFn = std::function<void(const cache::Key&, const v1::PublisherInfo&)>;
   size_t AdoptAll(const AdmitFn& admit, const PublishedFn& published = nullptr);
@@ -135,9 +144,21 @@ class KeeperLink final : public cache::EntryObserver {
   // entry still loading past io_timeout: the mark stays pending, done on the next round).
   absl::Status Sync(const Mark& mark, bool* later);
   // Adoption at start (keeper_adoption.cc; AdoptAll too). Adopts one entry; the reason
-  // when it cannot be (the caller drops it from the keeper).
+  // when it cannot be (the caller drops it from the keeper unless the registry holds the
+  // key: KeepsKeeperCopy). `*key` is set once the record names the entry, `*filling` once
+  // the registry started its fill.
   absl::Status AdoptOne(keeper::KeeperClient::Entry held, const AdmitFn& admit,
-                        const PublishedFn& published);
+                        const PublishedFn& published, std::optional<cache::Key>* key,
+                        std::shared_ptr<cache::Entry>* filling);
+  // Whether the keeper must keep key `k` that AdoptOne could not adopt now: its fill goes on
+  // (handed to the worker through adopting_), the registry holds another live entry of the
+  // key (whose own deposit replaces the keeper's copy), or the link is stopping (the next
+  // daemon adopts it).
+  bool KeepsKeeperCopy(const std::string& k, const std::optional<cache::Key>& key,
+                       const std::shared_ptr<cache::Entry>& filling);
+  // Worker: adopted entries whose fill outlasted AdoptAll's wait. Ready ones were recorded by
+  // BeforeReady; failed ones are dropped from the keeper unless the registry holds the key.
+  void SettleAdopting();
   // Gives one artifact back to the store; the reason when it cannot be.
   absl::Status AdoptArtifact(keeper::KeeperClient::Entry held);
   // Artifacts: deposit one, bring one id in step, and the reconcile's share.
@@ -182,6 +203,8 @@ class KeeperLink final : public cache::EntryObserver {
   bool overflow_ ABSL_GUARDED_BY(mu_) = false;  // pending_ passed its bound: reconcile all
   std::map<std::string, Deposited> deposited_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, cache::Key> adopted_keys_ ABSL_GUARDED_BY(mu_);  // held already
+  // Adopted entries still being digested after AdoptAll (keeper key -> the registry's entry).
+  std::map<std::string, std::shared_ptr<cache::Entry>> adopting_ ABSL_GUARDED_BY(mu_);
   // Artifact ids to bring in step, and what the keeper holds of each (keeper key -> blob).
   std::set<std::string> pending_artifacts_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::weak_ptr<const artifact::Artifact>> deposited_artifacts_

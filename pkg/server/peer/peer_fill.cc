@@ -123,6 +123,7 @@ class FillRun {
         out_(std::make_unique<load::LoadedModel>()),
         by_source_(job.sources.size(), 0),
         sha256_(n_),
+        digests_(n_),
         done_(n_, false) {
     out_->plan = job.plan;
     out_->device_uuid = job.device;
@@ -167,7 +168,8 @@ class FillRun {
   size_t filled_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<size_t> by_source_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> sha256_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> done_ ABSL_GUARDED_BY(mu_);  // filled and checked
+  std::vector<integrity::SegmentDigest> digests_ ABSL_GUARDED_BY(mu_);  // taken by CheckSegment
+  std::vector<bool> done_ ABSL_GUARDED_BY(mu_);                         // filled and checked
   std::vector<Drop> drops_ ABSL_GUARDED_BY(mu_);
   // This daemon's own failure (allocation, sealing): no source helps.
   absl::Status fatal_ ABSL_GUARDED_BY(mu_);
@@ -361,6 +363,7 @@ bool FillRun::CheckSegment(const FillSource& src, size_t i, uint64_t counted) {
   integrity::Pace pace;
   load::LoadProgress* progress = job_.progress;
   pace.stop = [progress] { return progress != nullptr && progress->cancelled(); };
+  pace.threads = integrity::FillDigestThreads();  // the entry waits for it
   auto d = integrity::DigestSegment(backend_->kind(), *seg, pace, integrity::Want::kScrubAndCrypto);
   if (!d.ok()) return fatal(d.status());
   const std::string& want = src.record.record.segment_sha256(static_cast<int>(i));
@@ -376,6 +379,10 @@ bool FillRun::CheckSegment(const FillSource& src, size_t i, uint64_t counted) {
                                 integrity::CryptoDigestText(d->sha256), " where the record has ",
                                 integrity::CryptoDigestText(want), ")")));
     return false;
+  }
+  {
+    MutexLock l(mu_);  // the entry's digests: the registry does not take them again
+    digests_[i] = *std::move(d);
   }
   if (seg->size() > counted) {
     const uint64_t all = moved_.fetch_add(seg->size() - counted) + (seg->size() - counted);
@@ -423,6 +430,7 @@ absl::StatusOr<std::unique_ptr<load::LoadedModel>> FillRun::Conclude(
   if (report != nullptr) {
     report->segments_by_source = by_source_;
     report->sha256 = sha256_;
+    report->digests = digests_;
   }
   if (!fatal_.ok()) return Fail(failure, FillFallback::kMemory, fatal_);
   if (job_.progress != nullptr && job_.progress->cancelled()) {

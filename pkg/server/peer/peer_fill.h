@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "pkg/integrity/digest.h"
 #include "pkg/load/loader.h"
 #include "pkg/load/staging_pool.h"
 #include "pkg/memory/backend.h"
@@ -79,6 +80,10 @@ struct FillReport {
   // Per segment, the cryptographic digest it was checked against (its source's record's);
   // empty for a segment not filled (`partial` says which were).
   std::vector<std::string> sha256;
+  // Per segment, the digests taken of it when it was checked (this process's scrub digest
+  // and the cryptographic one, as the registry's digester takes them); empty for a segment
+  // not filled.
+  std::vector<integrity::SegmentDigest> digests;
   // Set when the fill failed because every source was dropped after some segments were
   // filled: the rank with those segments (sealed, checked) and null in place of the others,
   // for the caller to load only the rest from disk (load::PlanSegments). Null after any

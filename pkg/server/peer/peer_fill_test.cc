@@ -17,6 +17,7 @@
 
 #include "absl/strings/escaping.h"
 #include "gtest/gtest.h"
+#include "pkg/integrity/segment_digest.h"
 #include "pkg/memory/mapping.h"
 #include "pkg/metrics/metrics.h"
 #include "pkg/peer/client.h"
@@ -414,23 +415,45 @@ class PeerFillStripingTest : public PeerFillTest {
     }
     return std::move(m).value();
   }
+  // Fills the rank from both holders (A and C); null (a failure recorded) when it is not.
+  std::unique_ptr<load::LoadedModel> FillFromBoth(FillReport* report) {
+    PeerFill fill(FillOptions({{"127.0.0.1", port_a_}, {"127.0.0.1", port_c_}}), backend_.get(),
+                  nullptr);
+    FillFailure why{FillFallback::kNotHeld, absl::OkStatus()};
+    auto sources = fill.Find(fingerprint_, plan_, {}, &why);
+    EXPECT_EQ(sources.size(), 2u) << why.status;
+    if (sources.size() != 2) return nullptr;
+    return ExpectFilled(fill, sources, report);
+  }
   uint16_t port_c_ = 0;
   load::Plan plan_;
 };
 
 TEST_F(PeerFillStripingTest, SegmentsAreStripedOverTwoHolders) {
-  PeerFill fill(FillOptions({{"127.0.0.1", port_a_}, {"127.0.0.1", port_c_}}), backend_.get(),
-                nullptr);
-  FillFailure why{FillFallback::kNotHeld, absl::OkStatus()};
-  auto sources = fill.Find(fingerprint_, plan_, {}, &why);
-  ASSERT_EQ(sources.size(), 2u) << why.status;
   FillReport report;
-  auto m = ExpectFilled(fill, sources, &report);
+  auto m = FillFromBoth(&report);
   ASSERT_NE(m, nullptr);
   ASSERT_EQ(report.segments_by_source.size(), 2u);
   EXPECT_GT(report.segments_by_source[0], 0u);
   EXPECT_GT(report.segments_by_source[1], 0u);
   EXPECT_EQ(report.segments_by_source[0] + report.segments_by_source[1], m->segments.size());
+}
+
+// The digests each pulled segment's check took are the entry's: the report carries them,
+// one per segment, equal to the registry digester's (DigestSegment, scrub and cryptographic)
+// of the same sealed memory, so the registry need not pass over the bytes again.
+TEST_F(PeerFillStripingTest, HashedOnceTheChecksDigestsAreTheSegmentsDigests) {
+  FillReport report;
+  auto m = FillFromBoth(&report);
+  ASSERT_NE(m, nullptr);
+  ASSERT_EQ(report.digests.size(), m->segments.size());
+  for (size_t i = 0; i < m->segments.size(); ++i) {
+    auto d = integrity::DigestSegment(memory::BackendKind::kHost, *m->segments[i], {},
+                                      integrity::Want::kScrubAndCrypto);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_TRUE(report.digests[i] == *d) << "segment " << i;
+    EXPECT_EQ(report.digests[i].sha256, report.sha256[i]) << "segment " << i;
+  }
 }
 
 TEST_F(PeerFillStripingTest, AHolderGoneAfterAnsweringLeavesItsSegmentsToTheOther) {

@@ -50,6 +50,7 @@ absl::StatusOr<std::unique_ptr<load::LoadedModel>> RankFill::Run(load::LoadProgr
                            rank_.label, &progress, &why, &report);
   verified_ = report.sha256;
   if (filled.ok()) {
+    taken_ = std::move(report.digests);
     stage_ = Stage::kFilled;
     (*filled)->origin = Origin();
     return filled;
@@ -101,6 +102,14 @@ absl::StatusOr<std::unique_ptr<load::LoadedModel>> RankFill::LoadRest(
   }
   partial->stats = rest->stats;
   return partial;
+}
+
+std::vector<integrity::SegmentDigest> RankFill::TakenDigests() const {
+  if (stage_ != Stage::kFilled) return {};
+  for (const auto& d : taken_) {
+    if (d.chunks.empty()) return {};  // a segment not checked here: the registry digests all
+  }
+  return taken_;
 }
 
 absl::Status RankFill::CheckDigests(const std::vector<integrity::SegmentDigest>& got) const {

@@ -74,6 +74,10 @@ class RankFill {
   // The entry's digest check: each segment that came from a peer has the digest it was
   // checked against while filling (the same sealed memory); DATA_LOSS naming it otherwise.
   absl::Status CheckDigests(const std::vector<integrity::SegmentDigest>& got) const;
+  // The entry's digests when every segment came from peers: those each segment's check took
+  // (cache::LoadRequest::taken_digests), so the fill is digested once; empty otherwise (the
+  // registry digests the rank). After Run, on its thread.
+  std::vector<integrity::SegmentDigest> TakenDigests() const;
 
   Stage stage() const { return stage_.load(); }
   const std::vector<FillSource>& sources() const { return sources_; }
@@ -96,6 +100,7 @@ class RankFill {
   // empty when it came from disk (empty vector: no segment came from a peer). Written by Run,
   // read by CheckDigests after it, on the same thread.
   std::vector<std::string> verified_;
+  std::vector<integrity::SegmentDigest> taken_;  // Run's, when every segment was filled
   std::atomic<Stage> stage_{Stage::kPull};
 };
 
