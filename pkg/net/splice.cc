@@ -12,7 +12,7 @@ ssize_t Pipe::ReadFrom(int fd) {
   const ssize_t r = ::recv(fd, buf_.get() + end_, capacity_ - end_, MSG_DONTWAIT);
   if (r < 0) return -errno;
   end_ += static_cast<size_t>(r);
-  if (empty()) Clear();  // nothing read: no buffer kept
+  if (empty()) Empty();  // nothing read
   return r;
 }
 
@@ -22,8 +22,16 @@ bool Pipe::WriteTo(int fd) {
     if (w < 0) return errno == EAGAIN || errno == EINTR;
     begin_ += static_cast<size_t>(w);
   }
-  Clear();
+  Empty();
   return true;
+}
+
+void Pipe::Empty() {
+  if (lazy_) {
+    Clear();
+  } else {
+    begin_ = end_ = 0;
+  }
 }
 
 void Pipe::Clear() {

@@ -2,8 +2,9 @@
 // socket pair or of a Unix connection). The control socket's relay and the peer port both
 // move their bytes with it; what they add is what they read in the bytes as they pass
 // (HTTP/2 frame headers, TLS records) and when they close. Each direction is buffered up to
-// `capacity` bytes, allocated only while bytes are in flight (an idle connection costs no
-// buffer); a full buffer stops reading its source (back-pressure). Non-blocking sockets only.
+// `capacity` bytes, allocated when bytes first come and, with `lazy_buffers`, given back
+// whenever it empties (an idle connection costs no buffer: the peer port's many idle ones);
+// a full buffer stops reading its source (back-pressure). Non-blocking sockets only.
 //
 // Thread-safety: none; one loop thread owns a Splice. Lifetimes: the Splice owns both
 // sockets; destroying it closes them (the inner side then sees its end close).
@@ -23,22 +24,28 @@ namespace weightcache::net {
 // One direction's bytes in flight: read from a source into the buffer, written on.
 class Pipe {
  public:
-  explicit Pipe(size_t capacity) : capacity_(capacity) {}
+  // `lazy`: the buffer exists only while bytes are in it (an idle connection costs none);
+  // otherwise it is kept once allocated (no allocation per burst on a busy connection).
+  Pipe(size_t capacity, bool lazy) : capacity_(capacity), lazy_(lazy) {}
   bool room() const { return end_ < capacity_; }
   bool empty() const { return begin_ == end_; }
-  // Reads from `fd` into the free space: >0 bytes read (then at(n) are they), 0 end of file,
+  // Reads from `fd` into the free space: >0 bytes read (then last(n) are they), 0 end of file,
   // <0 nothing now (-EAGAIN) or an error (-errno).
   ssize_t ReadFrom(int fd);
   // The last `n` bytes read.
   const char* last(size_t n) const { return buf_.get() + end_ - n; }
   // Writes what is buffered to `fd`; false on an error other than "would block". An emptied
-  // pipe gives its buffer back.
+  // lazy pipe gives its buffer back.
   bool WriteTo(int fd);
   // Drops what is buffered, and the buffer.
   void Clear();
 
  private:
+  // Nothing left in it: the buffer goes when lazy.
+  void Empty();
+
   size_t capacity_;
+  bool lazy_;
   std::unique_ptr<char[]> buf_;
   size_t begin_ = 0;
   size_t end_ = 0;
@@ -46,8 +53,8 @@ class Pipe {
 
 class Splice {
  public:
-  Splice(ScopedFd client, size_t capacity)
-      : client_(std::move(client)), up_(capacity), down_(capacity) {}
+  Splice(ScopedFd client, size_t capacity, bool lazy_buffers)
+      : client_(std::move(client)), up_(capacity, lazy_buffers), down_(capacity, lazy_buffers) {}
   // The inner socket; until it is set, the client's bytes wait in the buffer.
   void SetInner(ScopedFd inner) { inner_ = std::move(inner); }
 

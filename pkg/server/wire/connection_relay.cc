@@ -32,7 +32,7 @@ struct ConnectionRelay::Conn {
   std::string label;
   // The client's socket and our end of the socket pair (gRPC holds the other); its inner
   // side done: gRPC closed its end (flush to the client, then close).
-  net::Splice splice{ScopedFd(), kBufferBytes};
+  net::Splice splice{ScopedFd(), kBufferBytes, /*lazy_buffers=*/false};
   net::KeyedLimiter::Slot slot;  // the connection's place in the listener's caps
   Http2StreamTracker streams;
   bool inner_watched = false;
@@ -76,7 +76,8 @@ absl::StatusOr<int> ConnectionRelay::Add(ScopedFd client, net::KeyedLimiter::Slo
   }
   auto c = std::make_unique<Conn>();
   c->label = std::move(label);
-  c->splice = net::Splice(std::move(client), kBufferBytes);
+  // Buffers kept while the connection lives: a control connection is busy when it is used.
+  c->splice = net::Splice(std::move(client), kBufferBytes, /*lazy_buffers=*/false);
   c->splice.SetInner(ScopedFd(pair[0]));
   c->slot = std::move(slot);
   c->reset_tokens = options_.reset_burst;

@@ -60,7 +60,7 @@ struct PeerPort::Conn {
   std::string name;               // gRPC's peer string for the relay's socket ("unix-abstract:...")
   // The client's socket and the relay's end of the connection to gRPC (none until the
   // hand-over: the client's first bytes wait); its inner side done: gRPC closed its end.
-  net::Splice splice{ScopedFd(), kBufferBytes};
+  net::Splice splice{ScopedFd(), kBufferBytes, /*lazy_buffers=*/true};
   TlsRecordScanner from_client{/*first_must_be_handshake=*/true};
   TlsRecordScanner from_server{/*first_must_be_handshake=*/false};
   bool client_watched = false;
@@ -178,7 +178,7 @@ void PeerPort::Take(net::Accepted a) {
   auto c = std::make_unique<Conn>();
   c->id = next_id_++;
   c->from = std::any_cast<TcpSource>(std::move(a.who.detail));
-  c->splice = net::Splice(std::move(a.fd), kBufferBytes);
+  c->splice = net::Splice(std::move(a.fd), kBufferBytes, /*lazy_buffers=*/true);
   c->place = std::move(a.slot);
   Watch(*c);  // its first bytes are in: the loop reads them and asks gRPC to take it
   pending_.emplace_back(a.accepted + options_.handshake_timeout, c->id);
