@@ -20,7 +20,7 @@ default_targets=(cuda_vmm_test wc_gpu_helper memory_test gpu_map_bench stack_gpu
                  wc_gpu_client weightcached weightcachectl gpu_acquire_bench fp8_quant_gpu_test
                  fp8_quant_bench gpu_load_test digest_bench weightcache-keeper
                  concurrency_bench integrity_gpu_test wc_gpu_attacker scrub_bench
-                 peer_fill_bench sleep_wake_gpu_test)
+                 peer_fill_bench sleep_wake_gpu_test tails_zero_gpu_test)
 read -r -a targets <<<"${WC_CARRY_TARGETS:-${default_targets[*]}}"
 
 if [[ ! -f $build/build.ninja ]]; then
