@@ -31,7 +31,10 @@ ninja -C "$build" "${targets[@]}"
 rm -rf "$carry"
 mkdir -p "$carry/bin" "$carry/lib" "$carry/lib-fallback" "$carry/lib-static" "$carry/include" "$carry/src"
 for t in "${targets[@]}"; do
-  f=$(find "$build" -type f -name "$t" -perm -u+x | head -1)
+  # The build's own binary, never a copy the Python suite installed into its venv (an older
+  # build's daemon was carried so once).
+  f=$(find "$build" -path "$build/python-venv" -prune -o -type f -name "$t" -perm -u+x -print |
+      head -1)
   [[ -n $f ]] || { echo "missing $t" >&2; exit 1; }
   strip --strip-debug -o "$carry/bin/$t" "$f"
 done
