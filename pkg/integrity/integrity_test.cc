@@ -225,8 +225,9 @@ TEST_F(SegmentDigestTest, ParallelDigestEqualsTheSerialOneAndUsesSeveralThreads)
   const auto bytes = RandomBytes(size, 6);
   const SegmentDigest serial{DigestHost(ProcessKey(), bytes.data(), size).chunks,
                              CryptoDigestHost(bytes.data(), size)};
+  const Pace unpaced;  // the Pacer keeps a reference: it must outlive it
   for (int threads : {1, 3, 4}) {
-    const internal::Pacer pacer(Pace{});
+    const internal::Pacer pacer(unpaced);
     auto d = internal::DigestHostPieces(bytes.data(), size, pacer, ProcessKey(), true, threads);
     ASSERT_TRUE(d.ok()) << d.status();
     EXPECT_EQ(d->digest, serial) << threads << " threads";

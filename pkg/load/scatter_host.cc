@@ -108,9 +108,13 @@ absl::Status ScatterOnHost(const ScatterPlan& plan, const std::vector<ScatterFil
   for (auto& b : bufs) b.resize(fullest);
   safetensors::ReadOptions ropts{options.read_threads, options.chunk_bytes,
                                  progress != nullptr ? progress->cancel_flag() : nullptr};
-  safetensors::ReadQueue reads(ropts);
+  // Declared before the queue, so they outlive it: a failed Wait returns early while the next
+  // buffer's reads are still queued, and the queue's workers (joined by its destructor) read
+  // `what` when they cancel them (ASan: a heap-use-after-free once a pinned-digest mismatch
+  // stopped a tensor-parallel group's load).
   std::vector<std::string> what(files.size());
   for (size_t f = 0; f < files.size(); ++f) what[f] = absl::StrCat(files[f].name, ": scatter");
+  safetensors::ReadQueue reads(ropts);
   std::vector<uint64_t> tickets(plan.buffers.size(), 0);
   auto submit = [&](size_t i) -> absl::Status {
     std::vector<safetensors::ReadRequest> reqs;
