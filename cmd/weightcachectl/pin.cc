@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "pkg/util/status_macros.h"
 
 namespace weightcache::ctl {
 namespace {
@@ -24,6 +25,11 @@ std::string NotFromDisk(const std::string& source) {
   if (source == "peer") return "copied from another GPU of this node (source peer)";
   return absl::StrCat("filled from '", source, "', not from this node's files");
 }
+
+// The two parts of the block: each file's SHA-256, then each disk-loaded entry's segments.
+absl::StatusOr<std::string> FileDigests(const v1::KnownModel& m, const std::string& model);
+absl::StatusOr<std::string> SegmentDigests(const v1::StatusResponse& status,
+                                           const std::string& model);
 
 }  // namespace
 
@@ -49,6 +55,15 @@ absl::StatusOr<std::string> PinBlock(const v1::StatusResponse& status, const std
         "': it has not opened it yet (weightcachectl load ", model,
         " does), or this socket is not an admin's (the digests are shown to admins only)"));
   }
+  WC_ASSIGN_OR_RETURN(std::string out, FileDigests(*m, model));
+  WC_ASSIGN_OR_RETURN(std::string segments, SegmentDigests(status, model));
+  return out + segments;
+}
+
+namespace {
+
+absl::StatusOr<std::string> FileDigests(const v1::KnownModel& km, const std::string& model) {
+  const v1::KnownModel* m = &km;
   std::vector<const v1::CheckpointFile*> files;
   for (const auto& f : m->files()) files.push_back(&f);
   std::sort(files.begin(), files.end(),
@@ -70,6 +85,12 @@ absl::StatusOr<std::string> PinBlock(const v1::StatusResponse& status, const std
         &out, "  ", f->name(), ": ", f->digest().substr(prefix.size()),
         f->source() == "pinned" ? "  # the spec's own pin: not read on this node yet" : "", "\n");
   }
+  return out;
+}
+
+absl::StatusOr<std::string> SegmentDigests(const v1::StatusResponse& status,
+                                           const std::string& model) {
+  std::string out;
   // Per fingerprint this node loaded from its own disk, its segments' digests (issue 48): a
   // peer fill of that fingerprint is then served only with them (docs/peer-fill.md,
   // "Anchors"). Only from disk: a peer-filled entry's digests are what its peers' records
@@ -110,5 +131,7 @@ absl::StatusOr<std::string> PinBlock(const v1::StatusResponse& status, const std
   for (const auto& why : skipped) absl::StrAppend(&out, "# left out: ", why, "\n");
   return out;
 }
+
+}  // namespace
 
 }  // namespace weightcache::ctl

@@ -302,7 +302,7 @@ class HttpServer::Loop {
     ev.data.u64 = id;
     (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, c.door.fd.get(), &ev);
     absl::MutexLock lock(&mu_);
-    to_render_.push_back({id, !head});
+    to_render_.emplace_back(id, !head);
   }
 
   std::string Ready(bool with_body) const {

@@ -33,7 +33,8 @@ const char* KeyedLimiter::VerdictName(Verdict v) {
   return "?";
 }
 
-KeyedLimiter::KeyedLimiter(Limits limits) : limits_(limits), state_(std::make_shared<State>()) {}
+KeyedLimiter::KeyedLimiter(Limits limits)
+    : limits_(std::move(limits)), state_(std::make_shared<State>()) {}
 
 KeyedLimiter::~KeyedLimiter() = default;
 

@@ -250,7 +250,7 @@ std::shared_ptr<RankFill> Admission::SurveyPeers(
 
 absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartFill(
     const std::shared_ptr<const load::OpenedModel>& model, Prepared p,
-    std::shared_ptr<RankFill> fill) {
+    const std::shared_ptr<RankFill>& fill) {
   // The registry digests what the load returns: a filled entry's digests must be those each
   // segment matched during the fill (RankFill::CheckDigests).
   p.request.source = "peer_fill";
@@ -273,7 +273,7 @@ absl::StatusOr<std::shared_ptr<cache::Entry>> Admission::StartLoad(
     const spec::Environment& env, const std::string& device_uuid) {
   WC_ASSIGN_OR_RETURN(Prepared p, Prepare(model, layout, env, device_uuid));
   if (p.live) return p.live;
-  if (auto fill = SurveyPeers(model, p)) return StartFill(model, std::move(p), std::move(fill));
+  if (auto fill = SurveyPeers(model, p)) return StartFill(model, std::move(p), fill);
   p.request.load = DiskLoad(model, p);
   return registry_.StartOrJoin(std::move(p.request));
 }
@@ -305,7 +305,7 @@ std::vector<absl::StatusOr<std::shared_ptr<cache::Entry>>> Admission::StartGroup
     auto fill = SurveyPeers(model, prepared[i]);
     if (fill == nullptr) continue;
     by_fill[i] = true;
-    out[i] = StartFill(model, prepared[i], std::move(fill));
+    out[i] = StartFill(model, prepared[i], fill);
   }
   auto plans = std::make_shared<std::vector<load::Plan>>(prepared.size());
   std::vector<std::string> devices, labels;

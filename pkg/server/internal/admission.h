@@ -113,7 +113,7 @@ class Admission {
   // Starts `p` as the entry `fill` loads (falling back to the disk in the same entry).
   absl::StatusOr<std::shared_ptr<cache::Entry>> StartFill(
       const std::shared_ptr<const load::OpenedModel>& model, Prepared p,
-      std::shared_ptr<RankFill> fill);
+      const std::shared_ptr<RankFill>& fill);
 
   const DaemonOptions& options_;
   memory::Backend* const backend_;

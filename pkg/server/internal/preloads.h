@@ -52,7 +52,7 @@ class Preloads final : public PreloadGate, public PreloadProgress {
   // `before_open`: tests only (DaemonHooks::BeforePreload), empty otherwise.
   Preloads(std::vector<spec::ModelSpec> specs, ModelCatalog& models, Admission& admission,
            const Access& access, std::function<void(const std::string&)> before_open);
-  ~Preloads();
+  ~Preloads() override;
   Preloads(const Preloads&) = delete;
   Preloads& operator=(const Preloads&) = delete;
 

@@ -174,7 +174,7 @@ struct PublishManager::Session {
 
 PublishManager::PublishManager(Options options, memory::Backend* backend, cache::Registry& registry,
                                PublishBase& base, std::string handle_socket)
-    : options_(options),
+    : options_(std::move(options)),
       backend_(backend),
       registry_(registry),
       base_(base),
