@@ -43,8 +43,10 @@ class SegmentMapping {
   // Takes the FDs. The sizes must equal those mapped first (INVALID_ARGUMENT naming the
   // segment otherwise). On failure the mapping stays detached (what was mapped is reserved
   // again). FAILED_PRECONDITION when attached.
-  virtual absl::Status Reattach(std::vector<ScopedFd> /*fds*/,
-                                const std::vector<uint64_t>& /*sizes*/) {
+  // By value: an override takes the descriptors over (this default has no use for them).
+  virtual absl::Status Reattach(
+      std::vector<ScopedFd> /*fds*/,  // NOLINT(performance-unnecessary-value-param)
+      const std::vector<uint64_t>& /*sizes*/) {
     return absl::UnimplementedError("this mapping cannot re-attach");
   }
   virtual bool attached() const { return true; }
