@@ -136,6 +136,7 @@ job_tsan() {
   (cd build-tsan &&
     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
       ctest --output-on-failure -j "$(nproc)" -R "$pattern" -E "$tsan_skip")
+  bash scripts/ctest-skips.sh build-tsan tsan
 }
 
 total_start=$SECONDS
