@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "pkg/net/descriptors.h"
 #include "pkg/util/epoll_loop.h"
 #include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"
@@ -23,10 +24,6 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kWakeData = 0;
 constexpr int kBackoffMs = 100;        // after EMFILE/ENFILE
 constexpr int kAcceptsPerWakeup = 64;  // then the waiting connections get their turn
-
-bool OutOfDescriptors(int err) {
-  return err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM;
-}
 
 }  // namespace
 
@@ -132,12 +129,8 @@ void Acceptor::SetListening(bool on) {
 }
 
 bool Acceptor::DescriptorsFree() const {
-  std::vector<ScopedFd> probes;
-  for (int i = 0; i <= options_.fds_per_connection; ++i) {
-    probes.emplace_back(::fcntl(wake_.get(), F_DUPFD_CLOEXEC, 0));
-    if (!probes.back()) return false;
-  }
-  return true;
+  // The accepted connection's, and what the listener takes for it.
+  return DescriptorHeadroom(wake_.get(), options_.fds_per_connection + 1) == 0;
 }
 
 int Acceptor::TimeoutMs() const {
@@ -217,7 +210,7 @@ bool Acceptor::AcceptFrom(const Socket& s) {
     ScopedFd conn(::accept4(s.fd.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!conn) {
       const int err = errno;
-      if (!OutOfDescriptors(err)) return true;  // EAGAIN: drained; ECONNABORTED and the like
+      if (!IsOutOfDescriptors(err)) return true;  // EAGAIN: drained; ECONNABORTED and the like
       {
         MutexLock l(mu_);
         counters_.refused["descriptors"]++;

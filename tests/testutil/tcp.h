@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <chrono>
 #include <filesystem>
 #include <string>
 
@@ -40,6 +41,23 @@ inline bool ClosedNow(int fd) {
   char c;
   const ssize_t r = ::recv(fd, &c, 1, MSG_DONTWAIT);
   return r == 0 || (r < 0 && errno != EAGAIN);
+}
+
+// Whether the other side closed `fd` (EOF, reset or hang-up) within `ms`; what it sent
+// meanwhile is read and dropped.
+inline bool ClosedWithin(int fd, int ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    if ((p.revents & (POLLHUP | POLLERR)) != 0) return true;
+    char buf[4096];
+    const ssize_t r = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) return true;
+  }
 }
 
 // Descriptors this process holds now.

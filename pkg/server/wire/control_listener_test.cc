@@ -19,33 +19,19 @@
 #include "gtest/gtest.h"
 #include "pkg/util/scoped_fd.h"
 #include "pkg/util/unix_socket.h"
+#include "tests/testutil/tcp.h"
 #include "tests/testutil/temp_dir.h"
 #include "weightcache/v1/weightcache.grpc.pb.h"
 
 namespace weightcache::server {
 namespace {
 
+using weightcache::testing::ClosedWithin;
 using weightcache::testing::TempDir;
 
 ScopedFd Connect(const std::string& path) {
   auto fd = ConnectUnix(path);
   return fd.ok() ? std::move(fd).value() : ScopedFd();
-}
-
-// Whether the listener's side closed `fd` (EOF or hang-up) within `ms`. What gRPC sent
-// meanwhile (its HTTP/2 settings) is read and dropped.
-bool ClosedWithin(int fd, int ms) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-  while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        until - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return false;
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-    if ((p.revents & (POLLHUP | POLLERR)) != 0) return true;
-    char buf[4096];
-    if (::recv(fd, buf, sizeof buf, MSG_DONTWAIT) == 0) return true;
-  }
 }
 
 class ControlListenerTest : public ::testing::Test {

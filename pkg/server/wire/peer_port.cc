@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "pkg/net/descriptors.h"
 #include "pkg/net/splice.h"
 #include "pkg/server/wire/peer_port_sockets.h"
 #include "pkg/util/epoll_loop.h"
@@ -290,7 +291,7 @@ bool PeerPort::HandOver(Conn& c) {
   int err = 0;
   auto inner = ConnectNamed(options_.backend_path, &err);
   if (!inner.ok()) {
-    if (IsOutOfDescriptors(err)) {
+    if (net::IsOutOfDescriptors(err)) {
       OutOfDescriptors(handover_ok_, "socket for the relay", err);
     } else {  // EAGAIN: gRPC's backlog is full; ECONNREFUSED/ENOENT: it is gone
       WC_LOG_WARN("peer port: %s closed: the peer API's gRPC socket did not take it: %s",
@@ -332,7 +333,7 @@ Clock::time_point PeerPort::ServeWaiting() {
     }
     // One at a time: the last one handed over first accepted (and read) by gRPC.
     if (Unread() > 0) return Clock::now() + std::chrono::milliseconds(kUnreadRetryMs);
-    if (const int err = DescriptorHeadroom(epoll_.get(), kHeadroom); err != 0) {
+    if (const int err = net::DescriptorHeadroom(epoll_.get(), kHeadroom); err != 0) {
       OutOfDescriptors(
           handover_ok_,
           absl::StrCat("fewer than ", kHeadroom, " descriptors free to hand a connection to gRPC"),

@@ -39,10 +39,4 @@ struct NamedConnection {
 };
 absl::StatusOr<NamedConnection> ConnectNamed(const std::string& path, int* err);
 
-// EMFILE and the errors that mean the same for accept(2) and socket(2).
-bool IsOutOfDescriptors(int err);
-// Whether `n` more descriptors can be had now (taken and given back at once): 0, or the errno
-// of the one that could not. `any_fd` is duplicated.
-int DescriptorHeadroom(int any_fd, int n);
-
 }  // namespace weightcache::server

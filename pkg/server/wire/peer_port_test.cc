@@ -33,6 +33,7 @@ namespace weightcache::server {
 namespace {
 
 using namespace std::chrono_literals;
+using weightcache::testing::ClosedWithin;
 using weightcache::testing::ConnectFrom;
 using weightcache::testing::TempDir;
 
@@ -121,22 +122,6 @@ int LocalPort(int fd) {
   socklen_t len = sizeof a;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   return ntohs(a.sin_port);
-}
-
-// Whether the port's side closed `fd` (EOF, reset) within `ms`; what came meanwhile is
-// dropped.
-bool ClosedWithin(int fd, int ms) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
-  while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        until - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return false;
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-    char buf[4096];
-    const ssize_t r = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) return true;
-  }
 }
 
 // Sends `bytes` and reads them back from the echo; false when the connection closed or the
