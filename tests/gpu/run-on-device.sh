@@ -82,17 +82,17 @@ if step build_torch_test 300 bash "$root/tests/gpu/build-torch-test.sh" "$tdir/w
   kill "$dpid"; wait "$dpid"
 fi
 
-section "digest_bench (content identity: hashing vs plain reads, the stale check)"
-step digest_bench 300 "$carry/bin/digest_bench" --gib=8 --dir=/var/tmp
-
-section "peer_fill_bench (issue 30: B fills GPU memory from A over UCX; A's cold disk load)"
-# Also a check: it exits 1 unless B was filled from A with A's bytes, every segment.
-# shellcheck disable=SC2086
-step peer_fill_bench 300 "$carry/bin/peer_fill_bench" --backend=cuda-vmm \
-  ${PEER_FILL_ARGS:---gib=8} --dir=/var/tmp/wc-peer-fill >"$OUT/peer_fill_bench.md"
-cat "$OUT/peer_fill_bench.md"
 
 if [[ ${SKIP_BENCH:-0} != 1 ]]; then
+  section "digest_bench (content identity: hashing vs plain reads, the stale check)"
+  step digest_bench 300 "$carry/bin/digest_bench" --gib=8 --dir=/var/tmp
+
+  section "peer_fill_bench (issue 30: B fills GPU memory from A over UCX; A's cold disk load)"
+  # Also a check: it exits 1 unless B was filled from A with A's bytes, every segment.
+  # shellcheck disable=SC2086
+  step peer_fill_bench 300 "$carry/bin/peer_fill_bench" --backend=cuda-vmm \
+    ${PEER_FILL_ARGS:---gib=8} --dir=/var/tmp/wc-peer-fill >"$OUT/peer_fill_bench.md"
+  cat "$OUT/peer_fill_bench.md"
   section "gpu_acquire_bench ${BENCH_ARGS:-}"
   # shellcheck disable=SC2086
   step gpu_acquire_bench 300 "$carry/bin/gpu_acquire_bench" ${BENCH_ARGS:-} \
