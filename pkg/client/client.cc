@@ -41,12 +41,8 @@ std::string ResolveSocket(const std::string& socket) {
 using internal::ClaimDescriptors;
 using internal::FillAcquireRequest;
 using internal::FromGrpc;
-using internal::HandleChannelError;
 using internal::HandleSocketFor;
 using internal::Manifest;
-using internal::SetIdentity;
-using internal::SetPlacement;
-using internal::StubFor;
 using internal::Views;
 
 absl::StatusOr<AcquireOptions> AcquireOptions::FromEnvironment() {

@@ -18,13 +18,9 @@ namespace weightcache::client {
 using internal::ClaimDescriptors;
 using internal::FillAcquireRequest;
 using internal::FromGrpc;
-using internal::HandleChannelError;
 using internal::HandleSocketFor;
 using internal::Manifest;
-using internal::SetIdentity;
-using internal::SetPlacement;
 using internal::StubFor;
-using internal::Views;
 
 Lease::~Lease() {
   // Unmap first (cuda-vmm: unmap, release the imported handles, free the VA range, release

@@ -7,14 +7,10 @@
 namespace weightcache::client {
 
 using internal::ClaimDescriptors;
-using internal::FillAcquireRequest;
 using internal::FromGrpc;
-using internal::HandleChannelError;
 using internal::HandleSocketFor;
-using internal::Manifest;
 using internal::SetIdentity;
 using internal::SetPlacement;
-using internal::StubFor;
 using internal::Views;
 
 namespace {
