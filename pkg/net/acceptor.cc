@@ -25,6 +25,13 @@ constexpr uint64_t kWakeData = 0;
 constexpr int kBackoffMs = 100;        // after EMFILE/ENFILE
 constexpr int kAcceptsPerWakeup = 64;  // then the waiting connections get their turn
 
+// How often the handed-over connections are looked at for idleness: a quarter of the idle
+// timeout, within 10 ms and 1 s (a connection ends at most that late).
+Clock::duration IdleScanPeriod(std::chrono::milliseconds idle) {
+  return std::clamp<Clock::duration>(idle / 4, std::chrono::milliseconds(10),
+                                     std::chrono::seconds(1));
+}
+
 }  // namespace
 
 struct Acceptor::Waiting {
@@ -58,6 +65,7 @@ void Acceptor::Stop() {
   if (thread_.joinable()) thread_.join();
   sockets_.clear();
   waiting_.clear();
+  watched_.clear();
 }
 
 absl::Status Acceptor::Listen(ScopedFd listening, std::string tag) {
@@ -137,6 +145,7 @@ int Acceptor::TimeoutMs() const {
   auto until = Clock::time_point::max();
   if (!listening_on_) until = backoff_until_;
   if (!waiting_.empty()) until = std::min(until, waiting_.begin()->second->deadline);
+  if (!watched_.empty()) until = std::min(until, next_idle_scan_);
   if (until == Clock::time_point::max()) return -1;
   const auto ms = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
   return static_cast<int>(std::clamp<int64_t>(ms, 0, INT_MAX));
@@ -184,6 +193,7 @@ void Acceptor::Step(int timeout_ms) {
     HandOver(std::move(a));
   }
   ExpireWaiting();
+  ExpireIdle();
 }
 
 bool Acceptor::MakeRoom() {
@@ -289,6 +299,12 @@ void Acceptor::HandOver(Accepted a) {
     MutexLock l(mu_);
     counters_.waiting = waiting_.size();
   }
+  if (options_.idle.count() > 0) {
+    auto activity = std::make_shared<Activity>(a.fd.get());
+    if (watched_.empty()) next_idle_scan_ = Clock::now() + IdleScanPeriod(options_.idle);
+    watched_.push_back(Watched{activity, a.who.describe});
+    a.activity = ActivityHandle(std::move(activity));
+  }
   if (options_.serve(std::move(a))) {
     MutexLock l(mu_);
     counters_.accepted++;
@@ -319,6 +335,34 @@ void Acceptor::ExpireWaiting() {
   }
   MutexLock l(mu_);
   counters_.waiting = waiting_.size();
+}
+
+void Acceptor::ExpireIdle() {
+  if (watched_.empty()) return;
+  const auto now = Clock::now();
+  if (now < next_idle_scan_) return;
+  next_idle_scan_ = now + IdleScanPeriod(options_.idle);
+  size_t kept = 0;
+  for (size_t i = 0; i < watched_.size(); ++i) {
+    Watched& w = watched_[i];
+    if (w.activity->ShutDownIfIdle(now, options_.idle)) {
+      uint64_t nth = 0;
+      {
+        MutexLock l(mu_);
+        nth = counters_.refused["idle"]++;
+      }
+      if (nth % 1024 == 0) {
+        WC_LOG_INFO("%s: ended a connection of %s: no byte moved for %d ms", options_.name,
+                    w.describe, options_.idle.count());
+      }
+      if (options_.on_refused) options_.on_refused("idle");
+      continue;
+    }
+    if (w.activity->closed()) continue;
+    if (kept != i) watched_[kept] = std::move(w);
+    ++kept;
+  }
+  watched_.resize(kept);
 }
 
 void Acceptor::Refuse(int fd, const std::string& reason, const std::string& message) {

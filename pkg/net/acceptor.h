@@ -13,9 +13,12 @@
 //   - on EMFILE/ENFILE (or when fewer than `fds_per_connection` descriptors are free) stops
 //     accepting for 100 ms, reports unhealthy, and resumes once descriptors are back (never
 //     spins on a readable socket, never stops for good);
+//   - with `idle` set, ends a handed-over connection that moved no byte for that long and has
+//     no work in flight (activity.h: the listener touches it as bytes move and marks it busy
+//     while work runs): shut down, so the listener's loop sees it end and closes it;
 //   - counts each refusal by reason ("identity", "total", "per_key", "first_byte",
-//     "descriptors") through `on_refused`: the daemon turns it into one metric family,
-//     weightcache_connections_refused_total{listener, reason}.
+//     "descriptors", and "idle" for a connection ended idle) through `on_refused`: the daemon
+//     turns it into one metric family, weightcache_connections_refused_total{listener, reason}.
 // The admitted connection carries its Slot: the place it holds in the caps is given back when
 // the listener drops it, whoever ends the connection.
 //
@@ -43,6 +46,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "pkg/net/activity.h"
 #include "pkg/net/keyed_limiter.h"
 #include "pkg/util/epoll_loop.h"
 #include "pkg/util/mutex.h"
@@ -65,6 +69,9 @@ struct Accepted {
   bool over_cap = false;    // admitted in its key's band past the cap
   KeyedLimiter::Slot slot;  // its place in the caps: given back when dropped
   std::chrono::steady_clock::time_point accepted;
+  // With `idle` set: the listener touches it as bytes move and marks work in flight; keep it
+  // beside the descriptor, destroyed before it closes (activity.h). Empty without `idle`.
+  ActivityHandle activity;
 };
 
 struct ListenerOptions {
@@ -72,6 +79,10 @@ struct ListenerOptions {
   KeyedLimiter::Limits limits{.total = 1024, .per_key = 64, .over_cap = 0};
   // 0: a connection is handed over at accept (protocols where the server speaks first).
   std::chrono::milliseconds first_byte{0};
+  // 0: connections live as long as the listener keeps them (the handle channel: a connection
+  // is its lease's life; the keeper: the daemon's one link). Else a handed-over connection
+  // that moved no byte for this long and is not busy is shut down ("idle").
+  std::chrono::milliseconds idle{0};
   // Descriptors the listener takes for a connection besides the accepted one (the control
   // socket's relay: 2): accepting waits while they cannot be had.
   int fds_per_connection = 0;
@@ -133,6 +144,10 @@ class Acceptor {
 
  private:
   struct Waiting;
+  struct Watched {
+    std::shared_ptr<Activity> activity;
+    std::string describe;
+  };
   struct Socket {
     ScopedFd fd;
     std::string tag;
@@ -153,6 +168,8 @@ class Acceptor {
   bool DescriptorsFree() const;
   void SyncSockets();
   void ExpireWaiting();
+  // Ends the handed-over connections idle past `idle`; forgets the closed ones.
+  void ExpireIdle();
 
   const ListenerOptions options_;
   KeyedLimiter limiter_;
@@ -174,6 +191,8 @@ class Acceptor {
   uint64_t next_id_ = 1;
   bool listening_on_ = true;
   std::chrono::steady_clock::time_point backoff_until_{};
+  std::vector<Watched> watched_;  // handed over, with `idle` set
+  std::chrono::steady_clock::time_point next_idle_scan_{};
 };
 
 }  // namespace weightcache::net

@@ -290,5 +290,68 @@ TEST_F(AcceptorTest, AcceptorMakesRoomForANewcomerFromTheOldestNotYetEstablished
   a->Stop();
 }
 
+// True when `fd` (the client's end) reads as ended within `wait`: the acceptor shut it down.
+bool EndsWithin(int fd, std::chrono::milliseconds wait) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(wait.count())) <= 0) return false;
+  char c;
+  return ::read(fd, &c, 1) == 0;
+}
+
+TEST_F(AcceptorTest, AcceptorEndsIdleConnectionsAndKeepsBusyAndTalkingOnes) {
+  ListenerOptions o;
+  o.idle = 200ms;
+  Start(std::move(o), {"a"});
+  ScopedFd quiet = Connect("a"), busy = Connect("a"), talking = Connect("a");
+  ASSERT_EQ(WaitServed(3), 3u);
+  {
+    MutexLock l(mu_);
+    ASSERT_NE(served_[0].activity.get(), nullptr);
+    served_[1].activity.SetBusy(true);
+  }
+  // The listener touches `talking` as its bytes move, every 50 ms for 600 ms.
+  for (int i = 0; i < 12; ++i) {
+    {
+      MutexLock l(mu_);
+      served_[2].activity.Touch();
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_TRUE(EndsWithin(quiet.get(), 0ms));
+  EXPECT_FALSE(EndsWithin(busy.get(), 0ms));
+  EXPECT_FALSE(EndsWithin(talking.get(), 0ms));
+  EXPECT_EQ(acceptor_->counters().refused["idle"], 1u);
+  {
+    // The listener still owns the descriptor the acceptor shut down: its reader sees the end.
+    MutexLock l(mu_);
+    char c;
+    EXPECT_EQ(::read(served_[0].fd.get(), &c, 1), 0);
+    served_.pop_back();  // the listener closes `talking`
+  }
+  // The work ends: the idle time starts then, and the connection ends after it.
+  {
+    MutexLock l(mu_);
+    served_[1].activity.SetBusy(false);
+  }
+  EXPECT_FALSE(EndsWithin(busy.get(), 100ms));
+  EXPECT_TRUE(EndsWithin(busy.get(), 5000ms));
+  // The connection the listener closed is let be (never shut down by its number), and its
+  // place given back.
+  std::this_thread::sleep_for(400ms);
+  EXPECT_EQ(acceptor_->counters().refused["idle"], 2u);
+  EXPECT_EQ(CountersOnce([](auto c) { return c.open == 2; }).open, 2u);
+}
+
+TEST_F(AcceptorTest, AcceptorWithoutAnIdleTimeoutLeavesQuietConnections) {
+  Start({}, {"a"});
+  ScopedFd quiet = Connect("a");
+  ASSERT_EQ(WaitServed(1), 1u);
+  {
+    MutexLock l(mu_);
+    EXPECT_EQ(served_[0].activity.get(), nullptr);
+  }
+  EXPECT_FALSE(EndsWithin(quiet.get(), 300ms));
+}
+
 }  // namespace
 }  // namespace weightcache::net

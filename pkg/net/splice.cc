@@ -41,6 +41,14 @@ void Pipe::Clear() {
 
 bool Splice::Pump(const Inspect& inspect) {
   auto gone = [](ssize_t r) { return r == 0 || (r < 0 && r != -EAGAIN && r != -EINTR); };
+  bool any = false;
+  struct TouchOnReturn {
+    const ActivityHandle& activity;
+    const bool& any;
+    ~TouchOnReturn() {
+      if (any) activity.Touch();
+    }
+  } touch{activity_, any};
   for (bool moved = true; moved;) {
     moved = false;
     if (up_.room() && !inner_done_) {
@@ -50,7 +58,7 @@ bool Splice::Pump(const Inspect& inspect) {
         if (inspect.from_client && !inspect.from_client(up_.last(r), static_cast<size_t>(r))) {
           return false;  // what broke the rule is never passed on
         }
-        moved = true;
+        moved = any = true;
       }
     }
     if (!inner_) break;  // not handed over yet: the client's bytes wait
@@ -62,7 +70,7 @@ bool Splice::Pump(const Inspect& inspect) {
         inner_done_ = true;
       } else if (r > 0) {
         if (inspect.from_inner) inspect.from_inner(down_.last(r), static_cast<size_t>(r));
-        moved = true;
+        moved = any = true;
       }
     }
     if (!down_.empty() && !down_.WriteTo(client_.get())) return false;

@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 
+#include "pkg/net/activity.h"
 #include "pkg/util/scoped_fd.h"
 
 namespace weightcache::net {
@@ -57,6 +58,10 @@ class Splice {
       : client_(std::move(client)), up_(capacity, lazy_buffers), down_(capacity, lazy_buffers) {}
   // The inner socket; until it is set, the client's bytes wait in the buffer.
   void SetInner(ScopedFd inner) { inner_ = std::move(inner); }
+  // The client connection's activity (the acceptor's idle timeout): touched whenever bytes
+  // move either way; held with the client's socket and let go before it closes.
+  void SetActivity(ActivityHandle activity) { activity_ = std::move(activity); }
+  const ActivityHandle& activity() const { return activity_; }
 
   // Sees the bytes as they pass: the client's (false stops the splice: the bytes that broke
   // a rule are never passed on) and the inner side's.
@@ -83,6 +88,7 @@ class Splice {
 
  private:
   ScopedFd client_;
+  ActivityHandle activity_;  // after client_: let go before the client's socket closes
   ScopedFd inner_;
   Pipe up_;    // client -> inner
   Pipe down_;  // inner -> client

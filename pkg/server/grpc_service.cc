@@ -155,7 +155,8 @@ std::unique_ptr<grpc::Server> BuildControlServer(grpc::Service* service, uint64_
   builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 16);
   builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, 16 << 10);
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 30 * 60 * 1000);
+  // Idle connections (no call, no byte for 30 min) are ended at the door, not here
+  // (ControlListener::Options::idle, net::Acceptor).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10 * 1000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 3);
   return builder.BuildAndStart();

@@ -186,11 +186,10 @@ absl::Status PeerApi::StartGrpc(const peer::TlsMaterial& tls, const std::string&
   // gRPC's own deadline for the TLS handshake and the client's HTTP/2 settings, twice the
   // port's: the port closes what completes no handshake first (and counts it); this one
   // closes a client that completed TLS but never speaks HTTP/2. An idle peer's connection is
-  // closed after 30 min (its channel connects again when it next asks).
+  // ended at the door after 30 min without a byte (PeerPort::Options::idle, net::Acceptor).
   builder.AddChannelArgument(
       GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
       static_cast<int>(std::min<int64_t>(2 * o.handshake_timeout.count(), 24 * 3600 * 1000)));
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 30 * 60 * 1000);
   grpc_ = builder.BuildAndStart();
   if (!grpc_ || bound == 0) {
     return absl::UnavailableError(

@@ -15,6 +15,8 @@ struct ConnectionStats {
   uint64_t total_refusals = 0;       // closed at accept, or cut in its handshake for a newcomer:
                                      // max_connections open
   uint64_t descriptor_backoffs = 0;  // accepting paused 100 ms: out of descriptors
+  uint64_t idle_closes = 0;          // kept alive with no request past idle_timeout_ms: ended
+                                     // by the acceptor
   uint64_t requests = 0;             // handed to a worker
   // Answered by the loop and closed, never handed to a worker:
   uint64_t refused_heads = 0;    // 4xx at the head: chunked, Expect, no length, too large, bad

@@ -91,6 +91,7 @@ class FrontTest : public ::testing::Test {
           const std::string answer = absl::StrCat(
               "HTTP/1.1 200 OK\r\nContent-Length: ", target.size(), "\r\n\r\n", target);
           s.write(answer.data(), answer.size());
+          if (keep_alive_) return true;
           closed = true;
           return false;
         });
@@ -137,6 +138,7 @@ class FrontTest : public ::testing::Test {
   weightcache::testing::TempDir dir_;
   std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> ctx_{nullptr, &SSL_CTX_free};
   Gate gate_;
+  bool keep_alive_ = false;  // answers keep the connection for another request
   std::unique_ptr<TlsClient> held_;
   std::unique_ptr<Front> front_;
 };
@@ -239,6 +241,56 @@ TEST_F(FrontTest, AClientGoneBeforeItsAnswerIsDroppedAndTheNextServed) {
   ASSERT_TRUE(gate_.WaitEntered(9));
   auto next = Send("127.0.0.4", "/next");
   EXPECT_TRUE(absl::StartsWith(Answer(*next), "HTTP/1.1 200 OK\r\n"));
+}
+
+// A kept-alive connection waiting for its next request is ended by the door (the acceptor's
+// idle timeout) after idle_timeout_ms; one that keeps sending requests is kept, however long.
+TEST_F(FrontTest, AKeptAliveConnectionIsEndedByTheDoorAfterIdleAndABusyOneKept) {
+  FrontOptions o;
+  o.idle_timeout_ms = 300;
+  keep_alive_ = true;
+  Start(o);
+  gate_.Allow(1 << 20);
+  auto quiet = Send("127.0.0.2", "/quiet");
+  EXPECT_EQ(Answer(*quiet, absl::Milliseconds(200)),
+            "(still open) HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\n/quiet");
+  auto busy = Send("127.0.0.3", "/busy0");
+  for (int i = 1; i <= 8; ++i) {
+    const std::string got = Answer(*busy, absl::Milliseconds(150));
+    EXPECT_TRUE(absl::StartsWith(got, "(still open) HTTP/1.1 200 OK")) << got;
+    ASSERT_TRUE(busy->Send(
+        absl::StrCat("POST /busy", i, " HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nxx")));
+  }
+  EXPECT_EQ(Answer(*quiet), "") << "ended with nothing more";
+  EXPECT_TRUE(
+      absl::StrContains(Answer(*busy, absl::Milliseconds(100)), "(still open) HTTP/1.1 200"));
+  EXPECT_TRUE(WaitStats([](const ConnectionStats& s) { return s.idle_closes == 1; }));
+  EXPECT_EQ(Answer(*busy), "") << "idle once its requests stopped";
+  EXPECT_TRUE(WaitStats([](const ConnectionStats& s) { return s.idle_closes == 2; }));
+}
+
+// Finding: a client that drops its TLS session without close_notify leaves an error in the
+// loop thread's OpenSSL queue; SSL_get_error then reported the next connection's "want read"
+// as a failure and closed it (its handshake, or its read of a kept-alive request). Each
+// call now starts from an empty queue.
+TEST_F(FrontTest, AClientThatDropsItsTlsSessionLeavesTheNextConnectionServed) {
+  keep_alive_ = true;
+  Start(FrontOptions{});
+  gate_.Allow(1 << 20);
+  auto kept = Send("127.0.0.2", "/kept");
+  EXPECT_TRUE(
+      absl::StartsWith(Answer(*kept, absl::Milliseconds(200)), "(still open) HTTP/1.1 200"));
+  for (int i = 0; i < 3; ++i) {
+    auto dropped = TlsClient::Connect("127.0.0.3", front_->port(), absl::Seconds(30));
+    ASSERT_NE(dropped, nullptr) << "connection " << i;
+    dropped.reset();  // closes its socket: no close_notify
+    absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_TRUE(kept->Send("POST /again HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nxx"));
+    EXPECT_TRUE(
+        absl::StartsWith(Answer(*kept, absl::Milliseconds(300)), "(still open) HTTP/1.1 200"))
+        << "after dropped connection " << i;
+  }
+  EXPECT_EQ(front_->stats().handshake_failures, 0u);
 }
 
 // A buffer budget that cannot hold one request of the largest body is refused at start.

@@ -69,9 +69,10 @@ ConnectionRelay::~ConnectionRelay() {
 }
 
 absl::StatusOr<int> ConnectionRelay::Add(ScopedFd client, net::KeyedLimiter::Slot slot,
-                                         std::string label) {
+                                         std::string label, net::ActivityHandle activity) {
   int pair[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, pair) != 0) {
+    activity.Reset();  // before `client` closes
     return ErrnoStatus(errno, "socketpair for the control connection of " + label);
   }
   auto c = std::make_unique<Conn>();
@@ -79,6 +80,7 @@ absl::StatusOr<int> ConnectionRelay::Add(ScopedFd client, net::KeyedLimiter::Slo
   // Buffers kept while the connection lives: a control connection is busy when it is used.
   c->splice = net::Splice(std::move(client), kBufferBytes, /*lazy_buffers=*/false);
   c->splice.SetInner(ScopedFd(pair[0]));
+  c->splice.SetActivity(std::move(activity));
   c->slot = std::move(slot);
   c->reset_tokens = options_.reset_burst;
   {
@@ -119,7 +121,7 @@ void ConnectionRelay::Watch(Conn& c, bool add) {
 }
 
 bool ConnectionRelay::Pump(Conn& c) {
-  return c.splice.Pump(
+  const bool go_on = c.splice.Pump(
       {.from_client =
            [&](const char* data, size_t n) {
              c.streams.FromClient(data, n);
@@ -127,6 +129,9 @@ bool ConnectionRelay::Pump(Conn& c) {
              return c.closed_for == nullptr;
            },
        .from_inner = [&](const char* data, size_t n) { c.streams.FromServer(data, n); }});
+  // A call in flight (a long one, a watch) is work, however quiet its bytes.
+  c.splice.activity().SetBusy(c.streams.open() > 0);
+  return go_on;
 }
 
 const char* ConnectionRelay::OverLimit(Conn& c) const {

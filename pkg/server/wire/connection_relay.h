@@ -22,6 +22,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "pkg/net/activity.h"
 #include "pkg/net/keyed_limiter.h"
 #include "pkg/util/mutex.h"
 #include "pkg/util/scoped_fd.h"
@@ -51,8 +52,12 @@ class ConnectionRelay {
 
   // Relays `client` (`label` names it in logs) and returns the other end for gRPC, which owns
   // it from then on. `slot` (its place in the listener's caps) is held until the connection
-  // ends. Errors (out of descriptors) leave `client` closed and `slot` given back.
-  absl::StatusOr<int> Add(ScopedFd client, net::KeyedLimiter::Slot slot, std::string label);
+  // ends; `activity` (the acceptor's idle clock) is touched as bytes pass and is busy while
+  // the client holds a stream open (a call in flight, a watch), so only a connection with no
+  // call and no byte for the idle time is ended. Errors (out of descriptors) leave `client`
+  // closed and `slot` given back.
+  absl::StatusOr<int> Add(ScopedFd client, net::KeyedLimiter::Slot slot, std::string label,
+                          net::ActivityHandle activity = {});
 
   struct Counters {
     uint64_t relayed = 0;

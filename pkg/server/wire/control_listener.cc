@@ -53,6 +53,7 @@ absl::StatusOr<std::unique_ptr<ControlListener>> ControlListener::Start(Options 
               .over_cap = l->options_.over_cap_held,
               .own_caps = {{tenant::kUnresolvedKey, l->options_.max_connections_unresolved}}};
   a.first_byte = l->options_.first_byte;
+  a.idle = l->options_.idle;
   a.fds_per_connection = 2;  // the relay's socket pair
   a.identify = [raw = l.get()](int fd, const std::string& tag) { return raw->Identify(fd, tag); };
   a.serve = [raw = l.get()](net::Accepted c) { return raw->Take(std::move(c)); };
@@ -135,7 +136,8 @@ bool ControlListener::Take(net::Accepted a) {
   caller.accepted = a.accepted;
   auto fd = relay_->Add(
       std::move(a.fd), std::move(a.slot),
-      absl::StrCat(caller.unit.Describe(), " uid ", caller.cred.uid, " pid ", caller.cred.pid));
+      absl::StrCat(caller.unit.Describe(), " uid ", caller.cred.uid, " pid ", caller.cred.pid),
+      std::move(a.activity));
   if (!fd.ok()) return false;  // out of descriptors for the socket pair: the acceptor backs off
   MutexLock l(mu_);
   const auto now = std::chrono::steady_clock::now();

@@ -76,6 +76,10 @@ class ControlListener {
     size_t over_cap_held = 4;
     // A client that sends nothing (a gRPC client sends its preface at once) is closed then.
     std::chrono::milliseconds first_byte{10000};
+    // A connection with no call in flight (no HTTP/2 stream open: a lease watch is one) and
+    // no byte either way for this long is ended by the acceptor; the client reconnects when
+    // it next calls. 0: never.
+    std::chrono::milliseconds idle{30 * 60 * 1000};
     // Told of each connection refused at the door, by reason (net::ListenerOptions).
     std::function<void(const std::string& reason)> on_refused;
     // Where the peers' /proc entries are read to resolve their pods (tests: a fixture tree).

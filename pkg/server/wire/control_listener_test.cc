@@ -17,8 +17,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "pkg/util/mutex.h"
 #include "pkg/util/scoped_fd.h"
 #include "pkg/util/unix_socket.h"
+#include "tests/testutil/http2_frames.h"
 #include "tests/testutil/tcp.h"
 #include "tests/testutil/temp_dir.h"
 #include "weightcache/v1/weightcache.grpc.pb.h"
@@ -26,6 +28,7 @@
 namespace weightcache::server {
 namespace {
 
+using weightcache::testing::AppendHttp2Frame;
 using weightcache::testing::ClosedWithin;
 using weightcache::testing::TempDir;
 
@@ -179,6 +182,49 @@ TEST_F(ControlListenerTest, SilentClientsAreClosedAtTheFirstByteDeadline) {
   c = CountersOnce([](auto c) { return c.refused["first_byte"] == 1; });
   EXPECT_EQ(c.refused["first_byte"], 1u);
   EXPECT_EQ(c.open, 1u);
+}
+
+// The acceptor ends a connection with no call open and no byte for the idle time; one that
+// holds a call open (a lease watch: quiet for hours) is kept however quiet, and ended only
+// once its call is over and the idle time passed. Here the test plays gRPC's end, so that a
+// call stays open until it ends it.
+TEST_F(ControlListenerTest, AnIdleConnectionIsEndedAndOneWithACallOpenIsKept) {
+  ControlListener::Options o;
+  o.path = path();
+  o.first_byte = {};
+  o.idle = std::chrono::milliseconds(300);
+  Mutex mu;
+  std::vector<ScopedFd> grpc_ends;
+  auto l = ControlListener::Start(std::move(o), [&](int fd) {
+    MutexLock lock(mu);
+    grpc_ends.emplace_back(fd);
+  });
+  ASSERT_TRUE(l.ok()) << l.status();
+  listener_ = std::move(l).value();
+  ScopedFd quiet = Connect(path());
+  ScopedFd watching = Connect(path());
+  ASSERT_TRUE(WriteAll(quiet.get(), weightcache::testing::kHttp2Preface).ok());
+  std::string call = weightcache::testing::kHttp2Preface;
+  AppendHttp2Frame(
+      call, weightcache::testing::kHttp2Headers, weightcache::testing::kHttp2EndHeaders, 1,
+      weightcache::testing::GrpcRequestHeaderBlock("/weightcache.v1.Weightcache/Watch"));
+  ASSERT_TRUE(WriteAll(watching.get(), call).ok());
+  EXPECT_EQ(CountersOnce([](auto c) { return c.accepted == 2; }).accepted, 2u);
+  EXPECT_TRUE(ClosedWithin(quiet.get(), 10000));
+  EXPECT_FALSE(ClosedWithin(watching.get(), 1000)) << "a call is open: not idle";
+  EXPECT_EQ(listener_->counters().refused["idle"], 1u);
+  // gRPC ends the call (its trailers: END_STREAM); the connection is idle from then on.
+  std::string trailers;
+  AppendHttp2Frame(trailers, weightcache::testing::kHttp2Headers,
+                   weightcache::testing::kHttp2EndHeaders | weightcache::testing::kHttp2EndStream,
+                   1, "");
+  {
+    MutexLock lock(mu);
+    ASSERT_EQ(grpc_ends.size(), 2u);
+    for (const ScopedFd& g : grpc_ends) (void)WriteAll(g.get(), trailers);
+  }
+  EXPECT_TRUE(ClosedWithin(watching.get(), 10000));
+  EXPECT_EQ(CountersOnce([](auto c) { return c.refused["idle"] == 2; }).refused["idle"], 2u);
 }
 
 TEST_F(ControlListenerTest, PeerOfAnswersOnlyForItsOwnConnections) {

@@ -92,6 +92,7 @@ absl::StatusOr<std::unique_ptr<PeerPort>> PeerPort::Start(Options options) {
               .per_key = p->options_.max_connections_per_address,
               .over_cap = 0};
   a.first_byte = p->options_.handshake_timeout;
+  a.idle = p->options_.idle;
   a.own_thread = false;  // run by the port's loop: make_room and serve touch its state
   a.identify = [raw = p.get()](int fd, const std::string&) { return raw->Identify(fd); };
   a.serve = [raw = p.get()](net::Accepted c) {
@@ -180,6 +181,7 @@ void PeerPort::Take(net::Accepted a) {
   c->id = next_id_++;
   c->from = std::any_cast<TcpSource>(std::move(a.who.detail));
   c->splice = net::Splice(std::move(a.fd), kBufferBytes, /*lazy_buffers=*/true);
+  c->splice.SetActivity(std::move(a.activity));
   c->place = std::move(a.slot);
   Watch(*c);  // its first bytes are in: the loop reads them and asks gRPC to take it
   pending_.emplace_back(a.accepted + options_.handshake_timeout, c->id);

@@ -69,6 +69,10 @@ class PeerPort {
     size_t max_connections = 1024;
     size_t max_connections_per_address = 16;
     std::chrono::milliseconds handshake_timeout{10000};
+    // A connection that moves no byte either way for this long is ended by the acceptor (its
+    // channel connects again when it next asks; a fill's pulls move bytes all along). The
+    // port sees TLS records, not calls: quiet is idle here. 0: never.
+    std::chrono::milliseconds idle{30 * 60 * 1000};
   };
   // Binds and listens (UNAVAILABLE naming `listen` and why when it cannot), then accepts on
   // its own thread.

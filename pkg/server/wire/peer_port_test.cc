@@ -151,7 +151,8 @@ class PeerPortTest : public ::testing::Test {
  protected:
   // `stalled`: gRPC's socket never accepts (what gRPC 1.51's listener does after an EMFILE).
   void Start(size_t total = 1024, size_t per_address = 16,
-             std::chrono::milliseconds handshake = 10s, bool stalled = false) {
+             std::chrono::milliseconds handshake = 10s, bool stalled = false,
+             std::chrono::milliseconds idle = PeerPort::Options{}.idle) {
     if (stalled) {
       auto fd = ListenUnix(dir_ / "grpc.sock", 0600, 1024);
       ASSERT_TRUE(fd.ok()) << fd.status();
@@ -163,6 +164,7 @@ class PeerPortTest : public ::testing::Test {
     o.max_connections = total;
     o.max_connections_per_address = per_address;
     o.handshake_timeout = handshake;
+    o.idle = idle;
     o.listen = "127.0.0.1:0";
     o.backend_path = dir_ / "grpc.sock";
     auto p = PeerPort::Start(std::move(o));
@@ -295,6 +297,25 @@ TEST_F(PeerPortTest, AConnectionWithoutAHandshakeIsClosedAtTheDeadline) {
   std::this_thread::sleep_for(600ms);
   EXPECT_TRUE(RoundTrip(peer.get(), kData));
   EXPECT_EQ(port_->counters().refused["handshake_deadline"], 2u);
+}
+
+// A peer's connection that moves no byte for the idle time is ended at the door (its channel
+// connects again when it next asks); one that keeps talking is kept.
+TEST_F(PeerPortTest, AQuietPeerConnectionIsEndedAfterTheIdleTimeAndATalkingOneKept) {
+  Start(1024, 16, /*handshake=*/10s, /*stalled=*/false, /*idle=*/400ms);
+  ScopedFd quiet = Connect();
+  ScopedFd talking = Connect("127.0.0.2");
+  ASSERT_TRUE(Handshake(quiet.get()));
+  ASSERT_TRUE(Handshake(talking.get()));
+  for (int i = 0; i < 12; ++i) {
+    ASSERT_TRUE(RoundTrip(talking.get(), kData)) << "round " << i;
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_TRUE(ClosedWithin(quiet.get(), 10000));
+  EXPECT_TRUE(RoundTrip(talking.get(), kData));
+  auto c = CountersOnce([](auto c) { return c.refused["idle"] == 1 && c.open == 1; });
+  EXPECT_EQ(c.refused["idle"], 1u);
+  EXPECT_EQ(c.open, 1u);
 }
 
 TEST_F(PeerPortTest, BytesThatAreNotTlsAreClosedAndNeverPassedOn) {

@@ -1,6 +1,7 @@
 #include "pkg/webhook/internal/front.h"
 
 #include <arpa/inet.h>
+#include <openssl/err.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -57,6 +58,7 @@ absl::Status Front::Impl::Listen(const std::string& host, int port) {
                  .over_cap = 0,
                  .own_caps = {}};
   door.first_byte = std::chrono::milliseconds(o_.handshake_timeout_ms);
+  door.idle = std::chrono::milliseconds(o_.idle_timeout_ms);
   door.own_thread = false;  // run by this loop: serve and make_room touch its connections
   door.identify = [](int fd, const std::string&) { return SourceOf(fd); };
   door.serve = [this](net::Accepted c) {
@@ -116,6 +118,7 @@ ConnectionStats Front::Impl::stats() const {
   s.source_refusals = source_refusals_.load();
   s.total_refusals = total_refusals_.load();
   s.descriptor_backoffs = descriptor_backoffs_.load();
+  s.idle_closes = idle_closes_.load();
   s.requests = requests_.load();
   s.refused_heads = refused_heads_.load();
   s.queue_refusals = queue_refusals_.load();
@@ -169,6 +172,8 @@ void Front::Impl::Refused(const std::string& reason) {
     ++handshake_timeouts_;
   } else if (reason == "descriptors") {
     ++descriptor_backoffs_;
+  } else if (reason == "idle") {
+    ++idle_closes_;
   } else {
     ++handshake_failures_;  // "identity": gone before it was asked who it is
   }
@@ -196,6 +201,8 @@ void Front::Impl::Open(net::Accepted a) {
   c->fd = a.fd.release();
   c->source = a.who.key;
   c->slot = std::move(a.slot);
+  c->activity = std::move(a.activity);
+  c->activity.SetBusy(true);  // until it waits for a request, kept alive
   const int one = 1;
   ::setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   c->ssl = SSL_new(ctx_);
@@ -234,6 +241,12 @@ void Front::Impl::SetDeadline(Conn* c, Clock::time_point at) {
   timers_.insert({at, c->fd});
 }
 
+void Front::Impl::AwaitRequest(Conn* c) {
+  timers_.erase({c->deadline, c->fd});
+  c->deadline = Clock::time_point::max();
+  c->activity.SetBusy(false);
+}
+
 void Front::Impl::Account(Conn* c) {
   const size_t now = c->in.size() + c->out.size();
   buffered_ = buffered_ + now - c->counted;
@@ -246,6 +259,7 @@ void Front::Impl::Account(Conn* c) {
 void Front::Impl::Progress(Conn* c) {
   switch (c->phase) {
     case Phase::kHandshake: {
+      ERR_clear_error();  // SSL_get_error reads the thread's queue: only this call's errors
       const int ret = SSL_do_handshake(c->ssl);
       if (ret != 1) {
         const int err = SSL_get_error(c->ssl, ret);
@@ -258,7 +272,7 @@ void Front::Impl::Progress(Conn* c) {
         return;
       }
       c->phase = Phase::kRequest;
-      SetDeadline(c, Clock::now() + std::chrono::milliseconds(o_.idle_timeout_ms));
+      AwaitRequest(c);
       return ReadRequest(c);
     }
     case Phase::kRequest:
@@ -294,6 +308,7 @@ void Front::Impl::ReadRequest(Conn* c) {
       }
     }
     if (c->need != 0 && c->in.size() >= c->need) return Enqueue(c);
+    ERR_clear_error();
     const int n = SSL_read(c->ssl, buf, sizeof(buf));
     if (n <= 0) {
       const int err = SSL_get_error(c->ssl, n);
@@ -303,6 +318,7 @@ void Front::Impl::ReadRequest(Conn* c) {
       return Close(c);  // closed by the peer, or a TLS error
     }
     if (c->in.empty()) {
+      c->activity.SetBusy(true);
       SetDeadline(c, Clock::now() + std::chrono::milliseconds(o_.request_deadline_ms));
     }
     c->in.append(buf, static_cast<size_t>(n));

@@ -21,7 +21,8 @@
 //   - the listening socket's backlog is `listen_backlog` (the kernel caps it at somaxconn);
 //   - a TLS handshake must finish within `handshake_timeout_ms` of the accept;
 //   - a request must arrive whole within `request_deadline_ms` of its first byte;
-//   - a kept-alive connection with no request waits `idle_timeout_ms`;
+//   - a kept-alive connection with no request waits `idle_timeout_ms` (the acceptor's idle
+//     timeout: it is busy from its accept until it waits for a request);
 //   - an answer must be taken by the client within `io_timeout_ms`;
 //   - bytes buffered over all connections (requests read, waiting or being served, and answers
 //     not yet sent) stay below `buffer_budget_bytes` (plus one 16 KiB read): past it the

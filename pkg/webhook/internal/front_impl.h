@@ -61,6 +61,9 @@ struct Conn {
   SSL* ssl = nullptr;
   std::string source;            // the peer's IP address, as text: its cap's and queue's key
   net::KeyedLimiter::Slot slot;  // its place in the door's caps: given back with the Conn
+  // The door's idle clock: busy from the accept until the connection waits, kept alive, for
+  // its next request (then the door ends it after idle_timeout_ms). Let go before fd closes.
+  net::ActivityHandle activity;
   Phase phase = Phase::kHandshake;
   std::string in;
   std::string out;
@@ -75,6 +78,7 @@ struct Conn {
   Conn(const Conn&) = delete;
   Conn& operator=(const Conn&) = delete;
   ~Conn() {
+    activity.Reset();  // the door never touches the descriptor number once it closes
     if (ssl != nullptr) SSL_free(ssl);
     if (fd >= 0) ::close(fd);
   }
@@ -161,6 +165,8 @@ class Front::Impl {
   void Interest(Conn* c, uint32_t events);
   void Unwatch(Conn* c);
   void SetDeadline(Conn* c, Clock::time_point at);
+  // Kept alive with nothing buffered: no deadline of the loop's; the door's idle clock runs.
+  void AwaitRequest(Conn* c);
   void Account(Conn* c);
   void Count(std::atomic<uint64_t>& counter, const std::string& what);
 
@@ -189,8 +195,8 @@ class Front::Impl {
 
   std::atomic<uint64_t> accepted_{0}, handshake_timeouts_{0}, handshake_failures_{0},
       request_timeouts_{0}, source_refusals_{0}, total_refusals_{0}, descriptor_backoffs_{0},
-      requests_{0}, refused_heads_{0}, queue_refusals_{0}, queue_timeouts_{0}, buffer_cuts_{0},
-      answer_timeouts_{0};
+      idle_closes_{0}, requests_{0}, refused_heads_{0}, queue_refusals_{0}, queue_timeouts_{0},
+      buffer_cuts_{0}, answer_timeouts_{0};
   std::atomic<uint64_t> waiting_now_{0}, buffered_now_{0};  // copies for stats()
 };
 

@@ -1,6 +1,8 @@
 // The webhook front's queues and workers (front_impl.h): complete requests wait in one queue per
 // source address, served in turn; workers answer into a buffer the loop sends; a request
 // waiting past its deadline is answered 503.
+#include <openssl/err.h>
+
 #include "pkg/webhook/internal/front_impl.h"
 
 namespace weightcache::webhook::internal {
@@ -96,6 +98,7 @@ void Front::Impl::TakeBack() {
 // closes it.
 void Front::Impl::Flush(Conn* c) {
   while (!c->out.empty()) {
+    ERR_clear_error();
     const int n = SSL_write(c->ssl, c->out.data(),
                             static_cast<int>(std::min<size_t>(c->out.size(), INT_MAX)));
     if (n <= 0) {
@@ -123,8 +126,11 @@ void Front::Impl::Flush(Conn* c) {
   }
   c->phase = Phase::kRequest;
   Interest(c, EPOLLIN);
-  SetDeadline(c, Clock::now() + std::chrono::milliseconds(c->in.empty() ? o_.idle_timeout_ms
-                                                                        : o_.request_deadline_ms));
+  if (c->in.empty()) {
+    AwaitRequest(c);
+  } else {
+    SetDeadline(c, Clock::now() + std::chrono::milliseconds(o_.request_deadline_ms));
+  }
   ReadRequest(c);  // a pipelined request may be whole already, or inside the TLS session
 }
 
