@@ -129,6 +129,19 @@ ABSL_FLAG(std::string, kubelet_dir, "/var/lib/kubelet/device-plugins",
           "Kubelet device-plugins directory (holds kubelet.sock)");
 ABSL_FLAG(int, device_plugin_slots, 64, "How many engine pods may hold the resource at once");
 ABSL_FLAG(std::string, device_plugin_resource, "weightcache.io/client", "Resource name");
+ABSL_FLAG(std::string, csi_endpoint, "",
+          "Serve the CSI node plugin (driver csi.weightcache.io) on this Unix socket: an engine "
+          "pod's inline volume of the driver gets the pod's own control and handle sockets, and "
+          "every connection on them is that pod's, as the kubelet named it (no hostPID needed; "
+          "docs/kubernetes.md). Empty: off");
+ABSL_FLAG(std::string, csi_registration_dir, "/var/lib/kubelet/plugins_registry",
+          "With --csi_endpoint: the kubelet's plugin registration directory, where the driver's "
+          "registration socket goes; none: do not register");
+ABSL_FLAG(std::string, csi_pods_dir, "/var/lib/kubelet/pods",
+          "With --csi_endpoint: the kubelet's pods directory; a volume's target path must lie "
+          "under it");
+ABSL_FLAG(std::string, node_name, "",
+          "This node's name (the CSI plugin's node id); empty: $NODE_NAME, else the host name");
 ABSL_FLAG(std::string, container_socket_dir, "",
           "Where the socket dir appears in engine containers (default: the same path)");
 ABSL_FLAG(bool, namespace_rules, false,
@@ -241,6 +254,9 @@ void ReadPathFlags(server::DaemonOptions& opts) {
   opts.admin_socket_dir = absl::GetFlag(FLAGS_admin_socket_dir);
   if (opts.admin_socket_dir.empty()) opts.admin_socket_dir = beside + "-admin";
   if (opts.admin_socket_dir == "none") opts.admin_socket_dir.clear();
+  if (!absl::GetFlag(FLAGS_csi_endpoint).empty()) {
+    opts.pod_volumes_file = beside + "-state/pod-volumes.json";
+  }
   opts.publish_namespaces = absl::GetFlag(FLAGS_publish_namespaces);
   opts.preload = absl::GetFlag(FLAGS_preload);
   opts.keeper_socket = absl::GetFlag(FLAGS_keeper_socket);

@@ -16,6 +16,10 @@ ABSL_DECLARE_FLAG(bool, device_plugin);
 ABSL_DECLARE_FLAG(std::string, kubelet_dir);
 ABSL_DECLARE_FLAG(int, device_plugin_slots);
 ABSL_DECLARE_FLAG(std::string, device_plugin_resource);
+ABSL_DECLARE_FLAG(std::string, csi_endpoint);
+ABSL_DECLARE_FLAG(std::string, csi_registration_dir);
+ABSL_DECLARE_FLAG(std::string, csi_pods_dir);
+ABSL_DECLARE_FLAG(std::string, node_name);
 
 namespace weightcache {
 

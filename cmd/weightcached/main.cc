@@ -2,6 +2,7 @@
 // metrics, daemon, HTTP endpoint, optional kubelet device plugin), runs until SIGINT/SIGTERM.
 #include <prometheus/registry.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -18,6 +19,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "cmd/weightcached/flags.h"
+#include "pkg/kube/csi_plugin.h"
 #include "pkg/kube/device_plugin.h"
 #include "pkg/memory/cuda_backend.h"
 #include "pkg/metrics/http_server.h"
@@ -78,6 +80,28 @@ absl::StatusOr<std::unique_ptr<kube::DevicePlugin>> StartDevicePlugin(
   WC_ASSIGN_OR_RETURN(auto plugin, kube::DevicePlugin::Create(po));
   WC_RETURN_IF_ERROR(plugin->Start());
   return plugin;
+}
+
+// The CSI node plugin (--csi_endpoint): an engine pod's inline volume becomes its own sockets.
+absl::StatusOr<std::unique_ptr<kube::CsiPlugin>> StartCsiPlugin(server::Daemon& daemon) {
+  kube::CsiPlugin::Options co;
+  co.endpoint = absl::GetFlag(FLAGS_csi_endpoint);
+  const std::string reg_dir = absl::GetFlag(FLAGS_csi_registration_dir);
+  if (reg_dir != "none") co.registration = reg_dir + "/" + co.driver_name + "-reg.sock";
+  co.pods_dir = absl::GetFlag(FLAGS_csi_pods_dir);
+  co.vendor_version = Version();
+  co.node_id = absl::GetFlag(FLAGS_node_name);
+  if (const char* env = std::getenv("NODE_NAME"); co.node_id.empty() && env != nullptr) {
+    co.node_id = env;
+  }
+  if (char host[256] = {}; co.node_id.empty() && ::gethostname(host, sizeof host - 1) == 0) {
+    co.node_id = host;
+  }
+  return kube::CsiPlugin::Start(
+      co, [&daemon](const kube::PodVolume& v) { return daemon.PublishPodVolume(v); },
+      [&daemon](const std::string& id, const std::string& target) {
+        return daemon.UnpublishPodVolume(id, target);
+      });
 }
 
 // Runs until the daemon has shut down and `teardown` has destroyed what serves. The signal
@@ -147,7 +171,15 @@ int Serve(server::DaemonOptions& opts, memory::Backend& backend, double shutdown
     plugin = std::move(p).value();
   }
 
+  std::unique_ptr<kube::CsiPlugin> csi;
+  if (!absl::GetFlag(FLAGS_csi_endpoint).empty()) {
+    auto c = StartCsiPlugin(**daemon);
+    if (!c.ok()) return Fail(c.status());
+    csi = std::move(c).value();
+  }
+
   RunUntilShutdown(sigs, **daemon, shutdown_timeout, [&] {
+    if (csi) csi->Stop();
     if (plugin) plugin->Stop();
     metrics.SetMoreListeners(nullptr);
     http.reset();

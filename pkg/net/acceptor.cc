@@ -75,7 +75,7 @@ absl::Status Acceptor::Listen(ScopedFd listening, std::string tag) {
   }
   {
     MutexLock l(mu_);
-    adding_.push_back(Socket{std::move(listening), std::move(tag), 0});
+    changes_.push_back({true, Socket{std::move(listening), std::move(tag), 0}});
   }
   uint64_t one = 1;
   (void)::write(wake_.get(), &one, sizeof one);
@@ -85,7 +85,7 @@ absl::Status Acceptor::Listen(ScopedFd listening, std::string tag) {
 void Acceptor::Unlisten(const std::string& tag) {
   {
     MutexLock l(mu_);
-    removing_.push_back(tag);
+    changes_.push_back({false, Socket{ScopedFd(), tag, 0}});
   }
   uint64_t one = 1;
   (void)::write(wake_.get(), &one, sizeof one);
@@ -99,14 +99,20 @@ Acceptor::Counters Acceptor::counters() const {
 }
 
 void Acceptor::SyncSockets() {
-  std::vector<Socket> added;
-  std::vector<std::string> removed;
+  std::vector<SocketChange> changes;
   {
     MutexLock l(mu_);
-    added.swap(adding_);
-    removed.swap(removing_);
+    changes.swap(changes_);
   }
-  for (Socket& s : added) {
+  for (SocketChange& c : changes) {
+    if (!c.add) {
+      for (auto it = sockets_.begin(); it != sockets_.end();) {
+        // close: epoll forgets it
+        it = it->second.tag == c.socket.tag ? sockets_.erase(it) : std::next(it);
+      }
+      continue;
+    }
+    Socket& s = c.socket;
     s.id = next_id_++;
     epoll_event ev{};
     ev.events = listening_on_ ? static_cast<uint32_t>(EPOLLIN) : 0u;
@@ -116,11 +122,6 @@ void Acceptor::SyncSockets() {
       continue;
     }
     sockets_.emplace(s.id, std::move(s));
-  }
-  for (const std::string& tag : removed) {
-    for (auto it = sockets_.begin(); it != sockets_.end();) {
-      it = it->second.tag == tag ? sockets_.erase(it) : std::next(it);  // close: epoll forgets
-    }
   }
 }
 
@@ -329,6 +330,11 @@ void Acceptor::ExpireWaiting() {
   while (!waiting_.empty() && waiting_.begin()->second->deadline <= now) {
     Accepted a = std::move(waiting_.begin()->second->conn);
     waiting_.erase(waiting_.begin());
+    {
+      // Counted before the client sees its end (a test, or a scrape, reads it then).
+      MutexLock l(mu_);
+      counters_.waiting = waiting_.size();
+    }
     Refuse(a.fd.get(), "first_byte",
            absl::StrCat(a.who.describe, " sent nothing within ", options_.first_byte.count(),
                         " ms of connecting"));

@@ -180,8 +180,13 @@ class Acceptor {
   std::thread thread_;
 
   mutable Mutex mu_;
-  std::vector<Socket> adding_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> removing_ ABSL_GUARDED_BY(mu_);
+  // Listen and Unlisten calls not yet applied, in their order (a socket unlistened and then
+  // listened again under its tag stays).
+  struct SocketChange {
+    bool add = false;
+    Socket socket;  // add: the socket (its tag); remove: the tag in socket.tag
+  };
+  std::vector<SocketChange> changes_ ABSL_GUARDED_BY(mu_);
   Counters counters_ ABSL_GUARDED_BY(mu_);
 
   // The loop thread's (the acceptor's own, or the listener's loop).

@@ -114,14 +114,17 @@ absl::StatusOr<std::string> Access::ArtifactPool(const Caller& caller,
                                                  const std::string& name) const {
   if (rules_ == nullptr) return TenantFor(caller, name);
   if (policy_.IsAdmin(caller)) return std::string();
-  if (caller.socket == SocketKind::kSlot) return policy_.TenantOf(caller, name);
+  if (caller.socket == SocketKind::kSlot || caller.socket == SocketKind::kPod) {
+    return policy_.TenantOf(caller, name);
+  }
   return absl::StrCat("uid:", caller.cred.uid);
 }
 
 absl::StatusOr<std::vector<std::string>> Access::TenantsToLoad(const Caller* caller,
                                                                const spec::ModelSpec& spec) const {
   if (!spec.Private()) return std::vector<std::string>{""};
-  if (caller != nullptr && caller->socket == SocketKind::kSlot) {
+  if (caller != nullptr &&
+      (caller->socket == SocketKind::kSlot || caller->socket == SocketKind::kPod)) {
     WC_ASSIGN_OR_RETURN(std::string ns, policy_.TenantOf(*caller, spec.name));
     return std::vector<std::string>{ns};
   }

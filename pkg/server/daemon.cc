@@ -142,6 +142,7 @@ absl::Status Daemon::Impl::Start() {
   // that knows a model but has no entry for it yet as a miss (it waits or hears why).
   preloads_->MarkPending();
   WC_RETURN_IF_ERROR(StartControlServer());
+  WC_RETURN_IF_ERROR(StartPodVolumes());
   WC_RETURN_IF_ERROR(peer_api_->Start());
   WC_ASSIGN_OR_RETURN(peer_fill_, MakePeerFill(options_.peer, peer_api_->port(), backend_,
                                                options_.metrics, staging_pool_.get()));

@@ -11,7 +11,9 @@
 #include <string>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "pkg/kube/pod_volume.h"
 #include "pkg/memory/backend.h"
 #include "pkg/server/options.h"
 
@@ -53,6 +55,12 @@ class Daemon {
   void Wait();
   // Asks for the shutdown; returns at once. Safe from any thread.
   void Shutdown();
+
+  // The CSI plugin's calls (pkg/kube/csi_plugin.h): a pod's own control and handle sockets
+  // in its volume's directory, every connection on them that pod's (wire/pod_volumes.h).
+  // From any thread, until Shutdown.
+  absl::Status PublishPodVolume(const kube::PodVolume& volume);
+  absl::Status UnpublishPodVolume(const std::string& volume_id, const std::string& target_path);
 
   class Impl;
 

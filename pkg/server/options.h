@@ -83,6 +83,9 @@ struct DaemonOptions {
   // Content digests per checkpoint file version (pkg/identity), persisted here so a restart
   // does not hash again; its directory is created 0700. Empty: memory only.
   std::string digest_store;
+  // The pods' own sockets published through the CSI plugin (wire/pod_volumes.h), recorded
+  // here so a restart serves them again. Empty: not recorded.
+  std::string pod_volumes_file;
   // Compile artifacts (issue 29, pkg/artifact): host memory for all of them, one blob's
   // limit, and the optional write-through directory (created 0700) that keeps them across
   // restarts and reboots.

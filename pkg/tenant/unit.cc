@@ -21,6 +21,7 @@ std::string Unit::Key() const {
 std::string Unit::Describe() const {
   switch (kind) {
     case UnitKind::kPod:
+      if (!pod_name.empty()) return absl::StrCat("pod ", pod_namespace, "/", pod_name);
       return absl::StrCat("pod ", pod);
     case UnitKind::kSlot:
       return absl::StrCat("slot ", slot);

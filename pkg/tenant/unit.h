@@ -37,16 +37,35 @@ struct Unit {
   pid_t pid = 0;             // the connecting process (0: unknown)
   uint64_t start_ticks = 0;  // its start time (/proc/PID/stat field 22), with pid its identity
   std::string container;     // kPod: the container id from the cgroup path, for messages
+  // kPod, when the kubelet named the pod (its CSI volume's socket): where it runs and as whom.
+  // Empty when the pod was read from a cgroup path (which names only the UID).
+  std::string pod_namespace;
+  std::string pod_name;
+  std::string service_account;
 
   // A key that is equal for connections of the same unit and differs otherwise:
   // "pod:<uid>", "slot:<id>", "process:<pid>/<start>", and kUnresolvedKey for every
   // unresolved peer (its pid says nothing: gone, reused or not visible).
   std::string Key() const;
-  // For messages: "pod 1234abcd-...", "slot weightcache-3", "process 812",
+  // For messages: "pod 1234abcd-...", "pod team-a/engine-0" (named by the kubelet),
+  // "slot weightcache-3", "process 812",
   // "an unresolved peer (pid 812)".
   std::string Describe() const;
   bool unresolved() const { return kind == UnitKind::kUnknown; }
 
+  // The unit of a connection on a pod's own socket (its CSI volume): the pod the kubelet named,
+  // whatever the connecting process (its pid is for messages only).
+  static Unit OfNamedPod(std::string uid, std::string ns, std::string name, std::string sa,
+                         pid_t pid) {
+    Unit u;
+    u.kind = UnitKind::kPod;
+    u.pod = std::move(uid);
+    u.pod_namespace = std::move(ns);
+    u.pod_name = std::move(name);
+    u.service_account = std::move(sa);
+    u.pid = pid;
+    return u;
+  }
   // The unit of a connection on a device-plugin slot socket (one pod each).
   static Unit OfSlot(std::string slot, pid_t pid) {
     Unit u;

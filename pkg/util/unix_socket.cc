@@ -19,9 +19,22 @@
 namespace weightcache {
 namespace {
 
-absl::StatusOr<sockaddr_un> Address(const std::string& path) {
+// The address of `path`. A path longer than sun_path holds is reached through its directory,
+// opened into `*dir` (O_PATH): "/proc/self/fd/<dir>/<name>", which bind(2) and connect(2)
+// resolve to the same file (the kubelet's volume directories alone are longer than 107 bytes).
+absl::StatusOr<sockaddr_un> Address(const std::string& path, ScopedFd* dir) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
+  const size_t slash = path.rfind('/');
+  if (dir != nullptr && path.size() >= sizeof(addr.sun_path) && slash != std::string::npos &&
+      slash > 0 && path.size() - slash < sizeof(addr.sun_path) - 32) {
+    const std::string parent = path.substr(0, slash);
+    *dir = ScopedFd(::open(parent.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!*dir) return ErrnoStatus(errno, "open the socket's directory", parent);
+    const std::string via = absl::StrCat("/proc/self/fd/", dir->get(), path.substr(slash));
+    std::memcpy(addr.sun_path, via.c_str(), via.size() + 1);
+    return addr;
+  }
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat("socket path '", path, "' is ", path.size(),
                                                    " bytes; the limit is ",
@@ -167,7 +180,8 @@ absl::Status RemoveStaleSocket(const std::string& path, const StaleSocketCheck& 
         absl::StrCat(label, ": ", TypeName(st.st_mode), " is there (not a socket; owner uid ",
                      st.st_uid, "); remove it or name another path"));
   }
-  WC_ASSIGN_OR_RETURN(const sockaddr_un addr, Address(path));
+  ScopedFd dir;
+  WC_ASSIGN_OR_RETURN(const sockaddr_un addr, Address(path, &dir));
   const int err = ProbeConnect(addr, check.type);
   if (err == 0 || err == EAGAIN) {
     return absl::AlreadyExistsError(absl::StrCat(label, ": another ", check.server, " listens on ",
@@ -189,7 +203,8 @@ absl::Status RemoveStaleSocket(const std::string& path, const StaleSocketCheck& 
 }
 
 absl::StatusOr<ScopedFd> ListenUnix(const std::string& path, mode_t mode, int backlog, int type) {
-  auto addr = Address(path);
+  ScopedFd dir;
+  auto addr = Address(path, &dir);
   if (!addr.ok()) return addr.status();
   ScopedFd fd(::socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
   if (!fd) return ErrnoStatus(errno, "socket");
@@ -204,7 +219,8 @@ absl::StatusOr<ScopedFd> ListenUnix(const std::string& path, mode_t mode, int ba
 }
 
 absl::StatusOr<ScopedFd> ConnectUnix(const std::string& path, int type) {
-  auto addr = Address(path);
+  ScopedFd dir;
+  auto addr = Address(path, &dir);
   if (!addr.ok()) return addr.status();
   ScopedFd fd(::socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
   if (!fd) return ErrnoStatus(errno, "socket");
@@ -217,7 +233,8 @@ absl::StatusOr<ScopedFd> ConnectUnix(const std::string& path, int type) {
 }
 
 absl::StatusOr<ScopedFd> ConnectUnixNoWait(const std::string& path, int type) {
-  auto addr = Address(path);
+  ScopedFd dir;
+  auto addr = Address(path, &dir);
   if (!addr.ok()) return addr.status();
   ScopedFd fd(::socket(AF_UNIX, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd) return ErrnoStatus(errno, "socket");

@@ -57,6 +57,9 @@ absl::Status RemoveStaleSocket(const std::string& path, const StaleSocketCheck& 
 
 // A listening socket of `type` (SOCK_STREAM, or SOCK_SEQPACKET for the keeper, whose
 // messages keep their boundaries) bound at `path` (which must not exist), chmod'ed to `mode`.
+// Here and in the Connect calls a path longer than sockaddr_un holds (107 bytes; a kubelet
+// volume's directory is longer) is reached through its directory (/proc/self/fd/N/name);
+// only the file name must be short.
 absl::StatusOr<ScopedFd> ListenUnix(const std::string& path, mode_t mode, int backlog = 128,
                                     int type = SOCK_STREAM);
 absl::StatusOr<ScopedFd> ConnectUnix(const std::string& path, int type = SOCK_STREAM);

@@ -174,3 +174,33 @@ TEST(PrepareSocketDirTest, AnExistingDirectoryTheEnginesGroupCannotSearchIsRefus
 
 }  // namespace
 }  // namespace weightcache
+
+namespace weightcache {
+namespace {
+
+// A kubelet volume's directory (/var/lib/kubelet/pods/<uid>/volumes/kubernetes.io~csi/<name>/
+// mount) is longer than sockaddr_un holds: the socket is bound and reached through the
+// directory, and a stale one found and replaced there too.
+TEST(UnixSocketTest, ASocketInADirectoryLongerThanAnAddressIsBoundAndReached) {
+  testing::TempDir dir;
+  const std::string deep =
+      dir / "pods/0a1b2c3d-0000-4000-8000-00000000000a/volumes/kubernetes.io~csi/weightcache/mount";
+  std::filesystem::create_directories(deep);
+  const std::string path = deep + "/control.sock";
+  ASSERT_GT(path.size(), 107u);
+  auto listening = ListenUnix(path, 0666);
+  ASSERT_TRUE(listening.ok()) << listening.status();
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0666u);
+  auto client = ConnectUnix(path);
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_EQ(RemoveStaleSocket(path).code(), absl::StatusCode::kAlreadyExists);
+  listening->reset();
+  EXPECT_TRUE(RemoveStaleSocket(path).ok());
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+}  // namespace
+}  // namespace weightcache

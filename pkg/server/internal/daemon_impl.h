@@ -51,6 +51,7 @@
 #include "pkg/server/publish/publish_manager.h"
 #include "pkg/server/wire/control_listener.h"
 #include "pkg/server/wire/handle_channel.h"
+#include "pkg/server/wire/pod_volumes.h"
 #include "pkg/util/mutex.h"
 #include "weightcache/v1/weightcache.pb.h"
 
@@ -94,6 +95,7 @@ class Daemon::Impl final {
 
   // The peer API (peer_api.h): made in Start(), serving once the control server does.
   int peer_port() const { return peer_api_->port(); }
+  PodVolumes& pod_volumes() { return *pod_volumes_; }
 
   const DaemonOptions& options() const { return options_; }
   std::string control_path() const { return ControlSocketPath(options_); }
@@ -146,6 +148,7 @@ class Daemon::Impl final {
   std::unique_ptr<IntegrityService> integrity_;
   std::unique_ptr<HandleChannel> handles_;
   std::unique_ptr<ControlListener> control_;  // stops accepting before grpc_ drains (Teardown)
+  std::unique_ptr<PodVolumes> pod_volumes_;   // the pods' own sockets, served by the two above
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<grpc::Service> service_;
   // Start()'s steps, in its order (daemon.cc).
@@ -156,6 +159,7 @@ class Daemon::Impl final {
   absl::Status PrepareSockets();
   absl::Status StartHandleChannel();
   absl::Status StartControlServer();
+  absl::Status StartPodVolumes();  // daemon_pods.cc
   // The peer API (options().peer.listen; peer_api.h): made before the status view (which
   // reads its port's counters), started after the control server, stopped before it.
   std::unique_ptr<PeerApi> peer_api_;

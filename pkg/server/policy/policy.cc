@@ -26,6 +26,8 @@ const char* SocketKindName(SocketKind kind) {
       return "engine socket";
     case SocketKind::kSlot:
       return "slot socket";
+    case SocketKind::kPod:
+      return "pod socket";
     case SocketKind::kAdmin:
       return "admin socket";
   }
@@ -64,9 +66,27 @@ bool Policy::IsAdmin(const Caller& c) const {
     case SocketKind::kEngine:
       return Has(options_.admin_uids, c.cred.uid) || Has(options_.admin_gids, c.cred.gid);
     case SocketKind::kSlot:
+    case SocketKind::kPod:
       return false;
   }
   return false;
+}
+
+bool Policy::NamesPod(const Caller& c) const {
+  return c.socket == SocketKind::kPod || (c.socket == SocketKind::kSlot && rules_ != nullptr);
+}
+
+absl::StatusOr<kube::PodRef> Policy::PodOfCaller(const Caller& c) const {
+  if (c.socket == SocketKind::kPod) {
+    return kube::PodRef{.ns = c.unit.pod_namespace, .name = c.unit.pod_name, .container = ""};
+  }
+  if (c.socket == SocketKind::kSlot && rules_ != nullptr) return rules_->PodOf(c.slot, c.accepted);
+  return absl::FailedPreconditionError(absl::StrCat(Who(c), " names no pod"));
+}
+
+std::string Policy::PodWhere(const Caller& c) {
+  if (c.socket == SocketKind::kPod) return c.unit.Describe();
+  return absl::StrCat("the pod on slot ", c.slot);
 }
 
 bool Policy::IsPublisher(const Caller& c, std::string* why) const {
@@ -74,12 +94,10 @@ bool Policy::IsPublisher(const Caller& c, std::string* why) const {
   if (c.socket == SocketKind::kEngine) {
     return Has(options_.publish_uids, c.cred.uid) || Has(options_.publish_gids, c.cred.gid);
   }
-  if (c.socket != SocketKind::kSlot || rules_ == nullptr || options_.publish_namespaces.empty()) {
-    return false;
-  }
-  auto pod = rules_->PodOf(c.slot, c.accepted);
+  if (!NamesPod(c) || options_.publish_namespaces.empty()) return false;
+  auto pod = PodOfCaller(c);
   if (!pod.ok()) {
-    *why = absl::StrCat("; the pod on slot ", c.slot,
+    *why = absl::StrCat("; ", PodWhere(c),
                         " could not be identified (fail closed): ", pod.status().message());
     return false;
   }
@@ -89,25 +107,29 @@ bool Policy::IsPublisher(const Caller& c, std::string* why) const {
 }
 
 std::string Policy::Who(const Caller& c) const {
+  std::string of;
+  if (c.socket == SocketKind::kPod) {
+    of = " of " + c.unit.Describe();
+  } else if (!c.slot.empty()) {
+    of = " of slot " + c.slot;
+  }
   return absl::StrCat("uid ", c.cred.uid, " (gid ", c.cred.gid, ") on the ",
-                      SocketKindName(c.socket), c.slot.empty() ? "" : " of slot " + c.slot);
+                      SocketKindName(c.socket), of);
 }
 
 absl::StatusOr<std::string> Policy::TenantOf(const Caller& c, const std::string& model) const {
-  if (c.socket != SocketKind::kSlot || rules_ == nullptr) {
+  if (!NamesPod(c)) {
     return absl::FailedPreconditionError(
         absl::StrCat("model '", model,
                      "' keeps a private copy per Kubernetes namespace (isolation: "
                      "namespace) and ",
                      Who(c), " names none: ask from a pod through its slot socket"));
   }
-  auto pod = rules_->PodOf(c.slot, c.accepted);
+  auto pod = PodOfCaller(c);
   if (!pod.ok()) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("model '", model,
-                     "' keeps a private copy per namespace (isolation: namespace) and the "
-                     "pod on slot ",
-                     c.slot, " could not be identified (fail closed): ", pod.status().message()));
+    return absl::PermissionDeniedError(absl::StrCat(
+        "model '", model, "' keeps a private copy per namespace (isolation: namespace) and ",
+        PodWhere(c), " could not be identified (fail closed): ", pod.status().message()));
   }
   return pod->ns;
 }
@@ -125,7 +147,19 @@ Decision Policy::MapRule(const Caller& caller, const Object& object) const {
                                *ns, "'"));
     }
   }
-  if (rules_ == nullptr || !object.allowed_namespaces) return Decision::Allow();
+  if (!object.allowed_namespaces) return Decision::Allow();
+  if (caller.socket == SocketKind::kPod && !object.allowed_namespaces->empty()) {
+    // The kubelet named the pod: its namespace is known without the slot's lookup.
+    const auto& allowed = *object.allowed_namespaces;
+    if (std::find(allowed.begin(), allowed.end(), caller.unit.pod_namespace) != allowed.end()) {
+      return Decision::Allow();
+    }
+    return Deny("namespace",
+                absl::StrCat("model '", object.model, "' may be mapped from namespaces [",
+                             absl::StrJoin(allowed, ", "), "] only; ", caller.unit.Describe(),
+                             " is in '", caller.unit.pod_namespace, "'"));
+  }
+  if (rules_ == nullptr) return Decision::Allow();
   absl::Status s = rules_->MayMap({caller.slot, caller.accepted, IsAdmin(caller)}, object.model,
                                   *object.allowed_namespaces);
   if (s.ok()) return Decision::Allow();
@@ -138,10 +172,10 @@ Decision Policy::PublishersRule(const Caller& caller, const Object& object) cons
       object.native ? object.native_publishers : object.publishers;
   if (named.empty() && !object.native) return Decision::Allow();
   std::string me, why;
-  if (caller.socket == SocketKind::kSlot && rules_ != nullptr) {
-    auto pod = rules_->PodOf(caller.slot, caller.accepted);
+  if (NamesPod(caller)) {
+    auto pod = PodOfCaller(caller);
     if (!pod.ok()) {
-      why = absl::StrCat("the pod on slot ", caller.slot,
+      why = absl::StrCat(PodWhere(caller),
                          " could not be identified (fail closed): ", pod.status().message());
     } else {
       me = pod->ns;
@@ -230,9 +264,10 @@ Decision Policy::Decide(const Caller& caller, Verb verb, const Object& object) c
     case Verb::kPublish: {
       std::string why;
       if (!IsPublisher(caller, &why)) {
-        const std::string grant = caller.socket == SocketKind::kSlot
-                                      ? std::string("its pod's namespace in --publish_namespaces")
-                                      : std::string("a peer in --publish_uids/--publish_gids");
+        const std::string grant =
+            caller.socket == SocketKind::kSlot || caller.socket == SocketKind::kPod
+                ? std::string("its pod's namespace in --publish_namespaces")
+                : std::string("a peer in --publish_uids/--publish_gids");
         return Deny("publish",
                     absl::StrCat(Who(caller), " may not publish weights: that needs ", grant,
                                  " or the admin socket (no peer publishes unless "

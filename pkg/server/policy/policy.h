@@ -43,6 +43,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "pkg/kube/pod_resources.h"
 #include "pkg/server/wire/caller.h"
 
 namespace weightcache::server {
@@ -119,6 +120,13 @@ class Policy {
   // "uid:<uid>" (engine socket) must be listed.
   Decision PublishersRule(const Caller& caller, const Object& object) const;
   std::string Who(const Caller& caller) const;
+  // Whether the caller's connection names its pod: a pod socket (the kubelet named it), or a
+  // slot socket with namespace rules (the kubelet's PodResources says who holds the slot).
+  bool NamesPod(const Caller& caller) const;
+  // That pod (NamesPod only); an error when the slot's holder cannot be told.
+  absl::StatusOr<kube::PodRef> PodOfCaller(const Caller& caller) const;
+  // "the pod on slot weightcache-3" / "pod team-a/engine-0", for messages.
+  static std::string PodWhere(const Caller& caller);
 
   const PolicyOptions options_;
   NamespaceRules* const rules_;

@@ -16,11 +16,12 @@
 namespace weightcache::server {
 
 // The socket a control connection came in on. Its kind decides which roles a peer can hold
-// (policy.h): engine pods reach only kEngine (without namespace rules) or kSlot sockets;
+// (policy.h): engine pods reach only kEngine (without namespace rules), kSlot or kPod sockets;
 // kAdmin lives in a directory that no engine pod mounts.
 enum class SocketKind {
   kEngine,  // <socket_dir>/control.sock, the shared engine socket
   kSlot,    // <socket_dir>/slots/<slot>/control.sock (namespace rules): one pod each
+  kPod,     // a pod's own socket in its CSI volume: the pod the kubelet named (unit.pod_*)
   kAdmin,   // the admin socket (--admin_socket_dir): operators, never engine pods
 };
 // "engine socket" | "slot socket" | "admin socket"
@@ -29,7 +30,9 @@ const char* SocketKindName(SocketKind kind);
 struct Caller {
   PeerCred cred;
   SocketKind socket = SocketKind::kEngine;
-  std::string slot;  // kSlot: the slot id (e.g. weightcache-3); empty otherwise
+  // kSlot: the slot id (e.g. weightcache-3); kPod: "pod:<uid>" (tokens issued on a pod's
+  // socket are claimed on the handle socket beside it only); empty otherwise.
+  std::string slot;
   // The tenant unit (pod, slot or process) the connection belongs to: leases, caps, puts in
   // flight and Status are per unit (pkg/tenant/unit.h), never per uid.
   tenant::Unit unit;

@@ -86,7 +86,14 @@ void ControlListener::StopAccepting() {
   ::unlink(options_.path.c_str());
   for (const auto& s : options_.slot_sockets) ::unlink(s.path.c_str());
   if (!options_.admin_path.empty()) ::unlink(options_.admin_path.c_str());
+  pods_.UnlinkAll();
 }
+
+absl::Status ControlListener::AddPodSocket(const std::string& path, const tenant::Unit& pod) {
+  return pods_.Add(*acceptor_, path, pod, kBacklog);
+}
+
+void ControlListener::RemovePodSocket(const std::string& uid) { pods_.Remove(*acceptor_, uid); }
 
 std::optional<ControlListener::Caller> ControlListener::PeerOf(const std::string& peer) const {
   int fd = -1;
@@ -119,10 +126,21 @@ absl::StatusOr<net::Identity> ControlListener::Identify(int fd, const std::strin
   } else if (tag.rfind(kSlotTagPrefix, 0) == 0) {
     caller.socket = SocketKind::kSlot;
     caller.slot = tag.substr(sizeof kSlotTagPrefix - 1);
+  } else if (PodSocketBook::IsPodTag(tag)) {
+    caller.socket = SocketKind::kPod;
+    caller.slot = tag;
   }
-  // The unit: the peer's /proc entry (two small files), or the slot's.
-  caller.unit = caller.socket == SocketKind::kSlot ? tenant::Unit::OfSlot(caller.slot, cred.pid)
-                                                   : resolver_.Resolve(cred.pid, fd);
+  // The unit: the pod the kubelet named for its socket, the slot's, or the peer's /proc entry
+  // (two small files).
+  if (caller.socket == SocketKind::kPod) {
+    std::optional<tenant::Unit> pod = pods_.UnitOf(tag, cred.pid);
+    if (!pod) return absl::UnavailableError("the pod's socket was removed");
+    caller.unit = std::move(*pod);
+  } else if (caller.socket == SocketKind::kSlot) {
+    caller.unit = tenant::Unit::OfSlot(caller.slot, cred.pid);
+  } else {
+    caller.unit = resolver_.Resolve(cred.pid, fd);
+  }
   net::Identity id;
   id.key = caller.unit.Key();
   id.describe = caller.unit.Describe();

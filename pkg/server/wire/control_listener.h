@@ -40,6 +40,7 @@
 #include "pkg/server/wire/caller.h"
 #include "pkg/server/wire/connection_relay.h"
 #include "pkg/server/wire/connection_table.h"
+#include "pkg/server/wire/pod_sockets.h"
 #include "pkg/tenant/resolve.h"
 #include "pkg/util/mutex.h"
 #include "pkg/util/scoped_fd.h"
@@ -102,6 +103,13 @@ class ControlListener {
   ControlListener(const ControlListener&) = delete;
   ControlListener& operator=(const ControlListener&) = delete;
 
+  // A pod's own socket (its CSI volume, pkg/kube/csi_plugin.h): created 0666 at `path` (its
+  // directory is that pod's alone) and accepted on from now on; every connection on it is
+  // `pod`'s (SocketKind::kPod), whatever its process. Replaces the pod's earlier socket.
+  absl::Status AddPodSocket(const std::string& path, const tenant::Unit& pod);
+  // Stops accepting on pod `uid`'s socket and removes it; its connections stay until they end.
+  void RemovePodSocket(const std::string& uid);
+
   using Caller = server::Caller;
   // The caller behind gRPC's peer string ("fd:N"); nullopt when unknown.
   std::optional<Caller> PeerOf(const std::string& grpc_peer) const;
@@ -128,6 +136,7 @@ class ControlListener {
   ConnectionTable conns_ ABSL_GUARDED_BY(mu_);  // by descriptor number (gRPC owns it)
   std::chrono::steady_clock::time_point next_reap_ ABSL_GUARDED_BY(mu_);
   bool stopped_ = false;
+  PodSocketBook pods_;
 };
 
 }  // namespace weightcache::server

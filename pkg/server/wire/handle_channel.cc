@@ -122,10 +122,22 @@ HandleChannel::HandleChannel(Options options, ScopedFd wake, ClaimFn claim, Clos
 absl::StatusOr<net::Identity> HandleChannel::Identify(int fd, const std::string& slot) const {
   auto cred = GetPeerCred(fd);
   const pid_t pid = cred.ok() ? cred->pid : 0;
-  const tenant::Unit unit =
-      slot.empty() ? resolver_.Resolve(pid, fd) : tenant::Unit::OfSlot(slot, pid);
+  tenant::Unit unit;
+  if (PodSocketBook::IsPodTag(slot)) {
+    std::optional<tenant::Unit> pod = pods_.UnitOf(slot, pid);
+    if (!pod) return absl::UnavailableError("the pod's socket was removed");
+    unit = std::move(*pod);
+  } else {
+    unit = slot.empty() ? resolver_.Resolve(pid, fd) : tenant::Unit::OfSlot(slot, pid);
+  }
   return net::Identity{unit.Key(), unit.Describe(), {}};
 }
+
+absl::Status HandleChannel::AddPodSocket(const std::string& path, const tenant::Unit& pod) {
+  return pods_.Add(*acceptor_, path, pod, 128);
+}
+
+void HandleChannel::RemovePodSocket(const std::string& uid) { pods_.Remove(*acceptor_, uid); }
 
 HandleChannel::~HandleChannel() {
   if (acceptor_ != nullptr) acceptor_->Stop();
@@ -138,6 +150,7 @@ HandleChannel::~HandleChannel() {
   thread_.join();
   ::unlink(options_.path.c_str());
   for (const auto& s : options_.slot_sockets) ::unlink(s.path.c_str());
+  pods_.UnlinkAll();
 }
 
 void HandleChannel::CloseLease(const std::string& lease_id) {

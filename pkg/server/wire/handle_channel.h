@@ -39,6 +39,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "pkg/net/acceptor.h"
+#include "pkg/server/wire/pod_sockets.h"
 #include "pkg/tenant/resolve.h"
 #include "pkg/util/mutex.h"
 #include "pkg/util/scoped_fd.h"
@@ -102,6 +103,13 @@ class HandleChannel {
   // lease with no connection (yet, or any longer) is skipped.
   void Notify(const std::string& lease_id, std::string line);
 
+  // A pod's own handle socket (its CSI volume), beside its control socket: created 0666 at
+  // `path`; its connections are `pod`'s, and present tokens with the slot "pod:<uid>" (the
+  // tag its control socket gives them). Replaces the pod's earlier socket.
+  absl::Status AddPodSocket(const std::string& path, const tenant::Unit& pod);
+  // Stops accepting on pod `uid`'s socket and removes it; its connections stay until they end.
+  void RemovePodSocket(const std::string& uid);
+
   // accepted, refused by reason, open (net::Acceptor::Counters).
   net::Acceptor::Counters counters() const { return acceptor_->counters(); }
 
@@ -134,6 +142,7 @@ class HandleChannel {
   std::set<std::string> to_close_ ABSL_GUARDED_BY(mu_);
   std::multimap<std::string, std::string> to_notify_ ABSL_GUARDED_BY(mu_);  // lease -> line
   std::vector<net::Accepted> incoming_ ABSL_GUARDED_BY(mu_);                // from the acceptor
+  PodSocketBook pods_;
   std::thread thread_;
   std::unique_ptr<net::Acceptor> acceptor_;  // stopped first (destructor)
 };
