@@ -48,6 +48,13 @@ ABSL_FLAG(int, max_queued_per_source, 128,
           "answered 503");
 ABSL_FLAG(int, queue_deadline_ms, 2000,
           "A whole request that waited this long for a request thread is answered 503");
+ABSL_FLAG(std::string, inject, "device-plugin",
+          "What an engine pod gets to reach the daemon: device-plugin (the extended resource "
+          "weightcache.io/client, whose Allocate mounts the socket directory) or csi (an inline "
+          "volume of the daemon's CSI driver: the pod's own sockets, so the daemon knows the pod "
+          "without hostPID)");
+ABSL_FLAG(std::string, socket_mount_path, "/run/weightcache",
+          "With --inject=csi: where the volume is mounted in each engine container");
 ABSL_FLAG(bool, verbose, false, "Debug logging");
 
 namespace weightcache {
@@ -71,6 +78,19 @@ int Run() {
   o.buffer_budget_bytes = absl::GetFlag(FLAGS_buffer_budget_bytes);
   o.max_queued_per_source = absl::GetFlag(FLAGS_max_queued_per_source);
   o.queue_deadline_ms = absl::GetFlag(FLAGS_queue_deadline_ms);
+  const std::string inject = absl::GetFlag(FLAGS_inject);
+  if (inject != "device-plugin" && inject != "csi") {
+    std::fprintf(stderr, "weightcache-webhook: --inject: '%s' is neither device-plugin nor csi\n",
+                 inject.c_str());
+    return 2;
+  }
+  o.mutate.csi_volume = inject == "csi";
+  o.mutate.mount_path = absl::GetFlag(FLAGS_socket_mount_path);
+  if (o.mutate.mount_path.empty() || o.mutate.mount_path[0] != '/') {
+    std::fprintf(stderr, "weightcache-webhook: --socket_mount_path: '%s' is not absolute\n",
+                 o.mutate.mount_path.c_str());
+    return 2;
+  }
   if (o.reload_interval <= absl::ZeroDuration()) {
     std::fprintf(stderr, "weightcache-webhook: --reload_interval must be positive\n");
     return 2;

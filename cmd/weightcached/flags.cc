@@ -140,6 +140,9 @@ ABSL_FLAG(std::string, csi_registration_dir, "/var/lib/kubelet/plugins_registry"
 ABSL_FLAG(std::string, csi_pods_dir, "/var/lib/kubelet/pods",
           "With --csi_endpoint: the kubelet's pods directory; a volume's target path must lie "
           "under it");
+ABSL_FLAG(std::string, pod_volumes_file, "",
+          "With --csi_endpoint: where the published pod volumes are recorded, so a restart serves "
+          "their sockets again; empty: <socket_dir>-state/pod-volumes.json");
 ABSL_FLAG(std::string, node_name, "",
           "This node's name (the CSI plugin's node id); empty: $NODE_NAME, else the host name");
 ABSL_FLAG(std::string, container_socket_dir, "",
@@ -255,7 +258,8 @@ void ReadPathFlags(server::DaemonOptions& opts) {
   if (opts.admin_socket_dir.empty()) opts.admin_socket_dir = beside + "-admin";
   if (opts.admin_socket_dir == "none") opts.admin_socket_dir.clear();
   if (!absl::GetFlag(FLAGS_csi_endpoint).empty()) {
-    opts.pod_volumes_file = beside + "-state/pod-volumes.json";
+    opts.pod_volumes_file = absl::GetFlag(FLAGS_pod_volumes_file);
+    if (opts.pod_volumes_file.empty()) opts.pod_volumes_file = beside + "-state/pod-volumes.json";
   }
   opts.publish_namespaces = absl::GetFlag(FLAGS_publish_namespaces);
   opts.preload = absl::GetFlag(FLAGS_preload);

@@ -59,9 +59,11 @@ bool HasEnv(const json& env, const char* name) {
   return false;
 }
 
+std::string StringField(const json& object, const char* key);
+
 // Appends to `out` what container `c` (at `base`) lacks.
 void MutateContainer(const json& c, const std::string& base, const std::vector<json>& want_env,
-                     Mutation& out) {
+                     const MutateOptions& options, Mutation& out) {
   const std::string name = EscapeTruncated(
       Member(c, "name") != nullptr && c["name"].is_string() ? c["name"].get<std::string>() : "?",
       64);
@@ -77,6 +79,26 @@ void MutateContainer(const json& c, const std::string& base, const std::vector<j
         out.patch.push_back(AddOp(base + "/env/-", e));
       }
     }
+  }
+  if (options.csi_volume) {
+    // The pod's volume, mounted where the env says, unless the container mounts something
+    // there or mounts the volume already.
+    const json* mounts = Member(c, "volumeMounts");
+    const json mount = {{"name", kVolumeName}, {"mountPath", options.mount_path}};
+    if (mounts == nullptr) {
+      out.patch.push_back(AddOp(base + "/volumeMounts", json::array({mount})));
+    } else if (!mounts->is_array()) {
+      out.warnings.push_back(
+          absl::StrCat("weightcache: container ", name, ": volumeMounts is not a list"));
+    } else {
+      bool present = false;
+      for (const json& m : *mounts) {
+        present |= m.is_object() && (StringField(m, "name") == kVolumeName ||
+                                     StringField(m, "mountPath") == options.mount_path);
+      }
+      if (!present) out.patch.push_back(AddOp(base + "/volumeMounts/-", mount));
+    }
+    return;
   }
   // Resources: request and limit of an extended resource must be equal, so a side that is
   // missing takes the other side's quantity.
@@ -140,7 +162,7 @@ std::string EscapeJsonPointer(std::string_view segment) {
   return out;
 }
 
-Mutation MutatePod(const json& pod) {
+Mutation MutatePod(const json& pod, const MutateOptions& options) {
   Mutation out;
   const std::string model = Annotation(pod, kModelAnnotation, out.warnings);
   const std::string fingerprint = Annotation(pod, kFingerprintAnnotation, out.warnings);
@@ -149,6 +171,9 @@ Mutation MutatePod(const json& pod) {
   if (!model.empty()) want_env.push_back(FieldRefEnv(kModelEnv, kModelAnnotation));
   if (!fingerprint.empty()) {
     want_env.push_back(FieldRefEnv(kFingerprintEnv, kFingerprintAnnotation));
+  }
+  if (options.csi_volume) {
+    want_env.push_back({{"name", kSocketEnv}, {"value", options.mount_path + "/control.sock"}});
   }
 
   const json* spec = Member(pod, "spec");
@@ -175,7 +200,22 @@ Mutation MutatePod(const json& pod) {
     const std::string name = StringField(c, "name");
     if (!named.empty() && named.count(name) == 0) continue;
     found.insert(name);
-    MutateContainer(c, absl::StrCat("/spec/containers/", i), want_env, out);
+    MutateContainer(c, absl::StrCat("/spec/containers/", i), want_env, options, out);
+  }
+  if (options.csi_volume && !found.empty()) {
+    // One volume per pod: its containers share the pod's sockets.
+    const json volume = {{"name", kVolumeName}, {"csi", {{"driver", options.csi_driver}}}};
+    const json* volumes = Member(*spec, "volumes");
+    if (volumes == nullptr) {
+      out.patch.push_back(AddOp("/spec/volumes", json::array({volume})));
+    } else if (!volumes->is_array()) {
+      out.warnings.emplace_back("weightcache: spec.volumes is not a list: no volume added");
+    } else {
+      bool present = false;
+      for (const json& v : *volumes)
+        present |= v.is_object() && StringField(v, "name") == kVolumeName;
+      if (!present) out.patch.push_back(AddOp("/spec/volumes/-", volume));
+    }
   }
   for (const std::string& n : named) {
     if (found.count(n) == 0) {
@@ -187,7 +227,7 @@ Mutation MutatePod(const json& pod) {
   return out;
 }
 
-absl::StatusOr<std::string> ReviewAdmission(std::string_view body) {
+absl::StatusOr<std::string> ReviewAdmission(std::string_view body, const MutateOptions& options) {
   if (BracketNestingDepth(body, kMaxNesting) > kMaxNesting) {
     return Invalid(absl::StrCat("JSON nested deeper than ", kMaxNesting, " levels"));
   }
@@ -225,7 +265,7 @@ absl::StatusOr<std::string> ReviewAdmission(std::string_view body) {
     const json* object = Member(*request, "object");
     if (object == nullptr || !object->is_object())
       return Invalid("request.object is not an object");
-    m = MutatePod(*object);
+    m = MutatePod(*object, options);
   }
 
   json response = {{"uid", uid}, {"allowed", true}};

@@ -1,6 +1,7 @@
 // The mutation of the admission webhook: a pod annotated weightcache.io/model (or
 // weightcache.io/fingerprint) gets, in each selected container, the extended resource
-// weightcache.io/client: 1 (request and limit) and the env WEIGHTCACHE_MODEL /
+// weightcache.io/client: 1 (request and limit), or with MutateOptions::csi_volume the pod's
+// own CSI volume mounted (see MutateOptions), and the env WEIGHTCACHE_MODEL /
 // WEIGHTCACHE_FINGERPRINT from the annotation through the Downward API, so the annotation alone
 // is enough for an engine pod.
 //
@@ -36,6 +37,21 @@ inline constexpr char kResourceName[] = "weightcache.io/client";
 inline constexpr char kModelEnv[] = "WEIGHTCACHE_MODEL";
 inline constexpr char kFingerprintEnv[] = "WEIGHTCACHE_FINGERPRINT";
 
+inline constexpr char kSocketEnv[] = "WEIGHTCACHE_SOCKET";
+inline constexpr char kVolumeName[] = "weightcache";
+
+// What the webhook gives an engine pod to reach the daemon.
+struct MutateOptions {
+  // false: the device plugin's extended resource (weightcache.io/client: 1), whose Allocate
+  // mounts the socket directory. true: an inline CSI volume of `csi_driver` (one per pod,
+  // named "weightcache") mounted at `mount_path` in each selected container, with
+  // WEIGHTCACHE_SOCKET=<mount_path>/control.sock: the pod's own sockets, so the daemon knows
+  // the pod from the socket (pkg/kube/csi_plugin.h), and no extended resource.
+  bool csi_volume = false;
+  std::string csi_driver = "csi.weightcache.io";
+  std::string mount_path = "/run/weightcache";
+};
+
 struct Mutation {
   nlohmann::json patch = nlohmann::json::array();  // RFC 6902 operations; empty: nothing to do
   std::vector<std::string> warnings;
@@ -46,11 +62,12 @@ std::string EscapeJsonPointer(std::string_view segment);
 
 // The patch for one Pod object (its JSON). `pod` is not trusted: wrong types are skipped with
 // a warning, never a crash.
-Mutation MutatePod(const nlohmann::json& pod);
+Mutation MutatePod(const nlohmann::json& pod, const MutateOptions& options = {});
 
 // Answers one AdmissionReview v1 request body: the AdmissionReview response (JSON text).
 // InvalidArgument naming what is wrong when the body is not a well-formed AdmissionReview v1
 // request.
-absl::StatusOr<std::string> ReviewAdmission(std::string_view body);
+absl::StatusOr<std::string> ReviewAdmission(std::string_view body,
+                                            const MutateOptions& options = {});
 
 }  // namespace weightcache::webhook

@@ -33,8 +33,9 @@ struct Answer {
   json patched;                // the pod with the patch applied
 };
 
-Answer Ask(const json& pod, const std::string& operation = "CREATE") {
-  absl::StatusOr<std::string> text = ReviewAdmission(Review(pod, operation).dump());
+Answer Ask(const json& pod, const std::string& operation = "CREATE",
+           const MutateOptions& options = {}) {
+  absl::StatusOr<std::string> text = ReviewAdmission(Review(pod, operation).dump(), options);
   EXPECT_TRUE(text.ok()) << text.status();
   Answer a;
   if (!text.ok()) return a;
@@ -88,6 +89,35 @@ TEST(Mutate, AnnotatedPodGetsResourceAndEnvWithTheExactPatch) {
   want["spec"]["containers"][0]["resources"] = kResources;
   EXPECT_EQ(a.patched, want);
   EXPECT_FALSE(a.response.contains("warnings"));
+}
+
+// With the CSI volume (--inject=csi) an engine pod gets its own sockets: one inline volume of
+// the driver, mounted in each selected container where WEIGHTCACHE_SOCKET points, and no
+// extended resource (so no device plugin and no hostPath). A second review adds nothing.
+TEST(Mutate, CsiAnnotatedPodGetsItsOwnVolumeMountedAndNoResource) {
+  const json pod = Pod({{"weightcache.io/model", "llama-8b"}, {"weightcache.io/containers", "a"}},
+                       json::parse(R"([{"name": "a", "image": "vllm"}, {"name": "side"}])"));
+  const MutateOptions csi{.csi_volume = true};
+  Answer a = Ask(pod, "CREATE", csi);
+  json want = pod;
+  want["spec"]["containers"][0]["env"] = json::array(
+      {kModelEnvVar, {{"name", "WEIGHTCACHE_SOCKET"}, {"value", "/run/weightcache/control.sock"}}});
+  want["spec"]["containers"][0]["volumeMounts"] =
+      json::parse(R"([{"name": "weightcache", "mountPath": "/run/weightcache"}])");
+  want["spec"]["volumes"] =
+      json::parse(R"([{"name": "weightcache", "csi": {"driver": "csi.weightcache.io"}}])");
+  EXPECT_EQ(a.patched, want) << a.patch.dump();
+  EXPECT_TRUE(Ask(a.patched, "CREATE", csi).patch.empty());
+  // A pod that has volumes and mounts already keeps them; ours are appended.
+  json busy = pod;
+  busy["spec"]["volumes"] = json::parse(R"([{"name": "data", "emptyDir": {}}])");
+  busy["spec"]["containers"][0]["volumeMounts"] =
+      json::parse(R"([{"name": "data", "mountPath": "/data"}])");
+  Answer b = Ask(busy, "CREATE", csi);
+  ASSERT_EQ(b.patched["spec"]["volumes"].size(), 2u);
+  EXPECT_EQ(b.patched["spec"]["volumes"][1]["csi"]["driver"], "csi.weightcache.io");
+  ASSERT_EQ(b.patched["spec"]["containers"][0]["volumeMounts"].size(), 2u);
+  EXPECT_FALSE(b.patched["spec"]["containers"][1].contains("volumeMounts"));
 }
 
 TEST(Mutate, PodWithoutAnnotationIsAllowedUnchanged) {

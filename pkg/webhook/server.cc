@@ -127,9 +127,9 @@ absl::StatusOr<std::pair<std::string, int>> ParseAddress(const std::string& addr
 constexpr const char* kText = "text/plain; charset=utf-8";
 
 // Registers /mutate and /healthz and the error and exception handlers.
-void Route(httplib::Server& http, uint64_t max_body_bytes) {
-  http.Post("/mutate", [](const httplib::Request& req, httplib::Response& res) {
-    absl::StatusOr<std::string> answer = ReviewAdmission(req.body);
+void Route(httplib::Server& http, uint64_t max_body_bytes, const MutateOptions& mutate) {
+  http.Post("/mutate", [mutate](const httplib::Request& req, httplib::Response& res) {
+    absl::StatusOr<std::string> answer = ReviewAdmission(req.body, mutate);
     if (!answer.ok()) {
       WC_LOG_WARN("webhook: /mutate from %s: %s", req.remote_addr,
                   std::string(answer.status().message()));
@@ -221,7 +221,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   Router& router = *server->router_;
   router.set_payload_max_length(o.max_body_bytes);
   router.set_keep_alive_timeout(5);
-  Route(router, o.max_body_bytes);
+  Route(router, o.max_body_bytes, o.mutate);
 
   internal::FrontOptions f;
   f.listen_backlog = o.listen_backlog;

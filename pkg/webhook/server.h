@@ -52,6 +52,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "pkg/webhook/connection_stats.h"
+#include "pkg/webhook/mutate.h"
 
 struct ssl_st;
 struct ssl_ctx_st;
@@ -68,6 +69,7 @@ struct ServerOptions {
   std::string key_file;   // PEM: its private key
   absl::Duration reload_interval = absl::Seconds(5);
   uint64_t max_body_bytes = 4 << 20;  // an AdmissionReview of the largest Pod is ~3 MiB
+  MutateOptions mutate;               // what an engine pod gets (the resource or a CSI volume)
   int request_timeout_ms = 10000;
   int connection_deadline_ms = 3000;
   int num_threads = 32;

@@ -111,8 +111,28 @@ for helm in "${helms[@]}"; do
     expect "flag $flag" has "$ds" "^            - ${flag}\$"
   done
   expect "no --memory_budget by default" lacks "$ds" 'memory-budget'
-  # A tenant is a pod (issue 47): the daemon reads its peers' cgroups, so it sees their pids.
-  expect "hostPID for pod identity" has "$ds" '^      hostPID: true$'
+  # Identity given (issue 57): the kubelet names each engine pod's sockets through the CSI
+  # driver, so the daemon needs no view of the node's processes.
+  expect "no hostPID: pods named by their CSI volumes" has "$ds" '^      hostPID: false$'
+  for flag in --csi_endpoint=/var/lib/kubelet/plugins/csi.weightcache.io/csi.sock \
+              --csi_registration_dir=/var/lib/kubelet/plugins_registry \
+              --csi_pods_dir=/var/lib/kubelet/pods \
+              --pod_volumes_file=/var/lib/weightcache/pod-volumes.json; do
+    expect "flag $flag" has "$ds" "^            - ${flag}\$"
+  done
+  expect "kubelet pods dir hostPath" after "$ds" 'hostPath:$' 1 'path: /var/lib/kubelet/pods$'
+  expect "kubelet pods dir HostToContainer" after "$ds" 'mountPath: /var/lib/kubelet/pods$' 1 'mountPropagation: HostToContainer$'
+  doc "$d" CSIDriver >"$work/csidriver.yaml"
+  expect "CSIDriver csi.weightcache.io" has "$work/csidriver.yaml" '^  name: csi\.weightcache\.io$'
+  expect "CSIDriver podInfoOnMount" has "$work/csidriver.yaml" '^  podInfoOnMount: true$'
+  expect "CSIDriver ephemeral only" after "$work/csidriver.yaml" 'volumeLifecycleModes:$' 1 '- Ephemeral$'
+  expect "CSIDriver attachRequired false" has "$work/csidriver.yaml" '^  attachRequired: false$'
+  # With csi off, the cgroup fallback asks for hostPID itself.
+  "$helm" template wc "$chart" --namespace wc --set csi.enabled=false --set daemon.hostPID=true \
+    >"$work/nocsi.yaml" 2>"$work/err" || bad "template csi off: $(cat "$work/err")"
+  expect "csi off: no CSIDriver" lacks "$work/nocsi.yaml" 'kind: CSIDriver$'
+  expect "csi off: no csi flag" lacks "$work/nocsi.yaml" '--csi_endpoint'
+  expect "csi off: hostPID as set" has "$work/nocsi.yaml" '^      hostPID: true$'
   # Roles are granted, never implied: no role flag for the engine socket by default, the
   # admin socket in the daemon's own emptyDir, daemon state outside the engines' socket dir.
   expect "no admin or publish uids by default" lacks "$ds" '_uids=|_gids=|publish_namespaces'
@@ -319,6 +339,8 @@ for helm in "${helms[@]}"; do
   expect "webhook: cert flag" has "$work/wd.yaml" '- --tls_cert_file=/etc/weightcache-webhook/tls/tls\.crt$'
   expect "webhook: handshake timeout" has "$work/wd.yaml" '- --handshake_timeout_ms=1000$'
   expect "webhook: per-source limit" has "$work/wd.yaml" '- --max_connections_per_source=256$'
+  expect "webhook: injects the CSI volume" has "$work/wd.yaml" '- --inject=csi$'
+  expect "webhook: engines see it at /run/weightcache" has "$work/wd.yaml" '- --socket_mount_path=/run/weightcache$'
   expect_fail "schema: webhook handshake timeout 0" 'handshakeTimeoutMs' "$helm" template wc "$chart" \
     --set webhook.enabled=true --set webhook.handshakeTimeoutMs=0
   expect "webhook: HTTPS probe" after "$work/wd.yaml" 'readinessProbe:' 4 'scheme: HTTPS'
