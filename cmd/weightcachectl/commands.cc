@@ -120,8 +120,9 @@ void PrintEntry(const v1::EntryInfo& e) {
                 e.error().c_str());
   }
   for (const auto& l : e.leases()) {
-    std::printf("  lease %s pid %d uid %d age %.1fs %s\n", l.lease_id().substr(0, 12).c_str(),
-                l.pid(), l.uid(), l.age_seconds(), l.owner().c_str());
+    const std::string pod = l.owner_pod().empty() ? "" : " (" + l.owner_pod() + ")";
+    std::printf("  lease %s pid %d uid %d age %.1fs %s%s\n", l.lease_id().substr(0, 12).c_str(),
+                l.pid(), l.uid(), l.age_seconds(), l.owner().c_str(), pod.c_str());
   }
   // Leases of other pods are shown only as a count (docs/security.md, "A tenant is a pod").
   if (e.lease_count() > static_cast<uint32_t>(e.leases_size())) {

@@ -70,6 +70,7 @@ struct LeaseRecord {
   // The tenant unit that acquired it (tenant::Unit::Key: "pod:<uid>", "slot:<id>",
   // "process:<pid>/<start>"): only that unit, or an admin, may release it.
   std::string owner_unit;
+  std::string owner_pod;  // "<namespace>/<name>" when the kubelet named the pod; else empty
 };
 
 // Checks a fill's digests against what they must be (a peer copy: its source's; a keeper

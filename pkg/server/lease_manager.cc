@@ -30,6 +30,9 @@ absl::StatusOr<LeaseManager::Issued> LeaseManager::Issue(
   rec.since = std::chrono::steady_clock::now();
   rec.owner_uid = static_cast<int>(owner.cred.uid);
   rec.owner_unit = owner.unit.Key();
+  if (!owner.unit.pod_name.empty()) {
+    rec.owner_pod = owner.unit.pod_namespace + "/" + owner.unit.pod_name;
+  }
   rec.slot = slot;
   if (!registry_->AddLease(e, rec).ok()) return absl::UnavailableError(evicted);
   MutexLock l(mu_);

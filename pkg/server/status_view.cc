@@ -157,6 +157,7 @@ void StatusView::AppendEntry(const Caller& caller, bool admin, const cache::Entr
     auto* li = e->add_leases();
     li->set_lease_id(l.id);
     li->set_owner(l.owner_unit);
+    li->set_owner_pod(l.owner_pod);
     li->set_pid(l.pid);
     li->set_uid(l.uid);
     li->set_age_seconds(std::chrono::duration<double>(now - l.since).count());

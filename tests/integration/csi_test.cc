@@ -205,7 +205,9 @@ TEST_F(CsiTest, CsiAPodIsTheSocketItConnectsOnAForkingPodCannotStarveAnother) {
   ASSERT_TRUE(st.ok()) << st.status();
   ASSERT_EQ(st->entries_size(), 1);
   bool found = false;
-  for (const auto& l : st->entries(0).leases()) found |= l.owner() == "pod:" + kPodB.uid;
+  for (const auto& l : st->entries(0).leases()) {
+    found |= l.owner() == "pod:" + kPodB.uid && l.owner_pod() == "team-b/engine";
+  }
   EXPECT_TRUE(found) << st->DebugString();
   own->CloseStdin();
   own->Wait();
