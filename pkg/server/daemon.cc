@@ -137,12 +137,13 @@ absl::Status Daemon::Impl::Start() {
   probes::WriteNodeProbesInto(probe_dirs);
   MakeStatusView();
   WC_RETURN_IF_ERROR(StartHandleChannel());
-  // Preloads are opened (maybe hashed) on their own thread while the daemon serves; their
-  // names are pending until their entries are registered, so a client never sees a daemon
-  // that knows a model but has no entry for it yet as a miss (it waits or hears why).
+  // Preloads open (maybe hash) on their own thread while the daemon serves; their names are
+  // pending until registered: a client never sees a known model as a miss (it waits, or hears).
   preloads_->MarkPending();
   WC_RETURN_IF_ERROR(StartControlServer());
-  WC_RETURN_IF_ERROR(StartPodVolumes());
+  pod_volumes_ =
+      std::make_unique<PodVolumes>(options_.pod_volumes_file, control_.get(), handles_.get());
+  WC_RETURN_IF_ERROR(pod_volumes_->Restore());
   WC_RETURN_IF_ERROR(peer_api_->Start());
   WC_ASSIGN_OR_RETURN(peer_fill_, MakePeerFill(options_.peer, peer_api_->port(), backend_,
                                                options_.metrics, staging_pool_.get()));
@@ -319,8 +320,7 @@ void Daemon::Impl::Wait() {
 
 void Daemon::Impl::Teardown() {
   std::call_once(teardown_once_, [this] {
-    // Each step is timed (and the loads still running named), so a slow shutdown explains
-    // itself.
+    // Each step is timed (loads still running named): a slow shutdown explains itself.
     StepClock clock;
     auto step = [&clock](std::string what) { clock.Step(std::move(what)); };
     // 1. Cancel: no new load starts, loads stop at their next chunk, waits in Acquire and
@@ -328,6 +328,7 @@ void Daemon::Impl::Teardown() {
     //    the acquire wait otherwise).
     // The listener stops accepting and removes control.sock; the connections it accepted
     // stay relayed until gRPC has drained, so the calls in flight get their answers.
+    if (pod_volumes_) pod_volumes_->Stop();  // the CSI plugin's calls: UNAVAILABLE from now
     if (control_) control_->StopAccepting();
     step("control listener");
     if (integrity_) integrity_->Stop();  // a digest in progress ends at its next piece
@@ -357,8 +358,7 @@ void Daemon::Impl::Teardown() {
     grpc_.reset();
     service_.reset();
     step("gRPC drain");
-    // 3. Close the handle channel (it removes handle.sock); leases end, and engines keep
-    //    what they mapped.
+    // 3. Close the handle channel (it removes handle.sock): leases end, engines keep their maps.
     handles_.reset();
     step("handle channel");
     // 4. The load threads (cancelled in 1, each ends at its next chunk), joined while
@@ -385,7 +385,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::StartWithHooks(DaemonOptions opt
   return std::unique_ptr<Daemon>(new Daemon(std::move(impl)));
 }
 
-Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Daemon::Daemon(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)), pod_volumes_(&impl_->pod_volumes()) {}
 Daemon::~Daemon() = default;
 std::string Daemon::control_socket() const { return impl_->control_path(); }
 std::string Daemon::admin_socket() const { return impl_->admin_path(); }

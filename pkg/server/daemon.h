@@ -29,6 +29,8 @@ namespace testing {
 class DaemonHooksAccess;
 }  // namespace testing
 
+class PodVolumes;
+
 class Daemon {
  public:
   // Prepares the socket dir (0750), removes stale sockets safely, starts serving, and
@@ -72,6 +74,7 @@ class Daemon {
                                                                 DaemonHooks* hooks);
   explicit Daemon(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+  PodVolumes* const pod_volumes_;  // impl_'s (the CSI plugin's calls, daemon_pods.cc)
 };
 
 }  // namespace weightcache::server

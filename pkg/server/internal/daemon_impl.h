@@ -159,7 +159,6 @@ class Daemon::Impl final {
   absl::Status PrepareSockets();
   absl::Status StartHandleChannel();
   absl::Status StartControlServer();
-  absl::Status StartPodVolumes();  // daemon_pods.cc
   // The peer API (options().peer.listen; peer_api.h): made before the status view (which
   // reads its port's counters), started after the control server, stopped before it.
   std::unique_ptr<PeerApi> peer_api_;

@@ -69,8 +69,14 @@ void PodVolumes::StopServing(const kube::PodVolume& v) {
   }
 }
 
+void PodVolumes::Stop() {
+  MutexLock l(mu_);
+  stopped_ = true;
+}
+
 absl::Status PodVolumes::Publish(const kube::PodVolume& v) {
   MutexLock l(mu_);
+  if (stopped_) return absl::UnavailableError("the daemon is stopping; the kubelet retries");
   if (auto it = volumes_.find(v.volume_id); it != volumes_.end()) {
     if (it->second.target_path != v.target_path || it->second.pod_uid != v.pod_uid) {
       return absl::AlreadyExistsError(absl::StrCat("volume ", v.volume_id, " is published at ",
@@ -100,6 +106,7 @@ absl::Status PodVolumes::Publish(const kube::PodVolume& v) {
 
 absl::Status PodVolumes::Unpublish(const std::string& volume_id, const std::string& target_path) {
   MutexLock l(mu_);
+  if (stopped_) return absl::UnavailableError("the daemon is stopping; the kubelet retries");
   auto it = volumes_.find(volume_id);
   if (it == volumes_.end()) return absl::OkStatus();
   if (it->second.target_path != target_path) {

@@ -43,6 +43,9 @@ class PodVolumes {
   // An unknown volume is not an error (CSI: the kubelet may ask again).
   absl::Status Unpublish(const std::string& volume_id, const std::string& target_path);
   size_t size() const;
+  // From now on Publish and Unpublish answer UNAVAILABLE (the daemon is stopping: its
+  // listeners are about to go). The sockets already served are the listeners' to close.
+  void Stop();
 
  private:
   absl::Status Serve(const kube::PodVolume& v);
@@ -54,6 +57,7 @@ class PodVolumes {
   HandleChannel* const handles_;
   mutable Mutex mu_;
   std::map<std::string, kube::PodVolume> volumes_ ABSL_GUARDED_BY(mu_);  // by volume id
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace weightcache::server
