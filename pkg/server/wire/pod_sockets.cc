@@ -12,6 +12,10 @@ absl::Status PodSocketBook::Add(net::Acceptor& acceptor, const std::string& path
     return absl::InvalidArgumentError("a pod socket needs the pod's UID");
   }
   Remove(acceptor, pod.pod);
+  // A daemon that was killed left its socket: replaced when nobody listens on it.
+  if (absl::Status s = RemoveStaleSocket(path, {.label = "", .server = "daemon"}); !s.ok()) {
+    return s;
+  }
   auto fd = ListenUnix(path, 0666, backlog);
   if (!fd.ok()) return fd.status();
   {
