@@ -42,6 +42,19 @@ absl::StatusOr<StartedDaemon> StartDaemon(
                                      ReadFileOrEmpty(log_path));
 }
 
+std::unique_ptr<Process> StartKeeper(const std::string& keeper_path, const std::string& socket,
+                                     const std::string& log_path) {
+  auto p = std::make_unique<Process>(std::vector<std::string>{keeper_path, "--socket=" + socket},
+                                     log_path);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (ConnectUnix(socket, SOCK_SEQPACKET).ok()) return p;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // a bounded poll
+  }
+  ADD_FAILURE() << "keeper did not start: " << ReadFileOrEmpty(log_path);
+  return p;
+}
+
 std::unique_ptr<client::Client> AdminClient(const std::string& socket_dir) {
   auto c = client::Client::Connect(socket_dir + "-admin/control.sock");
   EXPECT_TRUE(c.ok()) << c.status();

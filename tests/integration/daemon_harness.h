@@ -33,6 +33,11 @@ absl::StatusOr<StartedDaemon> StartDaemon(
 // --admin_socket_dir, <socket_dir>-admin): the operator, who may evict and define specs.
 std::unique_ptr<client::Client> AdminClient(const std::string& socket_dir);
 
+// Runs the keeper (`keeper_path`) on `socket` with stderr in `log_path` and waits (10 s at
+// most) until it accepts there; a test failure carrying its log otherwise.
+std::unique_ptr<Process> StartKeeper(const std::string& keeper_path, const std::string& socket,
+                                     const std::string& log_path);
+
 // Polls `c`'s Status until `pred` holds (bounded by `timeout`); the last status either way,
 // with a test failure added when the condition was not reached.
 v1::StatusResponse WaitForStatus(client::Client& c,

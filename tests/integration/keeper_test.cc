@@ -55,15 +55,7 @@ class KeeperTest : public ::testing::Test {
   std::string socket_dir() const { return dir_ / "s"; }
 
   std::unique_ptr<Process> StartKeeper() {
-    auto p = std::make_unique<Process>(
-        std::vector<std::string>{KEEPER_PATH, "--socket=" + keeper_sock()}, dir_ / "keeper.log");
-    auto deadline = std::chrono::steady_clock::now() + 10s;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (keeper::KeeperClient::Connect(keeper_sock()).ok()) return p;
-      std::this_thread::sleep_for(10ms);  // polling a condition with a deadline
-    }
-    ADD_FAILURE() << "keeper did not start: " << testing::ReadFileOrEmpty(dir_ / "keeper.log");
-    return p;
+    return testing::StartKeeper(KEEPER_PATH, keeper_sock(), dir_ / "keeper.log");
   }
 
   std::vector<std::string> DaemonArgv() const {

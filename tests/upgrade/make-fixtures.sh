@@ -9,8 +9,8 @@
 # TOOL: this tree's wc_upgrade_fixture (build/tests/upgrade/wc_upgrade_fixture): it writes the
 #   checkpoint and reads the records back out of the old keeper (the keeper's wire protocol is
 #   the same in both releases).
-# What it writes: checkpoint/m/ (TinyLlama, loaded once by the old daemon), records/0.key,
-# 0.record, 0.seg<i> (each segment's bytes without its trailing zeros), state/digests.json and
+# What it keeps: records/0.key and 0.record (the old keeper's record of TinyLlama, loaded once by
+# the old daemon; no checkpoint and no segment bytes: the test makes both), state/digests.json and
 # state/digests.json.key (the old daemon's digest store and its HMAC key: a fixture's key,
 # nobody's secret), and COMMIT (the release that wrote them).
 set -euo pipefail
@@ -47,8 +47,9 @@ kill -KILL "$daemon"  # as an upgrade's rollout ends it: the keeper keeps the en
 wait "$daemon" 2>/dev/null || true
 "$tool" dump "$work/k/keeper.sock" "$out/records"
 
-mkdir -p "$out/checkpoint"
-cp -r "$work/m" "$out/checkpoint/m"
+# Only what the old binaries alone can write is kept: the test writes the checkpoint with the
+# same writer and rebuilds each segment from the record's manifest (its digests vouch for it).
+rm -f "$out"/records/*.seg*
 cp "$work/state/digests.json" "$work/state/digests.json.key" "$out/state/"
 git -C "$old_build/.." rev-parse HEAD >"$out/COMMIT"
 grep -q "^$(git rev-parse --short=7 "$commit" 2>/dev/null || echo "$commit")" "$out/COMMIT" ||

@@ -1,11 +1,15 @@
 // Upgrades keep the cache (issue 58, item 5): this tree's weightcached, beside a keeper that
 // holds what the previous release (a710f38) deposited, adopts those entries and serves them
 // without reading a byte of the checkpoint, and reads that release's digest store.
-// The fixtures (a710f38/) were written by a710f38's own weightcached and weightcache-keeper
-// (make-fixtures.sh). A keeper record and a digest store entry name the file version the bytes
-// came from (device, inode, mtime, ctime: what no checkout keeps), so the test moves them to
-// its copy of the checkpoint first (Relocate: those fields only, the store signed again with
-// its fixture key) — what staying on one node gives a real upgrade for free.
+// The fixtures (a710f38/: the keeper record and the digest store) were written by a710f38's own
+// weightcached and weightcache-keeper (make-fixtures.sh). The checkpoint they were loaded from is
+// written here by the same deterministic writer (its SHA-256 must be the one the record names),
+// and each segment's bytes are rebuilt from the record's manifest and that checkpoint (the
+// record's segment digests, checked at adoption, vouch that they are the old daemon's bytes). A
+// keeper record and a digest store entry name the file version the bytes came from (device, inode,
+// mtime, ctime: what no checkout keeps), so the test moves them to its copy of the checkpoint first
+// (Relocate: those fields only, the store signed again with its fixture key) — what staying on one
+// node gives a real upgrade for free.
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -13,6 +17,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -24,6 +29,7 @@
 #include "nlohmann/json.hpp"
 #include "pkg/identity/identity.h"
 #include "pkg/keeper/client.h"
+#include "pkg/safetensors/writer.h"
 #include "pkg/util/bytes.h"
 #include "pkg/util/scoped_fd.h"
 #include "tests/integration/daemon_harness.h"
@@ -59,19 +65,36 @@ const v1::EntryInfo* Entry(const v1::StatusResponse& st, const std::string& mode
 struct HeldRecord {
   std::string key;
   v1::KeeperRecord record;
-  std::vector<std::string> segments;  // trailing zeros dropped (the record has each size)
+  std::vector<std::string> segments;  // each zero-padded to its size (SealedSegment pads)
 };
 
-std::vector<HeldRecord> ReadRecords() {
+// The segments a tp-1, unquantized load leaves on the host backend: each tensor's bytes from
+// the checkpoint file at the offset the record's manifest gives, zeros elsewhere.
+std::vector<std::string> RebuildSegments(const v1::KeeperRecord& r, const std::string& file) {
+  const std::string ckpt = ReadAll(file);
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, ckpt.data(), sizeof header_len);  // little-endian, as the format says
+  const nlohmann::json header = nlohmann::json::parse(ckpt.substr(8, header_len));
+  std::vector<std::string> segs;
+  for (int s = 0; s < r.segment_sizes_size(); ++s) segs.emplace_back(r.segment_used(s), '\0');
+  for (const auto& t : r.tensors()) {
+    const auto& at = header.at(t.name()).at("data_offsets");
+    const uint64_t begin = at[0].get<uint64_t>(), end = at[1].get<uint64_t>();
+    EXPECT_EQ(end - begin, t.nbytes()) << t.name();
+    EXPECT_LE(t.offset() + t.nbytes(), segs[t.segment()].size()) << t.name();
+    segs[t.segment()].replace(t.offset(), t.nbytes(), ckpt, 8 + header_len + begin, t.nbytes());
+  }
+  return segs;
+}
+
+std::vector<HeldRecord> ReadRecords(const std::string& checkpoint_file) {
   std::vector<HeldRecord> out;
   for (int i = 0; fs::exists(kFixtures / "records" / absl::StrCat(i, ".key")); ++i) {
     const fs::path stem = kFixtures / "records" / absl::StrCat(i);
     HeldRecord h;
     h.key = ReadAll(stem.string() + ".key");
     EXPECT_TRUE(h.record.ParseFromString(ReadAll(stem.string() + ".record"))) << stem;
-    for (int s = 0; s < h.record.segment_sizes_size(); ++s) {
-      h.segments.push_back(ReadAll(absl::StrCat(stem.string(), ".seg", s)));
-    }
+    h.segments = RebuildSegments(h.record, checkpoint_file);
     out.push_back(std::move(h));
   }
   return out;
@@ -101,15 +124,20 @@ class PreviousFormatTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(fs::exists(kFixtures / "COMMIT")) << kFixtures;
-    fs::copy(kFixtures / "checkpoint" / "m", dir_ / "m", fs::copy_options::recursive);
+    ASSERT_TRUE(safetensors::WriteLlamaCheckpoint(dir_ / "m", safetensors::TinyLlama()).ok());
     fs::create_directories(dir_ / "state");
     fs::permissions(dir_ / "state", fs::perms::owner_all);
     for (const std::string f : {"digests.json", "digests.json.key"}) {
       fs::copy_file(kFixtures / "state" / f, dir_ / ("state/" + f));
       fs::permissions(dir_ / ("state/" + f), fs::perms::owner_read | fs::perms::owner_write);
     }
-    records_ = ReadRecords();
+    records_ = ReadRecords(dir_ / "m/model.safetensors");
     ASSERT_EQ(records_.size(), 1u) << "the fixture holds one entry (model m)";
+    // The writer still writes the bytes a710f38 loaded: the file the record names.
+    ASSERT_EQ(records_[0].record.files_size(), 1);
+    ASSERT_EQ("sha256:" + identity::Sha256Hex(ReadAll(dir_ / "m/model.safetensors")),
+              records_[0].record.files(0).digest())
+        << "the checkpoint writer changed: regenerate the fixtures (make-fixtures.sh)";
     model_bytes_ = fs::file_size(dir_ / "m/model.safetensors");
     Relocate();
   }
@@ -155,15 +183,7 @@ class PreviousFormatTest : public ::testing::Test {
   std::string socket_dir() const { return dir_ / "s"; }
 
   std::unique_ptr<Process> StartKeeper() {
-    auto p = std::make_unique<Process>(
-        std::vector<std::string>{KEEPER_PATH, "--socket=" + keeper_sock()}, dir_ / "keeper.log");
-    auto deadline = std::chrono::steady_clock::now() + 10s;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (keeper::KeeperClient::Connect(keeper_sock()).ok()) return p;
-      std::this_thread::sleep_for(10ms);  // polling a condition with a deadline
-    }
-    ADD_FAILURE() << "keeper did not start: " << testing::ReadFileOrEmpty(dir_ / "keeper.log");
-    return p;
+    return testing::StartKeeper(KEEPER_PATH, keeper_sock(), dir_ / "keeper.log");
   }
 
   // What the old daemon left in its keeper: each record with its segments' descriptors.
