@@ -40,15 +40,14 @@ void Pipe::Clear() {
 }
 
 bool Splice::Pump(const Inspect& inspect) {
+  bool moved = false;
+  const bool on = Move(inspect, moved);
+  if (moved) activity_.Touch();
+  return on;
+}
+
+bool Splice::Move(const Inspect& inspect, bool& any) {
   auto gone = [](ssize_t r) { return r == 0 || (r < 0 && r != -EAGAIN && r != -EINTR); };
-  bool any = false;
-  struct TouchOnReturn {
-    const ActivityHandle& activity;
-    const bool& any;
-    ~TouchOnReturn() {
-      if (any) activity.Touch();
-    }
-  } touch{activity_, any};
   for (bool moved = true; moved;) {
     moved = false;
     if (up_.room() && !inner_done_) {

@@ -87,6 +87,9 @@ class Splice {
   bool client_pending() const { return !up_.empty(); }  // client bytes not yet passed on
 
  private:
+  // Pump's moves; `any` set when a byte was read from either side.
+  bool Move(const Inspect& inspect, bool& any);
+
   ScopedFd client_;
   ActivityHandle activity_;  // after client_: let go before the client's socket closes
   ScopedFd inner_;
