@@ -18,7 +18,9 @@ the default torch.compile and runs one forward of 128 tokens. Seconds from proce
 Prints a markdown table; logits of the compiled modes are compared with each other (bit for
 bit) and with eager (max abs difference).
 Usage: compile_cache_bench.py --work DIR --model NAME [--modes eager,cold,weightcache,inductor]
-       compile_cache_bench.py make DIR      (writes DIR/llama and DIR/specs.json)
+       compile_cache_bench.py make DIR [NAME...]   (writes each model, default llama-1b
+       into DIR/llama, llama-8g (about 8 GB: hidden 4096, 21 layers) into DIR/llama-8g,
+       and DIR/specs.json naming them all)
 """
 import argparse
 import json
@@ -32,27 +34,39 @@ CONFIG = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
               num_attention_heads=32, num_key_value_heads=4, vocab_size=32000,
               max_position_embeddings=2048)
 SETTINGS = {"torch.compile": "default", "tokens": 128}
+# Models `make` writes: name -> (directory under the work dir, config over CONFIG).
+MODELS = {"llama-1b": ("llama", {}),
+          "llama-8g": ("llama-8g", dict(hidden_size=4096, intermediate_size=11008,
+                                        num_hidden_layers=21, num_key_value_heads=8))}
 
 
-def make(out):
+def make(out, names=("llama-1b",)):
     import torch
     import transformers
 
-    torch.manual_seed(29)
-    cfg = transformers.LlamaConfig(**CONFIG)
-    with torch.device("cuda"):
-        model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
-    d = os.path.join(out, "llama")
-    model.save_pretrained(d)
-    n = sum(p.numel() for p in model.parameters())
-    # The bench's engines (this uid, a granted publisher) put the AOTInductor package the next
-    # engine loads: native code, which the daemon takes only from publishers the spec names
-    # for it (native_publishers) and admins.
-    spec = {"models": [{"version": 1, "name": "llama-1b", "model_dir": d, "tp_size": 1,
-                        "native_publishers": [f"uid:{os.getuid()}"]}]}
+    unknown = sorted(set(names) - set(MODELS))
+    if unknown:
+        raise SystemExit(f"make: unknown model(s) {unknown}; known: {sorted(MODELS)}")
+    models = []
+    for name in names:
+        sub, over = MODELS[name]
+        torch.manual_seed(29)
+        cfg = transformers.LlamaConfig(**dict(CONFIG, **over))
+        with torch.device("cuda"):
+            model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+        d = os.path.join(out, sub)
+        model.save_pretrained(d)
+        n = sum(p.numel() for p in model.parameters())
+        del model
+        torch.cuda.empty_cache()
+        # The bench's engines (this uid, a granted publisher) put the AOTInductor package the
+        # next engine loads: native code, which the daemon takes only from publishers the
+        # spec names for it (native_publishers) and admins.
+        models.append({"version": 1, "name": name, "model_dir": d, "tp_size": 1,
+                       "native_publishers": [f"uid:{os.getuid()}"]})
+        print(f"{name}: {n / 1e9:.2f} B parameters -> {d}")
     with open(os.path.join(out, "specs.json"), "w") as f:
-        json.dump(spec, f)
-    print(f"llama-1b: {n / 1e9:.2f} B parameters -> {d}")
+        json.dump({"models": models}, f)
 
 
 def child(mode, work, model_name):
@@ -110,8 +124,8 @@ def run(mode, work, model_name, env_extra):
 
 
 def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "make":
-        make(sys.argv[2])
+    if len(sys.argv) >= 3 and sys.argv[1] == "make":
+        make(sys.argv[2], sys.argv[3:] or ("llama-1b",))
         return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--child")

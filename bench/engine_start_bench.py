@@ -10,6 +10,9 @@ pod), the weights mapped from weightcached:
          put first by one `aoti-build` process, which is not counted)
   aoti-torch  the same package through torch._inductor.aoti_load_package (Inductor's CPU
          probes run first; weightcache.probes' decision applied): what the probes cost
+  cpp    examples/cpp_engine (--cpp-engine BINARY): no Python; the C++ client maps the
+         weights, gets the same package, loads it with libtorch's C++ loader, binds the
+         mapped weights and runs the forward (its first column: exec and dynamic loading)
 
 Phases, seconds: imports (interpreter start + torch + weightcache, each also shown apart),
 cuda init (the first CUDA tensor: the context), map (acquire: connect,
@@ -24,7 +27,7 @@ bit with the building process's (aoti) and with cold run 1's (cold, cc).
 Needs CUDA, torch >= 2.6, transformers, and weightcached serving the model
 (tests/gpu/run-engine-start-on-device.sh sets everything up).
 Usage: engine_start_bench.py --work DIR --model NAME [--runs 5] [--budget 480]
-       [--modes cold,cc,aoti,aoti-torch]
+       [--modes cold,cc,aoti,aoti-torch,cpp] [--cpp-engine BINARY]
 """
 import time
 
@@ -70,11 +73,16 @@ def _emit(rec):
     print("BENCH " + json.dumps(rec), flush=True)
 
 
+def _model_dir(work, model_name):
+    # compile_cache_bench.py make: llama-1b in work/llama, the others in work/<name>
+    return os.path.join(work, "llama" if model_name == "llama-1b" else model_name)
+
+
 def _module(work, model_name):
     from aoti_bench import _wrapped  # the same Logits wrapper (bench/ is on sys.path)
     from weightcache.transformers import from_pretrained
 
-    m = from_pretrained(os.path.join(work, "llama"), model=model_name, device="cuda:0",
+    m = from_pretrained(_model_dir(work, model_name), model=model_name, device="cuda:0",
                         fallback=False).eval()
     return _wrapped(m)
 
@@ -138,6 +146,11 @@ def child(mode, run, work, model_name):
             rec["error"] = f"not from the artifact: {fn.source}: {fn.reason}"
         if mode == "aoti-build" and fn.source != "built":
             rec["error"] = f"the build process did not build: {fn.source}: {fn.reason}"
+        if mode == "aoti-build":  # what the C++ engine needs: the package's key, the input
+            with open(os.path.join(work, f"aoti-key-{model_name}.json"), "w") as f:
+                json.dump(fn.key, f)
+            with open(os.path.join(work, "ids.bin"), "wb") as f:
+                f.write(ids.cpu().contiguous().numpy().tobytes())
         if mode == "aoti-build":  # the node's answer against Inductor's own CPU check
             from torch._inductor.cpu_vec_isa import x86_isa_checker
 
@@ -150,13 +163,18 @@ def child(mode, run, work, model_name):
     _emit(rec)
 
 
-def run_child(mode, run, work, model_name, timeout, importtime=False):
+def run_child(mode, run, work, model_name, timeout, importtime=False, cpp_engine=None):
     caches = tempfile.mkdtemp(prefix=f"caches-{mode}-{run}-", dir=work)
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"),
-               TRITON_CACHE_DIR=os.path.join(caches, "triton"), BENCH_SPAWNED=repr(time.time()))
     flags = ["-X", "faulthandler"] + (["-X", "importtime"] if importtime else [])
     argv = [sys.executable, *flags, __file__, "--child", mode, "--run", str(run),
             "--work", work, "--model", model_name]
+    if mode == "cpp":
+        argv = [cpp_engine, "--model", model_name, "--run", str(run),
+                "--key", os.path.join(work, f"aoti-key-{model_name}.json"),
+                "--ids", os.path.join(work, "ids.bin"),
+                "--logits", os.path.join(work, f"logits-cpp-{run}.bin")]
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"),
+               TRITON_CACHE_DIR=os.path.join(caches, "triton"), BENCH_SPAWNED=repr(time.time()))
     print(f"+ {mode} run {run} (at {time.time() - T0:.0f} s)", flush=True)
     t = time.time()
     try:
@@ -212,23 +230,34 @@ def _fmt(vals):
     return f"{f(statistics.median(vals))} ({f(min(vals))}-{f(max(vals))})"
 
 
-def report(work, results, build, skipped):
+def report(work, results, build, skipped, model_name="llama-1b"):
     import torch
 
     def logits(mode, run):
         p = os.path.join(work, f"logits-{mode}-{run}.pt")
+        if mode == "cpp":  # float32, raw, in the building process's logits' shape
+            raw = os.path.join(work, f"logits-cpp-{run}.bin")
+            ref = logits("aoti-build", 1)
+            if not os.path.exists(raw) or ref is None:
+                return None
+            with open(raw, "rb") as f:
+                t = torch.frombuffer(bytearray(f.read()), dtype=torch.float32)
+            return t.reshape(ref.shape) if t.numel() == ref.numel() else t
         return torch.load(p) if os.path.exists(p) else None
 
     ref = {"aoti": logits("aoti-build", 1), "aoti-torch": logits("aoti-build", 1),
-           "cold": logits("cold", 1), "cc": logits("cold", 1)}
-    print(f"\n## engine_start_bench: Llama hidden 2048, 16 layers, bf16, 128 tokens, weights "
-          f"mapped from weightcached; fresh processes, empty Inductor and Triton caches; "
-          f"torch {torch.__version__}, "
+           "cpp": logits("aoti-build", 1), "cold": logits("cold", 1), "cc": logits("cold", 1)}
+    d = _model_dir(work, model_name)
+    gb = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)
+             if f.endswith(".safetensors")) / 1e9 if os.path.isdir(d) else 0.0
+    print(f"\n## engine_start_bench: {model_name} ({gb:.2f} GB of bf16 safetensors), 128 "
+          f"tokens, weights mapped from weightcached; fresh processes, empty Inductor and "
+          f"Triton caches; torch {torch.__version__}, "
           f"{torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}\n")
     print("| mode | runs | imports s | cuda init s | map s | artifact get s | package load s | "
           "bind s | first forward s | total s | subprocesses | logits |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for mode in ["cold", "cc", "aoti", "aoti-torch"]:
+    for mode in ["cold", "cc", "aoti", "aoti-torch", "cpp"]:
         rs = [r for r in results if r["mode"] == mode and "error" not in r]
         bad = [r for r in results if r["mode"] == mode and "error" in r]
         if not rs and not bad:
@@ -238,7 +267,7 @@ def report(work, results, build, skipped):
             mine, want = logits(mode, r["run"]), ref[mode]
             same.append(mine is not None and want is not None and torch.equal(mine, want))
         verdict = (f"{sum(same)}/{len(same)} bit-equal to "
-                   f"{'the building process' if mode.startswith('aoti') else 'cold run 1'}")
+                   f"{'cold run 1' if mode in ('cold', 'cc') else 'the building process'}")
         procs = [len(r.get("subprocesses", [])) for r in rs]
         cols = " | ".join(_fmt([r[p] for r in rs]) for p in PHASES)
         nprocs = (f"{int(statistics.median(procs))} ({min(procs)}-{max(procs)})"
@@ -249,7 +278,9 @@ def report(work, results, build, skipped):
           "importing transformers and building the module around the mapped weights (aoti "
           "builds no module on a hit). cold/cc: artifact get is compile_cache's entry "
           "(GetArtifact + load_cache_artifacts) and the compile happens inside the first "
-          "forward. aoti: get/load/bind as weightcache.aoti.load timed them.")
+          "forward. aoti: get/load/bind as weightcache.aoti.load timed them. cpp: imports is "
+          "the exec and dynamic loading (spawn to main), map is connect, acquire, map and the "
+          "zero-copy tensors (client::ToTorch), get/load/bind as client::AotiModel timed them.")
     print("\nimports broken down (median (min-max)): interpreter start (exec to the script's "
           "first line), import torch, import weightcache; cuda init: the first CUDA tensor")
     print("\n| mode | interpreter s | import torch s | import weightcache s | cuda init s |")
@@ -308,7 +339,12 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--budget", type=float, default=480, help="seconds for all runs")
     ap.add_argument("--modes", default="cold,cc,aoti,aoti-torch")
+    ap.add_argument("--cpp-engine", help="examples/cpp_engine's binary, for the cpp mode")
+    ap.add_argument("--cold-runs", type=int, help="runs of cold (default --runs): the "
+                    "slowest mode, often wanted fewer times than the others")
     a = ap.parse_args()
+    if "cpp" in a.modes.split(",") and not (a.cpp_engine and os.access(a.cpp_engine, os.X_OK)):
+        ap.error(f"--modes has cpp: --cpp-engine={a.cpp_engine!r} is not an executable")
     if a.child:
         child(a.child, a.run, a.work, a.model)
         return 0
@@ -326,7 +362,8 @@ def main():
         if need > left:
             skipped.append(f"{mode} run {run} (needs about {need:.0f} s, {left:.0f} s left)")
             return None
-        r = run_child(mode, run, a.work, a.model, timeout=max(20.0, left))
+        r = run_child(mode, run, a.work, a.model, timeout=max(20.0, left),
+                      cpp_engine=a.cpp_engine)
         last[mode] = r.get("wall_s", 0.0)
         results.append(r)
         return r
@@ -335,17 +372,17 @@ def main():
     # then the runs in rounds, so that a budget cut leaves every mode some runs.
     if "cold" in modes or "cc" in modes:
         go("cold", 1)
-    if "aoti" in modes or "aoti-torch" in modes:
+    if "aoti" in modes or "aoti-torch" in modes or "cpp" in modes:
         build = run_child("aoti-build", 1, a.work, a.model,
                           timeout=max(20.0, deadline - time.time()))
     else:
         build = None
     # cold first in each round (its five runs matter most and cost most), aoti-torch once at
     # the end: what torch's own loader costs with the node's decision, when time is left.
-    order = [m for m in ("cold", "aoti", "cc") if m in modes]
+    order = [m for m in ("cold", "aoti", "cpp", "cc") if m in modes]
     for run in range(1, a.runs + 1):
         for mode in order:
-            if mode == "cold" and run == 1:
+            if mode == "cold" and (run == 1 or run > (a.cold_runs or a.runs)):
                 continue
             go(mode, run)
     if "aoti-torch" in modes:
@@ -356,7 +393,7 @@ def main():
         r["mode"] = "aoti-importtime"  # kept out of the aoti rows
         results.append(r)
 
-    ok = report(a.work, results, build, skipped)
+    ok = report(a.work, results, build, skipped, a.model)
     print(f"\nbench wall time {time.time() - T0:.1f} s")
     return 0 if ok else 1
 

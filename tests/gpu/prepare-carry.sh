@@ -54,16 +54,22 @@ done | sort -u | while read -r lib; do
 done
 # For building the libtorch adapter test ON the GPU machine against its own libtorch
 # (build-torch-test.sh): abseil headers, the weightcache static libraries the adapter needs,
-# and a snapshot of the headers and sources it compiles.
+# and a snapshot of the headers and sources it compiles; the same for the C++ engine example
+# (examples/cpp_engine/build-on-device.sh), which also needs protobuf's headers and the
+# generated messages (an artifact key).
 if [[ -n ${WC_CARRY_TARGETS:-} ]]; then
   du -sh "$carry"
   exit 0
 fi
 cp -r /usr/include/absl "$carry/include/"
+mkdir -p "$carry/include/google" "$carry/src/proto/weightcache/v1"
+cp -r /usr/include/google/protobuf "$carry/include/google/"
+cp "$build"/proto/weightcache/v1/*.pb.h "$carry/src/proto/weightcache/v1/"
 for l in client memory safetensors util proto; do
   strip --strip-debug -o "$carry/lib-static/libwc_$l.a" "$(find "$build/pkg" "$build/proto" -name "libwc_$l.a" | head -1)"
 done
 (cd "$root" && find pkg -name '*.h' -print0 | xargs -0 cp --parents -t "$carry/src" &&
-  cp --parents pkg/client/torch/torch_adapter.cc tests/gpu/torch_gpu_test.cc -t "$carry/src")
+  cp --parents pkg/client/torch/torch_adapter.cc pkg/client/torch/aoti_package.cc \
+    examples/cpp_engine/main.cc tests/gpu/torch_gpu_test.cc -t "$carry/src")
 du -sh "$carry"
 ls "$carry/lib" | wc -l | xargs echo "libraries carried:"

@@ -4,6 +4,7 @@
 #include <torch/version.h>
 
 #include "absl/strings/str_cat.h"
+#include "pkg/memory/internal/cuda_driver.h"
 #include "pkg/memory/internal/cuda_segment.h"
 #include "pkg/util/status_macros.h"
 
@@ -57,6 +58,16 @@ absl::StatusOr<c10::Device> TorchDevice(const Lease& lease) {
   if (lease.backend() != "cuda-vmm") return c10::Device(c10::DeviceType::CPU);
   WC_ASSIGN_OR_RETURN(int ordinal, memory::internal::CudaOrdinalOfUuid(lease.device_uuid()));
   return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(ordinal));
+}
+
+absl::StatusOr<std::string> CudaDeviceUuid(int ordinal) {
+  WC_ASSIGN_OR_RETURN(const memory::internal::DriverApi* api, memory::internal::Driver());
+  WC_ASSIGN_OR_RETURN(auto devices, memory::internal::ListDevices(*api));
+  for (const auto& d : devices) {
+    if (d.ordinal == ordinal) return d.uuid;
+  }
+  return absl::NotFoundError(absl::StrCat("cuda:", ordinal, ": this process sees ", devices.size(),
+                                          " CUDA device(s) that can share memory"));
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, at::Tensor>>> ToTorchOrdered(

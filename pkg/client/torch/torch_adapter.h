@@ -39,6 +39,10 @@ absl::StatusOr<c10::ScalarType> TorchDType(safetensors::DType dtype);
 // cuda:N for a cuda-vmm lease (NOT_FOUND when its GPU is not visible here), else CPU.
 absl::StatusOr<c10::Device> TorchDevice(const Lease& lease);
 
+// The UUID ("GPU-...") of this process's CUDA ordinal, for AcquireOptions::device_uuid
+// (NOT_FOUND naming the visible count when there is no such device).
+absl::StatusOr<std::string> CudaDeviceUuid(int ordinal);
+
 // Every tensor of the lease, by name.
 absl::StatusOr<std::unordered_map<std::string, at::Tensor>> ToTorch(
     std::shared_ptr<const Lease> lease);

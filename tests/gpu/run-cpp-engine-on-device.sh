@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# On the GPU machine, in ONE call of at most 600 s: issue 59's engine start without Python.
+# Builds examples/cpp_engine against the machine's libtorch (in the background, while the
+# models are written), writes the ~0.84 B Llama and an ~8 GB one (bench/compile_cache_bench.py
+# make), serves both with weightcached (cuda-vmm), then for each model runs
+# bench/engine_start_bench.py: cold (COLD_RUNS fresh Python processes, torch.compile),
+# the Python AOTInductor start (weightcache.aoti) and the C++ engine (wc_cpp_engine), RUNS
+# fresh processes each, logits compared with the process that built the package.
+#
+#   here:  bash tests/gpu/prepare-carry.sh build && bash tests/gpu/prepare-python-carry.sh build
+#          (both carries; compress them: see tests/gpu/README or docs/gpu.md)
+#   then:  run(carry=[...], command="bash tests/gpu/run-cpp-engine-on-device.sh")
+# Results under $OUT: cpp-engine-<model>.md (each table), cpp-engine-gpu.log (everything),
+# cpp-build.log, weightcached.log.
+# Environment: PYTHON (python3), RUNS (5), COLD_RUNS (1), MODELS ("llama-1b llama-8g"),
+# TOTAL (seconds this script may use, 570).
+set -u
+export PS4='+ [${SECONDS}s] '
+root=$(cd "$(dirname "$0")/../.." && pwd)
+carry=$root/.device-carry-py
+OUT=${OUT:-/tmp/wc-cpp-out}
+PY=${PYTHON:-python3}
+RUNS=${RUNS:-5}
+COLD_RUNS=${COLD_RUNS:-1}
+MODELS=${MODELS:-llama-1b llama-8g}
+TOTAL=${TOTAL:-570}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/cpp-engine-gpu.log") 2>&1
+set -x
+[[ -x $carry/bin/weightcached && -f $carry/python/weightcache/aoti.py ]] || {
+  echo "no $carry: run tests/gpu/prepare-python-carry.sh on the build machine first"; exit 1; }
+nvidia-smi -L
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+grep -m1 'model name' /proc/cpuinfo; nproc
+"$PY" -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
+engine=/tmp/wc_cpp_engine
+bash "$root/examples/cpp_engine/build-on-device.sh" "$engine" >"$OUT/cpp-build.log" 2>&1 &
+builder=$!
+work=$(mktemp -d /tmp/wc-cpp.XXXXXX)
+export PYTHONPATH=$carry/python WEIGHTCACHE_SOCKET=$work/s WEIGHTCACHE_STATE_DIR=$work/state
+unset WEIGHTCACHE_LIB WEIGHTCACHE_MODE WEIGHTCACHE_MODEL TORCHINDUCTOR_VEC_ISA_OK WEIGHTCACHE_NODE_PROBES
+# shellcheck disable=SC2086
+timeout 240 "$PY" "$root/bench/compile_cache_bench.py" make "$work" $MODELS || exit 1
+set +x
+source "$root/tests/gpu/start-weightcached-on-device.sh"
+start_weightcached "$work/specs.json" --publish_uids="$(id -u)"
+set -x
+for m in $MODELS; do timeout 180 "$PY" -m weightcache load "$m" || exit 1; done
+modes=cold,aoti,cpp
+if ! wait "$builder"; then
+  tail -n 60 "$OUT/cpp-build.log"
+  echo "the C++ engine did not build: the Python modes only"
+  modes=cold,aoti
+fi
+tail -n 3 "$OUT/cpp-build.log"
+rc=0
+n=$(wc -w <<<"$MODELS")
+for m in $MODELS; do
+  budget=$(( (TOTAL - SECONDS - 30) / n ))
+  n=$(( n - 1 ))
+  timeout $(( budget + 30 )) "$PY" "$root/bench/engine_start_bench.py" --work "$work" \
+    --model "$m" --runs "$RUNS" --cold-runs "$COLD_RUNS" --modes "$modes" --budget "$budget" \
+    --cpp-engine "$engine" > >(tee "$OUT/cpp-engine-$m.md") || rc=$?
+  rm -rf "$work"/caches-*  # each run's private Inductor and Triton caches
+done
+LD_LIBRARY_PATH=$carry/lib "$carry/bin/weightcachectl" --socket="$work/s" status | sed -n '1,/^$/p'
+tail -n 15 "$OUT/weightcached.log"
+set +x
+echo "result: $([[ $rc == 0 && $modes == *cpp* ]] && echo PASS || echo FAIL) (script ${SECONDS} s)"
+exit $rc
