@@ -165,7 +165,9 @@ absl::StatusOr<std::unique_ptr<AotiModel>> AotiModel::Load(
         "the package's key names fingerprint ", key.fingerprint(), " but the lease maps ",
         lease.fingerprint(), ": a package binds only the weights it was built for"));
   }
-  if (!absl::StartsWith(key.torch_version(), TORCH_VERSION)) {
+  // "2.11.0+cu130" is torch 2.11.0 (libtorch's TORCH_VERSION carries no local version).
+  if (const std::string& v = key.torch_version();
+      v != TORCH_VERSION && !absl::StartsWith(v, absl::StrCat(TORCH_VERSION, "+"))) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the package's key names torch ", key.torch_version(), " but this engine runs libtorch ",
         TORCH_VERSION, ": a package loads only into the torch it was built with"));
