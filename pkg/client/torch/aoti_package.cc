@@ -157,8 +157,9 @@ absl::StatusOr<std::unique_ptr<AotiModel>> AotiModel::Load(
                    "constants (torch 2.6 or later)"));
 #else
   if (key.kind() != kAotiPackageKind) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "artifact key of kind '", key.kind(), "': an AOTInductor package is ", kAotiPackageKind));
+    return absl::InvalidArgumentError(absl::StrCat("artifact key of kind '", key.kind(),
+                                                   "': an AOTInductor package is ",
+                                                   std::string(kAotiPackageKind)));
   }
   if (key.fingerprint() != lease.fingerprint()) {
     return absl::FailedPreconditionError(absl::StrCat(
