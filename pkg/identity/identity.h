@@ -112,8 +112,11 @@ class DigestStore {
   absl::StatusOr<ResolvedDigest> Resolve(const std::string& path, int fd,
                                          const std::atomic<bool>* cancel = nullptr);
 
-  // Bytes read by Resolve() to hash files since this store was opened.
+  // Bytes hashed for this store's files since it was opened: read by Resolve(), or hashed
+  // elsewhere from bytes read anyway and counted with CountHashed (a pin check following a
+  // load's reads).
   uint64_t hashed_bytes() const { return hashed_bytes_.load(); }
+  void CountHashed(uint64_t n) { hashed_bytes_ += n; }
   size_t size() const;
   const std::string& path() const { return path_; }
 

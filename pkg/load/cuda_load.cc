@@ -309,6 +309,7 @@ absl::Status ScatterThroughPinnedStaging(const ScatterPlan& plan,
       std::max<uint64_t>(1, plan.buffer_bytes / std::max(1u, options.read_threads) >> 20) << 20;
   safetensors::ReadOptions ropts{options.read_threads, chunk,
                                  progress != nullptr ? progress->cancel_flag() : nullptr};
+  ropts.tap = options.read_tap;
   if (progress != nullptr) progress->SetTotal(plan.read_bytes);
   std::vector<std::string> what(files.size());
   for (size_t f = 0; f < files.size(); ++f) what[f] = absl::StrCat(files[f].name, ": staging");

@@ -19,6 +19,7 @@
 #include "pkg/load/fp8_quant.h"
 #include "pkg/load/internal/cuda_load.h"
 #include "pkg/load/internal/host_quant.h"
+#include "pkg/load/internal/pinned.h"
 #include "pkg/load/pieces.h"
 #include "pkg/load/scatter.h"
 #include "pkg/memory/internal/cuda_segment.h"
@@ -311,6 +312,7 @@ static absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRankReading(
   const auto& files = model.checkpoint.files();
   safetensors::ReadOptions ropts{options.read_threads, options.chunk_bytes,
                                  progress != nullptr ? progress->cancel_flag() : nullptr};
+  ropts.tap = options.read_tap;
   bool direct = std::all_of(out->segments.begin(), out->segments.end(),
                             [](const auto& s) { return s->host_data() != nullptr; });
   const bool cuda = AllCuda(*out);
@@ -431,38 +433,41 @@ static absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRankReading(
 
 namespace {
 
-// Runs `load` (which reads the checkpoint) while the spec's pinned digests are checked against
-// the files beside it (VerifyPinned, on its own threads: the files' SHA-256 is sequential and
-// the load's reads are parallel and out of order, so the check is a second pass, through the
-// page cache where the load's reads left the pages). The result is given back only when both
+// What the pin check read, in the stats of what was loaded.
+void NotePinCheck(const internal::PinCheck& check, std::unique_ptr<LoadedModel>& m) {
+  m->stats.pin_followed_bytes = check.followed_bytes();
+  m->stats.pin_reread_bytes = check.reread_bytes();
+}
+void NotePinCheck(const internal::PinCheck& check, std::vector<std::unique_ptr<LoadedModel>>& ms) {
+  for (auto& m : ms) NotePinCheck(check, m);
+}
+
+// Runs `load` (which reads the checkpoint) with the spec's pinned digests checked against the
+// bytes it reads, in the same pass (internal::PinCheck as its read tap: each pinned file's
+// SHA-256 follows the load's reads; issue 58). The result is given back only when both
 // succeed: a file that hashes otherwise than pinned fails the load with DATA_LOSS naming it,
 // and the segments loaded from it are released here, before any entry could serve them. A
-// mismatch stops the load the moment it is found (through the progress's cancellation, the
-// entry's own when the caller gave one: the entry fails with the mismatch either way), not
-// when every byte is read: on a large checkpoint that is seconds instead of minutes. A
-// cancellation stops both.
+// file whose last byte the load reads is compared then: a mismatch stops the load (through
+// the progress's cancellation, the entry's own when the caller gave one: the entry fails with
+// the mismatch either way), not when every byte is read. A cancellation stops both.
 template <typename Loaded>
 absl::StatusOr<Loaded> WithPinsChecked(
     const OpenedModel& model, const LoadOptions& options, LoadProgress* progress,
-    const std::function<absl::StatusOr<Loaded>(LoadProgress*)>& load) {
-  if (!model.pinned()) return load(progress);
+    const std::function<absl::StatusOr<Loaded>(const LoadOptions&, LoadProgress*)>& load) {
+  if (!model.pinned()) return load(options, progress);
   LoadProgress own;  // a caller without one still has its load stopped at a mismatch
   LoadProgress* p = progress != nullptr ? progress : &own;
-  std::atomic<bool> stop{false};
-  std::future<absl::Status> check = std::async(std::launch::async, [&] {
-    return VerifyPinned(model, options.read_threads, &stop,
-                        [p](const absl::Status&) { p->Cancel(); });
-  });
-  absl::StatusOr<Loaded> loaded = load(p);
-  if (!loaded.ok()) stop = true;
-  // A cancellation (the daemon stopping, the entry's load cancelled) stops the check too.
-  while (check.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
-    if (p->cancelled()) stop = true;
-  }
-  const absl::Status verified = check.get();
+  WC_ASSIGN_OR_RETURN(std::unique_ptr<internal::PinCheck> check,
+                      internal::PinCheck::Start(model, [p](const absl::Status&) { p->Cancel(); }));
+  LoadOptions followed = options;
+  followed.read_tap = check->tap();
+  absl::StatusOr<Loaded> loaded = load(followed, p);
+  std::atomic<bool> stopped{true};  // a failed load: only what was found matters, no reads
+  const absl::Status verified = check->Finish(loaded.ok() ? p->cancel_flag() : &stopped);
   if (!verified.ok() && (loaded.ok() || verified.code() == absl::StatusCode::kDataLoss)) {
     return verified;  // a mismatch says more than the load's own failure
   }
+  if (loaded.ok()) NotePinCheck(*check, *loaded);
   return loaded;
 }
 
@@ -474,8 +479,9 @@ absl::StatusOr<std::vector<std::unique_ptr<LoadedModel>>> LoadRanks(
     const LoadOptions& options, LoadProgress* progress) {
   using Loaded = std::vector<std::unique_ptr<LoadedModel>>;
   return WithPinsChecked<Loaded>(
-      model, options, progress, [&](LoadProgress* p) -> absl::StatusOr<Loaded> {
-        return LoadRanksReading(model, std::move(plans), backend, device_uuids, labels, options, p);
+      model, options, progress,
+      [&](const LoadOptions& o, LoadProgress* p) -> absl::StatusOr<Loaded> {
+        return LoadRanksReading(model, std::move(plans), backend, device_uuids, labels, o, p);
       });
 }
 
@@ -487,8 +493,9 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(const OpenedModel& model, 
                                                       LoadProgress* progress) {
   using Loaded = std::unique_ptr<LoadedModel>;
   return WithPinsChecked<Loaded>(
-      model, options, progress, [&](LoadProgress* p) -> absl::StatusOr<Loaded> {
-        return LoadRankReading(model, std::move(planned), backend, device_uuid, label, options, p);
+      model, options, progress,
+      [&](const LoadOptions& o, LoadProgress* p) -> absl::StatusOr<Loaded> {
+        return LoadRankReading(model, std::move(planned), backend, device_uuid, label, o, p);
       });
 }
 

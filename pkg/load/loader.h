@@ -63,6 +63,11 @@ struct LoadStats {
   double staging_seconds = 0;    // taking the staging ring (pinning what the pool lacked)
   uint32_t staging_buffers = 0;  // in the ring
   uint32_t staging_reused = 0;   // of which already pinned (from LoadOptions::staging_pool)
+  // Pinned digests checked in the load's pass: bytes hashed from the load's own reads, and
+  // bytes the check read itself (headers, what no plan of this load reads, chunks read too
+  // far ahead of the hash). Both 0 when nothing was pinned or this node knew the files.
+  uint64_t pin_followed_bytes = 0;
+  uint64_t pin_reread_bytes = 0;
 };
 
 struct LoadedModel {
@@ -105,6 +110,9 @@ struct LoadOptions {
   // GPU path: where the pinned staging buffers come from. Null: pinned for this load and
   // freed after it. The daemon passes one pool for its lifetime (staging_pool.h).
   StagingPool* staging_pool = nullptr;
+  // Every chunk the load reads, as it lands (safetensors::ReadOptions::tap): LoadRank and
+  // LoadRanks set it themselves to check pinned digests in the same pass.
+  const safetensors::ReadTap* read_tap = nullptr;
 };
 
 absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(

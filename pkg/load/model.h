@@ -28,7 +28,8 @@ struct SourceFile {
   identity::FileStat stat;  // the version `digest` describes
   std::string digest;       // "sha256:<hex>"; empty when digests were not asked
   // kPinned: `digest` is the spec's, not (yet) checked against the bytes on this node; the
-  // loader checks it as it loads (VerifyPinned). kStore/kHashed/kBlobName: from the bytes.
+  // loader checks it against the bytes it reads (internal::PinCheck). kStore/kHashed/kBlobName:
+  // from the bytes.
   identity::DigestSource digest_source = identity::DigestSource::kHashed;
 };
 
@@ -80,19 +81,8 @@ std::string ShortDTypeName(safetensors::DType dtype);
 absl::StatusOr<std::shared_ptr<const OpenedModel>> OpenModel(const spec::ModelSpec& spec,
                                                              const OpenOptions& options = {});
 
-// Checks the pinned files of `model` against their bytes: each file version's SHA-256 from
-// `model.digests` when known there, else hashed from the file (recorded there), files side
-// by side on up to `threads` threads. DATA_LOSS naming the model, the file and both digests
-// when one differs; UNAVAILABLE when a file changed since the model was opened; CANCELLED
-// when `cancel` turns true. OK at once for an unpinned model. `on_mismatch`, when given, is
-// called once with the first mismatch as soon as it is found (on a checking thread), while
-// the other files are still being checked: a load beside the check stops then.
-absl::Status VerifyPinned(const OpenedModel& model, unsigned threads,
-                          const std::atomic<bool>* cancel,
-                          const std::function<void(const absl::Status&)>& on_mismatch = {});
-
 // Whether `status` is a refusal because a file hashes otherwise than its pinned digest (from
-// VerifyPinned, a load, or OpenModel): a marker payload, so callers count it (metrics)
+// a load, or OpenModel): a marker payload, so callers count it (metrics)
 // without reading the message.
 bool IsPinnedDigestMismatch(const absl::Status& status);
 

@@ -1,5 +1,6 @@
 // Pinned digests: the spec names each checkpoint file's SHA-256 (issue 48). Opening takes them
-// without reading a byte; every load from disk checks them against the bytes.
+// without reading a byte; every load from disk checks them against the bytes it reads, in the
+// same pass (issue 58: the hash follows the load's reads).
 #include "pkg/load/internal/pinned.h"
 
 #include <algorithm>
@@ -80,68 +81,100 @@ absl::StatusOr<SourceFile> PinnedSource(const spec::ModelSpec& spec, const std::
   return sf;
 }
 
-}  // namespace internal
+// Chunks read ahead of a file's hash cursor held aside (copied) while the load goes on; past
+// this the chunk is left and read again at the end (FollowingSha256). About the staging a
+// load uses: 16 readers of 16 MiB chunks run at most that far ahead of the slowest.
+constexpr uint64_t kHoldBytes = 256ull << 20;
 
-namespace {
+absl::StatusOr<std::unique_ptr<PinCheck>> PinCheck::Start(
+    const OpenedModel& model, std::function<void(const absl::Status&)> on_mismatch) {
+  auto check = std::unique_ptr<PinCheck>(new PinCheck());
+  check->model_ = &model;
+  check->on_mismatch_ = std::move(on_mismatch);
+  std::vector<identity::FollowingSha256::File> files;
+  for (size_t i = 0; i < model.files.size(); ++i) {
+    // Only files taken on the pin's word: a file this node hashed before (kStore) was
+    // checked at open, without a read.
+    if (model.files[i].digest_source != identity::DigestSource::kPinned) continue;
+    const auto& f = model.checkpoint.files()[i];
+    files.push_back({f.fd(), f.info().size, f.info().path});
+    check->followed_.push_back(i);
+  }
+  check->compared_.assign(check->followed_.size(), false);
+  auto* raw = check.get();
+  check->hash_ = std::make_unique<identity::FollowingSha256>(
+      std::move(files), kHoldBytes,
+      [raw](size_t k, const std::string& digest) { raw->Checked(k, digest); });
+  for (size_t k = 0; k < check->followed_.size(); ++k) {
+    // The header: read once by the open already, hashed here so the cursor starts where
+    // the load's reads do.
+    const auto& info = model.checkpoint.files()[check->followed_[k]].info();
+    WC_RETURN_IF_ERROR(check->hash_->Start(k, info.data_offset));
+  }
+  check->tap_ = [raw](int fd, uint64_t offset, const void* data, uint64_t n) {
+    raw->hash_->Offer(fd, offset, data, n);
+  };
+  return check;
+}
 
-// One pinned file against its bytes.
-absl::Status VerifyFile(const OpenedModel& model, size_t i, identity::DigestStore& store,
-                        const std::atomic<bool>* cancel) {
-  const SourceFile& sf = model.files[i];
-  if (sf.digest_source != identity::DigestSource::kPinned) return absl::OkStatus();
-  const int fd = model.checkpoint.files()[i].fd();
-  WC_ASSIGN_OR_RETURN(identity::ResolvedDigest got, store.Resolve(sf.path, fd, cancel));
-  if (got.stat != sf.stat) {
+PinCheck::~PinCheck() = default;
+
+absl::Status PinCheck::Compare(size_t k, const std::string& digest) {
+  const SourceFile& sf = model_->files[followed_[k]];
+  const int fd = model_->checkpoint.files()[followed_[k]].fd();
+  WC_ASSIGN_OR_RETURN(identity::FileStat now, identity::StatFd(fd, sf.path));
+  if (now != sf.stat) {
     return absl::UnavailableError(absl::StrCat(
-        "model '", model.spec.name, "': ", identity::DescribeChange(sf.name, sf.stat, got.stat),
+        "model '", model_->spec.name, "': ", identity::DescribeChange(sf.name, sf.stat, now),
         " since it was opened; load it again"));
   }
-  if (got.digest != sf.digest) {
-    WC_LOG_WARN("model %s: pinned digest mismatch: %s hashes to %s, the spec pins %s",
-                model.spec.name, sf.name, got.digest, sf.digest);
-    return Mismatch(absl::StrCat("model '", model.spec.name, "': pinned digest mismatch: ", sf.name,
-                                 " hashes to ", got.digest, " but the spec pins ", sf.digest,
-                                 "; refused: the file is not the checkpoint the spec names"));
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (compared_[k]) return absl::OkStatus();  // during the load already
+    compared_[k] = true;
   }
-  return absl::OkStatus();
+  // What this file version hashes to, right or wrong: the next open decides without a read.
+  if (model_->digests != nullptr) {
+    model_->digests->CountHashed(sf.stat.size);
+    model_->digests->Record(sf.stat, digest);
+  }
+  if (digest == sf.digest) return absl::OkStatus();
+  WC_LOG_WARN("model %s: pinned digest mismatch: %s hashes to %s, the spec pins %s",
+              model_->spec.name, sf.name, digest, sf.digest);
+  return Mismatch(absl::StrCat("model '", model_->spec.name, "': pinned digest mismatch: ", sf.name,
+                               " hashes to ", digest, " but the spec pins ", sf.digest,
+                               "; refused: the file is not the checkpoint the spec names"));
 }
 
-}  // namespace
-
-absl::Status VerifyPinned(const OpenedModel& model, unsigned threads,
-                          const std::atomic<bool>* cancel,
-                          const std::function<void(const absl::Status&)>& on_mismatch) {
-  if (!model.pinned()) return absl::OkStatus();
-  std::unique_ptr<identity::DigestStore> private_store;
-  identity::DigestStore* store = model.digests;
-  if (store == nullptr) {
-    WC_ASSIGN_OR_RETURN(private_store, identity::DigestStore::Open(""));
-    store = private_store.get();
+void PinCheck::Checked(size_t k, const std::string& digest) {
+  absl::Status st = Compare(k, digest);
+  if (st.ok()) return;
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (early_.ok()) early_ = st, first = true;
   }
-  const size_t n = model.files.size();
-  std::vector<absl::Status> errors(n);
-  std::atomic<size_t> next{0};
-  std::once_flag told;
-  auto worker = [&] {
-    for (size_t i = next++; i < n; i = next++) {
-      errors[i] = VerifyFile(model, i, *store, cancel);
-      if (errors[i].code() == absl::StatusCode::kDataLoss && on_mismatch) {
-        std::call_once(told, [&] { on_mismatch(errors[i]); });
-      }
+  if (first && on_mismatch_) on_mismatch_(st);
+}
+
+absl::Status PinCheck::Finish(const std::atomic<bool>* cancel) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!early_.ok()) return early_;  // found mid-load: the rest need not be read
+  }
+  WC_ASSIGN_OR_RETURN(std::vector<std::string> digests, hash_->Finish(cancel));
+  absl::Status first;
+  for (size_t k = 0; k < digests.size(); ++k) {
+    absl::Status st = Compare(k, digests[k]);
+    if (!st.ok() && (first.ok() || st.code() == absl::StatusCode::kDataLoss)) {
+      if (first.code() != absl::StatusCode::kDataLoss) first = st;
     }
-  };
-  const auto workers =
-      static_cast<unsigned>(std::clamp<size_t>(threads, 1, std::max<size_t>(1, n)));
-  std::vector<std::thread> pool;
-  for (unsigned w = 1; w < workers; ++w) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
-  // A mismatch first: it says more than a cancellation of the others.
-  for (const auto& e : errors) {
-    if (e.code() == absl::StatusCode::kDataLoss) return e;
   }
-  for (const auto& e : errors) WC_RETURN_IF_ERROR(e);
-  return absl::OkStatus();
+  return first;
 }
 
+uint64_t PinCheck::followed_bytes() const { return hash_->followed_bytes(); }
+uint64_t PinCheck::reread_bytes() const { return hash_->reread_bytes(); }
+
+}  // namespace internal
 }  // namespace weightcache::load

@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <map>
 #include <sstream>
@@ -20,6 +21,7 @@
 #include "pkg/load/plan.h"
 #include "pkg/memory/backend.h"
 #include "pkg/safetensors/writer.h"
+#include "pkg/util/status_macros.h"
 #include "tests/testutil/temp_dir.h"
 
 namespace weightcache::load {
@@ -125,8 +127,8 @@ TEST(PinnedDigests, ALoadChecksTheBytesAndRefusesAFileThatHashesOtherwise) {
             "model 'tiny': pinned digest mismatch: " + victim + " hashes to sha256:" + right +
                 " but the spec pins sha256:" + wrong +
                 "; refused: the file is not the checkpoint the spec names");
-  // The victim was read once to check it; the other file as far as its check got before the
-  // mismatch stopped the load and with it the check (AMismatchStopsTheLoadWhenItIsFound).
+  // The victim was hashed once to check it (from the load's own reads: OnePass...); the
+  // other file too, as it was read before the victim.
   const uint64_t hashed = store->hashed_bytes();
   EXPECT_GE(hashed, std::filesystem::file_size(dir.path() + "/" + victim));
   EXPECT_LE(hashed, DirBytes(dir.path()));
@@ -185,29 +187,9 @@ TEST(PinnedDigests, ATensorParallelGroupLoadChecksThePinsToo) {
                         identity::Sha256Hex(FileBytes(dir.path() + "/model.safetensors"))));
 }
 
-// Host memory whose allocations wait until the test opens the gate: a load that cannot
-// read anything until then, however fast this machine is.
-class GatedBackend final : public memory::Backend {
- public:
-  void Open() { gate_.set_value(); }
-  memory::BackendKind kind() const override { return memory::BackendKind::kHost; }
-  uint64_t granularity() const override { return host_->granularity(); }
-  uint64_t max_segment_bytes() const override { return host_->max_segment_bytes(); }
-  std::vector<memory::DeviceInfo> Devices() const override { return host_->Devices(); }
-  absl::StatusOr<std::unique_ptr<memory::Segment>> Allocate(const std::string& d, uint64_t n,
-                                                            const std::string& l) override {
-    opened_.wait();
-    return host_->Allocate(d, n, l);
-  }
-
- private:
-  std::unique_ptr<memory::Backend> host_ = memory::MakeHostBackend();
-  std::promise<void> gate_;
-  std::shared_future<void> opened_ = gate_.get_future().share();
-};
-
-// A mismatch stops the load when it is found, not when the load has read every byte: here
-// the load is held before its first read, and the check alone must tell it to stop.
+// A mismatch stops the load when it is found, not when the load has read every byte: the
+// first file hashes otherwise than pinned, and its last chunk (the check follows the load's
+// reads) stops the load before the second file is read.
 TEST(PinnedDigests, AMismatchStopsTheLoadWhenItIsFound) {
   TempDir dir;
   spec::ModelSpec s;
@@ -219,22 +201,16 @@ TEST(PinnedDigests, AMismatchStopsTheLoadWhenItIsFound) {
   ASSERT_TRUE(m.ok()) << m.status();
   auto plan = PlanRank(**m, {}, {});
   ASSERT_TRUE(plan.ok());
-  GatedBackend backend;
+  auto backend = memory::MakeHostBackend();
   LoadProgress progress;
-  auto loading = std::async(
-      std::launch::async, [&] { return LoadRank(**m, *plan, backend, "", "tiny", {}, &progress); });
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!progress.cancelled() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // a condition, with a deadline
-  }
-  const bool told = progress.cancelled();
-  backend.Open();
-  auto loaded = loading.get();
-  EXPECT_TRUE(told) << "the load was not told to stop when the mismatch was found";
+  auto loaded = LoadRank(**m, *plan, *backend, "", "tiny", {.read_threads = 2}, &progress);
+  EXPECT_TRUE(progress.cancelled()) << "the load was not told to stop when the mismatch was found";
   ASSERT_FALSE(loaded.ok());
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss) << loaded.status();
   EXPECT_THAT(std::string(loaded.status().message()), HasSubstr(victim + " hashes to"));
+  const uint64_t first = std::filesystem::file_size(dir.path() + "/" + victim);
   EXPECT_LT(progress.done(), DirBytes(dir.path())) << "it read on after the mismatch";
+  EXPECT_LE(progress.done(), first) << "it read into the second file";
 }
 
 // A cancelled load (the daemon stopping) stops the check of the pins too, and says CANCELLED.
@@ -253,6 +229,118 @@ TEST(PinnedDigests, ACancelledLoadStopsTheCheckToo) {
   auto loaded = LoadRank(**m, *plan, *backend, "", "tiny", {}, &progress);
   ASSERT_FALSE(loaded.ok());
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kCancelled) << loaded.status();
+}
+
+// Bytes this process has read through read(2)/pread(2) so far (/proc/self/io rchar): what
+// a pinned load costs in reads, whichever code path reads.
+uint64_t ReadSyscallBytes() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  uint64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  ADD_FAILURE() << "no rchar in /proc/self/io";
+  return 0;
+}
+
+// A load's stats and the bytes this process read while it ran.
+struct CountedLoad {
+  LoadStats stats;
+  uint64_t read = 0;
+};
+CountedLoad CountingReads(const std::function<absl::StatusOr<LoadStats>()>& load) {
+  const uint64_t before = ReadSyscallBytes();
+  absl::StatusOr<LoadStats> st = load();
+  CountedLoad out{.read = ReadSyscallBytes() - before};
+  EXPECT_TRUE(st.ok()) << st.status();
+  if (st.ok()) out.stats = *st;
+  return out;
+}
+
+uint64_t HeaderBytes(const OpenedModel& m) {
+  uint64_t n = 0;
+  for (const auto& f : m.checkpoint.files()) n += f.info().data_offset;
+  return n;
+}
+
+// Issue 58, item 1: a load of a pinned checkpoint reads each byte once. The check's SHA-256
+// follows the load's reads: the bytes hashed from them plus the few the check read itself
+// (each file's header, parsed at open) are the checkpoint, and the process read about the
+// checkpoint's size in all (the old check hashed every file again: twice the size).
+TEST(PinnedDigests, OnePassAPinnedLoadReadsEachCheckpointByteOnce) {
+  TempDir dir;
+  spec::ModelSpec s;
+  ASSERT_NO_FATAL_FAILURE(WritePinnedTwoFileCheckpoint(dir.path(), &s));
+  const uint64_t size = DirBytes(dir.path());
+  auto store = MemoryStore();
+  auto m = OpenModel(s, {.digests = store.get()});
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto plan = PlanRank(**m, {}, {});
+  ASSERT_TRUE(plan.ok());
+  auto backend = memory::MakeHostBackend();
+  const auto [st, read] = CountingReads([&]() -> absl::StatusOr<LoadStats> {
+    WC_ASSIGN_OR_RETURN(auto loaded, LoadRank(**m, *plan, *backend, "", "tiny", {}, nullptr));
+    return loaded->stats;
+  });
+  EXPECT_EQ(st.pin_followed_bytes + st.pin_reread_bytes, size);
+  EXPECT_EQ(st.pin_reread_bytes, HeaderBytes(**m)) << "the check read more than the headers";
+  EXPECT_EQ(store->hashed_bytes(), size) << "each byte hashed once";
+  EXPECT_GE(read, size);
+  EXPECT_LT(read, size + size / 8)
+      << "read " << read << " bytes for a " << size << "-byte checkpoint: more than one pass";
+  // The store learned the files from the load: the next open and load read none for a check.
+  auto again = OpenModel(s, {.digests = store.get()});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->files[0].digest_source, identity::DigestSource::kStore);
+  auto plan2 = PlanRank(**again, {}, {});
+  ASSERT_TRUE(plan2.ok());
+  auto second = LoadRank(**again, *plan2, *backend, "", "tiny", {}, nullptr);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ((*second)->stats.pin_followed_bytes + (*second)->stats.pin_reread_bytes, 0u);
+}
+
+// The same for a tensor-parallel group (one pass for every rank, scatter.h) and for one rank
+// of two alone: what its plan does not read, the check reads itself, once.
+TEST(PinnedDigests, OnePassATensorParallelGroupAndALoneRankReadEachByteOnce) {
+  TempDir dir;
+  spec::ModelSpec s;
+  ASSERT_NO_FATAL_FAILURE(WritePinnedTwoFileCheckpoint(dir.path(), &s));
+  s.tp_size = 2;
+  const uint64_t size = DirBytes(dir.path());
+  auto backend = memory::MakeHostBackend();
+  {
+    auto store = MemoryStore();
+    auto m = OpenModel(s, {.digests = store.get()});
+    ASSERT_TRUE(m.ok()) << m.status();
+    std::vector<Plan> plans;
+    for (int r = 0; r < 2; ++r) {
+      auto p = PlanRank(**m, {2, r, 1, 0}, {256, 1ull << 30, true});
+      ASSERT_TRUE(p.ok()) << p.status();
+      plans.push_back(*std::move(p));
+    }
+    const auto [st, read] = CountingReads([&]() -> absl::StatusOr<LoadStats> {
+      WC_ASSIGN_OR_RETURN(auto loaded,
+                          LoadRanks(**m, plans, *backend, {"", ""}, {"r0", "r1"}, {}, nullptr));
+      return loaded[0]->stats;
+    });
+    EXPECT_EQ(st.pin_followed_bytes + st.pin_reread_bytes, size);
+    EXPECT_LT(read, size + size / 8) << "read " << read << " of " << size;
+  }
+  {
+    auto store = MemoryStore();
+    auto m = OpenModel(s, {.digests = store.get()});
+    ASSERT_TRUE(m.ok()) << m.status();
+    auto p = PlanRank(**m, {2, 1, 1, 0}, {256, 1ull << 30, true});
+    ASSERT_TRUE(p.ok()) << p.status();
+    const auto [st, read] = CountingReads([&]() -> absl::StatusOr<LoadStats> {
+      WC_ASSIGN_OR_RETURN(auto loaded, LoadRank(**m, *p, *backend, "", "r1", {}, nullptr));
+      return loaded->stats;
+    });
+    EXPECT_EQ(st.pin_followed_bytes + st.pin_reread_bytes, size);
+    EXPECT_GT(st.pin_reread_bytes, HeaderBytes(**m)) << "a lone rank reads only its shards";
+    EXPECT_LT(read, size + size / 8) << "read " << read << " of " << size;
+  }
 }
 
 TEST(PinnedDigests, PinsMustNameExactlyTheCheckpointsFiles) {

@@ -108,6 +108,7 @@ absl::Status ScatterOnHost(const ScatterPlan& plan, const std::vector<ScatterFil
   for (auto& b : bufs) b.resize(fullest);
   safetensors::ReadOptions ropts{options.read_threads, options.chunk_bytes,
                                  progress != nullptr ? progress->cancel_flag() : nullptr};
+  ropts.tap = options.read_tap;
   // Declared before the queue, so they outlive it: a failed Wait returns early while the next
   // buffer's reads are still queued, and the queue's workers (joined by its destructor) read
   // `what` when they cancel them (ASan: a heap-use-after-free once a pinned-digest mismatch

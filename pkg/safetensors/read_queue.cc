@@ -24,7 +24,8 @@ struct ReadQueue::Batch {
 
 ReadQueue::ReadQueue(const ReadOptions& options)
     : chunk_bytes_(options.chunk_bytes == 0 ? (16ull << 20) : options.chunk_bytes),
-      cancel_(options.cancel) {
+      cancel_(options.cancel),
+      tap_(options.tap) {
   constexpr unsigned kMaxThreads = 256;
   const unsigned n = std::clamp(options.threads, 1u, kMaxThreads);
   for (unsigned i = 0; i < n; ++i) {
@@ -106,6 +107,9 @@ void ReadQueue::Work() {
       l.unlock();
       s = internal::PreadFull(r.fd, static_cast<uint8_t*>(r.dst) + c.offset, c.length,
                               r.offset + c.offset, r.what);
+      if (s.ok() && tap_ != nullptr && *tap_) {
+        (*tap_)(r.fd, r.offset + c.offset, static_cast<uint8_t*>(r.dst) + c.offset, c.length);
+      }
       l.lock();
     }
     if (!s.ok()) {

@@ -49,6 +49,7 @@ class ReadQueue {
 
   const uint64_t chunk_bytes_;
   const std::atomic<bool>* const cancel_;  // ReadOptions::cancel
+  const ReadTap* const tap_;               // ReadOptions::tap
   mutable std::mutex mu_;
   std::condition_variable work_cv_, done_cv_;
   std::map<uint64_t, std::unique_ptr<Batch>> batches_;  // submitted, not yet waited for

@@ -23,6 +23,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -147,12 +148,18 @@ struct ReadRequest {
   void* dst = nullptr;
   std::string_view what;  // for errors: "model.safetensors: tensor x"
 };
+using ReadTap = std::function<void(int fd, uint64_t offset, const void* data, uint64_t n)>;
 struct ReadOptions {
   unsigned threads = 8;
   uint64_t chunk_bytes = 16ull << 20;
   // When set and true, chunks not yet started are skipped and the read fails with
   // CANCELLED (a load stopped by a daemon shutdown). Must outlive the read.
   const std::atomic<bool>* cancel = nullptr;
+  // When set, called with each chunk as it lands (its descriptor, file offset, bytes), from
+  // the worker that read it, before the chunk counts as done (so before its destination may
+  // be reused): a digest that follows the load's reads (identity::FollowingSha256). Must
+  // outlive the read; called concurrently.
+  const ReadTap* tap = nullptr;
 };
 using ProgressFn = void (*)(void* ctx, uint64_t bytes_done);
 absl::Status ReadRanges(const std::vector<ReadRequest>& requests, const ReadOptions& options,

@@ -1,12 +1,18 @@
 // Pinned digests (spec `digests:`) when a model is opened: whether they name exactly the
-// checkpoint's files, and each file's digest without a read. Not a public header; the check
-// against the bytes at load time is load::VerifyPinned (model.h).
-// Thread-safety: pure functions of their arguments (and the store, which is thread-safe).
+// checkpoint's files, and each file's digest without a read; and at load time the check of
+// the pins against the bytes the load reads (PinCheck). Not a public header.
+// Thread-safety: the functions are pure (the store is thread-safe); PinCheck as it says.
 #pragma once
 
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "pkg/identity/following_hash.h"
 #include "pkg/identity/identity.h"
 #include "pkg/load/model.h"
 #include "pkg/safetensors/safetensors.h"
@@ -24,5 +30,45 @@ absl::Status CheckPinsCover(const spec::ModelSpec& spec, const safetensors::Chec
 absl::StatusOr<SourceFile> PinnedSource(const spec::ModelSpec& spec, const std::string& name,
                                         const std::string& path, int fd,
                                         const identity::DigestStore* store);
+
+// The pinned files of a model checked against the bytes a load of it reads, in the load's own
+// pass (issue 58): set `tap()` as the load's LoadOptions::read_tap; each file's SHA-256
+// follows the reads (identity::FollowingSha256), and Finish hashes what the load did not
+// read (the headers, tensors no plan of this load needs, chunks read too far ahead) and
+// compares. A file hashed whole during the load is compared at once: `on_mismatch` is called
+// (once, from the reading thread) so the load can stop. Files whose pin this node confirmed
+// before (digest source kStore) are not followed. What each file hashes to is recorded in
+// the model's digest store.
+// Thread-safety: the tap from the load's readers, concurrently; Finish once, after the load.
+class PinCheck {
+ public:
+  static absl::StatusOr<std::unique_ptr<PinCheck>> Start(
+      const OpenedModel& model, std::function<void(const absl::Status&)> on_mismatch);
+  ~PinCheck();
+  PinCheck(const PinCheck&) = delete;
+  PinCheck& operator=(const PinCheck&) = delete;
+
+  const safetensors::ReadTap* tap() const { return &tap_; }
+  // DATA_LOSS (IsPinnedDigestMismatch) naming the model, the file and both digests when one
+  // differs; UNAVAILABLE when a file changed since the model was opened; CANCELLED when
+  // `cancel` turns true while it reads.
+  absl::Status Finish(const std::atomic<bool>* cancel);
+  uint64_t followed_bytes() const;  // hashed from the load's own reads
+  uint64_t reread_bytes() const;    // read by the check itself
+
+ private:
+  PinCheck() = default;
+  void Checked(size_t k, const std::string& digest);
+  absl::Status Compare(size_t k, const std::string& digest);
+
+  const OpenedModel* model_ = nullptr;
+  std::vector<size_t> followed_;  // checkpoint file index of each followed file
+  std::unique_ptr<identity::FollowingSha256> hash_;
+  safetensors::ReadTap tap_;
+  std::function<void(const absl::Status&)> on_mismatch_;
+  std::mutex mu_;
+  absl::Status early_ ABSL_GUARDED_BY(mu_);          // the first mismatch found during the load
+  std::vector<bool> compared_ ABSL_GUARDED_BY(mu_);  // each followed file, once
+};
 
 }  // namespace weightcache::load::internal
