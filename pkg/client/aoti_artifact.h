@@ -9,7 +9,7 @@
 // is not one is INVALID_ARGUMENT naming what is wrong (the same refusals as Python's unpack).
 //
 // And the artifact key a C++ engine asks for: the JSON object weightcache.aoti prints as a
-// package's key (AotiModel.key, `python -m weightcache aoti-key`), read into the proto.
+// package's key (`json.dump(fn.key, f)` of the AotiModel it returned), read into the proto.
 //
 // Thread-safety: pure functions. The views point into the blob given: valid while it is.
 #pragma once
