@@ -1,0 +1,137 @@
+// FollowingSha256 (issue 58): a file's SHA-256 from the chunks other threads read, offered in
+// any order and from many threads at once, is the file's SHA-256; what was never offered (or
+// found the hold full) is read once by Finish, and nothing else.
+#include "pkg/identity/following_hash.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pkg/identity/identity.h"
+#include "tests/testutil/temp_dir.h"
+
+namespace weightcache::identity {
+namespace {
+
+struct TestFile {
+  std::string path, bytes;
+  int fd = -1;
+  ~TestFile() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+void Write(TestFile& f, const std::string& path, size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  f.path = path;
+  f.bytes.resize(n);
+  for (auto& c : f.bytes) c = static_cast<char>(rng());
+  const int w = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ASSERT_GE(w, 0);
+  ASSERT_EQ(::write(w, f.bytes.data(), n), static_cast<ssize_t>(n));
+  ::close(w);
+  f.fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(f.fd, 0);
+}
+
+struct Chunk {
+  size_t file;
+  uint64_t offset, n;
+};
+
+// Chunks of both files offered in a shuffled order by four threads; a small hold, so some
+// chunks are left for Finish. Every file's digest is its SHA-256; bytes hashed from the
+// offers plus bytes Finish read are the files' sizes, exactly.
+TEST(FollowingSha256, ParallelOffersInAnyOrderHashEachFileOnce) {
+  testing::TempDir dir;
+  TestFile a, b;
+  ASSERT_NO_FATAL_FAILURE(Write(a, dir.path() + "/a", 3'000'001, 1));
+  ASSERT_NO_FATAL_FAILURE(Write(b, dir.path() + "/b", 1'234'567, 2));
+  const TestFile* files[] = {&a, &b};
+  std::vector<std::pair<size_t, std::string>> early;
+  std::mutex early_mu;
+  FollowingSha256 h({{a.fd, a.bytes.size(), a.path}, {b.fd, b.bytes.size(), b.path}},
+                    /*hold_bytes=*/200'000, [&](size_t i, const std::string& d) {
+                      std::lock_guard<std::mutex> l(early_mu);
+                      early.emplace_back(i, d);
+                    });
+  ASSERT_TRUE(h.Start(0, 100).ok());  // a "header" the offers never cover
+  std::vector<Chunk> chunks;
+  for (size_t f = 0; f < 2; ++f) {
+    for (uint64_t off = f == 0 ? 100 : 0; off < files[f]->bytes.size(); off += 65'536) {
+      chunks.push_back({f, off, std::min<uint64_t>(65'536, files[f]->bytes.size() - off)});
+    }
+  }
+  // Mostly in order (as a load's readers are), with local shuffles; one chunk offered twice.
+  std::mt19937 rng(7);
+  for (size_t i = 0; i + 8 < chunks.size(); i += 8) {
+    std::shuffle(chunks.begin() + static_cast<long>(i), chunks.begin() + static_cast<long>(i + 8),
+                 rng);
+  }
+  chunks.push_back(chunks[3]);
+  chunks.erase(chunks.begin() + 20);  // never offered: Finish reads it
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 4; ++t) {
+    readers.emplace_back([&] {
+      for (size_t i = next++; i < chunks.size(); i = next++) {
+        const Chunk& c = chunks[i];
+        h.Offer(files[c.file]->fd, c.offset, files[c.file]->bytes.data() + c.offset, c.n);
+      }
+    });
+  }
+  for (auto& t : readers) t.join();
+  h.Offer(12345, 0, "x", 1);  // a descriptor of no followed file: ignored
+  auto digests = h.Finish();
+  ASSERT_TRUE(digests.ok()) << digests.status();
+  EXPECT_EQ((*digests)[0], "sha256:" + Sha256Hex(a.bytes));
+  EXPECT_EQ((*digests)[1], "sha256:" + Sha256Hex(b.bytes));
+  EXPECT_EQ(h.followed_bytes() + h.reread_bytes(), a.bytes.size() + b.bytes.size());
+  EXPECT_GE(h.reread_bytes(), 100u + 65'536u);  // the header and the chunk never offered
+  for (const auto& [i, d] : early) EXPECT_EQ(d, (*digests)[i]);
+}
+
+// Another descriptor of the same file (the load's O_DIRECT one) is that file; a descriptor
+// of another file with the same bytes is not.
+TEST(FollowingSha256, AnotherDescriptorOfTheFileCountsAndAnotherFileDoesNot) {
+  testing::TempDir dir;
+  TestFile a, copy;
+  ASSERT_NO_FATAL_FAILURE(Write(a, dir.path() + "/a", 100'000, 3));
+  ASSERT_NO_FATAL_FAILURE(Write(copy, dir.path() + "/copy", 100'000, 3));
+  const int again = ::open(a.path.c_str(), O_RDONLY);
+  ASSERT_GE(again, 0);
+  FollowingSha256 h({{a.fd, a.bytes.size(), a.path}}, 1 << 20, nullptr);
+  h.Offer(copy.fd, 0, copy.bytes.data(), copy.bytes.size());
+  EXPECT_EQ(h.followed_bytes(), 0u);
+  h.Offer(again, 0, a.bytes.data(), a.bytes.size());
+  EXPECT_EQ(h.followed_bytes(), a.bytes.size());
+  auto digests = h.Finish();
+  ASSERT_TRUE(digests.ok());
+  EXPECT_EQ((*digests)[0], "sha256:" + Sha256Hex(a.bytes));
+  EXPECT_EQ(h.reread_bytes(), 0u);
+  ::close(again);
+}
+
+// A file cut short under the check: the read for the digest names the file and where.
+TEST(FollowingSha256, ATruncatedFileIsNamed) {
+  testing::TempDir dir;
+  TestFile a;
+  ASSERT_NO_FATAL_FAILURE(Write(a, dir.path() + "/a", 10'000, 4));
+  FollowingSha256 h({{a.fd, 20'000, a.path}}, 0, nullptr);  // it was longer when opened
+  auto digests = h.Finish();
+  ASSERT_FALSE(digests.ok());
+  EXPECT_EQ(digests.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(digests.status().message().find(a.path + ": read for its SHA-256 at byte 10000 of "
+                                                     "20000: the file ended"),
+            std::string::npos)
+      << digests.status();
+}
+
+}  // namespace
+}  // namespace weightcache::identity
