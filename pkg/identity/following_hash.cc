@@ -20,7 +20,7 @@ struct FollowingSha256::State {
   size_t index = 0;
   dev_t dev = 0;
   ino_t ino = 0;
-  std::mutex mu;
+  Mutex mu;
   EVP_MD_CTX* ctx ABSL_GUARDED_BY(mu) = nullptr;
   uint64_t cursor ABSL_GUARDED_BY(mu) = 0;
   bool done ABSL_GUARDED_BY(mu) = false;
@@ -51,7 +51,7 @@ FollowingSha256::State* FollowingSha256::Find(int fd) {
   for (auto& s : files_) {
     if (s->file.fd == fd) return s.get();
   }
-  std::lock_guard<std::mutex> l(alias_mu_);
+  MutexLock l(alias_mu_);
   for (const auto& [a, i] : aliases_) {
     if (a == fd) return i < 0 ? nullptr : files_[static_cast<size_t>(i)].get();
   }
@@ -66,7 +66,7 @@ FollowingSha256::State* FollowingSha256::Find(int fd) {
   return found < 0 ? nullptr : files_[static_cast<size_t>(found)].get();
 }
 
-void FollowingSha256::Drain(State& s) {
+void FollowingSha256::Drain(State& s) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // s.mu held
   while (!s.held.empty() && s.held.begin()->first <= s.cursor) {
     auto node = s.held.extract(s.held.begin());
     const uint64_t off = node.key();
@@ -81,7 +81,8 @@ void FollowingSha256::Drain(State& s) {
   }
 }
 
-bool FollowingSha256::Complete(State& s, std::string* digest) {
+bool FollowingSha256::Complete(State& s,
+                               std::string* digest) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // s.mu held
   if (s.done || s.cursor < s.file.size) return false;
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int n = 0;
@@ -103,7 +104,7 @@ void FollowingSha256::Offer(int fd, uint64_t offset, const void* data, uint64_t 
   std::string digest;
   bool complete = false;
   {
-    std::lock_guard<std::mutex> l(s->mu);
+    MutexLock l(s->mu);
     if (s->done || offset + n <= s->cursor) return;  // hashed already (read twice)
     if (offset <= s->cursor) {
       const uint64_t skip = s->cursor - offset;
@@ -127,7 +128,8 @@ void FollowingSha256::Offer(int fd, uint64_t offset, const void* data, uint64_t 
   if (complete && on_file_) on_file_(s->index, digest);
 }
 
-absl::Status FollowingSha256::ReadAhead(State& s, uint64_t end, const std::atomic<bool>* cancel) {
+absl::Status FollowingSha256::ReadAhead(State& s, uint64_t end, const std::atomic<bool>* cancel)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {  // s.mu held
   std::vector<uint8_t> buf(std::min<uint64_t>(end - s.cursor, 8ull << 20));
   while (s.cursor < end) {
     if (cancel != nullptr && cancel->load()) {
@@ -151,7 +153,7 @@ absl::Status FollowingSha256::ReadAhead(State& s, uint64_t end, const std::atomi
 
 absl::Status FollowingSha256::Start(size_t i, uint64_t n) {
   State& s = *files_.at(i);
-  std::lock_guard<std::mutex> l(s.mu);
+  MutexLock l(s.mu);
   if (s.cursor >= n) return absl::OkStatus();
   return ReadAhead(s, std::min(n, s.file.size), nullptr);
 }
@@ -160,7 +162,7 @@ absl::StatusOr<std::vector<std::string>> FollowingSha256::Finish(const std::atom
   std::vector<std::string> out;
   for (auto& sp : files_) {
     State& s = *sp;
-    std::lock_guard<std::mutex> l(s.mu);
+    MutexLock l(s.mu);
     while (!s.done) {
       Drain(s);
       std::string digest;

@@ -17,12 +17,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "pkg/util/mutex.h"
 
 namespace weightcache::identity {
 
@@ -62,7 +62,7 @@ class FollowingSha256 {
   absl::Status ReadAhead(State& s, uint64_t end, const std::atomic<bool>* cancel);
 
   std::vector<std::unique_ptr<State>> files_;
-  std::mutex alias_mu_;
+  Mutex alias_mu_;
   // Other descriptors seen, by number: the file's index, or -1 for none followed.
   std::vector<std::pair<int, long>> aliases_ ABSL_GUARDED_BY(alias_mu_);
   const uint64_t hold_bytes_;

@@ -100,7 +100,10 @@ absl::StatusOr<std::unique_ptr<PinCheck>> PinCheck::Start(
     files.push_back({f.fd(), f.info().size, f.info().path});
     check->followed_.push_back(i);
   }
-  check->compared_.assign(check->followed_.size(), false);
+  {
+    MutexLock l(check->mu_);  // before any reader: for the analysis
+    check->compared_.assign(check->followed_.size(), false);
+  }
   auto* raw = check.get();
   check->hash_ = std::make_unique<identity::FollowingSha256>(
       std::move(files), kHoldBytes,
@@ -129,7 +132,7 @@ absl::Status PinCheck::Compare(size_t k, const std::string& digest) {
         " since it was opened; load it again"));
   }
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (compared_[k]) return absl::OkStatus();  // during the load already
     compared_[k] = true;
   }
@@ -151,7 +154,7 @@ void PinCheck::Checked(size_t k, const std::string& digest) {
   if (st.ok()) return;
   bool first = false;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (early_.ok()) early_ = st, first = true;
   }
   if (first && on_mismatch_) on_mismatch_(st);
@@ -159,7 +162,7 @@ void PinCheck::Checked(size_t k, const std::string& digest) {
 
 absl::Status PinCheck::Finish(const std::atomic<bool>* cancel) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(mu_);
     if (!early_.ok()) return early_;  // found mid-load: the rest need not be read
   }
   WC_ASSIGN_OR_RETURN(std::vector<std::string> digests, hash_->Finish(cancel));

@@ -7,7 +7,6 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -17,6 +16,7 @@
 #include "pkg/load/model.h"
 #include "pkg/safetensors/safetensors.h"
 #include "pkg/spec/spec.h"
+#include "pkg/util/mutex.h"
 
 namespace weightcache::load::internal {
 
@@ -66,7 +66,7 @@ class PinCheck {
   std::unique_ptr<identity::FollowingSha256> hash_;
   safetensors::ReadTap tap_;
   std::function<void(const absl::Status&)> on_mismatch_;
-  std::mutex mu_;
+  Mutex mu_;
   absl::Status early_ ABSL_GUARDED_BY(mu_);          // the first mismatch found during the load
   std::vector<bool> compared_ ABSL_GUARDED_BY(mu_);  // each followed file, once
 };
