@@ -20,7 +20,7 @@ bit) and with eager (max abs difference).
 Usage: compile_cache_bench.py --work DIR --model NAME [--modes eager,cold,weightcache,inductor]
        compile_cache_bench.py make DIR [NAME...]   (writes each model, default llama-1b
        into DIR/llama, llama-8g (about 8 GB: hidden 4096, 21 layers) into DIR/llama-8g,
-       and DIR/specs.json naming them all)
+       and DIR/specs.json naming them all; PIN_DIGESTS=1 pins each file's SHA-256 there)
 """
 import argparse
 import json
@@ -38,6 +38,16 @@ SETTINGS = {"torch.compile": "default", "tokens": 128}
 MODELS = {"llama-1b": ("llama", {}),
           "llama-8g": ("llama-8g", dict(hidden_size=4096, intermediate_size=11008,
                                         num_hidden_layers=21, num_key_value_heads=8))}
+
+
+def _sha256(path):
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(8 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def make(out, names=("llama-1b",)):
@@ -62,8 +72,12 @@ def make(out, names=("llama-1b",)):
         # The bench's engines (this uid, a granted publisher) put the AOTInductor package the
         # next engine loads: native code, which the daemon takes only from publishers the
         # spec names for it (native_publishers) and admins.
-        models.append({"version": 1, "name": name, "model_dir": d, "tp_size": 1,
-                       "native_publishers": [f"uid:{os.getuid()}"]})
+        m = {"version": 1, "name": name, "model_dir": d, "tp_size": 1,
+             "native_publishers": [f"uid:{os.getuid()}"]}
+        if os.environ.get("PIN_DIGESTS") == "1":  # the daemon checks them as it loads
+            m["digests"] = {f: _sha256(os.path.join(d, f)) for f in sorted(os.listdir(d))
+                            if f.endswith(".safetensors")}
+        models.append(m)
         print(f"{name}: {n / 1e9:.2f} B parameters -> {d}")
     with open(os.path.join(out, "specs.json"), "w") as f:
         json.dump({"models": models}, f)
