@@ -65,6 +65,24 @@ for m in $MODELS; do
     --cpp-engine "$engine" > >(tee "$OUT/cpp-engine-$m.md") || rc=$?
   rm -rf "$work"/caches-*  # each run's private Inductor and Triton caches
 done
+# The crash marker, across languages: the C++ engine left none behind after its runs, and a
+# marker planted under the name Python gives the key (weightcache.aoti.marker_path) stops it
+# (a package whose load killed an engine, Python or C++, is not loaded again).
+m1=${MODELS%% *}
+if [[ $modes == *cpp* ]]; then
+  ls -la "$WEIGHTCACHE_STATE_DIR/aoti-loads" 2>&1
+  marker=$("$PY" -c 'import json, sys; from weightcache.aoti import marker_path; print(marker_path(json.load(open(sys.argv[1]))))' "$work/aoti-key-$m1.json")
+  mkdir -p "$(dirname "$marker")"
+  echo '{"sha256": "", "source": "planted by run-cpp-engine-on-device.sh"}' >"$marker"
+  if "$engine" --model "$m1" --key "$work/aoti-key-$m1.json" --ids "$work/ids.bin" 2>"$OUT/cpp-marker.txt"; then
+    echo "FAIL marker: the package was loaded although a marker said a load of it died"; rc=1
+  elif grep -q "killed a previous load" "$OUT/cpp-marker.txt"; then
+    echo "PASS marker: $(cat "$OUT/cpp-marker.txt")"
+  else
+    echo "FAIL marker: $(cat "$OUT/cpp-marker.txt")"; rc=1
+  fi
+  rm -f "$marker"
+fi
 LD_LIBRARY_PATH=$carry/lib "$carry/bin/weightcachectl" --socket="$work/s" status | sed -n '1,/^$/p'
 grep -E "ready|pinned|mismatch" "$OUT/weightcached.log" | head
 tail -n 15 "$OUT/weightcached.log"
