@@ -8,10 +8,12 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "pkg/util/log.h"
+#include "pkg/util/status_macros.h"
 
 namespace weightcache::identity {
 
@@ -158,20 +160,38 @@ absl::Status FollowingSha256::Start(size_t i, uint64_t n) {
   return ReadAhead(s, std::min(n, s.file.size), nullptr);
 }
 
-absl::StatusOr<std::vector<std::string>> FollowingSha256::Finish(const std::atomic<bool>* cancel) {
+absl::Status FollowingSha256::FinishOne(State& s, const std::atomic<bool>* cancel) {
+  MutexLock l(s.mu);
+  while (!s.done) {
+    Drain(s);
+    std::string digest;
+    if (Complete(s, &digest)) break;
+    const uint64_t next = s.held.empty() ? s.file.size : s.held.begin()->first;
+    WC_RETURN_IF_ERROR(ReadAhead(s, next, cancel));
+    Complete(s, &digest);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> FollowingSha256::Finish(const std::atomic<bool>* cancel,
+                                                                 unsigned threads) {
+  // Files side by side: what is left of each is one sequential hash.
+  std::vector<absl::Status> errors(files_.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < files_.size(); i = next++)
+      errors[i] = FinishOne(*files_[i], cancel);
+  };
+  std::vector<std::thread> pool;
+  const size_t n = std::min<size_t>(std::max(1u, threads), files_.size());
+  for (size_t t = 1; t < n; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
   std::vector<std::string> out;
-  for (auto& sp : files_) {
-    State& s = *sp;
-    MutexLock l(s.mu);
-    while (!s.done) {
-      Drain(s);
-      std::string digest;
-      if (Complete(s, &digest)) break;
-      const uint64_t next = s.held.empty() ? s.file.size : s.held.begin()->first;
-      if (absl::Status st = ReadAhead(s, next, cancel); !st.ok()) return st;
-      Complete(s, &digest);
-    }
-    out.push_back(s.digest);
+  for (size_t i = 0; i < files_.size(); ++i) {
+    WC_RETURN_IF_ERROR(errors[i]);
+    MutexLock l(files_[i]->mu);
+    out.push_back(files_[i]->digest);
   }
   return out;
 }

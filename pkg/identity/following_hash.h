@@ -47,9 +47,11 @@ class FollowingSha256 {
   // descriptor of a followed file (the load's O_DIRECT one) is that file (same device and
   // inode); a descriptor of no followed file is ignored.
   void Offer(int fd, uint64_t offset, const void* data, uint64_t n);
-  // Every file's digest ("sha256:<hex>", in the order given), reading what was not offered.
-  // CANCELLED when `cancel` turns true meanwhile; the read's error naming the file.
-  absl::StatusOr<std::vector<std::string>> Finish(const std::atomic<bool>* cancel = nullptr);
+  // Every file's digest ("sha256:<hex>", in the order given), reading what was not offered,
+  // up to `threads` files side by side. CANCELLED when `cancel` turns true meanwhile; the
+  // read's error naming the file.
+  absl::StatusOr<std::vector<std::string>> Finish(const std::atomic<bool>* cancel = nullptr,
+                                                  unsigned threads = 1);
 
   uint64_t reread_bytes() const { return reread_.load(); }
   uint64_t followed_bytes() const { return followed_.load(); }
@@ -60,6 +62,7 @@ class FollowingSha256 {
   void Drain(State& s);                          // hashes held chunks the cursor has reached
   bool Complete(State& s, std::string* digest);  // finalizes when the cursor is at the end
   absl::Status ReadAhead(State& s, uint64_t end, const std::atomic<bool>* cancel);
+  absl::Status FinishOne(State& s, const std::atomic<bool>* cancel);  // takes s.mu
 
   std::vector<std::unique_ptr<State>> files_;
   Mutex alias_mu_;

@@ -463,7 +463,8 @@ absl::StatusOr<Loaded> WithPinsChecked(
   followed.read_tap = check->tap();
   absl::StatusOr<Loaded> loaded = load(followed, p);
   std::atomic<bool> stopped{true};  // a failed load: only what was found matters, no reads
-  const absl::Status verified = check->Finish(loaded.ok() ? p->cancel_flag() : &stopped);
+  const absl::Status verified =
+      check->Finish(loaded.ok() ? p->cancel_flag() : &stopped, options.read_threads);
   if (!verified.ok() && (loaded.ok() || verified.code() == absl::StatusCode::kDataLoss)) {
     return verified;  // a mismatch says more than the load's own failure
   }

@@ -160,12 +160,12 @@ void PinCheck::Checked(size_t k, const std::string& digest) {
   if (first && on_mismatch_) on_mismatch_(st);
 }
 
-absl::Status PinCheck::Finish(const std::atomic<bool>* cancel) {
+absl::Status PinCheck::Finish(const std::atomic<bool>* cancel, unsigned threads) {
   {
     MutexLock l(mu_);
     if (!early_.ok()) return early_;  // found mid-load: the rest need not be read
   }
-  WC_ASSIGN_OR_RETURN(std::vector<std::string> digests, hash_->Finish(cancel));
+  WC_ASSIGN_OR_RETURN(std::vector<std::string> digests, hash_->Finish(cancel, threads));
   absl::Status first;
   for (size_t k = 0; k < digests.size(); ++k) {
     absl::Status st = Compare(k, digests[k]);

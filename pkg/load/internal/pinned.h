@@ -51,8 +51,9 @@ class PinCheck {
   const safetensors::ReadTap* tap() const { return &tap_; }
   // DATA_LOSS (IsPinnedDigestMismatch) naming the model, the file and both digests when one
   // differs; UNAVAILABLE when a file changed since the model was opened; CANCELLED when
-  // `cancel` turns true while it reads.
-  absl::Status Finish(const std::atomic<bool>* cancel);
+  // `cancel` turns true while it reads. What is left to read is read up to `threads` files
+  // side by side.
+  absl::Status Finish(const std::atomic<bool>* cancel, unsigned threads);
   uint64_t followed_bytes() const;  // hashed from the load's own reads
   uint64_t reread_bytes() const;    // read by the check itself
 
