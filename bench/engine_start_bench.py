@@ -175,6 +175,8 @@ def run_child(mode, run, work, model_name, timeout, importtime=False, cpp_engine
                 "--logits", os.path.join(work, f"logits-cpp-{run}.bin")]
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"),
                TRITON_CACHE_DIR=os.path.join(caches, "triton"), BENCH_SPAWNED=repr(time.time()))
+    if mode == "cpp" and os.environ.get("CPP_ENGINE_PRELOAD"):  # e.g. a crash backtrace
+        env["LD_PRELOAD"] = os.environ["CPP_ENGINE_PRELOAD"]
     print(f"+ {mode} run {run} (at {time.time() - T0:.0f} s)", flush=True)
     t = time.time()
     try:

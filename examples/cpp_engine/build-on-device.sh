@@ -24,9 +24,15 @@ for f in pkg/client/torch/aoti_package.cc pkg/client/torch/torch_adapter.cc exam
 done
 for _ in "${objs[@]}"; do wait -n; done
 shared=$(ls "$carry"/lib/*.so*)
+# The carried libraries are linked as needed or not (Ubuntu's g++ links --as-needed): an
+# abseil library needed only by another one is then still found through this binary's
+# RUNPATH, which covers its direct dependencies only. A DT_RPATH (--disable-new-dtags) would
+# instead put the carried Debian libraries ahead of the system's for libtorch and the
+# package too (a SIGSEGV inside the package load on the device; not proven to be the cause).
 g++ -o "$out" "${objs[@]}" \
-  -Wl,--start-group "$carry"/lib-static/*.a -Wl,--end-group $shared \
-  -Wl,-rpath-link,"$carry/lib" -Wl,-rpath,"$carry/lib" -L"$torch_dir/lib" -Wl,-rpath,"$torch_dir/lib" \
+  -Wl,--start-group "$carry"/lib-static/*.a -Wl,--end-group -Wl,--no-as-needed $shared -Wl,--as-needed \
+  -Wl,-rpath-link,"$carry/lib" -Wl,-rpath,"$carry/lib" \
+  -L"$torch_dir/lib" -Wl,-rpath,"$torch_dir/lib" \
   -Wl,--no-as-needed -ltorch_cuda -lc10_cuda -Wl,--as-needed -ltorch -ltorch_cpu -lc10 \
   -ldl -lpthread
 echo "built $out"

@@ -34,6 +34,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 grep -m1 'model name' /proc/cpuinfo; nproc
 "$PY" -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
 engine=/tmp/wc_cpp_engine
+# A crash of the C++ engine prints its native stack (the machine has no gdb).
+gcc -shared -fPIC -O1 -o /tmp/segv_backtrace.so "$root/tests/gpu/segv_backtrace.c" &&
+  export CPP_ENGINE_PRELOAD=/tmp/segv_backtrace.so
 bash "$root/examples/cpp_engine/build-on-device.sh" "$engine" >"$OUT/cpp-build.log" 2>&1 &
 builder=$!
 work=$(mktemp -d /tmp/wc-cpp.XXXXXX)
@@ -48,7 +51,7 @@ source "$root/tests/gpu/start-weightcached-on-device.sh"
 start_weightcached "$work/specs.json" --publish_uids="$(id -u)"
 set -x
 for m in $MODELS; do timeout 180 "$PY" -m weightcache load "$m" || exit 1; done
-modes=cold,aoti,cpp
+modes=${MODES:-cold,aoti,cpp}
 if ! wait "$builder"; then
   tail -n 60 "$OUT/cpp-build.log"
   echo "the C++ engine did not build: the Python modes only"
@@ -74,7 +77,7 @@ if [[ $modes == *cpp* ]]; then
   marker=$("$PY" -c 'import json, sys; from weightcache.aoti import marker_path; print(marker_path(json.load(open(sys.argv[1]))))' "$work/aoti-key-$m1.json")
   mkdir -p "$(dirname "$marker")"
   echo '{"sha256": "", "source": "planted by run-cpp-engine-on-device.sh"}' >"$marker"
-  if "$engine" --model "$m1" --key "$work/aoti-key-$m1.json" --ids "$work/ids.bin" 2>"$OUT/cpp-marker.txt"; then
+  if LD_PRELOAD=${CPP_ENGINE_PRELOAD:-} "$engine" --model "$m1" --key "$work/aoti-key-$m1.json" --ids "$work/ids.bin" 2>"$OUT/cpp-marker.txt"; then
     echo "FAIL marker: the package was loaded although a marker said a load of it died"; rc=1
   elif grep -q "killed a previous load" "$OUT/cpp-marker.txt"; then
     echo "PASS marker: $(cat "$OUT/cpp-marker.txt")"
