@@ -26,15 +26,15 @@ bool Time(const nlohmann::json& claims, const char* name, int64_t* out) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ApiTokenSource>> ApiTokenSource::Make(const KubeApi* api,
-                                                                     PodRef pod) {
+absl::StatusOr<std::unique_ptr<ApiTokenSource>> ApiTokenSource::Make(
+    std::shared_ptr<const KubeApi> api, PodRef pod) {
   if (pod.name.empty()) {
     return absl::InvalidArgumentError("--pod_name: empty (the Downward API's metadata.name)");
   }
   if (pod.uid.empty()) {
     return absl::InvalidArgumentError("--pod_uid: empty (the Downward API's metadata.uid)");
   }
-  return std::unique_ptr<ApiTokenSource>(new ApiTokenSource(api, std::move(pod)));
+  return std::unique_ptr<ApiTokenSource>(new ApiTokenSource(std::move(api), std::move(pod)));
 }
 
 absl::StatusOr<std::string> ApiTokenSource::Token(const std::string& audience) {
@@ -59,13 +59,13 @@ absl::StatusOr<std::string> ApiTokenSource::Token(const std::string& audience) {
   return token;
 }
 
-absl::StatusOr<std::unique_ptr<ApiTokenVerifier>> ApiTokenVerifier::Make(const KubeApi* api,
-                                                                         VerifierOptions o) {
+absl::StatusOr<std::unique_ptr<ApiTokenVerifier>> ApiTokenVerifier::Make(
+    std::shared_ptr<const KubeApi> api, VerifierOptions o) {
   if (o.namespace_name.empty() || o.service_account.empty()) {
     return absl::InvalidArgumentError(
         "token verifier: the peers' namespace and service account must be named");
   }
-  return std::unique_ptr<ApiTokenVerifier>(new ApiTokenVerifier(api, std::move(o)));
+  return std::unique_ptr<ApiTokenVerifier>(new ApiTokenVerifier(std::move(api), std::move(o)));
 }
 
 absl::Status ApiTokenVerifier::FetchLocked() {

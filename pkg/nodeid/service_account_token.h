@@ -5,8 +5,8 @@
 // in-cluster credentials (kube_api.h). No TokenReview: the keys are cached, so a quorum of N
 // holders costs the API server N TokenRequests, not N more reviews.
 //
-// Thread-safety: Token and Verify may be called from several threads at once. Lifetimes: the
-// KubeApi outlives both.
+// Thread-safety: Token and Verify may be called from several threads at once. Each holds its
+// KubeApi.
 #pragma once
 
 #include <chrono>
@@ -36,12 +36,14 @@ struct PodRef {
 class ApiTokenSource final : public TokenSource {
  public:
   // INVALID_ARGUMENT naming the field when the pod's name or uid is empty.
-  static absl::StatusOr<std::unique_ptr<ApiTokenSource>> Make(const KubeApi* api, PodRef pod);
+  static absl::StatusOr<std::unique_ptr<ApiTokenSource>> Make(std::shared_ptr<const KubeApi> api,
+                                                              PodRef pod);
   absl::StatusOr<std::string> Token(const std::string& audience) override;
 
  private:
-  ApiTokenSource(const KubeApi* api, PodRef pod) : api_(api), pod_(std::move(pod)) {}
-  const KubeApi* const api_;
+  ApiTokenSource(std::shared_ptr<const KubeApi> api, PodRef pod)
+      : api_(std::move(api)), pod_(std::move(pod)) {}
+  const std::shared_ptr<const KubeApi> api_;
   const PodRef pod_;
 };
 
@@ -59,19 +61,20 @@ struct VerifierOptions {
 
 class ApiTokenVerifier final : public TokenVerifier {
  public:
-  static absl::StatusOr<std::unique_ptr<ApiTokenVerifier>> Make(const KubeApi* api,
+  static absl::StatusOr<std::unique_ptr<ApiTokenVerifier>> Make(std::shared_ptr<const KubeApi> api,
                                                                 VerifierOptions o);
   absl::StatusOr<VerifiedNode> Verify(const std::string& token,
                                       const std::string& audience) override;
 
  private:
-  ApiTokenVerifier(const KubeApi* api, VerifierOptions o) : api_(api), options_(std::move(o)) {}
+  ApiTokenVerifier(std::shared_ptr<const KubeApi> api, VerifierOptions o)
+      : api_(std::move(api)), options_(std::move(o)) {}
   // The key named `kid`, fetching the issuer's document and keys when not known yet (and the
   // last fetch is older than refetch_interval). Sets `issuer`.
   absl::StatusOr<PublicKey> KeyFor(const std::string& kid, std::string* issuer);
   absl::Status FetchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const KubeApi* const api_;
+  const std::shared_ptr<const KubeApi> api_;
   const VerifierOptions options_;
   Mutex mu_;
   std::string issuer_ ABSL_GUARDED_BY(mu_);

@@ -50,14 +50,14 @@ class TokenTest : public ::testing::TestWithParam<const char*> {
     EXPECT_EQ(apis_[0]->namespace_name(), "weightcache");
     EXPECT_EQ(apis_[0]->service_account(), "weightcache");
     auto v = ApiTokenVerifier::Make(
-        apis_[0].get(), {.namespace_name = "weightcache", .service_account = "weightcache"});
+        apis_[0], {.namespace_name = "weightcache", .service_account = "weightcache"});
     ASSERT_TRUE(v.ok()) << v.status();
     verifier_ = *std::move(v);
   }
 
   // A token node b's daemon gets from the API server for `audience`.
   std::string TokenOfB(const std::string& audience) {
-    auto src = ApiTokenSource::Make(apis_[1].get(), {b_.name, b_.uid});
+    auto src = ApiTokenSource::Make(apis_[1], {b_.name, b_.uid});
     EXPECT_TRUE(src.ok()) << src.status();
     auto t = (*src)->Token(audience);
     EXPECT_TRUE(t.ok()) << t.status();
@@ -67,7 +67,7 @@ class TokenTest : public ::testing::TestWithParam<const char*> {
   weightcache::testing::TempDir dir_;
   std::unique_ptr<FakeApiServer> api_server_;
   FakePod a_, b_;
-  std::vector<std::unique_ptr<KubeApi>> apis_;
+  std::vector<std::shared_ptr<const KubeApi>> apis_;
   std::unique_ptr<ApiTokenVerifier> verifier_;
   const std::string nonce_ = NewNonce();
   const std::string claim_ = ClaimOf("the answer");
@@ -219,7 +219,7 @@ TEST_P(TokenTest, ServiceAccountTokenWithAlgNoneRefused) {
 
 TEST_P(TokenTest, TokenRequestForAnotherPodRefused) {
   // The API server (with the chart's admission policy) binds a token to the asking pod only.
-  auto src = ApiTokenSource::Make(apis_[1].get(), {a_.name, a_.uid});
+  auto src = ApiTokenSource::Make(apis_[1], {a_.name, a_.uid});
   ASSERT_TRUE(src.ok());
   auto t = (*src)->Token(PeerAudience("node-a", nonce_, claim_));
   EXPECT_EQ(t.status().code(), absl::StatusCode::kPermissionDenied);

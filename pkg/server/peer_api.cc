@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "pkg/nodeid/service_account_token.h"
 #include "pkg/peer/tls.h"
 #include "pkg/peer/ucx_transfer.h"
 #include "pkg/server/internal/grpc_status.h"
@@ -61,6 +62,12 @@ class PeerService final : public v1::WeightCachePeer::Service {
                                        "name '", server_name_, "' as a DNS SAN: not a peer"));
     }
     auto r = api_->Describe(req->fingerprint(), req->transfer());
+    if (r.ok()) {
+      if (absl::Status t = api_->AddNodeToken(*req, &*r); !t.ok()) {
+        WC_LOG_WARN("peer %s: refused: %s", who, std::string(t.message()));
+        return ToGrpc(ctx, t);
+      }
+    }
     if (!r.ok()) {
       WC_LOG_INFO("peer %s: describe %s: %s", who, req->fingerprint().substr(0, 12),
                   std::string(r.status().message()));
@@ -110,6 +117,24 @@ absl::StatusOr<v1::PeerDescribeResponse> PeerApi::Describe(const std::string& fi
       absl::StrCat("no ready shared entry with fingerprint ", fingerprint.substr(0, 12)));
 }
 
+absl::Status PeerApi::AddNodeToken(const v1::PeerDescribeRequest& req,
+                                   v1::PeerDescribeResponse* resp) {
+  if (req.asker_node().empty() && req.nonce().empty()) return absl::OkStatus();
+  WC_RETURN_IF_ERROR(nodeid::CheckNodeName(req.asker_node(), "asker_node"));
+  WC_RETURN_IF_ERROR(nodeid::CheckNonce(req.nonce(), "nonce"));
+  if (tokens_ == nullptr) return absl::OkStatus();  // certificate identities: none to give
+  const std::string audience =
+      nodeid::PeerAudience(req.asker_node(), req.nonce(), nodeid::ClaimOf(resp->record()));
+  auto token = tokens_->Token(audience);
+  if (!token.ok()) {
+    WC_LOG_WARN("peer API: no node token for %s's call: %s", req.asker_node(),
+                std::string(token.status().message()));
+    return absl::OkStatus();
+  }
+  resp->set_node_token(*std::move(token));
+  return absl::OkStatus();
+}
+
 std::string PeerApi::SourceOf(const std::string& grpc_peer) const {
   // Set once the port runs, after gRPC started (anyone reaching gRPC's socket directly
   // would call before).
@@ -138,6 +163,10 @@ absl::Status PeerApi::Start() {
   const PeerOptions& o = options_;
   if (o.listen.empty()) return absl::OkStatus();
   WC_ASSIGN_OR_RETURN(peer::TlsMaterial tls, peer::ReadTls(o.tls));
+  if (o.identity == PeerIdentity::kToken) {
+    WC_ASSIGN_OR_RETURN(std::shared_ptr<const nodeid::KubeApi> kube, nodeid::KubeApi::Make(o.kube));
+    WC_ASSIGN_OR_RETURN(tokens_, nodeid::ApiTokenSource::Make(std::move(kube), o.pod));
+  }
   // UCX failing to start costs the transfers, not the daemon: records are still described,
   // and a pull is refused naming the reason.
   auto ucx = peer::UcxServer::Start();
@@ -227,12 +256,24 @@ absl::StatusOr<std::unique_ptr<PeerFill>> MakePeerFill(const PeerOptions& o, int
   f.peers.peers = o.peers;
   f.peers.self_port = static_cast<uint16_t>(self_port);
   f.trust = o.trust;
+  if (o.identity == PeerIdentity::kToken) {
+    WC_RETURN_IF_ERROR(nodeid::CheckNodeName(o.node_name, "--node_name"));
+    WC_ASSIGN_OR_RETURN(std::shared_ptr<const nodeid::KubeApi> kube, nodeid::KubeApi::Make(o.kube));
+    nodeid::VerifierOptions v;
+    v.namespace_name = kube->namespace_name();
+    v.service_account = kube->service_account();
+    WC_ASSIGN_OR_RETURN(f.verifier, nodeid::ApiTokenVerifier::Make(std::move(kube), v));
+    f.peers.identify_as = o.node_name;
+  }
   f.peers.describe_timeout = o.describe_timeout;
   f.pull.timeout = o.pull_timeout;
   std::vector<std::string> names;
   for (const auto& p : o.peers) names.push_back(absl::StrCat(p.host, ":", p.port));
-  WC_LOG_INFO("peer fill on: loads ask %s first (mutual TLS, CA %s)", absl::StrJoin(names, ","),
-              o.tls.ca_file);
+  WC_LOG_INFO("peer fill on: loads ask %s first (mutual TLS, CA %s; identities: %s)",
+              absl::StrJoin(names, ","), o.tls.ca_file,
+              o.identity == PeerIdentity::kToken
+                  ? absl::StrCat("node tokens, this node ", o.node_name)
+                  : std::string("certificate names"));
   return std::make_unique<PeerFill>(std::move(f), backend, metrics, staging);
 }
 

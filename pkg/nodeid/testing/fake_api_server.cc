@@ -100,6 +100,8 @@ absl::StatusOr<std::unique_ptr<FakeApiServer>> FakeApiServer::Start(const std::s
                                                                     Options o) {
   std::unique_ptr<FakeApiServer> s(new FakeApiServer(std::move(o)));
   s->dir_ = dir;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
   if (absl::Status w = webhook::testing::WriteSelfSignedPair(dir); !w.ok()) return w;
   s->cert_file_ = dir + "/tls.crt";
   s->key_ = NewKey(s->options_.alg);
