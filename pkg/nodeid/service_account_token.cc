@@ -6,6 +6,9 @@
 namespace weightcache::nodeid {
 namespace {
 
+// Kubernetes' tokens are about 1 KiB; a peer's answer may carry anything.
+constexpr size_t kMaxTokenBytes = 16 << 10;
+
 absl::Status Denied(const std::string& why) {
   return absl::PermissionDeniedError(absl::StrCat("token: ", why));
 }
@@ -19,7 +22,7 @@ std::string Str(const nlohmann::json& j, const char* name) {
 // A NumericDate claim (seconds since the epoch); false when missing or not a number.
 bool Time(const nlohmann::json& claims, const char* name, int64_t* out) {
   auto it = claims.find(name);
-  if (it == claims.end() || !it->is_number()) return false;
+  if (it == claims.end() || !it->is_number_integer()) return false;
   *out = it->get<int64_t>();
   return true;
 }
@@ -109,6 +112,9 @@ absl::StatusOr<PublicKey> ApiTokenVerifier::KeyFor(const std::string& kid, std::
 
 absl::StatusOr<VerifiedNode> ApiTokenVerifier::Verify(const std::string& token,
                                                       const std::string& audience) {
+  if (token.size() > kMaxTokenBytes) {
+    return Denied(absl::StrCat(token.size(), " bytes (at most ", kMaxTokenBytes, ")"));
+  }
   auto jwt = ParseJwt(token);
   if (!jwt.ok()) return Denied(std::string(jwt.status().message()));
   const std::string alg = Str(jwt->header, "alg");

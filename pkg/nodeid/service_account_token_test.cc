@@ -215,6 +215,13 @@ TEST_P(TokenTest, ServiceAccountTokenWithAlgNoneRefused) {
   EXPECT_THAT(std::string(v.status().message()), HasSubstr("alg 'none'"));
   v = verifier_->Verify("not a token", aud);
   EXPECT_THAT(std::string(v.status().message()), HasSubstr("1 dot-separated parts"));
+  v = verifier_->Verify(std::string(1 << 20, 'a'), aud);
+  EXPECT_THAT(std::string(v.status().message()), HasSubstr("1048576 bytes (at most 16384)"));
+  // A lifetime that is not an integer number of seconds is no lifetime.
+  auto c = api_server_->ClaimsFor(b_, aud, Now());
+  c["exp"] = 1e300;
+  v = verifier_->Verify(api_server_->Sign(c), aud);
+  EXPECT_THAT(std::string(v.status().message()), HasSubstr("no expiry"));
 }
 
 TEST_P(TokenTest, TokenRequestForAnotherPodRefused) {
