@@ -56,15 +56,7 @@ class NodeTokenFillTest : public testing::DaemonInProcessTest {
                        std::vector<uint16_t> peers, bool load,
                        PeerIdentity identity = PeerIdentity::kToken,
                        metrics::Metrics* m = nullptr) {
-    DaemonOptions o;
-    o.socket_dir = dir_ / name;
-    o.preload = load;
-    o.admin_uids = {::geteuid()};
-    o.digest_store = "";
-    spec::ModelSpec s;
-    s.name = "m";
-    s.model_dir = dir_ / "m";
-    o.specs = {s};
+    DaemonOptions o = OtherDaemonOptions(name, load);
     o.peer.listen = "127.0.0.1:0";
     o.peer.tls = tls_;
     for (uint16_t p : peers) o.peer.peers.push_back({"127.0.0.1", p});
