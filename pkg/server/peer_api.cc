@@ -42,6 +42,14 @@ std::string HostName() {
   return buf;
 }
 
+// The asker's node and nonce (peer.proto), when it asks for a node token: INVALID_ARGUMENT
+// naming the field that is malformed.
+absl::Status CheckTokenAsk(const v1::PeerDescribeRequest& req) {
+  if (req.asker_node().empty() && req.nonce().empty()) return absl::OkStatus();
+  WC_RETURN_IF_ERROR(nodeid::CheckNodeName(req.asker_node(), "asker_node"));
+  return nodeid::CheckNonce(req.nonce(), "nonce");
+}
+
 class PeerService final : public v1::WeightCachePeer::Service {
  public:
   PeerService(PeerApi* api, std::string server_name)
@@ -61,13 +69,13 @@ class PeerService final : public v1::WeightCachePeer::Service {
                           absl::StrCat("certificate '", name, "' does not carry the fleet's peer ",
                                        "name '", server_name_, "' as a DNS SAN: not a peer"));
     }
-    auto r = api_->Describe(req->fingerprint(), req->transfer());
-    if (r.ok()) {
-      if (absl::Status t = api_->AddNodeToken(*req, &*r); !t.ok()) {
-        WC_LOG_WARN("peer %s: refused: %s", who, std::string(t.message()));
-        return ToGrpc(ctx, t);
-      }
+    // A malformed ask for a node token is refused before anything is exposed.
+    if (absl::Status t = CheckTokenAsk(*req); !t.ok()) {
+      WC_LOG_WARN("peer %s: refused: %s", who, std::string(t.message()));
+      return ToGrpc(ctx, t);
     }
+    auto r = api_->Describe(req->fingerprint(), req->transfer());
+    if (r.ok()) api_->AddNodeToken(*req, &*r);
     if (!r.ok()) {
       WC_LOG_INFO("peer %s: describe %s: %s", who, req->fingerprint().substr(0, 12),
                   std::string(r.status().message()));
@@ -117,22 +125,18 @@ absl::StatusOr<v1::PeerDescribeResponse> PeerApi::Describe(const std::string& fi
       absl::StrCat("no ready shared entry with fingerprint ", fingerprint.substr(0, 12)));
 }
 
-absl::Status PeerApi::AddNodeToken(const v1::PeerDescribeRequest& req,
-                                   v1::PeerDescribeResponse* resp) {
-  if (req.asker_node().empty() && req.nonce().empty()) return absl::OkStatus();
-  WC_RETURN_IF_ERROR(nodeid::CheckNodeName(req.asker_node(), "asker_node"));
-  WC_RETURN_IF_ERROR(nodeid::CheckNonce(req.nonce(), "nonce"));
-  if (tokens_ == nullptr) return absl::OkStatus();  // certificate identities: none to give
+void PeerApi::AddNodeToken(const v1::PeerDescribeRequest& req, v1::PeerDescribeResponse* resp) {
+  // Certificate identities (or no token asked): none to give.
+  if (tokens_ == nullptr || req.nonce().empty()) return;
   const std::string audience =
       nodeid::PeerAudience(req.asker_node(), req.nonce(), nodeid::ClaimOf(resp->record()));
   auto token = tokens_->Token(audience);
   if (!token.ok()) {
     WC_LOG_WARN("peer API: no node token for %s's call: %s", req.asker_node(),
                 std::string(token.status().message()));
-    return absl::OkStatus();
+    return;
   }
   resp->set_node_token(*std::move(token));
-  return absl::OkStatus();
 }
 
 std::string PeerApi::SourceOf(const std::string& grpc_peer) const {

@@ -61,10 +61,10 @@ class PeerApi {
   // (published and private copies are never described: they are this node's). With
   // `transfer`, its segments are exposed for pulls over UCX too.
   absl::StatusOr<v1::PeerDescribeResponse> Describe(const std::string& fingerprint, bool transfer);
-  // `resp` with this daemon's node token for the asker's node and nonce (peer.proto) when they
-  // are set and it presents tokens; INVALID_ARGUMENT naming the field when either is malformed.
-  // A token the API server does not give is logged: the answer goes without it.
-  absl::Status AddNodeToken(const v1::PeerDescribeRequest& req, v1::PeerDescribeResponse* resp);
+  // Adds to `resp` this daemon's node token for the asker's node and nonce (peer.proto, checked
+  // well-formed by the caller) when a token is asked and this daemon presents them. A token
+  // the API server does not give is logged: the answer goes without it.
+  void AddNodeToken(const v1::PeerDescribeRequest& req, v1::PeerDescribeResponse* resp);
   // The TCP source ("ipv4:10.1.2.3:40512") behind gRPC's peer string of a call.
   std::string SourceOf(const std::string& grpc_peer) const;
   // The TCP port (0 before Start or without the API); the port's counters (null likewise).
