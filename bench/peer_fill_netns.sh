@@ -94,7 +94,7 @@ start() {
     --metrics_address=off --keeper_socket=off \
     --model=name=m,model_dir="$dir/m" --digest_store="$dir/$name-digests.json" \
     --peer_listen="$addr:7443" --peer_tls_cert_file="$cert" --peer_tls_key_file="$key" \
-    --peer_tls_ca_file="$ca" "$@" >"$dir/$name.log" 2>&1 &
+    --peer_tls_ca_file="$ca" --peer_identity=certificate "$@" >"$dir/$name.log" 2>&1 &
   pids+=($!)
 }
 ready() {

@@ -29,6 +29,8 @@
 #include "pkg/memory/cuda_backend.h"
 #include "pkg/metrics/http_server.h"
 #include "pkg/metrics/metrics.h"
+#include "pkg/nodeid/kube_api.h"
+#include "pkg/nodeid/node_identity.h"
 #include "pkg/peer/peer_set.h"
 #include "pkg/peer/tls.h"
 #include "pkg/server/daemon.h"
@@ -144,7 +146,9 @@ ABSL_FLAG(std::string, pod_volumes_file, "",
           "With --csi_endpoint: where the published pod volumes are recorded, so a restart serves "
           "their sockets again; empty: <socket_dir>-state/pod-volumes.json");
 ABSL_FLAG(std::string, node_name, "",
-          "This node's name (the CSI plugin's node id); empty: $NODE_NAME, else the host name");
+          "This node's name (the CSI plugin's node id, and with --peer_identity=token the node "
+          "that peers' tokens must be made for: spec.nodeName); empty: $NODE_NAME, else (the "
+          "CSI plugin only) the host name");
 ABSL_FLAG(std::string, container_socket_dir, "",
           "Where the socket dir appears in engine containers (default: the same path)");
 ABSL_FLAG(bool, namespace_rules, false,
@@ -225,8 +229,30 @@ ABSL_FLAG(std::string, peers, "",
 ABSL_FLAG(std::string, peer_trust, "quorum",
           "Peer fill (issue 48): whose record a fill believes when the spec pins no segment "
           "digests for the fingerprint. quorum: the same segment digests from 2 holders with "
-          "distinct certificate names (per-node certificates), else the disk; single: any one "
-          "holder, trusting every node that holds the fleet's certificate");
+          "distinct identities (--peer_identity), else the disk; single: any one holder, "
+          "trusting every node that holds the fleet's certificate");
+ABSL_FLAG(std::string, peer_identity, "auto",
+          "Peer fill (issue 57): what tells holders apart in a quorum. token: the node a token "
+          "the Kubernetes API server signed for the holder's pod proves (TokenRequest, bound to "
+          "the pod, made for the asking node, one call and one answer; needs --node_name, "
+          "--pod_name, --pod_uid and the pod's in-cluster credentials); certificate: the "
+          "holder's certificate common name (per-node certificates, outside Kubernetes); auto: "
+          "token when --kube_token_file exists, else certificate");
+ABSL_FLAG(std::string, pod_name, "",
+          "This daemon's pod (the Downward API's metadata.name): its node tokens are bound to it "
+          "(--peer_identity=token); empty: $POD_NAME");
+ABSL_FLAG(std::string, pod_uid, "",
+          "This daemon's pod uid (metadata.uid; --peer_identity=token); empty: $POD_UID");
+ABSL_FLAG(std::string, kube_api_server, "",
+          "The Kubernetes API server, host:port. Empty: "
+          "$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT");
+ABSL_FLAG(std::string, kube_token_file, "/var/run/secrets/kubernetes.io/serviceaccount/token",
+          "The pod's service account token (its in-cluster credential)");
+ABSL_FLAG(std::string, kube_ca_file, "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+          "The cluster CA that signed the API server's certificate");
+ABSL_FLAG(std::string, kube_namespace_file,
+          "/var/run/secrets/kubernetes.io/serviceaccount/namespace",
+          "The pod's namespace, as the kubelet writes it");
 ABSL_FLAG(int, peer_describe_timeout_ms, 2000,
           "Peer fill: how long each peer may take to answer whether it holds a model-rank");
 ABSL_FLAG(int, peer_pull_timeout_seconds, 300,
@@ -354,6 +380,28 @@ absl::Status ReadPeerFlags(server::PeerOptions& out) {
   auto trust = server::ParsePeerTrust(absl::GetFlag(FLAGS_peer_trust));
   if (!trust.ok()) return trust.status();
   out.trust = *trust;
+  out.kube.server = absl::GetFlag(FLAGS_kube_api_server);
+  out.kube.token_file = absl::GetFlag(FLAGS_kube_token_file);
+  out.kube.ca_file = absl::GetFlag(FLAGS_kube_ca_file);
+  out.kube.namespace_file = absl::GetFlag(FLAGS_kube_namespace_file);
+  auto identity = server::ParsePeerIdentity(absl::GetFlag(FLAGS_peer_identity),
+                                            nodeid::InClusterCredentialsPresent(out.kube));
+  if (!identity.ok()) return identity.status();
+  out.identity = *identity;
+  // The Downward API's values, by flag or by the chart's environment.
+  auto flag_or_env = [](const std::string& v, const char* env) {
+    const char* e = std::getenv(env);
+    return v.empty() && e != nullptr ? std::string(e) : v;
+  };
+  out.node_name = flag_or_env(absl::GetFlag(FLAGS_node_name), "NODE_NAME");
+  out.pod = {flag_or_env(absl::GetFlag(FLAGS_pod_name), "POD_NAME"),
+             flag_or_env(absl::GetFlag(FLAGS_pod_uid), "POD_UID")};
+  if (out.identity == server::PeerIdentity::kToken && !out.peers.empty()) {
+    if (absl::Status n = nodeid::CheckNodeName(out.node_name, "--node_name"); !n.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(n.message(), " (--peer_identity=token: the Downward API's spec.nodeName)"));
+    }
+  }
   for (const auto& [flag, value] :
        {std::pair{"--peer_describe_timeout_ms", absl::GetFlag(FLAGS_peer_describe_timeout_ms)},
         std::pair{"--peer_pull_timeout_seconds", absl::GetFlag(FLAGS_peer_pull_timeout_seconds)}}) {

@@ -17,13 +17,16 @@ std::unique_ptr<PeerClient> PeerClient::Make(const std::string& address, const T
 
 absl::StatusOr<v1::PeerDescribeResponse> PeerClient::Describe(const std::string& fingerprint,
                                                               std::chrono::milliseconds timeout,
-                                                              bool transfer,
-                                                              std::string* identity) {
+                                                              bool transfer, std::string* identity,
+                                                              const std::string& asker_node,
+                                                              const std::string& nonce) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + timeout);
   v1::PeerDescribeRequest req;
   req.set_fingerprint(fingerprint);
   req.set_transfer(transfer);
+  req.set_asker_node(asker_node);
+  req.set_nonce(nonce);
   v1::PeerDescribeResponse resp;
   const grpc::Status s = stub_->Describe(&ctx, req, &resp);
   if (s.ok()) {

@@ -27,10 +27,14 @@ class PeerClient {
   // for a pull (PeerDescribeResponse.transfer).
   // `identity` (may be null) receives the answering daemon's certificate name (its common
   // name: per node, when the fleet issues per-node certificates; tls.h CertificateName).
+  // With `asker_node` and `nonce` set, the answer carries the describing daemon's node token
+  // for them (peer.proto PeerDescribeRequest; pkg/nodeid/node_identity.h).
   absl::StatusOr<v1::PeerDescribeResponse> Describe(const std::string& fingerprint,
                                                     std::chrono::milliseconds timeout,
                                                     bool transfer = false,
-                                                    std::string* identity = nullptr);
+                                                    std::string* identity = nullptr,
+                                                    const std::string& asker_node = "",
+                                                    const std::string& nonce = "");
 
   const std::string& address() const { return address_; }
 

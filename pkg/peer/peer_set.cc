@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "pkg/util/bytes.h"
 
 namespace weightcache::peer {
 namespace {
@@ -154,11 +155,17 @@ PeerSurvey PeerSet::Survey(const std::string& fingerprint, bool transfer) {
   std::vector<absl::StatusOr<v1::PeerDescribeResponse>> answers(addresses.size(),
                                                                 absl::UnknownError("not asked"));
   std::vector<std::string> identities(addresses.size());
+  // A fresh nonce per peer and call: the token a holder answers with is good for this call only.
+  std::vector<std::string> nonces(addresses.size());
+  if (!options_.identify_as.empty()) {
+    for (auto& n : nonces) n = RandomHex(16);
+  }
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < addresses.size();) {
       std::shared_ptr<PeerClient> c = ClientFor(addresses[i]);
-      answers[i] = c->Describe(fingerprint, options_.describe_timeout, transfer, &identities[i]);
+      answers[i] = c->Describe(fingerprint, options_.describe_timeout, transfer, &identities[i],
+                               options_.identify_as, nonces[i]);
       const absl::StatusCode code = answers[i].status().code();
       if (code != absl::StatusCode::kOk && code != absl::StatusCode::kNotFound) {
         Forget(addresses[i], c.get());
@@ -173,7 +180,7 @@ PeerSurvey PeerSet::Survey(const std::string& fingerprint, bool transfer) {
   for (std::thread& t : pool) t.join();
   for (size_t i = 0; i < addresses.size(); ++i) {
     if (answers[i].ok()) {
-      survey.holders.push_back({addresses[i], *std::move(answers[i]), identities[i]});
+      survey.holders.push_back({addresses[i], *std::move(answers[i]), identities[i], nonces[i]});
     } else if (answers[i].status().code() == absl::StatusCode::kNotFound) {
       survey.without.push_back(addresses[i]);
     } else {

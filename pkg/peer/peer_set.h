@@ -47,12 +47,16 @@ struct PeerSetOptions {
   std::chrono::milliseconds describe_timeout{2000};
   // Describes in flight at once (one thread each).
   int parallel = 16;
+  // This daemon's node name: when set, every Describe asks the holder for its node token, made
+  // for this node and a fresh nonce per call (peer.proto; pkg/nodeid/node_identity.h).
+  std::string identify_as;
 };
 
 struct PeerHolder {
   std::string address;  // "ip:port" as dialled
   v1::PeerDescribeResponse response;
   std::string identity;  // its certificate's name (PeerClient::Describe)
+  std::string nonce;     // the nonce its token must be made for (empty: none asked)
 };
 struct PeerFailure {
   std::string address;  // the entry, when its name did not resolve

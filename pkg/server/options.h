@@ -17,6 +17,8 @@
 
 #include "absl/status/statusor.h"
 #include "pkg/memory/backend.h"
+#include "pkg/nodeid/kube_api.h"
+#include "pkg/nodeid/service_account_token.h"
 #include "pkg/peer/peer_set.h"
 #include "pkg/peer/tls.h"
 #include "pkg/server/peer/fill_anchor.h"
@@ -73,6 +75,15 @@ struct PeerOptions {
   // pkg/server/peer/fill_anchor.h): two with distinct certificate names that agree
   // (quorum), or any one (single: trusting every node holding the fleet's certificate).
   PeerTrust trust = PeerTrust::kQuorum;
+  // What a holder's identity is (issue 57, fill_anchor.h): with kToken this daemon presents,
+  // when asked, a token the API server signs for its pod (`pod`, through `kube`), and counts
+  // only holders whose tokens prove their nodes; `node_name` is this daemon's node (the
+  // tokens others present to it are made for it). kCertificate: certificate names, as before
+  // (the flags' "auto" picks token in a pod).
+  PeerIdentity identity = PeerIdentity::kCertificate;
+  nodeid::KubeApiOptions kube;
+  std::string node_name;
+  nodeid::PodRef pod;
 };
 
 struct DaemonOptions {

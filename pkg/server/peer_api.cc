@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "pkg/nodeid/service_account_token.h"
 #include "pkg/peer/tls.h"
 #include "pkg/peer/ucx_transfer.h"
 #include "pkg/server/internal/grpc_status.h"
@@ -39,6 +40,14 @@ std::string HostName() {
   char buf[HOST_NAME_MAX + 1] = {};
   if (::gethostname(buf, sizeof(buf) - 1) != 0) return "";
   return buf;
+}
+
+// The asker's node and nonce (peer.proto), when it asks for a node token: INVALID_ARGUMENT
+// naming the field that is malformed.
+absl::Status CheckTokenAsk(const v1::PeerDescribeRequest& req) {
+  if (req.asker_node().empty() && req.nonce().empty()) return absl::OkStatus();
+  WC_RETURN_IF_ERROR(nodeid::CheckNodeName(req.asker_node(), "asker_node"));
+  return nodeid::CheckNonce(req.nonce(), "nonce");
 }
 
 class PeerService final : public v1::WeightCachePeer::Service {
@@ -60,7 +69,13 @@ class PeerService final : public v1::WeightCachePeer::Service {
                           absl::StrCat("certificate '", name, "' does not carry the fleet's peer ",
                                        "name '", server_name_, "' as a DNS SAN: not a peer"));
     }
+    // A malformed ask for a node token is refused before anything is exposed.
+    if (absl::Status t = CheckTokenAsk(*req); !t.ok()) {
+      WC_LOG_WARN("peer %s: refused: %s", who, std::string(t.message()));
+      return ToGrpc(ctx, t);
+    }
     auto r = api_->Describe(req->fingerprint(), req->transfer());
+    if (r.ok()) api_->AddNodeToken(*req, &*r);
     if (!r.ok()) {
       WC_LOG_INFO("peer %s: describe %s: %s", who, req->fingerprint().substr(0, 12),
                   std::string(r.status().message()));
@@ -110,6 +125,20 @@ absl::StatusOr<v1::PeerDescribeResponse> PeerApi::Describe(const std::string& fi
       absl::StrCat("no ready shared entry with fingerprint ", fingerprint.substr(0, 12)));
 }
 
+void PeerApi::AddNodeToken(const v1::PeerDescribeRequest& req, v1::PeerDescribeResponse* resp) {
+  // Certificate identities (or no token asked): none to give.
+  if (tokens_ == nullptr || req.nonce().empty()) return;
+  const std::string audience =
+      nodeid::PeerAudience(req.asker_node(), req.nonce(), nodeid::ClaimOf(resp->record()));
+  auto token = tokens_->Token(audience);
+  if (!token.ok()) {
+    WC_LOG_WARN("peer API: no node token for %s's call: %s", req.asker_node(),
+                std::string(token.status().message()));
+    return;
+  }
+  resp->set_node_token(*std::move(token));
+}
+
 std::string PeerApi::SourceOf(const std::string& grpc_peer) const {
   // Set once the port runs, after gRPC started (anyone reaching gRPC's socket directly
   // would call before).
@@ -138,6 +167,10 @@ absl::Status PeerApi::Start() {
   const PeerOptions& o = options_;
   if (o.listen.empty()) return absl::OkStatus();
   WC_ASSIGN_OR_RETURN(peer::TlsMaterial tls, peer::ReadTls(o.tls));
+  if (o.identity == PeerIdentity::kToken) {
+    WC_ASSIGN_OR_RETURN(std::shared_ptr<const nodeid::KubeApi> kube, nodeid::KubeApi::Make(o.kube));
+    WC_ASSIGN_OR_RETURN(tokens_, nodeid::ApiTokenSource::Make(std::move(kube), o.pod));
+  }
   // UCX failing to start costs the transfers, not the daemon: records are still described,
   // and a pull is refused naming the reason.
   auto ucx = peer::UcxServer::Start();
@@ -227,12 +260,24 @@ absl::StatusOr<std::unique_ptr<PeerFill>> MakePeerFill(const PeerOptions& o, int
   f.peers.peers = o.peers;
   f.peers.self_port = static_cast<uint16_t>(self_port);
   f.trust = o.trust;
+  if (o.identity == PeerIdentity::kToken) {
+    WC_RETURN_IF_ERROR(nodeid::CheckNodeName(o.node_name, "--node_name"));
+    WC_ASSIGN_OR_RETURN(std::shared_ptr<const nodeid::KubeApi> kube, nodeid::KubeApi::Make(o.kube));
+    nodeid::VerifierOptions v;
+    v.namespace_name = kube->namespace_name();
+    v.service_account = kube->service_account();
+    WC_ASSIGN_OR_RETURN(f.verifier, nodeid::ApiTokenVerifier::Make(std::move(kube), v));
+    f.peers.identify_as = o.node_name;
+  }
   f.peers.describe_timeout = o.describe_timeout;
   f.pull.timeout = o.pull_timeout;
   std::vector<std::string> names;
   for (const auto& p : o.peers) names.push_back(absl::StrCat(p.host, ":", p.port));
-  WC_LOG_INFO("peer fill on: loads ask %s first (mutual TLS, CA %s)", absl::StrJoin(names, ","),
-              o.tls.ca_file);
+  WC_LOG_INFO("peer fill on: loads ask %s first (mutual TLS, CA %s; identities: %s)",
+              absl::StrJoin(names, ","), o.tls.ca_file,
+              o.identity == PeerIdentity::kToken
+                  ? absl::StrCat("node tokens, this node ", o.node_name)
+                  : std::string("certificate names"));
   return std::make_unique<PeerFill>(std::move(f), backend, metrics, staging);
 }
 

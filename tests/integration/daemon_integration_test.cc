@@ -547,6 +547,8 @@ TEST_F(DaemonTest, BadFlagsStopTheDaemonNamingTheFlag) {
            "--peers=node-a",
            "--peers=node-a:7443 --peer_tls_ca_file=/nonexistent/ca.crt",
            "--peer_describe_timeout_ms=0",
+           "--peer_identity=tokens",
+           "--node_name=Node_A --peer_identity=token --peers=node-a:7443",
            "--peer_max_connections=0",
            "--peer_max_connections_per_address=-1",
            "--peer_handshake_timeout_ms=0",

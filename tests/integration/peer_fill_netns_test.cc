@@ -178,22 +178,16 @@ class PeerFillNetnsTest : public ::testing::Test {
                                          const peer::TlsFiles* files = nullptr) {
     const peer::TlsFiles& f = files != nullptr ? *files : fleet_files_;
     std::vector<std::string> argv{
-        kIp,
-        "netns",
-        "exec",
-        fleet_->ns(node),
-        "/usr/bin/env",
-        "UCX_TLS=tcp",
-        WEIGHTCACHED_PATH,
-        "--socket_dir=" + dir_ / name,
-        "--backend=host",
-        "--metrics_address=off",
+        kIp, "netns", "exec", fleet_->ns(node), "/usr/bin/env", "UCX_TLS=tcp", WEIGHTCACHED_PATH,
+        "--socket_dir=" + dir_ / name, "--backend=host", "--metrics_address=off",
         "--model=name=m,model_dir=" + dir_ / "m",
         "--digest_store=" + dir_ / (name + "-digests.json"),
         absl::StrCat("--peer_listen=", NetnsFleet::Address(node), ":", kPeerPort),
-        "--peer_tls_cert_file=" + f.cert_file,
-        "--peer_tls_key_file=" + f.key_file,
-        "--peer_tls_ca_file=" + f.ca_file};
+        "--peer_tls_cert_file=" + f.cert_file, "--peer_tls_key_file=" + f.key_file,
+        "--peer_tls_ca_file=" + f.ca_file,
+        // Processes on one host, with no API server: identities are certificate names even
+        // where the runner is a pod with in-cluster credentials (--peer_identity=auto).
+        "--peer_identity=certificate"};
     std::string list;
     for (int p : peers) {
       absl::StrAppend(&list, list.empty() ? "" : ",", NetnsFleet::Address(p), ":", kPeerPort);

@@ -439,6 +439,41 @@ for helm in "${helms[@]}"; do
   peer_ingress "$pd" >"$work/peer-np.yaml"
   want_peer_ingress 7444 7459 >"$work/peer-np-want.yaml"
   expect "peer defaults: NetworkPolicy with the UCX range" diff -u "$work/peer-np-want.yaml" "$work/peer-np.yaml"
+  # Node identity (issue 57): by default a holder is the node its token proves: the flag, the
+  # pod's node, name and uid from the Downward API, the in-cluster credentials in the daemon
+  # container, a Role that creates tokens of its own service account only, the issuer's
+  # discovery, and the policy that binds a token to the pod asking for it.
+  expect "peer identity: token by default" has "$pd" '^            - --peer_identity=token$'
+  expect "peer identity: NODE_NAME from spec.nodeName" after "$pd" '- name: NODE_NAME$' 3 'fieldPath: spec\.nodeName$'
+  expect "peer identity: POD_NAME from metadata.name" after "$pd" '- name: POD_NAME$' 3 'fieldPath: metadata\.name$'
+  expect "peer identity: POD_UID from metadata.uid" after "$pd" '- name: POD_UID$' 3 'fieldPath: metadata\.uid$'
+  expect "peer identity: credentials mounted read-only" after "$pd" \
+    'mountPath: /var/run/secrets/kubernetes\.io/serviceaccount$' 1 'readOnly: true$'
+  expect "peer identity: a projected token, the cluster CA, the namespace" bash -c \
+    "grep -A16 -E '^        - name: kube-api-access$' '$pd' | grep -q serviceAccountToken &&
+     grep -A16 -E '^        - name: kube-api-access$' '$pd' | grep -q 'name: kube-root-ca.crt' &&
+     grep -A16 -E '^        - name: kube-api-access$' '$pd' | grep -q 'fieldPath: metadata.namespace'"
+  doc "$pd" Role >"$work/peer-role.yaml"
+  expect "peer identity: one Role rule" test "$(grep -c -- '- apiGroups:' "$work/peer-role.yaml")" -eq 1
+  expect "peer identity: Role creates serviceaccounts/token" after "$work/peer-role.yaml" '- apiGroups: \[""\]' 3 'verbs: \["create"\]'
+  expect "peer identity: ... of its own service account only" has "$work/peer-role.yaml" \
+    '^    resourceNames: \["wc-weightcache"\]$'
+  expect "peer identity: ... on serviceaccounts/token only" has "$work/peer-role.yaml" \
+    '^    resources: \["serviceaccounts/token"\]$'
+  expect "peer identity: issuer discovery bound" after <(doc "$pd" ClusterRoleBinding) 'kind: ClusterRole$' 1 \
+    'name: system:service-account-issuer-discovery$'
+  expect "peer identity: tokens bound to the asking pod" has <(doc "$pd" ValidatingAdmissionPolicy) \
+    "authentication\.kubernetes\.io/pod-uid'\]\[0\]"
+  expect "peer identity: the policy denies" has <(doc "$pd" ValidatingAdmissionPolicyBinding) \
+    'validationActions: \[Deny\]'
+  "$helm" template wc "$chart" --namespace wc --set peerFill.enabled=true,peerFill.identity=certificate \
+    >"$work/peer-cert.yaml" 2>"$work/err" || bad "template peer certificate: $(cat "$work/err")"
+  expect "peer identity certificate: the flag" has "$work/peer-cert.yaml" '^            - --peer_identity=certificate$'
+  expect "peer identity certificate: no credentials, RBAC or policy" lacks "$work/peer-cert.yaml" \
+    'kube-api-access|POD_UID|kind: Role|issuer-discovery|ValidatingAdmissionPolicy'
+  expect "peer fill off: no credentials, RBAC or policy" lacks "$d" \
+    'kube-api-access|POD_UID|kind: Role|issuer-discovery|ValidatingAdmissionPolicy'
+  expect_fail "schema: peer identity" 'identity' "$helm" template wc "$chart" --set peerFill.identity=cert
   po="$work/peer-override.yaml"
   "$helm" template wc "$chart" --namespace wc \
     --set 'peerFill.enabled=true,peerFill.peers=10.0.0.5:7443\,gpu-b.example.com:7443' >"$po" 2>"$work/err" \

@@ -9,6 +9,7 @@
 #include "pkg/integrity/crypto_digest.h"
 #include "pkg/peer/client.h"
 #include "pkg/peer/ucx_transfer.h"
+#include "pkg/util/bytes.h"
 #include "weightcache/v1/keeper_record.pb.h"
 #include "weightcache/v1/peer.grpc.pb.h"
 
@@ -18,8 +19,12 @@ namespace {
 
 class Service final : public v1::WeightCachePeer::Service {
  public:
-  Service(std::string fingerprint, v1::PeerDescribeResponse answer)
-      : fingerprint_(std::move(fingerprint)), answer_(std::move(answer)) {}
+  Service(std::string fingerprint, v1::PeerDescribeResponse answer,
+          CorruptPeerOptions::TokenPlay play, std::unique_ptr<PeerClient> honest)
+      : fingerprint_(std::move(fingerprint)),
+        answer_(std::move(answer)),
+        play_(play),
+        honest_(std::move(honest)) {}
   grpc::Status Describe(grpc::ServerContext*, const v1::PeerDescribeRequest* req,
                         v1::PeerDescribeResponse* resp) override {
     if (req->fingerprint() != fingerprint_) {
@@ -27,12 +32,19 @@ class Service final : public v1::WeightCachePeer::Service {
     }
     *resp = answer_;
     if (!req->transfer()) resp->clear_transfer();
+    if (play_ == CorruptPeerOptions::TokenPlay::kRelay && !req->nonce().empty()) {
+      auto relayed = honest_->Describe(fingerprint_, std::chrono::seconds(10), false, nullptr,
+                                       req->asker_node(), req->nonce());
+      if (relayed.ok()) resp->set_node_token(relayed->node_token());
+    }
     return grpc::Status::OK;
   }
 
  private:
   const std::string fingerprint_;
-  const v1::PeerDescribeResponse answer_;
+  const v1::PeerDescribeResponse answer_;  // with the replayed token, if any
+  const CorruptPeerOptions::TokenPlay play_;
+  const std::unique_ptr<PeerClient> honest_;
 };
 
 }  // namespace
@@ -56,7 +68,10 @@ int CorruptPeer::port() const { return s_->port; }
 absl::StatusOr<std::unique_ptr<CorruptPeer>> CorruptPeer::Start(const CorruptPeerOptions& o) {
   auto s = std::make_unique<State>();
   auto honest = PeerClient::Make(o.honest_address, o.client_tls);
-  auto answer = honest->Describe(o.fingerprint, std::chrono::seconds(10), /*transfer=*/true);
+  const bool replay = o.token_play == CorruptPeerOptions::TokenPlay::kReplay;
+  auto answer =
+      honest->Describe(o.fingerprint, std::chrono::seconds(10), /*transfer=*/true, nullptr,
+                       replay ? o.replay_as_node : "", replay ? RandomHex(16) : "");
   if (!answer.ok()) return answer.status();
   const v1::PeerTransfer& t = answer->transfer();
   if (o.bad_segment < 0 || o.bad_segment >= t.regions_size()) {
@@ -101,7 +116,9 @@ absl::StatusOr<std::unique_ptr<CorruptPeer>> CorruptPeer::Start(const CorruptPee
   answer->set_node("corrupt-peer");
   auto tls = ReadTls(o.server_files);
   if (!tls.ok()) return tls.status();
-  s->service = std::make_unique<Service>(o.fingerprint, *std::move(answer));
+  if (!replay) answer->clear_node_token();
+  s->service =
+      std::make_unique<Service>(o.fingerprint, *std::move(answer), o.token_play, std::move(honest));
   grpc::ServerBuilder b;
   b.AddListeningPort(o.listen, ServerCredentials(*tls), &s->port);
   b.RegisterService(s->service.get());

@@ -26,6 +26,14 @@ struct CorruptPeerOptions {
   // segment instead of the honest one, so record and bytes agree: only an anchor the
   // source does not control (pinned digests, a quorum of other holders) catches it.
   bool forge_record = false;
+  // Issue 57: what it does with node tokens (pkg/nodeid/node_identity.h), to pass its record off
+  // as the honest daemon's node. kRelay: each asker's node and nonce are forwarded to the honest
+  // daemon, whose fresh token comes back beside this peer's own record; kReplay: the token the
+  // honest daemon gave it at start (asked as `replay_as_node`, with a nonce of its own) is
+  // presented on every call.
+  enum class TokenPlay { kNone, kRelay, kReplay };
+  TokenPlay token_play = TokenPlay::kNone;
+  std::string replay_as_node;
 };
 
 class CorruptPeer {

@@ -24,6 +24,7 @@
 #include "pkg/load/staging_pool.h"
 #include "pkg/memory/backend.h"
 #include "pkg/metrics/metrics.h"
+#include "pkg/nodeid/node_identity.h"
 #include "pkg/peer/tls.h"
 #include "pkg/server/keeper/keeper_record.h"
 #include "pkg/server/options.h"
@@ -60,6 +61,10 @@ class PeerApi {
   // (published and private copies are never described: they are this node's). With
   // `transfer`, its segments are exposed for pulls over UCX too.
   absl::StatusOr<v1::PeerDescribeResponse> Describe(const std::string& fingerprint, bool transfer);
+  // Adds to `resp` this daemon's node token for the asker's node and nonce (peer.proto, checked
+  // well-formed by the caller) when a token is asked and this daemon presents them. A token
+  // the API server does not give is logged: the answer goes without it.
+  void AddNodeToken(const v1::PeerDescribeRequest& req, v1::PeerDescribeResponse* resp);
   // The TCP source ("ipv4:10.1.2.3:40512") behind gRPC's peer string of a call.
   std::string SourceOf(const std::string& grpc_peer) const;
   // The TCP port (0 before Start or without the API); the port's counters (null likewise).
@@ -72,6 +77,8 @@ class PeerApi {
   const PeerOptions options_;
   const std::chrono::milliseconds shutdown_grace_;
   const Sources sources_;
+  // With --peer_identity=token: the tokens this daemon presents (set once by Start).
+  std::unique_ptr<nodeid::TokenSource> tokens_;
   // Declared in the order Stop undoes them.
   std::unique_ptr<PeerExposures> exposures_;
   std::unique_ptr<grpc::Service> service_;

@@ -17,6 +17,18 @@ absl::StatusOr<PeerTrust> ParsePeerTrust(const std::string& name) {
       absl::StrCat("--peer_trust: '", name, "' is neither 'quorum' nor 'single'"));
 }
 
+const char* PeerIdentityName(PeerIdentity i) {
+  return i == PeerIdentity::kToken ? "token" : "certificate";
+}
+
+absl::StatusOr<PeerIdentity> ParsePeerIdentity(const std::string& name, bool in_cluster) {
+  if (name == "token") return PeerIdentity::kToken;
+  if (name == "certificate") return PeerIdentity::kCertificate;
+  if (name == "auto") return in_cluster ? PeerIdentity::kToken : PeerIdentity::kCertificate;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--peer_identity: '", name, "' is none of 'auto', 'token' and 'certificate'"));
+}
+
 bool OriginBacksAQuorum(const std::string& origin) {
   return origin == "disk" || origin == "peer_fill_pinned";
 }
@@ -43,8 +55,13 @@ AnchorChoice ChooseAnchor(const std::vector<HolderClaim>& claims,
   // The distinct identities behind each set of digests, of holders whose copies vouch.
   std::map<std::vector<std::string>, std::set<std::string>> backers;
   size_t laundered = 0;
+  size_t unverified = 0;
+  std::string why_unverified;
   for (const auto& h : claims) {
-    if (h.identity.empty()) continue;
+    if (h.identity.empty()) {
+      if (unverified++ == 0) why_unverified = h.unverified;
+      continue;
+    }
     if (!OriginBacksAQuorum(h.origin)) {
       ++laundered;
       continue;
@@ -87,10 +104,13 @@ AnchorChoice ChooseAnchor(const std::vector<HolderClaim>& claims,
   }
   c.none = absl::FailedPreconditionError(absl::StrCat(
       "no anchor for the holders' records: at most ", most,
-      " holder(s) with distinct certificate names agree on the segment digests (", claims.size(),
+      " holder(s) with distinct identities agree on the segment digests (", claims.size(),
       " answered",
-      laundered > 0 ? absl::StrCat(", ", laundered, " not counted: filled from a peer") : "", "), ",
-      quorum,
+      laundered > 0 ? absl::StrCat(", ", laundered, " not counted: filled from a peer") : "",
+      unverified > 0 ? absl::StrCat(", ", unverified, " not counted: no verified identity (",
+                                    why_unverified.empty() ? "none presented" : why_unverified, ")")
+                     : "",
+      "), ", quorum,
       " needed; pin the segment digests in the spec (weightcachectl pin) or accept one holder "
       "with --peer_trust=single"));
   return c;

@@ -6,8 +6,10 @@
 //   pinned  the spec's `segment_digests` for the fingerprint (an admin's, from
 //           `weightcachectl pin` on a node that loaded it);
 //   quorum  the same digests in the records of at least `quorum` holders with distinct
-//           identities (per-node certificates: the common name; peer::CertificateName)
-//           whose copies came from disk or a pinned anchor (not from another peer);
+//           identities whose copies came from disk or a pinned anchor (not from another
+//           peer). An identity is the node a token the API server signed proves for this
+//           call (--peer_identity=token, issue 57: pkg/nodeid), or, outside Kubernetes with
+//           per-node certificates, the certificate's common name (certificate);
 //   single  with --peer_trust=single, any one holder's own record (trusting every node
 //           that holds the fleet's certificate, as before issue 48).
 // With none, the fill does not happen: the disk loads the rank.
@@ -29,14 +31,24 @@ const char* PeerTrustName(PeerTrust t);
 // "quorum" or "single"; INVALID_ARGUMENT naming the value and the choices otherwise.
 absl::StatusOr<PeerTrust> ParsePeerTrust(const std::string& name);
 
+// What a holder's identity is (issue 57): the node its token proves, or its certificate's name.
+enum class PeerIdentity { kToken, kCertificate };
+const char* PeerIdentityName(PeerIdentity i);
+// "token", "certificate", or "auto": token where the pod's in-cluster credentials are
+// (`in_cluster`), certificate elsewhere. INVALID_ARGUMENT naming --peer_identity otherwise.
+absl::StatusOr<PeerIdentity> ParsePeerIdentity(const std::string& name, bool in_cluster);
+
 // What one holder's answer says: who it is and its record's segment digests (32 raw bytes each).
 struct HolderClaim {
-  std::string identity;  // "" when its certificate names none
+  // The verified node (token) or certificate name; "" when there is none: then `unverified`
+  // says why, and the holder counts toward no quorum.
+  std::string identity;
   std::vector<std::string> segment_sha256;
   // How the holder's copy was first filled, as its record says (load::LoadedModel::origin).
   // Only a copy read from disk, or pulled against pinned digests, backs a quorum: a holder that
   // itself believed a peer vouches for nothing more than that peer did.
   std::string origin = "disk";
+  std::string unverified;
 };
 // Whether a holder's copy of that origin may count toward a quorum.
 bool OriginBacksAQuorum(const std::string& origin);

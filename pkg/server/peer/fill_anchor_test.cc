@@ -1,5 +1,6 @@
 // Which holders a peer fill believes (issue 48): pinned digests over any holder count, a quorum
-// of distinct certificate names, a lone or same-named holder only with --peer_trust=single.
+// of distinct identities (verified nodes, issue 57, or certificate names), a lone or same-named
+// holder only with --peer_trust=single; --peer_identity's values.
 #include "pkg/server/peer/fill_anchor.h"
 
 #include <gmock/gmock.h>
@@ -83,6 +84,25 @@ TEST(FillAnchor, OneHolderOnlyWhenTrustIsSingle) {
   EXPECT_EQ(ParsePeerTrust("single").value(), PeerTrust::kSingle);
   EXPECT_THAT(std::string(ParsePeerTrust("any").status().message()),
               HasSubstr("--peer_trust: 'any' is neither 'quorum' nor 'single'"));
+}
+
+// Issue 57: a holder whose token proved no node has no identity; the refusal says why.
+TEST(FillAnchor, ServiceAccountTokenUnverifiedHoldersCountForNothing) {
+  const auto c = ChooseAnchor({{"node-a", kTrue}, {"", kTrue, "disk", "token: expired 5 s ago"}},
+                              {}, PeerTrust::kQuorum);
+  EXPECT_TRUE(c.anchor.empty());
+  EXPECT_THAT(std::string(c.none.message()),
+              HasSubstr("1 not counted: no verified identity (token: expired 5 s ago)"));
+}
+
+TEST(FillAnchor, PeerIdentityValues) {
+  EXPECT_EQ(*ParsePeerIdentity("token", false), PeerIdentity::kToken);
+  EXPECT_EQ(*ParsePeerIdentity("certificate", true), PeerIdentity::kCertificate);
+  EXPECT_EQ(*ParsePeerIdentity("auto", true), PeerIdentity::kToken);
+  EXPECT_EQ(*ParsePeerIdentity("auto", false), PeerIdentity::kCertificate);
+  const auto bad = ParsePeerIdentity("tokens", true);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("--peer_identity: 'tokens'"));
 }
 
 }  // namespace

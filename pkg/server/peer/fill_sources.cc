@@ -22,8 +22,8 @@ std::vector<FillSource> Anchored(std::vector<FillSource> in, const std::vector<s
   claims.reserve(in.size());
   for (const auto& s : in) {
     const auto& d = s.record.record.segment_sha256();
-    claims.push_back(
-        {s.identity, std::vector<std::string>(d.begin(), d.end()), s.record.record.source()});
+    claims.push_back({s.identity, std::vector<std::string>(d.begin(), d.end()),
+                      s.record.record.source(), s.unverified});
   }
   AnchorChoice c = ChooseAnchor(claims, pinned, trust);
   for (const auto& [i, why] : c.refused) {
@@ -42,6 +42,25 @@ std::vector<FillSource> Anchored(std::vector<FillSource> in, const std::vector<s
     *failure = {FillFallback::kAnchor, absl::FailedPreconditionError(why)};
   }
   return out;
+}
+
+// The node `h`'s token proves, for this node's call and this answer's record; "" with `why`
+// set when it proves none.
+std::string VerifiedNode(nodeid::TokenVerifier& verifier, const std::string& self_node,
+                         const peer::PeerHolder& h, std::string* why) {
+  const std::string& token = h.response.node_token();
+  if (token.empty()) {
+    *why = "it presented no node token";
+    return "";
+  }
+  const std::string audience =
+      nodeid::PeerAudience(self_node, h.nonce, nodeid::ClaimOf(h.response.record()));
+  auto v = verifier.Verify(token, audience);
+  if (!v.ok()) {
+    *why = std::string(v.status().message());
+    return "";
+  }
+  return v->node;
 }
 
 std::string DescribeTensorPlacement(const load::PlannedTensor& t) {
@@ -96,6 +115,7 @@ std::vector<FillSource> PeerFill::Find(const std::string& fingerprint, const loa
   }
   std::vector<FillSource> out;
   std::vector<std::string> refused;
+  const std::string self_node = options_.peers.identify_as;
   const std::string backend = memory::BackendName(backend_->kind());
   for (auto& h : survey.holders) {
     auto refuse = [&](const std::string& why) {
@@ -132,7 +152,15 @@ std::vector<FillSource> PeerFill::Find(const std::string& fingerprint, const loa
     FillSource s;
     s.address = h.address;
     s.node = h.response.node();
-    s.identity = h.identity;
+    if (options_.verifier == nullptr) {
+      s.identity = h.identity;
+    } else {
+      s.identity = VerifiedNode(*options_.verifier, self_node, h, &s.unverified);
+      if (s.identity.empty()) {
+        WC_LOG_WARN("peer fill: %s counts toward no quorum for %s: %s", h.address,
+                    fingerprint.substr(0, 12), s.unverified);
+      }
+    }
     s.record = *std::move(a);
     s.transfer = t;
     out.push_back(std::move(s));

@@ -25,6 +25,7 @@
 #include "pkg/load/staging_pool.h"
 #include "pkg/memory/backend.h"
 #include "pkg/metrics/metrics.h"
+#include "pkg/nodeid/node_identity.h"
 #include "pkg/peer/peer_set.h"
 #include "pkg/peer/ucx_transfer.h"
 #include "pkg/server/keeper/keeper_record.h"
@@ -55,14 +56,18 @@ struct PeerFillOptions {
   uint64_t bounce_bytes = 64ull << 20;
   // Which holders' records may be believed without pinned segment digests (fill_anchor.h).
   PeerTrust trust = PeerTrust::kQuorum;
+  // Set: a holder's identity is the node its token proves (pkg/nodeid; `peers.identify_as`
+  // names this node, which the tokens must be made for). Null: its certificate's name.
+  std::shared_ptr<nodeid::TokenVerifier> verifier;
 };
 
 // A holder that can serve the fill: its address, decoded record and transfer.
 struct FillSource {
   std::string address;
-  std::string node;      // its host name, from its answer
-  std::string identity;  // its certificate's name
-  std::string anchor;    // what vouched for its record: "pinned", "quorum" or "single"
+  std::string node;        // its host name, from its answer
+  std::string identity;    // its verified node (or certificate name; fill_anchor.h)
+  std::string unverified;  // why `identity` is empty
+  std::string anchor;      // what vouched for its record: "pinned", "quorum" or "single"
   AdoptableRecord record;
   v1::PeerTransfer transfer;
 };

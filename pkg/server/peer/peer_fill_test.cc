@@ -77,17 +77,9 @@ class PeerFillTest : public testing::DaemonInProcessTest {
   // serving the peer API; with `load`, it loads "m" from disk first.
   Daemon* StartOther(const std::string& name, std::vector<peer::PeerName> peers, bool load,
                      metrics::Metrics* m = nullptr) {
-    DaemonOptions o;
-    o.socket_dir = dir_ / name;
-    o.preload = load;
-    o.admin_uids = {::geteuid()};
-    o.digest_store = "";
-    spec::ModelSpec s;
-    s.name = "m";
-    s.model_dir = dir_ / "m";
-    s.digests = file_digests_;
-    s.segment_digests = segment_digests_;
-    o.specs = {s};
+    DaemonOptions o = OtherDaemonOptions(name, load);
+    o.specs[0].digests = file_digests_;
+    o.specs[0].segment_digests = segment_digests_;
     o.peer.listen = "127.0.0.1:0";
     o.peer.tls = b_files_;
     o.peer.trust = trust_;

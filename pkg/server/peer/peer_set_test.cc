@@ -62,15 +62,8 @@ class PeerSetTest : public testing::DaemonInProcessTest {
   }
   // Another daemon on its own socket directory, serving the peer API on `port` (0: any).
   uint16_t StartSecond(uint16_t port) {
-    DaemonOptions o;
-    o.socket_dir = dir_ / ("s" + std::to_string(others_.size() + 2));
-    o.preload = false;  // knows "m", never loads it (preloaded, it would hold it too)
-    o.admin_uids = {::geteuid()};
-    o.digest_store = "";
-    spec::ModelSpec s;
-    s.name = "m";
-    s.model_dir = dir_ / "m";
-    o.specs = {s};
+    // Knows "m", never loads it (preloaded, it would hold it too).
+    DaemonOptions o = OtherDaemonOptions("s" + std::to_string(others_.size() + 2), false);
     o.peer.listen = Loopback(port);
     o.peer.tls = server_files_;
     auto d = Daemon::Start(std::move(o), backend_.get());

@@ -54,6 +54,21 @@ class DaemonInProcessTest : public ::testing::Test {
     ASSERT_TRUE(c.ok());
     client_ = std::move(c).value();
   }
+  // Options of another daemon, started by the test itself (Daemon::Start): its own socket
+  // directory `dir_/name`, this uid admin, no digest store, knowing "m" only; it preloads "m"
+  // with `preload`.
+  DaemonOptions OtherDaemonOptions(const std::string& name, bool preload) const {
+    DaemonOptions o;
+    o.socket_dir = dir_ / name;
+    o.preload = preload;
+    o.admin_uids = {::geteuid()};
+    o.digest_store = "";
+    spec::ModelSpec s;
+    s.name = "m";
+    s.model_dir = dir_ / "m";
+    o.specs = {s};
+    return o;
+  }
   absl::StatusOr<std::unique_ptr<client::Lease>> Acquire() {
     client::AcquireOptions o;
     o.model = "m";
