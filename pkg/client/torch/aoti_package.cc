@@ -1,6 +1,7 @@
 #include "pkg/client/torch/aoti_package.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/from_blob.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <torch/version.h>
@@ -237,8 +238,10 @@ absl::StatusOr<std::unique_ptr<AotiModel>> AotiModel::Load(
     for (const auto& c : parsed.constants) {
       if (c.fqn != fqn) continue;
       WC_ASSIGN_OR_RETURN(c10::ScalarType dtype, DTypeOfName(c.dtype));
-      at::Tensor raw = at::empty({static_cast<int64_t>(c.bytes.size())}, at::kByte);
-      std::memcpy(raw.data_ptr(), c.bytes.data(), c.bytes.size());
+      // A copy: the artifact's mapping ends with this call.
+      at::Tensor raw = at::from_blob(const_cast<char*>(c.bytes.data()),
+                                     {static_cast<int64_t>(c.bytes.size())}, at::kByte)
+                           .clone();
       try {
         bound.emplace(fqn, raw.view(dtype).reshape(c.shape).to(device));
       } catch (const std::exception& e) {
