@@ -128,13 +128,8 @@ absl::Status ReadPeerFlags(server::PeerOptions& out) {
   }
   for (const auto& [flag, value] :
        {std::pair{"--peer_describe_timeout_ms", absl::GetFlag(FLAGS_peer_describe_timeout_ms)},
-        std::pair{"--peer_pull_timeout_seconds", absl::GetFlag(FLAGS_peer_pull_timeout_seconds)}}) {
-    if (value <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(flag, "=", value, ": must be positive"));
-    }
-  }
-  for (const auto& [flag, value] :
-       {std::pair{"--peer_max_connections", absl::GetFlag(FLAGS_peer_max_connections)},
+        std::pair{"--peer_pull_timeout_seconds", absl::GetFlag(FLAGS_peer_pull_timeout_seconds)},
+        std::pair{"--peer_max_connections", absl::GetFlag(FLAGS_peer_max_connections)},
         std::pair{"--peer_max_connections_per_address",
                   absl::GetFlag(FLAGS_peer_max_connections_per_address)},
         std::pair{"--peer_handshake_timeout_ms", absl::GetFlag(FLAGS_peer_handshake_timeout_ms)}}) {
