@@ -61,7 +61,7 @@ if [[ -n ${WC_CARRY_TARGETS:-} ]]; then
   du -sh "$carry"
   exit 0
 fi
-cp -r /usr/include/absl "$carry/include/"
+cp -r /usr/include/absl /usr/include/nlohmann "$carry/include/"
 mkdir -p "$carry/include/google" "$carry/src/proto/weightcache/v1"
 cp -r /usr/include/google/protobuf "$carry/include/google/"
 cp "$build"/proto/weightcache/v1/*.pb.h "$carry/src/proto/weightcache/v1/"

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -100,13 +101,12 @@ std::string CrashedBefore(const std::string& path, const std::string& sha256) {
   if (!f) return "";
   std::stringstream text;
   text << f.rdbuf();
-  // {"sha256": "...", ...}: another package now means the one that died was replaced.
-  const std::string body = text.str();
-  const std::string field = "\"sha256\": \"";
-  const size_t at = body.find(field);
-  if (at == std::string::npos) return path;  // unreadable: a load began and never ended
-  const size_t end = body.find('"', at + field.size());
-  const std::string left = body.substr(at + field.size(), end - at - field.size());
+  // {"sha256": "...", ...} as either language writes it (the JSON library, not a search for
+  // the field's spelling: Python may write it with other spacing). Another package now means
+  // the one that died was replaced; an unreadable marker, that a load began and never ended.
+  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("sha256") || !j["sha256"].is_string()) return path;
+  const std::string left = j["sha256"].get<std::string>();
   if (!left.empty() && left != sha256) return "";
   return path;
 }
