@@ -1,11 +1,13 @@
 #include "pkg/identity/following_hash.h"
 
+#include <fcntl.h>
 #include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -23,15 +25,19 @@ struct FollowingSha256::State {
   dev_t dev = 0;
   ino_t ino = 0;
   Mutex mu;
-  EVP_MD_CTX* ctx ABSL_GUARDED_BY(mu) = nullptr;
+  // Used by one thread at a time without `mu`: the hasher whose turn it is (`queued`), or,
+  // once no turn is left, Start and Finish.
+  EVP_MD_CTX* ctx = nullptr;
   uint64_t cursor ABSL_GUARDED_BY(mu) = 0;
   bool done ABSL_GUARDED_BY(mu) = false;
+  bool queued ABSL_GUARDED_BY(mu) = false;  // a hasher's turn: queued or hashing
   std::string digest ABSL_GUARDED_BY(mu);
   std::map<uint64_t, std::vector<uint8_t>> held ABSL_GUARDED_BY(mu);  // by file offset
 };
 
 FollowingSha256::FollowingSha256(std::vector<File> files, uint64_t hold_bytes,
-                                 std::function<void(size_t, const std::string&)> on_file)
+                                 std::function<void(size_t, const std::string&)> on_file,
+                                 unsigned hashers)
     : hold_bytes_(hold_bytes), on_file_(std::move(on_file)) {
   for (size_t i = 0; i < files.size(); ++i) {
     auto s = std::make_unique<State>();
@@ -43,9 +49,18 @@ FollowingSha256::FollowingSha256(std::vector<File> files, uint64_t hold_bytes,
     WC_CHECK(s->ctx != nullptr && EVP_DigestInit_ex(s->ctx, EVP_sha256(), nullptr) == 1);
     files_.push_back(std::move(s));
   }
+  if (hashers == 0) hashers = std::max(2u, std::thread::hardware_concurrency() / 2);
+  const size_t n = std::min<size_t>(hashers, files_.size());
+  for (size_t t = 0; t < n; ++t) hashers_.emplace_back([this] { Hasher(); });
 }
 
 FollowingSha256::~FollowingSha256() {
+  {
+    MutexLock l(pool_mu_);
+    stop_ = true;
+  }
+  work_cv_.NotifyAll();
+  for (auto& t : hashers_) t.join();
   for (auto& s : files_) EVP_MD_CTX_free(s->ctx);
 }
 
@@ -66,6 +81,134 @@ FollowingSha256::State* FollowingSha256::Find(int fd) {
   }
   aliases_.emplace_back(fd, found);
   return found < 0 ? nullptr : files_[static_cast<size_t>(found)].get();
+}
+
+void FollowingSha256::Released(uint64_t n) {
+  held_ -= n;
+  { MutexLock l(pool_mu_); }  // a waiter between its check and its wait sees the change
+  room_cv_.NotifyAll();
+}
+
+bool FollowingSha256::Admit(int fd, uint64_t n) {
+  auto take = [&] {
+    uint64_t h = held_.load();
+    while (h + n <= hold_bytes_) {
+      if (held_.compare_exchange_weak(h, h + n)) return true;
+    }
+    return false;
+  };
+  if (take()) return true;
+  // Through the page cache a chunk left is read again from memory, as a rule; through
+  // O_DIRECT it would be read from storage again: wait for room while a hash moves.
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || (flags & O_DIRECT) == 0) return false;
+  MutexLock l(pool_mu_);
+  for (;;) {
+    if (take()) return true;
+    // No file has a chunk at its cursor: nothing frees room until a reader brings one, which
+    // may be this caller's next read. Leave this chunk rather than wait for it.
+    if (turns_ == 0 || stop_) return false;
+    room_cv_.WaitUntil(pool_mu_, std::chrono::steady_clock::now() + std::chrono::milliseconds(50));
+  }
+}
+
+void FollowingSha256::Offer(int fd, uint64_t offset, const void* data, uint64_t n) {
+  State* s = Find(fd);
+  if (s == nullptr || offset >= s->file.size) return;
+  n = std::min(n, s->file.size - offset);
+  bool at_cursor = false;
+  {
+    MutexLock l(s->mu);
+    if (s->done || offset + n <= s->cursor) return;  // hashed already (read twice)
+    at_cursor = offset <= s->cursor;
+  }
+  // A chunk at the cursor is always taken (the hash waits for it); one ahead only with room.
+  if (at_cursor) {
+    held_ += n;
+  } else if (!Admit(fd, n)) {
+    return;  // left for Finish to read
+  }
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  std::vector<uint8_t> copy(bytes, bytes + n);  // outside the lock: readers copy side by side
+  uint64_t unused = 0;
+  bool queue = false;
+  {
+    MutexLock l(s->mu);
+    auto& slot = s->held[offset];
+    if (s->done || offset + n <= s->cursor || slot.size() >= n) {
+      unused = n;  // hashed meanwhile, or held already
+      if (slot.empty()) s->held.erase(offset);
+    } else {
+      unused = slot.size();
+      slot = std::move(copy);
+      if (!s->queued && s->held.begin()->first <= s->cursor) queue = s->queued = true;
+    }
+  }
+  if (unused > 0) Released(unused);
+  if (!queue) return;
+  {
+    MutexLock l(pool_mu_);
+    ready_.push_back(s);
+    ++turns_;
+  }
+  work_cv_.NotifyOne();
+}
+
+void FollowingSha256::Hasher() {
+  for (;;) {
+    State* s = nullptr;
+    {
+      MutexLock l(pool_mu_);
+      while (ready_.empty() && !stop_) work_cv_.Wait(pool_mu_);
+      if (ready_.empty()) return;
+      s = ready_.front();
+      ready_.pop_front();
+    }
+    HashHeld(*s);
+    {
+      MutexLock l(pool_mu_);
+      --turns_;
+    }
+    room_cv_.NotifyAll();  // Finish and the O_DIRECT readers wait for turns to end
+  }
+}
+
+void FollowingSha256::HashHeld(State& s) {
+  for (;;) {
+    std::vector<uint8_t> bytes;
+    uint64_t off = 0, skip = 0, dropped = 0;
+    {
+      MutexLock l(s.mu);
+      while (!s.held.empty() && s.held.begin()->first + s.held.begin()->second.size() <= s.cursor) {
+        dropped += s.held.begin()->second.size();  // hashed from another offer already
+        s.held.erase(s.held.begin());
+      }
+      if (s.done || s.held.empty() || s.held.begin()->first > s.cursor) {
+        s.queued = false;  // the turn ends: the next chunk at the cursor queues the file again
+        bytes.clear();
+      } else {
+        auto node = s.held.extract(s.held.begin());
+        off = node.key();
+        bytes = std::move(node.mapped());
+        skip = s.cursor - off;
+      }
+    }
+    if (dropped > 0) Released(dropped);
+    if (bytes.empty()) return;
+    // Only this turn's hasher moves the cursor: the context is used outside the lock, so
+    // readers copy while it hashes.
+    WC_CHECK(EVP_DigestUpdate(s.ctx, bytes.data() + skip, bytes.size() - skip) == 1);
+    followed_ += bytes.size() - skip;
+    std::string digest;
+    bool complete = false;
+    {
+      MutexLock l(s.mu);
+      s.cursor = off + bytes.size();
+      complete = Complete(s, &digest);
+    }
+    Released(bytes.size());
+    if (complete && on_file_) on_file_(s.index, digest);
+  }
 }
 
 void FollowingSha256::Drain(State& s) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // s.mu held
@@ -96,38 +239,6 @@ bool FollowingSha256::Complete(State& s,
   s.held.clear();
   *digest = s.digest;
   return true;
-}
-
-void FollowingSha256::Offer(int fd, uint64_t offset, const void* data, uint64_t n) {
-  State* s = Find(fd);
-  if (s == nullptr || offset >= s->file.size) return;
-  n = std::min(n, s->file.size - offset);
-  const auto* bytes = static_cast<const uint8_t*>(data);
-  std::string digest;
-  bool complete = false;
-  {
-    MutexLock l(s->mu);
-    if (s->done || offset + n <= s->cursor) return;  // hashed already (read twice)
-    if (offset <= s->cursor) {
-      const uint64_t skip = s->cursor - offset;
-      WC_CHECK(EVP_DigestUpdate(s->ctx, bytes + skip, n - skip) == 1);
-      followed_ += n - skip;
-      s->cursor = offset + n;
-      Drain(*s);
-      complete = Complete(*s, &digest);
-    } else if (held_.fetch_add(n) + n <= hold_bytes_) {
-      auto& slot = s->held[offset];
-      if (slot.size() < n) {
-        held_ -= slot.size();
-        slot.assign(bytes, bytes + n);
-      } else {
-        held_ -= n;
-      }
-    } else {
-      held_ -= n;  // over the bound: left for Finish to read
-    }
-  }
-  if (complete && on_file_) on_file_(s->index, digest);
 }
 
 absl::Status FollowingSha256::ReadAhead(State& s, uint64_t end, const std::atomic<bool>* cancel)
@@ -175,6 +286,10 @@ absl::Status FollowingSha256::FinishOne(State& s, const std::atomic<bool>* cance
 
 absl::StatusOr<std::vector<std::string>> FollowingSha256::Finish(const std::atomic<bool>* cancel,
                                                                  unsigned threads) {
+  {
+    MutexLock l(pool_mu_);  // the hashers first hash what they hold
+    while (turns_ > 0) room_cv_.Wait(pool_mu_);
+  }
   // Files side by side: what is left of each is one sequential hash.
   std::vector<absl::Status> errors(files_.size());
   std::atomic<size_t> next{0};

@@ -1,23 +1,30 @@
 // A file's SHA-256 taken from the bytes a load reads anyway (issue 58: one read per byte).
 // The load's reads are parallel and out of order; the hash is sequential. Each read chunk is
-// offered as it lands: one at the file's hash cursor is hashed in place (by the thread that
-// read it, before its buffer is reused), one ahead of the cursor is copied aside while the
-// bytes held stay under `hold_bytes` (else it is left, and read again at Finish), and the
-// held chunks are hashed as the cursor reaches them. What no reader offered (the header, a
-// tensor the plan does not read, a chunk left) is read by Finish itself: `reread_bytes`.
+// offered as it lands and copied aside (its buffer is the load's, reused at once); hasher
+// threads of this object hash each file's held chunks as its cursor reaches them, files side
+// by side, so a reader only copies and goes on reading (the load is not paced by one core's
+// SHA-256 per file). The bytes held stay about `hold_bytes`: a chunk at a file's cursor is
+// always taken; one ahead of it that finds the hold full waits for room when it came through
+// an O_DIRECT descriptor (storage would otherwise be read twice) while some file's hash is
+// moving, and otherwise is left, to be read again by Finish. What no reader offered (the
+// header, a tensor the plan does not read, a chunk left) is read by Finish itself:
+// `reread_bytes`.
 //
 // A file whose every byte is hashed during the load is reported at once (`on_file`, from the
-// thread that hashed its last byte), so a mismatch can stop the load mid-way.
+// hasher thread that hashed its last byte), so a mismatch can stop the load mid-way.
 //
 // Thread-safety: Offer from any thread, concurrently; Finish once, after the last
-// Offer has returned. The descriptors must stay open until Finish returns.
+// Offer has returned. The descriptors must stay open until Finish returns; the destructor
+// stops the hashers (after Finish, or dropping what they held).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -33,9 +40,10 @@ class FollowingSha256 {
     uint64_t size = 0;
     std::string path;  // for errors
   };
-  // `on_file(index, "sha256:<hex>")`: a file hashed whole during the load.
+  // `on_file(index, "sha256:<hex>")`: a file hashed whole during the load. `hashers`: threads
+  // hashing files side by side (0: one per file, at most half the machine's cores, at least 2).
   FollowingSha256(std::vector<File> files, uint64_t hold_bytes,
-                  std::function<void(size_t, const std::string&)> on_file);
+                  std::function<void(size_t, const std::string&)> on_file, unsigned hashers = 0);
   ~FollowingSha256();
   FollowingSha256(const FollowingSha256&) = delete;
   FollowingSha256& operator=(const FollowingSha256&) = delete;
@@ -43,23 +51,29 @@ class FollowingSha256 {
   // Hashes file i's first `n` bytes reading them itself (a safetensors header: read once
   // at open, never by the load), so the cursor starts where the load's reads do.
   absl::Status Start(size_t i, uint64_t n);
-  // Bytes [offset, offset + n) of the file open as `fd`, as a reader read them. Another
-  // descriptor of a followed file (the load's O_DIRECT one) is that file (same device and
-  // inode); a descriptor of no followed file is ignored.
+  // Bytes [offset, offset + n) of the file open as `fd`, as a reader read them: copied (or
+  // left, see above); the caller may reuse `data` when this returns. Another descriptor of a
+  // followed file (the load's O_DIRECT one) is that file (same device and inode); a
+  // descriptor of no followed file is ignored.
   void Offer(int fd, uint64_t offset, const void* data, uint64_t n);
-  // Every file's digest ("sha256:<hex>", in the order given), reading what was not offered,
-  // up to `threads` files side by side. CANCELLED when `cancel` turns true meanwhile; the
-  // read's error naming the file.
+  // Every file's digest ("sha256:<hex>", in the order given), once the hashers have hashed
+  // what they hold, reading what was not offered, up to `threads` files side by side. CANCELLED
+  // when `cancel` turns true meanwhile; the read's error naming the file.
   absl::StatusOr<std::vector<std::string>> Finish(const std::atomic<bool>* cancel = nullptr,
                                                   unsigned threads = 1);
 
+  // Bytes hashed from offers (final once Finish returned) and read by Finish itself.
   uint64_t reread_bytes() const { return reread_.load(); }
   uint64_t followed_bytes() const { return followed_.load(); }
 
  private:
   struct State;
   State* Find(int fd);
-  void Drain(State& s);                          // hashes held chunks the cursor has reached
+  bool Admit(int fd, uint64_t n);                // takes room in the hold for a chunk ahead
+  void Hasher();                                 // a hasher thread's loop
+  void HashHeld(State& s);                       // hashes s's held chunks at its cursor
+  void Released(uint64_t n);                     // held bytes hashed or dropped: room
+  void Drain(State& s);                          // Finish: held chunks the cursor has reached
   bool Complete(State& s, std::string* digest);  // finalizes when the cursor is at the end
   absl::Status ReadAhead(State& s, uint64_t end, const std::atomic<bool>* cancel);
   absl::Status FinishOne(State& s, const std::atomic<bool>* cancel);  // takes s.mu
@@ -71,6 +85,13 @@ class FollowingSha256 {
   const uint64_t hold_bytes_;
   std::atomic<uint64_t> held_{0}, reread_{0}, followed_{0};
   std::function<void(size_t, const std::string&)> on_file_;
+  // The hashers: files with a held chunk at their cursor, queued once each (State::queued).
+  Mutex pool_mu_;
+  CondVar work_cv_, room_cv_;  // work queued; held bytes released or a file's turn ended
+  std::deque<State*> ready_ ABSL_GUARDED_BY(pool_mu_);
+  size_t turns_ ABSL_GUARDED_BY(pool_mu_) = 0;  // files queued or being hashed
+  bool stop_ ABSL_GUARDED_BY(pool_mu_) = false;
+  std::vector<std::thread> hashers_;
 };
 
 }  // namespace weightcache::identity

@@ -8,6 +8,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -108,14 +113,99 @@ TEST(FollowingSha256, AnotherDescriptorOfTheFileCountsAndAnotherFileDoesNot) {
   ASSERT_GE(again, 0);
   FollowingSha256 h({{a.fd, a.bytes.size(), a.path}}, 1 << 20, nullptr);
   h.Offer(copy.fd, 0, copy.bytes.data(), copy.bytes.size());
-  EXPECT_EQ(h.followed_bytes(), 0u);
   h.Offer(again, 0, a.bytes.data(), a.bytes.size());
-  EXPECT_EQ(h.followed_bytes(), a.bytes.size());
   auto digests = h.Finish();
   ASSERT_TRUE(digests.ok());
   EXPECT_EQ((*digests)[0], "sha256:" + Sha256Hex(a.bytes));
+  EXPECT_EQ(h.followed_bytes(), a.bytes.size());  // the copy's offer counted for nothing
   EXPECT_EQ(h.reread_bytes(), 0u);
   ::close(again);
+}
+
+// The finding of issue 58's first device run: the reader whose chunk reached a file's cursor
+// hashed it (and every held chunk behind it) before it could read on, so a load waited for
+// one core's SHA-256 per file. Now a reader only copies: the file's last byte is hashed, and
+// reported, by another thread than the one that offered every chunk.
+TEST(FollowingSha256, OnePassTheReaderOnlyCopiesAHasherHashes) {
+  testing::TempDir dir;
+  TestFile a;
+  ASSERT_NO_FATAL_FAILURE(Write(a, dir.path() + "/a", 1'000'000, 5));
+  std::mutex mu;
+  std::vector<std::thread::id> reported;
+  FollowingSha256 h({{a.fd, a.bytes.size(), a.path}}, 4 << 20, [&](size_t, const std::string&) {
+    std::lock_guard<std::mutex> l(mu);
+    reported.push_back(std::this_thread::get_id());
+  });
+  for (uint64_t off = 0; off < a.bytes.size(); off += 100'000) {
+    h.Offer(a.fd, off, a.bytes.data() + off, 100'000);
+  }
+  auto digests = h.Finish();
+  ASSERT_TRUE(digests.ok()) << digests.status();
+  EXPECT_EQ((*digests)[0], "sha256:" + Sha256Hex(a.bytes));
+  EXPECT_EQ(h.followed_bytes(), a.bytes.size());
+  std::lock_guard<std::mutex> l(mu);
+  ASSERT_EQ(reported.size(), 1u);
+  EXPECT_NE(reported[0], std::this_thread::get_id()) << "the offering thread hashed the file";
+}
+
+// Files are hashed side by side, not one after another: while file 0's report is held up
+// (its hasher blocked in the callback until file 1 is reported), file 1, offered after all
+// of file 0 by the same reader, is still hashed and reported. Hashed on the offering thread
+// (the old way), file 1 is never offered and file 0's report gives up after its wait.
+TEST(FollowingSha256, ParallelDigestFilesAreHashedSideBySide) {
+  testing::TempDir dir;
+  TestFile a, b;
+  ASSERT_NO_FATAL_FAILURE(Write(a, dir.path() + "/a", 300'000, 6));
+  ASSERT_NO_FATAL_FAILURE(Write(b, dir.path() + "/b", 300'000, 7));
+  std::mutex mu;
+  std::condition_variable cv;
+  bool second_reported = false, first_gave_up = false;
+  FollowingSha256 h(
+      {{a.fd, a.bytes.size(), a.path}, {b.fd, b.bytes.size(), b.path}}, 4 << 20,
+      [&](size_t i, const std::string&) {
+        std::unique_lock<std::mutex> l(mu);
+        if (i == 1) {
+          second_reported = true;
+          cv.notify_all();
+          return;
+        }
+        // A wait that only ends a broken run (the old way never reports file 1).
+        first_gave_up = !cv.wait_for(l, std::chrono::seconds(20), [&] { return second_reported; });
+      },
+      /*hashers=*/2);
+  for (const TestFile* f : {&a, &b}) {
+    for (uint64_t off = 0; off < f->bytes.size(); off += 50'000) {
+      h.Offer(f->fd, off, f->bytes.data() + off, 50'000);
+    }
+  }
+  auto digests = h.Finish();
+  ASSERT_TRUE(digests.ok()) << digests.status();
+  EXPECT_EQ((*digests)[0], "sha256:" + Sha256Hex(a.bytes));
+  EXPECT_EQ((*digests)[1], "sha256:" + Sha256Hex(b.bytes));
+  std::lock_guard<std::mutex> l(mu);
+  EXPECT_TRUE(second_reported);
+  EXPECT_FALSE(first_gave_up) << "file 1 was hashed only after file 0's report returned";
+}
+
+// Chunks offered through an O_DIRECT descriptor (a cold load's) wait for room in the hold
+// rather than be left to Finish, whose read would go to storage a second time: with a hold
+// of two chunks, a reader offering a file in order leaves nothing to read again.
+TEST(FollowingSha256, OnePassAnODirectReaderWaitsForRoomInsteadOfLeavingAChunk) {
+  testing::TempDir dir;
+  TestFile a;
+  ASSERT_NO_FATAL_FAILURE(Write(a, dir.path() + "/a", 4'000'000, 8));
+  const int direct = ::open(a.path.c_str(), O_RDONLY | O_DIRECT);
+  if (direct < 0) GTEST_SKIP() << dir.path() << " refuses O_DIRECT: " << std::strerror(errno);
+  FollowingSha256 h({{a.fd, a.bytes.size(), a.path}}, /*hold_bytes=*/2 * 65'536, nullptr);
+  for (uint64_t off = 0; off < a.bytes.size(); off += 65'536) {
+    h.Offer(direct, off, a.bytes.data() + off, 65'536);
+  }
+  auto digests = h.Finish();
+  ::close(direct);
+  ASSERT_TRUE(digests.ok()) << digests.status();
+  EXPECT_EQ((*digests)[0], "sha256:" + Sha256Hex(a.bytes));
+  EXPECT_EQ(h.reread_bytes(), 0u);
+  EXPECT_EQ(h.followed_bytes(), a.bytes.size());
 }
 
 // A file cut short under the check: the read for the digest names the file and where.

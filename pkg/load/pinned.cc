@@ -82,9 +82,10 @@ absl::StatusOr<SourceFile> PinnedSource(const spec::ModelSpec& spec, const std::
 }
 
 // Chunks read ahead of a file's hash cursor held aside (copied) while the load goes on; past
-// this the chunk is left and read again at the end (FollowingSha256). About the staging a
-// load uses: 16 readers of 16 MiB chunks run at most that far ahead of the slowest.
-constexpr uint64_t kHoldBytes = 256ull << 20;
+// this a chunk read through the page cache is left and read again at the end, one read with
+// O_DIRECT waits for room (FollowingSha256). Twice the staging ring a load uses (4 buffers of
+// 64 MiB): its buffers take up to 4 files in turn, each hashed by its own thread.
+constexpr uint64_t kHoldBytes = 512ull << 20;
 
 absl::StatusOr<std::unique_ptr<PinCheck>> PinCheck::Start(
     const OpenedModel& model, std::function<void(const absl::Status&)> on_mismatch) {
@@ -166,6 +167,10 @@ absl::Status PinCheck::Finish(const std::atomic<bool>* cancel, unsigned threads)
     if (!early_.ok()) return early_;  // found mid-load: the rest need not be read
   }
   WC_ASSIGN_OR_RETURN(std::vector<std::string> digests, hash_->Finish(cancel, threads));
+  {
+    MutexLock l(mu_);
+    if (!early_.ok()) return early_;  // found by a hasher while the load ended
+  }
   absl::Status first;
   for (size_t k = 0; k < digests.size(); ++k) {
     absl::Status st = Compare(k, digests[k]);

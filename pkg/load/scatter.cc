@@ -1,6 +1,7 @@
 #include "pkg/load/scatter.h"
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <tuple>
 
@@ -70,6 +71,25 @@ void Clip(const Item& it, uint64_t a, uint64_t b, uint64_t span_file, uint64_t s
       emit(cs, it.dst + i * it.row_bytes + (cs - s), ce - cs, 1);
       ++i;
     }
+  }
+}
+
+// The buffers of up to `width` files in turn (ScatterOptions::interleave_files): a buffer
+// belongs to the file of its first span; each file's buffers keep their order.
+void Interleave(size_t width, ScatterPlan* out) {
+  std::map<size_t, std::deque<ScatterBuffer>> by_file;
+  for (auto& b : out->buffers) by_file[b.spans.front().file].push_back(std::move(b));
+  out->buffers.clear();
+  std::vector<std::deque<ScatterBuffer>*> live;
+  auto next = by_file.begin();
+  while (true) {
+    while (live.size() < width && next != by_file.end()) live.push_back(&(next++)->second);
+    if (live.empty()) break;
+    for (auto* q : live) {
+      out->buffers.push_back(std::move(q->front()));
+      q->pop_front();
+    }
+    std::erase_if(live, [](auto* q) { return q->empty(); });
   }
 }
 
@@ -194,6 +214,7 @@ absl::StatusOr<ScatterPlan> PlanScatter(const std::vector<const Plan*>& plans,
     }
   }
   flush();
+  if (options.interleave_files > 1 && out.jobs.empty()) Interleave(options.interleave_files, &out);
   // Each job's last copy completes its source shard.
   std::vector<ScatterCopy*> last(out.jobs.size(), nullptr);
   for (auto& buf : out.buffers) {

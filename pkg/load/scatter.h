@@ -68,6 +68,7 @@ struct ScatterBuffer {
   std::vector<ScatterSpan> spans;
   std::vector<ScatterCopy> copies;
   uint64_t read_bytes = 0;  // sum of span lengths
+  bool operator==(const ScatterBuffer&) const = default;
 };
 
 // Online fp8_block of one rank's tensor: the copies marked with its index assemble the
@@ -99,6 +100,12 @@ struct ScatterOptions {
   // between. Only matters when the group lacks some ranks: with all of them, the covering
   // ranges of the ranks' pieces are the same bytes and are read once either way.
   uint64_t read_rows_above = 64ull << 10;
+  // Buffers of up to this many files taken in turn (one buffer of each, round robin; the
+  // next file joins when one is done) instead of file after file. A pinned load (issue 58)
+  // hashes each file sequentially as it is read: files read side by side are hashed side by
+  // side. 1: file order. Plans with online quantization keep file order (a rank's jobs share
+  // one scratch and complete in order).
+  size_t interleave_files = 1;
 };
 
 // Plans reading every byte the `plans` (the group's ranks, each planned by PlanRank for the

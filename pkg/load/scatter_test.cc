@@ -172,6 +172,55 @@ TEST_P(PlanScatterPreset, SplitBytesEqualTheHostPathAndReadOnce) {
   }
 }
 
+// A pinned load's buffers take files in turn (issue 58: each file is hashed as it is read, one
+// core per file, so files read one after another were hashed one after another): with
+// interleave_files = 2 the first buffers alternate between two files, each file's buffers
+// keep their order, and every byte still lands where the host path puts it, read once.
+// Online quantization keeps file order (one scratch per rank, jobs in order).
+TEST(PlanScatter, ParallelDigestPinnedLoadsReadFilesSideBySide) {
+  ArchShape s;
+  s.architecture = "LlamaForCausalLM";
+  s.shards = 3;
+  TempDir dir;
+  ASSERT_TRUE(safetensors::WriteArchCheckpoint(dir.path(), s).ok());
+  auto m = Open(dir.path(), 2, "hf");
+  ASSERT_NE(m, nullptr);
+  ASSERT_GE(m->checkpoint.files().size(), 3u);
+  const auto plans = PlanRanks(*m, 2, {0, 1});
+  std::vector<const Plan*> ptrs = {&plans[0], &plans[1]};
+  auto in_order = PlanScatter(ptrs, {.buffer_bytes = 8 << 10});
+  auto side = PlanScatter(ptrs, {.buffer_bytes = 8 << 10, .interleave_files = 2});
+  ASSERT_TRUE(in_order.ok() && side.ok());
+  ASSERT_EQ(side->buffers.size(), in_order->buffers.size());
+  EXPECT_EQ(side->read_bytes, in_order->read_bytes);
+  std::vector<size_t> first_files;
+  for (const auto& b : side->buffers) first_files.push_back(b.spans.front().file);
+  ASSERT_GE(first_files.size(), 4u);
+  EXPECT_NE(first_files[0], first_files[1]) << "the first two buffers are of one file";
+  EXPECT_EQ(first_files[0], first_files[2]);
+  // Each file's buffers in their order: the same sequence as file order, filtered by file.
+  for (size_t f = 0; f < m->checkpoint.files().size(); ++f) {
+    std::vector<uint64_t> a, b;
+    for (const auto& buf : in_order->buffers)
+      if (buf.spans.front().file == f) a.push_back(buf.spans.front().file_offset);
+    for (const auto& buf : side->buffers)
+      if (buf.spans.front().file == f) b.push_back(buf.spans.front().file_offset);
+    EXPECT_EQ(a, b) << "file " << f;
+  }
+  EXPECT_EQ(ExpectScatterEqualsHostPath(*m, plans, {.buffer_bytes = 8 << 10, .interleave_files = 2},
+                                        false),
+            CheckpointBytes(*m));
+  // fp8 online quantization: file order kept.
+  auto q = Open(dir.path(), 2, "hf", "fp8_block");
+  ASSERT_NE(q, nullptr);
+  const auto qplans = PlanRanks(*q, 2, {0, 1});
+  auto qa = PlanScatter({&qplans[0], &qplans[1]}, {.buffer_bytes = 8 << 10});
+  auto qb = PlanScatter({&qplans[0], &qplans[1]}, {.buffer_bytes = 8 << 10, .interleave_files = 2});
+  ASSERT_TRUE(qa.ok() && qb.ok());
+  ASSERT_FALSE(qa->jobs.empty());
+  EXPECT_TRUE(qa->buffers == qb->buffers);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     EveryPreset, PlanScatterPreset,
     ::testing::Combine(::testing::Values("LlamaForCausalLM", "Qwen2ForCausalLM",
