@@ -12,9 +12,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -63,7 +65,9 @@ inline std::string Json(const std::vector<int64_t>& v) {
   return s + "]";
 }
 
-inline absl::StatusOr<Checkpoint> WriteDenseLlama(const std::string& dir, double gib) {
+// `max_shard_bytes`: files of at most this many tensor bytes (HF's 5 GB unless told).
+inline absl::StatusOr<Checkpoint> WriteDenseLlama(const std::string& dir, double gib,
+                                                  uint64_t max_shard_bytes = 5'000'000'000ull) {
   safetensors::ArchShape shape;
   shape.architecture = "LlamaForCausalLM";
   shape.hidden = 4096;
@@ -82,7 +86,7 @@ inline absl::StatusOr<Checkpoint> WriteDenseLlama(const std::string& dir, double
   c.layers = shape.layers;
   ::mkdir(dir.substr(0, dir.rfind('/')).c_str(), 0755);
   ::mkdir(dir.c_str(), 0755);
-  // Shards of at most 5e9 bytes, in tensor order (as HF's save_pretrained cuts
+  // Shards of at most max_shard_bytes, in tensor order (as HF's save_pretrained cuts
   // them).
   std::vector<std::vector<size_t>> shards(1);
   uint64_t in_shard = 0;
@@ -91,7 +95,7 @@ inline absl::StatusOr<Checkpoint> WriteDenseLlama(const std::string& dir, double
     uint64_t n = 2;
     for (int64_t d : (*specs)[i].shape) n *= static_cast<uint64_t>(d);
     nbytes.push_back(n);
-    if (in_shard > 0 && in_shard + n > 5'000'000'000ull) {
+    if (in_shard > 0 && in_shard + n > max_shard_bytes) {
       shards.emplace_back();
       in_shard = 0;
     }
@@ -176,6 +180,14 @@ inline absl::StatusOr<Checkpoint> WriteDenseLlama(const std::string& dir, double
   return c;
 }
 
+// Deletes what WriteDenseLlama wrote.
+inline void RemoveCheckpoint(const Checkpoint& c) {
+  for (const auto& f : c.files) ::unlink(f.c_str());
+  ::unlink((c.dir + "/config.json").c_str());
+  ::unlink((c.dir + "/model.safetensors.index.json").c_str());
+  ::rmdir(c.dir.c_str());
+}
+
 // The page cache.
 
 inline double Resident(const std::vector<std::string>& files) {
@@ -196,6 +208,55 @@ inline double Resident(const std::vector<std::string>& files) {
     ::close(fd);
   }
   return pages == 0 ? -1 : static_cast<double>(in) / static_cast<double>(pages);
+}
+
+// Parallel preads of every byte of `files` (O_DIRECT or through the page cache), in GB/s:
+// the storage's own rate when cold.
+inline double RawRead(const std::vector<std::string>& files, bool direct, unsigned threads,
+                      uint64_t chunk) {
+  struct Job {
+    int fd;
+    uint64_t off, len;
+  };
+  std::vector<int> fds;
+  std::vector<Job> jobs;
+  for (const auto& p : files) {
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
+    if (fd < 0) {
+      std::fprintf(stderr, "%s: open: %s\n", p.c_str(), std::strerror(errno));
+      std::exit(1);
+    }
+    fds.push_back(fd);
+    struct stat st {};
+    ::fstat(fd, &st);
+    for (uint64_t o = 0; o < static_cast<uint64_t>(st.st_size); o += chunk) {
+      jobs.push_back({fd, o, std::min<uint64_t>(chunk, st.st_size - o)});
+    }
+  }
+  std::atomic<size_t> next{0};
+  std::atomic<uint64_t> got{0};
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> th;
+  for (unsigned t = 0; t < threads; ++t) {
+    th.emplace_back([&] {
+      void* buf = std::aligned_alloc(4096, chunk);
+      for (size_t i; (i = next.fetch_add(1)) < jobs.size();) {
+        const Job& j = jobs[i];
+        uint64_t len = direct ? (j.len + 4095) / 4096 * 4096 : j.len;
+        ssize_t n = ::pread(j.fd, buf, len, static_cast<off_t>(j.off));
+        if (n < 0) {
+          std::fprintf(stderr, "pread: %s\n", std::strerror(errno));
+          std::exit(1);
+        }
+        got += static_cast<uint64_t>(n);
+      }
+      std::free(buf);
+    });
+  }
+  for (auto& x : th) x.join();
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int fd : fds) ::close(fd);
+  return static_cast<double>(got.load()) / 1e9 / s;
 }
 
 // Empties the page cache of `files`; returns the method that worked.

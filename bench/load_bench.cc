@@ -147,46 +147,7 @@ Args Parse(int argc, char** argv) {
 // ---- (a) raw reads
 // -------------------------------------------------------------------------
 
-double RawRead(const std::vector<std::string>& files, bool direct, unsigned threads,
-               uint64_t chunk) {
-  struct Job {
-    int fd;
-    uint64_t off, len;
-  };
-  std::vector<int> fds;
-  std::vector<Job> jobs;
-  for (const auto& p : files) {
-    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
-    if (fd < 0) Die(p + ": open: " + std::strerror(errno));
-    fds.push_back(fd);
-    struct stat st {};
-    ::fstat(fd, &st);
-    for (uint64_t o = 0; o < static_cast<uint64_t>(st.st_size); o += chunk) {
-      jobs.push_back({fd, o, std::min<uint64_t>(chunk, st.st_size - o)});
-    }
-  }
-  std::atomic<size_t> next{0};
-  std::atomic<uint64_t> got{0};
-  auto t0 = Clock::now();
-  std::vector<std::thread> th;
-  for (unsigned t = 0; t < threads; ++t) {
-    th.emplace_back([&] {
-      void* buf = std::aligned_alloc(4096, chunk);
-      for (size_t i; (i = next.fetch_add(1)) < jobs.size();) {
-        const Job& j = jobs[i];
-        uint64_t len = direct ? (j.len + 4095) / 4096 * 4096 : j.len;
-        ssize_t n = ::pread(j.fd, buf, len, static_cast<off_t>(j.off));
-        if (n < 0) Die(std::string("pread: ") + std::strerror(errno));
-        got += static_cast<uint64_t>(n);
-      }
-      std::free(buf);
-    });
-  }
-  for (auto& x : th) x.join();
-  double s = Since(t0);
-  for (int fd : fds) ::close(fd);
-  return static_cast<double>(got.load()) / kGB / s;
-}
+using wc::bench::RawRead;
 
 // ---- pinned host->device reference
 // ----------------------------------------------------------
@@ -635,12 +596,7 @@ int main(int argc, char** argv) {
         }
       }
       std::fflush(stdout);
-      if (!a.keep) {
-        for (const auto& f : c.files) ::unlink(f.c_str());
-        ::unlink((dir + "/config.json").c_str());
-        ::unlink((dir + "/model.safetensors.index.json").c_str());
-        ::rmdir(dir.c_str());
-      }
+      if (!a.keep) wc::bench::RemoveCheckpoint(c);
       continue;
     }
 
@@ -743,12 +699,7 @@ int main(int argc, char** argv) {
       std::printf("\n");
     }
     std::fflush(stdout);
-    if (!a.keep) {
-      for (const auto& f : c.files) ::unlink(f.c_str());
-      ::unlink((dir + "/config.json").c_str());
-      ::unlink((dir + "/model.safetensors.index.json").c_str());
-      ::rmdir(dir.c_str());
-    }
+    if (!a.keep) wc::bench::RemoveCheckpoint(c);
   }
   return 0;
 }
