@@ -39,6 +39,14 @@ gcc -shared -fPIC -O1 -o /tmp/segv_backtrace.so "$root/tests/gpu/segv_backtrace.
   export CPP_ENGINE_PRELOAD=/tmp/segv_backtrace.so
 bash "$root/examples/cpp_engine/build-on-device.sh" "$engine" >"$OUT/cpp-build.log" 2>&1 &
 builder=$!
+# Symbols that both libtorch and a carried (Debian-built) library export: where one process
+# holds both, a call from either may land in the other's copy (a SIGSEGV suspect).
+torch_lib=$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')/lib
+( comm -12 <(nm -D --defined-only "$torch_lib"/*.so 2>/dev/null | awk '{print $3}' | sort -u) \
+    <(nm -D --defined-only "$carry"/lib/*.so* 2>/dev/null | awk '{print $3}' | sort -u) \
+    >"$OUT/interposition.txt"
+  echo "symbols exported by both libtorch and the carried libraries: $(wc -l <"$OUT/interposition.txt")"
+  sed 's/^/  /' "$OUT/interposition.txt" | c++filt | head -n 15 ) &
 work=$(mktemp -d /tmp/wc-cpp.XXXXXX)
 export PYTHONPATH=$carry/python WEIGHTCACHE_SOCKET=$work/s WEIGHTCACHE_STATE_DIR=$work/state
 unset WEIGHTCACHE_LIB WEIGHTCACHE_MODE WEIGHTCACHE_MODEL TORCHINDUCTOR_VEC_ISA_OK WEIGHTCACHE_NODE_PROBES
