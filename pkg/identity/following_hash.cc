@@ -33,6 +33,10 @@ struct FollowingSha256::State {
   bool queued ABSL_GUARDED_BY(mu) = false;  // a hasher's turn: queued or hashing
   std::string digest ABSL_GUARDED_BY(mu);
   std::map<uint64_t, std::vector<uint8_t>> held ABSL_GUARDED_BY(mu);  // by file offset
+  // Chunks offered and left (the hold was full): offset -> end. The hasher reads one itself
+  // when its cursor reaches it, so one left chunk costs one chunk's read, not the rest of
+  // the file (the hash could not pass the gap, and every later chunk would be left too).
+  std::map<uint64_t, uint64_t> left ABSL_GUARDED_BY(mu);
 };
 
 FollowingSha256::FollowingSha256(std::vector<File> files, uint64_t hold_bytes,
@@ -126,7 +130,8 @@ void FollowingSha256::Offer(int fd, uint64_t offset, const void* data, uint64_t 
   if (at_cursor) {
     held_ += n;
   } else if (!Admit(fd, n)) {
-    return;  // left for Finish to read
+    Left(*s, offset, n);
+    return;
   }
   const auto* bytes = static_cast<const uint8_t*>(data);
   std::vector<uint8_t> copy(bytes, bytes + n);  // outside the lock: readers copy side by side
@@ -145,10 +150,26 @@ void FollowingSha256::Offer(int fd, uint64_t offset, const void* data, uint64_t 
     }
   }
   if (unused > 0) Released(unused);
-  if (!queue) return;
+  if (queue) Queue(*s);
+}
+
+void FollowingSha256::Left(State& s, uint64_t offset, uint64_t n) {
+  bool queue = false;
+  {
+    MutexLock l(s.mu);
+    if (s.done || offset + n <= s.cursor) return;
+    uint64_t& end = s.left[offset];
+    end = std::max(end, offset + n);
+    // The cursor may have reached it meanwhile, with the file's turn over: start one.
+    if (!s.queued && offset <= s.cursor) queue = s.queued = true;
+  }
+  if (queue) Queue(s);
+}
+
+void FollowingSha256::Queue(State& s) {
   {
     MutexLock l(pool_mu_);
-    ready_.push_back(s);
+    ready_.push_back(&s);
     ++turns_;
   }
   work_cv_.NotifyOne();
@@ -176,14 +197,20 @@ void FollowingSha256::Hasher() {
 void FollowingSha256::HashHeld(State& s) {
   for (;;) {
     std::vector<uint8_t> bytes;
-    uint64_t off = 0, skip = 0, dropped = 0;
+    uint64_t off = 0, skip = 0, dropped = 0, gap_end = 0;
     {
       MutexLock l(s.mu);
       while (!s.held.empty() && s.held.begin()->first + s.held.begin()->second.size() <= s.cursor) {
         dropped += s.held.begin()->second.size();  // hashed from another offer already
         s.held.erase(s.held.begin());
       }
-      if (s.done || s.held.empty() || s.held.begin()->first > s.cursor) {
+      while (!s.left.empty() && s.left.begin()->second <= s.cursor) s.left.erase(s.left.begin());
+      const bool held_next = !s.done && !s.held.empty() && s.held.begin()->first <= s.cursor;
+      if (!held_next && !s.done && !s.left.empty() && s.left.begin()->first <= s.cursor) {
+        gap_end = s.left.begin()->second;  // a chunk left at the cursor: read it here
+        s.left.erase(s.left.begin());
+        off = s.cursor;
+      } else if (!held_next) {
         s.queued = false;  // the turn ends: the next chunk at the cursor queues the file again
         bytes.clear();
       } else {
@@ -194,6 +221,10 @@ void FollowingSha256::HashHeld(State& s) {
       }
     }
     if (dropped > 0) Released(dropped);
+    if (gap_end > 0) {
+      if (!ReadGap(s, off, gap_end)) return;  // s.queued cleared: Finish reads it
+      continue;
+    }
     if (bytes.empty()) return;
     // Only this turn's hasher moves the cursor: the context is used outside the lock, so
     // readers copy while it hashes.
@@ -209,6 +240,33 @@ void FollowingSha256::HashHeld(State& s) {
     Released(bytes.size());
     if (complete && on_file_) on_file_(s.index, digest);
   }
+}
+
+bool FollowingSha256::ReadGap(State& s, uint64_t from, uint64_t end) {
+  std::vector<uint8_t> buf(std::min<uint64_t>(end - from, 8ull << 20));
+  uint64_t at = from;
+  while (at < end) {
+    const uint64_t want = std::min<uint64_t>(buf.size(), end - at);
+    const ssize_t got = ::pread(s.file.fd, buf.data(), want, static_cast<off_t>(at));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;  // Finish reads it again and names the error
+    WC_CHECK(EVP_DigestUpdate(s.ctx, buf.data(), static_cast<size_t>(got)) == 1);
+    reread_ += static_cast<uint64_t>(got);
+    at += static_cast<uint64_t>(got);
+  }
+  std::string digest;
+  bool complete = false;
+  {
+    MutexLock l(s.mu);
+    s.cursor = at;
+    if (at < end) {
+      s.queued = false;
+      return false;
+    }
+    complete = Complete(s, &digest);
+  }
+  if (complete && on_file_) on_file_(s.index, digest);
+  return true;
 }
 
 void FollowingSha256::Drain(State& s) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // s.mu held

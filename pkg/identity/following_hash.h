@@ -69,10 +69,13 @@ class FollowingSha256 {
  private:
   struct State;
   State* Find(int fd);
-  bool Admit(int fd, uint64_t n);                // takes room in the hold for a chunk ahead
-  void Hasher();                                 // a hasher thread's loop
-  void HashHeld(State& s);                       // hashes s's held chunks at its cursor
-  void Released(uint64_t n);                     // held bytes hashed or dropped: room
+  bool Admit(int fd, uint64_t n);                       // takes room in the hold for a chunk ahead
+  void Hasher();                                        // a hasher thread's loop
+  void HashHeld(State& s);                              // hashes s's held chunks at its cursor
+  void Left(State& s, uint64_t offset, uint64_t n);     // a chunk not taken: the hasher reads it
+  bool ReadGap(State& s, uint64_t from, uint64_t end);  // false: read failed, turn ended
+  void Queue(State& s);                                 // a turn for s
+  void Released(uint64_t n);                            // held bytes hashed or dropped: room
   void Drain(State& s);                          // Finish: held chunks the cursor has reached
   bool Complete(State& s, std::string* digest);  // finalizes when the cursor is at the end
   absl::Status ReadAhead(State& s, uint64_t end, const std::atomic<bool>* cancel);
