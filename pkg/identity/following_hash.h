@@ -6,9 +6,9 @@
 // SHA-256 per file). The bytes held stay about `hold_bytes`: a chunk at a file's cursor is
 // always taken; one ahead of it that finds the hold full waits for room when it came through
 // an O_DIRECT descriptor (storage would otherwise be read twice) while some file's hash is
-// moving, and otherwise is left, to be read again by Finish. What no reader offered (the
-// header, a tensor the plan does not read, a chunk left) is read by Finish itself:
-// `reread_bytes`.
+// moving, and otherwise is left: the file's hasher reads it itself when its cursor gets there
+// (so a left chunk costs that chunk, not the rest of the file). What no reader offered (the
+// header, a tensor the plan does not read) is read by Finish itself. Both: `reread_bytes`.
 //
 // A file whose every byte is hashed during the load is reported at once (`on_file`, from the
 // hasher thread that hashed its last byte), so a mismatch can stop the load mid-way.
