@@ -121,7 +121,10 @@ absl::StatusOr<std::unique_ptr<PinCheck>> PinCheck::Start(
   return check;
 }
 
-PinCheck::~PinCheck() = default;
+// The hashers first: one may still be reporting a file (Checked uses mu_ and compared_,
+// declared after hash_ and so destroyed before it), e.g. after Finish returned a mismatch
+// found mid-load without waiting for them.
+PinCheck::~PinCheck() { hash_.reset(); }
 
 absl::Status PinCheck::Compare(size_t k, const std::string& digest) {
   const SourceFile& sf = model_->files[followed_[k]];
