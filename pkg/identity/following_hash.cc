@@ -212,7 +212,6 @@ void FollowingSha256::HashHeld(State& s) {
         off = s.cursor;
       } else if (!held_next) {
         s.queued = false;  // the turn ends: the next chunk at the cursor queues the file again
-        bytes.clear();
       } else {
         auto node = s.held.extract(s.held.begin());
         off = node.key();
@@ -243,23 +242,15 @@ void FollowingSha256::HashHeld(State& s) {
 }
 
 bool FollowingSha256::ReadGap(State& s, uint64_t from, uint64_t end) {
-  std::vector<uint8_t> buf(std::min<uint64_t>(end - from, 8ull << 20));
   uint64_t at = from;
-  while (at < end) {
-    const uint64_t want = std::min<uint64_t>(buf.size(), end - at);
-    const ssize_t got = ::pread(s.file.fd, buf.data(), want, static_cast<off_t>(at));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) break;  // Finish reads it again and names the error
-    WC_CHECK(EVP_DigestUpdate(s.ctx, buf.data(), static_cast<size_t>(got)) == 1);
-    reread_ += static_cast<uint64_t>(got);
-    at += static_cast<uint64_t>(got);
-  }
+  // Without s.mu: only this turn's hasher uses the context and moves the cursor.
+  const bool read = ReadHashed(s, &at, end, nullptr).ok();  // else Finish names the error
   std::string digest;
   bool complete = false;
   {
     MutexLock l(s.mu);
     s.cursor = at;
-    if (at < end) {
+    if (!read) {
       s.queued = false;
       return false;
     }
@@ -299,25 +290,25 @@ bool FollowingSha256::Complete(State& s,
   return true;
 }
 
-absl::Status FollowingSha256::ReadAhead(State& s, uint64_t end, const std::atomic<bool>* cancel)
-    ABSL_NO_THREAD_SAFETY_ANALYSIS {  // s.mu held
-  std::vector<uint8_t> buf(std::min<uint64_t>(end - s.cursor, 8ull << 20));
-  while (s.cursor < end) {
+absl::Status FollowingSha256::ReadHashed(State& s, uint64_t* at, uint64_t end,
+                                         const std::atomic<bool>* cancel) {
+  std::vector<uint8_t> buf(std::min<uint64_t>(end - *at, 8ull << 20));
+  while (*at < end) {
     if (cancel != nullptr && cancel->load()) {
       return absl::CancelledError(
           absl::StrCat(s.file.path, ": the digest was not finished (the load was stopped)"));
     }
-    const uint64_t want = std::min<uint64_t>(buf.size(), end - s.cursor);
-    const ssize_t got = ::pread(s.file.fd, buf.data(), want, static_cast<off_t>(s.cursor));
+    const uint64_t want = std::min<uint64_t>(buf.size(), end - *at);
+    const ssize_t got = ::pread(s.file.fd, buf.data(), want, static_cast<off_t>(*at));
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
-      return absl::DataLossError(absl::StrCat(
-          s.file.path, ": read for its SHA-256 at byte ", s.cursor, " of ", s.file.size, ": ",
-          got < 0 ? std::strerror(errno) : "the file ended (it was truncated)"));
+      return absl::DataLossError(
+          absl::StrCat(s.file.path, ": read for its SHA-256 at byte ", *at, " of ", s.file.size,
+                       ": ", got < 0 ? std::strerror(errno) : "the file ended (it was truncated)"));
     }
     WC_CHECK(EVP_DigestUpdate(s.ctx, buf.data(), static_cast<size_t>(got)) == 1);
     reread_ += static_cast<uint64_t>(got);
-    s.cursor += static_cast<uint64_t>(got);
+    *at += static_cast<uint64_t>(got);
   }
   return absl::OkStatus();
 }
@@ -326,7 +317,7 @@ absl::Status FollowingSha256::Start(size_t i, uint64_t n) {
   State& s = *files_.at(i);
   MutexLock l(s.mu);
   if (s.cursor >= n) return absl::OkStatus();
-  return ReadAhead(s, std::min(n, s.file.size), nullptr);
+  return ReadHashed(s, &s.cursor, std::min(n, s.file.size), nullptr);
 }
 
 absl::Status FollowingSha256::FinishOne(State& s, const std::atomic<bool>* cancel) {
@@ -336,7 +327,7 @@ absl::Status FollowingSha256::FinishOne(State& s, const std::atomic<bool>* cance
     std::string digest;
     if (Complete(s, &digest)) break;
     const uint64_t next = s.held.empty() ? s.file.size : s.held.begin()->first;
-    WC_RETURN_IF_ERROR(ReadAhead(s, next, cancel));
+    WC_RETURN_IF_ERROR(ReadHashed(s, &s.cursor, next, cancel));
     Complete(s, &digest);
   }
   return absl::OkStatus();

@@ -78,7 +78,9 @@ class FollowingSha256 {
   void Released(uint64_t n);                            // held bytes hashed or dropped: room
   void Drain(State& s);                          // Finish: held chunks the cursor has reached
   bool Complete(State& s, std::string* digest);  // finalizes when the cursor is at the end
-  absl::Status ReadAhead(State& s, uint64_t end, const std::atomic<bool>* cancel);
+  // Reads [*at, end) of s's file into its hash, moving *at (s.cursor under s.mu, or a
+  // gap's position by the turn's hasher); the read's error names the file and the byte.
+  absl::Status ReadHashed(State& s, uint64_t* at, uint64_t end, const std::atomic<bool>* cancel);
   absl::Status FinishOne(State& s, const std::atomic<bool>* cancel);  // takes s.mu
 
   std::vector<std::unique_ptr<State>> files_;
