@@ -471,8 +471,11 @@ absl::StatusOr<Loaded> WithPinsChecked(
   std::atomic<bool> stopped{true};  // a failed load: only what was found matters, no reads
   const absl::Status verified =
       check->Finish(loaded.ok() ? p->cancel_flag() : &stopped, options.read_threads);
-  if (!verified.ok() && (loaded.ok() || verified.code() == absl::StatusCode::kDataLoss)) {
-    return verified;  // a mismatch says more than the load's own failure
+  // What the check found (a mismatch; a file changed since it was opened) says more than the
+  // load's own failure, which is then most often the CANCELLED the check caused; the check's
+  // own CANCELLED (the load failed first, or the caller stopped both) says less.
+  if (!verified.ok() && (loaded.ok() || verified.code() != absl::StatusCode::kCancelled)) {
+    return verified;
   }
   if (loaded.ok()) NotePinCheck(*check, *loaded);
   return loaded;

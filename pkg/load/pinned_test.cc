@@ -214,6 +214,41 @@ TEST(PinnedDigests, AMismatchStopsTheLoadWhenItIsFound) {
   // told to stop and that nothing of it is served.
 }
 
+// The bytes a check hashes are the file's as the load read them only while the file is not
+// written: a chunk the check reads again (left for want of room), the header, the parts a
+// lone rank does not load come from a second read. A writer of the model directory who
+// changes a pinned file after it was opened (here: one byte, in place, same inode and size)
+// gets the load refused as UNAVAILABLE naming the file, whatever the bytes hash to, and not
+// the CANCELLED the check's stop would otherwise leave.
+TEST(PinnedDigests, AFileWrittenAfterItWasOpenedIsRefusedNamingIt) {
+  TempDir dir;
+  spec::ModelSpec s;
+  ASSERT_NO_FATAL_FAILURE(WritePinnedTwoFileCheckpoint(dir.path(), &s));
+  const std::string victim = "model-00001-of-00002.safetensors";
+  auto store = MemoryStore();
+  auto m = OpenModel(s, {.digests = store.get()});
+  ASSERT_TRUE(m.ok()) << m.status();
+  {
+    const int fd = ::open((dir.path() + "/" + victim).c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    const off_t at = static_cast<off_t>(std::filesystem::file_size(dir.path() + "/" + victim) / 2);
+    char c = 0;
+    ASSERT_EQ(::pread(fd, &c, 1, at), 1);
+    c = static_cast<char>(c ^ 0x5a);
+    ASSERT_EQ(::pwrite(fd, &c, 1, at), 1);
+    ::close(fd);
+  }
+  auto plan = PlanRank(**m, {}, {});
+  ASSERT_TRUE(plan.ok());
+  auto backend = memory::MakeHostBackend();
+  LoadProgress progress;
+  auto loaded = LoadRank(**m, *plan, *backend, "", "tiny", {.read_threads = 2}, &progress);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kUnavailable) << loaded.status();
+  EXPECT_THAT(std::string(loaded.status().message()), HasSubstr(victim));
+  EXPECT_THAT(std::string(loaded.status().message()), HasSubstr("since it was opened"));
+}
+
 // A cancelled load (the daemon stopping) stops the check of the pins too, and says CANCELLED.
 TEST(PinnedDigests, ACancelledLoadStopsTheCheckToo) {
   TempDir dir;
