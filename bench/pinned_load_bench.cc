@@ -174,7 +174,7 @@ struct Bench {
     rows.push_back(row);
     std::printf(
         "  %s tp %d %s: %.2f s (open %.2f s), storage %.2f GB, hashed from the load "
-        "%.2f GB, read by the check %.2f GB\n",
+        "%.2f GB, read again %.2f GB\n",
         row.cache.c_str(), tp, mode.c_str(), row.seconds, row.open_seconds, row.storage / kGB,
         row.followed / kGB, row.reread / kGB);
     std::fflush(stdout);
@@ -182,41 +182,37 @@ struct Bench {
   }
 };
 
-double Median(const std::vector<double>& v) {
-  return v.empty() ? 0 : wc::bench::Percentile(v, 0.5);
-}
-
-// Rows of one (tp, cache, mode), median (min-max) of seconds; storage of the last.
+// Rows of one (tp, cache, mode): median (min-max) of seconds; bytes of the last run.
 void PrintTable(const std::vector<Row>& rows, double bytes, double file_bytes,
                 const std::string& against) {
-  std::map<std::tuple<int, std::string, std::string>, std::vector<const Row*>> by;
-  std::vector<std::tuple<int, std::string, std::string>> order;
+  using Key = std::tuple<int, std::string, std::string>;
+  std::map<Key, std::vector<double>> seconds;
+  std::map<Key, const Row*> last;
+  std::vector<Key> order;
   for (const auto& r : rows) {
-    auto k = std::make_tuple(r.tp, r.cache, r.mode);
-    if (by[k].empty()) order.push_back(k);
-    by[k].push_back(&r);
+    const Key k{r.tp, r.cache, r.mode};
+    if (seconds[k].empty()) order.push_back(k);
+    seconds[k].push_back(r.seconds);
+    last[k] = &r;
   }
+  auto median = [&](const Key& k) { return wc::bench::Percentile(seconds.at(k), 0.5); };
   std::printf(
       "\n| tp | cache | load | runs | s median (min-max) | GB/s | vs %s | storage read "
-      "/ files | hashed from the load GB | read by the check GB |\n",
+      "/ files | hashed from the load GB | read again GB |\n",
       against.c_str());
   std::printf("|--:|---|---|--:|--:|--:|--:|--:|--:|--:|\n");
   for (const auto& k : order) {
-    std::vector<double> s;
-    for (const Row* r : by[k]) s.push_back(r->seconds);
-    const double med = Median(s);
-    const auto base = by.find(std::make_tuple(std::get<0>(k), std::get<1>(k), against));
-    const double b = base == by.end() ? 0 : [&] {
-      std::vector<double> v;
-      for (const Row* r : base->second) v.push_back(r->seconds);
-      return Median(v);
-    }();
-    const Row& last = *by[k].back();
-    std::printf("| %d | %s | %s | %zu | %.2f (%.2f-%.2f) | %.2f | %s | %.2f | %.2f | %.2f |\n",
-                std::get<0>(k), std::get<1>(k).c_str(), std::get<2>(k).c_str(), s.size(), med,
-                *std::min_element(s.begin(), s.end()), *std::max_element(s.begin(), s.end()),
-                bytes / kGB / med, b > 0 ? absl::StrFormat("%.0f %%", 100 * b / med).c_str() : "-",
-                last.storage / file_bytes, last.followed / kGB, last.reread / kGB);
+    const auto& [tp, cache, mode] = k;
+    const std::vector<double>& s = seconds[k];
+    const double med = median(k);
+    const Key base{tp, cache, against};
+    const std::string vs =
+        seconds.count(base) ? absl::StrFormat("%.0f %%", 100 * median(base) / med) : "-";
+    const Row& l = *last[k];
+    std::printf("| %d | %s | %s | %zu | %.2f (%.2f-%.2f) | %.2f | %s | %.2f | %.2f | %.2f |\n", tp,
+                cache.c_str(), mode.c_str(), s.size(), med, *std::min_element(s.begin(), s.end()),
+                *std::max_element(s.begin(), s.end()), bytes / kGB / med, vs.c_str(),
+                l.storage / file_bytes, l.followed / kGB, l.reread / kGB);
   }
 }
 
