@@ -23,16 +23,38 @@ for f in pkg/client/torch/aoti_package.cc pkg/client/torch/torch_adapter.cc exam
   objs+=("$o")
 done
 for _ in "${objs[@]}"; do wait -n; done
-shared=$(ls "$carry"/lib/*.so*)
-# The carried libraries are linked as needed or not (Ubuntu's g++ links --as-needed): an
-# abseil library needed only by another one is then still found through this binary's
-# RUNPATH, which covers its direct dependencies only. A DT_RPATH (--disable-new-dtags) would
-# instead put the carried Debian libraries ahead of the system's for libtorch and the
-# package too (a SIGSEGV inside the package load on the device; not proven to be the cause).
-g++ -o "$out" "${objs[@]}" \
-  -Wl,--start-group "$carry"/lib-static/*.a -Wl,--end-group -Wl,--no-as-needed $shared -Wl,--as-needed \
-  -Wl,-rpath-link,"$carry/lib" -Wl,-rpath,"$carry/lib" \
-  -L"$torch_dir/lib" -Wl,-rpath,"$torch_dir/lib" \
-  -Wl,--no-as-needed -ltorch_cuda -lc10_cuda -Wl,--as-needed -ltorch -ltorch_cpu -lc10 \
-  -ldl -lpthread
+# The carried libraries this program needs and, transitively, theirs: the ones its objects
+# reference (an --as-needed link keeps exactly those) and their dependencies found in the
+# carry. All are listed as this binary's own NEEDED entries, so its RUNPATH finds them (RUNPATH
+# covers direct dependencies only: an abseil library needed by gRPC alone was not found, exit
+# 127). Linking every carried library instead would load cpp-httplib, prometheus-cpp and UCX
+# too, and httplib exports std::regex template instances built by Debian's g++ 12 that come
+# before libtorch's in the global scope (torch's package loader parses device strings with
+# std::regex). libtorch comes first on the line: first in the global lookup order.
+# shellcheck disable=SC2054  # the commas are the linker's
+torch_libs=(-L"$torch_dir/lib" -Wl,-rpath,"$torch_dir/lib"
+            -Wl,--no-as-needed -ltorch_cuda -lc10_cuda -ltorch -ltorch_cpu -lc10 -Wl,--as-needed)
+link() {  # link OUTPUT CARRIED_LIBS...
+  local o=$1; shift
+  g++ -o "$o" "${objs[@]}" "${torch_libs[@]}" \
+    -Wl,--start-group "$carry"/lib-static/*.a -Wl,--end-group "$@" \
+    -Wl,-rpath-link,"$carry/lib" -Wl,-rpath,"$carry/lib" -ldl -lpthread
+}
+link "$out.direct" -Wl,--as-needed "$carry"/lib/*.so*
+needed() { readelf -d "$1" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'; }
+declare -A closure=()
+mapfile -t queue < <(needed "$out.direct")
+while ((${#queue[@]})); do
+  n=${queue[0]}; queue=("${queue[@]:1}")
+  [[ -f $carry/lib/$n && -z ${closure[$n]:-} ]] || continue
+  closure[$n]=1
+  mapfile -t more < <(needed "$carry/lib/$n")
+  queue+=("${more[@]}")
+done
+rm -f "$out.direct"
+echo "carried libraries linked (${#closure[@]}): ${!closure[*]}"
+libs=()
+for n in "${!closure[@]}"; do libs+=("$carry/lib/$n"); done
+link "$out" -Wl,--no-as-needed "${libs[@]}" -Wl,--as-needed
+readelf -d "$out" | grep -c NEEDED | xargs echo "NEEDED entries:"
 echo "built $out"

@@ -11,7 +11,8 @@
 #          (both carries; compress them: see tests/gpu/README or docs/gpu.md)
 #   then:  run(carry=[...], command="bash tests/gpu/run-cpp-engine-on-device.sh")
 # Results under $OUT: cpp-engine-<model>.md (each table), cpp-engine-gpu.log (everything),
-# cpp-build.log, weightcached.log.
+# cpp-build.log, weightcached.log; where the C++ engine died, probe-*.out and
+# bindings-not-to-libstdcxx.txt (see the probe below).
 # Environment: PYTHON (python3), RUNS (5), COLD_RUNS (1), MODELS ("llama-1b llama-8g"),
 # TOTAL (seconds this script may use, 570).
 set -u
@@ -76,10 +77,31 @@ for m in $MODELS; do
     --cpp-engine "$engine" > >(tee "$OUT/cpp-engine-$m.md") || rc=$?
   rm -rf "$work"/caches-*  # each run's private Inductor and Triton caches
 done
+# Where the C++ engine died in the bench, one more run each way, to say why (a diagnosis, not a
+# figure): the system C++ runtime preloaded (first in the global scope, ahead of any carried
+# library's std:: template instances), and the dynamic linker's bindings of std::regex and
+# locale symbols. The package's load marker is cleared before each.
+m1=${MODELS%% *}
+if [[ $modes == *cpp* ]] && grep -q "cpp run [0-9]*: exit" "$OUT/cpp-engine-gpu.log"; then
+  stdcxx=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/{print $NF; exit}')
+  probe() {  # probe NAME ENV...
+    local name=$1; shift
+    rm -rf "$WEIGHTCACHE_STATE_DIR/aoti-loads"
+    env "$@" "$engine" --model "$m1" --key "$work/aoti-key-$m1.json" --ids "$work/ids.bin" \
+      >"$OUT/probe-$name.out" 2>&1
+    echo "probe $name: exit $? ($(grep -m1 BENCH "$OUT/probe-$name.out" | cut -c1-200))"
+    tail -n 25 "$OUT/probe-$name.out"
+  }
+  probe libstdcxx-first LD_PRELOAD="${CPP_ENGINE_PRELOAD:-} $stdcxx"
+  probe bindings LD_PRELOAD="${CPP_ENGINE_PRELOAD:-}" LD_DEBUG=bindings LD_DEBUG_OUTPUT=/tmp/ld-bind
+  cat /tmp/ld-bind.* 2>/dev/null | grep -E "regex|locale|codecvt|collate|ctype" |
+    grep -v "to /.*libstdc++" | head -n 300 >"$OUT/bindings-not-to-libstdcxx.txt"
+  wc -l <"$OUT/bindings-not-to-libstdcxx.txt" | xargs echo "std::regex/locale bindings not to libstdc++:"
+  rm -rf "$WEIGHTCACHE_STATE_DIR/aoti-loads" /tmp/ld-bind.*
+fi
 # The crash marker, across languages: the C++ engine left none behind after its runs, and a
 # marker planted under the name Python gives the key (weightcache.aoti.marker_path) stops it
 # (a package whose load killed an engine, Python or C++, is not loaded again).
-m1=${MODELS%% *}
 if [[ $modes == *cpp* ]]; then
   ls -la "$WEIGHTCACHE_STATE_DIR/aoti-loads" 2>&1
   marker=$("$PY" -c 'import json, sys; from weightcache.aoti import marker_path; print(marker_path(json.load(open(sys.argv[1]))))' "$work/aoti-key-$m1.json")
