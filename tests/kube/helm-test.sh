@@ -474,6 +474,12 @@ for helm in "${helms[@]}"; do
   expect "peer fill off: no credentials, RBAC or policy" lacks "$d" \
     'kube-api-access|POD_UID|kind: Role|issuer-discovery|ValidatingAdmissionPolicy'
   expect_fail "schema: peer identity" 'identity' "$helm" template wc "$chart" --set peerFill.identity=cert
+  # Token identity needs 1.30 (the chart's kubeVersion is older): a clear refusal before 1.30,
+  # certificate identity still installs there.
+  expect_fail "peer identity token before Kubernetes 1.30" 'needs Kubernetes 1\.30 or later.*v1\.29\.4' \
+    "$helm" template wc "$chart" --kube-version 1.29.4 --set peerFill.enabled=true
+  expect "peer identity certificate on Kubernetes 1.29" "$helm" template wc "$chart" --kube-version 1.29.4 \
+    --set peerFill.enabled=true,peerFill.identity=certificate
   po="$work/peer-override.yaml"
   "$helm" template wc "$chart" --namespace wc \
     --set 'peerFill.enabled=true,peerFill.peers=10.0.0.5:7443\,gpu-b.example.com:7443' >"$po" 2>"$work/err" \
