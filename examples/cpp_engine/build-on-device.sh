@@ -30,10 +30,16 @@ for _ in "${objs[@]}"; do wait -n; done
 # 127). Linking every carried library instead would load cpp-httplib, prometheus-cpp and UCX
 # too, and httplib exports std::regex template instances built by Debian's g++ 12 that come
 # before libtorch's in the global scope (torch's package loader parses device strings with
-# std::regex). libtorch comes first on the line: first in the global lookup order.
+# std::regex).
+# The C++ runtime comes first of all (its NEEDED entry before libtorch's): the global lookup
+# order follows these entries, and pip's libtorch.so exports std:: symbols of its own
+# (std::ctype<char>::do_widen among them). With libtorch ahead, libstdc++'s own references and
+# the AOTInductor package's bound to libtorch's copies and torch's package loader died in
+# std::regex (SIGSEGV, H100, torch 2.11); with libstdc++ ahead (here, or preloaded) the same
+# binary loaded the package and ran (the device log of 2026-12-07, docs/gpu.md).
 # shellcheck disable=SC2054  # the commas are the linker's
-torch_libs=(-L"$torch_dir/lib" -Wl,-rpath,"$torch_dir/lib"
-            -Wl,--no-as-needed -ltorch_cuda -lc10_cuda -ltorch -ltorch_cpu -lc10 -Wl,--as-needed)
+torch_libs=(-Wl,--no-as-needed -lstdc++ -L"$torch_dir/lib" -Wl,-rpath,"$torch_dir/lib"
+            -ltorch_cuda -lc10_cuda -ltorch -ltorch_cpu -lc10 -Wl,--as-needed)
 link() {  # link OUTPUT CARRIED_LIBS...
   local o=$1; shift
   g++ -o "$o" "${objs[@]}" "${torch_libs[@]}" \
@@ -57,4 +63,5 @@ libs=()
 for n in "${!closure[@]}"; do libs+=("$carry/lib/$n"); done
 link "$out" -Wl,--no-as-needed "${libs[@]}" -Wl,--as-needed
 readelf -d "$out" | grep -c NEEDED | xargs echo "NEEDED entries:"
+readelf -d "$out" | grep -m1 NEEDED | grep -q 'libstdc++' || { echo "libstdc++ is not the first NEEDED"; exit 1; }
 echo "built $out"

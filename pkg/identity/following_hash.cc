@@ -41,8 +41,8 @@ struct FollowingSha256::State {
 
 FollowingSha256::FollowingSha256(std::vector<File> files, uint64_t hold_bytes,
                                  std::function<void(size_t, const std::string&)> on_file,
-                                 unsigned hashers)
-    : hold_bytes_(hold_bytes), on_file_(std::move(on_file)) {
+                                 unsigned hashers, std::chrono::milliseconds stall)
+    : hold_bytes_(hold_bytes), stall_(stall), on_file_(std::move(on_file)) {
   for (size_t i = 0; i < files.size(); ++i) {
     auto s = std::make_unique<State>();
     s->file = std::move(files[i]);
@@ -103,17 +103,61 @@ bool FollowingSha256::Admit(int fd, uint64_t n) {
   };
   if (take()) return true;
   // Through the page cache a chunk left is read again from memory, as a rule; through
-  // O_DIRECT it would be read from storage again: wait for room while a hash moves.
+  // O_DIRECT it would be read from storage again: wait for room, never leave it.
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags < 0 || (flags & O_DIRECT) == 0) return false;
-  MutexLock l(pool_mu_);
+  auto idle_since = std::chrono::steady_clock::now();
+  pool_mu_.Lock();
   for (;;) {
-    if (take()) return true;
-    // No file has a chunk at its cursor: nothing frees room until a reader brings one, which
-    // may be this caller's next read. Leave this chunk rather than wait for it.
-    if (turns_ == 0 || stop_) return false;
-    room_cv_.WaitUntil(pool_mu_, std::chrono::steady_clock::now() + std::chrono::milliseconds(50));
+    if (take()) break;
+    if (stop_) {
+      pool_mu_.Unlock();
+      return false;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (turns_ > 0) {
+      idle_since = now;
+    } else if (now - idle_since >= stall_) {
+      // The hold is full of chunks ahead of their cursors and no hash has moved for a while:
+      // a cursor's chunk is not coming (a range no reader reads) or is slow. The hasher of the
+      // file with the smallest hole reads it, then hashes what it holds: room.
+      pool_mu_.Unlock();
+      FillHole();
+      idle_since = std::chrono::steady_clock::now();
+      pool_mu_.Lock();
+      continue;
+    }
+    room_cv_.WaitUntil(pool_mu_, now + std::chrono::milliseconds(10));
   }
+  pool_mu_.Unlock();
+  return true;
+}
+
+void FollowingSha256::FillHole() {
+  State* best = nullptr;
+  uint64_t best_hole = 0;
+  for (auto& f : files_) {
+    MutexLock l(f->mu);
+    if (f->done || f->queued || f->held.empty()) continue;
+    const uint64_t first = f->held.begin()->first;
+    if (first <= f->cursor) continue;  // its turn is coming
+    if (best == nullptr || first - f->cursor < best_hole)
+      best = f.get(), best_hole = first - f->cursor;
+  }
+  if (best == nullptr) return;
+  bool queue = false;
+  {
+    MutexLock l(best->mu);
+    if (best->done || best->queued || best->held.empty() ||
+        best->held.begin()->first <= best->cursor) {
+      return;  // moved meanwhile
+    }
+    uint64_t& end = best->left[best->cursor];
+    end = std::max(end, best->held.begin()->first);
+    queue = best->queued = true;
+  }
+  holes_filled_++;
+  if (queue) Queue(*best);
 }
 
 void FollowingSha256::Offer(int fd, uint64_t offset, const void* data, uint64_t n) {

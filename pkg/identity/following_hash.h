@@ -5,10 +5,14 @@
 // by side, so a reader only copies and goes on reading (the load is not paced by one core's
 // SHA-256 per file). The bytes held stay about `hold_bytes`: a chunk at a file's cursor is
 // always taken; one ahead of it that finds the hold full waits for room when it came through
-// an O_DIRECT descriptor (storage would otherwise be read twice) while some file's hash is
-// moving, and otherwise is left: the file's hasher reads it itself when its cursor gets there
-// (so a left chunk costs that chunk, not the rest of the file). What no reader offered (the
-// header, a tensor the plan does not read) is read by Finish itself. Both: `reread_bytes`.
+// an O_DIRECT descriptor (storage would otherwise be read twice), and otherwise is left: the
+// file's hasher reads it itself when its cursor gets there (so a left chunk costs that chunk,
+// not the rest of the file). Where no hash has moved for `stall` while an O_DIRECT reader
+// waits (a cursor's chunk is slow, or in a range no reader reads), the hasher of the file with
+// the smallest hole before its held chunks reads that hole itself: the reader is never made to
+// leave its chunk (on an H100 that rule, "leave when no hash moves", left most of a cold load:
+// 7.5 of 8.6 GB read twice). What no reader offered (the header, a tensor the plan does not
+// read) is read by a hole's hasher or by Finish. Both: `reread_bytes`.
 //
 // A file whose every byte is hashed during the load is reported at once (`on_file`, from the
 // hasher thread that hashed its last byte), so a mismatch can stop the load mid-way.
@@ -19,6 +23,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -43,7 +48,8 @@ class FollowingSha256 {
   // `on_file(index, "sha256:<hex>")`: a file hashed whole during the load. `hashers`: threads
   // hashing files side by side (0: one per file, at most half the machine's cores, at least 2).
   FollowingSha256(std::vector<File> files, uint64_t hold_bytes,
-                  std::function<void(size_t, const std::string&)> on_file, unsigned hashers = 0);
+                  std::function<void(size_t, const std::string&)> on_file, unsigned hashers = 0,
+                  std::chrono::milliseconds stall = std::chrono::milliseconds(50));
   ~FollowingSha256();
   FollowingSha256(const FollowingSha256&) = delete;
   FollowingSha256& operator=(const FollowingSha256&) = delete;
@@ -65,13 +71,16 @@ class FollowingSha256 {
   // Bytes hashed from offers (final once Finish returned) and read by Finish itself.
   uint64_t reread_bytes() const { return reread_.load(); }
   uint64_t followed_bytes() const { return followed_.load(); }
+  // Holes a stalled O_DIRECT reader had a hasher read (see above).
+  uint64_t holes_filled() const { return holes_filled_.load(); }
 
  private:
   struct State;
   State* Find(int fd);
-  bool Admit(int fd, uint64_t n);                       // takes room in the hold for a chunk ahead
-  void Hasher();                                        // a hasher thread's loop
-  void HashHeld(State& s);                              // hashes s's held chunks at its cursor
+  bool Admit(int fd, uint64_t n);  // takes room in the hold for a chunk ahead
+  void FillHole();          // a stalled hold: a hasher reads the smallest hole before held chunks
+  void Hasher();            // a hasher thread's loop
+  void HashHeld(State& s);  // hashes s's held chunks at its cursor
   void Left(State& s, uint64_t offset, uint64_t n);     // a chunk not taken: the hasher reads it
   bool ReadGap(State& s, uint64_t from, uint64_t end);  // false: read failed, turn ended
   void Queue(State& s);                                 // a turn for s
@@ -88,7 +97,8 @@ class FollowingSha256 {
   // Other descriptors seen, by number: the file's index, or -1 for none followed.
   std::vector<std::pair<int, long>> aliases_ ABSL_GUARDED_BY(alias_mu_);
   const uint64_t hold_bytes_;
-  std::atomic<uint64_t> held_{0}, reread_{0}, followed_{0};
+  const std::chrono::milliseconds stall_;
+  std::atomic<uint64_t> held_{0}, reread_{0}, followed_{0}, holes_filled_{0};
   std::function<void(size_t, const std::string&)> on_file_;
   // The hashers: files with a held chunk at their cursor, queued once each (State::queued).
   Mutex pool_mu_;
