@@ -93,7 +93,7 @@ void FollowingSha256::Released(uint64_t n) {
   room_cv_.NotifyAll();
 }
 
-bool FollowingSha256::Admit(int fd, uint64_t n) {
+bool FollowingSha256::Admit(State& s, int fd, uint64_t offset, uint64_t n) {
   auto take = [&] {
     uint64_t h = held_.load();
     while (h + n <= hold_bytes_) {
@@ -110,6 +110,16 @@ bool FollowingSha256::Admit(int fd, uint64_t n) {
   pool_mu_.Lock();
   for (;;) {
     if (take()) break;
+    {
+      // The hash may have reached this chunk while it waited: a chunk at the cursor is always
+      // taken (else the hash would wait for the very chunk that waits for it, and a hole
+      // would be read again).
+      MutexLock l(s.mu);
+      if (s.done || offset <= s.cursor) {
+        held_ += n;
+        break;
+      }
+    }
     if (stop_) {
       pool_mu_.Unlock();
       return false;
@@ -173,7 +183,7 @@ void FollowingSha256::Offer(int fd, uint64_t offset, const void* data, uint64_t 
   // A chunk at the cursor is always taken (the hash waits for it); one ahead only with room.
   if (at_cursor) {
     held_ += n;
-  } else if (!Admit(fd, n)) {
+  } else if (!Admit(*s, fd, offset, n)) {
     Left(*s, offset, n);
     return;
   }

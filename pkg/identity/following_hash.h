@@ -7,11 +7,13 @@
 // always taken; one ahead of it that finds the hold full waits for room when it came through
 // an O_DIRECT descriptor (storage would otherwise be read twice), and otherwise is left: the
 // file's hasher reads it itself when its cursor gets there (so a left chunk costs that chunk,
-// not the rest of the file). Where no hash has moved for `stall` while an O_DIRECT reader
+// not the rest of the file). A waiting chunk the cursor reaches is taken then (it is the
+// chunk the hash waits for). Where no hash has moved for `stall` while an O_DIRECT reader
 // waits (a cursor's chunk is slow, or in a range no reader reads), the hasher of the file with
-// the smallest hole before its held chunks reads that hole itself: the reader is never made to
-// leave its chunk (on an H100 that rule, "leave when no hash moves", left most of a cold load:
-// 7.5 of 8.6 GB read twice). What no reader offered (the header, a tensor the plan does not
+// the smallest hole before its held chunks reads that hole itself: an O_DIRECT reader never
+// leaves its chunk. (On an H100 the rule before, "leave when no hash moves at this instant",
+// left most of a cold load, 7.5 of 8.6 GB read twice: the hash had stopped at the very chunk
+// a waiting reader held.) What no reader offered (the header, a tensor the plan does not
 // read) is read by a hole's hasher or by Finish. Both: `reread_bytes`.
 //
 // A file whose every byte is hashed during the load is reported at once (`on_file`, from the
@@ -77,7 +79,9 @@ class FollowingSha256 {
  private:
   struct State;
   State* Find(int fd);
-  bool Admit(int fd, uint64_t n);  // takes room in the hold for a chunk ahead
+  // Takes room in the hold for s's chunk [offset, +n) ahead of its cursor (or, when the
+  // cursor reaches it while it waits, as a chunk at the cursor).
+  bool Admit(State& s, int fd, uint64_t offset, uint64_t n);
   void FillHole();          // a stalled hold: a hasher reads the smallest hole before held chunks
   void Hasher();            // a hasher thread's loop
   void HashHeld(State& s);  // hashes s's held chunks at its cursor

@@ -301,6 +301,40 @@ TEST(FollowingSha256, OnePassAnODirectChunkWaitsWhileTheCursorsChunkIsStillBeing
   EXPECT_EQ(h.holes_filled(), 0u);
 }
 
+// The same load, one step on: a reader waits for room with chunk 2 while the hold is full of
+// chunk 3; chunks 0 and 1 arrive and are hashed, so the cursor reaches chunk 2 while its reader
+// still waits. It is now the cursor's chunk and is taken (the hash waits for it, the hold
+// cannot drain before it): nothing left, no hole read again, no stall.
+TEST(FollowingSha256, OnePassAWaitingChunkTheCursorReachesIsTaken) {
+  constexpr uint64_t kChunk = 65'536;
+  DirectFile d;
+  ASSERT_NO_FATAL_FAILURE(WriteDirect(d, 8 * kChunk, 13));
+  if (d.direct < 0) GTEST_SKIP() << d.dir.path() << " refuses O_DIRECT: " << std::strerror(errno);
+  const TestFile& a = d.f;
+  const int direct = d.direct;
+  FollowingSha256 h({{a.fd, a.bytes.size(), a.path}}, /*hold_bytes=*/kChunk, nullptr,
+                    /*hashers=*/0, std::chrono::seconds(2));
+  auto offer = [&](uint64_t k) {
+    h.Offer(direct, k * kChunk, a.bytes.data() + k * kChunk, kChunk);
+  };
+  offer(3);                                // ahead: held, the hold is full
+  std::thread waiting([&] { offer(2); });  // ahead, no room: waits
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  offer(0);  // at the cursor
+  offer(1);  // at the cursor once 0 is hashed, or held beside it: either way hashed next
+  const auto t0 = std::chrono::steady_clock::now();
+  waiting.join();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (uint64_t k = 4; k < 8; ++k) offer(k);
+  auto digests = h.Finish();
+  ASSERT_TRUE(digests.ok()) << digests.status();
+  EXPECT_EQ((*digests)[0], "sha256:" + Sha256Hex(a.bytes));
+  EXPECT_EQ(h.reread_bytes(), 0u) << "chunk 2 was left or its hole read again";
+  EXPECT_EQ(h.holes_filled(), 0u);
+  EXPECT_LT(waited, 2.0) << "chunk 2 waited for the stall, not for the cursor";
+}
+
 // A range no reader reads (a lone rank's load skips other ranks' shards) under O_DIRECT: the
 // readers fill the hold and wait; once no hash has moved for the stall, the file's hasher
 // reads the hole itself and goes on with what it holds, so the file is hashed whole during
