@@ -172,11 +172,13 @@ struct Bench {
     row.followed = (*loaded)[0]->stats.pin_followed_bytes;
     row.reread = (*loaded)[0]->stats.pin_reread_bytes;
     rows.push_back(row);
+    const auto& st = (*loaded)[0]->stats;
     std::printf(
         "  %s tp %d %s: %.2f s (open %.2f s), storage %.2f GB, hashed from the load "
-        "%.2f GB, read again %.2f GB\n",
+        "%.2f GB, read again %.2f GB; readers waited for room %.2f s, holes read %llu\n",
         row.cache.c_str(), tp, mode.c_str(), row.seconds, row.open_seconds, row.storage / kGB,
-        row.followed / kGB, row.reread / kGB);
+        row.followed / kGB, row.reread / kGB, st.pin_room_wait_seconds,
+        static_cast<unsigned long long>(st.pin_holes_filled));
     std::fflush(stdout);
     return row;
   }

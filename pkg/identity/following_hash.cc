@@ -106,7 +106,8 @@ bool FollowingSha256::Admit(State& s, int fd, uint64_t offset, uint64_t n) {
   // O_DIRECT it would be read from storage again: wait for room, never leave it.
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags < 0 || (flags & O_DIRECT) == 0) return false;
-  auto idle_since = std::chrono::steady_clock::now();
+  const auto waited_from = std::chrono::steady_clock::now();
+  auto idle_since = waited_from;
   pool_mu_.Lock();
   for (;;) {
     if (take()) break;
@@ -122,6 +123,7 @@ bool FollowingSha256::Admit(State& s, int fd, uint64_t offset, uint64_t n) {
     }
     if (stop_) {
       pool_mu_.Unlock();
+      NoteWait(waited_from);
       return false;
     }
     const auto now = std::chrono::steady_clock::now();
@@ -140,7 +142,14 @@ bool FollowingSha256::Admit(State& s, int fd, uint64_t offset, uint64_t n) {
     room_cv_.WaitUntil(pool_mu_, now + std::chrono::milliseconds(10));
   }
   pool_mu_.Unlock();
+  NoteWait(waited_from);
   return true;
+}
+
+void FollowingSha256::NoteWait(std::chrono::steady_clock::time_point from) {
+  room_wait_ns_ += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - from)
+          .count());
 }
 
 void FollowingSha256::FillHole() {

@@ -75,6 +75,8 @@ class FollowingSha256 {
   uint64_t followed_bytes() const { return followed_.load(); }
   // Holes a stalled O_DIRECT reader had a hasher read (see above).
   uint64_t holes_filled() const { return holes_filled_.load(); }
+  // Seconds O_DIRECT readers waited for room in the hold, summed over the readers.
+  double room_wait_seconds() const { return static_cast<double>(room_wait_ns_.load()) / 1e9; }
 
  private:
   struct State;
@@ -82,9 +84,10 @@ class FollowingSha256 {
   // Takes room in the hold for s's chunk [offset, +n) ahead of its cursor (or, when the
   // cursor reaches it while it waits, as a chunk at the cursor).
   bool Admit(State& s, int fd, uint64_t offset, uint64_t n);
-  void FillHole();          // a stalled hold: a hasher reads the smallest hole before held chunks
-  void Hasher();            // a hasher thread's loop
-  void HashHeld(State& s);  // hashes s's held chunks at its cursor
+  void FillHole();  // a stalled hold: a hasher reads the smallest hole before held chunks
+  void NoteWait(std::chrono::steady_clock::time_point from);  // into room_wait_ns_
+  void Hasher();                                              // a hasher thread's loop
+  void HashHeld(State& s);                              // hashes s's held chunks at its cursor
   void Left(State& s, uint64_t offset, uint64_t n);     // a chunk not taken: the hasher reads it
   bool ReadGap(State& s, uint64_t from, uint64_t end);  // false: read failed, turn ended
   void Queue(State& s);                                 // a turn for s
@@ -102,7 +105,7 @@ class FollowingSha256 {
   std::vector<std::pair<int, long>> aliases_ ABSL_GUARDED_BY(alias_mu_);
   const uint64_t hold_bytes_;
   const std::chrono::milliseconds stall_;
-  std::atomic<uint64_t> held_{0}, reread_{0}, followed_{0}, holes_filled_{0};
+  std::atomic<uint64_t> held_{0}, reread_{0}, followed_{0}, holes_filled_{0}, room_wait_ns_{0};
   std::function<void(size_t, const std::string&)> on_file_;
   // The hashers: files with a held chunk at their cursor, queued once each (State::queued).
   Mutex pool_mu_;

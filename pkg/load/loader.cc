@@ -443,6 +443,8 @@ namespace {
 void NotePinCheck(const internal::PinCheck& check, std::unique_ptr<LoadedModel>& m) {
   m->stats.pin_followed_bytes = check.followed_bytes();
   m->stats.pin_reread_bytes = check.reread_bytes();
+  m->stats.pin_holes_filled = check.holes_filled();
+  m->stats.pin_room_wait_seconds = check.room_wait_seconds();
 }
 void NotePinCheck(const internal::PinCheck& check, std::vector<std::unique_ptr<LoadedModel>>& ms) {
   for (auto& m : ms) NotePinCheck(check, m);

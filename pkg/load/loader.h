@@ -68,6 +68,10 @@ struct LoadStats {
   // far ahead of the hash). Both 0 when nothing was pinned or this node knew the files.
   uint64_t pin_followed_bytes = 0;
   uint64_t pin_reread_bytes = 0;
+  // How the check paced the reads: holes a hasher read because no hash moved while an
+  // O_DIRECT reader waited, and the seconds readers waited for room in the hold (summed).
+  uint64_t pin_holes_filled = 0;
+  double pin_room_wait_seconds = 0;
 };
 
 struct LoadedModel {

@@ -56,6 +56,8 @@ class PinCheck {
   absl::Status Finish(const std::atomic<bool>* cancel, unsigned threads);
   uint64_t followed_bytes() const;  // hashed from the load's own reads
   uint64_t reread_bytes() const;    // read by the check itself
+  uint64_t holes_filled() const;    // see FollowingSha256
+  double room_wait_seconds() const;
 
  private:
   PinCheck() = default;
