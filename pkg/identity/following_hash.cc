@@ -160,8 +160,10 @@ void FollowingSha256::FillHole() {
     if (f->done || f->queued || f->held.empty()) continue;
     const uint64_t first = f->held.begin()->first;
     if (first <= f->cursor) continue;  // its turn is coming
-    if (best == nullptr || first - f->cursor < best_hole)
-      best = f.get(), best_hole = first - f->cursor;
+    if (best == nullptr || first - f->cursor < best_hole) {
+      best = f.get();
+      best_hole = first - f->cursor;
+    }
   }
   if (best == nullptr) return;
   bool queue = false;
