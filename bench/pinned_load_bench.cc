@@ -15,6 +15,8 @@
 // and deleted after. Without a GPU it runs on the host backend (a smoke test).
 //
 //   pinned_load_bench --dir=/var/tmp/wc-pin --gib=8 --tp=1,8 --reps=2 --first_sight_gib=8
+//                     [--hot=0] [--side_by_side=N] (files a pinned load reads in turn: 4; 1
+//                     reads them one after another, as the unpinned load does)
 #include <unistd.h>
 
 #include <algorithm>
@@ -59,6 +61,7 @@ struct Args {
   int reps = 2;
   double first_sight_gib = 8;  // 0: no (c)
   bool hot = true;
+  size_t side_by_side = wc::load::LoadOptions{}.pinned_files_side_by_side;
 };
 
 Args Parse(int argc, char** argv) {
@@ -83,6 +86,8 @@ Args Parse(int argc, char** argv) {
         ok = ok && absl::SimpleAtoi(p, &t) && t > 0;
         a.tp.push_back(t);
       }
+    } else if (key == "--side_by_side") {
+      ok = absl::SimpleAtoi(v, &a.side_by_side) && a.side_by_side > 0;
     } else if (key == "--hot") {
       a.hot = v != "0" && v != "false";
     } else {
@@ -239,6 +244,7 @@ int main(int argc, char** argv) {
     backend = wc::memory::MakeHostBackend();
   }
   Bench b{backend->get(), {}, {}};
+  b.opts.pinned_files_side_by_side = a.side_by_side;
   std::unique_ptr<wc::load::StagingPool> pool;
   if (gpu) {  // the daemon's: pinned once, reused by every load
     pool = wc::load::MakePinnedStagingPool(b.opts.staging_bytes);
@@ -246,9 +252,10 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "hardware threads %u; loader defaults: %u read threads, %llu MiB staging in %u "
-      "buffers, direct I/O auto\n",
+      "buffers, direct I/O auto; pinned loads read %zu files side by side\n",
       std::thread::hardware_concurrency(), b.opts.read_threads,
-      static_cast<unsigned long long>(b.opts.staging_bytes >> 20), b.opts.staging_buffers);
+      static_cast<unsigned long long>(b.opts.staging_bytes >> 20), b.opts.staging_buffers,
+      b.opts.pinned_files_side_by_side);
 
   // (a), (b)
   auto c = wc::bench::WriteDenseLlama(a.dir + "/sharded", a.gib);

@@ -147,10 +147,6 @@ uint64_t StagingBufferBytes(const LoadOptions& o, uint64_t total) {
 // Reads what the ranks' plans need from the files once and copies it to every rank
 // (scatter.h): through the pinned ring into cuda-vmm segments (`gpu`), or through host
 // buffers. The ranks' segments are allocated and not sealed.
-// Files a pinned group load reads side by side (ScatterOptions::interleave_files): each
-// file's SHA-256 is one core's (about 1 GB/s), a cold NVMe read 2-7 GB/s.
-constexpr size_t kPinnedFilesSideBySide = 4;
-
 absl::Status ScatterInto(const OpenedModel& model, const std::vector<LoadedModel*>& ranks, bool gpu,
                          const LoadOptions& options, LoadProgress* progress, LoadStats* stats) {
   std::vector<const Plan*> plans;
@@ -162,7 +158,9 @@ absl::Status ScatterInto(const OpenedModel& model, const std::vector<LoadedModel
   ScatterOptions sopts;
   sopts.buffer_bytes = StagingBufferBytes(options, total);
   // A pinned load hashes what it reads, one file per hasher: files read side by side.
-  if (options.read_tap != nullptr) sopts.interleave_files = kPinnedFilesSideBySide;
+  if (options.read_tap != nullptr) {
+    sopts.interleave_files = std::max<size_t>(1, options.pinned_files_side_by_side);
+  }
   WC_ASSIGN_OR_RETURN(ScatterPlan sp, PlanScatter(plans, sopts));
   const auto& files = model.checkpoint.files();
   std::vector<bool> read(files.size(), false);
