@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <string>
@@ -79,6 +80,30 @@ struct Reported {
     std::unique_lock<std::mutex> l(mu);
     return cv.wait_for(l, std::chrono::seconds(20), [&] { return reported; });
   }
+};
+
+// The O_DIRECT tests of the hold: a file of 64 KiB chunks with an O_DIRECT descriptor (the
+// test skips, saying why, where the temp dir refuses O_DIRECT), offered chunk by chunk.
+class FollowingSha256Direct : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kChunk = 65'536;
+  void Write(uint64_t chunks, uint32_t seed) {
+    ASSERT_NO_FATAL_FAILURE(WriteDirect(d_, chunks * kChunk, seed));
+    if (d_.direct < 0)
+      GTEST_SKIP() << d_.dir.path() << " refuses O_DIRECT: " << std::strerror(errno);
+  }
+  // The file followed with a hold of one chunk.
+  std::unique_ptr<FollowingSha256> Follow(std::function<void(size_t, const std::string&)> on_file,
+                                          std::chrono::milliseconds stall) {
+    return std::make_unique<FollowingSha256>(
+        std::vector<FollowingSha256::File>{{d_.f.fd, d_.f.bytes.size(), d_.f.path}},
+        /*hold_bytes=*/kChunk, std::move(on_file), /*hashers=*/0, stall);
+  }
+  void Offer(FollowingSha256& h, uint64_t k) {
+    h.Offer(d_.direct, k * kChunk, d_.f.bytes.data() + k * kChunk, kChunk);
+  }
+  const std::string& bytes() const { return d_.f.bytes; }
+  DirectFile d_;
 };
 
 struct Chunk {
@@ -274,64 +299,48 @@ TEST(FollowingSha256, OnePassAChunkLeftCostsThatChunkNotTheRestOfTheFile) {
 // whenever no hash was moving at that instant, which is every time the cursor's own chunk is
 // still being read by another worker. Now it waits: with the hold full of chunk 1 and chunk 0
 // arriving late, chunk 2 is held, not left, and nothing is read twice.
-TEST(FollowingSha256, OnePassAnODirectChunkWaitsWhileTheCursorsChunkIsStillBeingRead) {
-  constexpr uint64_t kChunk = 65'536;
-  DirectFile d;
-  ASSERT_NO_FATAL_FAILURE(WriteDirect(d, 8 * kChunk, 11));
-  if (d.direct < 0) GTEST_SKIP() << d.dir.path() << " refuses O_DIRECT: " << std::strerror(errno);
-  const TestFile& a = d.f;
-  const int direct = d.direct;
+TEST_F(FollowingSha256Direct, OnePassAnODirectChunkWaitsWhileTheCursorsChunkIsStillBeingRead) {
+  ASSERT_NO_FATAL_FAILURE(Write(8, 11));
+  if (IsSkipped()) return;
   // A stall far longer than this test: only the late chunk can make room.
-  FollowingSha256 h({{a.fd, a.bytes.size(), a.path}}, /*hold_bytes=*/kChunk, nullptr,
-                    /*hashers=*/0, std::chrono::seconds(60));
-  auto offer = [&](uint64_t k) {
-    h.Offer(direct, k * kChunk, a.bytes.data() + k * kChunk, kChunk);
-  };
-  offer(1);                              // ahead: held, the hold is full
-  std::thread ahead([&] { offer(2); });  // ahead, no room, no hash moving
+  auto h = Follow(nullptr, std::chrono::seconds(60));
+  Offer(*h, 1);                              // ahead: held, the hold is full
+  std::thread ahead([&] { Offer(*h, 2); });  // ahead, no room, no hash moving
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  offer(0);  // the cursor's chunk, late
+  Offer(*h, 0);  // the cursor's chunk, late
   ahead.join();
-  for (uint64_t k = 3; k < 8; ++k) offer(k);
-  auto digests = h.Finish();
+  for (uint64_t k = 3; k < 8; ++k) Offer(*h, k);
+  auto digests = h->Finish();
   ASSERT_TRUE(digests.ok()) << digests.status();
-  EXPECT_EQ((*digests)[0], "sha256:" + Sha256Hex(a.bytes));
-  EXPECT_EQ(h.reread_bytes(), 0u) << "a chunk was left and read again";
-  EXPECT_EQ(h.followed_bytes(), a.bytes.size());
-  EXPECT_EQ(h.holes_filled(), 0u);
+  EXPECT_EQ((*digests)[0], "sha256:" + Sha256Hex(bytes()));
+  EXPECT_EQ(h->reread_bytes(), 0u) << "a chunk was left and read again";
+  EXPECT_EQ(h->followed_bytes(), bytes().size());
+  EXPECT_EQ(h->holes_filled(), 0u);
 }
 
 // The same load, one step on: a reader waits for room with chunk 2 while the hold is full of
 // chunk 3; chunks 0 and 1 arrive and are hashed, so the cursor reaches chunk 2 while its reader
 // still waits. It is now the cursor's chunk and is taken (the hash waits for it, the hold
 // cannot drain before it): nothing left, no hole read again, no stall.
-TEST(FollowingSha256, OnePassAWaitingChunkTheCursorReachesIsTaken) {
-  constexpr uint64_t kChunk = 65'536;
-  DirectFile d;
-  ASSERT_NO_FATAL_FAILURE(WriteDirect(d, 8 * kChunk, 13));
-  if (d.direct < 0) GTEST_SKIP() << d.dir.path() << " refuses O_DIRECT: " << std::strerror(errno);
-  const TestFile& a = d.f;
-  const int direct = d.direct;
-  FollowingSha256 h({{a.fd, a.bytes.size(), a.path}}, /*hold_bytes=*/kChunk, nullptr,
-                    /*hashers=*/0, std::chrono::seconds(2));
-  auto offer = [&](uint64_t k) {
-    h.Offer(direct, k * kChunk, a.bytes.data() + k * kChunk, kChunk);
-  };
-  offer(3);                                // ahead: held, the hold is full
-  std::thread waiting([&] { offer(2); });  // ahead, no room: waits
+TEST_F(FollowingSha256Direct, OnePassAWaitingChunkTheCursorReachesIsTaken) {
+  ASSERT_NO_FATAL_FAILURE(Write(8, 13));
+  if (IsSkipped()) return;
+  auto h = Follow(nullptr, std::chrono::seconds(2));
+  Offer(*h, 3);                                // ahead: held, the hold is full
+  std::thread waiting([&] { Offer(*h, 2); });  // ahead, no room: waits
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  offer(0);  // at the cursor
-  offer(1);  // at the cursor once 0 is hashed, or held beside it: either way hashed next
+  Offer(*h, 0);  // at the cursor
+  Offer(*h, 1);  // at the cursor once 0 is hashed, or held beside it: either way hashed next
   const auto t0 = std::chrono::steady_clock::now();
   waiting.join();
   const double waited =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (uint64_t k = 4; k < 8; ++k) offer(k);
-  auto digests = h.Finish();
+  for (uint64_t k = 4; k < 8; ++k) Offer(*h, k);
+  auto digests = h->Finish();
   ASSERT_TRUE(digests.ok()) << digests.status();
-  EXPECT_EQ((*digests)[0], "sha256:" + Sha256Hex(a.bytes));
-  EXPECT_EQ(h.reread_bytes(), 0u) << "chunk 2 was left or its hole read again";
-  EXPECT_EQ(h.holes_filled(), 0u);
+  EXPECT_EQ((*digests)[0], "sha256:" + Sha256Hex(bytes()));
+  EXPECT_EQ(h->reread_bytes(), 0u) << "chunk 2 was left or its hole read again";
+  EXPECT_EQ(h->holes_filled(), 0u);
   EXPECT_LT(waited, 2.0) << "chunk 2 waited for the stall, not for the cursor";
 }
 
@@ -340,26 +349,19 @@ TEST(FollowingSha256, OnePassAWaitingChunkTheCursorReachesIsTaken) {
 // reads the hole itself and goes on with what it holds, so the file is hashed whole during
 // the load and only the hole is read twice (before: every later chunk was left and the file
 // waited for Finish).
-TEST(FollowingSha256, OnePassARangeNoReaderReadsIsReadByItsHasherDuringTheLoad) {
-  constexpr uint64_t kChunk = 65'536;
-  DirectFile d;
-  ASSERT_NO_FATAL_FAILURE(WriteDirect(d, 16 * kChunk, 12));
-  if (d.direct < 0) GTEST_SKIP() << d.dir.path() << " refuses O_DIRECT: " << std::strerror(errno);
-  const TestFile& a = d.f;
-  const int direct = d.direct;
+TEST_F(FollowingSha256Direct, OnePassARangeNoReaderReadsIsReadByItsHasherDuringTheLoad) {
+  ASSERT_NO_FATAL_FAILURE(Write(16, 12));
+  if (IsSkipped()) return;
   Reported r;
-  FollowingSha256 h({{a.fd, a.bytes.size(), a.path}}, /*hold_bytes=*/kChunk, r.callback(),
-                    /*hashers=*/0, std::chrono::milliseconds(20));
-  for (uint64_t k = 1; k < 16; ++k) {  // chunk 0 is never offered
-    h.Offer(direct, k * kChunk, a.bytes.data() + k * kChunk, kChunk);
-  }
+  auto h = Follow(r.callback(), std::chrono::milliseconds(20));
+  for (uint64_t k = 1; k < 16; ++k) Offer(*h, k);  // chunk 0 is never offered
   EXPECT_TRUE(r.Wait()) << "the file was not hashed whole during the load";
-  auto digests = h.Finish();
+  auto digests = h->Finish();
   ASSERT_TRUE(digests.ok()) << digests.status();
-  EXPECT_EQ((*digests)[0], "sha256:" + Sha256Hex(a.bytes));
-  EXPECT_EQ(h.reread_bytes(), kChunk) << "only the hole is read by the check";
-  EXPECT_EQ(h.followed_bytes(), 15 * kChunk);
-  EXPECT_GE(h.holes_filled(), 1u);
+  EXPECT_EQ((*digests)[0], "sha256:" + Sha256Hex(bytes()));
+  EXPECT_EQ(h->reread_bytes(), kChunk) << "only the hole is read by the check";
+  EXPECT_EQ(h->followed_bytes(), 15 * kChunk);
+  EXPECT_GE(h->holes_filled(), 1u);
 }
 
 // A file cut short under the check: the read for the digest names the file and where.
