@@ -15,8 +15,8 @@
 // and deleted after. Without a GPU it runs on the host backend (a smoke test).
 //
 //   pinned_load_bench --dir=/var/tmp/wc-pin --gib=8 --tp=1,8 --reps=2 --first_sight_gib=8
-//                     [--hot=0] [--side_by_side=N] (files a pinned load reads in turn: 4; 1
-//                     reads them one after another, as the unpinned load does)
+//                     [--hot=0] [--side_by_side=N] (files every load, known and pinned,
+//                     reads in turn; by default a pinned load 4, a known one 1: one after another)
 #include <unistd.h>
 
 #include <algorithm>
@@ -61,7 +61,7 @@ struct Args {
   int reps = 2;
   double first_sight_gib = 8;  // 0: no (c)
   bool hot = true;
-  size_t side_by_side = wc::load::LoadOptions{}.pinned_files_side_by_side;
+  size_t side_by_side = 0;  // the loader's default
 };
 
 Args Parse(int argc, char** argv) {
@@ -244,18 +244,22 @@ int main(int argc, char** argv) {
     backend = wc::memory::MakeHostBackend();
   }
   Bench b{backend->get(), {}, {}};
-  b.opts.pinned_files_side_by_side = a.side_by_side;
+  b.opts.files_side_by_side = a.side_by_side;
   std::unique_ptr<wc::load::StagingPool> pool;
   if (gpu) {  // the daemon's: pinned once, reused by every load
     pool = wc::load::MakePinnedStagingPool(b.opts.staging_bytes);
     b.opts.staging_pool = pool.get();
   }
+  const std::string side_by_side =
+      a.side_by_side == 0
+          ? absl::StrFormat("pinned %zu, known 1", wc::load::LoadOptions::kPinnedFilesSideBySide)
+          : absl::StrFormat("%zu, pinned and known", a.side_by_side);
   std::printf(
       "hardware threads %u; loader defaults: %u read threads, %llu MiB staging in %u "
-      "buffers, direct I/O auto; pinned loads read %zu files side by side\n",
+      "buffers, direct I/O auto; files read side by side: %s\n",
       std::thread::hardware_concurrency(), b.opts.read_threads,
       static_cast<unsigned long long>(b.opts.staging_bytes >> 20), b.opts.staging_buffers,
-      b.opts.pinned_files_side_by_side);
+      side_by_side.c_str());
 
   // (a), (b)
   auto c = wc::bench::WriteDenseLlama(a.dir + "/sharded", a.gib);

@@ -158,8 +158,9 @@ absl::Status ScatterInto(const OpenedModel& model, const std::vector<LoadedModel
   ScatterOptions sopts;
   sopts.buffer_bytes = StagingBufferBytes(options, total);
   // A pinned load hashes what it reads, one file per hasher: files read side by side.
-  if (options.read_tap != nullptr) {
-    sopts.interleave_files = std::max<size_t>(1, options.pinned_files_side_by_side);
+  sopts.interleave_files = options.files_side_by_side;
+  if (sopts.interleave_files == 0) {
+    sopts.interleave_files = options.read_tap != nullptr ? LoadOptions::kPinnedFilesSideBySide : 1;
   }
   WC_ASSIGN_OR_RETURN(ScatterPlan sp, PlanScatter(plans, sopts));
   const auto& files = model.checkpoint.files();

@@ -117,10 +117,11 @@ struct LoadOptions {
   // Every chunk the load reads, as it lands (safetensors::ReadOptions::tap): LoadRank and
   // LoadRanks set it themselves to check pinned digests in the same pass.
   const safetensors::ReadTap* read_tap = nullptr;
-  // Pinned group loads: files whose staging buffers take turns (each file's SHA-256 is one
-  // core's, about 1 GB/s, a cold NVMe read 2-7 GB/s); 1 reads the files one after another,
-  // as an unpinned load does.
-  size_t pinned_files_side_by_side = 4;
+  // Group loads: files whose staging buffers take turns; 1 reads the files one after
+  // another. 0: kPinnedFilesSideBySide where the load checks pinned digests (each file's
+  // SHA-256 is one core's, about 1 GB/s, a cold NVMe read 2-7 GB/s), else 1.
+  size_t files_side_by_side = 0;
+  static constexpr size_t kPinnedFilesSideBySide = 4;
 };
 
 absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(
