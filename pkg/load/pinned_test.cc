@@ -30,7 +30,12 @@ namespace {
 using ::testing::HasSubstr;
 using testing::TempDir;
 
-spec::ModelSpec SpecFor(const std::string& dir) { return {.name = "tiny", .model_dir = dir}; }
+spec::ModelSpec SpecFor(const std::string& dir) {
+  spec::ModelSpec s;
+  s.name = "tiny";
+  s.model_dir = dir;
+  return s;
+}
 
 std::string FileBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -288,7 +293,8 @@ struct CountedLoad {
 CountedLoad CountingReads(const std::function<absl::StatusOr<LoadStats>()>& load) {
   const uint64_t before = ReadSyscallBytes();
   absl::StatusOr<LoadStats> st = load();
-  CountedLoad out{.read = ReadSyscallBytes() - before};
+  CountedLoad out;
+  out.read = ReadSyscallBytes() - before;
   EXPECT_TRUE(st.ok()) << st.status();
   if (st.ok()) out.stats = *st;
   return out;
