@@ -17,6 +17,7 @@
 //   pinned_load_bench --dir=/var/tmp/wc-pin --gib=8 --tp=1,8 --reps=2 --first_sight_gib=8
 //                     [--hot=0] [--side_by_side=N] (files every load, known and pinned,
 //                     reads in turn; by default a pinned load 4, a known one 1: one after another)
+//                     [--hold_mib=N] (a pinned load's chunks held ahead of the hash: 512)
 #include <unistd.h>
 
 #include <algorithm>
@@ -62,6 +63,7 @@ struct Args {
   double first_sight_gib = 8;  // 0: no (c)
   bool hot = true;
   size_t side_by_side = 0;  // the loader's default
+  uint64_t hold_mib = wc::load::LoadOptions{}.pin_hold_bytes >> 20;
 };
 
 Args Parse(int argc, char** argv) {
@@ -88,6 +90,8 @@ Args Parse(int argc, char** argv) {
       }
     } else if (key == "--side_by_side") {
       ok = absl::SimpleAtoi(v, &a.side_by_side) && a.side_by_side > 0;
+    } else if (key == "--hold_mib") {
+      ok = absl::SimpleAtoi(v, &a.hold_mib) && a.hold_mib > 0;
     } else if (key == "--hot") {
       a.hot = v != "0" && v != "false";
     } else {
@@ -180,10 +184,11 @@ struct Bench {
     const auto& st = (*loaded)[0]->stats;
     std::printf(
         "  %s tp %d %s: %.2f s (open %.2f s), storage %.2f GB, hashed from the load "
-        "%.2f GB, read again %.2f GB; readers waited for room %.2f s, holes read %llu\n",
+        "%.2f GB, read again %.2f GB; readers waited for room %.2f s, holes read %llu, "
+        "reads' end to the check's verdict %.2f s\n",
         row.cache.c_str(), tp, mode.c_str(), row.seconds, row.open_seconds, row.storage / kGB,
         row.followed / kGB, row.reread / kGB, st.pin_room_wait_seconds,
-        static_cast<unsigned long long>(st.pin_holes_filled));
+        static_cast<unsigned long long>(st.pin_holes_filled), st.pin_finish_seconds);
     std::fflush(stdout);
     return row;
   }
@@ -245,6 +250,7 @@ int main(int argc, char** argv) {
   }
   Bench b{backend->get(), {}, {}};
   b.opts.files_side_by_side = a.side_by_side;
+  b.opts.pin_hold_bytes = a.hold_mib << 20;
   std::unique_ptr<wc::load::StagingPool> pool;
   if (gpu) {  // the daemon's: pinned once, reused by every load
     pool = wc::load::MakePinnedStagingPool(b.opts.staging_bytes);
@@ -256,10 +262,11 @@ int main(int argc, char** argv) {
           : absl::StrFormat("%zu, pinned and known", a.side_by_side);
   std::printf(
       "hardware threads %u; loader defaults: %u read threads, %llu MiB staging in %u "
-      "buffers, direct I/O auto; files read side by side: %s\n",
+      "buffers, direct I/O auto; files read side by side: %s; pinned loads hold %llu MiB "
+      "ahead of the hash\n",
       std::thread::hardware_concurrency(), b.opts.read_threads,
       static_cast<unsigned long long>(b.opts.staging_bytes >> 20), b.opts.staging_buffers,
-      side_by_side.c_str());
+      side_by_side.c_str(), static_cast<unsigned long long>(a.hold_mib));
 
   // (a), (b)
   auto c = wc::bench::WriteDenseLlama(a.dir + "/sharded", a.gib);

@@ -439,14 +439,17 @@ static absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRankReading(
 namespace {
 
 // What the pin check read, in the stats of what was loaded.
-void NotePinCheck(const internal::PinCheck& check, std::unique_ptr<LoadedModel>& m) {
+void NotePinCheck(const internal::PinCheck& check, double finish_seconds,
+                  std::unique_ptr<LoadedModel>& m) {
   m->stats.pin_followed_bytes = check.followed_bytes();
   m->stats.pin_reread_bytes = check.reread_bytes();
   m->stats.pin_holes_filled = check.holes_filled();
   m->stats.pin_room_wait_seconds = check.room_wait_seconds();
+  m->stats.pin_finish_seconds = finish_seconds;
 }
-void NotePinCheck(const internal::PinCheck& check, std::vector<std::unique_ptr<LoadedModel>>& ms) {
-  for (auto& m : ms) NotePinCheck(check, m);
+void NotePinCheck(const internal::PinCheck& check, double finish_seconds,
+                  std::vector<std::unique_ptr<LoadedModel>>& ms) {
+  for (auto& m : ms) NotePinCheck(check, finish_seconds, m);
 }
 
 // Runs `load` (which reads the checkpoint) with the spec's pinned digests checked against the
@@ -465,20 +468,24 @@ absl::StatusOr<Loaded> WithPinsChecked(
   LoadProgress own;  // a caller without one still has its load stopped at a mismatch
   LoadProgress* p = progress != nullptr ? progress : &own;
   WC_ASSIGN_OR_RETURN(std::unique_ptr<internal::PinCheck> check,
-                      internal::PinCheck::Start(model, [p](const absl::Status&) { p->Cancel(); }));
+                      internal::PinCheck::Start(model, options.pin_hold_bytes,
+                                                [p](const absl::Status&) { p->Cancel(); }));
   LoadOptions followed = options;
   followed.read_tap = check->tap();
   absl::StatusOr<Loaded> loaded = load(followed, p);
   std::atomic<bool> stopped{true};  // a failed load: only what was found matters, no reads
+  const auto reads_ended = std::chrono::steady_clock::now();
   const absl::Status verified =
       check->Finish(loaded.ok() ? p->cancel_flag() : &stopped, options.read_threads);
+  const double finish_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - reads_ended).count();
   // What the check found (a mismatch; a file changed since it was opened) says more than the
   // load's own failure, which is then most often the CANCELLED the check caused; the check's
   // own CANCELLED (the load failed first, or the caller stopped both) says less.
   if (!verified.ok() && (loaded.ok() || verified.code() != absl::StatusCode::kCancelled)) {
     return verified;
   }
-  if (loaded.ok()) NotePinCheck(*check, *loaded);
+  if (loaded.ok()) NotePinCheck(*check, finish_seconds, *loaded);
   return loaded;
 }
 

@@ -72,6 +72,10 @@ struct LoadStats {
   // O_DIRECT reader waited, and the seconds readers waited for room in the hold (summed).
   uint64_t pin_holes_filled = 0;
   double pin_room_wait_seconds = 0;
+  // Seconds from the load's last read to the check's verdict: the hashing left behind when
+  // the reads ended (at most about the hold, LoadOptions::pin_hold_bytes, at one core's
+  // SHA-256 a file) and what the check read itself.
+  double pin_finish_seconds = 0;
 };
 
 struct LoadedModel {
@@ -122,6 +126,11 @@ struct LoadOptions {
   // SHA-256 is one core's, about 1 GB/s, a cold NVMe read 2-7 GB/s), else 1.
   size_t files_side_by_side = 0;
   static constexpr size_t kPinnedFilesSideBySide = 4;
+  // Pinned loads: bytes of chunks read ahead of a file's hash cursor held aside (copied)
+  // while the load goes on (identity::FollowingSha256): past it a chunk read through the page
+  // cache is left and read again by the check, one read with O_DIRECT waits for room. Twice
+  // the staging ring (4 buffers of 64 MiB), which takes up to 4 files in turn.
+  uint64_t pin_hold_bytes = 512ull << 20;
 };
 
 absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRank(

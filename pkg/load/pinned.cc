@@ -81,14 +81,9 @@ absl::StatusOr<SourceFile> PinnedSource(const spec::ModelSpec& spec, const std::
   return sf;
 }
 
-// Chunks read ahead of a file's hash cursor held aside (copied) while the load goes on; past
-// this a chunk read through the page cache is left and read again at the end, one read with
-// O_DIRECT waits for room (FollowingSha256). Twice the staging ring a load uses (4 buffers of
-// 64 MiB): its buffers take up to 4 files in turn, each hashed by its own thread.
-constexpr uint64_t kHoldBytes = 512ull << 20;
-
 absl::StatusOr<std::unique_ptr<PinCheck>> PinCheck::Start(
-    const OpenedModel& model, std::function<void(const absl::Status&)> on_mismatch) {
+    const OpenedModel& model, uint64_t hold_bytes,
+    std::function<void(const absl::Status&)> on_mismatch) {
   auto check = std::unique_ptr<PinCheck>(new PinCheck());
   check->model_ = &model;
   check->on_mismatch_ = std::move(on_mismatch);
@@ -107,7 +102,7 @@ absl::StatusOr<std::unique_ptr<PinCheck>> PinCheck::Start(
   }
   auto* raw = check.get();
   check->hash_ = std::make_unique<identity::FollowingSha256>(
-      std::move(files), kHoldBytes,
+      std::move(files), hold_bytes,
       [raw](size_t k, const std::string& digest) { raw->Checked(k, digest); });
   for (size_t k = 0; k < check->followed_.size(); ++k) {
     // The header: read once by the open already, hashed here so the cursor starts where

@@ -4,7 +4,7 @@
 #   1. pinned loads (bench/pinned_load_bench): the baseline's tp 1 row; this tree's tp 1 and 8,
 #      two cold runs each, with (c), the first sight of one 8 GiB file; then this tree's tp 1
 #      with every load reading two files side by side (--side_by_side=2: does interleaving
-#      itself cost the disk?);
+#      itself cost the disk?), and with a hold of 2 GiB (--hold_mib=2048);
 #   2. peer fill into GPU memory (bench/peer_fill_bench --backend=cuda-vmm), this tree, then
 #      the baseline;
 #   3. keeper adoption of a 64 GiB host-backend entry (bench/keeper_adoption_bench.sh), this
@@ -43,10 +43,15 @@ pin() {  # pin NAME SECONDS BINARY ARGS...
   rm -rf "${d:?}/$n"
   grep -E '^\||^\(a\)|^## |^  (cold|hot) ' "$L/pin/$n.log"
 }
-pin base 60 "$c/base/bin/pinned_load_bench" --gib="$GIB" --tp=1 --reps=1 --first_sight_gib=0 --hot=0
+pin base 50 "$c/base/bin/pinned_load_bench" --gib="$GIB" --tp=1 --reps=1 --first_sight_gib=0 --hot=0
 pin new 170 "$c/new/bin/pinned_load_bench" --gib="$GIB" --tp=1,8 --reps=2 --first_sight_gib="$GIB" --hot=0
-pin sbs2 50 "$c/new/bin/pinned_load_bench" --gib="$GIB" --tp=1 --reps=1 --first_sight_gib=0 --hot=0 \
+# Where a pinned load's time goes: every load reading two files side by side; a hold four
+# times the default (each run's line says how long readers waited for room, and the seconds
+# from the reads' end to the check's verdict).
+pin sbs2 45 "$c/new/bin/pinned_load_bench" --gib="$GIB" --tp=1 --reps=1 --first_sight_gib=0 --hot=0 \
   --side_by_side=2
+pin hold2g 45 "$c/new/bin/pinned_load_bench" --gib="$GIB" --tp=1 --reps=1 --first_sight_gib=0 \
+  --hot=0 --hold_mib=2048
 tar -czf "$OUT/pin.tgz" -C "$L" pin
 for b in new base; do
   UCX_TLS=tcp timeout 45 "$c/$b/bin/peer_fill_bench" --backend=cuda-vmm --gib="$GIB" \

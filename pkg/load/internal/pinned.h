@@ -42,8 +42,10 @@ absl::StatusOr<SourceFile> PinnedSource(const spec::ModelSpec& spec, const std::
 // Thread-safety: the tap from the load's readers, concurrently; Finish once, after the load.
 class PinCheck {
  public:
+  // `hold_bytes`: chunks read ahead of a file's hash held aside (LoadOptions::pin_hold_bytes).
   static absl::StatusOr<std::unique_ptr<PinCheck>> Start(
-      const OpenedModel& model, std::function<void(const absl::Status&)> on_mismatch);
+      const OpenedModel& model, uint64_t hold_bytes,
+      std::function<void(const absl::Status&)> on_mismatch);
   ~PinCheck();
   PinCheck(const PinCheck&) = delete;
   PinCheck& operator=(const PinCheck&) = delete;
