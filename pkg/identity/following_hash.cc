@@ -199,8 +199,7 @@ void FollowingSha256::Offer(int fd, uint64_t offset, const void* data, uint64_t 
     return;
   }
   const auto* bytes = static_cast<const uint8_t*>(data);
-  std::vector<uint8_t> copy = SpareBuffer(n);
-  copy.assign(bytes, bytes + n);  // outside the lock: readers copy side by side
+  std::vector<uint8_t> copy(bytes, bytes + n);  // outside the lock: readers copy side by side
   uint64_t unused = 0;
   bool queue = false;
   {
@@ -217,26 +216,6 @@ void FollowingSha256::Offer(int fd, uint64_t offset, const void* data, uint64_t 
   }
   if (unused > 0) Released(unused);
   if (queue) Queue(*s);
-}
-
-std::vector<uint8_t> FollowingSha256::SpareBuffer(uint64_t n) {
-  MutexLock l(spare_mu_);
-  for (size_t i = spare_.size(); i-- > 0;) {
-    if (spare_[i].capacity() < n) continue;
-    std::vector<uint8_t> b = std::move(spare_[i]);
-    spare_[i] = std::move(spare_.back());
-    spare_.pop_back();
-    spare_bytes_ -= b.capacity();
-    return b;
-  }
-  return {};
-}
-
-void FollowingSha256::Recycle(std::vector<uint8_t> buffer) {
-  MutexLock l(spare_mu_);
-  if (buffer.capacity() == 0 || spare_bytes_ + buffer.capacity() > hold_bytes_) return;
-  spare_bytes_ += buffer.capacity();
-  spare_.push_back(std::move(buffer));
 }
 
 void FollowingSha256::Left(State& s, uint64_t offset, uint64_t n) {
@@ -314,17 +293,15 @@ void FollowingSha256::HashHeld(State& s) {
     // Only this turn's hasher moves the cursor: the context is used outside the lock, so
     // readers copy while it hashes.
     WC_CHECK(EVP_DigestUpdate(s.ctx, bytes.data() + skip, bytes.size() - skip) == 1);
-    const uint64_t n = bytes.size();
-    followed_ += n - skip;
-    Recycle(std::move(bytes));
+    followed_ += bytes.size() - skip;
     std::string digest;
     bool complete = false;
     {
       MutexLock l(s.mu);
-      s.cursor = off + n;
+      s.cursor = off + bytes.size();
       complete = Complete(s, &digest);
     }
-    Released(n);
+    Released(bytes.size());
     if (complete && on_file_) on_file_(s.index, digest);
   }
 }

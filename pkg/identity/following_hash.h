@@ -85,11 +85,6 @@ class FollowingSha256 {
   // cursor reaches it while it waits, as a chunk at the cursor).
   bool Admit(State& s, int fd, uint64_t offset, uint64_t n);
   void FillHole();  // a stalled hold: a hasher reads the smallest hole before held chunks
-  // A hashed chunk's buffer, kept for the next offer (up to the hold's bytes in all): the
-  // readers' copies reuse memory instead of allocating (and the allocator trimming and
-  // faulting in) a chunk's worth per offer.
-  std::vector<uint8_t> SpareBuffer(uint64_t n);
-  void Recycle(std::vector<uint8_t> buffer);
   void NoteWait(std::chrono::steady_clock::time_point from);  // into room_wait_ns_
   void Hasher();                                              // a hasher thread's loop
   void HashHeld(State& s);                              // hashes s's held chunks at its cursor
@@ -119,9 +114,6 @@ class FollowingSha256 {
   size_t turns_ ABSL_GUARDED_BY(pool_mu_) = 0;  // files queued or being hashed
   bool stop_ ABSL_GUARDED_BY(pool_mu_) = false;
   std::vector<std::thread> hashers_;
-  Mutex spare_mu_;
-  std::vector<std::vector<uint8_t>> spare_ ABSL_GUARDED_BY(spare_mu_);
-  uint64_t spare_bytes_ ABSL_GUARDED_BY(spare_mu_) = 0;
 };
 
 }  // namespace weightcache::identity
