@@ -316,6 +316,7 @@ TEST_F(FollowingSha256Direct, OnePassAnODirectChunkWaitsWhileTheCursorsChunkIsSt
   EXPECT_EQ(h->reread_bytes(), 0u) << "a chunk was left and read again";
   EXPECT_EQ(h->followed_bytes(), bytes().size());
   EXPECT_EQ(h->holes_filled(), 0u);
+  EXPECT_GT(h->room_wait_seconds(), 0) << "chunk 2's reader waited for room: counted";
 }
 
 // The same load, one step on: a reader waits for room with chunk 2 while the hold is full of
