@@ -185,10 +185,13 @@ struct Bench {
     std::printf(
         "  %s tp %d %s: %.2f s (open %.2f s), storage %.2f GB, hashed from the load "
         "%.2f GB, read again %.2f GB; readers waited for room %.2f s, holes read %llu, "
-        "reads' end to the check's verdict %.2f s\n",
+        "reads' end to the check's verdict %.2f s; hashers in SHA-256 %.2f s (%.2f GB/s "
+        "while hashing)\n",
         row.cache.c_str(), tp, mode.c_str(), row.seconds, row.open_seconds, row.storage / kGB,
         row.followed / kGB, row.reread / kGB, st.pin_room_wait_seconds,
-        static_cast<unsigned long long>(st.pin_holes_filled), st.pin_finish_seconds);
+        static_cast<unsigned long long>(st.pin_holes_filled), st.pin_finish_seconds,
+        st.pin_hash_seconds,
+        st.pin_hash_seconds > 0 ? row.followed / kGB / st.pin_hash_seconds : 0.0);
     std::fflush(stdout);
     return row;
   }

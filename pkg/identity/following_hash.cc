@@ -292,8 +292,7 @@ void FollowingSha256::HashHeld(State& s) {
     if (bytes.empty()) return;
     // Only this turn's hasher moves the cursor: the context is used outside the lock, so
     // readers copy while it hashes.
-    WC_CHECK(EVP_DigestUpdate(s.ctx, bytes.data() + skip, bytes.size() - skip) == 1);
-    followed_ += bytes.size() - skip;
+    HashFollowed(s, bytes.data() + skip, bytes.size() - skip);
     std::string digest;
     bool complete = false;
     {
@@ -304,6 +303,15 @@ void FollowingSha256::HashHeld(State& s) {
     Released(bytes.size());
     if (complete && on_file_) on_file_(s.index, digest);
   }
+}
+
+void FollowingSha256::HashFollowed(State& s, const uint8_t* data, uint64_t n) {
+  const auto t0 = std::chrono::steady_clock::now();
+  WC_CHECK(EVP_DigestUpdate(s.ctx, data, n) == 1);
+  hash_ns_ += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count());
+  followed_ += n;
 }
 
 bool FollowingSha256::ReadGap(State& s, uint64_t from, uint64_t end) {
@@ -333,8 +341,7 @@ void FollowingSha256::Drain(State& s) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // s.mu 
     held_ -= bytes.size();
     if (off + bytes.size() > s.cursor) {
       const uint64_t skip = s.cursor - off;
-      WC_CHECK(EVP_DigestUpdate(s.ctx, bytes.data() + skip, bytes.size() - skip) == 1);
-      followed_ += bytes.size() - skip;
+      HashFollowed(s, bytes.data() + skip, bytes.size() - skip);
       s.cursor = off + bytes.size();
     }
   }

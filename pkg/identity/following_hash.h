@@ -77,6 +77,10 @@ class FollowingSha256 {
   uint64_t holes_filled() const { return holes_filled_.load(); }
   // Seconds O_DIRECT readers waited for room in the hold, summed over the readers.
   double room_wait_seconds() const { return static_cast<double>(room_wait_ns_.load()) / 1e9; }
+  // Seconds the hashers spent in SHA-256 over offered chunks, summed over the hashers:
+  // followed_bytes() / hash_seconds() is the rate one hasher hashed at while it hashed (against
+  // an idle core's, it says whether the hash was slowed or waited for its chunks).
+  double hash_seconds() const { return static_cast<double>(hash_ns_.load()) / 1e9; }
 
  private:
   struct State;
@@ -88,6 +92,8 @@ class FollowingSha256 {
   void NoteWait(std::chrono::steady_clock::time_point from);  // into room_wait_ns_
   void Hasher();                                              // a hasher thread's loop
   void HashHeld(State& s);                              // hashes s's held chunks at its cursor
+  // Offered bytes at s's cursor into its hash (timed: hash_ns_), by the one thread using s.ctx.
+  void HashFollowed(State& s, const uint8_t* data, uint64_t n);
   void Left(State& s, uint64_t offset, uint64_t n);     // a chunk not taken: the hasher reads it
   bool ReadGap(State& s, uint64_t from, uint64_t end);  // false: read failed, turn ended
   void Queue(State& s);                                 // a turn for s
@@ -105,7 +111,8 @@ class FollowingSha256 {
   std::vector<std::pair<int, long>> aliases_ ABSL_GUARDED_BY(alias_mu_);
   const uint64_t hold_bytes_;
   const std::chrono::milliseconds stall_;
-  std::atomic<uint64_t> held_{0}, reread_{0}, followed_{0}, holes_filled_{0}, room_wait_ns_{0};
+  std::atomic<uint64_t> held_{0}, reread_{0}, followed_{0}, holes_filled_{0}, room_wait_ns_{0},
+      hash_ns_{0};
   std::function<void(size_t, const std::string&)> on_file_;
   // The hashers: files with a held chunk at their cursor, queued once each (State::queued).
   Mutex pool_mu_;

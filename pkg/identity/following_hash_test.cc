@@ -317,6 +317,7 @@ TEST_F(FollowingSha256Direct, OnePassAnODirectChunkWaitsWhileTheCursorsChunkIsSt
   EXPECT_EQ(h->followed_bytes(), bytes().size());
   EXPECT_EQ(h->holes_filled(), 0u);
   EXPECT_GT(h->room_wait_seconds(), 0) << "chunk 2's reader waited for room: counted";
+  EXPECT_GT(h->hash_seconds(), 0) << "offered chunks were hashed: the hashers' time counted";
 }
 
 // The same load, one step on: a reader waits for room with chunk 2 while the hold is full of

@@ -445,6 +445,7 @@ void NotePinCheck(const internal::PinCheck& check, double finish_seconds,
   m->stats.pin_reread_bytes = check.reread_bytes();
   m->stats.pin_holes_filled = check.holes_filled();
   m->stats.pin_room_wait_seconds = check.room_wait_seconds();
+  m->stats.pin_hash_seconds = check.hash_seconds();
   m->stats.pin_finish_seconds = finish_seconds;
 }
 void NotePinCheck(const internal::PinCheck& check, double finish_seconds,

@@ -72,6 +72,9 @@ struct LoadStats {
   // O_DIRECT reader waited, and the seconds readers waited for room in the hold (summed).
   uint64_t pin_holes_filled = 0;
   double pin_room_wait_seconds = 0;
+  // Seconds the check's hashers spent in SHA-256 over the load's bytes, summed over them:
+  // pin_followed_bytes / pin_hash_seconds is one hasher's rate while it hashed.
+  double pin_hash_seconds = 0;
   // Seconds from the load's last read to the check's verdict: the hashing left behind when
   // the reads ended (at most about the hold, LoadOptions::pin_hold_bytes, at one core's
   // SHA-256 a file) and what the check read itself.

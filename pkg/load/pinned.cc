@@ -183,6 +183,7 @@ uint64_t PinCheck::followed_bytes() const { return hash_->followed_bytes(); }
 uint64_t PinCheck::reread_bytes() const { return hash_->reread_bytes(); }
 uint64_t PinCheck::holes_filled() const { return hash_->holes_filled(); }
 double PinCheck::room_wait_seconds() const { return hash_->room_wait_seconds(); }
+double PinCheck::hash_seconds() const { return hash_->hash_seconds(); }
 
 }  // namespace internal
 }  // namespace weightcache::load

@@ -328,6 +328,7 @@ TEST(PinnedDigests, OnePassAPinnedLoadReadsEachCheckpointByteOnce) {
   EXPECT_EQ(st.pin_followed_bytes + st.pin_reread_bytes, size);
   EXPECT_EQ(st.pin_reread_bytes, HeaderBytes(**m)) << "the check read more than the headers";
   EXPECT_GT(st.pin_finish_seconds, 0) << "the check's verdict came after the reads: timed";
+  EXPECT_GT(st.pin_hash_seconds, 0) << "the load's bytes were hashed: the hashers' time counted";
   EXPECT_EQ(store->hashed_bytes(), size) << "each byte hashed once";
   EXPECT_GE(read, size);
   EXPECT_LT(read, size + size / 8)

@@ -60,6 +60,7 @@ class PinCheck {
   uint64_t reread_bytes() const;    // read by the check itself
   uint64_t holes_filled() const;    // see FollowingSha256
   double room_wait_seconds() const;
+  double hash_seconds() const;
 
  private:
   PinCheck() = default;
