@@ -29,6 +29,15 @@ LoadRequest Req(const std::string& fp, const std::string& model, uint64_t bytes,
   return r;
 }
 
+// A lease of uid 0 held by `pid`; `claimed`: its descriptors were handed out.
+LeaseRecord Lease(const std::string& id, int pid, bool claimed = false) {
+  LeaseRecord l;
+  l.id = id;
+  l.pid = pid;
+  l.claimed = claimed;
+  return l;
+}
+
 // A load that produces one real host segment of `bytes`.
 LoadFn SegmentLoad(uint64_t bytes, std::atomic<int>* calls = nullptr,
                    const std::shared_future<void>& gate = {}) {
@@ -152,8 +161,8 @@ TEST(Registry, LeasesAreCountedAndRemoved) {
   Registry r;
   auto e = *r.StartOrJoin(Req("fp", "m", 0, SegmentLoad(4096)));
   ASSERT_TRUE(r.WaitReady(e, Far()).ok());
-  ASSERT_TRUE(r.AddLease(e, {"a", 1, 0, {}}).ok());
-  ASSERT_TRUE(r.AddLease(e, {"b", 2, 0, {}}).ok());
+  ASSERT_TRUE(r.AddLease(e, Lease("a", 1)).ok());
+  ASSERT_TRUE(r.AddLease(e, Lease("b", 2)).ok());
   EXPECT_EQ(r.LeaseCount(K("fp")), 2u);
   EXPECT_TRUE(r.RemoveLease("a"));
   EXPECT_FALSE(r.RemoveLease("a"));
@@ -176,7 +185,7 @@ TEST(Registry, EvictionKeepsContentAliveForHoldersAndEndsTheEntry) {
   EXPECT_EQ(r.StateOf(e), State::kGone);
   EXPECT_EQ((*content)->segments.size(), 1u);  // a holder's reference stays valid
   EXPECT_EQ(evicted, std::vector<std::string>{"m:api"});
-  EXPECT_EQ(r.AddLease(e, {"x", 1, 0, {}}).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(r.AddLease(e, Lease("x", 1)).code(), absl::StatusCode::kUnavailable);
 }
 
 TEST(Registry, BudgetEvictsLeastRecentlyUsedUnleasedEntries) {
@@ -186,7 +195,7 @@ TEST(Registry, BudgetEvictsLeastRecentlyUsedUnleasedEntries) {
   ASSERT_TRUE(r.WaitReady(a, Far()).ok());
   auto b = *r.StartOrJoin(Req("b", "b", kSeg, SegmentLoad(kSeg)));
   ASSERT_TRUE(r.WaitReady(b, Far()).ok());
-  ASSERT_TRUE(r.AddLease(a, {"la", 1, 0, {}, -1, true}).ok());  // a is leased: not evictable
+  ASSERT_TRUE(r.AddLease(a, Lease("la", 1, /*claimed=*/true)).ok());  // a is leased: not evictable
   auto c = *r.StartOrJoin(Req("c", "c", 2 * kSeg, SegmentLoad(2 * kSeg)));
   ASSERT_TRUE(r.WaitReady(c, Far()).ok());
   EXPECT_NE(r.Find(K("a")), nullptr);
@@ -223,7 +232,7 @@ TEST(Registry, SameFingerprintOnTwoDevicesIsTwoEntries) {
   EXPECT_EQ(snap[1].device_uuid, "GPU-b");
   EXPECT_EQ(snap[1].source, "peer");
   // Leases and eviction are per device.
-  ASSERT_TRUE(r.AddLease(b, {"lb", 1, 0, {}, -1, true}).ok());
+  ASSERT_TRUE(r.AddLease(b, Lease("lb", 1, /*claimed=*/true)).ok());
   EXPECT_EQ(r.LeaseCount(K("fp", "GPU-a")), 0u);
   EXPECT_EQ(r.LeaseCount(K("fp", "GPU-b")), 1u);
   EXPECT_EQ(r.Evict(K("fp", "GPU-a"), "api"), Registry::Evicted::kGone);
@@ -243,7 +252,7 @@ TEST(Registry, BudgetIsPerDevice) {
   EXPECT_EQ(r.used_bytes("GPU-a"), 2 * kSeg);
   EXPECT_EQ(r.used_bytes("GPU-b"), 2 * kSeg);
   EXPECT_EQ(r.used_bytes(), 4 * kSeg);
-  ASSERT_TRUE(r.AddLease(b1, {"lb", 1, 0, {}, -1, true}).ok());
+  ASSERT_TRUE(r.AddLease(b1, Lease("lb", 1, /*claimed=*/true)).ok());
   // A second entry on GPU-a evicts GPU-a's unleased LRU entry only.
   auto a2 = *r.StartOrJoin(Req("a2", "m", kSeg, SegmentLoad(kSeg), "GPU-a"));
   ASSERT_TRUE(r.WaitReady(a2, Far()).ok());
@@ -268,7 +277,7 @@ TEST(Registry, ImpossibleRequestFailsBeforeEvictingAnything) {
   ASSERT_TRUE(r.WaitReady(a, Far()).ok());
   auto b = *r.StartOrJoin(Req("b", "b", 2 * kSeg, SegmentLoad(2 * kSeg)));
   ASSERT_TRUE(r.WaitReady(b, Far()).ok());
-  ASSERT_TRUE(r.AddLease(b, {"lb", 1, 0, {}, -1, true}).ok());
+  ASSERT_TRUE(r.AddLease(b, Lease("lb", 1, /*claimed=*/true)).ok());
   // 3 segments would fit only if the leased b went too: refused, a stays.
   auto big = r.StartOrJoin(Req("c", "c", 3 * kSeg, SegmentLoad(kSeg)));
   ASSERT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
@@ -290,8 +299,8 @@ TEST(Registry, EvictedWhileLeasedDrainsUntilTheLastLeaseEnds) {
   Registry r(2 * kSeg);
   auto e = *r.StartOrJoin(Req("fp", "m", kSeg, SegmentLoad(kSeg)));
   ASSERT_TRUE(r.WaitReady(e, Far()).ok());
-  ASSERT_TRUE(r.AddLease(e, {"l1", 1, 0, {}, -1, true}).ok());
-  ASSERT_TRUE(r.AddLease(e, {"l2", 2, 0, {}, -1, true}).ok());
+  ASSERT_TRUE(r.AddLease(e, Lease("l1", 1, /*claimed=*/true)).ok());
+  ASSERT_TRUE(r.AddLease(e, Lease("l2", 2, /*claimed=*/true)).ok());
   EXPECT_EQ(r.Evict(K("fp"), "api"), Registry::Evicted::kDraining);
   EXPECT_EQ(r.Find(K("fp")), nullptr);  // no longer served
   auto snap = r.Snapshot();
@@ -321,14 +330,14 @@ TEST(Registry, UnclaimedLeasesDoNotPinTheirEntry) {
   Registry r(2 * kSeg);
   auto a = *r.StartOrJoin(Req("a", "a", kSeg, SegmentLoad(kSeg)));
   ASSERT_TRUE(r.WaitReady(a, Far()).ok());
-  ASSERT_TRUE(r.AddLease(a, {"token-never-claimed", 1, 0, {}}).ok());
+  ASSERT_TRUE(r.AddLease(a, Lease("token-never-claimed", 1)).ok());
   auto b = *r.StartOrJoin(Req("b", "b", 2 * kSeg, SegmentLoad(2 * kSeg)));
   ASSERT_TRUE(r.WaitReady(b, Far()).ok());
   EXPECT_EQ(r.Find(K("a")), nullptr);  // evicted: its only lease was never claimed
   EXPECT_FALSE(r.HasLease(a, "token-never-claimed"));
   EXPECT_EQ(r.StateOf(a), State::kGone);  // not draining: nothing maps it
   // A claimed lease does pin.
-  ASSERT_TRUE(r.AddLease(b, {"claimed", 1, 0, {}}).ok());
+  ASSERT_TRUE(r.AddLease(b, Lease("claimed", 1)).ok());
   r.SetLeasePeer("claimed", 42, 0);
   auto c = r.StartOrJoin(Req("c", "c", kSeg, SegmentLoad(kSeg)));
   EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
@@ -338,12 +347,14 @@ TEST(Registry, UnclaimedLeasesDoNotPinTheirEntry) {
 TEST(Registry, ALoadIsDigestedBeforeItIsReadyAndAFailedDigestFailsIt) {
   Registry r;
   std::atomic<int> digested{0};
-  r.SetDigester([&](const Entry& e, const load::LoadedModel& m)
-                    -> absl::StatusOr<std::vector<integrity::SegmentDigest>> {
-    digested++;
-    if (e.model == "bad") return absl::InternalError("the GPU said no");
-    return std::vector<integrity::SegmentDigest>(m.segments.size(), integrity::SegmentDigest{{42}});
-  });
+  r.SetDigester(
+      [&](const Entry& e,
+          const load::LoadedModel& m) -> absl::StatusOr<std::vector<integrity::SegmentDigest>> {
+        digested++;
+        if (e.model == "bad") return absl::InternalError("the GPU said no");
+        return std::vector<integrity::SegmentDigest>(m.segments.size(),
+                                                     integrity::SegmentDigest{{42}, {}});
+      });
   auto e = r.StartOrJoin(Req("fp", "m", 0, SegmentLoad(4096)));
   ASSERT_TRUE(e.ok());
   ASSERT_TRUE(r.WaitReady(*e, Far()).ok());
@@ -364,10 +375,12 @@ TEST(Registry, ALoadIsDigestedBeforeItIsReadyAndAFailedDigestFailsIt) {
 // changed while the keeper held it) fails with the check's error and is not served.
 TEST(Registry, AFillWhoseDigestsFailTheirCheckFails) {
   Registry r;
-  r.SetDigester([](const Entry&, const load::LoadedModel& m)
-                    -> absl::StatusOr<std::vector<integrity::SegmentDigest>> {
-    return std::vector<integrity::SegmentDigest>(m.segments.size(), integrity::SegmentDigest{{7}});
-  });
+  r.SetDigester(
+      [](const Entry&,
+         const load::LoadedModel& m) -> absl::StatusOr<std::vector<integrity::SegmentDigest>> {
+        return std::vector<integrity::SegmentDigest>(m.segments.size(),
+                                                     integrity::SegmentDigest{{7}, {}});
+      });
   auto req = Req("fp", "m", 0, SegmentLoad(4096));
   std::vector<integrity::SegmentDigest> seen;
   req.check_digests = [&](const std::vector<integrity::SegmentDigest>& d) {
@@ -391,11 +404,13 @@ TEST(Registry, AFillWhoseDigestsFailTheirCheckFails) {
 TEST(Registry, HashedOnceAFillsOwnDigestsBecomeTheEntrysWithoutDigestingAgain) {
   Registry r;
   std::atomic<int> digested{0};
-  r.SetDigester([&](const Entry&, const load::LoadedModel& m)
-                    -> absl::StatusOr<std::vector<integrity::SegmentDigest>> {
-    digested++;
-    return std::vector<integrity::SegmentDigest>(m.segments.size(), integrity::SegmentDigest{{7}});
-  });
+  r.SetDigester(
+      [&](const Entry&,
+          const load::LoadedModel& m) -> absl::StatusOr<std::vector<integrity::SegmentDigest>> {
+        digested++;
+        return std::vector<integrity::SegmentDigest>(m.segments.size(),
+                                                     integrity::SegmentDigest{{7}, {}});
+      });
   auto req = Req("fp", "m", 0, SegmentLoad(4096));
   int taken_calls = 0;
   req.taken_digests = [&] {

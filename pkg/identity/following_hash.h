@@ -91,7 +91,7 @@ class FollowingSha256 {
   void FillHole();  // a stalled hold: a hasher reads the smallest hole before held chunks
   void NoteWait(std::chrono::steady_clock::time_point from);  // into room_wait_ns_
   void Hasher();                                              // a hasher thread's loop
-  void HashHeld(State& s);                              // hashes s's held chunks at its cursor
+  void HashHeld(State& s);  // hashes s's held chunks at its cursor
   // Offered bytes at s's cursor into its hash (timed: hash_ns_), by the one thread using s.ctx.
   void HashFollowed(State& s, const uint8_t* data, uint64_t n);
   void Left(State& s, uint64_t offset, uint64_t n);     // a chunk not taken: the hasher reads it

@@ -76,7 +76,7 @@ struct Accepted {
 
 struct ListenerOptions {
   std::string name;  // "control", "handle", …: in logs and the metric's listener label
-  KeyedLimiter::Limits limits{.total = 1024, .per_key = 64, .over_cap = 0};
+  KeyedLimiter::Limits limits{.total = 1024, .per_key = 64, .over_cap = 0, .own_caps = {}};
   // 0: a connection is handed over at accept (protocols where the server speaks first).
   std::chrono::milliseconds first_byte{0};
   // 0: connections live as long as the listener keeps them (the handle channel: a connection

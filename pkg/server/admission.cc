@@ -234,7 +234,8 @@ std::shared_ptr<RankFill> Admission::SurveyPeers(
                       .tp_rank = p.request.inputs.layout.tp_rank,
                       .device = p.device,
                       .label = p.label,
-                      .plan = p.plan};
+                      .plan = p.plan,
+                      .pinned = {}};
   // The spec's pinned segment digests of this fingerprint (hex, validated), as raw bytes.
   if (auto it = model->spec.segment_digests.find(p.fingerprint);
       it != model->spec.segment_digests.end()) {

@@ -90,7 +90,8 @@ absl::StatusOr<std::unique_ptr<PeerPort>> PeerPort::Start(Options options) {
   a.name = "peer";
   a.limits = {.total = p->options_.max_connections,
               .per_key = p->options_.max_connections_per_address,
-              .over_cap = 0};
+              .over_cap = 0,
+              .own_caps = {}};
   a.first_byte = p->options_.handshake_timeout;
   a.idle = p->options_.idle;
   a.own_thread = false;  // run by the port's loop: make_room and serve touch its state
