@@ -194,15 +194,6 @@ absl::StatusOr<std::string> HashFile(int fd, uint64_t size, unsigned threads,
   return "sha256c:" + HexEncode(d.data(), d.size());
 }
 
-absl::StatusOr<std::string> Sha256File(int fd, uint64_t size, const std::string& what,
-                                       const std::atomic<bool>* cancel) {
-  std::vector<unsigned char> buf(kReadBytes);
-  Sha256 h;
-  WC_RETURN_IF_ERROR(ReadInto(fd, 0, size, buf, h, size, what, cancel));
-  const auto d = h.Final();
-  return HexEncode(d.data(), d.size());
-}
-
 std::string Sha256Hex(std::string_view data) {
   Sha256 h;
   h.Update(data.data(), data.size());

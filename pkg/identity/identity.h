@@ -70,8 +70,10 @@ absl::StatusOr<std::string> HashFile(int fd, uint64_t size, unsigned threads,
                                      const std::string& what,
                                      const std::atomic<bool>* cancel = nullptr);
 
-// The plain SHA-256 of `size` bytes of `fd` (one thread, sequential): "<64 hex>", what a
-// Hugging Face blob is named by. Errors and `cancel` as for HashFile.
+// The plain SHA-256 of `size` bytes of `fd`: "<64 hex>", what a Hugging Face blob is named by.
+// One hash (sequential) on the calling thread; past 8 MiB, three reader threads read ahead of
+// it through the page cache, at most 48 MiB (sha256_file.cc). Errors and `cancel` as for
+// HashFile (it stops within one 8 MiB read).
 absl::StatusOr<std::string> Sha256File(int fd, uint64_t size, const std::string& what,
                                        const std::atomic<bool>* cancel = nullptr);
 

@@ -186,6 +186,49 @@ TEST(Sha256FileTest, IsThePlainSha256OfTheBytes) {
   EXPECT_EQ(*d, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");  // FIPS 180-2
 }
 
+// Past 8 MiB the reads run ahead of the hash in a ring of six 8 MiB chunks (sha256_file.cc):
+// at sizes around a chunk's and the ring's bounds, the digest is the SHA-256 of the bytes in
+// order (a chunk hashed out of order or a slot written while hashed would change it).
+TEST(Sha256FileTest, ReadAheadHashesEveryByteInOrderAtEverySize) {
+  constexpr size_t kChunk = 8u << 20;
+  TempDir dir;
+  const std::string all = Bytes(7 * kChunk + 5, 11);
+  Write(dir / "f", all);
+  ScopedFd fd(::open((dir / "f").c_str(), O_RDONLY | O_CLOEXEC));
+  for (size_t n : {size_t{0}, size_t{1}, kChunk - 1, kChunk, kChunk + 1, 6 * kChunk, 6 * kChunk + 3,
+                   7 * kChunk + 5}) {
+    auto d = Sha256File(fd.get(), n, "f");
+    ASSERT_TRUE(d.ok()) << n << ": " << d.status();
+    EXPECT_EQ(*d, Sha256Hex(std::string_view(all).substr(0, n))) << n << " bytes";
+  }
+}
+
+TEST(Sha256FileTest, AFileShorterThanItsSizeIsDataLossNamingTheByte) {
+  constexpr size_t kChunk = 8u << 20;
+  TempDir dir;
+  Write(dir / "short", Bytes(3 * kChunk + 7, 12));
+  ScopedFd fd(::open((dir / "short").c_str(), O_RDONLY | O_CLOEXEC));
+  auto d = Sha256File(fd.get(), 5 * kChunk, "short.safetensors");
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(d.status().message()),
+              HasSubstr("short.safetensors: ends at byte " + std::to_string(3 * kChunk + 7) +
+                        ", expected " + std::to_string(5 * kChunk) + " bytes"));
+  auto unreadable = Sha256File(-1, 5 * kChunk, "gone.safetensors");
+  ASSERT_FALSE(unreadable.ok());
+  EXPECT_THAT(std::string(unreadable.status().message()), HasSubstr("gone.safetensors"));
+}
+
+TEST(Sha256FileTest, ACancelledHashStopsWithCancelled) {
+  TempDir dir;
+  Write(dir / "f", Bytes(20u << 20, 13));
+  ScopedFd fd(::open((dir / "f").c_str(), O_RDONLY | O_CLOEXEC));
+  const std::atomic<bool> cancel{true};
+  auto d = Sha256File(fd.get(), 20u << 20, "f", &cancel);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kCancelled) << d.status();
+}
+
 // Finding (issue 25): a file whose link target was named blobs/<64 hex> got the digest
 // sha256:<that name> without a byte read, so anyone writing a model directory could name
 // poisoned bytes after another team's public model. The name is now verified.
