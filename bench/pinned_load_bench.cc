@@ -15,6 +15,7 @@
 // and deleted after. Without a GPU it runs on the host backend (a smoke test).
 //
 //   pinned_load_bench --dir=/var/tmp/wc-pin --gib=8 --tp=1,8 --reps=2 --first_sight_gib=8
+//                     (--gib=0: (c) only; --first_sight_gib=0: no (c))
 //                     [--hot=0] [--side_by_side=N] (files every load, known and pinned,
 //                     reads in turn; by default a pinned load 4, a known one 1: one after another)
 //                     [--hold_mib=N] (a pinned load's chunks held ahead of the hash: 512)
@@ -76,7 +77,7 @@ Args Parse(int argc, char** argv) {
     if (key == "--dir") {
       a.dir = v;
     } else if (key == "--gib") {
-      ok = absl::SimpleAtod(v, &a.gib) && a.gib > 0;
+      ok = absl::SimpleAtod(v, &a.gib) && a.gib >= 0;
     } else if (key == "--first_sight_gib") {
       ok = absl::SimpleAtod(v, &a.first_sight_gib) && a.first_sight_gib >= 0;
     } else if (key == "--reps") {
@@ -240,6 +241,35 @@ uint64_t FileBytes(const wc::bench::Checkpoint& c) {
   return n;
 }
 
+// (a) and (b): the sharded checkpoint of --gib.
+void RunSharded(const Args& a, Bench& b) {
+  auto c = wc::bench::WriteDenseLlama(a.dir + "/sharded", a.gib);
+  if (!c.ok()) Die(std::string(c.status().message()));
+  const double file_bytes = static_cast<double>(FileBytes(*c));
+  std::printf("\n## (b) %.2f GB in %zu files: pinned against known, cold = %s\n", c->bytes / kGB,
+              c->files.size(), wc::bench::DropCache(c->files).c_str());
+  const double raw = wc::bench::RawRead(c->files, true, 16, 8ull << 20);
+  std::printf("(a) storage, O_DIRECT, 16 threads, 8 MiB: %.2f GB/s (cold)\n", raw);
+  auto known = EmptyStore();
+  const auto pins = Pins(*c, known.get());
+  for (int tp : a.tp) b.Load(*c, tp, false, "known", {}, known.get());  // untimed warm-up
+  b.rows.clear();
+  for (int tp : a.tp) {
+    for (int r = 0; r < a.reps; ++r) {
+      b.Load(*c, tp, true, "known", {}, known.get());
+      b.Load(*c, tp, true, "pinned", pins, nullptr);
+    }
+    for (int r = 0; a.hot && r < a.reps; ++r) {
+      b.Load(*c, tp, false, "known", {}, known.get());
+      b.Load(*c, tp, false, "pinned", pins, nullptr);
+    }
+  }
+  PrintTable(b.rows, c->bytes, file_bytes, "known");
+  std::printf("\n(a) storage %.2f GB/s; the cold rows' GB/s against it: each row / %.2f.\n", raw,
+              raw);
+  wc::bench::RemoveCheckpoint(*c);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -272,31 +302,7 @@ int main(int argc, char** argv) {
       side_by_side.c_str(), static_cast<unsigned long long>(a.hold_mib));
 
   // (a), (b)
-  auto c = wc::bench::WriteDenseLlama(a.dir + "/sharded", a.gib);
-  if (!c.ok()) Die(std::string(c.status().message()));
-  const double file_bytes = static_cast<double>(FileBytes(*c));
-  std::printf("\n## (b) %.2f GB in %zu files: pinned against known, cold = %s\n", c->bytes / kGB,
-              c->files.size(), wc::bench::DropCache(c->files).c_str());
-  const double raw = wc::bench::RawRead(c->files, true, 16, 8ull << 20);
-  std::printf("(a) storage, O_DIRECT, 16 threads, 8 MiB: %.2f GB/s (cold)\n", raw);
-  auto known = EmptyStore();
-  const auto pins = Pins(*c, known.get());
-  for (int tp : a.tp) b.Load(*c, tp, false, "known", {}, known.get());  // untimed warm-up
-  b.rows.clear();
-  for (int tp : a.tp) {
-    for (int r = 0; r < a.reps; ++r) {
-      b.Load(*c, tp, true, "known", {}, known.get());
-      b.Load(*c, tp, true, "pinned", pins, nullptr);
-    }
-    for (int r = 0; a.hot && r < a.reps; ++r) {
-      b.Load(*c, tp, false, "known", {}, known.get());
-      b.Load(*c, tp, false, "pinned", pins, nullptr);
-    }
-  }
-  PrintTable(b.rows, c->bytes, file_bytes, "known");
-  std::printf("\n(a) storage %.2f GB/s; the cold rows' GB/s against it: each row / %.2f.\n", raw,
-              raw);
-  wc::bench::RemoveCheckpoint(*c);
+  if (a.gib > 0) RunSharded(a, b);
 
   // (c)
   if (a.first_sight_gib > 0) {

@@ -6,7 +6,9 @@
 # (openssl speed, 2 s each): alone; two at once; two on one core's SMT siblings; two beside
 # 14 spinning shells; two beside 8 memory-writing loops (dd from /dev/zero). Together they
 # say whether the in-load hash (pinned_load_bench's "while hashing" rate) is slowed by the
-# machine (frequency, siblings, memory) or by the change.
+# machine (frequency, siblings, memory) or by the change. Where $carry/old/pinned_load_bench
+# is carried too (a build without a change to the first sight's hash), after round 1 the
+# first sight of one file (FIRST_SIGHT_ARGS: (c) alone) by it and by A.
 #
 # Here:    tests/gpu/prepare-carry.sh build   (or WC_CARRY_TARGETS=pinned_load_bench ...)
 #          mkdir -p .device-carry/ab && strip --strip-debug \
@@ -14,8 +16,9 @@
 #          echo "what B is" >.device-carry/ab/what
 # Device:  bash tests/gpu/run-pinned-ab-on-device.sh   (after tests/gpu/run-on-device.sh in the
 #          same call, if wanted). Environment: OUT (logs), ARGS (each run's flags, default
-#          --gib=8 --tp=1 --reps=2 --first_sight_gib=0 --hot=0), ROUNDS (2), TOTAL (seconds
-#          this script may take, 300).
+#          --gib=8 --tp=1 --reps=2 --first_sight_gib=0 --hot=0), FIRST_SIGHT_ARGS (--gib=0
+#          --first_sight_gib=8 --reps=2 --hot=0), ROUNDS (2), TOTAL (seconds this script may
+#          take, 300).
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 carry=${WC_CARRY_DIR:-$root/.device-carry}
@@ -23,6 +26,7 @@ OUT=${OUT:-/tmp/wc-ab-out}
 ROUNDS=${ROUNDS:-2}
 TOTAL=${TOTAL:-300}
 ARGS=${ARGS:---gib=8 --tp=1 --reps=2 --first_sight_gib=0 --hot=0}
+FIRST_SIGHT_ARGS=${FIRST_SIGHT_ARGS:---gib=0 --first_sight_gib=8 --reps=2 --hot=0}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$carry/lib
 if ldd "$carry/bin/pinned_load_bench" | grep -q "not found"; then
@@ -69,18 +73,25 @@ mkdir -p "$dir"
 echo
 echo "A: this tree $(cat "$carry/commit"); B: $(cat "$carry/ab/what" 2>/dev/null || echo '?')"
 rc=0
+run() {  # run NAME BINARY ARGS...: one bench run, when time is left
+  local name=$1 bin=$2 left=$((TOTAL - SECONDS))
+  shift 2
+  ((left > 40)) || { echo "no time left for $name"; return; }
+  section "$name"
+  timeout "$left" "$bin" --dir="$dir/$name" "$@" >"$OUT/$name.log" 2>&1 || rc=$?
+  rm -rf "${dir:?}/$name"
+  grep -E '^\||^\(a\)|^  (cold|hot) ' "$OUT/$name.log"
+}
+# shellcheck disable=SC2086
 for ((r = 1; r <= ROUNDS; ++r)); do
-  for v in A B; do
-    bin=$carry/bin/pinned_load_bench
-    [[ $v == B ]] && bin=$carry/ab/pinned_load_bench
-    left=$((TOTAL - SECONDS))
-    ((left > 30)) || { echo "no time left for $v round $r"; break 2; }
-    section "$v, round $r"
-    # shellcheck disable=SC2086
-    timeout "$left" "$bin" --dir="$dir/$v" $ARGS >"$OUT/$v-$r.log" 2>&1 || rc=$?
-    rm -rf "${dir:?}/$v"
-    grep -E '^\||^\(a\)|^  (cold|hot) ' "$OUT/$v-$r.log"
-  done
+  run "A-$r" "$carry/bin/pinned_load_bench" $ARGS
+  run "B-$r" "$carry/ab/pinned_load_bench" $ARGS
+  # The first sight of one file, (c) alone, this tree against $carry/old (once, after round 1).
+  if ((r == 1)) && [[ -x $carry/old/pinned_load_bench ]]; then
+    echo "old: $(cat "$carry/old/what" 2>/dev/null || echo '?')"
+    run first-sight-old "$carry/old/pinned_load_bench" $FIRST_SIGHT_ARGS
+    run first-sight-A "$carry/bin/pinned_load_bench" $FIRST_SIGHT_ARGS
+  fi
 done
 rm -rf "$dir"
 section "done (rc $rc)"
