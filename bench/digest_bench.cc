@@ -2,10 +2,14 @@
 //  - hashing a checkpoint file the first time a version is seen (pkg/identity HashFile:
 //    parallel preads + SHA-256 per 64 MiB chunk) against plain parallel preads of the same
 //    file with the same threads, page cache hot — the CPU cost of the hash on top of a read;
+//  - a file's plain SHA-256, the identity a first sight waits for (identity::Sha256File: reader
+//    threads run ahead of the hash) against one thread reading 4 MiB and hashing it in turn
+//    (Sha256File before a87bdbc), page cache dropped (cold; needs root) and hot;
 //  - the stale check of the Acquire path: stat() of a model's files (identity::StatPath +
 //    DescribeChange, as OpenedModel::ChangedFiles does it).
 //   digest_bench [--gib=4] [--dir=/tmp] [--files=1,4,64]
 #include <fcntl.h>
+#include <openssl/evp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/dense_checkpoint.h"
 #include "pkg/identity/identity.h"
 #include "pkg/util/scoped_fd.h"
 
@@ -49,6 +54,49 @@ double ReadAll(int fd, uint64_t size, unsigned threads) {
   }
   for (auto& t : pool) t.join();
   return Since(t0);
+}
+
+// One thread: a 4 MiB pread, then its SHA-256, in turn (Sha256File before a87bdbc).
+std::string ReadThenHash(int fd, uint64_t size) {
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  if (ctx == nullptr || EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) != 1) std::abort();
+  std::vector<unsigned char> buf(4u << 20);
+  for (uint64_t off = 0; off < size;) {
+    const ssize_t n = ::pread(fd, buf.data(), std::min<uint64_t>(buf.size(), size - off),
+                              static_cast<off_t>(off));
+    if (n <= 0 || EVP_DigestUpdate(ctx, buf.data(), static_cast<size_t>(n)) != 1) std::abort();
+    off += static_cast<uint64_t>(n);
+  }
+  unsigned char d[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_DigestFinal_ex(ctx, d, &len) != 1) std::abort();
+  EVP_MD_CTX_free(ctx);
+  return std::string(reinterpret_cast<const char*>(d), len);
+}
+
+// The first sight's hash of `path`, cold and hot: best of 3 of each way, same bytes.
+void PlainSha256Rows(const std::string& path, int fd, uint64_t size) {
+  std::printf("\nPlain SHA-256 of the %.2f GB file (a first sight's identity), best of 3\n\n",
+              size / 1e9);
+  std::printf(
+      "| page cache | one thread, read then hash in turn GB/s | Sha256File (reads ahead) "
+      "GB/s | Sha256File / in turn |\n|---|--:|--:|--:|\n");
+  for (const bool cold : {true, false}) {
+    double turn_s = 1e9, ahead_s = 1e9;
+    std::string how = "hot";
+    for (int rep = 0; rep < 3; ++rep) {
+      if (cold) how = bench::DropCache({path});
+      auto t0 = Clock::now();
+      ReadThenHash(fd, size);
+      turn_s = std::min(turn_s, Since(t0));
+      if (cold) bench::DropCache({path});
+      t0 = Clock::now();
+      if (!identity::Sha256File(fd, size, path).ok()) std::abort();
+      ahead_s = std::min(ahead_s, Since(t0));
+    }
+    std::printf("| %s | %.2f | %.2f | %.2fx |\n", cold ? ("cold, " + how).c_str() : "hot",
+                size / turn_s / 1e9, size / ahead_s / 1e9, turn_s / ahead_s);
+  }
 }
 
 }  // namespace
@@ -93,6 +141,8 @@ int main(int argc, char** argv) {
     std::printf("| %7u | %10.2f | %24.2f | %11.0f%% |\n", t, size / read_s / 1e9,
                 size / hash_s / 1e9, 100.0 * read_s / hash_s);
   }
+
+  PlainSha256Rows(path, fd.get(), size);
 
   // The Acquire path's stale check: a stat() and a compare per file.
   std::printf("\nStale check (stat + compare per file), median of 2000\n\n");
