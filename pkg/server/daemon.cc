@@ -162,12 +162,11 @@ absl::Status Daemon::Impl::Start() {
 }
 
 void Daemon::Impl::MakeStatusView() {
-  StatusView::Sources s;
-  s.backend = backend_;
-  s.registry = &registry_;
-  s.models = &models_;
-  s.access = access_.get();
-  s.preloads = preloads_.get();
+  StatusView::Sources s{.backend = backend_,
+                        .registry = &registry_,
+                        .models = &models_,
+                        .access = access_.get(),
+                        .preloads = preloads_.get()};
   s.publisher_of = [this](const cache::Key& key) { return publishes_.PublisherOf(key); };
   s.acquire_counts = [this] { return acquire_->counts(); };
   s.sections.emplace_back([this](const StatusView::Asker& a, v1::StatusResponse* resp) {
