@@ -60,6 +60,13 @@ std::map<size_t, std::vector<const PlannedTensor*>> ByFile(const Plan& plan) {
   return out;
 }
 
+// LoadOptions::files_side_by_side, its default resolved: a pinned load hashes what it reads,
+// one file per hasher, so its files are read side by side.
+size_t FilesSideBySide(const LoadOptions& options) {
+  if (options.files_side_by_side != 0) return options.files_side_by_side;
+  return options.read_tap != nullptr ? LoadOptions::kPinnedFilesSideBySide : 1;
+}
+
 // Zeroes the bytes of every planned tensor that no piece covers (vocabulary padding), for
 // segments whose memory does not start zeroed.
 absl::Status ZeroPadding(const Plan& plan,
@@ -157,11 +164,7 @@ absl::Status ScatterInto(const OpenedModel& model, const std::vector<LoadedModel
   }
   ScatterOptions sopts;
   sopts.buffer_bytes = StagingBufferBytes(options, total);
-  // A pinned load hashes what it reads, one file per hasher: files read side by side.
-  sopts.interleave_files = options.files_side_by_side;
-  if (sopts.interleave_files == 0) {
-    sopts.interleave_files = options.read_tap != nullptr ? LoadOptions::kPinnedFilesSideBySide : 1;
-  }
+  sopts.interleave_files = FilesSideBySide(options);
   WC_ASSIGN_OR_RETURN(ScatterPlan sp, PlanScatter(plans, sopts));
   const auto& files = model.checkpoint.files();
   std::vector<bool> read(files.size(), false);
@@ -334,15 +337,52 @@ static absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRankReading(
       staging.resize(std::max<uint64_t>(1, std::min(options.staging_bytes, plan.total_bytes)));
     }
     uint64_t done = 0;
+    // Files side by side (pinned): every file's plain tensors in one pass, the files taking
+    // turns chunk by chunk; the quantized ones after, file by file, below.
+    const auto by_file = ByFile(plan);
+    const size_t side_by_side = direct ? FilesSideBySide(options) : 1;
+    std::map<size_t, std::vector<std::string>> what_of;
+    if (side_by_side > 1) {
+      std::vector<std::vector<safetensors::ReadRequest>> reqs;
+      for (const auto& [fi, tensors] : by_file) {
+        const auto& file = files.at(fi);
+        auto& what = what_of[fi];
+        what.reserve(tensors.size());  // the requests view these strings
+        reqs.emplace_back();
+        for (const auto* t : tensors) {
+          what.push_back(absl::StrCat(file.info().name, ": tensor '", t->name, "'"));
+          if (t->quant.has_value()) continue;
+          AppendReadRequests(*t, file.fd(), out->segments[t->segment]->host_data() + t->offset,
+                             what.back(), &reqs.back());
+          done += SourceBytes(*t);
+        }
+      }
+      if (progress != nullptr) progress->SetFile(absl::StrCat(by_file.size(), " files"));
+      ProgressCtx ctx{progress, 0};
+      WC_RETURN_IF_ERROR(safetensors::ReadRanges(
+          FilesInTurn(std::move(reqs), side_by_side, ropts.chunk_bytes), ropts, &OnRead, &ctx));
+    }
 
-    for (const auto& [fi, tensors] : ByFile(plan)) {
+    for (const auto& [fi, tensors] : by_file) {
       const auto& file = files.at(fi);
       if (progress != nullptr) progress->SetFile(file.info().name);
-      std::vector<std::string> what;
-      what.reserve(tensors.size());
-      for (const auto* t : tensors)
-        what.push_back(absl::StrCat(file.info().name, ": tensor '", t->name, "'"));
-      if (direct) {
+      std::vector<std::string>& what = what_of[fi];
+      if (what.empty()) {
+        for (const auto* t : tensors)
+          what.push_back(absl::StrCat(file.info().name, ": tensor '", t->name, "'"));
+      }
+      if (direct && side_by_side > 1) {
+        // Read above; what is quantized online: from scratch, file by file.
+        std::vector<uint8_t> scratch;
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          if (!tensors[i]->quant.has_value()) continue;
+          WC_RETURN_IF_ERROR(
+              QuantizeOnHost(plan, *tensors[i], file.fd(), what[i], out->segments, ropts, scratch));
+          done += SourceBytes(*tensors[i]);
+          if (progress != nullptr) progress->SetDone(done);
+        }
+        continue;
+      } else if (direct) {
         // Straight from the file into the segments: no intermediate copy.
         std::vector<safetensors::ReadRequest> reqs;
         reqs.reserve(tensors.size());

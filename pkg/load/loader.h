@@ -124,9 +124,11 @@ struct LoadOptions {
   // Every chunk the load reads, as it lands (safetensors::ReadOptions::tap): LoadRank and
   // LoadRanks set it themselves to check pinned digests in the same pass.
   const safetensors::ReadTap* read_tap = nullptr;
-  // Group loads: files whose staging buffers take turns; 1 reads the files one after
+  // Files read side by side: a group load's staging buffers, or a lone host rank's reads
+  // (chunk by chunk), take turns across this many files; 1 reads the files one after
   // another. 0: kPinnedFilesSideBySide where the load checks pinned digests (each file's
-  // SHA-256 is one core's, about 1 GB/s, a cold NVMe read 2-7 GB/s), else 1.
+  // SHA-256 is one core's, about 1 GB/s, a cold NVMe read 2-7 GB/s), else 1. (A lone rank
+  // on the GPU reads through the group path.)
   size_t files_side_by_side = 0;
   static constexpr size_t kPinnedFilesSideBySide = 4;
   // Pinned loads: bytes of chunks read ahead of a file's hash cursor held aside (copied)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 
 #include "pkg/util/status_macros.h"
 
@@ -36,6 +37,37 @@ void AppendReadRequests(const PlannedTensor& t, int fd, void* dst, std::string_v
   ForEachRun(t, [&](const Run& r) {
     reqs->push_back({fd, r.file_offset, r.length, base + r.dst_offset, what});
   });
+}
+
+std::vector<safetensors::ReadRequest> FilesInTurn(
+    std::vector<std::vector<safetensors::ReadRequest>> by_file, size_t width, uint64_t chunk) {
+  chunk = std::max<uint64_t>(1, chunk);
+  // Each file's requests as a queue of reads of at most `chunk`.
+  std::vector<std::deque<safetensors::ReadRequest>> reads;
+  for (auto& reqs : by_file) {
+    std::deque<safetensors::ReadRequest> q;
+    for (const auto& r : reqs) {
+      for (uint64_t at = 0; at < r.length; at += chunk) {
+        q.push_back({r.fd, r.offset + at, std::min(chunk, r.length - at),
+                     static_cast<uint8_t*>(r.dst) + at, r.what});
+      }
+    }
+    if (!q.empty()) reads.push_back(std::move(q));
+  }
+  std::vector<safetensors::ReadRequest> out;
+  std::vector<std::deque<safetensors::ReadRequest>*> live;
+  auto next = reads.begin();
+  for (;;) {
+    while (live.size() < std::max<size_t>(1, width) && next != reads.end())
+      live.push_back(&*next++);
+    if (live.empty()) break;
+    for (auto* q : live) {
+      out.push_back(q->front());
+      q->pop_front();
+    }
+    std::erase_if(live, [](auto* q) { return q->empty(); });
+  }
+  return out;
 }
 
 std::vector<std::pair<uint64_t, uint64_t>> PaddingRanges(const PlannedTensor& t) {

@@ -44,6 +44,14 @@ void ForEachRun(const PlannedTensor& t, const std::function<void(const Run&)>& f
 void AppendReadRequests(const PlannedTensor& t, int fd, void* dst, std::string_view what,
                         std::vector<safetensors::ReadRequest>* reqs);
 
+// The requests of several files (one list each, in file order) as one list where up to
+// `width` files take turns: each request cut into reads of at most `chunk` bytes, one read of
+// each file in turn, the next file joining when one ends. A load whose pinned digests follow
+// its reads (one hasher per file) reads files side by side this way; `width` 1 keeps the files
+// one after another.
+std::vector<safetensors::ReadRequest> FilesInTurn(
+    std::vector<std::vector<safetensors::ReadRequest>> by_file, size_t width, uint64_t chunk);
+
 // [begin, end) source byte ranges of `t` that no piece covers: zero padding. Empty for tensors
 // without pieces.
 std::vector<std::pair<uint64_t, uint64_t>> PaddingRanges(const PlannedTensor& t);

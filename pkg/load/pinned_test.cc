@@ -5,11 +5,13 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <future>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -385,6 +387,56 @@ TEST(PinnedDigests, OnePassATensorParallelGroupAndALoneRankReadEachByteOnce) {
     EXPECT_GT(st.pin_reread_bytes, HeaderBytes(**m)) << "a lone rank reads only its shards";
     EXPECT_LT(read, size + size / 8) << "read " << read << " of " << size;
   }
+}
+
+// Noticed in issue 58's review: a lone rank on the host backend read its files one after
+// another, so a pinned load's hashers (one per file) took the files one at a time. Where the
+// load's reads are followed (a read tap: what a pinned load sets), the files now take turns
+// chunk by chunk; files_side_by_side = 1 keeps them one after another; the bytes are the same.
+TEST(PinnedDigests, ParallelDigestALoneHostRankReadsItsFilesSideBySide) {
+  TempDir dir;
+  spec::ModelSpec s;
+  ASSERT_NO_FATAL_FAILURE(WritePinnedTwoFileCheckpoint(dir.path(), &s));
+  auto store = MemoryStore();
+  auto m = OpenModel(SpecFor(dir.path()), {.digests = store.get()});
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto plan = PlanRank(**m, {}, {});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto backend = memory::MakeHostBackend();
+  const auto& files = (*m)->checkpoint.files();
+  ASSERT_EQ(files.size(), 2u);
+  // The file of each chunk, in the order the load read them (one reader: a strict order).
+  auto load = [&](size_t side_by_side, std::vector<int>* order) -> std::vector<std::string> {
+    std::mutex mu;
+    const safetensors::ReadTap tap = [&](int fd, uint64_t, const void*, uint64_t) {
+      std::lock_guard<std::mutex> l(mu);
+      order->push_back(fd == files[0].fd() ? 0 : fd == files[1].fd() ? 1 : -1);
+    };
+    LoadOptions o;
+    o.read_tap = &tap;
+    o.read_threads = 1;
+    o.chunk_bytes = 4096;
+    o.files_side_by_side = side_by_side;
+    auto loaded = LoadRank(**m, *plan, *backend, "", "tiny", o, nullptr);
+    EXPECT_TRUE(loaded.ok()) << loaded.status();
+    std::vector<std::string> bytes;
+    for (auto& seg : (*loaded)->segments) {  // sealed: read through its memfd
+      std::string b(seg->size(), '\0');
+      EXPECT_EQ(::pread(seg->fd(), b.data(), b.size(), 0), static_cast<ssize_t>(b.size()));
+      bytes.push_back(std::move(b));
+    }
+    return bytes;
+  };
+  std::vector<int> turns, in_order;
+  const auto side_by_side = load(0, &turns);  // a tap set: the pinned default
+  const auto one_by_one = load(1, &in_order);
+  ASSERT_GT(std::count(turns.begin(), turns.end(), 1), 2) << "file 2 is read in several chunks";
+  EXPECT_EQ(std::count(turns.begin(), turns.end(), -1), 0);
+  const auto first_of_2 = std::find(turns.begin(), turns.end(), 1) - turns.begin();
+  const auto last_of_1 = turns.rend() - std::find(turns.rbegin(), turns.rend(), 0) - 1;
+  EXPECT_LT(first_of_2, last_of_1) << "file 2's reads began only after file 1's ended";
+  EXPECT_TRUE(std::is_sorted(in_order.begin(), in_order.end())) << "files_side_by_side = 1";
+  EXPECT_EQ(side_by_side, one_by_one) << "the same bytes either way";
 }
 
 TEST(PinnedDigests, PinsMustNameExactlyTheCheckpointsFiles) {
