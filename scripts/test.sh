@@ -37,7 +37,7 @@ sanitizer_cmake=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=c
 # state handed over through them looks racy to it). The daemon, the client and the device
 # plugin tests are left out for that reason.
 tsan_tests=(cache_test handle_channel_test safetensors_test staging_pool_test peer_port_test
-            webhook_front_test net_test pod_volumes_test following_hash_test
+            webhook_front_test net_test pod_volumes_test following_hash_test identity_test
             pinned_test)
 # Asserts how many finished load threads are still exiting: a timing bound that TSan's
 # slowdown breaks (no race report); it runs in the sanitize job.
