@@ -39,32 +39,41 @@ section "SHA-256 on this host's cores (openssl speed -evp sha256, 16 KiB blocks,
 lscpu | grep -E '^(Model name|Thread|Core|Socket|CPU\(s\)|CPU max MHz|NUMA node0)' || true
 sha() { taskset -c "$1" openssl speed -seconds 2 -evp sha256 2>/dev/null | awk '/^sha256/ {print $NF}'; }
 cpus=$(nproc)
-((cpus >= 12)) || echo "(fewer than 12 CPUs: the probe's rows pin to CPUs that may not exist)"
+((cpus >= 12)) || echo "(fewer than 12 CPUs: the rows beside other work have less beside them)"
 sib=$(cut -d, -f2 /sys/devices/system/cpu/cpu2/topology/thread_siblings_list 2>/dev/null | cut -d- -f2)
 echo "cpu2's SMT siblings: $(cat /sys/devices/system/cpu/cpu2/topology/thread_siblings_list 2>/dev/null)"
 two() {  # LABEL CPU CPU
   local f1 f2
   f1=$(mktemp) f2=$(mktemp)
   sha "$2" >"$f1" &
+  local p1=$!
   sha "$3" >"$f2" &
-  wait
+  # Their pids: a bare `wait` also waits for the log's tee (a process substitution), forever.
+  wait "$p1" "$!"
   echo "$1: $(cat "$f1") $(cat "$f2")"
   rm -f "$f1" "$f2"
 }
-echo "alone (cpu 2): $(sha 2)"
-two "two, cpus 2 and 3" 2 3
+a=2 b=3
+((cpus >= 4)) || a=0 b=$((cpus > 1 ? 1 : 0))  # a smoke run on a small machine
+echo "alone (cpu $a): $(sha "$a")"
+two "two, cpus $a and $b" "$a" "$b"
 [[ -n $sib && $sib != 2 ]] && two "two on one core's siblings, cpus 2 and $sib" 2 "$sib"
 busy=()
 for ((i = 4; i < cpus; ++i)); do taskset -c "$i" sh -c 'while :; do :; done' & busy+=($!); done
-two "two, cpus 2 and 3, beside $((cpus - 4)) spinning shells on cpus 4-$((cpus - 1))" 2 3
-kill "${busy[@]}" 2>/dev/null; wait "${busy[@]}" 2>/dev/null
+two "two, cpus $a and $b, beside ${#busy[@]} spinning shells on cpus 4-$((cpus - 1))" "$a" "$b"
+stop_busy() {  # never a bare `wait`: it would wait for the log's tee too
+  ((${#busy[@]} == 0)) && return
+  kill "${busy[@]}" 2>/dev/null
+  wait "${busy[@]}" 2>/dev/null
+}
+stop_busy
 busy=()
 for ((i = 4; i < 12 && i < cpus; ++i)); do
   taskset -c "$i" sh -c 'while :; do dd if=/dev/zero of=/dev/null bs=16M count=400 2>/dev/null; done' &
   busy+=($!)
 done
-two "two, cpus 2 and 3, beside 8 dd loops writing memory on cpus 4-11" 2 3
-kill "${busy[@]}" 2>/dev/null; wait "${busy[@]}" 2>/dev/null
+two "two, cpus $a and $b, beside ${#busy[@]} dd loops writing memory on cpus 4-11" "$a" "$b"
+stop_busy
 pkill -f 'dd if=/dev/zero of=/dev/null' 2>/dev/null
 
 dir=/var/tmp/wc-ab
