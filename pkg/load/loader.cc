@@ -359,8 +359,8 @@ static absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRankReading(
       }
       if (progress != nullptr) progress->SetFile(absl::StrCat(by_file.size(), " files"));
       ProgressCtx ctx{progress, 0};
-      WC_RETURN_IF_ERROR(safetensors::ReadRanges(
-          FilesInTurn(std::move(reqs), side_by_side, ropts.chunk_bytes), ropts, &OnRead, &ctx));
+      WC_RETURN_IF_ERROR(safetensors::ReadRanges(FilesInTurn(reqs, side_by_side, ropts.chunk_bytes),
+                                                 ropts, &OnRead, &ctx));
     }
 
     for (const auto& [fi, tensors] : by_file) {

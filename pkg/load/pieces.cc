@@ -40,11 +40,12 @@ void AppendReadRequests(const PlannedTensor& t, int fd, void* dst, std::string_v
 }
 
 std::vector<safetensors::ReadRequest> FilesInTurn(
-    std::vector<std::vector<safetensors::ReadRequest>> by_file, size_t width, uint64_t chunk) {
+    const std::vector<std::vector<safetensors::ReadRequest>>& by_file, size_t width,
+    uint64_t chunk) {
   chunk = std::max<uint64_t>(1, chunk);
   // Each file's requests as a queue of reads of at most `chunk`.
   std::vector<std::deque<safetensors::ReadRequest>> reads;
-  for (auto& reqs : by_file) {
+  for (const auto& reqs : by_file) {
     std::deque<safetensors::ReadRequest> q;
     for (const auto& r : reqs) {
       for (uint64_t at = 0; at < r.length; at += chunk) {

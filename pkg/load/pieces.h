@@ -50,7 +50,8 @@ void AppendReadRequests(const PlannedTensor& t, int fd, void* dst, std::string_v
 // its reads (one hasher per file) reads files side by side this way; `width` 1 keeps the files
 // one after another.
 std::vector<safetensors::ReadRequest> FilesInTurn(
-    std::vector<std::vector<safetensors::ReadRequest>> by_file, size_t width, uint64_t chunk);
+    const std::vector<std::vector<safetensors::ReadRequest>>& by_file, size_t width,
+    uint64_t chunk);
 
 // [begin, end) source byte ranges of `t` that no piece covers: zero padding. Empty for tensors
 // without pieces.
