@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
+#include "pkg/identity/internal/sha256.h"
 #include "pkg/util/bytes.h"
 #include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"
@@ -61,25 +62,7 @@ std::string FormatTime(int64_t ns) {
   return absl::StrFormat("%s.%09dZ", buf, static_cast<int>(ns % 1000000000));
 }
 
-// One SHA-256 (OpenSSL's EVP: SHA-NI where the CPU has it, ~1.7 GB/s a core here).
-class Sha256 {
- public:
-  Sha256() : ctx_(EVP_MD_CTX_new()) { Reset(); }
-  ~Sha256() { EVP_MD_CTX_free(ctx_); }
-  Sha256(const Sha256&) = delete;
-  Sha256& operator=(const Sha256&) = delete;
-  void Reset() { WC_CHECK(ctx_ != nullptr && EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) == 1); }
-  void Update(const void* p, size_t n) { WC_CHECK(EVP_DigestUpdate(ctx_, p, n) == 1); }
-  std::array<unsigned char, 32> Final() {
-    std::array<unsigned char, 32> d{};
-    unsigned int n = 0;
-    WC_CHECK(EVP_DigestFinal_ex(ctx_, d.data(), &n) == 1 && n == d.size());
-    return d;
-  }
-
- private:
-  EVP_MD_CTX* ctx_;
-};
+using internal::Sha256;
 
 // Reads [begin, end) of `fd` in kReadBytes preads into `h`; CANCELLED when `cancel` turns
 // true, DATA_LOSS when the file ends early.
@@ -197,8 +180,7 @@ absl::StatusOr<std::string> HashFile(int fd, uint64_t size, unsigned threads,
 std::string Sha256Hex(std::string_view data) {
   Sha256 h;
   h.Update(data.data(), data.size());
-  const auto d = h.Final();
-  return HexEncode(d.data(), d.size());
+  return h.HexFinal();
 }
 
 const char* DigestSourceName(DigestSource s) {

@@ -5,7 +5,6 @@
 // ring of chunks, in order, while the calling thread hashes the ones before, so the hash
 // waits for storage only where storage is slower than it. The reads go through the page
 // cache: a load that follows the first sight of a file is served from what they read.
-#include <openssl/evp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "pkg/identity/identity.h"
+#include "pkg/identity/internal/sha256.h"
 #include "pkg/util/bytes.h"
 #include "pkg/util/errno_status.h"
 #include "pkg/util/log.h"
@@ -35,25 +35,7 @@ constexpr uint64_t kChunkBytes = 8ull << 20;  // one pread into the ring
 constexpr size_t kSlots = 6;                  // chunks read ahead of the hash, at most
 constexpr unsigned kReaders = 3;
 
-class Sha256 {
- public:
-  Sha256() : ctx_(EVP_MD_CTX_new()) {
-    WC_CHECK(ctx_ != nullptr && EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) == 1);
-  }
-  ~Sha256() { EVP_MD_CTX_free(ctx_); }
-  Sha256(const Sha256&) = delete;
-  Sha256& operator=(const Sha256&) = delete;
-  void Update(const void* p, size_t n) { WC_CHECK(EVP_DigestUpdate(ctx_, p, n) == 1); }
-  std::string Hex() {
-    std::array<unsigned char, 32> d{};
-    unsigned int n = 0;
-    WC_CHECK(EVP_DigestFinal_ex(ctx_, d.data(), &n) == 1 && n == d.size());
-    return HexEncode(d.data(), d.size());
-  }
-
- private:
-  EVP_MD_CTX* ctx_;
-};
+using internal::Sha256;
 
 // Reads [off, off + n) of `fd` whole into `dst`: the error names `what` and the byte; a file
 // that ends early is DATA_LOSS; CANCELLED once `cancel` turns true.
@@ -119,7 +101,7 @@ class ReadAhead {
       }
       cv_.NotifyAll();
     }
-    return h.Hex();
+    return h.HexFinal();
   }
 
  private:
@@ -181,7 +163,7 @@ absl::StatusOr<std::string> Sha256File(int fd, uint64_t size, const std::string&
     WC_RETURN_IF_ERROR(ReadWhole(fd, 0, buf.size(), buf.data(), size, what, cancel));
     Sha256 h;
     h.Update(buf.data(), buf.size());
-    return h.Hex();
+    return h.HexFinal();
   }
   ReadAhead r(fd, size, what, cancel);
   return r.Hash();

@@ -341,19 +341,23 @@ static absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRankReading(
     // turns chunk by chunk; the quantized ones after, file by file, below.
     const auto by_file = ByFile(plan);
     const size_t side_by_side = direct ? FilesSideBySide(options) : 1;
+    // Each tensor's name in errors, by file; the read requests view these strings.
     std::map<size_t, std::vector<std::string>> what_of;
+    for (const auto& [fi, tensors] : by_file) {
+      for (const auto* t : tensors) {
+        what_of[fi].push_back(absl::StrCat(files.at(fi).info().name, ": tensor '", t->name, "'"));
+      }
+    }
     if (side_by_side > 1) {
       std::vector<std::vector<safetensors::ReadRequest>> reqs;
       for (const auto& [fi, tensors] : by_file) {
-        const auto& file = files.at(fi);
-        auto& what = what_of[fi];
-        what.reserve(tensors.size());  // the requests view these strings
         reqs.emplace_back();
-        for (const auto* t : tensors) {
-          what.push_back(absl::StrCat(file.info().name, ": tensor '", t->name, "'"));
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          const auto* t = tensors[i];
           if (t->quant.has_value()) continue;
-          AppendReadRequests(*t, file.fd(), out->segments[t->segment]->host_data() + t->offset,
-                             what.back(), &reqs.back());
+          AppendReadRequests(*t, files.at(fi).fd(),
+                             out->segments[t->segment]->host_data() + t->offset, what_of[fi][i],
+                             &reqs.back());
           done += SourceBytes(*t);
         }
       }
@@ -366,11 +370,7 @@ static absl::StatusOr<std::unique_ptr<LoadedModel>> LoadRankReading(
     for (const auto& [fi, tensors] : by_file) {
       const auto& file = files.at(fi);
       if (progress != nullptr) progress->SetFile(file.info().name);
-      std::vector<std::string>& what = what_of[fi];
-      if (what.empty()) {
-        for (const auto* t : tensors)
-          what.push_back(absl::StrCat(file.info().name, ": tensor '", t->name, "'"));
-      }
+      const std::vector<std::string>& what = what_of[fi];
       if (direct && side_by_side > 1) {
         // Read above; what is quantized online: from scratch, file by file.
         std::vector<uint8_t> scratch;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <deque>
 
+#include "pkg/load/internal/in_turns.h"
 #include "pkg/util/status_macros.h"
 
 namespace weightcache::load {
@@ -53,22 +54,9 @@ std::vector<safetensors::ReadRequest> FilesInTurn(
                      static_cast<uint8_t*>(r.dst) + at, r.what});
       }
     }
-    if (!q.empty()) reads.push_back(std::move(q));
+    reads.push_back(std::move(q));
   }
-  std::vector<safetensors::ReadRequest> out;
-  std::vector<std::deque<safetensors::ReadRequest>*> live;
-  auto next = reads.begin();
-  for (;;) {
-    while (live.size() < std::max<size_t>(1, width) && next != reads.end())
-      live.push_back(&*next++);
-    if (live.empty()) break;
-    for (auto* q : live) {
-      out.push_back(q->front());
-      q->pop_front();
-    }
-    std::erase_if(live, [](auto* q) { return q->empty(); });
-  }
-  return out;
+  return internal::InTurns(std::move(reads), width);
 }
 
 std::vector<std::pair<uint64_t, uint64_t>> PaddingRanges(const PlannedTensor& t) {

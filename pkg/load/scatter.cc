@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "pkg/load/internal/in_turns.h"
 #include "pkg/load/pieces.h"
 #include "pkg/util/bytes.h"
 
@@ -79,18 +80,9 @@ void Clip(const Item& it, uint64_t a, uint64_t b, uint64_t span_file, uint64_t s
 void Interleave(size_t width, ScatterPlan* out) {
   std::map<size_t, std::deque<ScatterBuffer>> by_file;
   for (auto& b : out->buffers) by_file[b.spans.front().file].push_back(std::move(b));
-  out->buffers.clear();
-  std::vector<std::deque<ScatterBuffer>*> live;
-  auto next = by_file.begin();
-  while (true) {
-    while (live.size() < width && next != by_file.end()) live.push_back(&(next++)->second);
-    if (live.empty()) break;
-    for (auto* q : live) {
-      out->buffers.push_back(std::move(q->front()));
-      q->pop_front();
-    }
-    std::erase_if(live, [](auto* q) { return q->empty(); });
-  }
+  std::vector<std::deque<ScatterBuffer>> queues;
+  for (auto& [file, q] : by_file) queues.push_back(std::move(q));
+  out->buffers = internal::InTurns(std::move(queues), width);
 }
 
 }  // namespace
