@@ -4,10 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -330,6 +332,55 @@ void StoreOneDigest(const std::string& p, const std::string& state) {
 // whoever could write it assigned any digest to any file version (a poisoned file then
 // took another model's identity without a byte read). Its entries now carry an HMAC under
 // a key only the daemon's uid reads; an edited store is discarded and the file hashed.
+// Bytes this process has read with read(2) and pread(2), page cache included.
+uint64_t ReadChars() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  uint64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  return 0;
+}
+
+// A writer of the model directory rewrites a file's first and last bytes while its first sight
+// is hashed
+// (by Sha256File's readers, ahead of the hash): the digest taken is never one of bytes that
+// were in the file at no moment. Either the write is caught (UNAVAILABLE naming the file: its
+// stat moved while it was hashed) or the digest is of one whole version, before or after.
+TEST(DigestStoreTest, AFileWrittenWhileItsFirstSightIsHashedIsRefusedOrHashedWhole) {
+  TempDir dir;
+  const std::string p = dir / "model.safetensors";
+  const std::string before = Bytes(96u << 20, 21);
+  std::string after = before;
+  after.front() = static_cast<char>(after.front() ^ 1);
+  after.back() = static_cast<char>(after.back() ^ 1);
+  Write(p, before);
+  auto store = DigestStore::Open("");
+  ASSERT_TRUE(store.ok());
+  ScopedFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
+  // The writer waits until this process has read the file's first 8 MiB chunk (its read
+  // count, /proc/self/io rchar): the hash has the old first byte, and the last chunk is beyond
+  // the readers' 48 MiB ring, so without the stat check the digest would be of a mix.
+  const uint64_t rchar0 = ReadChars();
+  std::thread writer([&] {
+    while (ReadChars() < rchar0 + (8u << 20)) std::this_thread::yield();
+    ScopedFd w(::open(p.c_str(), O_WRONLY | O_CLOEXEC));
+    ASSERT_EQ(::pwrite(w.get(), &after.front(), 1, 0), 1);
+    ASSERT_EQ(::pwrite(w.get(), &after.back(), 1, static_cast<off_t>(after.size() - 1)), 1);
+  });
+  auto r = (*store)->Resolve(p, fd.get());
+  writer.join();
+  if (r.ok()) {
+    EXPECT_THAT(r->digest,
+                ::testing::AnyOf("sha256:" + Sha256Hex(before), "sha256:" + Sha256Hex(after)));
+  } else {
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("model.safetensors"));
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("while it was hashed"));
+  }
+}
+
 TEST(DigestStoreTest, ATamperedStoreIsDiscardedAndTheFileHashedAgain) {
   TempDir dir;
   const std::string p = dir / "model.safetensors";
